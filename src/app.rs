@@ -1,0 +1,198 @@
+//! The application: its state, its router with the middleware every request passes through, and
+//! [`Application`], which serves it on a bound listener until told to stop.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRef, Request};
+use axum::http::HeaderName;
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::config::Settings;
+use crate::error::{Problem, ProblemKind};
+use crate::idempotency::{Idempotency, Policy, spawn_expiry_job};
+use crate::payments::Processor;
+use crate::{accounts, health, payments};
+
+/// Request bodies above this size are refused with 413.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// What the handlers share.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub idempotency: Idempotency,
+    pub processor: Processor,
+}
+
+impl FromRef<AppState> for PgPool {
+    fn from_ref(state: &AppState) -> Self {
+        state.pool.clone()
+    }
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, settings: &Settings) -> Self {
+        let policy = Policy {
+            key_ttl: settings.key_ttl,
+            lease: settings.lease,
+        };
+        Self {
+            idempotency: Idempotency::new(pool.clone(), policy),
+            processor: Processor::new(settings.slow_charge),
+            pool,
+        }
+    }
+}
+
+/// The whole HTTP API. The routes under `/v1` require an API key; everything answers errors as
+/// problem documents, including unknown routes and methods.
+pub fn router(state: AppState) -> Router {
+    let api = payments::router().route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        accounts::authenticate,
+    ));
+    Router::new()
+        .merge(health::router())
+        .merge(api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(
+            // Outermost first: the request id exists before the span that logs it, and a panic
+            // anywhere inside becomes a problem document.
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+                .layer(TraceLayer::new_for_http().make_span_with(request_span))
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+                .layer(CatchPanicLayer::custom(|_| {
+                    Problem::new(ProblemKind::Internal, "The request failed on our side.")
+                        .into_response()
+                }))
+                .layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
+        )
+        .with_state(state)
+}
+
+/// Every request's span carries its id; the account is recorded once authenticated. Headers are
+/// not logged: they carry the API key.
+fn request_span(request: &Request) -> tracing::Span {
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|id| id.to_str().ok())
+        .unwrap_or_default();
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        request_id,
+        account = tracing::field::Empty,
+    )
+}
+
+async fn not_found(request: Request) -> Response {
+    Problem::new(
+        ProblemKind::NotFound,
+        format!("No route for {} {}.", request.method(), request.uri().path()),
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    Problem::new(
+        ProblemKind::MethodNotAllowed,
+        format!(
+            "{} is not allowed on {}.",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+/// The running service: the HTTP API on a bound listener and the expiry job beside it.
+///
+/// Taking a bound listener lets a test bind port 0 and learn the address before serving.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+    settings: Settings,
+}
+
+impl Application {
+    pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> Self {
+        Self {
+            state: AppState::new(pool, &settings),
+            listener,
+            settings,
+        }
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then lets in-flight requests finish and stops the
+    /// expiry job.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let stop = CancellationToken::new();
+        let expiry = spawn_expiry_job(
+            self.state.pool.clone(),
+            self.settings.expiry_interval,
+            stop.clone(),
+        );
+        let served = axum::serve(self.listener, router(self.state))
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing in-flight requests");
+            })
+            .await;
+        stop.cancel();
+        if let Err(error) = expiry.await {
+            tracing::error!(%error, "expiry job ended abnormally");
+        }
+        served
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,89 @@
+//! Settings of the service, from the command line or the environment. Durations are written in
+//! human form (`2s`, `30s`, `24h`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+
+/// How the service behaves, independent of where its database and listener are.
+#[derive(Args, Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// How long a key and its stored response live.
+    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub key_ttl: Duration,
+
+    /// How often the expiry job deletes expired keys.
+    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub expiry_interval: Duration,
+
+    /// How long an in-progress key blocks retries before a retry may take it over.
+    #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = parse_lease)]
+    pub lease: Duration,
+
+    /// Processing time of the test payment method `pm_card_slow`.
+    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub slow_charge: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            key_ttl: Duration::from_secs(24 * 60 * 60),
+            expiry_interval: Duration::from_secs(60),
+            lease: Duration::from_secs(30),
+            slow_charge: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Where the service listens.
+#[derive(Args, Clone, Debug)]
+pub struct ListenArgs {
+    /// Listen address.
+    #[arg(long, env = "IDEMPAY_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+}
+
+/// Where the database is.
+#[derive(Args, Clone, Debug)]
+pub struct DatabaseArgs {
+    /// PostgreSQL connection string.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+}
+
+/// A lease is renewed at a third of its length, so it must leave room for that.
+fn parse_lease(raw: &str) -> Result<Duration, String> {
+    let lease = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
+    if lease < Duration::from_millis(300) {
+        return Err("the lease must be at least 300ms".to_owned());
+    }
+    Ok(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    #[test]
+    fn the_documented_defaults_are_the_default_settings() {
+        let parsed = Cli::parse_from(["idempay"]).settings;
+        assert_eq!(parsed, Settings::default());
+    }
+
+    #[test]
+    fn durations_are_read_in_human_form() {
+        let parsed = Cli::parse_from(["idempay", "--lease", "1s", "--key-ttl", "90m"]).settings;
+        assert_eq!(parsed.lease, Duration::from_secs(1));
+        assert_eq!(parsed.key_ttl, Duration::from_secs(90 * 60));
+        assert!(Cli::try_parse_from(["idempay", "--lease", "10ms"]).is_err());
+    }
+}

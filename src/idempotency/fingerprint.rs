@@ -1,0 +1,78 @@
+//! The fingerprint of a request: SHA-256 over a canonical form of its JSON body, so the same key
+//! with a different payload is recognised, while a retry that serialises the same object
+//! differently (key order, whitespace) is the same request.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// SHA-256 of the canonical JSON body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Fingerprints a parsed JSON document. Objects are written with their keys sorted (serde_json's
+    /// map is ordered by key) and without insignificant whitespace; strings and numbers are written
+    /// in their shortest form.
+    pub fn of_json(body: &Value) -> Self {
+        let canonical = serde_json::to_vec(body).expect("a JSON value always serializes");
+        Self(Sha256::digest(&canonical).into())
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Rebuilds a stored fingerprint; anything but 32 bytes is not one.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fingerprint(json: &str) -> Fingerprint {
+        Fingerprint::of_json(&serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn key_order_and_whitespace_do_not_change_the_fingerprint() {
+        assert_eq!(
+            fingerprint(r#"{"amount":4200,"currency":"eur","order":"cmd_1"}"#),
+            fingerprint("{ \"order\" : \"cmd_1\",\n  \"currency\": \"eur\", \"amount\": 4200 }"),
+        );
+    }
+
+    #[test]
+    fn nested_objects_are_canonical_too() {
+        assert_eq!(
+            fingerprint(r#"{"a":{"y":1,"x":[{"q":1,"p":2}]}}"#),
+            fingerprint(r#"{"a":{"x":[{"p":2,"q":1}],"y":1}}"#),
+        );
+    }
+
+    #[test]
+    fn escapes_that_spell_the_same_string_hash_equal() {
+        assert_eq!(fingerprint(r#"{"a":"\u0065"}"#), fingerprint(r#"{"a":"e"}"#));
+    }
+
+    #[test]
+    fn a_different_payload_has_a_different_fingerprint() {
+        let base = fingerprint(r#"{"amount":4200,"currency":"eur"}"#);
+        assert_ne!(base, fingerprint(r#"{"amount":4201,"currency":"eur"}"#));
+        assert_ne!(base, fingerprint(r#"{"amount":"4200","currency":"eur"}"#));
+        assert_ne!(base, fingerprint(r#"{"amount":4200,"currency":"eur","order":null}"#));
+    }
+
+    #[test]
+    fn array_order_is_significant() {
+        assert_ne!(fingerprint("[1,2]"), fingerprint("[2,1]"));
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_sha256_of_the_canonical_text() {
+        let expected: [u8; 32] = Sha256::digest(br#"{"a":1,"b":2}"#).into();
+        assert_eq!(fingerprint(r#"{ "b": 2, "a": 1 }"#).as_bytes(), &expected);
+    }
+}

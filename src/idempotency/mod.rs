@@ -1,0 +1,543 @@
+//! Idempotency keys: one `Idempotency-Key` per business intent turns a client's "at least once"
+//! into "exactly once" effects. [`Idempotency::run`] is the single entry point every mutating route
+//! uses; this file holds the whole lifecycle of a key, in order: reserve, replay, conflict, take
+//! over, complete, release, expire.
+//!
+//! The PostgreSQL unique constraint on `(scope, idem_key)` decides between concurrent requests, and
+//! every clock reading is the database's `now()`, never an instance's: instances disagree.
+
+mod expiry;
+mod fingerprint;
+mod key;
+mod request;
+mod response;
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::error::{ApiError, Problem, ProblemKind};
+
+pub use expiry::spawn_expiry_job;
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use request::{Idempotent, KeyedRequest, Scope};
+pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
+
+/// How often a zero-row answer from the reservation is retried before the client is asked to come
+/// back (see [`Idempotency::decide`]).
+const DECIDE_ATTEMPTS: usize = 5;
+
+/// How long keys live and how long a request may hold one without renewing it.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// How long a key and its stored response live after completion.
+    pub key_ttl: Duration,
+    /// How long an in-progress key blocks retries before a retry may take it over.
+    pub lease: Duration,
+}
+
+/// The idempotency mechanism, shared by every mutating route.
+#[derive(Clone, Debug)]
+pub struct Idempotency {
+    pool: PgPool,
+    policy: Policy,
+}
+
+/// What to do with a request, decided from the state of its key.
+#[derive(Debug)]
+enum Decision {
+    /// This request holds the key: execute the work.
+    Execute(Lease),
+    /// The key completed: answer with the stored response.
+    Replay(StoredResponse),
+    /// Another request holds a live lease on the key.
+    InFlight { retry_after: Duration },
+    /// The key was used with a different payload.
+    Mismatch,
+}
+
+/// A key that exists, as the reservation found it.
+struct ExistingKey {
+    id: i64,
+    fingerprint: Option<Fingerprint>,
+    expired: bool,
+    state: KeyState,
+}
+
+/// The state of an existing key.
+enum KeyState {
+    /// A request is working on it; `None` when its lease ran out (the process died).
+    InProgress { lease_left: Option<Duration> },
+    Completed(StoredResponse),
+}
+
+/// The right to execute the work of one key, held by exactly one request at a time. The work
+/// writes its effect in the transaction from [`Lease::begin`] and hands it to [`Lease::complete`],
+/// so the effect and the key's completion commit together or not at all.
+#[derive(Debug)]
+pub struct Lease {
+    pool: PgPool,
+    key_id: i64,
+    token: Uuid,
+    key: IdempotencyKey,
+    key_ttl: Duration,
+}
+
+/// Proof that the work ran [`Lease::complete`]: the only way to finish a unit of work.
+#[derive(Debug)]
+pub struct Completion(Completed);
+
+#[derive(Debug)]
+enum Completed {
+    /// The effect and the response were committed with the key.
+    Stored(StoredResponse),
+    /// Another request took the key over; nothing was committed.
+    LeaseLost,
+}
+
+impl Idempotency {
+    pub fn new(pool: PgPool, policy: Policy) -> Self {
+        Self { pool, policy }
+    }
+
+    /// Runs `work` at most once for the request's scope and key and answers with its response, or
+    /// replays the stored response of an earlier run, or refuses the request (409, 422).
+    ///
+    /// `work` receives the [`Lease`] and runs in a task of its own: once started it finishes even
+    /// if the client hangs up, because an effect that happened (a charge at the processor) must be
+    /// recorded. If it fails or panics, nothing is stored and the key is released for a retry.
+    pub async fn run<W, F>(&self, request: KeyedRequest, work: W) -> Result<Response, ApiError>
+    where
+        W: FnOnce(Lease) -> F,
+        F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+    {
+        match self.decide(&request).await? {
+            Decision::Execute(lease) => {
+                let mechanism = self.clone();
+                let held = HeldLease::from(&lease);
+                let task = work(lease);
+                tokio::spawn(async move { mechanism.execute(request, held, task).await })
+                    .await
+                    .map_err(|error| ApiError::Internal(error.into()))?
+            }
+            Decision::Replay(stored) => Ok(stored.replay()),
+            Decision::InFlight { retry_after } => Err(in_flight(retry_after).into()),
+            Decision::Mismatch => Err(mismatch().into()),
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Reserve: "the winning insert executes the work, the other fails and reads the result".
+    // ---------------------------------------------------------------------------------------
+
+    /// Reserves the key with a single `INSERT … ON CONFLICT DO NOTHING`; when the key exists, the
+    /// same statement returns its row, and the decision follows from it.
+    async fn decide(&self, request: &KeyedRequest) -> Result<Decision, ApiError> {
+        for _ in 0..DECIDE_ATTEMPTS {
+            let token = Uuid::new_v4();
+            let row = sqlx::query!(
+                r#"
+                WITH reserved AS (
+                    INSERT INTO idempotency_keys
+                        (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+                    VALUES ($1, $2, $3, 'in_progress', $4,
+                            now() + $5::bigint * interval '1 millisecond',
+                            now() + $6::bigint * interval '1 millisecond')
+                    ON CONFLICT (scope, idem_key) DO NOTHING
+                    RETURNING id
+                )
+                SELECT id AS "id!", TRUE AS "reserved!",
+                       NULL::bytea AS request_hash, NULL::text AS status,
+                       NULL::smallint AS response_code, NULL::jsonb AS response_headers,
+                       NULL::bytea AS response_body, FALSE AS "expired!",
+                       NULL::bigint AS lease_left_ms
+                FROM reserved
+                UNION ALL
+                SELECT id, FALSE, request_hash, status, response_code, response_headers,
+                       response_body, expires_at <= now(),
+                       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint
+                FROM idempotency_keys
+                WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM reserved)
+                "#,
+                request.scope.as_str(),
+                request.key.as_str(),
+                request.fingerprint.as_bytes().as_slice(),
+                token,
+                millis(self.policy.lease),
+                millis(self.policy.key_ttl),
+            )
+            .fetch_optional(&self.pool)
+            .await?;
+
+            // No row: the insert met a row that this statement's snapshot cannot see (its
+            // transaction committed after the statement began), or that was released meanwhile.
+            // A new statement sees the current state.
+            let Some(row) = row else { continue };
+            if row.reserved {
+                return Ok(Decision::Execute(self.lease(row.id, token, request)));
+            }
+            let existing = ExistingKey {
+                id: row.id,
+                fingerprint: row.request_hash.as_deref().and_then(Fingerprint::from_slice),
+                expired: row.expired,
+                state: match row.status.as_deref() {
+                    Some("completed") => KeyState::Completed(StoredResponse::from_row(
+                        row.response_code,
+                        row.response_headers,
+                        row.response_body,
+                    )?),
+                    _ => KeyState::InProgress {
+                        lease_left: row
+                            .lease_left_ms
+                            .filter(|ms| *ms > 0)
+                            .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+                    },
+                },
+            };
+            if let Some(decision) = self.decide_existing(request, existing).await? {
+                return Ok(decision);
+            }
+        }
+        // Heavy contention on one key: ask the client to come back rather than spin.
+        Ok(Decision::InFlight {
+            retry_after: Duration::from_secs(1),
+        })
+    }
+
+    /// Decides for a key that already exists; `None` means it changed meanwhile, look again.
+    async fn decide_existing(
+        &self,
+        request: &KeyedRequest,
+        existing: ExistingKey,
+    ) -> Result<Option<Decision>, ApiError> {
+        // An expired key is new again, whatever it was used for: the documented expiry policy.
+        if existing.expired {
+            return Ok(self.recycle(existing.id, request).await?.map(Decision::Execute));
+        }
+        // A different payload is refused whatever the key's state, before anything is replayed.
+        if existing.fingerprint != Some(request.fingerprint) {
+            return Ok(Some(Decision::Mismatch));
+        }
+        Ok(match existing.state {
+            // -----------------------------------------------------------------------------
+            // Replay: "the original response is returned unchanged, status code included".
+            // -----------------------------------------------------------------------------
+            KeyState::Completed(stored) => Some(Decision::Replay(stored)),
+            // -----------------------------------------------------------------------------
+            // Conflict: "an identical request is already under way".
+            // -----------------------------------------------------------------------------
+            KeyState::InProgress {
+                lease_left: Some(left),
+            } => Some(Decision::InFlight { retry_after: left }),
+            KeyState::InProgress { lease_left: None } => self
+                .take_over(existing.id, request)
+                .await?
+                .map(Decision::Execute),
+        })
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Take over: a request whose process died stops renewing its lease; a retry may then execute.
+    // ---------------------------------------------------------------------------------------
+
+    /// Installs a new lock token on a key whose lease ran out. One conditional update: of several
+    /// contenders, at most one wins.
+    async fn take_over(
+        &self,
+        key_id: i64,
+        request: &KeyedRequest,
+    ) -> Result<Option<Lease>, sqlx::Error> {
+        let token = Uuid::new_v4();
+        let taken = sqlx::query_scalar!(
+            r#"
+            UPDATE idempotency_keys
+            SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond'
+            WHERE id = $1 AND status = 'in_progress' AND locked_until <= now()
+              AND request_hash = $4
+            RETURNING id
+            "#,
+            key_id,
+            token,
+            millis(self.policy.lease),
+            request.fingerprint.as_bytes().as_slice(),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if taken.is_some() {
+            tracing::warn!(key_id, "took over an idempotency key whose lease had expired");
+        }
+        Ok(taken.map(|id| self.lease(id, token, request)))
+    }
+
+    /// Reserves an expired key for a new request, unless its row changed meanwhile.
+    async fn recycle(
+        &self,
+        key_id: i64,
+        request: &KeyedRequest,
+    ) -> Result<Option<Lease>, sqlx::Error> {
+        let token = Uuid::new_v4();
+        let recycled = sqlx::query_scalar!(
+            r#"
+            UPDATE idempotency_keys
+            SET request_hash = $2, status = 'in_progress', lock_token = $3,
+                locked_until = now() + $4::bigint * interval '1 millisecond',
+                response_code = NULL, response_headers = NULL, response_body = NULL,
+                created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
+            WHERE id = $1 AND expires_at <= now()
+              AND (status = 'completed' OR locked_until <= now())
+            RETURNING id
+            "#,
+            key_id,
+            request.fingerprint.as_bytes().as_slice(),
+            token,
+            millis(self.policy.lease),
+            millis(self.policy.key_ttl),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(recycled.map(|id| self.lease(id, token, request)))
+    }
+
+    fn lease(&self, key_id: i64, token: Uuid, request: &KeyedRequest) -> Lease {
+        Lease {
+            pool: self.pool.clone(),
+            key_id,
+            token,
+            key: request.key.clone(),
+            key_ttl: self.policy.key_ttl,
+        }
+    }
+
+    /// Runs the work while renewing the lease, then answers from its completion or releases the key.
+    async fn execute<F>(
+        self,
+        request: KeyedRequest,
+        held: HeldLease,
+        work: F,
+    ) -> Result<Response, ApiError>
+    where
+        F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+    {
+        // A task of its own, so that a panic in the work is caught here and the key released.
+        let mut work = tokio::spawn(work);
+        let heartbeat = self.policy.lease / 3;
+        let joined = loop {
+            tokio::select! {
+                joined = &mut work => break joined,
+                () = tokio::time::sleep(heartbeat) => self.renew(&held).await,
+            }
+        };
+        match joined {
+            Ok(Ok(Completion(Completed::Stored(response)))) => Ok(response.into_response()),
+            Ok(Ok(Completion(Completed::LeaseLost))) => self.answer_after_lost_lease(&request).await,
+            Ok(Err(error)) => {
+                self.release(&held).await;
+                Err(error)
+            }
+            Err(join_error) => {
+                self.release(&held).await;
+                Err(anyhow::anyhow!("the unit of work failed: {join_error}").into())
+            }
+        }
+    }
+
+    /// Keeps a slow but alive request from being taken over: renews the lease at a fraction of
+    /// its length. A request that lost its lease finds out when it tries to complete.
+    async fn renew(&self, held: &HeldLease) {
+        let renewed = sqlx::query!(
+            r#"
+            UPDATE idempotency_keys
+            SET locked_until = now() + $3::bigint * interval '1 millisecond'
+            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+            "#,
+            held.key_id,
+            held.token,
+            millis(self.policy.lease),
+        )
+        .execute(&self.pool)
+        .await;
+        match renewed {
+            Ok(done) if done.rows_affected() == 0 => {
+                tracing::warn!(key_id = held.key_id, "lease lost while the work was running");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "could not renew the lease"),
+        }
+    }
+
+    /// The work ran but another request had taken the key over, so this run's effect was rolled
+    /// back: answer with the winner's response, or 409 while it is still working.
+    async fn answer_after_lost_lease(&self, request: &KeyedRequest) -> Result<Response, ApiError> {
+        let row = sqlx::query!(
+            r#"
+            SELECT request_hash, status, response_code, response_headers, response_body
+            FROM idempotency_keys
+            WHERE scope = $1 AND idem_key = $2
+            "#,
+            request.scope.as_str(),
+            request.key.as_str(),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row)
+                if row.status == "completed"
+                    && Fingerprint::from_slice(&row.request_hash) == Some(request.fingerprint) =>
+            {
+                Ok(StoredResponse::from_row(
+                    row.response_code,
+                    row.response_headers,
+                    row.response_body,
+                )?
+                .replay())
+            }
+            _ => Err(in_flight(Duration::from_secs(1)).into()),
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Release: a failure of ours is not a result. Nothing is stored; the retry runs afresh.
+    // ---------------------------------------------------------------------------------------
+
+    /// Deletes the reservation, fenced by this request's token. If even that fails (the database
+    /// is gone), the lease runs out and a retry takes the key over: the system heals by itself.
+    async fn release(&self, held: &HeldLease) {
+        let released = sqlx::query!(
+            r#"
+            DELETE FROM idempotency_keys
+            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+            "#,
+            held.key_id,
+            held.token,
+        )
+        .execute(&self.pool)
+        .await;
+        if let Err(error) = released {
+            tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Expire: "the expiry keeps the table from growing without end".
+    // ---------------------------------------------------------------------------------------
+
+    /// Deletes up to `batch` expired keys and returns how many it deleted. `SKIP LOCKED` keeps
+    /// locks short and lets several instances run this at once without waiting on each other; the
+    /// index on `expires_at` keeps each batch an index scan. A key whose request still holds a live
+    /// lease is left alone.
+    pub async fn expire_batch(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+        let deleted = sqlx::query!(
+            r#"
+            DELETE FROM idempotency_keys
+            WHERE id IN (
+                SELECT id FROM idempotency_keys
+                WHERE expires_at <= now()
+                  AND (status = 'completed' OR locked_until <= now())
+                LIMIT $1
+                FOR UPDATE SKIP LOCKED
+            )
+            "#,
+            batch,
+        )
+        .execute(pool)
+        .await?;
+        Ok(deleted.rows_affected())
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Complete: "the business write and the key's status update share one transaction".
+// -------------------------------------------------------------------------------------------
+
+impl Lease {
+    /// Opens the transaction in which the work writes its effect. Slow work (calling a processor)
+    /// belongs before this call: it must not hold a pool connection or a transaction open.
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        self.pool.begin().await
+    }
+
+    /// The key this lease is for, for records that keep it.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// Stores the response with the key and commits the transaction, effect included.
+    ///
+    /// The update is fenced by this lease's token: if another request took the key over, it
+    /// matches no row, the transaction rolls back (the effect with it) and the completion says so.
+    pub async fn complete(
+        self,
+        mut tx: Transaction<'static, Postgres>,
+        response: StoredResponse,
+    ) -> Result<Completion, sqlx::Error> {
+        let completed = sqlx::query!(
+            r#"
+            UPDATE idempotency_keys
+            SET status = 'completed', lock_token = NULL, locked_until = NULL,
+                response_code = $3, response_headers = $4, response_body = $5,
+                expires_at = now() + $6::bigint * interval '1 millisecond'
+            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+            "#,
+            self.key_id,
+            self.token,
+            i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
+            response.headers_json(),
+            response.body(),
+            millis(self.key_ttl),
+        )
+        .execute(&mut *tx)
+        .await?;
+        if completed.rows_affected() == 0 {
+            tx.rollback().await?;
+            tracing::warn!(
+                key_id = self.key_id,
+                "lease lost before completion; the effect was rolled back"
+            );
+            return Ok(Completion(Completed::LeaseLost));
+        }
+        tx.commit().await?;
+        Ok(Completion(Completed::Stored(response)))
+    }
+}
+
+/// What the mechanism keeps of a lease it handed to the work: enough to renew and release it.
+#[derive(Clone, Copy, Debug)]
+struct HeldLease {
+    key_id: i64,
+    token: Uuid,
+}
+
+impl From<&Lease> for HeldLease {
+    fn from(lease: &Lease) -> Self {
+        Self {
+            key_id: lease.key_id,
+            token: lease.token,
+        }
+    }
+}
+
+fn in_flight(retry_after: Duration) -> Problem {
+    Problem::new(
+        ProblemKind::IdempotencyKeyInUse,
+        "A request with this Idempotency-Key is still being processed. Retry after the time given \
+         in Retry-After to receive its result.",
+    )
+    .retry_after(retry_after)
+}
+
+fn mismatch() -> Problem {
+    Problem::new(
+        ProblemKind::IdempotencyKeyMismatch,
+        "This Idempotency-Key was already used with a different request body. Use a new key for a \
+         new request.",
+    )
+}
+
+/// Durations travel to PostgreSQL as whole milliseconds, added to the database's `now()`.
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

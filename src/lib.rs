@@ -1,0 +1,21 @@
+//! idempay: a reference payment API in which idempotency keys turn "at least once" delivery into
+//! "exactly once" effects.
+//!
+//! - [`idempotency`]: the mechanism, one entry point for every mutating route.
+//! - [`payments`]: `POST /v1/payments` and `GET /v1/payments/{id}` on a simulated processor.
+//! - [`accounts`]: API keys and authentication.
+//! - [`app`]: the router, its middleware and the running [`app::Application`].
+
+pub mod accounts;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod dev;
+pub mod error;
+pub mod health;
+pub mod idempotency;
+mod ids;
+pub mod payments;
+pub mod postgres;
+pub mod telemetry;

@@ -1,0 +1,297 @@
+//! The payment resource and the types its request is parsed into: once a [`NewPayment`] exists,
+//! every field in it is valid.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::currency::Currency;
+use crate::ids;
+
+/// The largest amount accepted, in minor units (999 999.99 in a two-decimal currency).
+pub const MAX_AMOUNT: i64 = 99_999_999;
+const MAX_ORDER_LEN: usize = 255;
+const MAX_DESCRIPTION_LEN: usize = 1000;
+
+/// An amount in the currency's minor units (cents for `eur`), never a float.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Amount(i64);
+
+impl TryFrom<i64> for Amount {
+    type Error = String;
+
+    fn try_from(minor_units: i64) -> Result<Self, Self::Error> {
+        if (1..=MAX_AMOUNT).contains(&minor_units) {
+            Ok(Self(minor_units))
+        } else {
+            Err(format!(
+                "amount must be an integer from 1 to {MAX_AMOUNT} in minor units, got {minor_units}"
+            ))
+        }
+    }
+}
+
+impl From<Amount> for i64 {
+    fn from(amount: Amount) -> Self {
+        amount.0
+    }
+}
+
+/// The merchant's reference for the order being paid.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct OrderRef(String);
+
+impl TryFrom<String> for OrderRef {
+    type Error = String;
+
+    fn try_from(order: String) -> Result<Self, Self::Error> {
+        if order.chars().count() <= MAX_ORDER_LEN {
+            Ok(Self(order))
+        } else {
+            Err(format!("order must be at most {MAX_ORDER_LEN} characters"))
+        }
+    }
+}
+
+impl From<OrderRef> for String {
+    fn from(order: OrderRef) -> Self {
+        order.0
+    }
+}
+
+/// A free-text description shown to the merchant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Description(String);
+
+impl TryFrom<String> for Description {
+    type Error = String;
+
+    fn try_from(description: String) -> Result<Self, Self::Error> {
+        if description.chars().count() <= MAX_DESCRIPTION_LEN {
+            Ok(Self(description))
+        } else {
+            Err(format!(
+                "description must be at most {MAX_DESCRIPTION_LEN} characters"
+            ))
+        }
+    }
+}
+
+impl From<Description> for String {
+    fn from(description: Description) -> Self {
+        description.0
+    }
+}
+
+/// The test payment methods of the simulated processor, which decide the outcome as Stripe's test
+/// cards do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PaymentMethod {
+    /// Always succeeds.
+    #[default]
+    #[serde(rename = "pm_card_visa")]
+    CardVisa,
+    /// Always declined: the payment is recorded as `declined` and the answer is 402.
+    #[serde(rename = "pm_card_chargeDeclined")]
+    CardChargeDeclined,
+    /// Succeeds after `IDEMPAY_SLOW_CHARGE`, so the key stays in progress meanwhile.
+    #[serde(rename = "pm_card_slow")]
+    CardSlow,
+}
+
+impl PaymentMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CardVisa => "pm_card_visa",
+            Self::CardChargeDeclined => "pm_card_chargeDeclined",
+            Self::CardSlow => "pm_card_slow",
+        }
+    }
+
+    fn from_stored(method: &str) -> Self {
+        match method {
+            "pm_card_chargeDeclined" => Self::CardChargeDeclined,
+            "pm_card_slow" => Self::CardSlow,
+            _ => Self::CardVisa,
+        }
+    }
+}
+
+/// The body of `POST /v1/payments`. Unknown fields are refused, so a typo is not silently ignored.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewPayment {
+    pub amount: Amount,
+    pub currency: Currency,
+    #[serde(default)]
+    pub order: Option<OrderRef>,
+    #[serde(default)]
+    pub description: Option<Description>,
+    #[serde(default)]
+    pub payment_method: PaymentMethod,
+}
+
+/// A payment id: `pay_` followed by 24 random base62 characters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct PaymentId(String);
+
+impl PaymentId {
+    pub fn generate() -> Self {
+        Self(ids::generate("pay", 24))
+    }
+
+    /// Anything else cannot name a payment, so the lookup can be skipped.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let random = raw.strip_prefix("pay_")?;
+        (random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric()))
+            .then(|| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PaymentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The outcome of a payment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaymentStatus {
+    Succeeded,
+    Declined,
+}
+
+impl PaymentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Declined => "declined",
+        }
+    }
+
+    fn from_stored(status: &str) -> Self {
+        match status {
+            "succeeded" => Self::Succeeded,
+            _ => Self::Declined,
+        }
+    }
+}
+
+/// The payment resource, as the API returns it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Payment {
+    pub id: PaymentId,
+    /// Always `payment`, so a client can tell resources apart.
+    pub object: &'static str,
+    pub amount: i64,
+    pub currency: String,
+    pub status: PaymentStatus,
+    pub payment_method: PaymentMethod,
+    pub order: Option<String>,
+    pub description: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Payment {
+    /// Where the payment can be fetched.
+    pub fn location(&self) -> String {
+        format!("/v1/payments/{}", self.id)
+    }
+}
+
+/// A `payments` row, as the queries read it.
+pub(super) struct PaymentRow {
+    pub id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub status: String,
+    pub payment_method: String,
+    pub order_ref: Option<String>,
+    pub description: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<PaymentRow> for Payment {
+    fn from(row: PaymentRow) -> Self {
+        Self {
+            id: PaymentId(row.id),
+            object: "payment",
+            amount: row.amount,
+            currency: row.currency,
+            status: PaymentStatus::from_stored(&row.status),
+            payment_method: PaymentMethod::from_stored(&row.payment_method),
+            order: row.order_ref,
+            description: row.description,
+            created_at: row.created_at,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<NewPayment, String> {
+        serde_json::from_str(json).map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn a_minimal_payment_defaults_to_the_visa_test_card() {
+        let payment = parse(r#"{"amount": 4200, "currency": "eur"}"#).unwrap();
+        assert_eq!(payment.amount, Amount(4200));
+        assert_eq!(payment.payment_method, PaymentMethod::CardVisa);
+    }
+
+    #[test]
+    fn amounts_outside_the_range_are_refused() {
+        for amount in ["0", "-1", "100000000", "42.5", "\"42\"", "1e3", "18446744073709551616"] {
+            let json = format!(r#"{{"amount": {amount}, "currency": "eur"}}"#);
+            assert!(parse(&json).is_err(), "{amount} was accepted");
+        }
+        assert!(parse(r#"{"amount": 99999999, "currency": "eur"}"#).is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_and_unknown_methods_are_refused() {
+        let error = parse(r#"{"amount": 1, "currency": "eur", "amont": 2}"#).unwrap_err();
+        assert!(error.contains("unknown field `amont`"), "{error}");
+        let error =
+            parse(r#"{"amount": 1, "currency": "eur", "payment_method": "pm_x"}"#).unwrap_err();
+        assert!(error.contains("pm_card_visa"), "{error}");
+    }
+
+    #[test]
+    fn a_field_given_twice_is_refused() {
+        assert!(parse(r#"{"amount": 1, "amount": 2, "currency": "eur"}"#).is_err());
+    }
+
+    #[test]
+    fn order_and_description_lengths_are_bounded_in_characters() {
+        let order = "é".repeat(255);
+        assert!(parse(&format!(r#"{{"amount":1,"currency":"eur","order":"{order}"}}"#)).is_ok());
+        let order = "é".repeat(256);
+        assert!(parse(&format!(r#"{{"amount":1,"currency":"eur","order":"{order}"}}"#)).is_err());
+        let text = "d".repeat(1001);
+        assert!(
+            parse(&format!(r#"{{"amount":1,"currency":"eur","description":"{text}"}}"#)).is_err()
+        );
+    }
+
+    #[test]
+    fn payment_ids_have_their_prefix_and_length() {
+        let id = PaymentId::generate();
+        assert_eq!(PaymentId::parse(id.as_str()), Some(id));
+        assert_eq!(PaymentId::parse("pay_123"), None);
+        assert_eq!(PaymentId::parse("acct_aaaaaaaaaaaaaaaaaaaaaaaa"), None);
+    }
+}
