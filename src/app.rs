@@ -104,7 +104,11 @@ fn request_span(request: &Request) -> tracing::Span {
 async fn not_found(request: Request) -> Response {
     Problem::new(
         ProblemKind::NotFound,
-        format!("No route for {} {}.", request.method(), request.uri().path()),
+        format!(
+            "No route for {} {}.",
+            request.method(),
+            request.uri().path()
+        ),
     )
     .into_response()
 }

@@ -9,8 +9,12 @@ use crate::config::{DatabaseArgs, ListenArgs, Settings};
 use crate::{accounts, db, dev};
 
 #[derive(Parser, Debug)]
-#[command(name = "idempay", version, about = "A payment API where idempotency keys turn \
-    at-least-once delivery into exactly-once effects")]
+#[command(
+    name = "idempay",
+    version,
+    about = "A payment API where idempotency keys turn \
+    at-least-once delivery into exactly-once effects"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -286,7 +286,10 @@ mod tests {
         let headers = Problem::new(ProblemKind::IdempotencyKeyInUse, "busy")
             .retry_after(Duration::from_millis(1200))
             .extra_headers();
-        assert_eq!(headers, vec![(header::RETRY_AFTER, HeaderValue::from(2u64))]);
+        assert_eq!(
+            headers,
+            vec![(header::RETRY_AFTER, HeaderValue::from(2u64))]
+        );
     }
 
     #[test]

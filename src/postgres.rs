@@ -33,7 +33,10 @@ pub async fn ensure_image() -> anyhow::Result<String> {
         .await
         .context("cannot run bash to find the PostgreSQL image")?;
     if !output.status.success() {
-        bail!("could not find or build a PostgreSQL image ({})", output.status);
+        bail!(
+            "could not find or build a PostgreSQL image ({})",
+            output.status
+        );
     }
     let stdout = String::from_utf8(output.stdout).context("image name is not UTF-8")?;
     stdout
@@ -69,7 +72,10 @@ impl Image for PostgresImage {
     fn env_vars(
         &self,
     ) -> impl IntoIterator<Item = (impl Into<Cow<'_, str>>, impl Into<Cow<'_, str>>)> {
-        [("POSTGRES_USER", "postgres"), ("POSTGRES_PASSWORD", PASSWORD)]
+        [
+            ("POSTGRES_USER", "postgres"),
+            ("POSTGRES_PASSWORD", PASSWORD),
+        ]
     }
 
     fn cmd(&self) -> impl IntoIterator<Item = impl Into<Cow<'_, str>>> {

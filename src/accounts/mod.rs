@@ -135,6 +135,8 @@ impl sqlx::Type<sqlx::Postgres> for AccountId {
 
 impl<'r> sqlx::Decode<'r, sqlx::Postgres> for AccountId {
     fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        Ok(Self(<String as sqlx::Decode<sqlx::Postgres>>::decode(value)?))
+        Ok(Self(<String as sqlx::Decode<sqlx::Postgres>>::decode(
+            value,
+        )?))
     }
 }

@@ -54,7 +54,10 @@ mod tests {
 
     #[test]
     fn escapes_that_spell_the_same_string_hash_equal() {
-        assert_eq!(fingerprint(r#"{"a":"\u0065"}"#), fingerprint(r#"{"a":"e"}"#));
+        assert_eq!(
+            fingerprint(r#"{"a":"\u0065"}"#),
+            fingerprint(r#"{"a":"e"}"#)
+        );
     }
 
     #[test]
@@ -62,7 +65,10 @@ mod tests {
         let base = fingerprint(r#"{"amount":4200,"currency":"eur"}"#);
         assert_ne!(base, fingerprint(r#"{"amount":4201,"currency":"eur"}"#));
         assert_ne!(base, fingerprint(r#"{"amount":"4200","currency":"eur"}"#));
-        assert_ne!(base, fingerprint(r#"{"amount":4200,"currency":"eur","order":null}"#));
+        assert_ne!(
+            base,
+            fingerprint(r#"{"amount":4200,"currency":"eur","order":null}"#)
+        );
     }
 
     #[test]

@@ -46,7 +46,9 @@ impl IdempotencyKey {
             return Err(KeyError::TooLong);
         }
         // Visible ASCII only, so the bytes are valid UTF-8.
-        Ok(Self(String::from_utf8(key).map_err(|_| KeyError::NotVisibleAscii)?))
+        Ok(Self(
+            String::from_utf8(key).map_err(|_| KeyError::NotVisibleAscii)?,
+        ))
     }
 
     pub fn as_str(&self) -> &str {
@@ -120,7 +122,10 @@ mod tests {
     fn keys_longer_than_255_characters_are_refused() {
         assert!(parse(&"k".repeat(255)).is_ok());
         assert_eq!(parse(&"k".repeat(256)), Err(KeyError::TooLong));
-        assert_eq!(parse(&format!("\"{}\"", "k".repeat(256))), Err(KeyError::TooLong));
+        assert_eq!(
+            parse(&format!("\"{}\"", "k".repeat(256))),
+            Err(KeyError::TooLong)
+        );
     }
 
     #[test]

@@ -71,7 +71,9 @@ struct ExistingKey {
 /// The state of an existing key.
 enum KeyState {
     /// A request is working on it; `None` when its lease ran out (the process died).
-    InProgress { lease_left: Option<Duration> },
+    InProgress {
+        lease_left: Option<Duration>,
+    },
     Completed(StoredResponse),
 }
 
@@ -182,7 +184,10 @@ impl Idempotency {
             }
             let existing = ExistingKey {
                 id: row.id,
-                fingerprint: row.request_hash.as_deref().and_then(Fingerprint::from_slice),
+                fingerprint: row
+                    .request_hash
+                    .as_deref()
+                    .and_then(Fingerprint::from_slice),
                 expired: row.expired,
                 state: match row.status.as_deref() {
                     Some("completed") => KeyState::Completed(StoredResponse::from_row(
@@ -216,7 +221,10 @@ impl Idempotency {
     ) -> Result<Option<Decision>, ApiError> {
         // An expired key is new again, whatever it was used for: the documented expiry policy.
         if existing.expired {
-            return Ok(self.recycle(existing.id, request).await?.map(Decision::Execute));
+            return Ok(self
+                .recycle(existing.id, request)
+                .await?
+                .map(Decision::Execute));
         }
         // A different payload is refused whatever the key's state, before anything is replayed.
         if existing.fingerprint != Some(request.fingerprint) {
@@ -268,7 +276,10 @@ impl Idempotency {
         .fetch_optional(&self.pool)
         .await?;
         if taken.is_some() {
-            tracing::warn!(key_id, "took over an idempotency key whose lease had expired");
+            tracing::warn!(
+                key_id,
+                "took over an idempotency key whose lease had expired"
+            );
         }
         Ok(taken.map(|id| self.lease(id, token, request)))
     }
@@ -333,7 +344,9 @@ impl Idempotency {
         };
         match joined {
             Ok(Ok(Completion(Completed::Stored(response)))) => Ok(response.into_response()),
-            Ok(Ok(Completion(Completed::LeaseLost))) => self.answer_after_lost_lease(&request).await,
+            Ok(Ok(Completion(Completed::LeaseLost))) => {
+                self.answer_after_lost_lease(&request).await
+            }
             Ok(Err(error)) => {
                 self.release(&held).await;
                 Err(error)
@@ -362,7 +375,10 @@ impl Idempotency {
         .await;
         match renewed {
             Ok(done) if done.rows_affected() == 0 => {
-                tracing::warn!(key_id = held.key_id, "lease lost while the work was running");
+                tracing::warn!(
+                    key_id = held.key_id,
+                    "lease lost while the work was running"
+                );
             }
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "could not renew the lease"),

@@ -74,10 +74,10 @@ where
         let account = req.extensions().get::<Account>().ok_or_else(|| {
             Problem::new(ProblemKind::Unauthorized, "This request needs an API key.")
         })?;
-        let route = req
-            .extensions()
-            .get::<MatchedPath>()
-            .map_or_else(|| req.uri().path().to_owned(), |path| path.as_str().to_owned());
+        let route = req.extensions().get::<MatchedPath>().map_or_else(
+            || req.uri().path().to_owned(),
+            |path| path.as_str().to_owned(),
+        );
         let scope = Scope::new(account.id(), req.method(), &route);
         let key = key_from(req.headers())
             .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;

@@ -24,7 +24,11 @@ pub struct StoredResponse {
 impl StoredResponse {
     /// A JSON response, serialized once: these bytes are sent now and on every replay.
     pub fn json(status: StatusCode, value: &impl Serialize) -> Result<Self, serde_json::Error> {
-        Ok(Self::new(status, "application/json", serde_json::to_vec(value)?))
+        Ok(Self::new(
+            status,
+            "application/json",
+            serde_json::to_vec(value)?,
+        ))
     }
 
     /// A problem that is a result, not a fault (a declined card), stored and replayed like one.
@@ -116,9 +120,10 @@ mod tests {
 
     #[test]
     fn a_stored_response_survives_its_columns_unchanged() {
-        let stored = StoredResponse::json(StatusCode::CREATED, &serde_json::json!({"b": 1, "a": 2}))
-            .unwrap()
-            .with_header(header::LOCATION, "/v1/payments/pay_1");
+        let stored =
+            StoredResponse::json(StatusCode::CREATED, &serde_json::json!({"b": 1, "a": 2}))
+                .unwrap()
+                .with_header(header::LOCATION, "/v1/payments/pay_1");
         let rebuilt = StoredResponse::from_row(
             Some(201),
             Some(stored.headers_json()),

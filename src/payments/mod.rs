@@ -15,7 +15,7 @@ use sqlx::PgConnection;
 use crate::accounts::{Account, AccountId};
 use crate::app::AppState;
 use crate::error::{ApiError, Problem, ProblemKind};
-use crate::idempotency::{Idempotent, IdempotencyKey, StoredResponse};
+use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
 
 pub use currency::Currency;
 pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus};

@@ -254,7 +254,15 @@ mod tests {
 
     #[test]
     fn amounts_outside_the_range_are_refused() {
-        for amount in ["0", "-1", "100000000", "42.5", "\"42\"", "1e3", "18446744073709551616"] {
+        for amount in [
+            "0",
+            "-1",
+            "100000000",
+            "42.5",
+            "\"42\"",
+            "1e3",
+            "18446744073709551616",
+        ] {
             let json = format!(r#"{{"amount": {amount}, "currency": "eur"}}"#);
             assert!(parse(&json).is_err(), "{amount} was accepted");
         }
@@ -278,12 +286,25 @@ mod tests {
     #[test]
     fn order_and_description_lengths_are_bounded_in_characters() {
         let order = "é".repeat(255);
-        assert!(parse(&format!(r#"{{"amount":1,"currency":"eur","order":"{order}"}}"#)).is_ok());
+        assert!(
+            parse(&format!(
+                r#"{{"amount":1,"currency":"eur","order":"{order}"}}"#
+            ))
+            .is_ok()
+        );
         let order = "é".repeat(256);
-        assert!(parse(&format!(r#"{{"amount":1,"currency":"eur","order":"{order}"}}"#)).is_err());
+        assert!(
+            parse(&format!(
+                r#"{{"amount":1,"currency":"eur","order":"{order}"}}"#
+            ))
+            .is_err()
+        );
         let text = "d".repeat(1001);
         assert!(
-            parse(&format!(r#"{{"amount":1,"currency":"eur","description":"{text}"}}"#)).is_err()
+            parse(&format!(
+                r#"{{"amount":1,"currency":"eur","description":"{text}"}}"#
+            ))
+            .is_err()
         );
     }
 

@@ -1,0 +1,183 @@
+//! Bad input: every refusal is a problem document, and nothing is stored or burned by it.
+
+use libtest_mimic::Trial;
+use serde_json::json;
+
+use crate::helpers::{TestApp, new_key, payment};
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![errors;
+        invalid_idempotency_keys_are_refused_with_400_and_nothing_is_stored,
+        a_missing_idempotency_key_is_refused,
+        an_invalid_body_is_refused_before_the_key_is_reserved,
+        a_body_that_is_not_json_is_refused_with_415,
+        a_body_over_64_kib_is_refused_with_413,
+        a_missing_or_wrong_api_key_is_refused_with_401,
+        unknown_routes_and_methods_answer_problem_documents,
+    ]
+}
+
+async fn invalid_idempotency_keys_are_refused_with_400_and_nothing_is_stored() {
+    let app = TestApp::spawn().await;
+    let too_long = "k".repeat(256);
+    for key in [
+        "",
+        "\"\"",
+        "has space",
+        too_long.as_str(),
+        "\"unterminated",
+        "\"a\";p=1",
+    ] {
+        let response = app.post_payment(key, &payment(4200)).await;
+        response.assert_problem(400, "invalid-idempotency-key");
+    }
+    let non_ascii = app
+        .raw_post()
+        .header(
+            "idempotency-key",
+            reqwest::header::HeaderValue::from_bytes(b"cl\xc3\xa9").unwrap(),
+        )
+        .json(&payment(4200));
+    app.send(non_ascii)
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    let twice = app
+        .raw_post()
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .json(&payment(4200));
+    app.send(twice)
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    assert_eq!(app.key_count().await, 0);
+    assert_eq!(app.payment_count().await, 0);
+    let longest = app.post_payment(&"k".repeat(255), &payment(4200)).await;
+    assert_eq!(longest.status, 201, "255 characters are allowed");
+}
+
+async fn a_missing_idempotency_key_is_refused() {
+    let app = TestApp::spawn().await;
+    let response = app.send(app.raw_post().json(&payment(4200))).await;
+    let problem = response.assert_problem(400, "invalid-idempotency-key");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("required"),
+        "{problem}"
+    );
+    assert_eq!(app.payment_count().await, 0);
+}
+
+async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let invalid = [
+        json!({ "amount": 0, "currency": "eur" }),
+        json!({ "amount": 100000000, "currency": "eur" }),
+        json!({ "amount": 12.5, "currency": "eur" }),
+        json!({ "amount": "12", "currency": "eur" }),
+        json!({ "currency": "eur" }),
+        json!({ "amount": 100, "currency": "EUR" }),
+        json!({ "amount": 100, "currency": "xyz" }),
+        json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_unknown" }),
+        json!({ "amount": 100, "currency": "eur", "order": "o".repeat(256) }),
+        json!({ "amount": 100, "currency": "eur", "description": "d".repeat(1001) }),
+        json!({ "amount": 100, "currency": "eur", "amont": 100 }),
+        json!([1, 2]),
+    ];
+    for body in &invalid {
+        let response = app.post_payment(&key, body).await;
+        let problem = response.assert_problem(400, "invalid-request");
+        assert!(problem["detail"].as_str().unwrap().len() > 20, "{problem}");
+    }
+    let malformed = app
+        .raw_post()
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body(r#"{"amount": 100, "currency": "eur""#);
+    app.send(malformed)
+        .await
+        .assert_problem(400, "invalid-request");
+    let duplicated = app
+        .raw_post()
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body(r#"{"amount": 100, "amount": 200, "currency": "eur"}"#);
+    app.send(duplicated)
+        .await
+        .assert_problem(400, "invalid-request");
+    assert_eq!(app.key_count().await, 0);
+
+    // The key was not burned: a valid request with it executes.
+    let valid = app.post_payment(&key, &payment(4200)).await;
+    assert_eq!(valid.status, 201);
+    assert!(!valid.replayed());
+}
+
+async fn a_body_that_is_not_json_is_refused_with_415() {
+    let app = TestApp::spawn().await;
+    let form = app
+        .raw_post()
+        .header("idempotency-key", new_key())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("amount=100&currency=eur");
+    app.send(form)
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    let untyped = app
+        .raw_post()
+        .header("idempotency-key", new_key())
+        .body(r#"{"amount": 100, "currency": "eur"}"#);
+    app.send(untyped)
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    assert_eq!(app.key_count().await, 0);
+}
+
+async fn a_body_over_64_kib_is_refused_with_413() {
+    let app = TestApp::spawn().await;
+    let huge = json!({ "amount": 100, "currency": "eur", "description": "d".repeat(70 * 1024) });
+    let response = app.post_payment(&new_key(), &huge).await;
+    response.assert_problem(413, "payload-too-large");
+    assert_eq!(app.key_count().await, 0);
+}
+
+async fn a_missing_or_wrong_api_key_is_refused_with_401() {
+    let app = TestApp::spawn().await;
+    let anonymous = app
+        .client()
+        .post(app.url("/v1/payments"))
+        .header("idempotency-key", new_key())
+        .json(&payment(100));
+    let response = app.send(anonymous).await;
+    response.assert_problem(401, "unauthorized");
+    assert!(response.header("www-authenticate").is_some());
+
+    let wrong = format!("sk_{}", "A".repeat(40));
+    let response = app.post_payment_as(&wrong, &new_key(), &payment(100)).await;
+    response.assert_problem(401, "unauthorized");
+    let response = app
+        .post_payment_as("not-a-key", &new_key(), &payment(100))
+        .await;
+    response.assert_problem(401, "unauthorized");
+    let read = app
+        .client()
+        .get(app.url("/v1/payments/pay_000000000000000000000000"));
+    app.send(read).await.assert_problem(401, "unauthorized");
+    assert_eq!(app.key_count().await, 0);
+}
+
+async fn unknown_routes_and_methods_answer_problem_documents() {
+    let app = TestApp::spawn().await;
+    let unknown = app.send(app.client().get(app.url("/v2/nothing"))).await;
+    unknown.assert_problem(404, "not-found");
+    let wrong_method = app
+        .send(
+            app.client()
+                .delete(app.url("/v1/payments"))
+                .bearer_auth(&app.api_key),
+        )
+        .await;
+    wrong_method.assert_problem(405, "method-not-allowed");
+    let wrong_method = app.send(app.client().post(app.url("/healthz"))).await;
+    wrong_method.assert_problem(405, "method-not-allowed");
+}

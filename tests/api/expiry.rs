@@ -1,0 +1,130 @@
+//! Keys expire: the background job deletes them in batches, leaves live ones alone, and an expired
+//! key is new again.
+
+use std::time::Duration;
+
+use idempay::config::Settings;
+use libtest_mimic::Trial;
+
+use crate::helpers::{TestApp, new_key, payment};
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![expiry;
+        an_expired_key_is_deleted_by_the_job_and_can_be_used_again,
+        an_expired_key_not_yet_deleted_is_new_again,
+        the_job_drains_expired_keys_in_batches_and_leaves_live_ones,
+    ]
+}
+
+async fn an_expired_key_is_deleted_by_the_job_and_can_be_used_again() {
+    let app = TestApp::spawn_with(Settings {
+        key_ttl: Duration::from_secs(1),
+        expiry_interval: Duration::from_millis(200),
+        ..Settings::default()
+    })
+    .await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment(4200)).await;
+    assert_eq!(app.key_count().await, 1);
+
+    wait_until(|| async { app.key_count().await == 0 }).await;
+    let again = app.post_payment(&key, &payment(4200)).await;
+
+    assert_eq!(again.status, 201);
+    assert!(!again.replayed(), "an expired key is a new request");
+    assert_ne!(again.json()["id"], first.json()["id"]);
+    assert_eq!(app.payment_count().await, 2);
+}
+
+async fn an_expired_key_not_yet_deleted_is_new_again() {
+    let app = TestApp::spawn_with(Settings {
+        key_ttl: Duration::from_secs(1),
+        expiry_interval: Duration::from_secs(3600),
+        ..Settings::default()
+    })
+    .await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment(4200)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // Even with another payload: the old key's binding has expired.
+    let again = app.post_payment(&key, &payment(100)).await;
+
+    assert_eq!(
+        again.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert!(!again.replayed());
+    assert_ne!(again.json()["id"], first.json()["id"]);
+    assert_eq!(app.key_count().await, 1);
+    assert_eq!(app.payment_count().await, 2);
+}
+
+async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
+    let app = TestApp::spawn_with(Settings {
+        expiry_interval: Duration::from_millis(200),
+        ..Settings::default()
+    })
+    .await;
+    // More than one batch of expired keys, some live ones, and an expired key whose request is
+    // still running: it keeps its row until its lease ends.
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, response_code,
+                                       response_headers, response_body, expires_at)
+         SELECT 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
+                201, '{}', '\\x7b7d', now() - interval '1 minute'
+         FROM generate_series(1, 2500) AS i;
+         INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, response_code,
+                                       response_headers, response_body, expires_at)
+         SELECT 'acct_x:POST /v1/payments', 'live-' || i, sha256(i::text::bytea), 'completed',
+                201, '{}', '\\x7b7d', now() + interval '1 hour'
+         FROM generate_series(1, 10) AS i;
+         INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, lock_token,
+                                       locked_until, expires_at)
+         VALUES ('acct_x:POST /v1/payments', 'running', sha256('r'), 'in_progress',
+                 gen_random_uuid(), now() + interval '1 hour', now() - interval '1 minute');",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    wait_until(|| async {
+        let expired: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM idempotency_keys WHERE idem_key LIKE 'expired-%'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        expired == 0
+    })
+    .await;
+
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT idem_key FROM idempotency_keys ORDER BY idem_key")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(left.len(), 11, "{left:?}");
+    assert!(
+        left.iter()
+            .all(|key| key.starts_with("live-") || key == "running"),
+        "{left:?}"
+    );
+}
+
+async fn wait_until<F, Fut>(condition: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..100 {
+        if condition().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("condition not met within 10 s");
+}

@@ -1,0 +1,241 @@
+//! `TestApp`: a real server on a free port, its own database, an account, and typed calls.
+
+use std::time::Duration;
+
+use idempay::app::Application;
+use idempay::config::Settings;
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{TEMPLATE, admin_url, database_url};
+
+/// The key every test sends unless it needs another.
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// A response, read whole.
+#[derive(Debug, Clone)]
+pub struct TestResponse {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl TestResponse {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
+            panic!(
+                "body is not JSON ({error}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    /// Asserts an RFC 9457 problem document of the given status and `type`.
+    pub fn assert_problem(&self, status: u16, type_slug: &str) -> Value {
+        assert_eq!(
+            self.status,
+            status,
+            "body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        let problem = self.json();
+        assert_eq!(
+            problem["type"],
+            format!("/problems/{type_slug}"),
+            "{problem}"
+        );
+        assert_eq!(problem["status"], status, "{problem}");
+        assert!(
+            problem["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{problem}"
+        );
+        assert!(
+            problem["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{problem}"
+        );
+        problem
+    }
+}
+
+/// A server instance on its own port. Dropping it stops the server.
+pub struct TestApp {
+    pub address: String,
+    /// Direct access to the same database, for assertions and for setting up faults.
+    pub db: PgPool,
+    database: String,
+    pub api_key: String,
+    pub account_id: String,
+    client: reqwest::Client,
+    stop: CancellationToken,
+}
+
+impl TestApp {
+    /// A server with default settings on a fresh database, with one account.
+    pub async fn spawn() -> Self {
+        Self::spawn_with(Settings::default()).await
+    }
+
+    pub async fn spawn_with(settings: Settings) -> Self {
+        let database = format!("test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(admin_url())
+            .await
+            .expect("admin connection");
+        sqlx::query(&format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}"))
+            .execute(&mut admin)
+            .await
+            .expect("create the test database");
+        admin.close().await.ok();
+        let mut app = Self::serve(&database, settings).await;
+        let (account_id, api_key) = app.create_account("test merchant").await;
+        app.account_id = account_id;
+        app.api_key = api_key;
+        app
+    }
+
+    /// Another server instance on the same database, as a second replica would be.
+    pub async fn another_instance(&self, settings: Settings) -> Self {
+        let mut app = Self::serve(&self.database, settings).await;
+        app.account_id.clone_from(&self.account_id);
+        app.api_key.clone_from(&self.api_key);
+        app
+    }
+
+    async fn serve(database: &str, settings: Settings) -> Self {
+        let url = database_url(database);
+        let pool = idempay::db::pool(&url).expect("pool");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let app = Application::build(settings, pool, listener);
+        let address = format!("http://{}", app.local_addr().expect("address"));
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            app.run_until_stopped(async move { stopped.cancelled().await })
+                .await
+                .expect("server runs");
+        });
+        Self {
+            address,
+            db: PgPool::connect(&url).await.expect("assertion pool"),
+            database: database.to_owned(),
+            api_key: String::new(),
+            account_id: String::new(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("client"),
+            stop,
+        }
+    }
+
+    /// Creates another account in the same database; returns its id and API key.
+    pub async fn create_account(&self, name: &str) -> (String, String) {
+        let (account, key) = idempay::accounts::create(&self.db, name)
+            .await
+            .expect("create account");
+        (account.id().to_string(), key.expose().to_owned())
+    }
+
+    /// Stops this instance; in-flight requests finish first.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    /// `POST /v1/payments` with this app's account, the given key and a JSON body.
+    pub async fn post_payment(&self, key: &str, body: &Value) -> TestResponse {
+        self.post_payment_as(&self.api_key, key, body).await
+    }
+
+    pub async fn post_payment_as(&self, api_key: &str, key: &str, body: &Value) -> TestResponse {
+        self.send(
+            self.client
+                .post(self.url("/v1/payments"))
+                .bearer_auth(api_key)
+                .header("idempotency-key", key)
+                .json(body),
+        )
+        .await
+    }
+
+    /// `POST /v1/payments` with a raw body, content type and headers as given.
+    pub fn raw_post(&self) -> reqwest::RequestBuilder {
+        self.client
+            .post(self.url("/v1/payments"))
+            .bearer_auth(&self.api_key)
+    }
+
+    pub async fn get_payment(&self, id: &str) -> TestResponse {
+        self.send(
+            self.client
+                .get(self.url(&format!("/v1/payments/{id}")))
+                .bearer_auth(&self.api_key),
+        )
+        .await
+    }
+
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> TestResponse {
+        let response = request.send().await.expect("the server answers");
+        TestResponse {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.expect("a body").to_vec(),
+        }
+    }
+
+    pub async fn payment_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM payments")
+            .fetch_one(&self.db)
+            .await
+            .expect("count payments")
+    }
+
+    pub async fn key_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+            .fetch_one(&self.db)
+            .await
+            .expect("count keys")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A valid payment body.
+pub fn payment(amount: i64) -> Value {
+    serde_json::json!({ "amount": amount, "currency": "eur", "order": "cmd_9182" })
+}
+
+/// Settings with a short slow charge, so in-flight tests are quick.
+pub fn with_slow_charge(slow_charge: Duration) -> Settings {
+    Settings {
+        slow_charge,
+        ..Settings::default()
+    }
+}

@@ -1,0 +1,446 @@
+//! The lifecycle of a key, row by row: replay, mismatch, in flight, take over, scope, release.
+
+use std::time::Duration;
+
+use idempay::config::Settings;
+use libtest_mimic::Trial;
+use serde_json::json;
+
+use crate::helpers::{TestApp, new_key, payment, with_slow_charge};
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![lifecycle;
+        replay_returns_the_original_status_and_body_byte_for_byte,
+        a_retry_that_serialises_the_same_body_differently_is_a_replay,
+        a_declined_charge_is_replayed_byte_for_byte,
+        the_same_key_with_another_payload_is_refused_and_nothing_executes,
+        a_mismatch_is_refused_even_while_the_first_request_runs,
+        bare_and_quoted_keys_are_the_same_key,
+        a_retry_while_the_first_request_runs_gets_409_with_retry_after,
+        a_slow_request_renews_its_lease_and_is_never_taken_over,
+        a_key_whose_process_died_is_taken_over_after_its_lease,
+        a_key_with_a_live_lease_is_not_taken_over,
+        a_request_that_lost_its_lease_rolls_back_its_charge,
+        the_same_key_from_another_account_is_a_separate_key,
+        a_failing_charge_releases_the_key_and_a_retry_succeeds,
+        a_request_whose_client_hangs_up_still_completes,
+        a_server_that_shuts_down_finishes_its_in_flight_requests,
+    ]
+}
+
+async fn replay_returns_the_original_status_and_body_byte_for_byte() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment(4200)).await;
+
+    let replay = app.post_payment(&key, &payment(4200)).await;
+
+    assert_eq!(first.status, 201);
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.header("location"), first.header("location"));
+    assert_eq!(replay.header("content-type"), first.header("content-type"));
+    assert!(replay.replayed());
+    assert!(!first.replayed());
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_retry_that_serialises_the_same_body_differently_is_a_replay() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app
+        .raw_post()
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body(r#"{"amount":4200,"currency":"eur","order":"cmd_9182"}"#);
+    let first = app.send(first).await;
+
+    let retry = app
+        .raw_post()
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json; charset=utf-8")
+        .body("{\n  \"order\": \"cmd_9182\",\n  \"currency\": \"eur\",\n  \"amount\": 4200\n}");
+    let retry = app.send(retry).await;
+
+    assert_eq!(first.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_declined_charge_is_replayed_byte_for_byte() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let body =
+        json!({ "amount": 500, "currency": "eur", "payment_method": "pm_card_chargeDeclined" });
+    let first = app.post_payment(&key, &body).await;
+
+    let replay = app.post_payment(&key, &body).await;
+
+    first.assert_problem(402, "card-declined");
+    assert_eq!(replay.status, 402);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(
+        replay.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(replay.replayed());
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn the_same_key_with_another_payload_is_refused_and_nothing_executes() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment(4200)).await;
+
+    let other = app.post_payment(&key, &payment(9900)).await;
+
+    assert_eq!(first.status, 201);
+    other.assert_problem(422, "idempotency-key-mismatch");
+    assert!(!other.replayed());
+    assert_eq!(app.payment_count().await, 1);
+    // The key still answers its own payload.
+    assert!(app.post_payment(&key, &payment(4200)).await.replayed());
+}
+
+async fn a_mismatch_is_refused_even_while_the_first_request_runs() {
+    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
+    let key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let first = tokio::spawn({
+        let (address, api_key, key, slow) = (
+            app.address.clone(),
+            app.api_key.clone(),
+            key.clone(),
+            slow.clone(),
+        );
+        async move { post(&address, &api_key, &key, &slow).await }
+    });
+    wait_for_key(&app).await;
+
+    let other = app.post_payment(&key, &payment(100)).await;
+
+    other.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn bare_and_quoted_keys_are_the_same_key() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment(4200)).await;
+
+    let quoted = app
+        .post_payment(&format!("\"{key}\""), &payment(4200))
+        .await;
+
+    assert_eq!(first.status, 201);
+    assert!(quoted.replayed());
+    assert_eq!(quoted.body, first.body);
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
+    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
+    let key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let first = tokio::spawn({
+        let (address, api_key, key, slow) = (
+            app.address.clone(),
+            app.api_key.clone(),
+            key.clone(),
+            slow.clone(),
+        );
+        async move { post(&address, &api_key, &key, &slow).await }
+    });
+    wait_for_key(&app).await;
+
+    let retry = app.post_payment(&key, &slow).await;
+
+    retry.assert_problem(409, "idempotency-key-in-use");
+    let retry_after: u64 = retry
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    assert_eq!(first.await.unwrap(), 201);
+    // Once the first request is done, the retry gets its result.
+    let later = app.post_payment(&key, &slow).await;
+    assert_eq!(later.status, 201);
+    assert!(later.replayed());
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
+    // The charge outlasts the lease twice over; only the heartbeat keeps the key held.
+    let settings = Settings {
+        lease: Duration::from_millis(600),
+        slow_charge: Duration::from_millis(1800),
+        ..Settings::default()
+    };
+    let app = TestApp::spawn_with(settings).await;
+    let key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let first = tokio::spawn({
+        let (address, api_key, key, slow) = (
+            app.address.clone(),
+            app.api_key.clone(),
+            key.clone(),
+            slow.clone(),
+        );
+        async move { post(&address, &api_key, &key, &slow).await }
+    });
+    wait_for_key(&app).await;
+
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let retry = app.post_payment(&key, &slow).await;
+        retry.assert_problem(409, "idempotency-key-in-use");
+    }
+
+    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_key_whose_process_died_is_taken_over_after_its_lease() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    // What a crashed instance leaves behind: a reservation whose lease ran out, no payment.
+    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() - interval '1 second'").await;
+
+    let retry = app.post_payment(&key, &payment(4200)).await;
+
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(!retry.replayed());
+    assert_eq!(app.payment_count().await, 1);
+    let replay = app.post_payment(&key, &payment(4200)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retry.body);
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_key_with_a_live_lease_is_not_taken_over() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '20 seconds'").await;
+
+    let retry = app.post_payment(&key, &payment(4200)).await;
+
+    retry.assert_problem(409, "idempotency-key-in-use");
+    let retry_after: u64 = retry.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (19..=20).contains(&retry_after),
+        "Retry-After {retry_after} is when the lease ends"
+    );
+    assert_eq!(app.payment_count().await, 0);
+}
+
+async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
+    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1000))).await;
+    let key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let first = tokio::spawn({
+        let (address, api_key, key, slow) = (
+            app.address.clone(),
+            app.api_key.clone(),
+            key.clone(),
+            slow.clone(),
+        );
+        async move { post(&address, &api_key, &key, &slow).await }
+    });
+    wait_for_key(&app).await;
+    // Another request takes the key over while the first is charging: a new token is installed.
+    sqlx::query("UPDATE idempotency_keys SET lock_token = gen_random_uuid(), locked_until = now() + interval '20 seconds'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+
+    let status = first.await.unwrap();
+
+    assert_eq!(
+        status, 409,
+        "the loser answers with the key's current state"
+    );
+    assert_eq!(
+        app.payment_count().await,
+        0,
+        "the loser's charge was rolled back"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM idempotency_keys")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        status, "in_progress",
+        "the winner's reservation is untouched"
+    );
+}
+
+async fn the_same_key_from_another_account_is_a_separate_key() {
+    let app = TestApp::spawn().await;
+    let (_, other_api_key) = app.create_account("another merchant").await;
+    let key = new_key();
+    let mine = app.post_payment(&key, &payment(4200)).await;
+
+    let theirs = app
+        .post_payment_as(&other_api_key, &key, &payment(4200))
+        .await;
+
+    assert_eq!(mine.status, 201);
+    assert_eq!(theirs.status, 201);
+    assert!(
+        !theirs.replayed(),
+        "another account never sees this account's response"
+    );
+    assert_ne!(theirs.json()["id"], mine.json()["id"]);
+    assert_eq!(app.payment_count().await, 2);
+    // And a different payload under the same key is no mismatch across accounts.
+    let other_payload = app
+        .post_payment_as(&other_api_key, &new_key(), &payment(1))
+        .await;
+    assert_eq!(other_payload.status, 201);
+}
+
+async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
+    let app = TestApp::spawn().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'the ledger is unavailable'; END $$;
+         CREATE TRIGGER refuse_payment BEFORE INSERT ON payments
+         FOR EACH ROW EXECUTE FUNCTION refuse_payment();",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let key = new_key();
+
+    let failed = app.post_payment(&key, &payment(4200)).await;
+
+    let problem = failed.assert_problem(500, "internal");
+    assert!(
+        !problem["detail"].as_str().unwrap().contains("ledger"),
+        "causes are not echoed"
+    );
+    assert_eq!(
+        app.key_count().await,
+        0,
+        "the key was released, nothing completed was stored"
+    );
+    assert_eq!(app.payment_count().await, 0);
+
+    sqlx::raw_sql("DROP TRIGGER refuse_payment ON payments")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let retry = app.post_payment(&key, &payment(4200)).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_request_whose_client_hangs_up_still_completes() {
+    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
+    let key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let first = tokio::spawn({
+        let (address, api_key, key, slow) = (
+            app.address.clone(),
+            app.api_key.clone(),
+            key.clone(),
+            slow.clone(),
+        );
+        async move { post(&address, &api_key, &key, &slow).await }
+    });
+    wait_for_key(&app).await;
+    // Dropping the request closes its connection while the charge is running.
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+
+    // The charge finishes on the server; the retry gets its stored result.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let retry = app.post_payment(&key, &slow).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_server_that_shuts_down_finishes_its_in_flight_requests() {
+    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
+    let key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let first = tokio::spawn({
+        let (address, api_key, key, slow) = (
+            app.address.clone(),
+            app.api_key.clone(),
+            key.clone(),
+            slow.clone(),
+        );
+        async move { post(&address, &api_key, &key, &slow).await }
+    });
+    wait_for_key(&app).await;
+
+    app.stop();
+
+    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(app.payment_count().await, 1);
+    let status: String = sqlx::query_scalar("SELECT status FROM idempotency_keys")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(status, "completed");
+}
+
+/// Posts a payment from a spawned task and returns the status.
+async fn post(address: &str, api_key: &str, key: &str, body: &serde_json::Value) -> u16 {
+    reqwest::Client::new()
+        .post(format!("{address}/v1/payments"))
+        .bearer_auth(api_key)
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("the server answers")
+        .status()
+        .as_u16()
+}
+
+/// Waits until a request has reserved its key.
+async fn wait_for_key(app: &TestApp) {
+    for _ in 0..200 {
+        if app.key_count().await > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the first request never reserved its key");
+}
+
+/// Inserts the reservation a crashed instance would leave, with the fingerprint the service
+/// computes for `body` (SHA-256 of its canonical JSON).
+async fn reserve_as_a_dead_process(
+    app: &TestApp,
+    key: &str,
+    body: &serde_json::Value,
+    locked_until: &str,
+) {
+    let fingerprint = idempay::idempotency::Fingerprint::of_json(body);
+    sqlx::query(&format!(
+        "INSERT INTO idempotency_keys
+             (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+         VALUES ($1, $2, $3, 'in_progress', gen_random_uuid(), {locked_until},
+                 now() + interval '1 day')"
+    ))
+    .bind(format!("{}:POST /v1/payments", app.account_id))
+    .bind(key)
+    .bind(fingerprint.as_bytes().as_slice())
+    .execute(&app.db)
+    .await
+    .unwrap();
+}

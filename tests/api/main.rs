@@ -1,0 +1,30 @@
+//! Black-box tests of the HTTP API: the real server over HTTP, against a real PostgreSQL started
+//! by testcontainers. One container serves the whole run; every test gets a fresh database cloned
+//! from a migrated template, so tests run in parallel without seeing each other.
+
+mod concurrency;
+mod errors;
+mod expiry;
+mod harness;
+mod helpers;
+mod lifecycle;
+mod payments;
+
+use std::process::ExitCode;
+
+use libtest_mimic::Arguments;
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let trials = [
+        payments::trials(),
+        lifecycle::trials(),
+        concurrency::trials(),
+        expiry::trials(),
+        errors::trials(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    harness::run(args, trials)
+}

@@ -1,0 +1,120 @@
+//! The payment resource: creating, reading, and what each test card does.
+
+use libtest_mimic::Trial;
+use serde_json::json;
+
+use crate::helpers::{TestApp, new_key, payment};
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![payments;
+        a_payment_is_created_with_201_and_its_location,
+        a_payment_can_be_read_back_in_the_same_representation,
+        optional_fields_default_sensibly,
+        a_declined_card_records_a_declined_payment_and_answers_402,
+        another_accounts_payment_is_not_found,
+        unknown_and_malformed_payment_ids_are_not_found,
+        health_and_readiness_answer_when_the_database_is_up,
+    ]
+}
+
+async fn a_payment_is_created_with_201_and_its_location() {
+    let app = TestApp::spawn().await;
+    let response = app.post_payment(&new_key(), &payment(4200)).await;
+
+    assert_eq!(response.status, 201);
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    assert!(!response.replayed());
+    let body = response.json();
+    let id = body["id"].as_str().expect("an id");
+    assert!(id.starts_with("pay_"), "{id}");
+    assert_eq!(
+        response.header("location"),
+        Some(format!("/v1/payments/{id}").as_str())
+    );
+    assert_eq!(body["object"], "payment");
+    assert_eq!(body["amount"], 4200);
+    assert_eq!(body["currency"], "eur");
+    assert_eq!(body["status"], "succeeded");
+    assert_eq!(body["payment_method"], "pm_card_visa");
+    assert_eq!(body["order"], "cmd_9182");
+    assert!(body["created_at"].as_str().is_some());
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn a_payment_can_be_read_back_in_the_same_representation() {
+    let app = TestApp::spawn().await;
+    let created = app.post_payment(&new_key(), &payment(4200)).await.json();
+
+    let fetched = app.get_payment(created["id"].as_str().unwrap()).await;
+
+    assert_eq!(fetched.status, 200);
+    assert_eq!(fetched.json(), created);
+}
+
+async fn optional_fields_default_sensibly() {
+    let app = TestApp::spawn().await;
+    let response = app
+        .post_payment(&new_key(), &json!({ "amount": 1, "currency": "jpy" }))
+        .await;
+
+    assert_eq!(response.status, 201);
+    let body = response.json();
+    assert_eq!(body["payment_method"], "pm_card_visa");
+    assert_eq!(body["order"], json!(null));
+    assert_eq!(body["description"], json!(null));
+}
+
+async fn a_declined_card_records_a_declined_payment_and_answers_402() {
+    let app = TestApp::spawn().await;
+    let body =
+        json!({ "amount": 500, "currency": "usd", "payment_method": "pm_card_chargeDeclined" });
+
+    let response = app.post_payment(&new_key(), &body).await;
+
+    let problem = response.assert_problem(402, "card-declined");
+    assert_eq!(problem["decline_code"], "generic_decline");
+    let id = problem["payment"]
+        .as_str()
+        .expect("the declined payment's id");
+    let payment = app.get_payment(id).await;
+    assert_eq!(payment.status, 200);
+    assert_eq!(payment.json()["status"], "declined");
+    assert_eq!(app.payment_count().await, 1);
+}
+
+async fn another_accounts_payment_is_not_found() {
+    let app = TestApp::spawn().await;
+    let created = app.post_payment(&new_key(), &payment(4200)).await.json();
+    let (_, other_key) = app.create_account("someone else").await;
+
+    let response = app
+        .send(
+            app.client()
+                .get(app.url(&format!("/v1/payments/{}", created["id"].as_str().unwrap())))
+                .bearer_auth(other_key),
+        )
+        .await;
+
+    response.assert_problem(404, "not-found");
+}
+
+async fn unknown_and_malformed_payment_ids_are_not_found() {
+    let app = TestApp::spawn().await;
+    for id in [
+        "pay_000000000000000000000000",
+        "pay_x",
+        "nothing",
+        "%27%3B--",
+    ] {
+        app.get_payment(id).await.assert_problem(404, "not-found");
+    }
+}
+
+async fn health_and_readiness_answer_when_the_database_is_up() {
+    let app = TestApp::spawn().await;
+    for path in ["/healthz", "/readyz"] {
+        let response = app.send(app.client().get(app.url(path))).await;
+        assert_eq!(response.status, 200, "{path}");
+    }
+}
