@@ -1,0 +1,41 @@
+# The two commands a new user needs are `make run` and `make test`; the rest serve development.
+# Builds use the committed query data in .sqlx/, so no database is needed to compile.
+
+export SQLX_OFFLINE := true
+CARGO ?= cargo
+# Integration tests mostly wait on the network and the database, so more threads than cores help.
+TEST_THREADS ?= 8
+
+.PHONY: run test fmt lint check pg-image sqlx-prepare clean-containers
+
+## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
+run:
+	$(CARGO) run --bin idempay -- dev
+
+## Unit and integration tests; PostgreSQL runs in a container started by the tests.
+test:
+	$(CARGO) test --all-targets -- --test-threads $(TEST_THREADS)
+
+## Format the code.
+fmt:
+	$(CARGO) fmt
+
+## Formatting and clippy, as CI checks them.
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+## Everything CI runs.
+check: lint test
+
+## Find or build the PostgreSQL image (IDEMPAY_PG_IMAGE chooses another).
+pg-image:
+	@bash scripts/pg-image.sh
+
+## Regenerate .sqlx/ after changing a query or a migration (starts a throwaway PostgreSQL).
+sqlx-prepare:
+	bash scripts/sqlx-prepare.sh
+
+## Remove PostgreSQL containers left behind by interrupted test runs.
+clean-containers:
+	docker ps -aq --filter label=org.testcontainers.managed-by=testcontainers | xargs -r docker rm -f
