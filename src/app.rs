@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 use crate::config::Settings;
 use crate::error::{Problem, ProblemKind};
@@ -73,7 +74,11 @@ pub fn router(state: AppState) -> Router {
             // anywhere inside becomes a problem document.
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
-                .layer(TraceLayer::new_for_http().make_span_with(request_span))
+                .layer(
+                    TraceLayer::new_for_http()
+                        .make_span_with(request_span)
+                        .on_response(DefaultOnResponse::new().level(Level::INFO)),
+                )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID))
                 .layer(CatchPanicLayer::custom(|_| {
                     Problem::new(ProblemKind::Internal, "The request failed on our side.")

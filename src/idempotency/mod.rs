@@ -27,6 +27,11 @@ pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use request::{Idempotent, KeyedRequest, Scope};
 pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
 
+/// The longest `Retry-After` a 409 suggests. A live request usually finishes within it, and a
+/// dead one is taken over once its lease runs out, so a client retrying every second is answered
+/// as soon as either happens, instead of waiting out a whole lease.
+const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_secs(1);
+
 /// How often a zero-row answer from the reservation is retried before the client is asked to come
 /// back (see [`Idempotency::decide`]).
 const DECIDE_ATTEMPTS: usize = 5;
@@ -209,7 +214,7 @@ impl Idempotency {
         }
         // Heavy contention on one key: ask the client to come back rather than spin.
         Ok(Decision::InFlight {
-            retry_after: Duration::from_secs(1),
+            retry_after: IN_FLIGHT_RETRY_HINT,
         })
     }
 
@@ -240,7 +245,9 @@ impl Idempotency {
             // -----------------------------------------------------------------------------
             KeyState::InProgress {
                 lease_left: Some(left),
-            } => Some(Decision::InFlight { retry_after: left }),
+            } => Some(Decision::InFlight {
+                retry_after: left.min(IN_FLIGHT_RETRY_HINT),
+            }),
             KeyState::InProgress { lease_left: None } => self
                 .take_over(existing.id, request)
                 .await?
@@ -411,7 +418,7 @@ impl Idempotency {
                 )?
                 .replay())
             }
-            _ => Err(in_flight(Duration::from_secs(1)).into()),
+            _ => Err(in_flight(IN_FLIGHT_RETRY_HINT).into()),
         }
     }
 

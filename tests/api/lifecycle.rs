@@ -159,12 +159,7 @@ async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
     let retry = app.post_payment(&key, &slow).await;
 
     retry.assert_problem(409, "idempotency-key-in-use");
-    let retry_after: u64 = retry
-        .header("retry-after")
-        .expect("Retry-After")
-        .parse()
-        .unwrap();
-    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    assert_eq!(retry.header("retry-after"), Some("1"));
     assert_eq!(first.await.unwrap(), 201);
     // Once the first request is done, the retry gets its result.
     let later = app.post_payment(&key, &slow).await;
@@ -234,10 +229,10 @@ async fn a_key_with_a_live_lease_is_not_taken_over() {
     let retry = app.post_payment(&key, &payment(4200)).await;
 
     retry.assert_problem(409, "idempotency-key-in-use");
-    let retry_after: u64 = retry.header("retry-after").unwrap().parse().unwrap();
-    assert!(
-        (19..=20).contains(&retry_after),
-        "Retry-After {retry_after} is when the lease ends"
+    assert_eq!(
+        retry.header("retry-after"),
+        Some("1"),
+        "a short hint, not the whole lease"
     );
     assert_eq!(app.payment_count().await, 0);
 }
