@@ -8,6 +8,7 @@ mod expiry;
 mod harness;
 mod helpers;
 mod lifecycle;
+mod mechanism;
 mod payments;
 
 use std::process::ExitCode;
@@ -22,6 +23,7 @@ fn main() -> ExitCode {
         concurrency::trials(),
         expiry::trials(),
         errors::trials(),
+        mechanism::trials(),
     ]
     .into_iter()
     .flatten()
