@@ -290,16 +290,19 @@ run_init_scripts() {
 # Echo the server's "ready" line to stdout once postmaster.pid says "ready"
 # (written right after the server logs it), because some clients, e.g. the
 # testcontainers Postgres module, wait for the line on stdout as well as on
-# stderr. This process becomes a child of the postmaster, which treats any
-# exit status other than 0 or 1 as a crashed backend, so always exit 0.
+# stderr. The start-time check skips a stale pid file left by a killed
+# container, whose postmaster was PID 1 as well. This process becomes a child
+# of the postmaster, which treats any exit status other than 0 or 1 as a
+# crashed backend, so always exit 0.
 announce_ready() {
   set +e
-  local pm=$1 pid status _
+  local pm=$1 since=$2 pid started status _
   while kill -0 "$pm" 2>/dev/null; do
-    if { read -r pid && read -r _ && read -r _ && read -r _ && read -r _ &&
-         read -r _ && read -r _ && read -r status; } 2>/dev/null \
+    if { read -r pid && read -r _ && read -r started && read -r _ &&
+         read -r _ && read -r _ && read -r _ && read -r status; } 2>/dev/null \
          <"$PGDATA/postmaster.pid" &&
-       [ "$pid" = "$pm" ] && [ "$status" = ready ]; then
+       [ "$pid" = "$pm" ] && [ "$status" = ready ] &&
+       [ "$started" -ge "$since" ] 2>/dev/null; then
       echo "database system is ready to accept connections"
       break
     fi
@@ -313,7 +316,7 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   run_init_scripts
 fi
 
-announce_ready "$$" &
+announce_ready "$$" "$EPOCHSECONDS" &
 exec "${as_pg[@]}" postgres -D "$PGDATA" "$@"
 ENTRYPOINT
 }
@@ -329,7 +332,7 @@ build_image() {
   if ! as_root "$DEBOOTSTRAP" --variant=minbase --include=postgresql-15 \
       "$SUITE" "$root" "$MIRROR" >"$BUILD_DIR/debootstrap.log" 2>&1; then
     tail -n 25 "$BUILD_DIR/debootstrap.log" >&2
-    die "debootstrap failed (full log above was cut to the last lines)"
+    die "debootstrap failed; the end of its log is shown above"
   fi
 
   write_entrypoint "$BUILD_DIR/docker-entrypoint.sh"
@@ -376,6 +379,9 @@ build_image() {
     die "the built image does not run"
   log "built $BUILT_IMAGE: $version"
 }
+
+command -v docker >/dev/null 2>&1 || die "docker is not installed"
+docker version >/dev/null 2>&1 || die "cannot reach the docker daemon"
 
 # Explicit choice.
 if [ -n "${IDEMPAY_PG_IMAGE:-}" ]; then

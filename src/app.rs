@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef, Request};
 use axum::http::HeaderName;
-use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -17,12 +16,16 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_swagger_ui::SwaggerUi;
 
 use crate::config::Settings;
 use crate::error::{Problem, ProblemKind};
 use crate::idempotency::{Idempotency, Policy, spawn_expiry_job};
+use crate::openapi::ApiDoc;
 use crate::payments::Processor;
-use crate::{accounts, health, payments};
+use crate::{health, payments, problems};
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -57,16 +60,19 @@ impl AppState {
     }
 }
 
-/// The whole HTTP API. The routes under `/v1` require an API key; everything answers errors as
-/// problem documents, including unknown routes and methods.
-pub fn router(state: AppState) -> Router {
-    let api = payments::router().route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        accounts::authenticate,
-    ));
-    Router::new()
+/// Every documented route, with its operation in the API description.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(payments::router())
+        .merge(problems::router())
         .merge(health::router())
-        .merge(api)
+}
+
+/// The whole HTTP API, its description at `/openapi.json` and the browsable docs at `/docs`.
+/// Everything answers errors as problem documents, including unknown routes and methods.
+pub fn router(state: AppState) -> Router {
+    let (api, description) = routes().split_for_parts();
+    api.merge(SwaggerUi::new("/docs").url("/openapi.json", description))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(

@@ -6,7 +6,7 @@ use tokio::net::TcpListener;
 
 use crate::app::{Application, shutdown_signal};
 use crate::config::{DatabaseArgs, ListenArgs, Settings};
-use crate::{accounts, db, dev};
+use crate::{accounts, db, dev, openapi};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,6 +41,8 @@ pub enum Command {
         #[command(subcommand)]
         command: AccountCommand,
     },
+    /// Prints the OpenAPI description of the API.
+    Openapi,
     /// Starts a throwaway PostgreSQL container, creates a demo account and serves until Ctrl-C.
     Dev {
         #[command(flatten)]
@@ -89,6 +91,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("created account {} ({})", account.id(), account.name());
             println!("{}", key.expose());
         }
+        Command::Openapi => print!("{}", openapi::spec_json()),
         Command::Dev { listen, settings } => dev::run(listen.listen, settings).await?,
     }
     Ok(())

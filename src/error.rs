@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -63,22 +63,27 @@ impl ProblemKind {
         }
     }
 
+    /// The `type` URI: `/problems/{slug}`, relative to the API, where a page explains it.
+    pub fn type_uri(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "/problems/invalid-request",
+            Self::InvalidIdempotencyKey => "/problems/invalid-idempotency-key",
+            Self::Unauthorized => "/problems/unauthorized",
+            Self::CardDeclined => "/problems/card-declined",
+            Self::NotFound => "/problems/not-found",
+            Self::MethodNotAllowed => "/problems/method-not-allowed",
+            Self::IdempotencyKeyInUse => "/problems/idempotency-key-in-use",
+            Self::PayloadTooLarge => "/problems/payload-too-large",
+            Self::UnsupportedMediaType => "/problems/unsupported-media-type",
+            Self::IdempotencyKeyMismatch => "/problems/idempotency-key-mismatch",
+            Self::Internal => "/problems/internal",
+            Self::ServiceUnavailable => "/problems/service-unavailable",
+        }
+    }
+
     /// The last segment of the `type` URI.
     pub fn slug(self) -> &'static str {
-        match self {
-            Self::InvalidRequest => "invalid-request",
-            Self::InvalidIdempotencyKey => "invalid-idempotency-key",
-            Self::Unauthorized => "unauthorized",
-            Self::CardDeclined => "card-declined",
-            Self::NotFound => "not-found",
-            Self::MethodNotAllowed => "method-not-allowed",
-            Self::IdempotencyKeyInUse => "idempotency-key-in-use",
-            Self::PayloadTooLarge => "payload-too-large",
-            Self::UnsupportedMediaType => "unsupported-media-type",
-            Self::IdempotencyKeyMismatch => "idempotency-key-mismatch",
-            Self::Internal => "internal",
-            Self::ServiceUnavailable => "service-unavailable",
-        }
+        self.type_uri().trim_start_matches("/problems/")
     }
 
     pub fn title(self) -> &'static str {
@@ -100,45 +105,121 @@ impl ProblemKind {
         }
     }
 
-    pub fn type_uri(self) -> String {
-        format!("/problems/{}", self.slug())
+    /// What the problem means and what a client should do about it; shown at its `type` URI.
+    pub fn explanation(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => {
+                "The body is not valid JSON, or a field is missing, of the wrong type or out of \
+                 range, or an unknown field was sent. `detail` names it. Nothing was stored and the \
+                 Idempotency-Key was not used: fix the request and send it again with the same key."
+            }
+            Self::InvalidIdempotencyKey => {
+                "Mutating requests need one `Idempotency-Key` header of 1 to 255 visible ASCII \
+                 characters, bare or as an RFC 8941 quoted string. Generate one UUID v4 per \
+                 business intent and reuse it on every retry of that intent."
+            }
+            Self::Unauthorized => {
+                "Send the account's secret API key as `Authorization: Bearer sk_…`."
+            }
+            Self::CardDeclined => {
+                "The processor declined the charge. The payment was recorded as `declined`; \
+                 `payment` names it and `decline_code` says why. This is a result: a retry with the \
+                 same key replays it. Use a new key for a new attempt."
+            }
+            Self::NotFound => {
+                "No such resource for this account. Another account's payments are not visible."
+            }
+            Self::MethodNotAllowed => {
+                "The route exists but not with this method; the `Allow` header lists those it takes."
+            }
+            Self::IdempotencyKeyInUse => {
+                "Another request with the same key is still being processed. Retry after \
+                 `Retry-After` seconds with the same key and body to receive its result. If the \
+                 process handling it died, a retry takes over once its lease runs out."
+            }
+            Self::PayloadTooLarge => "Request bodies are limited to 64 KiB.",
+            Self::UnsupportedMediaType => {
+                "Send the body as JSON with `Content-Type: application/json`."
+            }
+            Self::IdempotencyKeyMismatch => {
+                "The key was already used with a different request body. Keys bind to the first \
+                 request's payload for 24 hours; a different intent needs a new key."
+            }
+            Self::Internal => {
+                "The request failed on our side. Nothing was recorded and the key was released: \
+                 retry with the same key."
+            }
+            Self::ServiceUnavailable => {
+                "A dependency such as the database is unreachable. Nothing was recorded: retry with \
+                 the same key after `Retry-After` seconds."
+            }
+        }
+    }
+
+    /// The kind whose `type` URI ends in `slug`.
+    pub fn from_slug(slug: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.slug() == slug)
     }
 }
 
-/// An RFC 9457 problem document, with optional extension members and `Retry-After`.
-#[derive(Debug, Clone)]
+/// An RFC 9457 problem document: every error the API answers is one.
+///
+/// `type` identifies the kind of problem and resolves, relative to the API, to a page that
+/// explains it. Some kinds carry extension members, such as the declined `payment`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({
+    "type": "/problems/idempotency-key-mismatch",
+    "title": "The Idempotency-Key was already used with a different request",
+    "status": 422,
+    "detail": "This Idempotency-Key was already used with a different request body. Use a new key for a new request."
+}))]
 pub struct Problem {
+    #[serde(skip)]
     kind: ProblemKind,
-    detail: String,
-    extensions: Map<String, Value>,
-    retry_after: Option<Duration>,
-}
-
-#[derive(Serialize)]
-struct ProblemBody<'a> {
+    /// The kind of problem: `/problems/{name}`, a page that explains it.
     #[serde(rename = "type")]
-    type_uri: String,
+    type_uri: &'static str,
+    /// A short summary of the kind of problem; the same for every occurrence.
     title: &'static str,
+    /// The HTTP status code of the response.
+    #[schema(minimum = 400, maximum = 599)]
     status: u16,
-    detail: &'a str,
-    #[serde(flatten)]
-    extensions: &'a Map<String, Value>,
+    /// What happened in this occurrence.
+    detail: String,
+    /// For `card-declined`: the payment that was recorded as declined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payment: Option<String>,
+    /// For `card-declined`: why the processor declined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decline_code: Option<&'static str>,
+    #[serde(skip)]
+    retry_after: Option<Duration>,
 }
 
 impl Problem {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
         Self {
             kind,
+            type_uri: kind.type_uri(),
+            title: kind.title(),
+            status: kind.status().as_u16(),
             detail: detail.into(),
-            extensions: Map::new(),
+            payment: None,
+            decline_code: None,
             retry_after: None,
         }
     }
 
-    /// Adds an extension member, such as the `payment` a declined charge created.
-    pub fn with(mut self, member: &str, value: impl Into<Value>) -> Self {
-        self.extensions.insert(member.to_owned(), value.into());
-        self
+    /// A declined charge: names the payment recorded as declined and the processor's reason.
+    pub fn card_declined(payment: &str, decline_code: &'static str) -> Self {
+        Self {
+            payment: Some(payment.to_owned()),
+            decline_code: Some(decline_code),
+            ..Self::new(
+                ProblemKind::CardDeclined,
+                format!("The card was declined ({decline_code})."),
+            )
+        }
     }
 
     /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
@@ -155,16 +236,9 @@ impl Problem {
         self.kind.status()
     }
 
-    /// The serialized document. It cannot fail: every member is a string, a number or JSON.
+    /// The serialized document. It cannot fail: every member is a string or a number.
     pub fn to_json(&self) -> Vec<u8> {
-        let body = ProblemBody {
-            type_uri: self.kind.type_uri(),
-            title: self.kind.title(),
-            status: self.kind.status().as_u16(),
-            detail: &self.detail,
-            extensions: &self.extensions,
-        };
-        serde_json::to_vec(&body).expect("a problem document always serializes")
+        serde_json::to_vec(self).expect("a problem document always serializes")
     }
 
     /// Headers that belong with this problem, besides `Content-Type`.
@@ -264,19 +338,21 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_problem_document_carries_type_title_status_detail_and_extensions() {
-        let problem = Problem::new(ProblemKind::CardDeclined, "declined").with("payment", "pay_1");
-        let body: Value = serde_json::from_slice(&problem.to_json()).unwrap();
+        let problem = Problem::card_declined("pay_1", "generic_decline");
+        let body: serde_json::Value = serde_json::from_slice(&problem.to_json()).unwrap();
         assert_eq!(
             body,
-            serde_json::json!({
+            json!({
                 "type": "/problems/card-declined",
                 "title": "The card was declined",
                 "status": 402,
-                "detail": "declined",
+                "detail": "The card was declined (generic_decline).",
                 "payment": "pay_1",
+                "decline_code": "generic_decline",
             })
         );
     }
@@ -290,6 +366,13 @@ mod tests {
             headers,
             vec![(header::RETRY_AFTER, HeaderValue::from(2u64))]
         );
+    }
+
+    #[test]
+    fn a_plain_problem_has_no_extension_members() {
+        let body: serde_json::Value =
+            serde_json::from_slice(&Problem::new(ProblemKind::NotFound, "gone").to_json()).unwrap();
+        assert_eq!(body.as_object().unwrap().len(), 4, "{body}");
     }
 
     #[test]

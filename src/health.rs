@@ -2,12 +2,13 @@
 
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use serde_json::json;
+use serde::Serialize;
 use sqlx::PgPool;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::error::{Problem, ProblemKind};
@@ -15,22 +16,53 @@ use crate::error::{Problem, ProblemKind};
 /// How long readiness waits for the database before calling it unreachable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
 }
 
-/// The process is alive and serving.
+/// The state a probe reports.
+#[derive(Serialize, ToSchema)]
+struct Health {
+    /// `ok` for liveness, `ready` for readiness.
+    #[schema(example = "ok")]
+    status: &'static str,
+}
+
+/// Liveness
+///
+/// The process is alive and serving HTTP.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    responses((status = 200, description = "Alive.", body = Health, content_type = "application/json"))
+)]
 async fn healthz() -> Response {
-    axum::Json(json!({ "status": "ok" })).into_response()
+    axum::Json(Health { status: "ok" }).into_response()
 }
 
+/// Readiness
+///
 /// The database answers, so requests can be served.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready.", body = Health, content_type = "application/json"),
+        (status = 503, description = "The database is unreachable (`service-unavailable`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before asking again."))),
+    )
+)]
 async fn readyz(State(pool): State<PgPool>) -> Response {
     let ping = tokio::time::timeout(READY_TIMEOUT, sqlx::query("SELECT 1").execute(&pool)).await;
     match ping {
-        Ok(Ok(_)) => axum::Json(json!({ "status": "ready" })).into_response(),
+        Ok(Ok(_)) => axum::Json(Health { status: "ready" }).into_response(),
         Ok(Err(error)) => unavailable(&error.to_string()),
         Err(_) => unavailable("no answer in time"),
     }

@@ -16,6 +16,8 @@ pub mod error;
 pub mod health;
 pub mod idempotency;
 mod ids;
+pub mod openapi;
 pub mod payments;
 pub mod postgres;
+pub mod problems;
 pub mod telemetry;

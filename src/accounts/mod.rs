@@ -5,11 +5,9 @@ mod api_key;
 
 use std::fmt;
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{FromRef, FromRequestParts};
 use axum::http::header;
 use axum::http::request::Parts;
-use axum::middleware::Next;
-use axum::response::Response;
 use sqlx::PgPool;
 
 use crate::error::{ApiError, Problem, ProblemKind};
@@ -79,33 +77,41 @@ pub async fn create(pool: &PgPool, name: &str) -> Result<(Account, ApiKey), anyh
     Ok((account, key))
 }
 
-/// Middleware for the API's routes: resolves the bearer key to its account, or answers 401.
+/// The account of a request, from its bearer key; 401 without a valid one.
 ///
-/// The lookup is by the key's hash, so no comparison ever runs over the secret itself.
-pub async fn authenticate(
-    State(pool): State<PgPool>,
-    mut request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    let key = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .and_then(ApiKey::parse)
+/// The lookup is by the key's hash, so no comparison ever runs over the secret itself. The account
+/// is kept in the request's extensions, so extracting it again costs no second lookup.
+impl<S> FromRequestParts<S> for Account
+where
+    PgPool: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        if let Some(account) = parts.extensions.get::<Account>() {
+            return Ok(account.clone());
+        }
+        let key = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .and_then(ApiKey::parse)
+            .ok_or_else(unauthorized)?;
+        let hash = key.hash();
+        let account = sqlx::query_as!(
+            Account,
+            r#"SELECT id AS "id: _", name FROM accounts WHERE api_key_hash = $1"#,
+            hash.as_slice(),
+        )
+        .fetch_optional(&PgPool::from_ref(state))
+        .await?
         .ok_or_else(unauthorized)?;
-    let hash = key.hash();
-    let account = sqlx::query_as!(
-        Account,
-        r#"SELECT id AS "id: _", name FROM accounts WHERE api_key_hash = $1"#,
-        hash.as_slice(),
-    )
-    .fetch_optional(&pool)
-    .await?
-    .ok_or_else(unauthorized)?;
-    tracing::Span::current().record("account", account.id.as_str());
-    request.extensions_mut().insert(account);
-    Ok(next.run(request).await)
+        tracing::Span::current().record("account", account.id.as_str());
+        parts.extensions.insert(account.clone());
+        Ok(account)
+    }
 }
 
 fn unauthorized() -> Problem {
@@ -113,18 +119,6 @@ fn unauthorized() -> Problem {
         ProblemKind::Unauthorized,
         "Send a valid API key as `Authorization: Bearer sk_…`.",
     )
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for Account {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Account>()
-            .cloned()
-            .ok_or_else(unauthorized)
-    }
 }
 
 impl sqlx::Type<sqlx::Postgres> for AccountId {

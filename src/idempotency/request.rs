@@ -1,14 +1,15 @@
 //! The extractor every idempotent route takes: it checks the key and the body **before** anything
 //! is reserved, so a rejected request leaves nothing behind and does not burn its key.
 
-use axum::extract::{FromRequest, MatchedPath, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
+use sqlx::PgPool;
 
 use super::{Fingerprint, IdempotencyKey, KeyError};
 use crate::accounts::{Account, AccountId};
-use crate::error::{Problem, ProblemKind};
+use crate::error::{ApiError, Problem, ProblemKind};
 
 /// The header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -55,8 +56,8 @@ impl KeyedRequest {
 }
 
 /// A JSON body of type `T` that arrived with a valid `Idempotency-Key`, from an authenticated
-/// account. Rejections are problem documents: 400 for the key or the body, 415 for a body that is
-/// not JSON, 413 for one over the size limit.
+/// account. Rejections are problem documents: 401 without a valid API key, 400 for the key or the
+/// body, 415 for a body that is not JSON, 413 for one over the size limit.
 #[derive(Debug)]
 pub struct Idempotent<T> {
     pub request: KeyedRequest,
@@ -65,20 +66,21 @@ pub struct Idempotent<T> {
 
 impl<S, T> FromRequest<S> for Idempotent<T>
 where
+    PgPool: FromRef<S>,
     S: Send + Sync,
     T: DeserializeOwned,
 {
-    type Rejection = Problem;
+    type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let account = req.extensions().get::<Account>().ok_or_else(|| {
-            Problem::new(ProblemKind::Unauthorized, "This request needs an API key.")
-        })?;
-        let route = req.extensions().get::<MatchedPath>().map_or_else(
-            || req.uri().path().to_owned(),
+        let (mut parts, body) = req.into_parts();
+        let account = Account::from_request_parts(&mut parts, state).await?;
+        let route = parts.extensions.get::<MatchedPath>().map_or_else(
+            || parts.uri.path().to_owned(),
             |path| path.as_str().to_owned(),
         );
-        let scope = Scope::new(account.id(), req.method(), &route);
+        let scope = Scope::new(account.id(), &parts.method, &route);
+        let req = Request::from_parts(parts, body);
         let key = key_from(req.headers())
             .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
         require_json(req.headers())?;
@@ -136,4 +138,56 @@ fn invalid_body(error: serde_json::Error) -> Problem {
         ProblemKind::InvalidRequest,
         format!("The request body is invalid: {error}."),
     )
+}
+
+/// What the API description says of the header: the whole mechanism, from the client's side.
+const KEY_DOCUMENTATION: &str = "\
+One key per business intent: generate a UUID v4 when the intent arises (a checkout, a refund) and \
+send it on every attempt and every retry of that intent. Never generate a new key for a retry: \
+that would be a new intent, and charge twice.
+
+1 to 255 visible ASCII characters, sent bare (`5f0c8b1e-…`) or as an RFC 8941 sf-string \
+(`\"5f0c8b1e-…\"`); both forms are the same key. The key is scoped to the account and the \
+endpoint (method and route): another account, or another endpoint, never sees this key's result.
+
+The first request with a key executes and its response is stored: status, headers and body. \
+Every later request with the same key and the same body (compared by SHA-256 of its canonical \
+JSON, so key order and whitespace do not matter) receives that response byte for byte, with \
+`Idempotent-Replayed: true`. The same key with a different body is refused with 422. While the \
+first request is still running, a retry gets 409 with `Retry-After`. If the first request failed \
+on our side (5xx), nothing was stored and a retry executes afresh. If its process died, a retry \
+takes the key over once the request's lease has run out (30 seconds by default).
+
+Expiry: a key and its stored response are kept for 24 hours after the request completed; after \
+that the key is new again.";
+
+/// Both forms as one regular expression: a bare key of 1 to 255 visible ASCII characters that does
+/// not start with a quote, or a quoted one whose 1 to 255 characters may escape `"` and `\`.
+const KEY_PATTERN: &str =
+    r#"^(?:[\x21\x23-\x7e][\x21-\x7e]{0,254}|"(?:[\x21\x23-\x5b\x5d-\x7e]|\\["\\]){1,255}")$"#;
+
+impl utoipa::IntoParams for IdempotencyKey {
+    fn into_params(
+        _parameter_in_provider: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        use utoipa::openapi::Required;
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+
+        vec![
+            ParameterBuilder::new()
+                .name("Idempotency-Key")
+                .parameter_in(ParameterIn::Header)
+                .required(Required::True)
+                .description(Some(KEY_DOCUMENTATION))
+                .schema(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .min_length(Some(1))
+                        .pattern(Some(KEY_PATTERN))
+                        .examples([serde_json::json!("5f0c8b1e-2a3d-4c6f-9b21-7d0e4a9c1f88")]),
+                ))
+                .build(),
+        ]
+    }
 }

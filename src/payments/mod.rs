@@ -5,12 +5,12 @@ mod currency;
 mod model;
 mod processor;
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use sqlx::PgConnection;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountId};
 use crate::app::AppState;
@@ -23,17 +23,60 @@ pub use processor::{ChargeOutcome, Processor};
 
 use model::PaymentRow;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/payments", post(create_payment))
-        .route("/v1/payments/{id}", get(get_payment))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_payment))
+        .routes(routes!(get_payment))
 }
 
-/// Creates a payment, at most once per `Idempotency-Key`.
+/// Create a payment
 ///
-/// The processor is called before the transaction opens; the payment row and the key's
+/// Charges the payment method at most once per `Idempotency-Key`. A retry with the same key and
+/// body, whatever happened to the first answer, receives the first result again (status, headers
+/// and body byte for byte) with `Idempotent-Replayed: true`, and nothing is charged twice.
+///
+/// The processor is called before the database transaction opens; the payment row and the key's
 /// completion then commit together, so a stored "completed" response never outlives a failed
 /// charge.
+#[utoipa::path(
+    post,
+    path = "/v1/payments",
+    operation_id = "createPayment",
+    tag = "payments",
+    params(IdempotencyKey),
+    request_body(content = NewPayment, content_type = "application/json"),
+    security(("api_key" = [])),
+    responses(
+        (status = 201, description = "The payment succeeded, or this is the replay of the request that created it.",
+            body = Payment, content_type = "application/json",
+            headers(
+                ("Location" = String, description = "Where the payment can be read: `/v1/payments/{id}`."),
+                ("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."),
+            )),
+        (status = 400, description = "The body or the `Idempotency-Key` is invalid (`invalid-request`, `invalid-idempotency-key`). Nothing was reserved: the key can still be used.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No valid API key (`unauthorized`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
+        (status = 402, description = "The card was declined (`card-declined`). The payment was recorded as `declined`; this result is replayed like a success.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        (status = 409, description = "A request with this key is still being processed (`idempotency-key-in-use`). Retry after `Retry-After` seconds to receive its result.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key."))),
+        (status = 413, description = "The body is over 64 KiB (`payload-too-large`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not `application/json` (`unsupported-media-type`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was already used with a different body (`idempotency-key-mismatch`). Nothing was executed.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A fault of ours (`internal`). Nothing was recorded and the key was released: retry with the same key.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable (`service-unavailable`). Nothing was recorded: retry with the same key.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+    )
+)]
 async fn create_payment(
     State(state): State<AppState>,
     account: Account,
@@ -51,12 +94,7 @@ async fn create_payment(
                     .map_err(anyhow::Error::from)?
                     .with_header(header::LOCATION, payment.location()),
                 ChargeOutcome::Declined { decline_code } => StoredResponse::problem(
-                    &Problem::new(
-                        ProblemKind::CardDeclined,
-                        format!("The card was declined ({decline_code})."),
-                    )
-                    .with("payment", payment.id.as_str())
-                    .with("decline_code", decline_code),
+                    &Problem::card_declined(payment.id.as_str(), decline_code),
                 ),
             };
             Ok(lease.complete(tx, response).await?)
@@ -64,7 +102,31 @@ async fn create_payment(
         .await
 }
 
-/// Returns one of the account's payments; another account's payment is not found.
+/// Retrieve a payment
+///
+/// Returns one of the account's payments, declined ones included. Another account's payment is
+/// not found.
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}",
+    operation_id = "getPayment",
+    tag = "payments",
+    params(("id" = String, Path, description = "The payment's id, `pay_…`.", example = "pay_U5PgTqA02dYsv3cLANIGkqIs")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The payment.", body = Payment, content_type = "application/json"),
+        (status = 401, description = "No valid API key (`unauthorized`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
+        (status = 404, description = "No such payment for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A fault of ours (`internal`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable (`service-unavailable`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+    )
+)]
 async fn get_payment(
     State(state): State<AppState>,
     account: Account,

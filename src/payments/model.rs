@@ -5,6 +5,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::currency::Currency;
 use crate::ids;
@@ -88,8 +89,9 @@ impl From<Description> for String {
 }
 
 /// The test payment methods of the simulated processor, which decide the outcome as Stripe's test
-/// cards do.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// cards do: `pm_card_visa` succeeds, `pm_card_chargeDeclined` is declined (402) and
+/// `pm_card_slow` succeeds after a delay, its key in progress meanwhile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum PaymentMethod {
     /// Always succeeds.
     #[default]
@@ -121,17 +123,28 @@ impl PaymentMethod {
     }
 }
 
-/// The body of `POST /v1/payments`. Unknown fields are refused, so a typo is not silently ignored.
-#[derive(Clone, Debug, Deserialize)]
+/// A payment to create. Unknown fields are refused, so a typo is not silently ignored.
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({ "amount": 4200, "currency": "eur", "order": "cmd_9182" }))]
 pub struct NewPayment {
+    /// The amount in the currency's minor units (cents for `eur`).
+    #[schema(value_type = i64, minimum = 1, maximum = 99_999_999, example = 4200)]
     pub amount: Amount,
+    /// A lowercase ISO 4217 currency code.
+    #[schema(value_type = String, pattern = "^[a-z]{3}$", example = "eur")]
     pub currency: Currency,
+    /// The merchant's reference for the order being paid.
     #[serde(default)]
+    #[schema(value_type = Option<String>, max_length = 255, example = "cmd_9182")]
     pub order: Option<OrderRef>,
+    /// A free-text description.
     #[serde(default)]
+    #[schema(value_type = Option<String>, max_length = 1000)]
     pub description: Option<Description>,
+    /// The test payment method to charge; `pm_card_visa` when absent.
     #[serde(default)]
+    #[schema(inline)]
     pub payment_method: PaymentMethod,
 }
 
@@ -164,7 +177,7 @@ impl fmt::Display for PaymentId {
 }
 
 /// The outcome of a payment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
     Succeeded,
@@ -187,18 +200,40 @@ impl PaymentStatus {
     }
 }
 
-/// The payment resource, as the API returns it.
-#[derive(Clone, Debug, Serialize)]
+/// A payment, as the API returns it.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "id": "pay_U5PgTqA02dYsv3cLANIGkqIs",
+    "object": "payment",
+    "amount": 4200,
+    "currency": "eur",
+    "status": "succeeded",
+    "payment_method": "pm_card_visa",
+    "order": "cmd_9182",
+    "description": null,
+    "created_at": "2026-11-29T19:03:59.647850Z"
+}))]
 pub struct Payment {
+    /// The payment's id, `pay_` followed by 24 characters.
+    #[schema(value_type = String, pattern = "^pay_[0-9A-Za-z]{24}$")]
     pub id: PaymentId,
     /// Always `payment`, so a client can tell resources apart.
+    #[schema(value_type = String, pattern = "^payment$")]
     pub object: &'static str,
+    /// The amount in minor units.
+    #[schema(minimum = 1, maximum = 99_999_999)]
     pub amount: i64,
+    /// The lowercase ISO 4217 currency code.
+    #[schema(pattern = "^[a-z]{3}$")]
     pub currency: String,
+    #[schema(inline)]
     pub status: PaymentStatus,
+    #[schema(inline)]
     pub payment_method: PaymentMethod,
+    /// The merchant's order reference.
     pub order: Option<String>,
     pub description: Option<String>,
+    /// When the payment was created.
     pub created_at: DateTime<Utc>,
 }
 

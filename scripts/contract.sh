@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Contract checks against a live `idempay dev` (throwaway PostgreSQL, demo account):
+#   1. schemathesis fuzzes every operation of the service's own /openapi.json, so the spec and
+#      the server cannot drift apart (no 5xx; documented status codes, content types, headers
+#      and bodies);
+#   2. a headless chromium renders /docs with every host but 127.0.0.1 unresolvable, so the
+#      Swagger UI must work from the binary's vendored assets alone.
+# The last line is `contract: N passed, M failed`; the exit status is non-zero when M > 0.
+# Everything it writes (server output, reports, screenshot, the schemathesis venv) is under
+# target/contract/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readonly OUT=$PWD/target/contract
+# Pinned: a new schemathesis release can add checks or change its CLI and so break CI unasked.
+readonly SCHEMATHESIS_VERSION=4.32.5
+readonly VENV=$OUT/venv
+readonly STARTUP_TIMEOUT=120
+# Ceilings only; a normal run takes well under a minute for each.
+readonly SCHEMATHESIS_TIMEOUT=600
+readonly BROWSER_TIMEOUT=120
+
+log() { printf 'contract: %s\n' "$*" >&2; }
+
+# --- bookkeeping: each check counts once in the summary line ------------------------------------
+readonly CHECK_COUNT=2 # schemathesis, docs
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); log "PASS $1"; }
+fail() { failed=$((failed + 1)); log "FAIL $1${2:+: $2}"; }
+
+# A failure before the checks can finish (build, install, start-up, interrupt) counts every
+# check not passed as failed, so the summary line is always printed and M > 0 exactly when the
+# script fails.
+die() {
+  log "error: $*"
+  failed=$((CHECK_COUNT - passed))
+  exit 1
+}
+
+# --- the server is always stopped with SIGTERM and waited for: `idempay dev` then removes its
+# PostgreSQL container, which a SIGKILL would leak ------------------------------------------------
+server_pid=
+stop_server() {
+  [[ -n $server_pid ]] || return 0
+  log "stopping the server (pid $server_pid)"
+  kill -TERM "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  server_pid=
+}
+on_exit() {
+  local status=$?
+  trap - INT TERM HUP
+  stop_server
+  printf 'contract: %d passed, %d failed\n' "$passed" "$failed"
+  ((failed == 0)) || ((status != 0)) || status=1
+  exit "$status"
+}
+trap on_exit EXIT
+# Signals become an ordinary exit, so the EXIT trap above still stops the server.
+trap 'die interrupted' INT TERM HUP
+
+mkdir -p "$OUT"
+
+log "building"
+SQLX_OFFLINE=true cargo build --quiet --bin idempay || die "cargo build failed"
+
+# A port free right now; another process taking it before the server binds is unlikely enough.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+base=http://127.0.0.1:$port
+
+log "starting idempay dev on $base (output in $OUT/server.out, logs in $OUT/server.log)"
+IDEMPAY_SLOW_CHARGE=50ms target/debug/idempay dev --listen "127.0.0.1:$port" \
+  >"$OUT/server.out" 2>"$OUT/server.log" &
+server_pid=$!
+
+# The banner shows the demo account's key on a line of its own, indented by two spaces.
+key=
+deadline=$((SECONDS + STARTUP_TIMEOUT))
+while :; do
+  if ! kill -0 "$server_pid" 2>/dev/null; then
+    tail -n 20 "$OUT/server.log" >&2
+    die "the server exited during start-up"
+  fi
+  [[ -n $key ]] || key=$(sed -nE 's/^  (sk_[A-Za-z0-9]{40})$/\1/p' "$OUT/server.out" | head -n 1)
+  if [[ -n $key && $(curl -s -o /dev/null -w '%{http_code}' "$base/readyz") == 200 ]]; then
+    break
+  fi
+  if ((SECONDS >= deadline)); then
+    tail -n 20 "$OUT/server.log" >&2
+    die "no API key and ready database after ${STARTUP_TIMEOUT}s"
+  fi
+  sleep 0.5
+done
+log "ready"
+
+# --- 1. schemathesis -------------------------------------------------------------------------------
+if [[ $("$VENV/bin/schemathesis" --version 2>/dev/null) != *" $SCHEMATHESIS_VERSION" ]]; then
+  log "installing schemathesis $SCHEMATHESIS_VERSION into $VENV"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" || die "could not create $VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" ||
+    die "could not install schemathesis"
+fi
+
+# All checks run. positive_data_acceptance ("a schema-valid request is accepted") is given two
+# more statuses that valid requests legitimately get from this API: 402, the documented answer
+# for the declining test card, and 422, for an Idempotency-Key that the fuzzer already used with
+# another body (it cannot know which keys it has used). A valid body refused with 400 still fails.
+cat >"$OUT/schemathesis.toml" <<'EOF'
+[checks.positive_data_acceptance]
+expected-statuses = ["2xx", "3xx", "401", "402", "403", "404", "409", "422", "429", "5xx"]
+EOF
+
+log "schemathesis against $base/openapi.json (output in $OUT/schemathesis.txt)"
+rm -rf "$OUT/schemathesis"
+st_status=0
+# Run from $OUT: schemathesis keeps its example and replay stores (.hypothesis/, .schemathesis/)
+# in the working directory, which must not be the repository.
+(
+  cd "$OUT"
+  timeout --foreground --kill-after=30 "$SCHEMATHESIS_TIMEOUT" \
+    "$VENV/bin/schemathesis" --config-file schemathesis.toml run "$base/openapi.json" \
+    --header "Authorization: Bearer $key" \
+    --checks all \
+    --phases examples,coverage,fuzzing,stateful \
+    --max-examples 50 \
+    --request-timeout 10 \
+    --report junit --report-dir schemathesis \
+    --no-color
+) >"$OUT/schemathesis.txt" 2>&1 || st_status=$?
+# Its totals: the summary block at the end, or the tail when it stopped before one.
+if grep -q ' SUMMARY ' "$OUT/schemathesis.txt"; then
+  sed -n '/ SUMMARY /,$p' "$OUT/schemathesis.txt" >&2
+else
+  tail -n 15 "$OUT/schemathesis.txt" >&2
+fi
+if ((st_status == 0)); then
+  pass schemathesis
+elif ((st_status == 124)); then
+  fail schemathesis "no result within ${SCHEMATHESIS_TIMEOUT}s (see $OUT/schemathesis.txt)"
+else
+  fail schemathesis "exit status $st_status (failures in $OUT/schemathesis.txt)"
+fi
+
+# --- 2. the docs in a real browser, offline --------------------------------------------------------
+if ! command -v chromium >/dev/null; then
+  log "installing chromium"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; } >"$OUT/apt.log" 2>&1 ||
+    { tail -n 20 "$OUT/apt.log" >&2; die "could not install chromium"; }
+fi
+
+# Every host name resolves to nothing, so an asset fetched from a CDN would fail to load (the
+# server is reached by IP literal and needs no resolving). A profile of its own leaves the user's
+# chromium untouched; the virtual time budget lets the page's scripts fetch the spec and render.
+browser() {
+  timeout --foreground --kill-after=10 "$BROWSER_TIMEOUT" chromium \
+    --headless --no-sandbox --disable-gpu --disable-background-networking \
+    --no-first-run --user-data-dir="$OUT/chromium-profile" \
+    --host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1" \
+    --virtual-time-budget=15000 --window-size=1280,2000 \
+    "$@" 2>>"$OUT/chromium.log"
+}
+: >"$OUT/chromium.log"
+
+log "rendering $base/docs/ (DOM in $OUT/docs.html, screenshot in $OUT/docs.png)"
+rm -f "$OUT/docs.html" "$OUT/docs.png"
+problems=()
+browser --dump-dom "$base/docs/" >"$OUT/docs.html" || problems+=("chromium --dump-dom failed (see $OUT/chromium.log)")
+# What Swagger UI renders for each operation, whatever its tag: the path in a data-path
+# attribute and an element id ending in the operationId.
+for needle in 'data-path="/v1/payments"' 'data-path="/v1/payments/{id}"' '-createPayment"' '-getPayment"'; do
+  grep -qF -- "$needle" "$OUT/docs.html" || problems+=("the rendered page lacks $needle")
+done
+browser --screenshot="$OUT/docs.png" "$base/docs/" >/dev/null || true
+[[ -s $OUT/docs.png ]] || problems+=("no screenshot")
+if ((${#problems[@]} == 0)); then
+  pass "docs (both payment operations render with no host but 127.0.0.1 reachable)"
+else
+  fail docs "$(IFS=';'; echo "${problems[*]}")"
+fi
