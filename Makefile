@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test fmt lint check pg-image sqlx-prepare clean-containers
+.PHONY: run test contract openapi fmt lint check pg-image sqlx-prepare clean-containers
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -15,6 +15,14 @@ run:
 ## Unit and integration tests; PostgreSQL runs in a container started by the tests.
 test:
 	$(CARGO) test --all-targets -- --test-threads $(TEST_THREADS)
+
+## Fuzz the live service from its OpenAPI description (schemathesis) and render /docs in Chromium.
+contract:
+	bash scripts/contract.sh
+
+## Regenerate openapi/openapi.json from the code (a test fails while it is stale).
+openapi:
+	$(CARGO) run --quiet --bin idempay -- openapi > openapi/openapi.json
 
 ## Format the code.
 fmt:
@@ -26,7 +34,7 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 
 ## Everything CI runs.
-check: lint test
+check: lint test contract
 
 ## Find or build the PostgreSQL image (IDEMPAY_PG_IMAGE chooses another).
 pg-image:

@@ -3,7 +3,7 @@
 use libtest_mimic::Trial;
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key, payment};
+use crate::helpers::{TestApp, new_key, payment, send};
 use crate::trials;
 
 pub fn trials() -> Vec<Trial> {
@@ -15,6 +15,7 @@ pub fn trials() -> Vec<Trial> {
         a_body_over_64_kib_is_refused_with_413,
         a_missing_or_wrong_api_key_is_refused_with_401,
         unknown_routes_and_methods_answer_problem_documents,
+        without_its_database_the_service_answers_503_and_is_not_ready,
     ]
 }
 
@@ -180,4 +181,36 @@ async fn unknown_routes_and_methods_answer_problem_documents() {
     wrong_method.assert_problem(405, "method-not-allowed");
     let wrong_method = app.send(app.client().post(app.url("/healthz"))).await;
     wrong_method.assert_problem(405, "method-not-allowed");
+}
+
+async fn without_its_database_the_service_answers_503_and_is_not_ready() {
+    // Nothing listens on port 1: every connection attempt is refused at once.
+    let pool = idempay::db::pool("postgres://postgres@127.0.0.1:1/idempay").unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = idempay::app::Application::build(Default::default(), pool, listener);
+    let base = format!("http://{}", app.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(app.run_until_stopped(stop.clone().cancelled_owned()));
+    let client = reqwest::Client::new();
+
+    let ready = send(client.get(format!("{base}/readyz"))).await;
+    let problem = ready.assert_problem(503, "service-unavailable");
+    assert!(ready.header("retry-after").is_some(), "{problem}");
+    let alive = send(client.get(format!("{base}/healthz"))).await;
+    assert_eq!(alive.status, 200, "the process itself is alive");
+
+    let api_key = format!("sk_{}", "a".repeat(40));
+    let create = client
+        .post(format!("{base}/v1/payments"))
+        .bearer_auth(&api_key)
+        .header("idempotency-key", new_key())
+        .json(&payment(100));
+    let created = send(create).await;
+    created.assert_problem(503, "service-unavailable");
+    assert!(created.header("retry-after").is_some());
+    let read = client
+        .get(format!("{base}/v1/payments/pay_000000000000000000000000"))
+        .bearer_auth(&api_key);
+    send(read).await.assert_problem(503, "service-unavailable");
+    stop.cancel();
 }

@@ -86,6 +86,7 @@ pub fn run(args: Arguments, trials: Vec<Trial>) -> ExitCode {
         }
     };
     let conclusion = libtest_mimic::run(&args, trials);
+    println!("\n{}", crate::contract::report());
     if let Err(error) = runtime.block_on(postgres.remove()) {
         eprintln!("could not remove the PostgreSQL container: {error:#}");
     }

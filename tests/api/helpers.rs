@@ -197,13 +197,9 @@ impl TestApp {
         .await
     }
 
+    /// Sends a request and checks its response against the API description.
     pub async fn send(&self, request: reqwest::RequestBuilder) -> TestResponse {
-        let response = request.send().await.expect("the server answers");
-        TestResponse {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.bytes().await.expect("a body").to_vec(),
-        }
+        send(request).await
     }
 
     pub async fn payment_count(&self) -> i64 {
@@ -225,6 +221,21 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// Sends a request, reads the whole response and checks it against the API description.
+pub async fn send(request: reqwest::RequestBuilder) -> TestResponse {
+    let (client, request) = request.build_split();
+    let request = request.expect("a valid request");
+    let (method, path) = (request.method().clone(), request.url().path().to_owned());
+    let response = client.execute(request).await.expect("the server answers");
+    let response = TestResponse {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.expect("a body").to_vec(),
+    };
+    crate::contract::check(&method, &path, &response);
+    response
 }
 
 /// A valid payment body.

@@ -394,16 +394,12 @@ async fn a_server_that_shuts_down_finishes_its_in_flight_requests() {
 
 /// Posts a payment from a spawned task and returns the status.
 async fn post(address: &str, api_key: &str, key: &str, body: &serde_json::Value) -> u16 {
-    reqwest::Client::new()
+    let request = reqwest::Client::new()
         .post(format!("{address}/v1/payments"))
         .bearer_auth(api_key)
         .header("idempotency-key", key)
-        .json(body)
-        .send()
-        .await
-        .expect("the server answers")
-        .status()
-        .as_u16()
+        .json(body);
+    crate::helpers::send(request).await.status
 }
 
 /// Waits until a request has reserved its key.

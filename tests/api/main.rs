@@ -3,6 +3,8 @@
 //! from a migrated template, so tests run in parallel without seeing each other.
 
 mod concurrency;
+mod contract;
+mod docs;
 mod errors;
 mod expiry;
 mod harness;
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
         expiry::trials(),
         errors::trials(),
         mechanism::trials(),
+        docs::trials(),
     ]
     .into_iter()
     .flatten()

@@ -38,7 +38,7 @@ async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
 
     let panicked = idempotency
         .run(request.clone(), |_lease| async {
-            panic!("the unit of work broke")
+            panic!("a deliberate panic inside the unit of work")
         })
         .await;
 
