@@ -107,17 +107,8 @@ async fn the_same_key_with_another_payload_is_refused_and_nothing_executes() {
 async fn a_mismatch_is_refused_even_while_the_first_request_runs() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let first = tokio::spawn({
-        let (address, api_key, key, slow) = (
-            app.address.clone(),
-            app.api_key.clone(),
-            key.clone(),
-            slow.clone(),
-        );
-        async move { post(&address, &api_key, &key, &slow).await }
-    });
-    wait_for_key(&app).await;
+    let slow = slow_payment();
+    let first = start_in_background(&app, &key, &slow).await;
 
     let other = app.post_payment(&key, &payment(100)).await;
 
@@ -144,17 +135,8 @@ async fn bare_and_quoted_keys_are_the_same_key() {
 async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let first = tokio::spawn({
-        let (address, api_key, key, slow) = (
-            app.address.clone(),
-            app.api_key.clone(),
-            key.clone(),
-            slow.clone(),
-        );
-        async move { post(&address, &api_key, &key, &slow).await }
-    });
-    wait_for_key(&app).await;
+    let slow = slow_payment();
+    let first = start_in_background(&app, &key, &slow).await;
 
     let retry = app.post_payment(&key, &slow).await;
 
@@ -171,26 +153,17 @@ async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
 async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
     // The charge outlasts the lease twice over; only the heartbeat keeps the key held.
     let settings = Settings {
-        lease: Duration::from_millis(600),
-        slow_charge: Duration::from_millis(1800),
+        lease: Duration::from_millis(1000),
+        slow_charge: Duration::from_millis(2400),
         ..Settings::default()
     };
     let app = TestApp::spawn_with(settings).await;
     let key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let first = tokio::spawn({
-        let (address, api_key, key, slow) = (
-            app.address.clone(),
-            app.api_key.clone(),
-            key.clone(),
-            slow.clone(),
-        );
-        async move { post(&address, &api_key, &key, &slow).await }
-    });
-    wait_for_key(&app).await;
+    let slow = slow_payment();
+    let first = start_in_background(&app, &key, &slow).await;
 
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let retry = app.post_payment(&key, &slow).await;
         retry.assert_problem(409, "idempotency-key-in-use");
     }
@@ -240,17 +213,8 @@ async fn a_key_with_a_live_lease_is_not_taken_over() {
 async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1000))).await;
     let key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let first = tokio::spawn({
-        let (address, api_key, key, slow) = (
-            app.address.clone(),
-            app.api_key.clone(),
-            key.clone(),
-            slow.clone(),
-        );
-        async move { post(&address, &api_key, &key, &slow).await }
-    });
-    wait_for_key(&app).await;
+    let slow = slow_payment();
+    let first = start_in_background(&app, &key, &slow).await;
     // Another request takes the key over while the first is charging: a new token is installed.
     sqlx::query("UPDATE idempotency_keys SET lock_token = gen_random_uuid(), locked_until = now() + interval '20 seconds'")
         .execute(&app.db)
@@ -343,24 +307,21 @@ async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
 async fn a_request_whose_client_hangs_up_still_completes() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
     let key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let first = tokio::spawn({
-        let (address, api_key, key, slow) = (
-            app.address.clone(),
-            app.api_key.clone(),
-            key.clone(),
-            slow.clone(),
-        );
-        async move { post(&address, &api_key, &key, &slow).await }
-    });
-    wait_for_key(&app).await;
+    let slow = slow_payment();
+    let first = start_in_background(&app, &key, &slow).await;
     // Dropping the request closes its connection while the charge is running.
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
 
-    // The charge finishes on the server; the retry gets its stored result.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let retry = app.post_payment(&key, &slow).await;
+    // The charge finishes on the server; a client retrying as told gets its stored result.
+    let mut retry = app.post_payment(&key, &slow).await;
+    for _ in 0..50 {
+        if retry.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        retry = app.post_payment(&key, &slow).await;
+    }
     assert_eq!(retry.status, 201);
     assert!(retry.replayed());
     assert_eq!(app.payment_count().await, 1);
@@ -369,17 +330,8 @@ async fn a_request_whose_client_hangs_up_still_completes() {
 async fn a_server_that_shuts_down_finishes_its_in_flight_requests() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
     let key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let first = tokio::spawn({
-        let (address, api_key, key, slow) = (
-            app.address.clone(),
-            app.api_key.clone(),
-            key.clone(),
-            slow.clone(),
-        );
-        async move { post(&address, &api_key, &key, &slow).await }
-    });
-    wait_for_key(&app).await;
+    let slow = slow_payment();
+    let first = start_in_background(&app, &key, &slow).await;
 
     app.stop();
 
@@ -392,14 +344,26 @@ async fn a_server_that_shuts_down_finishes_its_in_flight_requests() {
     assert_eq!(status, "completed");
 }
 
-/// Posts a payment from a spawned task and returns the status.
-async fn post(address: &str, api_key: &str, key: &str, body: &serde_json::Value) -> u16 {
+/// A payment with the test method that takes `IDEMPAY_SLOW_CHARGE` to charge.
+fn slow_payment() -> serde_json::Value {
+    json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" })
+}
+
+/// Posts a payment from a task of its own, and returns once its key is reserved; the task gives
+/// the status of the response.
+async fn start_in_background(
+    app: &TestApp,
+    key: &str,
+    body: &serde_json::Value,
+) -> tokio::task::JoinHandle<u16> {
     let request = reqwest::Client::new()
-        .post(format!("{address}/v1/payments"))
-        .bearer_auth(api_key)
+        .post(app.url("/v1/payments"))
+        .bearer_auth(&app.api_key)
         .header("idempotency-key", key)
         .json(body);
-    crate::helpers::send(request).await.status
+    let first = tokio::spawn(async move { crate::helpers::send(request).await.status });
+    wait_for_key(app).await;
+    first
 }
 
 /// Waits until a request has reserved its key.
