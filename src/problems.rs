@@ -45,11 +45,43 @@ async fn problem_page(Path(name): Path<String>) -> Response {
         title = kind.title(),
         status = kind.status().as_u16(),
         uri = kind.type_uri(),
-        explanation = kind.explanation().replace('<', "&lt;"),
+        explanation = to_html(kind.explanation()),
     );
     (
         [(header::CACHE_CONTROL, "public, max-age=86400")],
         Html(page),
     )
         .into_response()
+}
+
+/// The explanations are plain text with `code` spans in backticks.
+fn to_html(text: &str) -> String {
+    let escaped = text
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    escaped
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                format!("<code>{part}</code>")
+            } else {
+                part.to_owned()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_spans_become_code_and_markup_is_escaped() {
+        assert_eq!(
+            to_html("send `Retry-After` <now> & later"),
+            "send <code>Retry-After</code> &lt;now&gt; &amp; later"
+        );
+    }
 }
