@@ -25,7 +25,7 @@ use crate::error::{Problem, ProblemKind};
 use crate::idempotency::{Idempotency, Policy, spawn_expiry_job};
 use crate::openapi::ApiDoc;
 use crate::payments::Processor;
-use crate::{health, payments, problems};
+use crate::{health, payments, problems, refunds};
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -64,6 +64,7 @@ impl AppState {
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(payments::router())
+        .merge(refunds::router())
         .merge(problems::router())
         .merge(health::router())
 }

@@ -26,13 +26,15 @@ pub enum ProblemKind {
     PayloadTooLarge,
     UnsupportedMediaType,
     IdempotencyKeyMismatch,
+    PaymentNotRefundable,
+    RefundExceedsPayment,
     Internal,
     ServiceUnavailable,
 }
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 12] = [
+    pub const ALL: [ProblemKind; 14] = [
         Self::InvalidRequest,
         Self::InvalidIdempotencyKey,
         Self::Unauthorized,
@@ -43,13 +45,18 @@ impl ProblemKind {
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
         Self::IdempotencyKeyMismatch,
+        Self::PaymentNotRefundable,
+        Self::RefundExceedsPayment,
         Self::Internal,
         Self::ServiceUnavailable,
     ];
 
     pub fn status(self) -> StatusCode {
         match self {
-            Self::InvalidRequest | Self::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
+            Self::InvalidRequest
+            | Self::InvalidIdempotencyKey
+            | Self::PaymentNotRefundable
+            | Self::RefundExceedsPayment => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CardDeclined => StatusCode::PAYMENT_REQUIRED,
             Self::NotFound => StatusCode::NOT_FOUND,
@@ -76,6 +83,8 @@ impl ProblemKind {
             Self::PayloadTooLarge => "/problems/payload-too-large",
             Self::UnsupportedMediaType => "/problems/unsupported-media-type",
             Self::IdempotencyKeyMismatch => "/problems/idempotency-key-mismatch",
+            Self::PaymentNotRefundable => "/problems/payment-not-refundable",
+            Self::RefundExceedsPayment => "/problems/refund-exceeds-payment",
             Self::Internal => "/problems/internal",
             Self::ServiceUnavailable => "/problems/service-unavailable",
         }
@@ -100,6 +109,8 @@ impl ProblemKind {
             Self::IdempotencyKeyMismatch => {
                 "The Idempotency-Key was already used with a different request"
             }
+            Self::PaymentNotRefundable => "The payment cannot be refunded",
+            Self::RefundExceedsPayment => "The refund exceeds what remains refundable",
             Self::Internal => "Internal server error",
             Self::ServiceUnavailable => "Service temporarily unavailable",
         }
@@ -144,6 +155,15 @@ impl ProblemKind {
             Self::IdempotencyKeyMismatch => {
                 "The key was already used with a different request body. Keys bind to the first \
                  request's payload for 24 hours; a different intent needs a new key."
+            }
+            Self::PaymentNotRefundable => {
+                "Only a `succeeded` payment can be refunded: not a declined or failed one, nor one \
+                 already refunded in full. This refusal is stored with the key and replayed."
+            }
+            Self::RefundExceedsPayment => {
+                "The amount asked is more than remains refundable (the amount paid less what was \
+                 already refunded); `detail` says how much remains. This refusal is stored with the \
+                 key and replayed: use a new key for a smaller refund."
             }
             Self::Internal => {
                 "The request failed on our side. Nothing was recorded and the key was released: \

@@ -33,6 +33,7 @@ Test payment methods decide the outcome as Stripe's test cards do: `pm_card_visa
     servers((url = "/", description = "This service")),
     tags(
         (name = "payments", description = "Charges, at most once per idempotency key."),
+        (name = "refunds", description = "Money given back, at most once per key and never more than was paid."),
         (name = "problems", description = "The kinds of problem the API answers with."),
         (name = "operations", description = "Liveness and readiness probes."),
     ),

@@ -19,7 +19,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// The page a problem document's `type` resolves to: what the problem means and what to do.
 /// The kinds are `invalid-request`, `invalid-idempotency-key`, `unauthorized`, `card-declined`,
 /// `not-found`, `method-not-allowed`, `idempotency-key-in-use`, `payload-too-large`,
-/// `unsupported-media-type`, `idempotency-key-mismatch`, `internal` and `service-unavailable`.
+/// `unsupported-media-type`, `idempotency-key-mismatch`, `payment-not-refundable`,
+/// `refund-exceeds-payment`, `internal` and `service-unavailable`.
 #[utoipa::path(
     get,
     path = "/problems/{name}",

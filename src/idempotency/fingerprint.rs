@@ -1,5 +1,6 @@
-//! The fingerprint of a request: SHA-256 over a canonical form of its JSON body, so the same key
-//! with a different payload is recognised, while a retry that serialises the same object
+//! The fingerprint of a request: SHA-256 over its target and a canonical form of its JSON body, so
+//! the same key with a different payload (or sent to another resource under the same route, such as
+//! a refund of another payment) is recognised, while a retry that serialises the same object
 //! differently (key order, whitespace) is the same request.
 
 use serde_json::Value;
@@ -10,12 +11,16 @@ use sha2::{Digest, Sha256};
 pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
-    /// Fingerprints a parsed JSON document. Objects are written with their keys sorted (serde_json's
-    /// map is ordered by key) and without insignificant whitespace; strings and numbers are written
-    /// in their shortest form.
-    pub fn of_json(body: &Value) -> Self {
+    /// Fingerprints a request to `target` (its path, e.g. `/v1/payments/pay_…/refunds`) with a
+    /// parsed JSON body. Objects are written with their keys sorted (serde_json's map is ordered by
+    /// key) and without insignificant whitespace; strings and numbers in their shortest form.
+    pub fn of_request(target: &str, body: &Value) -> Self {
         let canonical = serde_json::to_vec(body).expect("a JSON value always serializes");
-        Self(Sha256::digest(&canonical).into())
+        let mut hash = Sha256::new();
+        hash.update(target.as_bytes());
+        hash.update(b"\n");
+        hash.update(&canonical);
+        Self(hash.finalize().into())
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
@@ -33,7 +38,7 @@ mod tests {
     use super::*;
 
     fn fingerprint(json: &str) -> Fingerprint {
-        Fingerprint::of_json(&serde_json::from_str(json).unwrap())
+        Fingerprint::of_request("/v1/payments", &serde_json::from_str(json).unwrap())
     }
 
     #[test]
@@ -77,8 +82,17 @@ mod tests {
     }
 
     #[test]
-    fn the_fingerprint_is_the_sha256_of_the_canonical_text() {
-        let expected: [u8; 32] = Sha256::digest(br#"{"a":1,"b":2}"#).into();
+    fn the_same_body_sent_to_another_target_differs() {
+        let body = serde_json::json!({ "amount": 10 });
+        assert_ne!(
+            Fingerprint::of_request("/v1/payments/pay_a/refunds", &body),
+            Fingerprint::of_request("/v1/payments/pay_b/refunds", &body),
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_sha256_of_target_and_canonical_text() {
+        let expected: [u8; 32] = Sha256::digest(b"/v1/payments\n{\"a\":1,\"b\":2}").into();
         assert_eq!(fingerprint(r#"{ "b": 2, "a": 1 }"#).as_bytes(), &expected);
     }
 }

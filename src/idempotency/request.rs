@@ -80,6 +80,7 @@ where
             |path| path.as_str().to_owned(),
         );
         let scope = Scope::new(account.id(), &parts.method, &route);
+        let target = parts.uri.path().to_owned();
         let req = Request::from_parts(parts, body);
         let key = key_from(req.headers())
             .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
@@ -97,7 +98,7 @@ where
         let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
         let document = serde_json::from_slice(&bytes).map_err(invalid_body)?;
         Ok(Self {
-            request: KeyedRequest::new(scope, key, Fingerprint::of_json(&document)),
+            request: KeyedRequest::new(scope, key, Fingerprint::of_request(&target, &document)),
             body,
         })
     }
@@ -152,7 +153,7 @@ endpoint (method and route): another account, or another endpoint, never sees th
 
 The first request with a key executes and its response is stored: status, headers and body. \
 Every later request with the same key and the same body (compared by SHA-256 of its canonical \
-JSON, so key order and whitespace do not matter) receives that response byte for byte, with \
+JSON and the request's path, so key order and whitespace do not matter) receives that response byte for byte, with \
 `Idempotent-Replayed: true`. The same key with a different body is refused with 422. While the \
 first request is still running, a retry gets 409 with `Retry-After`. If the first request failed \
 on our side (5xx), nothing was stored and a retry executes afresh. If its process died, a retry \

@@ -16,6 +16,7 @@ use crate::accounts::{Account, AccountId};
 use crate::app::AppState;
 use crate::error::{ApiError, Problem, ProblemKind};
 use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
+use crate::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 
 pub use currency::Currency;
 pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus};
@@ -25,7 +26,7 @@ use model::PaymentRow;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(create_payment))
+        .routes(routes!(create_payment, list_payments))
         .routes(routes!(get_payment))
 }
 
@@ -139,7 +140,8 @@ async fn get_payment(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, amount, currency, status, payment_method, order_ref, description, created_at
+        SELECT id, amount, currency, status, payment_method, order_ref, description,
+               amount_refunded, amount_disputed, created_at
         FROM payments
         WHERE id = $1 AND account_id = $2
         "#,
@@ -150,6 +152,110 @@ async fn get_payment(
     .await?
     .ok_or_else(not_found)?;
     Ok(axum::Json(Payment::from(row)).into_response())
+}
+
+/// List payments
+///
+/// The account's payments, newest first, a page at a time: pass the last id of a page as
+/// `starting_after` for the next (older) one, or the first id as `ending_before` for the previous
+/// one. Pages are cut by keyset, so payments created meanwhile never make a page skip or repeat one.
+#[utoipa::path(
+    get,
+    path = "/v1/payments",
+    operation_id = "listPayments",
+    tag = "payments",
+    params(ListParams),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of payments.", body = List<Payment>, content_type = "application/json"),
+        (status = 400, description = "A bad `limit`, both cursors, or a cursor that names no payment of this account (`invalid-request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No valid API key (`unauthorized`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
+        (status = 500, description = "A fault of ours (`internal`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable (`service-unavailable`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+    )
+)]
+async fn list_payments(
+    State(state): State<AppState>,
+    account: Account,
+    page: PageRequest,
+) -> Result<Response, ApiError> {
+    let account = account.id().as_str();
+    let position = match &page.cursor {
+        Cursor::First => None,
+        Cursor::After(id) | Cursor::Before(id) => Some(
+            position_of(&state.pool, account, id)
+                .await?
+                .ok_or_else(|| unknown_cursor(id))?,
+        ),
+    };
+    let rows = match (&page.cursor, position) {
+        (Cursor::Before(_), Some(after)) => {
+            sqlx::query_as!(
+                PaymentRow,
+                r#"
+            SELECT id, amount, currency, status, payment_method, order_ref, description,
+                   amount_refunded, amount_disputed, created_at
+            FROM payments
+            WHERE account_id = $1 AND (created_at, id) > ($2, $3)
+            ORDER BY created_at, id
+            LIMIT $4
+            "#,
+                account,
+                after.created_at,
+                after.id,
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+        (_, before) => {
+            sqlx::query_as!(
+                PaymentRow,
+                r#"
+            SELECT id, amount, currency, status, payment_method, order_ref, description,
+                   amount_refunded, amount_disputed, created_at
+            FROM payments
+            WHERE account_id = $1
+              AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
+            ORDER BY created_at DESC, id DESC
+            LIMIT $4
+            "#,
+                account,
+                before.as_ref().map(|position| position.created_at),
+                before.as_ref().map(|position| position.id.as_str()),
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+    };
+    let rows = rows.into_iter().map(Payment::from).collect();
+    Ok(axum::Json(List::from_rows(rows, &page)).into_response())
+}
+
+/// Where a cursor stands in the account's list; `None` if it names none of its payments.
+async fn position_of(
+    pool: &sqlx::PgPool,
+    account: &str,
+    id: &str,
+) -> Result<Option<Position>, sqlx::Error> {
+    let Some(id) = PaymentId::parse(id) else {
+        return Ok(None);
+    };
+    sqlx::query_as!(
+        Position,
+        "SELECT created_at, id FROM payments WHERE id = $1 AND account_id = $2",
+        id.as_str(),
+        account,
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 async fn insert(
@@ -167,7 +273,8 @@ async fn insert(
             (id, account_id, amount, currency, status, payment_method, order_ref, description,
              idempotency_key)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-        RETURNING id, amount, currency, status, payment_method, order_ref, description, created_at
+        RETURNING id, amount, currency, status, payment_method, order_ref, description,
+                  amount_refunded, amount_disputed, created_at
         "#,
         id.as_str(),
         account.as_str(),

@@ -176,12 +176,15 @@ impl fmt::Display for PaymentId {
     }
 }
 
-/// The outcome of a payment.
+/// The state of a payment: `succeeded` or `declined` when charged, `refunded` once refunded in
+/// full (a partial refund leaves it `succeeded`), `failed` when the processor reported a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
     Succeeded,
     Declined,
+    Refunded,
+    Failed,
 }
 
 impl PaymentStatus {
@@ -189,12 +192,16 @@ impl PaymentStatus {
         match self {
             Self::Succeeded => "succeeded",
             Self::Declined => "declined",
+            Self::Refunded => "refunded",
+            Self::Failed => "failed",
         }
     }
 
     fn from_stored(status: &str) -> Self {
         match status {
             "succeeded" => Self::Succeeded,
+            "refunded" => Self::Refunded,
+            "failed" => Self::Failed,
             _ => Self::Declined,
         }
     }
@@ -211,6 +218,8 @@ impl PaymentStatus {
     "payment_method": "pm_card_visa",
     "order": "cmd_9182",
     "description": null,
+    "amount_refunded": 0,
+    "amount_disputed": 0,
     "created_at": "2026-11-29T19:03:59.647850Z"
 }))]
 pub struct Payment {
@@ -233,6 +242,12 @@ pub struct Payment {
     /// The merchant's order reference.
     pub order: Option<String>,
     pub description: Option<String>,
+    /// How much of the amount has been refunded, in minor units.
+    #[schema(minimum = 0)]
+    pub amount_refunded: i64,
+    /// How much of the amount is disputed by the cardholder, in minor units.
+    #[schema(minimum = 0)]
+    pub amount_disputed: i64,
     /// When the payment was created.
     pub created_at: DateTime<Utc>,
 }
@@ -245,7 +260,7 @@ impl Payment {
 }
 
 /// A `payments` row, as the queries read it.
-pub(super) struct PaymentRow {
+pub(crate) struct PaymentRow {
     pub id: String,
     pub amount: i64,
     pub currency: String,
@@ -253,6 +268,8 @@ pub(super) struct PaymentRow {
     pub payment_method: String,
     pub order_ref: Option<String>,
     pub description: Option<String>,
+    pub amount_refunded: i64,
+    pub amount_disputed: i64,
     pub created_at: DateTime<Utc>,
 }
 
@@ -267,6 +284,8 @@ impl From<PaymentRow> for Payment {
             payment_method: PaymentMethod::from_stored(&row.payment_method),
             order: row.order_ref,
             description: row.description,
+            amount_refunded: row.amount_refunded,
+            amount_disputed: row.amount_disputed,
             created_at: row.created_at,
         }
     }

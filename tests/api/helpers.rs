@@ -188,6 +188,31 @@ impl TestApp {
             .bearer_auth(&self.api_key)
     }
 
+    /// `POST /v1/payments/{payment}/refunds` with the given key and body.
+    pub async fn post_refund(&self, payment: &str, key: &str, body: &Value) -> TestResponse {
+        self.send(
+            self.client
+                .post(self.url(&format!("/v1/payments/{payment}/refunds")))
+                .bearer_auth(&self.api_key)
+                .header("idempotency-key", key)
+                .json(body),
+        )
+        .await
+    }
+
+    /// `GET path` with this app's account.
+    pub async fn get(&self, path: &str) -> TestResponse {
+        self.send(self.client.get(self.url(path)).bearer_auth(&self.api_key))
+            .await
+    }
+
+    /// Creates a succeeded payment of `amount` and returns its id.
+    pub async fn paid(&self, amount: i64) -> String {
+        let response = self.post_payment(&new_key(), &payment(amount)).await;
+        assert_eq!(response.status, 201);
+        response.json()["id"].as_str().unwrap().to_owned()
+    }
+
     pub async fn get_payment(&self, id: &str) -> TestResponse {
         self.send(
             self.client

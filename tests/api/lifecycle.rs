@@ -160,15 +160,22 @@ async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
     let app = TestApp::spawn_with(settings).await;
     let key = new_key();
     let slow = slow_payment();
+    let started = tokio::time::Instant::now();
     let first = start_in_background(&app, &key, &slow).await;
 
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    // Retries after the lease's first length: each is refused while the charge runs (or, on a
+    // slow machine, replays its result once done), and none executes.
+    for at in [1200, 1600, 2000] {
+        tokio::time::sleep_until(started + Duration::from_millis(at)).await;
         let retry = app.post_payment(&key, &slow).await;
-        retry.assert_problem(409, "idempotency-key-in-use");
+        if retry.status == 201 {
+            assert!(retry.replayed(), "a retry took the live request's key over");
+        } else {
+            retry.assert_problem(409, "idempotency-key-in-use");
+        }
     }
 
-    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(first.await.unwrap(), 201, "the slow request kept its lease");
     assert_eq!(app.payment_count().await, 1);
 }
 
@@ -378,14 +385,14 @@ async fn wait_for_key(app: &TestApp) {
 }
 
 /// Inserts the reservation a crashed instance would leave, with the fingerprint the service
-/// computes for `body` (SHA-256 of its canonical JSON).
+/// computes for `body` (SHA-256 of the path and the canonical JSON).
 async fn reserve_as_a_dead_process(
     app: &TestApp,
     key: &str,
     body: &serde_json::Value,
     locked_until: &str,
 ) {
-    let fingerprint = idempay::idempotency::Fingerprint::of_json(body);
+    let fingerprint = idempay::idempotency::Fingerprint::of_request("/v1/payments", body);
     sqlx::query(&format!(
         "INSERT INTO idempotency_keys
              (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)

@@ -10,8 +10,10 @@ mod expiry;
 mod harness;
 mod helpers;
 mod lifecycle;
+mod listing;
 mod mechanism;
 mod payments;
+mod refunds;
 
 use std::process::ExitCode;
 
@@ -26,6 +28,8 @@ fn main() -> ExitCode {
         expiry::trials(),
         errors::trials(),
         mechanism::trials(),
+        refunds::trials(),
+        listing::trials(),
         docs::trials(),
     ]
     .into_iter()

@@ -98,7 +98,7 @@ fn keyed(account: &Account, route: &str) -> KeyedRequest {
     KeyedRequest::new(
         Scope::new(account.id(), &axum::http::Method::POST, route),
         IdempotencyKey::parse(b"the-key").unwrap(),
-        Fingerprint::of_json(&json!({ "thing": 1 })),
+        Fingerprint::of_request(route, &json!({ "thing": 1 })),
     )
 }
 

@@ -1,0 +1,183 @@
+//! Cursor pagination in Stripe's shape: `?limit=&starting_after=&ending_before=` in, and
+//! `{ "object": "list", "data": [...], "has_more": bool }` out, newest first.
+//!
+//! Cursors are object ids, and pages are cut by keyset (`(created_at, id)` before or after the
+//! cursor's), never by OFFSET: an item inserted while a client pages through is neither skipped nor
+//! repeated.
+
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{Problem, ProblemKind};
+
+const DEFAULT_LIMIT: i64 = 10;
+const MAX_LIMIT: i64 = 100;
+
+/// The query of a list request.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// How many objects to return, 1 to 100 (default 10).
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<i64>,
+    /// An object id: return the objects listed after it (older ones).
+    starting_after: Option<String>,
+    /// An object id: return the objects listed before it (newer ones).
+    ending_before: Option<String>,
+}
+
+/// Which slice of the list a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cursor {
+    /// The newest objects.
+    First,
+    /// The objects older than this id.
+    After(String),
+    /// The objects newer than this id.
+    Before(String),
+}
+
+/// A validated list request.
+#[derive(Debug, Clone)]
+pub struct PageRequest {
+    pub limit: i64,
+    pub cursor: Cursor,
+}
+
+impl PageRequest {
+    /// How many rows to fetch: one more than the page, to learn whether there are more.
+    pub fn fetch(&self) -> i64 {
+        self.limit + 1
+    }
+}
+
+impl TryFrom<ListParams> for PageRequest {
+    type Error = Problem;
+
+    fn try_from(params: ListParams) -> Result<Self, Problem> {
+        let limit = params.limit.unwrap_or(DEFAULT_LIMIT);
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(invalid(format!(
+                "limit must be from 1 to {MAX_LIMIT}, got {limit}."
+            )));
+        }
+        let cursor = match (params.starting_after, params.ending_before) {
+            (None, None) => Cursor::First,
+            (Some(id), None) => Cursor::After(id),
+            (None, Some(id)) => Cursor::Before(id),
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "Give starting_after or ending_before, not both.".to_owned(),
+                ));
+            }
+        };
+        Ok(Self { limit, cursor })
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for PageRequest {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Query(params) = Query::<ListParams>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| invalid(rejection.body_text()))?;
+        Self::try_from(params)
+    }
+}
+
+/// A cursor's position in the order: newest first, ties broken by id.
+#[derive(Debug, Clone)]
+pub struct Position {
+    pub created_at: DateTime<Utc>,
+    pub id: String,
+}
+
+/// A page of a list.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct List<T> {
+    /// Always `list`.
+    #[schema(value_type = String, pattern = "^list$")]
+    pub object: &'static str,
+    /// The objects, newest first.
+    pub data: Vec<T>,
+    /// Whether more objects follow in the direction of this request.
+    pub has_more: bool,
+}
+
+impl<T> List<T> {
+    /// Cuts the fetched rows to the page. `rows` come in the order they were fetched: newest first
+    /// for `First` and `After`, oldest first for `Before` (the keyset walks away from the cursor).
+    pub fn from_rows(mut rows: Vec<T>, page: &PageRequest) -> Self {
+        let limit = usize::try_from(page.limit).unwrap_or(usize::MAX);
+        let has_more = rows.len() > limit;
+        rows.truncate(limit);
+        if matches!(page.cursor, Cursor::Before(_)) {
+            rows.reverse();
+        }
+        Self {
+            object: "list",
+            data: rows,
+            has_more,
+        }
+    }
+}
+
+/// The cursor names no object of this list.
+pub fn unknown_cursor(id: &str) -> Problem {
+    invalid(format!("`{id}` is no object of this list to page from."))
+}
+
+fn invalid(detail: String) -> Problem {
+    Problem::new(ProblemKind::InvalidRequest, detail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(limit: i64, cursor: Cursor) -> PageRequest {
+        PageRequest { limit, cursor }
+    }
+
+    #[test]
+    fn the_limit_defaults_to_ten_and_is_bounded() {
+        let params = |limit| ListParams {
+            limit,
+            starting_after: None,
+            ending_before: None,
+        };
+        assert_eq!(PageRequest::try_from(params(None)).unwrap().limit, 10);
+        assert!(PageRequest::try_from(params(Some(0))).is_err());
+        assert!(PageRequest::try_from(params(Some(101))).is_err());
+        assert!(PageRequest::try_from(params(Some(100))).is_ok());
+    }
+
+    #[test]
+    fn both_cursors_at_once_are_refused() {
+        let params = ListParams {
+            limit: None,
+            starting_after: Some("a".into()),
+            ending_before: Some("b".into()),
+        };
+        assert!(PageRequest::try_from(params).is_err());
+    }
+
+    #[test]
+    fn one_row_beyond_the_limit_means_more() {
+        let list = List::from_rows(vec![5, 4, 3], &page(2, Cursor::First));
+        assert_eq!((list.data, list.has_more), (vec![5, 4], true));
+        let list = List::from_rows(vec![5, 4], &page(2, Cursor::First));
+        assert_eq!((list.data, list.has_more), (vec![5, 4], false));
+    }
+
+    #[test]
+    fn a_page_before_a_cursor_is_returned_newest_first() {
+        let list = List::from_rows(vec![6, 7, 8], &page(2, Cursor::Before("x".into())));
+        assert_eq!((list.data, list.has_more), (vec![7, 6], true));
+    }
+}

@@ -1,0 +1,430 @@
+//! Refunds: `POST /v1/payments/{id}/refunds` gives money back at most once per idempotency key,
+//! and never more than was paid, however many refunds race for the same payment.
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::accounts::{Account, AccountId};
+use crate::app::AppState;
+use crate::error::{ApiError, Problem, ProblemKind};
+use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
+use crate::ids;
+use crate::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use crate::payments::{Amount, PaymentId};
+
+const MAX_REASON_LEN: usize = 500;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_refund, list_refunds))
+        .routes(routes!(get_refund))
+}
+
+/// A refund to make. Unknown fields are refused.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({ "amount": 1000, "reason": "requested_by_customer" }))]
+pub struct NewRefund {
+    /// How much to refund, in minor units; what remains refundable when absent.
+    #[serde(default)]
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 99_999_999, example = 1000)]
+    pub amount: Option<Amount>,
+    /// Why the money goes back, for the merchant's records.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, max_length = 500, example = "requested_by_customer")]
+    pub reason: Option<Reason>,
+}
+
+/// A refund's reason: at most 500 characters.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Reason(String);
+
+impl TryFrom<String> for Reason {
+    type Error = String;
+
+    fn try_from(reason: String) -> Result<Self, Self::Error> {
+        if reason.chars().count() <= MAX_REASON_LEN {
+            Ok(Self(reason))
+        } else {
+            Err(format!(
+                "reason must be at most {MAX_REASON_LEN} characters"
+            ))
+        }
+    }
+}
+
+/// The state of a refund: `succeeded` when made, `failed` if the processor later reported it
+/// failed (the amount is refundable again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundStatus {
+    Succeeded,
+    Failed,
+}
+
+/// A refund, as the API returns it.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "id": "re_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
+    "object": "refund",
+    "payment": "pay_U5PgTqA02dYsv3cLANIGkqIs",
+    "amount": 1000,
+    "reason": "requested_by_customer",
+    "status": "succeeded",
+    "created_at": "2026-11-29T19:05:12.118230Z"
+}))]
+pub struct Refund {
+    /// The refund's id, `re_` followed by 24 characters.
+    #[schema(pattern = "^re_[0-9A-Za-z]{24}$")]
+    pub id: String,
+    /// Always `refund`.
+    #[schema(value_type = String, pattern = "^refund$")]
+    pub object: &'static str,
+    /// The refunded payment.
+    pub payment: String,
+    /// The refunded amount, in minor units.
+    #[schema(minimum = 1)]
+    pub amount: i64,
+    pub reason: Option<String>,
+    #[schema(inline)]
+    pub status: RefundStatus,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Refund {
+    pub fn location(&self) -> String {
+        format!("/v1/refunds/{}", self.id)
+    }
+}
+
+struct RefundRow {
+    id: String,
+    payment_id: String,
+    amount: i64,
+    reason: Option<String>,
+    status: String,
+    created_at: DateTime<Utc>,
+}
+
+impl From<RefundRow> for Refund {
+    fn from(row: RefundRow) -> Self {
+        Self {
+            id: row.id,
+            object: "refund",
+            payment: row.payment_id,
+            amount: row.amount,
+            reason: row.reason,
+            status: if row.status == "failed" {
+                RefundStatus::Failed
+            } else {
+                RefundStatus::Succeeded
+            },
+            created_at: row.created_at,
+        }
+    }
+}
+
+/// Refund a payment
+///
+/// Refunds part or all of a succeeded payment, at most once per `Idempotency-Key`. The payment
+/// is locked while the refund is written, so concurrent refunds with different keys can never
+/// refund more than was paid. The payment becomes `refunded` once refunded in full.
+///
+/// A refusal (the payment is not refundable, the amount exceeds what remains) is a result: it is
+/// stored with the key and replayed, like a refund.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/refunds",
+    operation_id = "createRefund",
+    tag = "refunds",
+    params(("id" = String, Path, description = "The payment to refund, `pay_…`."), IdempotencyKey),
+    request_body(content = NewRefund, content_type = "application/json"),
+    security(("api_key" = [])),
+    responses(
+        (status = 201, description = "The refund was made, or this is the replay of the request that made it.",
+            body = Refund, content_type = "application/json",
+            headers(
+                ("Location" = String, description = "Where the refund can be read: `/v1/refunds/{id}`."),
+                ("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."),
+            )),
+        (status = 400, description = "The body or the key is invalid (`invalid-request`, `invalid-idempotency-key`); or the payment cannot be refunded (`payment-not-refundable`) or not by that much (`refund-exceeds-payment`), a stored result.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        (status = 401, description = "No valid API key (`unauthorized`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
+        (status = 404, description = "No such payment for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        (status = 409, description = "A request with this key is still being processed (`idempotency-key-in-use`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key."))),
+        (status = 413, description = "The body is over 64 KiB (`payload-too-large`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not `application/json` (`unsupported-media-type`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was already used with a different request (`idempotency-key-mismatch`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A fault of ours (`internal`). Nothing was recorded: retry with the same key.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable (`service-unavailable`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+    )
+)]
+async fn create_refund(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+    Idempotent { request, body }: Idempotent<NewRefund>,
+) -> Result<Response, ApiError> {
+    // An id that cannot name a payment is refused before the key is reserved.
+    let Some(payment) = PaymentId::parse(&id) else {
+        return Err(payment_not_found(&id).into());
+    };
+    state
+        .idempotency
+        .run(request, move |lease| async move {
+            let mut tx = lease.begin().await?;
+            let response = match refund(&mut tx, account.id(), &payment, &body, lease.key()).await?
+            {
+                Ok(refund) => StoredResponse::json(StatusCode::CREATED, &refund)
+                    .map_err(anyhow::Error::from)?
+                    .with_header(header::LOCATION, refund.location()),
+                Err(refusal) => StoredResponse::problem(&refusal),
+            };
+            Ok(lease.complete(tx, response).await?)
+        })
+        .await
+}
+
+/// Refunds `payment` inside the caller's transaction, or says why not.
+async fn refund(
+    conn: &mut PgConnection,
+    account: &AccountId,
+    payment: &PaymentId,
+    new: &NewRefund,
+    key: &IdempotencyKey,
+) -> Result<Result<Refund, Problem>, sqlx::Error> {
+    // The row lock makes concurrent refunds of one payment take turns, each seeing the amount the
+    // previous one left.
+    let Some(paid) = sqlx::query!(
+        r#"
+        SELECT amount, amount_refunded, status
+        FROM payments
+        WHERE id = $1 AND account_id = $2
+        FOR UPDATE
+        "#,
+        payment.as_str(),
+        account.as_str(),
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(Err(payment_not_found(payment.as_str())));
+    };
+    if paid.status != "succeeded" {
+        return Ok(Err(Problem::new(
+            ProblemKind::PaymentNotRefundable,
+            format!(
+                "Payment `{payment}` is {}; only succeeded payments can be refunded.",
+                paid.status
+            ),
+        )));
+    }
+    let remaining = paid.amount - paid.amount_refunded;
+    let amount = new.amount.map_or(remaining, i64::from);
+    if amount > remaining {
+        return Ok(Err(Problem::new(
+            ProblemKind::RefundExceedsPayment,
+            format!(
+                "Only {remaining} of payment `{payment}` remains refundable; {amount} was asked."
+            ),
+        )));
+    }
+    let row = sqlx::query_as!(
+        RefundRow,
+        r#"
+        INSERT INTO refunds (id, payment_id, account_id, amount, reason, status, idempotency_key)
+        VALUES ($1, $2, $3, $4, $5, 'succeeded', $6)
+        RETURNING id, payment_id, amount, reason, status, created_at
+        "#,
+        ids::generate("re", 24),
+        payment.as_str(),
+        account.as_str(),
+        amount,
+        new.reason.as_ref().map(|reason| reason.0.as_str()),
+        key.as_str(),
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query!(
+        r#"
+        UPDATE payments
+        SET amount_refunded = amount_refunded + $2,
+            status = CASE WHEN amount_refunded + $2 = amount THEN 'refunded' ELSE status END
+        WHERE id = $1
+        "#,
+        payment.as_str(),
+        amount,
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(Ok(row.into()))
+}
+
+/// List a payment's refunds
+///
+/// The payment's refunds, newest first, paginated like the payments list.
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}/refunds",
+    operation_id = "listRefunds",
+    tag = "refunds",
+    params(("id" = String, Path, description = "The payment, `pay_…`."), ListParams),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of refunds.", body = List<Refund>, content_type = "application/json"),
+        (status = 400, description = "A bad `limit`, both cursors, or an unknown cursor (`invalid-request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No valid API key (`unauthorized`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
+        (status = 404, description = "No such payment for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A fault of ours (`internal`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable (`service-unavailable`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+    )
+)]
+async fn list_refunds(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+    page: PageRequest,
+) -> Result<Response, ApiError> {
+    let owned = sqlx::query_scalar!(
+        "SELECT id FROM payments WHERE id = $1 AND account_id = $2",
+        id,
+        account.id().as_str(),
+    )
+    .fetch_optional(&state.pool)
+    .await?;
+    let Some(payment) = owned else {
+        return Err(payment_not_found(&id).into());
+    };
+    let position = match &page.cursor {
+        Cursor::First => None,
+        Cursor::After(cursor) | Cursor::Before(cursor) => Some(
+            sqlx::query_as!(
+                Position,
+                "SELECT created_at, id FROM refunds WHERE id = $1 AND payment_id = $2",
+                cursor,
+                payment,
+            )
+            .fetch_optional(&state.pool)
+            .await?
+            .ok_or_else(|| unknown_cursor(cursor))?,
+        ),
+    };
+    let rows = match (&page.cursor, position) {
+        (Cursor::Before(_), Some(after)) => {
+            sqlx::query_as!(
+                RefundRow,
+                r#"
+            SELECT id, payment_id, amount, reason, status, created_at
+            FROM refunds
+            WHERE payment_id = $1 AND (created_at, id) > ($2, $3)
+            ORDER BY created_at, id
+            LIMIT $4
+            "#,
+                payment,
+                after.created_at,
+                after.id,
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+        (_, before) => {
+            sqlx::query_as!(
+                RefundRow,
+                r#"
+            SELECT id, payment_id, amount, reason, status, created_at
+            FROM refunds
+            WHERE payment_id = $1
+              AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
+            ORDER BY created_at DESC, id DESC
+            LIMIT $4
+            "#,
+                payment,
+                before.as_ref().map(|position| position.created_at),
+                before.as_ref().map(|position| position.id.as_str()),
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+    };
+    let rows = rows.into_iter().map(Refund::from).collect();
+    Ok(axum::Json(List::from_rows(rows, &page)).into_response())
+}
+
+/// Retrieve a refund
+///
+/// One of the account's refunds, where a refund's `Location` points.
+#[utoipa::path(
+    get,
+    path = "/v1/refunds/{id}",
+    operation_id = "getRefund",
+    tag = "refunds",
+    params(("id" = String, Path, description = "The refund's id, `re_…`.")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The refund.", body = Refund, content_type = "application/json"),
+        (status = 401, description = "No valid API key (`unauthorized`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
+        (status = 404, description = "No such refund for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A fault of ours (`internal`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable (`service-unavailable`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+    )
+)]
+async fn get_refund(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let row = sqlx::query_as!(
+        RefundRow,
+        r#"
+        SELECT id, payment_id, amount, reason, status, created_at
+        FROM refunds
+        WHERE id = $1 AND account_id = $2
+        "#,
+        id,
+        account.id().as_str(),
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or_else(|| Problem::new(ProblemKind::NotFound, format!("No refund `{id}`.")))?;
+    Ok(axum::Json(Refund::from(row)).into_response())
+}
+
+fn payment_not_found(id: &str) -> Problem {
+    Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
+}

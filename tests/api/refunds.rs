@@ -1,0 +1,259 @@
+//! Refunds: exactly once per key, never more than was paid, replayed refusals.
+
+use futures::future::join_all;
+use libtest_mimic::Trial;
+use serde_json::json;
+
+use crate::helpers::{TestApp, new_key};
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![refunds;
+        a_partial_refund_leaves_the_payment_succeeded,
+        a_refund_without_amount_refunds_what_remains_and_marks_the_payment_refunded,
+        a_refund_is_replayed_byte_for_byte_and_made_once,
+        twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five,
+        a_refund_beyond_what_remains_is_refused_and_the_refusal_is_replayed,
+        a_declined_payment_cannot_be_refunded,
+        another_accounts_payment_cannot_be_refunded,
+        invalid_refund_bodies_are_refused_before_the_key_is_reserved,
+        the_same_key_on_another_payment_is_a_mismatch,
+        refunds_are_listed_newest_first_and_readable_at_their_location,
+    ]
+}
+
+async fn a_partial_refund_leaves_the_payment_succeeded() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(5000).await;
+
+    let response = app
+        .post_refund(
+            &paid,
+            &new_key(),
+            &json!({ "amount": 1200, "reason": "requested_by_customer" }),
+        )
+        .await;
+
+    assert_eq!(response.status, 201);
+    let refund = response.json();
+    assert!(refund["id"].as_str().unwrap().starts_with("re_"));
+    assert_eq!(refund["object"], "refund");
+    assert_eq!(refund["payment"], paid.as_str());
+    assert_eq!(refund["amount"], 1200);
+    assert_eq!(refund["status"], "succeeded");
+    assert_eq!(refund["reason"], "requested_by_customer");
+    let payment = app.get_payment(&paid).await.json();
+    assert_eq!(payment["amount_refunded"], 1200);
+    assert_eq!(payment["status"], "succeeded");
+}
+
+async fn a_refund_without_amount_refunds_what_remains_and_marks_the_payment_refunded() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(5000).await;
+    app.post_refund(&paid, &new_key(), &json!({ "amount": 1000 }))
+        .await;
+
+    let rest = app.post_refund(&paid, &new_key(), &json!({})).await;
+
+    assert_eq!(rest.status, 201);
+    assert_eq!(rest.json()["amount"], 4000);
+    let payment = app.get_payment(&paid).await.json();
+    assert_eq!(payment["amount_refunded"], 5000);
+    assert_eq!(payment["status"], "refunded");
+    let again = app.post_refund(&paid, &new_key(), &json!({})).await;
+    again.assert_problem(400, "payment-not-refundable");
+}
+
+async fn a_refund_is_replayed_byte_for_byte_and_made_once() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(5000).await;
+    let key = new_key();
+    let first = app
+        .post_refund(&paid, &key, &json!({ "amount": 700 }))
+        .await;
+
+    let replay = app
+        .post_refund(&paid, &key, &json!({ "amount": 700 }))
+        .await;
+
+    assert_eq!(first.status, 201);
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.header("location"), first.header("location"));
+    assert_eq!(app.get_payment(&paid).await.json()["amount_refunded"], 700);
+    assert_eq!(refund_count(&app).await, 1);
+}
+
+async fn twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(50).await;
+    let keys: Vec<String> = (0..20).map(|_| new_key()).collect();
+    let body = json!({ "amount": 10 });
+
+    let responses = join_all(keys.iter().map(|key| app.post_refund(&paid, key, &body))).await;
+
+    let made = responses.iter().filter(|r| r.status == 201).count();
+    assert_eq!(made, 5);
+    for refused in responses.iter().filter(|r| r.status != 201) {
+        // Refused for exceeding what remains, or, once the payment is fully refunded, for its state.
+        let kind = refused.json()["type"].as_str().unwrap().to_owned();
+        let kind = kind.trim_start_matches("/problems/");
+        assert!(
+            ["refund-exceeds-payment", "payment-not-refundable"].contains(&kind),
+            "{kind}"
+        );
+        refused.assert_problem(400, kind);
+    }
+    assert_eq!(refund_count(&app).await, 5);
+    let payment = app.get_payment(&paid).await.json();
+    assert_eq!(payment["amount_refunded"], 50);
+    assert_eq!(payment["status"], "refunded");
+}
+
+async fn a_refund_beyond_what_remains_is_refused_and_the_refusal_is_replayed() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(1000).await;
+    let key = new_key();
+
+    let refused = app
+        .post_refund(&paid, &key, &json!({ "amount": 1001 }))
+        .await;
+
+    let problem = refused.assert_problem(400, "refund-exceeds-payment");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("1000"),
+        "{problem}"
+    );
+    let replay = app
+        .post_refund(&paid, &key, &json!({ "amount": 1001 }))
+        .await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, refused.body);
+    assert_eq!(refund_count(&app).await, 0);
+}
+
+async fn a_declined_payment_cannot_be_refunded() {
+    let app = TestApp::spawn().await;
+    let declined = app
+        .post_payment(
+            &new_key(),
+            &json!({ "amount": 500, "currency": "eur", "payment_method": "pm_card_chargeDeclined" }),
+        )
+        .await
+        .json();
+    let id = declined["payment"].as_str().unwrap();
+
+    let refused = app.post_refund(id, &new_key(), &json!({})).await;
+
+    refused.assert_problem(400, "payment-not-refundable");
+    assert_eq!(refund_count(&app).await, 0);
+}
+
+async fn another_accounts_payment_cannot_be_refunded() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(1000).await;
+    let (_, other_key) = app.create_account("someone else").await;
+
+    let response = app
+        .send(
+            app.client()
+                .post(app.url(&format!("/v1/payments/{paid}/refunds")))
+                .bearer_auth(other_key)
+                .header("idempotency-key", new_key())
+                .json(&json!({ "amount": 10 })),
+        )
+        .await;
+
+    response.assert_problem(404, "not-found");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_refunded"], 0);
+    let unknown = app
+        .post_refund("pay_000000000000000000000000", &new_key(), &json!({}))
+        .await;
+    unknown.assert_problem(404, "not-found");
+    let malformed = app.post_refund("nonsense", &new_key(), &json!({})).await;
+    malformed.assert_problem(404, "not-found");
+}
+
+async fn invalid_refund_bodies_are_refused_before_the_key_is_reserved() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(1000).await;
+    let key = new_key();
+    let before = app.key_count().await;
+    for body in [
+        json!({ "amount": 0 }),
+        json!({ "amount": -5 }),
+        json!({ "amount": 1.5 }),
+        json!({ "reason": "r".repeat(501) }),
+        json!({ "amount": 10, "currency": "eur" }),
+    ] {
+        app.post_refund(&paid, &key, &body)
+            .await
+            .assert_problem(400, "invalid-request");
+    }
+    assert_eq!(app.key_count().await, before);
+    let valid = app.post_refund(&paid, &key, &json!({ "amount": 10 })).await;
+    assert_eq!(valid.status, 201);
+}
+
+async fn the_same_key_on_another_payment_is_a_mismatch() {
+    let app = TestApp::spawn().await;
+    let (first, second) = (app.paid(1000).await, app.paid(1000).await);
+    let key = new_key();
+    let made = app
+        .post_refund(&first, &key, &json!({ "amount": 10 }))
+        .await;
+
+    let other = app
+        .post_refund(&second, &key, &json!({ "amount": 10 }))
+        .await;
+
+    assert_eq!(made.status, 201);
+    other.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(app.get_payment(&second).await.json()["amount_refunded"], 0);
+}
+
+async fn refunds_are_listed_newest_first_and_readable_at_their_location() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(1000).await;
+    let mut made = Vec::new();
+    for amount in [100, 200, 300] {
+        let refund = app
+            .post_refund(&paid, &new_key(), &json!({ "amount": amount }))
+            .await;
+        let location = refund.header("location").unwrap().to_owned();
+        assert_eq!(app.get(&location).await.json(), refund.json());
+        made.push(refund.json()["id"].clone());
+    }
+
+    let list = app.get(&format!("/v1/payments/{paid}/refunds")).await;
+
+    assert_eq!(list.status, 200);
+    let list = list.json();
+    assert_eq!(list["object"], "list");
+    assert_eq!(list["has_more"], false);
+    let ids: Vec<_> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].clone())
+        .collect();
+    made.reverse();
+    assert_eq!(ids, made);
+    let page = app
+        .get(&format!("/v1/payments/{paid}/refunds?limit=2"))
+        .await
+        .json();
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["data"].as_array().unwrap().len(), 2);
+    let missing = app
+        .get("/v1/payments/pay_000000000000000000000000/refunds")
+        .await;
+    missing.assert_problem(404, "not-found");
+}
+
+async fn refund_count(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM refunds")
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
