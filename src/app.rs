@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef, Request};
@@ -22,10 +23,11 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::config::Settings;
 use crate::error::{Problem, ProblemKind};
-use crate::idempotency::{Idempotency, Policy, spawn_expiry_job};
+use crate::idempotency::{Idempotency, Policy};
 use crate::openapi::ApiDoc;
 use crate::payments::Processor;
-use crate::{health, payments, problems, refunds};
+use crate::webhooks::WebhookSecret;
+use crate::{expiry, health, payments, problems, refunds, webhooks};
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -38,6 +40,10 @@ pub struct AppState {
     pub pool: PgPool,
     pub idempotency: Idempotency,
     pub processor: Processor,
+    /// Verifies the processor's webhooks; without it they are refused.
+    pub webhook_secret: Option<WebhookSecret>,
+    /// How long processed webhook event ids are remembered.
+    pub event_ttl: Duration,
 }
 
 impl FromRef<AppState> for PgPool {
@@ -55,6 +61,8 @@ impl AppState {
         Self {
             idempotency: Idempotency::new(pool.clone(), policy),
             processor: Processor::new(settings.slow_charge),
+            webhook_secret: settings.webhook_secret.clone(),
+            event_ttl: settings.key_ttl,
             pool,
         }
     }
@@ -65,6 +73,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(payments::router())
         .merge(refunds::router())
+        .merge(webhooks::router())
         .merge(problems::router())
         .merge(health::router())
 }
@@ -166,7 +175,7 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        let expiry = spawn_expiry_job(
+        let expiry = expiry::spawn(
             self.state.pool.clone(),
             self.settings.expiry_interval,
             stop.clone(),

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::webhooks::WebhookSecret;
+
 /// How the service behaves, independent of where its database and listener are.
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -24,6 +26,10 @@ pub struct Settings {
     /// Processing time of the test payment method `pm_card_slow`.
     #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
     pub slow_charge: Duration,
+
+    /// The secret shared with the payment processor to sign webhooks (`whsec_…`).
+    #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
+    pub webhook_secret: Option<WebhookSecret>,
 }
 
 impl Default for Settings {
@@ -33,6 +39,7 @@ impl Default for Settings {
             expiry_interval: Duration::from_secs(60),
             lease: Duration::from_secs(30),
             slow_charge: Duration::from_secs(2),
+            webhook_secret: None,
         }
     }
 }

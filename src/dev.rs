@@ -8,9 +8,13 @@ use tokio::net::TcpListener;
 use crate::app::{Application, shutdown_signal};
 use crate::config::Settings;
 use crate::postgres::Postgres;
+use crate::webhooks::WebhookSecret;
 use crate::{accounts, db};
 
-pub async fn run(listen: SocketAddr, settings: Settings) -> anyhow::Result<()> {
+pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
+    settings
+        .webhook_secret
+        .get_or_insert_with(WebhookSecret::generate);
     eprintln!("Starting a throwaway PostgreSQL container…");
     let postgres = Postgres::start().await?;
     let served = serve(&postgres, listen, settings).await;
@@ -24,9 +28,15 @@ async fn serve(postgres: &Postgres, listen: SocketAddr, settings: Settings) -> a
     db::migrate(&pool).await?;
     let (account, key) = accounts::create(&pool, "demo").await?;
     let listener = TcpListener::bind(listen).await?;
-    let app = Application::build(settings, pool, listener);
+    let app = Application::build(settings.clone(), pool, listener);
     let base = format!("http://{}", app.local_addr()?);
+    let webhook_secret = settings
+        .webhook_secret
+        .as_ref()
+        .map(WebhookSecret::expose)
+        .unwrap_or_default();
     println!("{}", banner(&base, account.id().as_str(), key.expose()));
+    println!("{}", webhook_banner(&base, &webhook_secret));
     app.run_until_stopped(shutdown_signal()).await?;
     Ok(())
 }
@@ -61,5 +71,15 @@ fn banner(base: &str, account: &str, key: &str) -> String {
             &uuid::Uuid::new_v4().to_string(),
             r#"{"amount": 1500, "currency": "eur", "payment_method": "pm_card_slow"}"#
         ),
+    )
+}
+
+fn webhook_banner(base: &str, secret: &str) -> String {
+    format!(
+        "# The processor's webhooks are signed with\n\n  {secret}\n\n\
+         # Send one (a dispute of 500 on a payment), twice with the same --id: applied, then duplicate\n\
+         IDEMPAY_WEBHOOK_SECRET={secret} target/debug/idempay webhook send \\\n  \
+         --url {base}/v1/webhooks/processor --id evt_demo_1 \\\n  \
+         --type dispute.created --data '{{\"payment\": \"pay_…\", \"amount\": 500}}'\n"
     )
 }

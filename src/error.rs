@@ -28,13 +28,15 @@ pub enum ProblemKind {
     IdempotencyKeyMismatch,
     PaymentNotRefundable,
     RefundExceedsPayment,
+    WebhookSignatureInvalid,
+    WebhookTimestampOutOfRange,
     Internal,
     ServiceUnavailable,
 }
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 14] = [
+    pub const ALL: [ProblemKind; 16] = [
         Self::InvalidRequest,
         Self::InvalidIdempotencyKey,
         Self::Unauthorized,
@@ -47,6 +49,8 @@ impl ProblemKind {
         Self::IdempotencyKeyMismatch,
         Self::PaymentNotRefundable,
         Self::RefundExceedsPayment,
+        Self::WebhookSignatureInvalid,
+        Self::WebhookTimestampOutOfRange,
         Self::Internal,
         Self::ServiceUnavailable,
     ];
@@ -56,8 +60,9 @@ impl ProblemKind {
             Self::InvalidRequest
             | Self::InvalidIdempotencyKey
             | Self::PaymentNotRefundable
-            | Self::RefundExceedsPayment => StatusCode::BAD_REQUEST,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            | Self::RefundExceedsPayment
+            | Self::WebhookTimestampOutOfRange => StatusCode::BAD_REQUEST,
+            Self::Unauthorized | Self::WebhookSignatureInvalid => StatusCode::UNAUTHORIZED,
             Self::CardDeclined => StatusCode::PAYMENT_REQUIRED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -85,6 +90,8 @@ impl ProblemKind {
             Self::IdempotencyKeyMismatch => "/problems/idempotency-key-mismatch",
             Self::PaymentNotRefundable => "/problems/payment-not-refundable",
             Self::RefundExceedsPayment => "/problems/refund-exceeds-payment",
+            Self::WebhookSignatureInvalid => "/problems/webhook-signature-invalid",
+            Self::WebhookTimestampOutOfRange => "/problems/webhook-timestamp-out-of-range",
             Self::Internal => "/problems/internal",
             Self::ServiceUnavailable => "/problems/service-unavailable",
         }
@@ -111,6 +118,8 @@ impl ProblemKind {
             }
             Self::PaymentNotRefundable => "The payment cannot be refunded",
             Self::RefundExceedsPayment => "The refund exceeds what remains refundable",
+            Self::WebhookSignatureInvalid => "The webhook signature does not match",
+            Self::WebhookTimestampOutOfRange => "The webhook timestamp is too far from now",
             Self::Internal => "Internal server error",
             Self::ServiceUnavailable => "Service temporarily unavailable",
         }
@@ -164,6 +173,16 @@ impl ProblemKind {
                 "The amount asked is more than remains refundable (the amount paid less what was \
                  already refunded); `detail` says how much remains. This refusal is stored with the \
                  key and replayed: use a new key for a smaller refund."
+            }
+            Self::WebhookSignatureInvalid => {
+                "No signature in `webhook-signature` is the HMAC-SHA256, with the shared `whsec_` \
+                 secret, of `{webhook-id}.{webhook-timestamp}.{body}`. The delivery was not \
+                 processed."
+            }
+            Self::WebhookTimestampOutOfRange => {
+                "`webhook-timestamp` is more than 5 minutes away from the service's clock, so the \
+                 delivery could be a replay of a captured request. Send a fresh delivery, signed \
+                 now."
             }
             Self::Internal => {
                 "The request failed on our side. Nothing was recorded and the key was released: \

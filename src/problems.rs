@@ -20,7 +20,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// The kinds are `invalid-request`, `invalid-idempotency-key`, `unauthorized`, `card-declined`,
 /// `not-found`, `method-not-allowed`, `idempotency-key-in-use`, `payload-too-large`,
 /// `unsupported-media-type`, `idempotency-key-mismatch`, `payment-not-refundable`,
-/// `refund-exceeds-payment`, `internal` and `service-unavailable`.
+/// `refund-exceeds-payment`, `webhook-signature-invalid`, `webhook-timestamp-out-of-range`,
+/// `internal` and `service-unavailable`.
 #[utoipa::path(
     get,
     path = "/problems/{name}",

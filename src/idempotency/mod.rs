@@ -6,7 +6,6 @@
 //! The PostgreSQL unique constraint on `(scope, idem_key)` decides between concurrent requests, and
 //! every clock reading is the database's `now()`, never an instance's: instances disagree.
 
-mod expiry;
 mod fingerprint;
 mod key;
 mod request;
@@ -21,7 +20,6 @@ use uuid::Uuid;
 
 use crate::error::{ApiError, Problem, ProblemKind};
 
-pub use expiry::spawn_expiry_job;
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use request::{Idempotent, KeyedRequest, Scope};

@@ -14,6 +14,7 @@ mod listing;
 mod mechanism;
 mod payments;
 mod refunds;
+mod webhooks;
 
 use std::process::ExitCode;
 
@@ -30,6 +31,7 @@ fn main() -> ExitCode {
         mechanism::trials(),
         refunds::trials(),
         listing::trials(),
+        webhooks::trials(),
         docs::trials(),
     ]
     .into_iter()

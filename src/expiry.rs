@@ -1,0 +1,60 @@
+//! The background job that deletes expired idempotency keys and processed webhook event ids, so
+//! neither table grows without end.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::idempotency::Idempotency;
+use crate::webhooks;
+
+/// Rows per delete: small enough to keep each statement's locks short.
+const BATCH: i64 = 1_000;
+
+/// Every `interval` until `shutdown` is cancelled, drains what has expired in bounded batches.
+/// Safe to run on every instance at once: batches skip rows another instance has locked.
+pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            let keys = drain(&shutdown, |batch| Idempotency::expire_batch(&pool, batch)).await;
+            let events = drain(&shutdown, |batch| webhooks::expire_batch(&pool, batch)).await;
+            if keys + events > 0 {
+                tracing::info!(keys, events, "expired rows deleted");
+            }
+        }
+        tracing::debug!("expiry job stopped");
+    })
+}
+
+/// Runs `expire` batch after batch until one comes back short, a batch fails, or shutdown.
+async fn drain<F, Fut>(shutdown: &CancellationToken, expire: F) -> u64
+where
+    F: Fn(i64) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, sqlx::Error>>,
+{
+    let mut deleted = 0;
+    // Checked between batches too, so a long drain does not delay shutdown.
+    while !shutdown.is_cancelled() {
+        match expire(BATCH).await {
+            Ok(count) => {
+                deleted += count;
+                if count < BATCH.unsigned_abs() {
+                    break;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "expiry failed; it runs again next interval");
+                break;
+            }
+        }
+    }
+    deleted
+}

@@ -1,0 +1,195 @@
+//! Webhook intake: the same idempotency on the way in. The processor delivers each event at least
+//! once, signed, with a stable `webhook-id`; the event's effect and the record that it was
+//! processed commit together, and the record's primary key makes a redelivery apply nothing.
+
+mod events;
+mod signature;
+
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use sqlx::PgPool;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::app::AppState;
+use crate::error::{ApiError, Problem, ProblemKind};
+
+pub use events::{Envelope, Outcome};
+pub use signature::{Rejection, TOLERANCE, WebhookSecret, verify};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(receive))
+}
+
+/// The answer to a delivery.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Acknowledgement {
+    /// The `webhook-id` of the delivery.
+    pub event: String,
+    #[schema(inline)]
+    pub outcome: Outcome,
+}
+
+/// Receive a processor event
+///
+/// Takes in the payment processor's events, signed per the Standard Webhooks specification
+/// (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64 HMAC-SHA256 of
+/// "{id}.{timestamp}.{body}">`). The signature is verified on the raw body, in constant time,
+/// before anything parses it; a timestamp more than 5 minutes away is refused.
+///
+/// Each event is applied exactly once: a redelivery of the same `webhook-id` answers 200 with
+/// outcome `duplicate` and applies nothing. Events of an unknown type or for an unknown object are
+/// acknowledged with outcome `ignored` and recorded, so the processor stops redelivering them.
+/// Processed event ids expire after 24 hours, like idempotency keys.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/processor",
+    operation_id = "receiveProcessorEvent",
+    tag = "webhooks",
+    params(
+        ("webhook-id" = String, Header, description = "The event's id, the same on every delivery of it."),
+        ("webhook-timestamp" = i64, Header, description = "When this delivery was sent, in seconds since the Unix epoch."),
+        ("webhook-signature" = String, Header, description = "Space-separated `v1,<base64>` signatures."),
+    ),
+    request_body(content = Envelope, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The event was applied, ignored or already processed.",
+            body = Acknowledgement, content_type = "application/json"),
+        (status = 400, description = "The timestamp is more than 5 minutes away (`webhook-timestamp-out-of-range`), a header is missing, or the body is no event envelope (`invalid-request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No signature matches (`webhook-signature-invalid`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over 64 KiB (`payload-too-large`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A fault of ours (`internal`); nothing was applied, deliver again.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unreachable, or no webhook secret is configured (`service-unavailable`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before delivering again."))),
+    )
+)]
+async fn receive(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Some(secret) = state.webhook_secret.as_ref() else {
+        return Err(Problem::new(
+            ProblemKind::ServiceUnavailable,
+            "No webhook secret is configured (IDEMPAY_WEBHOOK_SECRET).",
+        )
+        .retry_after(Duration::from_secs(60))
+        .into());
+    };
+    let body = body
+        .map_err(|rejection| Problem::new(ProblemKind::PayloadTooLarge, rejection.body_text()))?;
+    let id = verify(secret, &headers, &body, SystemTime::now()).map_err(|rejection| {
+        let kind = match rejection {
+            Rejection::MissingHeader(_) => ProblemKind::InvalidRequest,
+            Rejection::OutOfTolerance => ProblemKind::WebhookTimestampOutOfRange,
+            Rejection::BadSignature => ProblemKind::WebhookSignatureInvalid,
+        };
+        Problem::new(kind, format!("The delivery was refused: {rejection}."))
+    })?;
+    // Parsed only now that the sender is known to hold the secret.
+    let envelope: Envelope = serde_json::from_slice(&body).map_err(|error| {
+        Problem::new(
+            ProblemKind::InvalidRequest,
+            format!("The body is no event envelope: {error}."),
+        )
+    })?;
+    let outcome = process(&state.pool, &id, &envelope, state.event_ttl).await?;
+    tracing::info!(event = %id, kind = %envelope.kind, ?outcome, "webhook processed");
+    Ok(axum::Json(Acknowledgement { event: id, outcome }).into_response())
+}
+
+/// Records the event and applies it in one transaction. The insert comes first: a concurrent
+/// redelivery waits on its primary key until this transaction ends, then finds the event recorded.
+async fn process(
+    pool: &PgPool,
+    id: &str,
+    envelope: &Envelope,
+    ttl: Duration,
+) -> Result<Outcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let recorded = sqlx::query_scalar!(
+        r#"
+        INSERT INTO processed_events (id, type, outcome, expires_at)
+        VALUES ($1, $2, 'applied', now() + $3::bigint * interval '1 millisecond')
+        ON CONFLICT (id) DO NOTHING
+        RETURNING id
+        "#,
+        id,
+        envelope.kind,
+        i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if recorded.is_none() {
+        return Ok(Outcome::Duplicate);
+    }
+    let outcome = envelope.apply(&mut tx).await?;
+    if outcome == Outcome::Ignored {
+        sqlx::query!(
+            "UPDATE processed_events SET outcome = 'ignored' WHERE id = $1",
+            id
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// Deletes up to `batch` expired event records, as the key expiry does for keys.
+pub async fn expire_batch(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+    let deleted = sqlx::query!(
+        r#"
+        DELETE FROM processed_events
+        WHERE id IN (
+            SELECT id FROM processed_events
+            WHERE expires_at <= now()
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        )
+        "#,
+        batch,
+    )
+    .execute(pool)
+    .await?;
+    Ok(deleted.rows_affected())
+}
+
+/// Signs an event as the processor would and delivers it to `url`: what `idempay webhook send`
+/// does. Returns the response's status and body.
+pub async fn send(
+    url: &str,
+    secret: &WebhookSecret,
+    id: &str,
+    kind: &str,
+    data: serde_json::Value,
+) -> Result<(u16, String), anyhow::Error> {
+    let body = serde_json::to_vec(&serde_json::json!({
+        "type": kind,
+        "timestamp": chrono::Utc::now(),
+        "data": data,
+    }))?;
+    let timestamp = chrono::Utc::now().timestamp();
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp)
+        .header("webhook-signature", secret.sign(id, timestamp, &body))
+        .body(body)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    Ok((status, response.text().await?))
+}

@@ -1,0 +1,349 @@
+//! Webhook intake: signed deliveries, each event applied exactly once however often it arrives.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use idempay::config::Settings;
+use idempay::webhooks::WebhookSecret;
+use libtest_mimic::Trial;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, TestResponse, new_key};
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![webhooks;
+        a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate,
+        ten_simultaneous_redeliveries_apply_the_effect_once,
+        a_bad_or_missing_signature_is_refused_with_401,
+        a_timestamp_more_than_five_minutes_away_is_refused_with_400,
+        unknown_types_and_unknown_payments_are_acknowledged_and_recorded,
+        payment_events_sync_the_status,
+        a_failed_refund_makes_its_amount_refundable_again,
+        a_dispute_never_exceeds_the_payment,
+        processed_event_ids_expire_like_keys,
+        without_a_secret_webhooks_are_refused_with_503,
+        the_send_command_delivers_what_the_service_accepts,
+        a_signed_body_that_is_no_envelope_is_refused_with_400,
+    ]
+}
+
+async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let data = json!({ "payment": paid, "amount": 1500 });
+
+    let first = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
+    let again = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
+
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.json(),
+        json!({ "event": "evt_1", "outcome": "applied" })
+    );
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        again.json(),
+        json!({ "event": "evt_1", "outcome": "duplicate" })
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
+    let another = deliver(
+        &app,
+        &secret,
+        "evt_2",
+        "dispute.created",
+        &json!({ "payment": paid, "amount": 100 }),
+    )
+    .await;
+    assert_eq!(another.json()["outcome"], "applied");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1600);
+}
+
+async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let data = json!({ "payment": paid, "amount": 100 });
+
+    let answers =
+        join_all((0..10).map(|_| deliver(&app, &secret, "evt_storm", "dispute.created", &data)))
+            .await;
+
+    assert!(answers.iter().all(|answer| answer.status == 200));
+    let outcomes: Vec<Value> = answers
+        .iter()
+        .map(|a| a.json()["outcome"].clone())
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "applied").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "duplicate").count(),
+        9,
+        "{outcomes:?}"
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 100);
+}
+
+async fn a_bad_or_missing_signature_is_refused_with_401() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let body = envelope(
+        "dispute.created",
+        &json!({ "payment": paid, "amount": 100 }),
+    );
+    let now = chrono::Utc::now().timestamp();
+
+    let forged = WebhookSecret::generate().sign("evt_1", now, &body);
+    let wrong = post(&app, "evt_1", now, Some(&forged), body.clone()).await;
+    let missing = post(&app, "evt_1", now, None, body.clone()).await;
+    let tampered_body = br#"{"type":"dispute.created"}"#.to_vec();
+    let tampered = post(
+        &app,
+        "evt_1",
+        now,
+        Some(&secret.sign("evt_1", now, &body)),
+        tampered_body,
+    )
+    .await;
+
+    wrong.assert_problem(401, "webhook-signature-invalid");
+    missing.assert_problem(401, "webhook-signature-invalid");
+    tampered.assert_problem(401, "webhook-signature-invalid");
+    assert_eq!(event_count(&app).await, 0);
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 0);
+}
+
+async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let body = envelope(
+        "dispute.created",
+        &json!({ "payment": paid, "amount": 100 }),
+    );
+    for offset in [-301, 301, -3600] {
+        let then = chrono::Utc::now().timestamp() + offset;
+        let signature = secret.sign("evt_old", then, &body);
+        let answer = post(&app, "evt_old", then, Some(&signature), body.clone()).await;
+        answer.assert_problem(400, "webhook-timestamp-out-of-range");
+    }
+    assert_eq!(event_count(&app).await, 0);
+}
+
+async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
+    let (app, secret) = spawn().await;
+    let cases = [
+        ("evt_a", "customer.created", json!({ "customer": "cus_1" })),
+        (
+            "evt_b",
+            "dispute.created",
+            json!({ "payment": "pay_000000000000000000000000", "amount": 5 }),
+        ),
+        ("evt_c", "payment.failed", json!({ "nothing": true })),
+    ];
+    for (id, kind, data) in &cases {
+        let answer = deliver(&app, &secret, id, kind, data).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.json()["outcome"], "ignored", "{kind}");
+    }
+    let outcomes: Vec<String> =
+        sqlx::query_scalar("SELECT outcome FROM processed_events ORDER BY id")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(outcomes, ["ignored", "ignored", "ignored"]);
+    let again = deliver(&app, &secret, "evt_a", "customer.created", &cases[0].2).await;
+    assert_eq!(again.json()["outcome"], "duplicate");
+}
+
+async fn payment_events_sync_the_status() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+
+    deliver(
+        &app,
+        &secret,
+        "evt_f",
+        "payment.failed",
+        &json!({ "payment": paid }),
+    )
+    .await;
+    assert_eq!(app.get_payment(&paid).await.json()["status"], "failed");
+    let refund = app.post_refund(&paid, &new_key(), &json!({})).await;
+    refund.assert_problem(400, "payment-not-refundable");
+
+    deliver(
+        &app,
+        &secret,
+        "evt_s",
+        "payment.succeeded",
+        &json!({ "payment": paid }),
+    )
+    .await;
+    assert_eq!(app.get_payment(&paid).await.json()["status"], "succeeded");
+}
+
+async fn a_failed_refund_makes_its_amount_refundable_again() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let refund = app.post_refund(&paid, &new_key(), &json!({})).await.json();
+    assert_eq!(app.get_payment(&paid).await.json()["status"], "refunded");
+
+    let answer = deliver(
+        &app,
+        &secret,
+        "evt_r",
+        "refund.failed",
+        &json!({ "refund": refund["id"] }),
+    )
+    .await;
+
+    assert_eq!(answer.json()["outcome"], "applied");
+    let payment = app.get_payment(&paid).await.json();
+    assert_eq!(payment["status"], "succeeded");
+    assert_eq!(payment["amount_refunded"], 0);
+    let failed = app
+        .get(&format!("/v1/refunds/{}", refund["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(failed.json()["status"], "failed");
+    let again = app
+        .post_refund(&paid, &new_key(), &json!({ "amount": 5000 }))
+        .await;
+    assert_eq!(again.status, 201, "the amount is refundable again");
+}
+
+async fn a_dispute_never_exceeds_the_payment() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(1000).await;
+
+    let too_much = deliver(
+        &app,
+        &secret,
+        "evt_big",
+        "dispute.created",
+        &json!({ "payment": paid, "amount": 1001 }),
+    )
+    .await;
+
+    assert_eq!(too_much.json()["outcome"], "ignored");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 0);
+}
+
+async fn processed_event_ids_expire_like_keys() {
+    let secret = WebhookSecret::generate();
+    let app = TestApp::spawn_with(Settings {
+        key_ttl: Duration::from_secs(1),
+        expiry_interval: Duration::from_millis(200),
+        webhook_secret: Some(secret.clone()),
+        ..Settings::default()
+    })
+    .await;
+    deliver(&app, &secret, "evt_x", "customer.created", &json!({})).await;
+    assert_eq!(event_count(&app).await, 1);
+
+    for _ in 0..100 {
+        if event_count(&app).await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the processed event id never expired");
+}
+
+async fn without_a_secret_webhooks_are_refused_with_503() {
+    let app = TestApp::spawn().await;
+    let secret = WebhookSecret::generate();
+    let answer = deliver(&app, &secret, "evt_1", "customer.created", &json!({})).await;
+    answer.assert_problem(503, "service-unavailable");
+}
+
+async fn the_send_command_delivers_what_the_service_accepts() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let url = app.url("/v1/webhooks/processor");
+    let data = json!({ "payment": paid, "amount": 250 });
+
+    let (status, body) =
+        idempay::webhooks::send(&url, &secret, "evt_cli", "dispute.created", data.clone())
+            .await
+            .unwrap();
+    let (again, _) = idempay::webhooks::send(&url, &secret, "evt_cli", "dispute.created", data)
+        .await
+        .unwrap();
+
+    assert_eq!((status, again), (200, 200));
+    assert!(body.contains("applied"), "{body}");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 250);
+}
+
+async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
+    let (app, secret) = spawn().await;
+    let body = br#"{"kind": "nothing"}"#.to_vec();
+    let now = chrono::Utc::now().timestamp();
+    let answer = post(
+        &app,
+        "evt_bad",
+        now,
+        Some(&secret.sign("evt_bad", now, &body)),
+        body,
+    )
+    .await;
+    answer.assert_problem(400, "invalid-request");
+    assert_eq!(event_count(&app).await, 0);
+}
+
+async fn spawn() -> (TestApp, WebhookSecret) {
+    let secret = WebhookSecret::generate();
+    let app = TestApp::spawn_with(Settings {
+        webhook_secret: Some(secret.clone()),
+        ..Settings::default()
+    })
+    .await;
+    (app, secret)
+}
+
+fn envelope(kind: &str, data: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({ "type": kind, "timestamp": chrono::Utc::now(), "data": data }))
+        .unwrap()
+}
+
+/// Delivers an event signed now with `secret`.
+async fn deliver(
+    app: &TestApp,
+    secret: &WebhookSecret,
+    id: &str,
+    kind: &str,
+    data: &Value,
+) -> TestResponse {
+    let body = envelope(kind, data);
+    let now = chrono::Utc::now().timestamp();
+    post(app, id, now, Some(&secret.sign(id, now, &body)), body).await
+}
+
+async fn post(
+    app: &TestApp,
+    id: &str,
+    timestamp: i64,
+    signature: Option<&str>,
+    body: Vec<u8>,
+) -> TestResponse {
+    let mut request = app
+        .client()
+        .post(app.url("/v1/webhooks/processor"))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp)
+        .body(body);
+    if let Some(signature) = signature {
+        request = request.header("webhook-signature", signature);
+    }
+    app.send(request).await
+}
+
+async fn event_count(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM processed_events")
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
