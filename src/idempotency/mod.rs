@@ -112,22 +112,35 @@ impl Idempotency {
     /// Runs `work` at most once for the request's scope and key and answers with its response, or
     /// replays the stored response of an earlier run, or refuses the request (409, 422).
     ///
-    /// `work` receives the [`Lease`] and runs in a task of its own: once started it finishes even
-    /// if the client hangs up, because an effect that happened (a charge at the processor) must be
-    /// recorded. If it fails or panics, nothing is stored and the key is released for a retry.
+    /// Everything from the reservation on runs in a task of its own, not in the request's future:
+    /// a client that hangs up drops that future, and must neither strand a reserved key with no one
+    /// to complete or release it, nor cut short an effect that happened (a charge at the processor
+    /// must be recorded). If `work` fails or panics, nothing is stored and the key is released for
+    /// a retry.
     pub async fn run<W, F>(&self, request: KeyedRequest, work: W) -> Result<Response, ApiError>
+    where
+        W: FnOnce(Lease) -> F + Send + 'static,
+        F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+    {
+        let mechanism = self.clone();
+        tokio::spawn(async move { mechanism.decide_and_answer(request, work).await })
+            .await
+            .map_err(|error| ApiError::Internal(error.into()))?
+    }
+
+    async fn decide_and_answer<W, F>(
+        self,
+        request: KeyedRequest,
+        work: W,
+    ) -> Result<Response, ApiError>
     where
         W: FnOnce(Lease) -> F,
         F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
     {
         match self.decide(&request).await? {
             Decision::Execute(lease) => {
-                let mechanism = self.clone();
                 let held = HeldLease::from(&lease);
-                let task = work(lease);
-                tokio::spawn(async move { mechanism.execute(request, held, task).await })
-                    .await
-                    .map_err(|error| ApiError::Internal(error.into()))?
+                self.execute(&request, held, work(lease)).await
             }
             Decision::Replay(stored) => Ok(stored.replay()),
             Decision::InFlight { retry_after } => Err(in_flight(retry_after).into()),
@@ -330,8 +343,8 @@ impl Idempotency {
 
     /// Runs the work while renewing the lease, then answers from its completion or releases the key.
     async fn execute<F>(
-        self,
-        request: KeyedRequest,
+        &self,
+        request: &KeyedRequest,
         held: HeldLease,
         work: F,
     ) -> Result<Response, ApiError>

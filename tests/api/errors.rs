@@ -1,5 +1,6 @@
 //! Bad input: every refusal is a problem document, and nothing is stored or burned by it.
 
+use futures::future::join_all;
 use libtest_mimic::Trial;
 use serde_json::json;
 
@@ -160,11 +161,22 @@ async fn a_missing_or_wrong_api_key_is_refused_with_401() {
         .post_payment_as("not-a-key", &new_key(), &payment(100))
         .await;
     response.assert_problem(401, "unauthorized");
-    let read = app
-        .client()
-        .get(app.url("/v1/payments/pay_000000000000000000000000"));
-    app.send(read).await.assert_problem(401, "unauthorized");
-    assert_eq!(app.key_count().await, 0);
+    let paid = app.paid(100).await;
+    for (method, path) in authenticated_routes(&paid) {
+        let anonymous = app
+            .client()
+            .request(method.clone(), app.url(&path))
+            .header("idempotency-key", new_key())
+            .json(&json!({}));
+        app.send(anonymous)
+            .await
+            .assert_problem(401, "unauthorized");
+    }
+    assert_eq!(
+        app.key_count().await,
+        1,
+        "only the payment made above holds a key"
+    );
 }
 
 async fn unknown_routes_and_methods_answer_problem_documents() {
@@ -199,18 +211,41 @@ async fn without_its_database_the_service_answers_503_and_is_not_ready() {
     let alive = send(client.get(format!("{base}/healthz"))).await;
     assert_eq!(alive.status, 200, "the process itself is alive");
 
+    // Each request waits out the pool's acquire timeout, so they are sent together.
     let api_key = format!("sk_{}", "a".repeat(40));
-    let create = client
-        .post(format!("{base}/v1/payments"))
-        .bearer_auth(&api_key)
-        .header("idempotency-key", new_key())
-        .json(&payment(100));
-    let created = send(create).await;
-    created.assert_problem(503, "service-unavailable");
-    assert!(created.header("retry-after").is_some());
-    let read = client
-        .get(format!("{base}/v1/payments/pay_000000000000000000000000"))
-        .bearer_auth(&api_key);
-    send(read).await.assert_problem(503, "service-unavailable");
+    let answers = join_all(
+        authenticated_routes("pay_000000000000000000000000")
+            .into_iter()
+            .map(|(method, path)| {
+                send(
+                    client
+                        .request(method, format!("{base}{path}"))
+                        .bearer_auth(&api_key)
+                        .header("idempotency-key", new_key())
+                        .json(&payment(100)),
+                )
+            }),
+    )
+    .await;
+    for answer in answers {
+        answer.assert_problem(503, "service-unavailable");
+        assert!(answer.header("retry-after").is_some());
+    }
     stop.cancel();
+}
+
+/// Every route that needs an API key, with `payment` for the routes about one payment.
+fn authenticated_routes(payment: &str) -> Vec<(reqwest::Method, String)> {
+    use reqwest::Method;
+    vec![
+        (Method::POST, "/v1/payments".to_owned()),
+        (Method::GET, "/v1/payments".to_owned()),
+        (Method::GET, format!("/v1/payments/{payment}")),
+        (Method::POST, format!("/v1/payments/{payment}/refunds")),
+        (Method::GET, format!("/v1/payments/{payment}/refunds")),
+        (
+            Method::GET,
+            "/v1/refunds/re_000000000000000000000000".to_owned(),
+        ),
+    ]
 }

@@ -190,6 +190,20 @@ async fn invalid_refund_bodies_are_refused_before_the_key_is_reserved() {
             .await
             .assert_problem(400, "invalid-request");
     }
+    let form = app
+        .client()
+        .post(app.url(&format!("/v1/payments/{paid}/refunds")))
+        .bearer_auth(&app.api_key)
+        .header("idempotency-key", &key)
+        .header("content-type", "text/plain")
+        .body("amount=10");
+    app.send(form)
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    let huge = json!({ "reason": "r".repeat(70 * 1024) });
+    app.post_refund(&paid, &key, &huge)
+        .await
+        .assert_problem(413, "payload-too-large");
     assert_eq!(app.key_count().await, before);
     let valid = app.post_refund(&paid, &key, &json!({ "amount": 10 })).await;
     assert_eq!(valid.status, 201);
@@ -249,6 +263,28 @@ async fn refunds_are_listed_newest_first_and_readable_at_their_location() {
         .get("/v1/payments/pay_000000000000000000000000/refunds")
         .await;
     missing.assert_problem(404, "not-found");
+    let unknown = app.get("/v1/refunds/re_000000000000000000000000").await;
+    unknown.assert_problem(404, "not-found");
+    let bad_cursor = app
+        .get(&format!("/v1/payments/{paid}/refunds?starting_after=re_x"))
+        .await;
+    bad_cursor.assert_problem(400, "invalid-request");
+    let older = app
+        .get(&format!(
+            "/v1/payments/{paid}/refunds?limit=1&starting_after={}",
+            made[0].as_str().unwrap()
+        ))
+        .await
+        .json();
+    assert_eq!(older["data"][0]["id"], made[1]);
+    let newer = app
+        .get(&format!(
+            "/v1/payments/{paid}/refunds?ending_before={}",
+            made[2].as_str().unwrap()
+        ))
+        .await
+        .json();
+    assert_eq!(newer["data"].as_array().unwrap().len(), 2);
 }
 
 async fn refund_count(app: &TestApp) -> i64 {
