@@ -362,9 +362,7 @@ impl Idempotency {
         };
         match joined {
             Ok(Ok(Completion(Completed::Stored(response)))) => Ok(response.into_response()),
-            Ok(Ok(Completion(Completed::LeaseLost))) => {
-                self.answer_after_lost_lease(&request).await
-            }
+            Ok(Ok(Completion(Completed::LeaseLost))) => self.answer_after_lost_lease(request).await,
             Ok(Err(error)) => {
                 self.release(&held).await;
                 Err(error)
