@@ -110,6 +110,10 @@ while :; do
   fi
   sleep 0.5
 done
+# A refused key would turn the whole fuzzing run into 401s that pass unnoticed; an unknown
+# payment must be a 404.
+auth_status=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $key" "$base/v1/payments/pay_unknown")
+[[ $auth_status == 404 ]] || die "GET /v1/payments/pay_unknown with the demo key answered $auth_status, not 404"
 log "ready"
 
 # --- 1. schemathesis ---------------------------------------------------------------------------
@@ -164,6 +168,9 @@ if grep -q ' SUMMARY ' "$OUT/schemathesis.txt"; then
 else
   tail -n 15 "$OUT/schemathesis.txt" >&2
 fi
+# Ctrl-C reaches the whole process group: schemathesis and the server stop by themselves, and
+# bash, its child having exited normally, runs no INT trap. Stop here as well.
+((st_status != 130)) || die interrupted
 if ((st_status == 0)); then
   pass schemathesis
 elif ((st_status == 124)); then
@@ -197,6 +204,7 @@ browser() {
 }
 : >"$OUT/chromium.log"
 
+kill -0 "$server_pid" 2>/dev/null || die "the server stopped (see $OUT/server.log)"
 log "rendering $base/docs/ (DOM in $OUT/docs.html, screenshot in $OUT/docs.png)"
 rm -f "$OUT/docs.html" "$OUT/docs.png"
 problems=()

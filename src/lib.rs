@@ -4,13 +4,17 @@
 //! - [`idempotency`]: the mechanism, one entry point for every mutating route.
 //! - [`payments`]: `POST /v1/payments` and `GET /v1/payments/{id}` on a simulated processor.
 //! - [`accounts`]: API keys and authentication.
+//! - [`refunds`], [`webhooks`]: refunds, and the processor's events applied exactly once.
+//! - [`client`]: the retrying client that keeps one key per intent; [`demo`] shows why it must.
 //! - [`app`]: the router, its middleware and the running [`app::Application`].
 
 pub mod accounts;
 pub mod app;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod db;
+pub mod demo;
 pub mod dev;
 pub mod error;
 pub mod expiry;

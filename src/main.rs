@@ -1,8 +1,16 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 use idempay::cli::{Cli, run};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     idempay::telemetry::init();
-    run(Cli::parse()).await
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,386 @@
+//! The client half of the mechanism: a typed client for the payment API that keeps one
+//! idempotency key per business intent and reuses it on every retry, so "at least once" on the
+//! wire becomes "exactly once" in the ledger.
+//!
+//! It retries when no answer came (connection errors, resets, timeouts), on 409 (the key is still
+//! in progress, honouring `Retry-After`) and on 5xx (nothing was stored), with exponential backoff,
+//! full jitter and a deadline; never on any other 4xx, which is final. Replays are surfaced.
+
+mod retry;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use retry::{AttemptResult, RetryPolicy};
+
+/// One HTTP attempt of a call, as reported to an observer.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    /// 1 for the first attempt.
+    pub number: u32,
+    pub result: AttemptResult,
+    /// Why no answer came, when none did.
+    pub error: Option<String>,
+    /// How long the client waits before the next attempt, if it makes one.
+    pub retry_in: Option<Duration>,
+}
+
+type Observer = Arc<dyn Fn(&Attempt) + Send + Sync>;
+
+/// A client for one account of the payment API.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base_url: String,
+    api_key: String,
+    policy: RetryPolicy,
+    observer: Option<Observer>,
+    new_key_per_attempt: bool,
+}
+
+/// A successful answer, with how it came about.
+#[derive(Clone, Debug)]
+pub struct Answer<T> {
+    pub value: T,
+    pub status: u16,
+    /// The server answered from its store: an earlier attempt had been executed.
+    pub replayed: bool,
+    pub attempts: u32,
+    /// The key the call used on every attempt (the last one, with `new_key_per_attempt`).
+    pub idempotency_key: Option<String>,
+    /// The body exactly as received.
+    pub raw: Vec<u8>,
+}
+
+/// An RFC 9457 problem document, as the API sends them.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Members of some kinds, such as `payment` and `decline_code` of a declined card.
+    #[serde(flatten)]
+    pub extensions: Map<String, Value>,
+}
+
+/// Why a call did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The API refused the request, finally or after retries ran out.
+    #[error("{} ({}): {}", .problem.title, .problem.status, .problem.detail)]
+    Api {
+        problem: Problem,
+        replayed: bool,
+        attempts: u32,
+        idempotency_key: Option<String>,
+        raw: Vec<u8>,
+    },
+    /// No answer within the retries and the deadline.
+    #[error("no answer after {attempts} attempts: {last_error}")]
+    Unreachable { attempts: u32, last_error: String },
+    /// An answer the API does not document.
+    #[error("unexpected answer {status}: {body}")]
+    Unexpected { status: u16, body: String },
+}
+
+/// A payment to create.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NewPayment {
+    pub amount: i64,
+    pub currency: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
+}
+
+/// A refund to make; without `amount`, what remains.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NewRefund {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A payment, as the API returns it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Payment {
+    pub id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub status: String,
+    pub payment_method: String,
+    pub order: Option<String>,
+    pub description: Option<String>,
+    pub amount_refunded: i64,
+    pub amount_disputed: i64,
+    pub created_at: String,
+}
+
+/// A refund, as the API returns it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Refund {
+    pub id: String,
+    pub payment: String,
+    pub amount: i64,
+    pub reason: Option<String>,
+    pub status: String,
+    pub created_at: String,
+}
+
+/// A page of a list.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Page<T> {
+    pub data: Vec<T>,
+    pub has_more: bool,
+}
+
+impl Client {
+    pub fn new(base_url: impl Into<String>, api_key: impl Into<String>) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            api_key: api_key.into(),
+            policy: RetryPolicy::default(),
+            observer: None,
+            new_key_per_attempt: false,
+        }
+    }
+
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Calls `observer` after every attempt, e.g. to log it.
+    pub fn on_attempt(mut self, observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Opens a new connection for every attempt instead of reusing one, so each attempt meets the
+    /// network on its own (as through a proxy that cuts connections).
+    pub fn with_fresh_connections(mut self) -> Self {
+        self.http = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap_or_default();
+        self
+    }
+
+    /// **Wrong on purpose**: a new key for every attempt, as a client that forgets the intent does.
+    /// It exists to show, in `idempay demo --naive`, the duplicate charges the key prevents.
+    pub fn with_new_key_per_attempt(mut self) -> Self {
+        self.new_key_per_attempt = true;
+        self
+    }
+
+    /// Creates a payment; `key` names the intent (a new UUID v4 when `None`), reused on every retry.
+    pub async fn create_payment(
+        &self,
+        payment: &NewPayment,
+        key: Option<String>,
+    ) -> Result<Answer<Payment>, ClientError> {
+        let body = serde_json::to_value(payment).expect("a payment serializes");
+        self.call(
+            Method::POST,
+            "/v1/payments",
+            Some(intent_key(key)),
+            Some(body),
+        )
+        .await
+    }
+
+    /// Refunds a payment, part or all; the key works as for payments.
+    pub async fn refund_payment(
+        &self,
+        payment: &str,
+        refund: &NewRefund,
+        key: Option<String>,
+    ) -> Result<Answer<Refund>, ClientError> {
+        let body = serde_json::to_value(refund).expect("a refund serializes");
+        let path = format!("/v1/payments/{payment}/refunds");
+        self.call(Method::POST, &path, Some(intent_key(key)), Some(body))
+            .await
+    }
+
+    pub async fn get_payment(&self, id: &str) -> Result<Answer<Payment>, ClientError> {
+        self.call(Method::GET, &format!("/v1/payments/{id}"), None, None)
+            .await
+    }
+
+    /// A page of payments, newest first, after `starting_after` when given.
+    pub async fn list_payments(
+        &self,
+        limit: u8,
+        starting_after: Option<&str>,
+    ) -> Result<Answer<Page<Payment>>, ClientError> {
+        let mut path = format!("/v1/payments?limit={limit}");
+        if let Some(cursor) = starting_after {
+            path.push_str(&format!("&starting_after={cursor}"));
+        }
+        self.call(Method::GET, &path, None, None).await
+    }
+
+    /// One call: attempts until an answer is final, the retries run out or the deadline passes.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        mut key: Option<String>,
+        body: Option<Value>,
+    ) -> Result<Answer<T>, ClientError> {
+        let started = Instant::now();
+        let mut number = 0;
+        loop {
+            number += 1;
+            if self.new_key_per_attempt && number > 1 {
+                key = key.map(|_| uuid::Uuid::new_v4().to_string());
+            }
+            let outcome = self
+                .attempt(method.clone(), path, key.as_deref(), body.as_ref())
+                .await;
+            let result = match &outcome {
+                Ok(received) => AttemptResult::Status {
+                    status: received.status,
+                    retry_after: received.retry_after,
+                },
+                Err(_) => AttemptResult::NoAnswer,
+            };
+            let delay = result
+                .is_retryable()
+                .then(|| self.policy.delay(number, result, &mut rand::rng()))
+                .filter(|delay| self.policy.allows(number, started.elapsed(), *delay));
+            if let Some(observer) = &self.observer {
+                observer(&Attempt {
+                    number,
+                    result,
+                    error: outcome.as_ref().err().cloned(),
+                    retry_in: delay,
+                });
+            }
+            match (outcome, delay) {
+                (_, Some(delay)) => tokio::time::sleep(delay).await,
+                (Ok(received), None) => return received.finish(number, key),
+                (Err(last_error), None) => {
+                    return Err(ClientError::Unreachable {
+                        attempts: number,
+                        last_error,
+                    });
+                }
+            }
+        }
+    }
+
+    /// One attempt. `Err` means no complete answer arrived.
+    async fn attempt(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<Received, String> {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base_url))
+            .bearer_auth(&self.api_key)
+            .timeout(self.policy.attempt_timeout);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|error| describe(&error))?;
+        let status = response.status().as_u16();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        let retry_after = header("retry-after")
+            .and_then(|seconds| seconds.parse().ok())
+            .map(Duration::from_secs);
+        let replayed = header("idempotent-replayed").as_deref() == Some("true");
+        // A response cut off in its body is no answer either.
+        let raw = response.bytes().await.map_err(|error| describe(&error))?;
+        Ok(Received {
+            status,
+            retry_after,
+            replayed,
+            raw: raw.to_vec(),
+        })
+    }
+}
+
+/// A complete response.
+struct Received {
+    status: u16,
+    retry_after: Option<Duration>,
+    replayed: bool,
+    raw: Vec<u8>,
+}
+
+impl Received {
+    fn finish<T: DeserializeOwned>(
+        self,
+        attempts: u32,
+        idempotency_key: Option<String>,
+    ) -> Result<Answer<T>, ClientError> {
+        let unexpected = || ClientError::Unexpected {
+            status: self.status,
+            body: String::from_utf8_lossy(&self.raw).into_owned(),
+        };
+        if (200..300).contains(&self.status) {
+            let value = serde_json::from_slice(&self.raw).map_err(|_| unexpected())?;
+            return Ok(Answer {
+                value,
+                status: self.status,
+                replayed: self.replayed,
+                attempts,
+                idempotency_key,
+                raw: self.raw,
+            });
+        }
+        let problem = serde_json::from_slice(&self.raw).map_err(|_| unexpected())?;
+        Err(ClientError::Api {
+            problem,
+            replayed: self.replayed,
+            attempts,
+            idempotency_key,
+            raw: self.raw,
+        })
+    }
+}
+
+fn intent_key(key: Option<String>) -> String {
+    key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+/// The error with its causes: reqwest's own message alone rarely says what happened.
+fn describe(error: &reqwest::Error) -> String {
+    let mut text = if error.is_timeout() {
+        "timed out".to_owned()
+    } else {
+        error.to_string()
+    };
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
