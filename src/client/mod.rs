@@ -76,7 +76,7 @@ pub enum ClientError {
     /// The API refused the request, finally or after retries ran out.
     #[error("{} ({}): {}", .problem.title, .problem.status, .problem.detail)]
     Api {
-        problem: Problem,
+        problem: Box<Problem>,
         replayed: bool,
         attempts: u32,
         idempotency_key: Option<String>,
@@ -356,7 +356,7 @@ impl Received {
         }
         let problem = serde_json::from_slice(&self.raw).map_err(|_| unexpected())?;
         Err(ClientError::Api {
-            problem,
+            problem: Box::new(problem),
             replayed: self.replayed,
             attempts,
             idempotency_key,
