@@ -133,7 +133,6 @@ async fn relay(
     match fate {
         Fate::LoseResponse => {
             stats.lost_responses.fetch_add(1, Ordering::Relaxed);
-            drop((from_client, to_client));
             reset(client)
         }
         _ => {
