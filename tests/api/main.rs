@@ -4,6 +4,7 @@
 
 mod concurrency;
 mod contract;
+mod demo;
 mod docs;
 mod errors;
 mod expiry;
@@ -32,6 +33,7 @@ fn main() -> ExitCode {
         refunds::trials(),
         listing::trials(),
         webhooks::trials(),
+        demo::trials(),
         docs::trials(),
     ]
     .into_iter()
