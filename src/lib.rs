@@ -18,6 +18,7 @@ pub mod demo;
 pub mod dev;
 pub mod error;
 pub mod expiry;
+pub mod extract;
 pub mod health;
 pub mod idempotency;
 mod ids;

@@ -24,9 +24,9 @@ pub struct ListParams {
     /// How many objects to return, 1 to 100 (default 10).
     #[param(minimum = 1, maximum = 100)]
     limit: Option<i64>,
-    /// An object id: return the objects listed after it (older ones).
+    /// An object id: return the objects listed after it (older ones). Not with `ending_before`.
     starting_after: Option<String>,
-    /// An object id: return the objects listed before it (newer ones).
+    /// An object id: return the objects listed before it (newer ones). Not with `starting_after`.
     ending_before: Option<String>,
 }
 
@@ -65,7 +65,12 @@ impl TryFrom<ListParams> for PageRequest {
                 "limit must be from 1 to {MAX_LIMIT}, got {limit}."
             )));
         }
-        let cursor = match (params.starting_after, params.ending_before) {
+        // An empty cursor is no cursor, as a form that leaves the field blank sends it.
+        let present = |cursor: Option<String>| cursor.filter(|id| !id.is_empty());
+        let cursor = match (
+            present(params.starting_after),
+            present(params.ending_before),
+        ) {
             (None, None) => Cursor::First,
             (Some(id), None) => Cursor::After(id),
             (None, Some(id)) => Cursor::Before(id),
@@ -127,9 +132,12 @@ impl<T> List<T> {
     }
 }
 
-/// The cursor names no object of this list.
+/// The cursor names no object of this list: like any id that names nothing, 404.
 pub fn unknown_cursor(id: &str) -> Problem {
-    invalid(format!("`{id}` is no object of this list to page from."))
+    Problem::new(
+        ProblemKind::NotFound,
+        format!("`{id}` is no object of this list to page from."),
+    )
 }
 
 fn invalid(detail: String) -> Problem {

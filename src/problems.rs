@@ -1,7 +1,6 @@
 //! The pages behind the problem `type` URIs: `/problems/{name}` explains each kind of problem, so
 //! a developer who meets one in a response can look it up.
 
-use axum::extract::Path;
 use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
@@ -9,6 +8,7 @@ use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::error::{Problem, ProblemKind};
+use crate::extract::Path;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(problem_page))

@@ -46,6 +46,20 @@ impl TryFrom<String> for Currency {
     }
 }
 
+impl utoipa::PartialSchema for Currency {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("A lowercase ISO 4217 currency code."))
+            .enum_values(Some(ISO_4217.iter().copied()))
+            .examples([serde_json::json!("eur")])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Currency {}
+
 impl From<Currency> for String {
     fn from(currency: Currency) -> Self {
         currency.0

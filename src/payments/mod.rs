@@ -5,7 +5,7 @@ mod currency;
 mod model;
 mod processor;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sqlx::PgConnection;
@@ -15,11 +15,12 @@ use utoipa_axum::routes;
 use crate::accounts::{Account, AccountId};
 use crate::app::AppState;
 use crate::error::{ApiError, Problem, ProblemKind};
+use crate::extract::Path;
 use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
 use crate::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 
 pub use currency::Currency;
-pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus};
+pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus, reject_nul};
 pub use processor::{ChargeOutcome, Processor};
 
 use model::PaymentRow;
@@ -168,7 +169,9 @@ async fn get_payment(
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of payments.", body = List<Payment>, content_type = "application/json"),
-        (status = 400, description = "A bad `limit`, both cursors, or a cursor that names no payment of this account (`invalid-request`).",
+        (status = 400, description = "A bad `limit`, or both cursors at once (`invalid-request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The cursor names no payment of this account (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid API key (`unauthorized`).",
             body = Problem, content_type = "application/problem+json",

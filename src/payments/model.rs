@@ -17,8 +17,29 @@ const MAX_DESCRIPTION_LEN: usize = 1000;
 
 /// An amount in the currency's minor units (cents for `eur`), never a float.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "i64", into = "i64")]
+#[serde(try_from = "serde_json::Number", into = "i64")]
 pub struct Amount(i64);
+
+/// JSON has one number type: `4200.0` is the integer 4200, as JSON Schema sees it too. A fraction
+/// is refused, never rounded.
+impl TryFrom<serde_json::Number> for Amount {
+    type Error = String;
+
+    fn try_from(number: serde_json::Number) -> Result<Self, Self::Error> {
+        let integral = number.as_i64().or_else(|| {
+            number
+                .as_f64()
+                .filter(|value| value.fract() == 0.0 && value.abs() < 1e15)
+                .map(|value| value as i64)
+        });
+        match integral {
+            Some(minor_units) => Self::try_from(minor_units),
+            None => Err(format!(
+                "amount must be a whole number of minor units, got {number}"
+            )),
+        }
+    }
+}
 
 impl TryFrom<i64> for Amount {
     type Error = String;
@@ -40,6 +61,15 @@ impl From<Amount> for i64 {
     }
 }
 
+/// Text fields are stored as PostgreSQL text, which cannot hold a NUL character.
+pub fn reject_nul(field: &str, text: &str) -> Result<(), String> {
+    if text.contains('\0') {
+        Err(format!("{field} must not contain the NUL character"))
+    } else {
+        Ok(())
+    }
+}
+
 /// The merchant's reference for the order being paid.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -49,6 +79,7 @@ impl TryFrom<String> for OrderRef {
     type Error = String;
 
     fn try_from(order: String) -> Result<Self, Self::Error> {
+        reject_nul("order", &order)?;
         if order.chars().count() <= MAX_ORDER_LEN {
             Ok(Self(order))
         } else {
@@ -72,6 +103,7 @@ impl TryFrom<String> for Description {
     type Error = String;
 
     fn try_from(description: String) -> Result<Self, Self::Error> {
+        reject_nul("description", &description)?;
         if description.chars().count() <= MAX_DESCRIPTION_LEN {
             Ok(Self(description))
         } else {
@@ -90,7 +122,7 @@ impl From<Description> for String {
 
 /// The test payment methods of the simulated processor, which decide the outcome as Stripe's test
 /// cards do: `pm_card_visa` succeeds, `pm_card_chargeDeclined` is declined (402) and
-/// `pm_card_slow` succeeds after a delay, its key in progress meanwhile.
+/// `pm_card_slow` succeeds after a delay, its key in progress meanwhile. `pm_card_visa` when absent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum PaymentMethod {
     /// Always succeeds.
@@ -131,8 +163,7 @@ pub struct NewPayment {
     /// The amount in the currency's minor units (cents for `eur`).
     #[schema(value_type = i64, minimum = 1, maximum = 99_999_999, example = 4200)]
     pub amount: Amount,
-    /// A lowercase ISO 4217 currency code.
-    #[schema(value_type = String, pattern = "^[a-z]{3}$", example = "eur")]
+    #[schema(inline)]
     pub currency: Currency,
     /// The merchant's reference for the order being paid.
     #[serde(default)]
@@ -142,7 +173,7 @@ pub struct NewPayment {
     #[serde(default)]
     #[schema(value_type = Option<String>, max_length = 1000)]
     pub description: Option<Description>,
-    /// The test payment method to charge; `pm_card_visa` when absent.
+    // `pm_card_visa` when absent.
     #[serde(default)]
     #[schema(inline)]
     pub payment_method: PaymentMethod,
@@ -314,13 +345,23 @@ mod tests {
             "100000000",
             "42.5",
             "\"42\"",
-            "1e3",
+            "1e20",
             "18446744073709551616",
         ] {
             let json = format!(r#"{{"amount": {amount}, "currency": "eur"}}"#);
             assert!(parse(&json).is_err(), "{amount} was accepted");
         }
         assert!(parse(r#"{"amount": 99999999, "currency": "eur"}"#).is_ok());
+        let whole = parse(r#"{"amount": 4200.0, "currency": "eur"}"#).unwrap();
+        assert_eq!(whole.amount, Amount(4200));
+        let exponent = parse(r#"{"amount": 1e3, "currency": "eur"}"#).unwrap();
+        assert_eq!(exponent.amount, Amount(1000));
+    }
+
+    #[test]
+    fn text_with_a_nul_character_is_refused() {
+        assert!(parse(r#"{"amount": 1, "currency": "eur", "order": "a\u0000b"}"#).is_err());
+        assert!(parse(r#"{"amount": 1, "currency": "eur", "description": "\u0000"}"#).is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Refunds: `POST /v1/payments/{id}/refunds` gives money back at most once per idempotency key,
 //! and never more than was paid, however many refunds race for the same payment.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -14,6 +14,7 @@ use utoipa_axum::routes;
 use crate::accounts::{Account, AccountId};
 use crate::app::AppState;
 use crate::error::{ApiError, Problem, ProblemKind};
+use crate::extract::Path;
 use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
 use crate::ids;
 use crate::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
@@ -51,6 +52,7 @@ impl TryFrom<String> for Reason {
     type Error = String;
 
     fn try_from(reason: String) -> Result<Self, Self::Error> {
+        crate::payments::reject_nul("reason", &reason)?;
         if reason.chars().count() <= MAX_REASON_LEN {
             Ok(Self(reason))
         } else {
@@ -293,12 +295,12 @@ async fn refund(
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of refunds.", body = List<Refund>, content_type = "application/json"),
-        (status = 400, description = "A bad `limit`, both cursors, or an unknown cursor (`invalid-request`).",
+        (status = 400, description = "A bad `limit`, or both cursors at once (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid API key (`unauthorized`).",
             body = Problem, content_type = "application/problem+json",
             headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
-        (status = 404, description = "No such payment for this account (`not-found`).",
+        (status = 404, description = "No such payment for this account, or the cursor names none of its refunds (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A fault of ours (`internal`).",
             body = Problem, content_type = "application/problem+json"),
@@ -313,9 +315,12 @@ async fn list_refunds(
     Path(id): Path<String>,
     page: PageRequest,
 ) -> Result<Response, ApiError> {
+    let Some(payment) = PaymentId::parse(&id) else {
+        return Err(payment_not_found(&id).into());
+    };
     let owned = sqlx::query_scalar!(
         "SELECT id FROM payments WHERE id = $1 AND account_id = $2",
-        id,
+        payment.as_str(),
         account.id().as_str(),
     )
     .fetch_optional(&state.pool)
@@ -325,6 +330,9 @@ async fn list_refunds(
     };
     let position = match &page.cursor {
         Cursor::First => None,
+        Cursor::After(cursor) | Cursor::Before(cursor) if !is_refund_id(cursor) => {
+            return Err(unknown_cursor(cursor).into());
+        }
         Cursor::After(cursor) | Cursor::Before(cursor) => Some(
             sqlx::query_as!(
                 Position,
@@ -409,6 +417,10 @@ async fn get_refund(
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    let not_found = || Problem::new(ProblemKind::NotFound, format!("No refund `{id}`."));
+    if !is_refund_id(&id) {
+        return Err(not_found().into());
+    }
     let row = sqlx::query_as!(
         RefundRow,
         r#"
@@ -421,8 +433,16 @@ async fn get_refund(
     )
     .fetch_optional(&state.pool)
     .await?
-    .ok_or_else(|| Problem::new(ProblemKind::NotFound, format!("No refund `{id}`.")))?;
+    .ok_or_else(not_found)?;
     Ok(axum::Json(Refund::from(row)).into_response())
+}
+
+/// Whether `id` has the shape of a refund id, `re_` and 24 base62 characters; anything else names
+/// no refund, and is not worth a query.
+pub fn is_refund_id(id: &str) -> bool {
+    id.strip_prefix("re_").is_some_and(|random| {
+        random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
 }
 
 fn payment_not_found(id: &str) -> Problem {

@@ -70,6 +70,7 @@ impl Envelope {
         let data = self.data.clone();
         let malformed = |error: serde_json::Error| format!("malformed {} data: {error}", self.kind);
         match self.kind.as_str() {
+            kind if !known_id_shapes(&self.data) => Err(format!("{kind} names no object of ours")),
             "payment.succeeded" => serde_json::from_value::<PaymentData>(data)
                 .map(|d| Event::PaymentSucceeded { payment: d.payment })
                 .map_err(malformed),
@@ -164,6 +165,19 @@ impl Envelope {
             ignored(&format!("{} matched no object it can apply to", self.kind))
         })
     }
+}
+
+/// The ids an event names must have the shape of ours before any query sees them.
+fn known_id_shapes(data: &Value) -> bool {
+    let payment_ok = data
+        .get("payment")
+        .and_then(Value::as_str)
+        .is_none_or(|id| crate::payments::PaymentId::parse(id).is_some());
+    let refund_ok = data
+        .get("refund")
+        .and_then(Value::as_str)
+        .is_none_or(crate::refunds::is_refund_id);
+    payment_ok && refund_ok
 }
 
 fn ignored(reason: &str) -> Outcome {

@@ -104,6 +104,13 @@ async fn receive(
             format!("The body is no event envelope: {error}."),
         )
     })?;
+    if envelope.kind.is_empty() || envelope.kind.len() > 100 || envelope.kind.contains('\0') {
+        return Err(Problem::new(
+            ProblemKind::InvalidRequest,
+            "The event type must have 1 to 100 characters and no NUL.",
+        )
+        .into());
+    }
     let outcome = process(&state.pool, &id, &envelope, state.event_ttl).await?;
     tracing::info!(event = %id, kind = %envelope.kind, ?outcome, "webhook processed");
     Ok(axum::Json(Acknowledgement { event: id, outcome }).into_response())

@@ -16,6 +16,7 @@ pub fn trials() -> Vec<Trial> {
         a_body_over_64_kib_is_refused_with_413,
         a_missing_or_wrong_api_key_is_refused_with_401,
         unknown_routes_and_methods_answer_problem_documents,
+        ids_that_cannot_be_decoded_name_nothing,
         without_its_database_the_service_answers_503_and_is_not_ready,
     ]
 }
@@ -76,6 +77,8 @@ async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
         json!({ "amount": 0, "currency": "eur" }),
         json!({ "amount": 100000000, "currency": "eur" }),
         json!({ "amount": 12.5, "currency": "eur" }),
+        json!({ "amount": 100, "currency": "eur", "order": "a\u{0}b" }),
+        json!({ "amount": 100, "currency": "eur", "description": "\u{0}" }),
         json!({ "amount": "12", "currency": "eur" }),
         json!({ "currency": "eur" }),
         json!({ "amount": 100, "currency": "EUR" }),
@@ -248,4 +251,18 @@ fn authenticated_routes(payment: &str) -> Vec<(reqwest::Method, String)> {
             "/v1/refunds/re_000000000000000000000000".to_owned(),
         ),
     ]
+}
+
+async fn ids_that_cannot_be_decoded_name_nothing() {
+    let app = TestApp::spawn().await;
+    for path in [
+        "/v1/payments/%ff",
+        "/v1/payments/%ff/refunds",
+        "/v1/refunds/%ff",
+        "/v1/refunds/%00",
+        "/v1/payments/pay_000000000000000000000000/refunds?starting_after=%00",
+        "/problems/%ff",
+    ] {
+        app.get(path).await.assert_problem(404, "not-found");
+    }
 }

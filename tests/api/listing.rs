@@ -90,7 +90,7 @@ async fn only_the_callers_payments_are_listed() {
     let foreign_cursor = app
         .get(&format!("/v1/payments?starting_after={theirs}"))
         .await;
-    foreign_cursor.assert_problem(400, "invalid-request");
+    foreign_cursor.assert_problem(404, "not-found");
 }
 
 async fn bad_list_parameters_are_refused() {
@@ -100,11 +100,18 @@ async fn bad_list_parameters_are_refused() {
         "limit=101",
         "limit=ten",
         "starting_after=pay_000000000000000000000000&ending_before=pay_000000000000000000000000",
-        "starting_after=nothing",
         "page=2",
     ] {
         let response = app.get(&format!("/v1/payments?{query}")).await;
         response.assert_problem(400, "invalid-request");
+    }
+    for unknown in [
+        "starting_after=nothing",
+        "ending_before=pay_000000000000000000000000",
+        "starting_after=%00",
+    ] {
+        let response = app.get(&format!("/v1/payments?{unknown}")).await;
+        response.assert_problem(404, "not-found");
     }
     assert_eq!(app.get("/v1/payments?limit=100").await.status, 200);
 }

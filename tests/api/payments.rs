@@ -55,11 +55,15 @@ async fn a_payment_can_be_read_back_in_the_same_representation() {
 async fn optional_fields_default_sensibly() {
     let app = TestApp::spawn().await;
     let response = app
-        .post_payment(&new_key(), &json!({ "amount": 1, "currency": "jpy" }))
+        .post_payment(&new_key(), &json!({ "amount": 1.0, "currency": "jpy" }))
         .await;
 
     assert_eq!(response.status, 201);
     let body = response.json();
+    assert_eq!(
+        body["amount"], 1,
+        "a whole number written with a decimal point is the integer"
+    );
     assert_eq!(body["payment_method"], "pm_card_visa");
     assert_eq!(body["order"], json!(null));
     assert_eq!(body["description"], json!(null));

@@ -184,6 +184,7 @@ async fn invalid_refund_bodies_are_refused_before_the_key_is_reserved() {
         json!({ "amount": -5 }),
         json!({ "amount": 1.5 }),
         json!({ "reason": "r".repeat(501) }),
+        json!({ "reason": "a\u{0}b" }),
         json!({ "amount": 10, "currency": "eur" }),
     ] {
         app.post_refund(&paid, &key, &body)
@@ -268,7 +269,7 @@ async fn refunds_are_listed_newest_first_and_readable_at_their_location() {
     let bad_cursor = app
         .get(&format!("/v1/payments/{paid}/refunds?starting_after=re_x"))
         .await;
-    bad_cursor.assert_problem(400, "invalid-request");
+    bad_cursor.assert_problem(404, "not-found");
     let older = app
         .get(&format!(
             "/v1/payments/{paid}/refunds?limit=1&starting_after={}",
