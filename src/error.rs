@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use utoipa::ToSchema;
+use utoipa::{IntoResponses, ToSchema};
 
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -233,6 +233,52 @@ pub struct Problem {
     decline_code: Option<&'static str>,
     #[serde(skip)]
     retry_after: Option<Duration>,
+}
+
+/// The problems any operation that needs an API key may answer, as the API description lists them.
+#[derive(IntoResponses)]
+pub enum AuthenticatedProblems {
+    /// No valid API key (`unauthorized`).
+    #[response(
+        status = 401,
+        content_type = "application/problem+json",
+        headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))
+    )]
+    Unauthorized(Problem),
+    /// A fault of ours (`internal`). Nothing was recorded: retry, a POST with the same key.
+    #[response(status = 500, content_type = "application/problem+json")]
+    Internal(Problem),
+    /// The database is unreachable (`service-unavailable`). Nothing was recorded: retry, a POST
+    /// with the same key.
+    #[response(
+        status = 503,
+        content_type = "application/problem+json",
+        headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))
+    )]
+    ServiceUnavailable(Problem),
+}
+
+/// The problems of the idempotency mechanism, answered by every operation that takes a key.
+#[derive(IntoResponses)]
+pub enum IdempotencyProblems {
+    /// A request with this key is still being processed (`idempotency-key-in-use`). Retry after
+    /// `Retry-After` seconds with the same key and body to receive its result.
+    #[response(
+        status = 409,
+        content_type = "application/problem+json",
+        headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key."))
+    )]
+    KeyInUse(Problem),
+    /// The body is over 64 KiB (`payload-too-large`). Nothing was reserved.
+    #[response(status = 413, content_type = "application/problem+json")]
+    PayloadTooLarge(Problem),
+    /// The body is not `application/json` (`unsupported-media-type`). Nothing was reserved.
+    #[response(status = 415, content_type = "application/problem+json")]
+    UnsupportedMediaType(Problem),
+    /// The key was already used with a different request (`idempotency-key-mismatch`). Nothing
+    /// was executed.
+    #[response(status = 422, content_type = "application/problem+json")]
+    KeyMismatch(Problem),
 }
 
 impl Problem {

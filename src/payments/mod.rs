@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountId};
 use crate::app::AppState;
-use crate::error::{ApiError, Problem, ProblemKind};
+use crate::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind};
 use crate::extract::Path;
 use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
 use crate::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
@@ -57,26 +57,11 @@ pub fn router() -> OpenApiRouter<AppState> {
             )),
         (status = 400, description = "The body or the `Idempotency-Key` is invalid (`invalid-request`, `invalid-idempotency-key`). Nothing was reserved: the key can still be used.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No valid API key (`unauthorized`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
         (status = 402, description = "The card was declined (`card-declined`). The payment was recorded as `declined`; this result is replayed like a success.",
             body = Problem, content_type = "application/problem+json",
             headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
-        (status = 409, description = "A request with this key is still being processed (`idempotency-key-in-use`). Retry after `Retry-After` seconds to receive its result.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key."))),
-        (status = 413, description = "The body is over 64 KiB (`payload-too-large`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not `application/json` (`unsupported-media-type`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was already used with a different body (`idempotency-key-mismatch`). Nothing was executed.",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "A fault of ours (`internal`). Nothing was recorded and the key was released: retry with the same key.",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable (`service-unavailable`). Nothing was recorded: retry with the same key.",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+        IdempotencyProblems,
+        AuthenticatedProblems,
     )
 )]
 async fn create_payment(
@@ -117,16 +102,9 @@ async fn create_payment(
     security(("api_key" = [])),
     responses(
         (status = 200, description = "The payment.", body = Payment, content_type = "application/json"),
-        (status = 401, description = "No valid API key (`unauthorized`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
         (status = 404, description = "No such payment for this account (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "A fault of ours (`internal`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable (`service-unavailable`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+        AuthenticatedProblems,
     )
 )]
 async fn get_payment(
@@ -173,14 +151,7 @@ async fn get_payment(
             body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The cursor names no payment of this account (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No valid API key (`unauthorized`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
-        (status = 500, description = "A fault of ours (`internal`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable (`service-unavailable`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+        AuthenticatedProblems,
     )
 )]
 async fn list_payments(

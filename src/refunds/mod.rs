@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountId};
 use crate::app::AppState;
-use crate::error::{ApiError, Problem, ProblemKind};
+use crate::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind};
 use crate::extract::Path;
 use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
 use crate::ids;
@@ -160,26 +160,11 @@ impl From<RefundRow> for Refund {
         (status = 400, description = "The body or the key is invalid (`invalid-request`, `invalid-idempotency-key`); or the payment cannot be refunded (`payment-not-refundable`) or not by that much (`refund-exceeds-payment`), a stored result.",
             body = Problem, content_type = "application/problem+json",
             headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
-        (status = 401, description = "No valid API key (`unauthorized`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
         (status = 404, description = "No such payment for this account (`not-found`).",
             body = Problem, content_type = "application/problem+json",
             headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
-        (status = 409, description = "A request with this key is still being processed (`idempotency-key-in-use`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key."))),
-        (status = 413, description = "The body is over 64 KiB (`payload-too-large`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not `application/json` (`unsupported-media-type`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was already used with a different request (`idempotency-key-mismatch`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "A fault of ours (`internal`). Nothing was recorded: retry with the same key.",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable (`service-unavailable`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+        IdempotencyProblems,
+        AuthenticatedProblems,
     )
 )]
 async fn create_refund(
@@ -297,16 +282,9 @@ async fn refund(
         (status = 200, description = "A page of refunds.", body = List<Refund>, content_type = "application/json"),
         (status = 400, description = "A bad `limit`, or both cursors at once (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No valid API key (`unauthorized`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
         (status = 404, description = "No such payment for this account, or the cursor names none of its refunds (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "A fault of ours (`internal`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable (`service-unavailable`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+        AuthenticatedProblems,
     )
 )]
 async fn list_refunds(
@@ -400,16 +378,9 @@ async fn list_refunds(
     security(("api_key" = [])),
     responses(
         (status = 200, description = "The refund.", body = Refund, content_type = "application/json"),
-        (status = 401, description = "No valid API key (`unauthorized`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))),
         (status = 404, description = "No such refund for this account (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "A fault of ours (`internal`).",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable (`service-unavailable`).",
-            body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))),
+        AuthenticatedProblems,
     )
 )]
 async fn get_refund(
