@@ -84,8 +84,10 @@ where
         let req = Request::from_parts(parts, body);
         let key = key_from(req.headers())
             .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
-        require_json(req.headers())?;
-
+        let typed = req.headers().contains_key(header::CONTENT_TYPE);
+        if typed {
+            require_json(req.headers())?;
+        }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 Problem::new(ProblemKind::PayloadTooLarge, rejection.body_text())
@@ -93,6 +95,14 @@ where
                 Problem::new(ProblemKind::InvalidRequest, rejection.body_text())
             }
         })?;
+        // No body at all, or `null`, is an empty object, as a full refund is asked for with a bare
+        // POST; a body needs its content type.
+        let bytes = match (typed, bytes.is_empty()) {
+            (false, false) => return Err(not_json().into()),
+            (false, true) => Bytes::from_static(b"{}"),
+            (true, _) if bytes.trim_ascii() == b"null" => Bytes::from_static(b"{}"),
+            (true, _) => bytes,
+        };
         // Typed parsing straight from the bytes refuses what a generic parse would let through,
         // such as a field given twice.
         let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
@@ -127,11 +137,15 @@ fn require_json(headers: &HeaderMap) -> Result<(), Problem> {
         {
             Ok(())
         }
-        _ => Err(Problem::new(
-            ProblemKind::UnsupportedMediaType,
-            "Send the request body as JSON with Content-Type: application/json.",
-        )),
+        _ => Err(not_json()),
     }
+}
+
+fn not_json() -> Problem {
+    Problem::new(
+        ProblemKind::UnsupportedMediaType,
+        "Send the request body as JSON with Content-Type: application/json.",
+    )
 }
 
 fn invalid_body(error: serde_json::Error) -> Problem {

@@ -148,7 +148,8 @@ impl From<RefundRow> for Refund {
     operation_id = "createRefund",
     tag = "refunds",
     params(("id" = String, Path, description = "The payment to refund, `pay_…`."), IdempotencyKey),
-    request_body(content = NewRefund, content_type = "application/json"),
+    request_body(content = Option<NewRefund>, content_type = "application/json",
+        description = "What to refund; without a body (or with `{}`), all that remains."),
     security(("api_key" = [])),
     responses(
         (status = 201, description = "The refund was made, or this is the replay of the request that made it.",

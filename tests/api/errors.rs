@@ -135,6 +135,15 @@ async fn a_body_that_is_not_json_is_refused_with_415() {
     app.send(untyped)
         .await
         .assert_problem(415, "unsupported-media-type");
+    let bodiless = app.raw_post().header("idempotency-key", new_key());
+    let problem = app
+        .send(bodiless)
+        .await
+        .assert_problem(400, "invalid-request");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("amount"),
+        "{problem}"
+    );
     assert_eq!(app.key_count().await, 0);
 }
 
