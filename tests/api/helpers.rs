@@ -152,6 +152,11 @@ impl TestApp {
         (account.id().to_string(), key.expose().to_owned())
     }
 
+    /// The connection string of this app's database.
+    pub fn database_url(&self) -> String {
+        database_url(&self.database)
+    }
+
     /// Stops this instance; in-flight requests finish first.
     pub fn stop(&self) {
         self.stop.cancel();

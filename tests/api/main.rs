@@ -2,6 +2,7 @@
 //! by testcontainers. One container serves the whole run; every test gets a fresh database cloned
 //! from a migrated template, so tests run in parallel without seeing each other.
 
+mod cli;
 mod concurrency;
 mod contract;
 mod demo;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         listing::trials(),
         webhooks::trials(),
         demo::trials(),
+        cli::trials(),
         docs::trials(),
     ]
     .into_iter()
