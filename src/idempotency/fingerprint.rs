@@ -96,3 +96,79 @@ mod tests {
         assert_eq!(fingerprint(r#"{ "b": 2, "a": 1 }"#).as_bytes(), &expected);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    use super::*;
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "\\PC{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-z]{1,6}", inner, 0..6)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// The same document written with its object keys in reverse order and with spaces.
+    fn reordered(value: &Value) -> String {
+        match value {
+            Value::Object(map) => {
+                let members: Vec<String> = map
+                    .iter()
+                    .rev()
+                    .map(|(key, value)| {
+                        format!("{} : {}", Value::String(key.clone()), reordered(value))
+                    })
+                    .collect();
+                format!("{{ {} }}", members.join(" , "))
+            }
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reordered).collect();
+                format!("[ {} ]", items.join(" , "))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn reordered_and_respaced_json_hashes_equal(value in json()) {
+            let reparsed: Value = serde_json::from_str(&reordered(&value)).unwrap();
+            prop_assert_eq!(
+                Fingerprint::of_request("/v1/payments", &value),
+                Fingerprint::of_request("/v1/payments", &reparsed)
+            );
+        }
+
+        #[test]
+        fn different_json_hashes_differ(a in json(), b in json()) {
+            prop_assume!(a != b);
+            prop_assert_ne!(
+                Fingerprint::of_request("/v1/payments", &a),
+                Fingerprint::of_request("/v1/payments", &b)
+            );
+        }
+
+        #[test]
+        fn an_added_member_changes_the_hash(mut map in proptest::collection::btree_map("[a-z]{1,6}", any::<i64>(), 0..6)) {
+            let before = Value::Object(map.iter().map(|(k, v)| (k.clone(), Value::from(*v))).collect::<Map<_, _>>());
+            map.insert("zzzzzzz".to_owned(), 1);
+            let after = Value::Object(map.iter().map(|(k, v)| (k.clone(), Value::from(*v))).collect::<Map<_, _>>());
+            prop_assert_ne!(
+                Fingerprint::of_request("/v1/payments", &before),
+                Fingerprint::of_request("/v1/payments", &after)
+            );
+        }
+    }
+}

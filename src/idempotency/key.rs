@@ -151,3 +151,38 @@ mod tests {
         assert_eq!(parse("\""), Err(KeyError::BadQuoting));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What an sf-string writes for `key`: quotes around it, `"` and `\` escaped.
+    fn quoted(key: &str) -> String {
+        format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_parse_or_are_refused_without_panicking(raw in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = IdempotencyKey::parse(&raw);
+        }
+
+        #[test]
+        fn a_bare_key_and_its_quoted_form_are_the_same_key(key in "[!#-~][!-~]{0,254}") {
+            let bare = IdempotencyKey::parse(key.as_bytes()).unwrap();
+            let quoted = IdempotencyKey::parse(quoted(&key).as_bytes()).unwrap();
+            prop_assert_eq!(bare.as_str(), key.as_str());
+            prop_assert_eq!(bare, quoted);
+        }
+
+        #[test]
+        fn a_parsed_key_is_always_one_to_255_visible_characters(raw in "\\PC{0,300}") {
+            if let Ok(key) = IdempotencyKey::parse(raw.as_bytes()) {
+                prop_assert!((1..=MAX_KEY_LEN).contains(&key.as_str().len()));
+                prop_assert!(key.as_str().bytes().all(|b| b.is_ascii_graphic()));
+            }
+        }
+    }
+}
