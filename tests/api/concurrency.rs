@@ -59,6 +59,7 @@ async fn simultaneous_requests_with_different_keys_each_make_their_own_payment()
 /// Exactly one payment row; every 201 carries the same bytes; the others are 409; no 5xx.
 async fn assert_one_payment_and_consistent_answers(app: &TestApp, responses: &[TestResponse]) {
     assert_eq!(app.payment_count().await, 1);
+    crate::invariants::assert_exactly_once(&app.db).await;
     let created: Vec<_> = responses.iter().filter(|r| r.status == 201).collect();
     assert!(!created.is_empty());
     assert!(

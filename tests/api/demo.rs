@@ -40,6 +40,7 @@ async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hu
     assert_eq!(tally.duplicates, 0);
     assert_eq!(app.payment_count().await, 200);
     assert!(tally.replays > 0, "lost answers were recovered by replays");
+    crate::invariants::assert_exactly_once(&app.db).await;
     for outcome in &tally.outcomes {
         let key = outcome
             .idempotency_key

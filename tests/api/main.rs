@@ -9,8 +9,10 @@ mod demo;
 mod docs;
 mod errors;
 mod expiry;
+mod faults;
 mod harness;
 mod helpers;
+mod invariants;
 mod lifecycle;
 mod listing;
 mod mechanism;
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         webhooks::trials(),
         demo::trials(),
         cli::trials(),
+        faults::trials(),
         docs::trials(),
     ]
     .into_iter()

@@ -1,0 +1,182 @@
+//! Real server processes under faults: one killed with SIGKILL in the middle of a charge, and
+//! three serving a storm of retries on one database. The invariants are checked after each.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures::future::join_all;
+use libtest_mimic::Trial;
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::helpers::{TestApp, TestResponse, new_key, payment, send};
+use crate::invariants::assert_exactly_once;
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![faults;
+        a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once,
+        three_instances_under_a_retry_storm_make_one_payment_per_key,
+    ]
+}
+
+/// An `idempay serve` process on a free port of 127.0.0.1; killed when dropped.
+struct Instance {
+    child: Child,
+    address: String,
+}
+
+impl Instance {
+    async fn start(database_url: &str, env: &[(&str, &str)]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idempay"));
+        command
+            .arg("serve")
+            .env("DATABASE_URL", database_url)
+            .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let instance = Self {
+            child: command.spawn().expect("idempay serve starts"),
+            address: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if reqwest::get(format!("{}/readyz", instance.address))
+                .await
+                .is_ok_and(|response| response.status().is_success())
+            {
+                return instance;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("idempay serve never became ready");
+    }
+
+    async fn post_payment(
+        &self,
+        api_key: &str,
+        key: &str,
+        body: &serde_json::Value,
+    ) -> TestResponse {
+        send(
+            reqwest::Client::new()
+                .post(format!("{}/v1/payments", self.address))
+                .bearer_auth(api_key)
+                .header("idempotency-key", key)
+                .json(body),
+        )
+        .await
+    }
+}
+
+async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
+    let app = TestApp::spawn().await;
+    let mut doomed = Instance::start(
+        &app.database_url(),
+        &[("IDEMPAY_LEASE", "2s"), ("IDEMPAY_SLOW_CHARGE", "30s")],
+    )
+    .await;
+    let key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let request = reqwest::Client::new()
+        .post(format!("{}/v1/payments", doomed.address))
+        .bearer_auth(&app.api_key)
+        .header("idempotency-key", &key)
+        .json(&slow)
+        .send();
+    let in_flight = tokio::spawn(request);
+    while app.key_count().await == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    doomed.child.kill().await.expect("SIGKILL");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the killed instance never answered"
+    );
+
+    // The lease is still running: the retry is told to wait.
+    let early = app.post_payment(&key, &slow).await;
+    early.assert_problem(409, "idempotency-key-in-use");
+    assert_eq!(app.payment_count().await, 0);
+
+    // Once the lease has run out, a retry takes the key over and charges exactly once.
+    let survivor = Instance::start(&app.database_url(), &[("IDEMPAY_SLOW_CHARGE", "100ms")]).await;
+    let mut taken_over = survivor.post_payment(&app.api_key, &key, &slow).await;
+    for _ in 0..60 {
+        if taken_over.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        taken_over = survivor.post_payment(&app.api_key, &key, &slow).await;
+    }
+    assert_eq!(taken_over.status, 201);
+    assert!(!taken_over.replayed(), "the takeover executed the charge");
+    let replay = survivor.post_payment(&app.api_key, &key, &slow).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, taken_over.body);
+    assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
+}
+
+async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
+    const KEYS: usize = 200;
+    const COPIES: usize = 5;
+    let app = TestApp::spawn().await;
+    let env = [("IDEMPAY_EXPIRY_INTERVAL", "100ms")];
+    let instances = [
+        Instance::start(&app.database_url(), &env).await,
+        Instance::start(&app.database_url(), &env).await,
+        Instance::start(&app.database_url(), &env).await,
+    ];
+    let keys: Vec<String> = (0..KEYS).map(|_| new_key()).collect();
+    let body = payment(4200);
+
+    // Every key sent COPIES times, the copies spread over the three instances, 50 at a time.
+    let sends: Vec<(usize, &String)> = (0..COPIES)
+        .flat_map(|copy| {
+            keys.iter()
+                .enumerate()
+                .map(move |(i, key)| ((i + copy) % 3, key))
+        })
+        .collect();
+    let mut answers: HashMap<&String, Vec<TestResponse>> = HashMap::new();
+    for batch in sends.chunks(50) {
+        let responses =
+            join_all(batch.iter().map(|(instance, key)| {
+                instances[*instance].post_payment(&app.api_key, key, &body)
+            }))
+            .await;
+        for ((_, key), response) in batch.iter().zip(responses) {
+            answers.entry(key).or_default().push(response);
+        }
+    }
+
+    assert_eq!(app.payment_count().await, KEYS as i64);
+    for (key, responses) in &answers {
+        assert!(
+            responses.iter().all(|r| r.status == 201 || r.status == 409),
+            "{key}"
+        );
+        let created: Vec<_> = responses.iter().filter(|r| r.status == 201).collect();
+        assert!(
+            created.iter().all(|r| r.body == created[0].body),
+            "{key}: one answer"
+        );
+        assert_eq!(
+            created.iter().filter(|r| !r.replayed()).count(),
+            1,
+            "{key}: executed once"
+        );
+    }
+    assert_exactly_once(&app.db).await;
+}

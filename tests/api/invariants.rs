@@ -1,0 +1,73 @@
+//! The exactly-once invariants, written once as SQL and checked after every fault scenario.
+
+use sqlx::PgPool;
+
+/// Panics with the offending rows if any invariant does not hold:
+/// - every completed payment key that answered with a payment (201, 402) has exactly one payment,
+///   with the id its stored response names;
+/// - every payment belongs to a key that is completed, or still in flight;
+/// - no two payments share an account and a key.
+pub async fn assert_exactly_once(db: &PgPool) {
+    let without_one_payment: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT k.idem_key, count(p.id)
+         FROM idempotency_keys k
+         LEFT JOIN payments p
+           ON p.account_id = split_part(k.scope, ':', 1) AND p.idempotency_key = k.idem_key
+         WHERE k.scope LIKE '%:POST /v1/payments' AND k.status = 'completed'
+           AND k.response_code IN (201, 402)
+         GROUP BY k.idem_key
+         HAVING count(p.id) <> 1",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    assert!(
+        without_one_payment.is_empty(),
+        "keys without exactly one payment: {without_one_payment:?}"
+    );
+
+    let replay_names_another_payment: Vec<String> = sqlx::query_scalar(
+        "SELECT k.idem_key
+         FROM idempotency_keys k
+         JOIN payments p
+           ON p.account_id = split_part(k.scope, ':', 1) AND p.idempotency_key = k.idem_key
+         WHERE k.scope LIKE '%:POST /v1/payments' AND k.status = 'completed'
+           AND k.response_code IN (201, 402)
+           AND p.id <> coalesce(convert_from(k.response_body, 'UTF8')::jsonb ->> 'id',
+                                convert_from(k.response_body, 'UTF8')::jsonb ->> 'payment')",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    assert!(
+        replay_names_another_payment.is_empty(),
+        "stored responses naming another payment: {replay_names_another_payment:?}"
+    );
+
+    let orphans: Vec<String> = sqlx::query_scalar(
+        "SELECT p.id
+         FROM payments p
+         LEFT JOIN idempotency_keys k
+           ON k.scope = p.account_id || ':POST /v1/payments' AND k.idem_key = p.idempotency_key
+         WHERE k.id IS NULL",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    assert!(
+        orphans.is_empty(),
+        "payments without their key: {orphans:?}"
+    );
+
+    let shared: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT account_id, idempotency_key, count(*)
+         FROM payments GROUP BY account_id, idempotency_key HAVING count(*) > 1",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    assert!(
+        shared.is_empty(),
+        "payments sharing an account and key: {shared:?}"
+    );
+}
