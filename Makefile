@@ -14,7 +14,7 @@ run:
 
 ## Unit and integration tests; PostgreSQL runs in a container started by the tests.
 test:
-	$(CARGO) test --all-targets -- --test-threads $(TEST_THREADS)
+	$(CARGO) test --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
 
 ## Fuzz the live service from its OpenAPI description (schemathesis) and render /docs in Chromium.
 contract:
@@ -31,7 +31,7 @@ fmt:
 ## Formatting and clippy, as CI checks them.
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --all-features -- -D warnings
 
 ## Everything CI runs.
 check: lint test contract

@@ -19,6 +19,7 @@ pub mod dev;
 pub mod error;
 pub mod expiry;
 pub mod extract;
+pub mod failpoint;
 pub mod health;
 pub mod idempotency;
 mod ids;

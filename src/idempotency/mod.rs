@@ -19,6 +19,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::error::{ApiError, Problem, ProblemKind};
+use crate::failpoint;
 
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
@@ -139,6 +140,7 @@ impl Idempotency {
     {
         match self.decide(&request).await? {
             Decision::Execute(lease) => {
+                failpoint::hit("after-reserve");
                 let held = HeldLease::from(&lease);
                 self.execute(&request, held, work(lease)).await
             }
@@ -531,7 +533,9 @@ impl Lease {
             );
             return Ok(Completion(Completed::LeaseLost));
         }
+        failpoint::hit("before-commit");
         tx.commit().await?;
+        failpoint::hit("after-commit");
         Ok(Completion(Completed::Stored(response)))
     }
 }

@@ -15,10 +15,90 @@ use crate::invariants::assert_exactly_once;
 use crate::trials;
 
 pub fn trials() -> Vec<Trial> {
-    trials![faults;
+    let processes = trials![faults;
         a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once,
         three_instances_under_a_retry_storm_make_one_payment_per_key,
+    ];
+    processes.into_iter().chain(crash_trials()).collect()
+}
+
+/// A crash at each step of the lifecycle, where the binary has its crash points.
+#[cfg(feature = "failpoints")]
+fn crash_trials() -> Vec<Trial> {
+    trials![faults;
+        a_crash_right_after_the_reservation_is_taken_over_and_charged_once,
+        a_crash_between_the_charge_and_its_commit_leaves_nothing_and_is_charged_once,
+        a_crash_after_the_commit_is_answered_by_a_replay,
     ]
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn crash_trials() -> Vec<Trial> {
+    Vec::new()
+}
+
+/// Kills an instance at `failpoint` during a payment, then retries on a healthy one until the key
+/// is free; returns the retry's answer, with the invariants checked.
+#[cfg(feature = "failpoints")]
+async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
+    let app = TestApp::spawn().await;
+    let mut crashing = Instance::start(
+        &app.database_url(),
+        &[("IDEMPAY_FAILPOINT", failpoint), ("IDEMPAY_LEASE", "1s")],
+    )
+    .await;
+    let key = new_key();
+    let body = payment(4200);
+    let request = reqwest::Client::new()
+        .post(format!("{}/v1/payments", crashing.address))
+        .bearer_auth(&app.api_key)
+        .header("idempotency-key", &key)
+        .json(&body)
+        .send()
+        .await;
+    assert!(request.is_err(), "the process died before it answered");
+    let exit = crashing.child.wait().await.unwrap();
+    assert!(!exit.success(), "{failpoint}: aborted");
+
+    let mut retry = app.post_payment(&key, &body).await;
+    for _ in 0..50 {
+        if retry.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        retry = app.post_payment(&key, &body).await;
+    }
+    assert_eq!(retry.status, 201, "{failpoint}");
+    assert_eq!(app.payment_count().await, 1, "{failpoint}");
+    assert_exactly_once(&app.db).await;
+    (app, retry)
+}
+
+#[cfg(feature = "failpoints")]
+async fn a_crash_right_after_the_reservation_is_taken_over_and_charged_once() {
+    let (_, retry) = crash_at("after-reserve").await;
+    assert!(
+        !retry.replayed(),
+        "nothing had been charged: the retry executes"
+    );
+}
+
+#[cfg(feature = "failpoints")]
+async fn a_crash_between_the_charge_and_its_commit_leaves_nothing_and_is_charged_once() {
+    let (_, retry) = crash_at("before-commit").await;
+    assert!(
+        !retry.replayed(),
+        "the uncommitted charge was rolled back: the retry executes"
+    );
+}
+
+#[cfg(feature = "failpoints")]
+async fn a_crash_after_the_commit_is_answered_by_a_replay() {
+    let (_, retry) = crash_at("after-commit").await;
+    assert!(
+        retry.replayed(),
+        "the charge committed: the retry gets its stored response"
+    );
 }
 
 /// An `idempay serve` process on a free port of 127.0.0.1; killed when dropped.
