@@ -2,21 +2,32 @@
 
 use std::time::Duration;
 
+use std::str::FromStr;
+
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// Connections per instance. Slow work holds none, so a few serve many requests.
 const MAX_CONNECTIONS: u32 = 16;
 /// A request that waits longer than this for a connection fails fast with 503 instead of hanging.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Limits every session sets, so a stuck query or a forgotten transaction cannot hold a pool
+/// connection (and the locks it took) for long. Every statement of the service takes milliseconds.
+const SESSION_LIMITS: [(&str, &str); 3] = [
+    ("statement_timeout", "10s"),
+    ("lock_timeout", "5s"),
+    ("idle_in_transaction_session_timeout", "30s"),
+];
+
 /// Connects lazily: the service starts even while the database is still coming up, and
 /// `/readyz` tells when it is reachable.
 pub fn pool(database_url: &str) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
+    let options = PgConnectOptions::from_str(database_url)?.options(SESSION_LIMITS);
+    Ok(PgPoolOptions::new()
         .max_connections(MAX_CONNECTIONS)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy(database_url)
+        .connect_lazy_with(options))
 }
 
 /// Applies the migrations under `migrations/` that have not run yet.

@@ -17,6 +17,7 @@ pub fn trials() -> Vec<Trial> {
         a_missing_or_wrong_api_key_is_refused_with_401,
         unknown_routes_and_methods_answer_problem_documents,
         ids_that_cannot_be_decoded_name_nothing,
+        the_service_sessions_bound_statements_locks_and_idle_transactions,
         without_its_database_the_service_answers_503_and_is_not_ready,
     ]
 }
@@ -273,5 +274,21 @@ async fn ids_that_cannot_be_decoded_name_nothing() {
         "/problems/%ff",
     ] {
         app.get(path).await.assert_problem(404, "not-found");
+    }
+}
+
+async fn the_service_sessions_bound_statements_locks_and_idle_transactions() {
+    let app = TestApp::spawn().await;
+    let pool = idempay::db::pool(&app.database_url()).unwrap();
+    for (setting, expected) in [
+        ("statement_timeout", "10s"),
+        ("lock_timeout", "5s"),
+        ("idle_in_transaction_session_timeout", "30s"),
+    ] {
+        let value: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(value, expected, "{setting}");
     }
 }
