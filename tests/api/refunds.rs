@@ -269,6 +269,10 @@ async fn refunds_are_listed_newest_first_and_readable_at_their_location() {
         .get("/v1/payments/pay_000000000000000000000000/refunds")
         .await;
     missing.assert_problem(404, "not-found");
+    let bad_limit = app
+        .get(&format!("/v1/payments/{paid}/refunds?limit=0"))
+        .await;
+    bad_limit.assert_problem(400, "invalid-request");
     let unknown = app.get("/v1/refunds/re_000000000000000000000000").await;
     unknown.assert_problem(404, "not-found");
     let bad_cursor = app

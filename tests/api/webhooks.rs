@@ -291,6 +291,11 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
     )
     .await;
     answer.assert_problem(400, "invalid-request");
+    let huge = vec![b' '; 70 * 1024];
+    let now = chrono::Utc::now().timestamp();
+    let signature = secret.sign("evt_huge", now, &huge);
+    let too_large = post(&app, "evt_huge", now, Some(&signature), huge).await;
+    too_large.assert_problem(413, "payload-too-large");
     assert_eq!(event_count(&app).await, 0);
 }
 
