@@ -10,7 +10,7 @@ use libtest_mimic::Trial;
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::helpers::{TestApp, TestResponse, new_key, payment, send};
+use crate::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight, send};
 use crate::invariants::assert_exactly_once;
 use crate::trials;
 
@@ -60,14 +60,7 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
     let exit = crashing.child.wait().await.unwrap();
     assert!(!exit.success(), "{failpoint}: aborted");
 
-    let mut retry = app.post_payment(&key, &body).await;
-    for _ in 0..50 {
-        if retry.status != 409 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        retry = app.post_payment(&key, &body).await;
-    }
+    let retry = retry_while_in_flight(|| app.post_payment(&key, &body)).await;
     assert_eq!(retry.status, 201, "{failpoint}");
     assert_eq!(app.payment_count().await, 1, "{failpoint}");
     assert_exactly_once(&app.db).await;
@@ -191,14 +184,8 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
 
     // Once the lease has run out, a retry takes the key over and charges exactly once.
     let survivor = Instance::start(&app.database_url(), &[("IDEMPAY_SLOW_CHARGE", "100ms")]).await;
-    let mut taken_over = survivor.post_payment(&app.api_key, &key, &slow).await;
-    for _ in 0..60 {
-        if taken_over.status != 409 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        taken_over = survivor.post_payment(&app.api_key, &key, &slow).await;
-    }
+    let taken_over =
+        retry_while_in_flight(|| survivor.post_payment(&app.api_key, &key, &slow)).await;
     assert_eq!(taken_over.status, 201);
     assert!(!taken_over.replayed(), "the takeover executed the charge");
     let replay = survivor.post_payment(&app.api_key, &key, &slow).await;

@@ -268,6 +268,24 @@ pub async fn send(request: reqwest::RequestBuilder) -> TestResponse {
     response
 }
 
+/// Sends a request as a client told to retry would: again, a moment later, while the answer is 409
+/// (the key is still in progress), for at most 10 seconds. Returns the first other answer.
+pub async fn retry_while_in_flight<F, Fut>(send: F) -> TestResponse
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = TestResponse>,
+{
+    let mut answer = send().await;
+    for _ in 0..50 {
+        if answer.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        answer = send().await;
+    }
+    answer
+}
+
 /// A valid payment body.
 pub fn payment(amount: i64) -> Value {
     serde_json::json!({ "amount": amount, "currency": "eur", "order": "cmd_9182" })

@@ -6,7 +6,7 @@ use idempay::config::Settings;
 use libtest_mimic::Trial;
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key, payment, with_slow_charge};
+use crate::helpers::{TestApp, new_key, payment, retry_while_in_flight, with_slow_charge};
 use crate::trials;
 
 pub fn trials() -> Vec<Trial> {
@@ -321,14 +321,7 @@ async fn a_request_whose_client_hangs_up_still_completes() {
     assert!(first.await.unwrap_err().is_cancelled());
 
     // The charge finishes on the server; a client retrying as told gets its stored result.
-    let mut retry = app.post_payment(&key, &slow).await;
-    for _ in 0..50 {
-        if retry.status != 409 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        retry = app.post_payment(&key, &slow).await;
-    }
+    let retry = retry_while_in_flight(|| app.post_payment(&key, &slow)).await;
     assert_eq!(retry.status, 201);
     assert!(retry.replayed());
     assert_eq!(app.payment_count().await, 1);

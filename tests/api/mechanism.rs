@@ -29,11 +29,7 @@ const POLICY: Policy = Policy {
 };
 
 async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
-    let app = TestApp::spawn().await;
-    let idempotency = Idempotency::new(app.db.clone(), POLICY);
-    let (account, _) = idempay::accounts::create(&app.db, "mechanism")
-        .await
-        .unwrap();
+    let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
     let request = keyed(&account, "/v1/things");
 
     let panicked = idempotency
@@ -54,11 +50,7 @@ async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
 }
 
 async fn a_failing_unit_of_work_stores_nothing_and_passes_its_error_on() {
-    let app = TestApp::spawn().await;
-    let idempotency = Idempotency::new(app.db.clone(), POLICY);
-    let (account, _) = idempay::accounts::create(&app.db, "mechanism")
-        .await
-        .unwrap();
+    let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
     let request = keyed(&account, "/v1/things");
 
     let failed = idempotency
@@ -74,11 +66,7 @@ async fn a_failing_unit_of_work_stores_nothing_and_passes_its_error_on() {
 }
 
 async fn the_same_key_on_another_route_is_a_separate_key() {
-    let app = TestApp::spawn().await;
-    let idempotency = Idempotency::new(app.db.clone(), POLICY);
-    let (account, _) = idempay::accounts::create(&app.db, "mechanism")
-        .await
-        .unwrap();
+    let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
 
     for route in ["/v1/things", "/v1/other-things"] {
         let response = idempotency
@@ -91,6 +79,16 @@ async fn the_same_key_on_another_route_is_a_separate_key() {
         );
     }
     assert_eq!(app.key_count().await, 2);
+}
+
+/// The mechanism on its own, on a fresh database with one account.
+async fn mechanism_on_a_fresh_database() -> (TestApp, Idempotency, Account) {
+    let app = TestApp::spawn().await;
+    let idempotency = Idempotency::new(app.db.clone(), POLICY);
+    let (account, _) = idempay::accounts::create(&app.db, "mechanism")
+        .await
+        .unwrap();
+    (app, idempotency, account)
 }
 
 /// The same key and payload for `route`, in `account`.
