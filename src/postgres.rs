@@ -137,10 +137,6 @@ impl Postgres {
         Ok(())
     }
 
-    pub fn container_id(&self) -> &str {
-        self.container.id()
-    }
-
     async fn wait_until_connectable(&self) -> anyhow::Result<()> {
         let url = self.url("postgres");
         let mut attempts = 0;

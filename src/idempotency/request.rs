@@ -45,14 +45,6 @@ impl KeyedRequest {
             fingerprint,
         }
     }
-
-    pub fn key(&self) -> &IdempotencyKey {
-        &self.key
-    }
-
-    pub fn scope(&self) -> &Scope {
-        &self.scope
-    }
 }
 
 /// A JSON body of type `T` that arrived with a valid `Idempotency-Key`, from an authenticated

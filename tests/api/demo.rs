@@ -1,6 +1,7 @@
 //! The client half: intents through a lossy network end in exactly one payment each, and every
 //! intent's final answer is the response the server stored for its key.
 
+use idempay::client::{Client, ClientError, NewPayment, NewRefund};
 use idempay::demo::{self, Faults, Options};
 use libtest_mimic::Trial;
 
@@ -11,6 +12,7 @@ pub fn trials() -> Vec<Trial> {
     trials![demo;
         two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hundred_payments,
         a_new_key_per_attempt_charges_twice,
+        the_client_reads_refunds_lists_and_types_refusals,
     ]
 }
 
@@ -88,4 +90,59 @@ async fn a_new_key_per_attempt_charges_twice() {
     assert!(tally.duplicates > 0, "{tally}");
     assert_eq!(tally.payments_in_ledger, 50 + tally.duplicates);
     assert_eq!(app.payment_count().await as usize, tally.payments_in_ledger);
+}
+
+async fn the_client_reads_refunds_lists_and_types_refusals() {
+    let app = TestApp::spawn().await;
+    let client = Client::new(&app.address, &app.api_key);
+    let order = NewPayment {
+        amount: 5000,
+        currency: "eur".to_owned(),
+        ..NewPayment::default()
+    };
+
+    let paid = client.create_payment(&order, None).await.unwrap();
+    let read = client.get_payment(&paid.value.id).await.unwrap();
+    let refund = NewRefund {
+        amount: Some(1200),
+        reason: None,
+    };
+    let refunded = client
+        .refund_payment(&paid.value.id, &refund, Some("refund-1".to_owned()))
+        .await
+        .unwrap();
+    let again = client
+        .refund_payment(&paid.value.id, &refund, Some("refund-1".to_owned()))
+        .await
+        .unwrap();
+    let page = client.list_payments(10, None).await.unwrap();
+    let declined = client
+        .create_payment(
+            &NewPayment {
+                payment_method: Some("pm_card_chargeDeclined".to_owned()),
+                ..order.clone()
+            },
+            None,
+        )
+        .await;
+
+    assert_eq!((paid.status, paid.attempts, paid.replayed), (201, 1, false));
+    assert_eq!(read.value, paid.value);
+    assert_eq!(refunded.value.amount, 1200);
+    assert!(
+        again.replayed && again.value == refunded.value,
+        "the same refund, replayed"
+    );
+    assert_eq!(page.value.data.len(), 1);
+    match declined {
+        Err(ClientError::Api {
+            problem, attempts, ..
+        }) => {
+            assert_eq!(problem.type_uri, "/problems/card-declined");
+            assert!(problem.extensions["payment"].is_string());
+            assert_eq!(attempts, 1, "a 402 is final, never retried");
+        }
+        other => panic!("a declined card is a typed refusal: {other:?}"),
+    }
+    assert_eq!(app.payment_count().await, 2);
 }
