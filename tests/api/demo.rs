@@ -13,6 +13,7 @@ pub fn trials() -> Vec<Trial> {
         two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hundred_payments,
         a_new_key_per_attempt_charges_twice,
         the_client_reads_refunds_lists_and_types_refusals,
+        the_client_waits_out_a_409_and_receives_the_first_requests_result,
     ]
 }
 
@@ -145,4 +146,30 @@ async fn the_client_reads_refunds_lists_and_types_refusals() {
         other => panic!("a declined card is a typed refusal: {other:?}"),
     }
     assert_eq!(app.payment_count().await, 2);
+}
+
+async fn the_client_waits_out_a_409_and_receives_the_first_requests_result() {
+    let app = TestApp::spawn_with(crate::helpers::with_slow_charge(
+        std::time::Duration::from_millis(800),
+    ))
+    .await;
+    let client = Client::new(&app.address, &app.api_key);
+    let slow = NewPayment {
+        amount: 100,
+        currency: "eur".to_owned(),
+        payment_method: Some("pm_card_slow".to_owned()),
+        ..NewPayment::default()
+    };
+    let key = Some("one-intent".to_owned());
+
+    let (first, second) = tokio::join!(
+        client.create_payment(&slow, key.clone()),
+        client.create_payment(&slow, key.clone()),
+    );
+
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(first.value, second.value, "both learn of the one payment");
+    let waited = if first.replayed { &first } else { &second };
+    assert!(waited.replayed && waited.attempts >= 2, "{waited:?}");
+    assert_eq!(app.payment_count().await, 1);
 }
