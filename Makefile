@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test contract openapi fmt lint check pg-image sqlx-prepare clean-containers
+.PHONY: run test contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -47,3 +47,13 @@ sqlx-prepare:
 ## Remove PostgreSQL containers left behind by interrupted test runs.
 clean-containers:
 	docker ps -aq --filter label=org.testcontainers.managed-by=testcontainers | xargs -r docker rm -f
+
+## Throughput and latency of idempay over HTTP against the limit (its SQL through pgbench), ~15 min.
+## BENCH_QUICK=1 for a 2-minute try; results in target/bench/bench.{json,md}.
+bench:
+	bash bench/bench.sh
+
+## The expiry job draining 2.5 million expired keys under load, against the same load without it.
+## Results in target/bench/expiry.{json,md}.
+bench-expiry:
+	bash bench/expiry.sh

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# make bench: idempay over HTTP against the limit, PostgreSQL running the same SQL through pgbench.
+#
+# One PostgreSQL container, started here and removed at exit. For each workload (new keys, replays,
+# a 50/50 mix) and concurrency (1, 16, 64): pgbench with the request's SQL, then wrk against
+# idempay. Then the server's memory under load, and latency as the key table grows.
+#
+#   BENCH_SECONDS=10        seconds per measurement
+#   BENCH_SIZE_SECONDS=5    seconds per measurement of the table-size sweep
+#   BENCH_MAX_ROWS=5000000  largest key table of the sweep (sizes: 10k, 100k, 1M, 5M)
+#   BENCH_QUICK=1           2 s per measurement, at most 100k rows: to try it out
+#   BENCH_POOL=16           idempay's pool size, when the build has IDEMPAY_DATABASE_MAX_CONNECTIONS
+#   BENCH_CONCURRENCY, BENCH_WORKLOADS, BENCH_PG_OPTS  narrow the matrix, change the server
+#
+# Results: target/bench/bench.json and bench.md (the printed table), raw runs in target/bench/raw.
+
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  SECONDS_PER_RUN=${BENCH_SECONDS:-2}
+  SIZE_SECONDS=${BENCH_SIZE_SECONDS:-2}
+  MAX_ROWS=${BENCH_MAX_ROWS:-100000}
+else
+  SECONDS_PER_RUN=${BENCH_SECONDS:-10}
+  SIZE_SECONDS=${BENCH_SIZE_SECONDS:-5}
+  MAX_ROWS=${BENCH_MAX_ROWS:-5000000}
+fi
+read -ra CONCURRENCY <<<"${BENCH_CONCURRENCY:-1 16 64}"
+read -ra WORKLOADS <<<"${BENCH_WORKLOADS:-new replay mix}"
+SIZES=()
+for rows in 10000 100000 1000000 5000000; do
+  [ "$rows" -le "$MAX_ROWS" ] && SIZES+=("$rows")
+done
+# Keys the limit replays (seeded with SQL) and keys idempay replays (created through the API).
+PGBENCH_REPLAY_KEYS=10000
+API_REPLAY_KEYS=1000
+
+pgbench_scripts() {
+  case "$1" in
+    new) echo new_key.sql ;;
+    replay) echo replay.sql ;;
+    mix) echo new_key.sql@1 replay.sql@1 ;;
+  esac
+}
+
+# The limit's replay keys: completed keys '1' … 'N' in the bench account's scope.
+seed_pgbench_replay_keys() {
+  sql -v scope="$SCOPE" -v n="$PGBENCH_REPLAY_KEYS" -v hash="\\x$REQUEST_HASH_HEX" \
+    -v headers="$RESPONSE_HEADERS" -v body="$RESPONSE_BODY" <<'SQL'
+INSERT INTO idempotency_keys
+    (scope, idem_key, request_hash, status, response_code, response_headers, response_body,
+     expires_at)
+SELECT :'scope', i::text, :'hash'::bytea, 'completed', 201, :'headers'::jsonb,
+       convert_to(:'body', 'UTF8'), now() + interval '24 hours'
+FROM generate_series(1, :n) AS i;
+SQL
+}
+
+# Replay keys for both sides, in an empty or freshly truncated table.
+seed_replay_sets() {
+  seed_pgbench_replay_keys
+  seed_replay_keys "$API_REPLAY_KEYS" "$OUT_DIR/replay-keys.txt"
+}
+
+measure_pair() { # NAME WORKLOAD CONNECTIONS SECONDS
+  local name=$1 workload=$2 conns=$3 secs=$4
+  # shellcheck disable=SC2046  # one word per script
+  settle
+  run_pgbench "$name-limit" "$conns" "$secs" $(pgbench_scripts "$workload")
+  settle
+  run_wrk "$name-idempay" "$workload" "$conns" "$secs"
+  python3 - "$OUT_DIR/raw/$name-limit.json" "$OUT_DIR/raw/$name-idempay.json" <<'PY' >&2
+import json, sys
+l, i = (json.load(open(p)) for p in sys.argv[1:])
+errors = i.get("non_2xx", 0) + sum(i.get("socket_errors", {}).values())
+print(f"    limit {l['rps']:9.0f} req/s p50 {l['p50_ms']:7.2f} p99 {l['p99_ms']:7.2f} ms | "
+      f"idempay {i['rps']:9.0f} req/s p50 {i['p50_ms']:7.2f} p99 {i['p99_ms']:7.2f} ms"
+      f" | errors {errors}{' (' + i['first_error'][:120] + ')' if errors else ''}")
+PY
+}
+
+main() {
+  check_tools
+  mkdir -p "$OUT_DIR"
+  rm -rf "$OUT_DIR/raw"
+  mkdir -p "$OUT_DIR/raw"
+  local started commit
+  started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  commit=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git -C "$REPO_DIR" diff --quiet HEAD -- src migrations Cargo.toml Cargo.lock 2>/dev/null ||
+    commit="$commit+local-changes"
+
+  build_release
+  detect_pool_option
+  $POOL_CONFIGURABLE ||
+    log "this build has no IDEMPAY_DATABASE_MAX_CONNECTIONS: the pool is its fixed 16 connections"
+  start_postgres
+  prepare_database
+  start_server 1000h
+  local idle_rss
+  idle_rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
+  seed_replay_sets
+
+  log "warming up"
+  run_pgbench warmup-limit 16 2 new_key.sql@1 replay.sql@1
+  run_wrk warmup-idempay mix 16 2
+
+  local workload conns
+  for workload in "${WORKLOADS[@]}"; do
+    for conns in "${CONCURRENCY[@]}"; do
+      log "$workload keys, c=$conns, ${SECONDS_PER_RUN}s each side"
+      if [ "$conns" = 64 ]; then
+        start_rss_sampler "$OUT_DIR/raw/rss.txt"
+        measure_pair "main-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
+        stop_rss_sampler
+      else
+        measure_pair "main-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
+      fi
+    done
+  done
+
+  # Latency as the table grows: start again from an empty key table, so the smallest size is
+  # really small, and grow it with SQL between measurements.
+  local size_actual="{}" rows actual
+  if [ "${#SIZES[@]}" -gt 0 ]; then
+    log "table-size sweep: ${SIZES[*]} rows, c=16, ${SIZE_SECONDS}s each"
+    sql -c "TRUNCATE idempotency_keys" >/dev/null
+    seed_replay_sets
+    for rows in "${SIZES[@]}"; do
+      log "seeding the key table to $rows rows"
+      seed_keys "$rows"
+      actual=$(sql -c "SELECT count(*) FROM idempotency_keys")
+      size_actual=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d[sys.argv[2]]=int(sys.argv[3]); print(json.dumps(d))' \
+        "$size_actual" "$rows" "$actual")
+      for workload in new replay; do
+        log "$rows rows: $workload keys"
+        measure_pair "size-$rows-$workload" "$workload" 16 "$SIZE_SECONDS"
+      done
+    done
+  fi
+
+  local stuck
+  stuck=$(sql -c "SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'")
+  [ "$stuck" = 0 ] || log "warning: $stuck keys left in progress"
+
+  python3 - "$OUT_DIR/raw/meta.json" <<PY
+import json, os, sys
+json.dump({
+    "started": "$started",
+    "commit": "$commit",
+    "cores": os.cpu_count(),
+    "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None),
+    "seconds": $SECONDS_PER_RUN,
+    "size_seconds": $SIZE_SECONDS,
+    "quick": "${BENCH_QUICK:-0}" == "1",
+    "pool_size": $POOL_SIZE,
+    "pool_configurable": "$POOL_CONFIGURABLE" == "true",
+    "pg_opts": "$BENCH_PG_OPTS",
+    "workloads": "${WORKLOADS[*]}".split(),
+    "concurrency": [int(c) for c in "${CONCURRENCY[*]}".split()],
+    "sizes": [int(s) for s in "${SIZES[*]}".split()],
+    "size_actual_rows": json.loads('$size_actual'),
+    "idle_rss_kb": int("$idle_rss"),
+    "pgbench_replay_keys": $PGBENCH_REPLAY_KEYS,
+    "api_replay_keys": $API_REPLAY_KEYS,
+    "keys_left_in_progress": int("$stuck"),
+}, open(sys.argv[1], "w"), indent=1)
+PY
+  echo
+  python3 "$BENCH_DIR/report.py" bench --dir "$OUT_DIR"
+  log "written: $OUT_DIR/bench.json, $OUT_DIR/bench.md"
+}
+
+main "$@"

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# make bench-expiry: what the expiry job costs the requests while it drains a large backlog.
+#
+# A fresh database with BENCH_EXPIRY_ROWS keys (5 million), the older half of them expired, as a
+# table whose job never ran. Then, under the same steady load (wrk, c=16, 50 % new keys, 50 %
+# replays):
+#   (a) idempay with the expiry job off (IDEMPAY_EXPIRY_INTERVAL=1000h): the baseline;
+#   (b) idempay with the job on (every 1s), starting the drain as the load starts;
+# the drain's rows/s, and the plans of the key lookup and of the batch delete (EXPLAIN ANALYZE,
+# the delete in a rolled-back transaction).
+#
+#   BENCH_EXPIRY_ROWS=5000000  keys seeded
+#   BENCH_EXPIRY_SECONDS=30    seconds of load per phase
+#   BENCH_QUICK=1              200k rows, 5 s per phase
+#
+# Results: target/bench/expiry.json and expiry.md.
+
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  ROWS=${BENCH_EXPIRY_ROWS:-200000}
+  LOAD_SECONDS=${BENCH_EXPIRY_SECONDS:-5}
+else
+  ROWS=${BENCH_EXPIRY_ROWS:-5000000}
+  LOAD_SECONDS=${BENCH_EXPIRY_SECONDS:-30}
+fi
+CONNECTIONS=16
+DRAIN_TIMEOUT=${BENCH_EXPIRY_DRAIN_TIMEOUT:-900}
+
+# The statements under study, as idempay sends them (prepared: the server runs a generic plan once
+# a statement has run a few times, so both plans are shown).
+explain_plans() {
+  local key=$1 dir="$OUT_DIR/raw/plans"
+  mkdir -p "$dir"
+  local lookup reserve expire
+  lookup="SELECT id, FALSE, request_hash, status, response_code, response_headers,
+       response_body, expires_at <= now(),
+       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint
+FROM idempotency_keys
+WHERE scope = \$1 AND idem_key = \$2"
+  # Idempotency::decide, verbatim but for sqlx's alias annotations.
+  reserve="WITH reserved AS (
+    INSERT INTO idempotency_keys
+        (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+    VALUES (\$1, \$2, \$3, 'in_progress', \$4,
+            now() + \$5::bigint * interval '1 millisecond',
+            now() + \$6::bigint * interval '1 millisecond')
+    ON CONFLICT (scope, idem_key) DO NOTHING
+    RETURNING id
+)
+SELECT id AS id, TRUE AS reserved,
+       NULL::bytea AS request_hash, NULL::text AS status,
+       NULL::smallint AS response_code, NULL::jsonb AS response_headers,
+       NULL::bytea AS response_body, FALSE AS expired,
+       NULL::bigint AS lease_left_ms
+FROM reserved
+UNION ALL
+SELECT id, FALSE, request_hash, status, response_code, response_headers,
+       response_body, expires_at <= now(),
+       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint
+FROM idempotency_keys
+WHERE scope = \$1 AND idem_key = \$2 AND NOT EXISTS (SELECT 1 FROM reserved)"
+  # Idempotency::expire_batch, verbatim.
+  expire="DELETE FROM idempotency_keys
+WHERE id IN (
+    SELECT id FROM idempotency_keys
+    WHERE expires_at <= now()
+      AND (status = 'completed' OR locked_until <= now())
+    LIMIT \$1
+    FOR UPDATE SKIP LOCKED
+)"
+  local mode
+  for mode in auto force_generic_plan; do
+    sql -v scope="$SCOPE" -v key="$key" -v hash="\\x$REQUEST_HASH_HEX" >"$dir/lookup-$mode.txt" <<SQL
+SET plan_cache_mode = $mode;
+PREPARE lookup(text, text) AS $lookup;
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE lookup(:'scope', :'key');
+SQL
+    sql -v scope="$SCOPE" -v key="$key" -v hash="\\x$REQUEST_HASH_HEX" >"$dir/reserve-$mode.txt" <<SQL
+SET plan_cache_mode = $mode;
+BEGIN;
+PREPARE reserve(text, text, bytea, uuid, bigint, bigint) AS $reserve;
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE reserve(:'scope', :'key', :'hash', gen_random_uuid(), 30000, 86400000);
+ROLLBACK;
+SQL
+    sql >"$dir/expire-$mode.txt" <<SQL
+SET plan_cache_mode = $mode;
+BEGIN;
+PREPARE expire(bigint) AS $expire;
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE expire(1000);
+ROLLBACK;
+SQL
+  done
+  python3 "$BENCH_DIR/report.py" plans --out "$OUT_DIR/raw/expiry-plans.json" \
+    "$dir/lookup-auto.txt" "key lookup (SELECT by scope + idem_key), custom plan" \
+    "$dir/lookup-force_generic_plan.txt" "key lookup, generic plan" \
+    "$dir/reserve-auto.txt" "reservation statement (INSERT … ON CONFLICT … UNION ALL SELECT), custom plan" \
+    "$dir/reserve-force_generic_plan.txt" "reservation statement, generic plan" \
+    "$dir/expire-auto.txt" "expiry batch DELETE (LIMIT 1000, SKIP LOCKED), custom plan" \
+    "$dir/expire-force_generic_plan.txt" "expiry batch DELETE, generic plan"
+  local f
+  for f in lookup-force_generic_plan reserve-force_generic_plan expire-auto expire-force_generic_plan; do
+    printf '\n-- %s\n' "$f" >&2
+    cat "$dir/$f.txt" >&2
+  done
+}
+
+deleted_so_far() {
+  sql -c "SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'idempotency_keys'"
+}
+
+# Every second: seconds since START, rows deleted since, "-" (the expired count is taken only
+# after the load, as counting would itself load the database).
+start_timeline() {
+  local file=$1 start=$2 base=$3
+  (
+    while :; do
+      now=$(date +%s.%N)
+      d=$(deleted_so_far 2>/dev/null) || exit 0
+      awk -v now="$now" -v start="$start" -v d="$((d - base))" 'BEGIN { printf "%.1f %d -\n", now - start, d }'
+      sleep 1
+    done
+  ) >>"$file" &
+  SAMPLER_PID=$!
+}
+
+main() {
+  check_tools
+  mkdir -p "$OUT_DIR/raw"
+  rm -rf "$OUT_DIR/raw/plans" "$OUT_DIR/raw"/expiry-*
+  local started commit
+  started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  commit=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git -C "$REPO_DIR" diff --quiet HEAD -- src migrations Cargo.toml Cargo.lock 2>/dev/null ||
+    commit="$commit+local-changes"
+
+  build_release
+  detect_pool_option
+  start_postgres
+  prepare_database
+
+  log "seeding $ROWS keys, half of them expired"
+  seed_keys "$ROWS" 0.5
+  # Rows expired as of now; rows that expire during the run are left out of the drain's count.
+  local cutoff expired_before
+  cutoff=$(sql -c "SELECT now()")
+  expired_before=$(sql -c "SELECT count(*) FROM idempotency_keys WHERE expires_at <= '$cutoff'")
+  log "$expired_before of $ROWS keys expired"
+
+  # (a) The job off. The replay keys are live (24 h), created through the API.
+  start_server 1000h
+  seed_replay_keys 1000 "$OUT_DIR/replay-keys.txt"
+  explain_plans "$(head -n 1 "$OUT_DIR/replay-keys.txt" | cut -d' ' -f1)"
+  log "warming up"
+  run_wrk expiry-warmup mix "$CONNECTIONS" 2
+  settle
+  log "(a) expiry job off: ${LOAD_SECONDS}s of load"
+  run_wrk expiry-baseline mix "$CONNECTIONS" "$LOAD_SECONDS"
+  stop_server
+  local still
+  still=$(sql -c "SELECT count(*) FROM idempotency_keys WHERE expires_at <= '$cutoff'")
+  [ "$still" = "$expired_before" ] || die "rows were deleted with the job off ($still left)"
+
+  # (b) The job on: its first run starts with the server, and drains batch after batch.
+  settle
+  local base start
+  base=$(deleted_so_far)
+  start=$(date +%s.%N)
+  start_timeline "$OUT_DIR/raw/expiry-timeline.txt" "$start" "$base"
+  start_server 1s
+  log "(b) expiry job draining: ${LOAD_SECONDS}s of load"
+  run_wrk expiry-drain mix "$CONNECTIONS" "$LOAD_SECONDS"
+  local left_after_load
+  left_after_load=$(sql -c "SELECT count(*) FROM idempotency_keys WHERE expires_at <= '$cutoff'")
+  log "$left_after_load expired rows left when the load ended; waiting for the drain"
+  local waited=0 left=$left_after_load
+  while [ "$left" -gt 0 ] && [ "$waited" -lt "$DRAIN_TIMEOUT" ]; do
+    sleep 1; waited=$((waited + 1))
+    [ $((waited % 5)) -ne 0 ] ||
+      left=$(sql -c "SELECT count(*) FROM idempotency_keys WHERE expires_at <= '$cutoff'")
+  done
+  stop_rss_sampler
+  stop_server
+  # The drain ended when the deletions reached the backlog (the timeline has 1 s resolution).
+  local drain_seconds
+  drain_seconds=$(awk -v want="$expired_before" '$2 >= want { print $1; exit }' "$OUT_DIR/raw/expiry-timeline.txt")
+  local finished=false
+  [ "$left" -gt 0 ] || finished=true
+  log "drain finished: $finished after ${drain_seconds:-?}s"
+
+  python3 - "$OUT_DIR/raw/expiry-meta.json" <<PY
+import json, os, sys
+drain = "$drain_seconds"
+json.dump({
+    "started": "$started",
+    "commit": "$commit",
+    "cores": os.cpu_count(),
+    "rows": $ROWS,
+    "expired_before": $expired_before,
+    "connections": $CONNECTIONS,
+    "load_seconds": $LOAD_SECONDS,
+    "pool_size": $POOL_SIZE,
+    "pg_opts": "$BENCH_PG_OPTS",
+    "drain_seconds": float(drain) if drain else None,
+    "drain_finished": "$finished" == "true",
+    "expired_left_after_load": $left_after_load,
+    "batch": 1000,
+}, open(sys.argv[1], "w"), indent=1)
+PY
+  echo
+  python3 "$BENCH_DIR/report.py" expiry --dir "$OUT_DIR"
+  log "written: $OUT_DIR/expiry.json, $OUT_DIR/expiry.md"
+}
+
+main "$@"

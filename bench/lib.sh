@@ -1,0 +1,284 @@
+# Helpers shared by bench/bench.sh and bench/expiry.sh. Sourced, not run.
+#
+# Everything runs on loopback: one PostgreSQL container (port published on 127.0.0.1 only, removed
+# at exit), the release build of idempay on a free port, pgbench and wrk as load generators.
+
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$BENCH_DIR/.." && pwd)
+OUT_DIR="$REPO_DIR/target/bench"
+IDEMPAY="$REPO_DIR/target/release/idempay"
+export SQLX_OFFLINE=true
+
+# The same server settings for both sides of every comparison. synchronous_commit=off keeps commits
+# from waiting on this machine's disk, so the numbers show the cost of the statements and of the
+# service rather than of fsync; BENCH_PG_OPTS replaces the whole set.
+BENCH_PG_OPTS=${BENCH_PG_OPTS:-"-c max_connections=200 -c shared_buffers=512MB -c synchronous_commit=off -c max_wal_size=4GB -c checkpoint_timeout=30min"}
+
+PG_CONTAINER=""
+PG_PORT=""
+DATABASE_URL=""
+SERVER_PID=""
+SERVER_LOG=""
+SAMPLER_PID=""
+declare -a BENCH_CLEANUP=()
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+bench_cleanup() {
+  local status=$?
+  set +e
+  [ -z "$SAMPLER_PID" ] || kill "$SAMPLER_PID" 2>/dev/null
+  stop_server
+  if [ -n "$PG_CONTAINER" ]; then
+    docker rm -f "$PG_CONTAINER" >/dev/null 2>&1
+  fi
+  local cmd
+  for cmd in "${BENCH_CLEANUP[@]}"; do eval "$cmd"; done
+  exit "$status"
+}
+trap bench_cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+need() {
+  command -v "$1" >/dev/null 2>&1 || die "$1 is missing${2:+ ($2)}"
+}
+
+# wrk comes from Debian; install it when absent and we may.
+ensure_wrk() {
+  command -v wrk >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing wrk"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null ||
+      { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+  fi
+  need wrk "apt-get install wrk"
+}
+
+check_tools() {
+  need docker
+  need psql "PostgreSQL client"
+  need pgbench "PostgreSQL client"
+  need python3
+  need cargo
+  ensure_wrk
+}
+
+build_release() {
+  log "building idempay (release)"
+  (cd "$REPO_DIR" && cargo build --release --quiet --bin idempay)
+}
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Starts a PostgreSQL container from the image scripts/pg-image.sh finds or builds.
+start_postgres() {
+  local image
+  image=$(bash "$REPO_DIR/scripts/pg-image.sh" | tail -n 1)
+  PG_CONTAINER="idempay-bench-$$-$RANDOM"
+  log "starting PostgreSQL ($image) with: $BENCH_PG_OPTS"
+  # shellcheck disable=SC2086  # the options are words on purpose
+  docker run -d --rm --name "$PG_CONTAINER" --shm-size=1g \
+    -e POSTGRES_PASSWORD=postgres -p 127.0.0.1::5432 \
+    "$image" $BENCH_PG_OPTS >/dev/null
+  PG_PORT=$(docker port "$PG_CONTAINER" 5432/tcp | sed -n 's/^127\.0\.0\.1:\([0-9]*\)$/\1/p' | head -n 1)
+  [ -n "$PG_PORT" ] || die "cannot find the published PostgreSQL port"
+  DATABASE_URL="postgres://postgres:postgres@127.0.0.1:$PG_PORT/postgres"
+  export DATABASE_URL PGHOST=127.0.0.1 PGPORT="$PG_PORT" PGUSER=postgres PGPASSWORD=postgres PGDATABASE=postgres
+  local i
+  for i in $(seq 1 200); do
+    psql -qAtX -c 'SELECT 1' >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  docker logs "$PG_CONTAINER" >&2 || true
+  die "PostgreSQL did not accept connections"
+}
+
+# psql with errors fatal, quiet, unaligned.
+sql() { psql -qAtX -v ON_ERROR_STOP=1 "$@"; }
+
+# Applies the migrations and creates the bench account; sets API_KEY, ACCOUNT_ID, SCOPE, KEY_HASH.
+prepare_database() {
+  log "migrating and creating the bench account"
+  "$IDEMPAY" migrate 2>/dev/null
+  API_KEY=$("$IDEMPAY" account create --name bench 2>/dev/null | tail -n 1)
+  [ -n "$API_KEY" ] || die "account create printed no key"
+  ACCOUNT_ID=$(sql -c "SELECT id FROM accounts WHERE name = 'bench' ORDER BY created_at DESC LIMIT 1")
+  KEY_HASH=$(sql -c "SELECT encode(api_key_hash, 'hex') FROM accounts WHERE id = '$ACCOUNT_ID'")
+  SCOPE="$ACCOUNT_ID:POST /v1/payments"
+}
+
+# The pool size the server runs with: the option when this build has it, else the built-in 16.
+POOL_SIZE=16
+POOL_CONFIGURABLE=false
+detect_pool_option() {
+  if "$IDEMPAY" serve --help 2>/dev/null | grep -q IDEMPAY_DATABASE_MAX_CONNECTIONS; then
+    POOL_CONFIGURABLE=true
+    POOL_SIZE=${BENCH_POOL:-16}
+  else
+    POOL_CONFIGURABLE=false
+    POOL_SIZE=16
+  fi
+}
+
+# start_server EXPIRY_INTERVAL: serves on a free loopback port; sets SERVER_PID and BASE_URL.
+start_server() {
+  local interval=${1:-1000h} port
+  port=$(free_port)
+  SERVER_LOG="$OUT_DIR/server-$port.log"
+  local env=(
+    "DATABASE_URL=$DATABASE_URL"
+    "IDEMPAY_LISTEN=127.0.0.1:$port"
+    "IDEMPAY_EXPIRY_INTERVAL=$interval"
+    "RUST_LOG=${BENCH_RUST_LOG:-warn,idempay::expiry=info}"
+  )
+  if $POOL_CONFIGURABLE; then
+    env+=("IDEMPAY_DATABASE_MAX_CONNECTIONS=$POOL_SIZE")
+  fi
+  env "${env[@]}" "$IDEMPAY" serve >"$SERVER_LOG" 2>&1 &
+  SERVER_PID=$!
+  BASE_URL="http://127.0.0.1:$port"
+  local i
+  for i in $(seq 1 200); do
+    if python3 - "$BASE_URL/readyz" <<'PY' 2>/dev/null; then
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1], timeout=1).read()
+PY
+      log "idempay serving on $BASE_URL (pid $SERVER_PID, pool $POOL_SIZE, expiry every $interval)"
+      return 0
+    fi
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$SERVER_LOG" >&2; die "idempay serve exited"; }
+    sleep 0.1
+  done
+  die "idempay did not become ready"
+}
+
+stop_server() {
+  [ -n "$SERVER_PID" ] || return 0
+  kill -TERM "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=""
+}
+
+# CPU seconds (user + system) the process has used so far.
+cpu_seconds() {
+  python3 - "$1" <<'PY'
+import os, sys
+fields = open(f"/proc/{sys.argv[1]}/stat").read().rsplit(")", 1)[1].split()
+print((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+PY
+}
+
+# Samples VmRSS and VmHWM (kB) of the server every 200 ms into FILE until stopped.
+start_rss_sampler() {
+  local file=$1 pid=$SERVER_PID
+  (
+    while kill -0 "$pid" 2>/dev/null; do
+      awk '/^VmRSS|^VmHWM/ { printf "%s %s ", $1, $2 } END { print "" }' "/proc/$pid/status" 2>/dev/null
+      sleep 0.2
+    done
+  ) >>"$file" &
+  SAMPLER_PID=$!
+}
+
+stop_rss_sampler() {
+  [ -z "$SAMPLER_PID" ] || kill "$SAMPLER_PID" 2>/dev/null || true
+  wait "$SAMPLER_PID" 2>/dev/null || true
+  SAMPLER_PID=""
+}
+
+# Creates N completed keys through the API, for replays; writes "key amount" lines to FILE.
+seed_replay_keys() {
+  local count=$1 file=$2
+  log "creating $count keys through the API for the replay workloads"
+  python3 "$BENCH_DIR/seed_keys.py" --base-url "$BASE_URL" --api-key "$API_KEY" \
+    --count "$count" --out "$file"
+}
+
+# run_wrk NAME MODE CONNECTIONS SECONDS: writes the done() JSON of one wrk run to $OUT_DIR/raw/NAME.json.
+run_wrk() {
+  local name=$1 mode=$2 conns=$3 secs=$4 threads=2
+  [ "$conns" -ge "$threads" ] || threads=$conns
+  local out="$OUT_DIR/raw/$name.json" cpu0 cpu1
+  cpu0=$(cpu_seconds "$SERVER_PID")
+  BENCH_API_KEY="$API_KEY" BENCH_MODE="$mode" BENCH_KEYS_FILE="$OUT_DIR/replay-keys.txt" \
+    wrk -t"$threads" -c"$conns" -d"${secs}s" --latency --timeout 10s \
+    -s "$BENCH_DIR/wrk/payments.lua" "$BASE_URL/v1/payments" >"$OUT_DIR/raw/$name.wrk.txt" 2>&1 ||
+    { cat "$OUT_DIR/raw/$name.wrk.txt" >&2; die "wrk failed ($name)"; }
+  cpu1=$(cpu_seconds "$SERVER_PID")
+  python3 - "$OUT_DIR/raw/$name.wrk.txt" "$out" "$cpu0" "$cpu1" "$conns" "$mode" <<'PY'
+import json, sys
+text, out, cpu0, cpu1, conns, mode = sys.argv[1:]
+line = next(l for l in open(text) if l.startswith("BENCH_JSON "))
+result = json.loads(line[len("BENCH_JSON "):])
+result.update(server_cpu_s=float(cpu1) - float(cpu0), connections=int(conns), mode=mode)
+json.dump(result, open(out, "w"), indent=1)
+PY
+}
+
+# run_pgbench NAME CONNECTIONS SECONDS SCRIPT...: the limit, with a per-transaction log.
+run_pgbench() {
+  local name=$1 conns=$2 secs=$3; shift 3
+  local threads=2 scripts=() s
+  [ "$conns" -ge "$threads" ] || threads=$conns
+  for s in "$@"; do scripts+=(-f "$BENCH_DIR/pgbench/$s"); done
+  mkdir -p "$OUT_DIR/raw/pgbench"
+  rm -f "$OUT_DIR/raw/pgbench/$name".*
+  pgbench -n -M prepared -T "$secs" -c "$conns" -j "$threads" \
+    -l --log-prefix="$OUT_DIR/raw/pgbench/$name" \
+    -D "api_key_hash=\\x$KEY_HASH" -D "scope=$SCOPE" \
+    -D "request_hash=\\x$REQUEST_HASH_HEX" \
+    -D "response_headers=$RESPONSE_HEADERS" -D "response_body=\\x$RESPONSE_BODY_HEX" \
+    -D "lease_ms=30000" -D "ttl_ms=86400000" -D "replay_keys=$PGBENCH_REPLAY_KEYS" \
+    -D "currency=eur" -D "payment_method=pm_card_visa" -D "payment_status=succeeded" \
+    "${scripts[@]}" >"$OUT_DIR/raw/$name.pgbench.txt" 2>&1 ||
+    { cat "$OUT_DIR/raw/$name.pgbench.txt" >&2; die "pgbench failed ($name)"; }
+  python3 "$BENCH_DIR/report.py" pgbench-summary --name "$name" --connections "$conns" \
+    --stdout "$OUT_DIR/raw/$name.pgbench.txt" --log-prefix "$OUT_DIR/raw/pgbench/$name" \
+    --out "$OUT_DIR/raw/$name.json"
+  rm -f "$OUT_DIR/raw/pgbench/$name".*
+}
+
+# What a payment's stored response looks like, for rows made with SQL rather than the API: the
+# same sizes as the real thing.
+RESPONSE_HEADERS='{"content-type": "application/json", "location": "/v1/payments/pay_Rhuo97HReZH9kf4DtZplUvm6"}'
+RESPONSE_BODY='{"id":"pay_Rhuo97HReZH9kf4DtZplUvm6","object":"payment","amount":1000,"currency":"eur","status":"succeeded","payment_method":"pm_card_visa","order":null,"description":null,"amount_refunded":0,"amount_disputed":0,"created_at":"2026-11-29T20:35:27.773012Z"}'
+RESPONSE_BODY_HEX=$(printf '%s' "$RESPONSE_BODY" | od -An -v -tx1 | tr -d ' \n')
+REQUEST_HASH_HEX=$(printf 'bench' | sha256sum | cut -d' ' -f1)
+
+# seed_keys TARGET_ROWS [EXPIRED_FRACTION]: adds completed keys with SQL until the table holds
+# TARGET_ROWS rows. With a fraction, keys are spread over the last 48 h by age, the oldest
+# FRACTION of them already past expires_at (TTL 24 h), as a table that was never drained.
+seed_keys() {
+  local target=$1 expired=${2:-0} have chunk=1000000 n
+  have=$(sql -c "SELECT count(*) FROM idempotency_keys")
+  while [ "$have" -lt "$target" ]; do
+    n=$((target - have)); [ "$n" -le "$chunk" ] || n=$chunk
+    sql -v scope="$SCOPE" -v n="$n" -v start="$have" -v total="$target" -v expired="$expired" \
+      -v headers="$RESPONSE_HEADERS" -v body="$RESPONSE_BODY" <<'SQL'
+INSERT INTO idempotency_keys
+    (scope, idem_key, request_hash, status, response_code, response_headers, response_body,
+     created_at, expires_at)
+SELECT :'scope', gen_random_uuid()::text, sha256(int8send(i)), 'completed', 201,
+       :'headers'::jsonb, convert_to(:'body', 'UTF8'), t.created_at, t.created_at + interval '24 hours'
+FROM generate_series(:start + 1, :start + :n) AS i,
+     LATERAL (SELECT CASE WHEN :expired > 0
+                          -- the oldest first: the first `expired` share of the rows is over 24 h old
+                          THEN now() - interval '24 hours' * ((1 - i::float8 / :total) / (1 - :expired))
+                          ELSE now() END AS created_at) AS t;
+SQL
+    have=$((have + n))
+    log "  idempotency_keys: $have rows"
+  done
+  sql -c "VACUUM ANALYZE idempotency_keys" >/dev/null
+}
+
+# A quiet start for each measurement: dirty pages written, statistics current.
+settle() {
+  sql -c "CHECKPOINT" >/dev/null
+}

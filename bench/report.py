@@ -1,0 +1,383 @@
+"""Arithmetic and tables for bench/bench.sh and bench/expiry.sh (standard library only).
+
+  report.py pgbench-summary ...  one pgbench run: throughput from its output, latency percentiles
+                                 from its per-transaction log
+  report.py bench --dir D        target/bench/bench.json and bench.md from the raw runs
+  report.py expiry --dir D       target/bench/expiry.json and expiry.md
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+
+def percentile(sorted_values, p):
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, math.ceil(p / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def latency_summary(micros):
+    micros.sort()
+    ms = lambda v: round(v / 1000, 3)
+    return {
+        "p50_ms": ms(percentile(micros, 50)),
+        "p90_ms": ms(percentile(micros, 90)),
+        "p99_ms": ms(percentile(micros, 99)),
+        "p999_ms": ms(percentile(micros, 99.9)),
+        "max_ms": ms(micros[-1]) if micros else float("nan"),
+        "mean_ms": ms(sum(micros) / len(micros)) if micros else float("nan"),
+    }
+
+
+def pgbench_summary(args):
+    text = open(args.stdout).read()
+    tps = re.search(r"^tps = ([0-9.]+) \(without initial connection time\)", text, re.M)
+    processed = re.search(r"number of transactions actually processed: (\d+)", text)
+    failed = re.search(r"number of failed transactions: (\d+)", text)
+    duration = re.search(r"duration: (\d+) s", text)
+    latencies, per_script, failures = [], {}, 0
+    for path in glob.glob(args.log_prefix + ".*"):
+        with open(path) as log:
+            for line in log:
+                fields = line.split()
+                if len(fields) < 6:
+                    continue
+                if not fields[2].isdigit():  # "failed" or "skipped"
+                    failures += 1
+                    continue
+                latency = int(fields[2])
+                latencies.append(latency)
+                per_script.setdefault(fields[3], []).append(latency)
+    result = {
+        "name": args.name,
+        "connections": args.connections,
+        "requests": int(processed.group(1)) if processed else len(latencies),
+        "duration_s": float(duration.group(1)) if duration else None,
+        "rps": float(tps.group(1)) if tps else None,
+        "failed": (int(failed.group(1)) if failed else 0) + failures,
+        "non_2xx": (int(failed.group(1)) if failed else 0) + failures,
+    }
+    result.update(latency_summary(latencies))
+    if len(per_script) > 1:
+        result["per_script"] = {
+            script: dict(count=len(values), **latency_summary(values))
+            for script, values in sorted(per_script.items())
+        }
+    with open(args.out, "w") as out:
+        json.dump(result, out, indent=1)
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def ratio(a, b):
+    if a is None or b in (None, 0) or (isinstance(a, float) and math.isnan(a)):
+        return None
+    return round(a / b, 2)
+
+
+def fmt(value, digits=2):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def md_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def bench(args):
+    raw = os.path.join(args.dir, "raw")
+    meta = load(os.path.join(raw, "meta.json"))
+    results = []
+    for workload in meta["workloads"]:
+        for conns in meta["concurrency"]:
+            limit = load(os.path.join(raw, f"main-{workload}-c{conns}-limit.json"))
+            idem = load(os.path.join(raw, f"main-{workload}-c{conns}-idempay.json"))
+            if idem.get("requests"):
+                idem["server_cpu_us_per_request"] = round(
+                    idem["server_cpu_s"] / idem["requests"] * 1e6, 1
+                )
+            results.append(
+                {
+                    "workload": workload,
+                    "concurrency": conns,
+                    "limit": limit,
+                    "idempay": idem,
+                    "ratio": {
+                        "rps": ratio(idem["rps"], limit["rps"]),
+                        "p50": ratio(idem["p50_ms"], limit["p50_ms"]),
+                        "p99": ratio(idem["p99_ms"], limit["p99_ms"]),
+                    },
+                }
+            )
+    rss = []
+    rss_path = os.path.join(raw, "rss.txt")
+    if os.path.exists(rss_path):
+        for line in open(rss_path):
+            values = dict(re.findall(r"(VmRSS|VmHWM): (\d+)", line))
+            if values:
+                rss.append({k: int(v) for k, v in values.items()})
+    rss_summary = {
+        "samples": len(rss),
+        "idle_rss_kb": meta.get("idle_rss_kb"),
+        "max_vmrss_kb": max((r.get("VmRSS", 0) for r in rss), default=None),
+        "vmhwm_kb": max((r.get("VmHWM", 0) for r in rss), default=None),
+    }
+    sizes = []
+    for rows in meta.get("sizes", []):
+        entry = {"rows": rows}
+        for workload in ("new", "replay"):
+            for side in ("limit", "idempay"):
+                path = os.path.join(raw, f"size-{rows}-{workload}-{side}.json")
+                if os.path.exists(path):
+                    entry[f"{workload}_{side}"] = load(path)
+        entry["actual_rows"] = meta.get("size_actual_rows", {}).get(str(rows))
+        sizes.append(entry)
+    report = {"meta": meta, "results": results, "rss": rss_summary, "table_size": sizes}
+    with open(os.path.join(args.dir, "bench.json"), "w") as out:
+        json.dump(report, out, indent=1)
+
+    md = []
+    md.append(
+        f"Run {meta['started']}, commit {meta['commit']}, {meta['cores']} cores shared by the load "
+        f"generator, idempay and PostgreSQL; {meta['seconds']} s per measurement; idempay pool "
+        f"{meta['pool_size']} connections{'' if meta['pool_configurable'] else ' (fixed)'}; "
+        f"PostgreSQL `{meta['pg_opts']}`."
+    )
+    md.append("")
+    md.append(
+        "Limit: pgbench running the request's SQL (prepared). idempay: wrk over HTTP on loopback. "
+        "Ratios are idempay / limit (throughput: higher is better; latency: lower is better)."
+    )
+    md.append("")
+    rows = []
+    for r in results:
+        lim, idem, rat = r["limit"], r["idempay"], r["ratio"]
+        errors = idem.get("non_2xx", 0) + sum(idem.get("socket_errors", {}).values())
+        rows.append(
+            [
+                r["workload"],
+                r["concurrency"],
+                fmt(lim["rps"], 0),
+                fmt(lim["p50_ms"]),
+                fmt(lim["p99_ms"]),
+                fmt(idem["rps"], 0),
+                fmt(idem["p50_ms"]),
+                fmt(idem["p99_ms"]),
+                fmt(rat["rps"]),
+                fmt(rat["p50"]),
+                fmt(rat["p99"]),
+                fmt(idem.get("server_cpu_us_per_request"), 0),
+                f"{errors} / {lim.get('failed', 0)}",
+            ]
+        )
+    md.append(
+        md_table(
+            [
+                "workload",
+                "c",
+                "limit req/s",
+                "limit p50 ms",
+                "limit p99 ms",
+                "idempay req/s",
+                "idempay p50 ms",
+                "idempay p99 ms",
+                "req/s ratio",
+                "p50 ratio",
+                "p99 ratio",
+                "idempay CPU µs/req",
+                "errors idempay / limit",
+            ],
+            rows,
+        )
+    )
+    md.append("")
+    if rss_summary["max_vmrss_kb"]:
+        md.append(
+            f"idempay memory: idle RSS {fmt((rss_summary['idle_rss_kb'] or 0) / 1024, 1)} MiB; "
+            f"under the c=64 runs VmRSS at most {fmt(rss_summary['max_vmrss_kb'] / 1024, 1)} MiB, "
+            f"VmHWM {fmt(rss_summary['vmhwm_kb'] / 1024, 1)} MiB ({rss_summary['samples']} samples)."
+        )
+        md.append("")
+    if sizes:
+        md.append("Latency as the key table grows (c=16, completed keys seeded with SQL):")
+        md.append("")
+        size_rows = []
+        for s in sizes:
+            cells = [fmt(s["actual_rows"] or s["rows"])]
+            for key in ("new_limit", "new_idempay", "replay_limit", "replay_idempay"):
+                v = s.get(key)
+                cells.append(
+                    f"{fmt(v['rps'], 0)} / {fmt(v['p50_ms'])} / {fmt(v['p99_ms'])}" if v else "–"
+                )
+            size_rows.append(cells)
+        md.append(
+            md_table(
+                [
+                    "rows",
+                    "new, limit (req/s / p50 / p99 ms)",
+                    "new, idempay",
+                    "replay, limit",
+                    "replay, idempay",
+                ],
+                size_rows,
+            )
+        )
+        md.append("")
+    text = "\n".join(md)
+    with open(os.path.join(args.dir, "bench.md"), "w") as out:
+        out.write(text)
+    print(text)
+
+
+def expiry(args):
+    raw = os.path.join(args.dir, "raw")
+    meta = load(os.path.join(raw, "expiry-meta.json"))
+    base = load(os.path.join(raw, "expiry-baseline.json"))
+    drain = load(os.path.join(raw, "expiry-drain.json"))
+    # Deletions over time: "seconds_since_start deleted_total expired_left" lines.
+    timeline = []
+    for line in open(os.path.join(raw, "expiry-timeline.txt")):
+        parts = line.split()
+        if len(parts) == 3:
+            timeline.append([float(parts[0]), int(parts[1]), int(parts[2]) if parts[2] != "-" else None])
+    expired_before = meta["expired_before"]
+    drain_seconds = meta.get("drain_seconds")
+    rows_per_s = round(expired_before / drain_seconds) if drain_seconds else None
+    # Rows per second while the load ran, from the deletion counter.
+    load_window = [t for t in timeline if t[0] <= meta["load_seconds"]]
+    during_load = None
+    if len(load_window) >= 2:
+        (t0, d0, _), (t1, d1, _) = load_window[0], load_window[-1]
+        during_load = round((d1 - d0) / (t1 - t0)) if t1 > t0 else None
+    plans = load(os.path.join(raw, "expiry-plans.json"))
+    report = {
+        "meta": meta,
+        "baseline": base,
+        "during_drain": drain,
+        "ratio": {
+            "p50": ratio(drain["p50_ms"], base["p50_ms"]),
+            "p99": ratio(drain["p99_ms"], base["p99_ms"]),
+            "rps": ratio(drain["rps"], base["rps"]),
+        },
+        "drain": {
+            "expired_rows": expired_before,
+            "seconds": drain_seconds,
+            "rows_per_s": rows_per_s,
+            "rows_per_s_during_load": during_load,
+            "finished": meta.get("drain_finished"),
+            "expired_left_at_end_of_load": meta.get("expired_left_after_load"),
+            "timeline": timeline,
+        },
+        "plans": plans,
+    }
+    with open(os.path.join(args.dir, "expiry.json"), "w") as out:
+        json.dump(report, out, indent=1)
+    md = []
+    md.append(
+        f"Run {meta['started']}, commit {meta['commit']}, {meta['cores']} cores shared by wrk, "
+        f"idempay and PostgreSQL. {fmt(meta['rows'])} keys seeded, {fmt(expired_before)} of them "
+        f"expired; load: wrk c={meta['connections']}, 50 % new keys / 50 % replays, "
+        f"{meta['load_seconds']} s per phase."
+    )
+    md.append("")
+    rows = []
+    for label, r in (("expiry job off", base), ("expiry job draining", drain)):
+        errors = r.get("non_2xx", 0) + sum(r.get("socket_errors", {}).values())
+        rows.append([label, fmt(r["rps"], 0), fmt(r["p50_ms"]), fmt(r["p99_ms"]), errors])
+    rat = report["ratio"]
+    rows.append(["ratio drain / off", fmt(rat["rps"]), fmt(rat["p50"]), fmt(rat["p99"]), ""])
+    md.append(md_table(["phase", "req/s", "p50 ms", "p99 ms", "errors"], rows))
+    md.append("")
+    d = report["drain"]
+    if d["seconds"]:
+        md.append(
+            f"Drain: {fmt(expired_before)} expired rows deleted in {fmt(d['seconds'], 1)} s, "
+            f"{fmt(d['rows_per_s'])} rows/s overall"
+            + (f", {fmt(during_load)} rows/s while the load ran" if during_load else "")
+            + "."
+        )
+    else:
+        md.append(
+            f"Drain did not finish within the measurement: {fmt(d['expired_left_at_end_of_load'])} "
+            f"expired rows left; {fmt(during_load)} rows/s while the load ran."
+        )
+    md.append("")
+    for plan in plans:
+        md.append(
+            f"- {plan['name']}: {'index scan' if plan['index_scan'] else 'NO index scan'}"
+            f"{', seq scan present' if plan['seq_scan'] else ''}"
+            f" ({plan['summary']})"
+        )
+    md.append("")
+    text = "\n".join(md)
+    with open(os.path.join(args.dir, "expiry.md"), "w") as out:
+        out.write(text)
+    print(text)
+
+
+def plans(args):
+    """Reads EXPLAIN outputs (FILE NAME pairs) and writes a JSON list with scan types."""
+    result = []
+    for path, name in zip(args.files[::2], args.files[1::2]):
+        text = open(path).read()
+        nodes = re.findall(r"(Index Only Scan|Index Scan|Bitmap Index Scan|Seq Scan)(?: Backward)?(?: using (\S+))? on (\S+)", text)
+        summary = ", ".join(
+            f"{kind}{' using ' + index if index else ''} on {table}" for kind, index, table in nodes
+        )
+        execution = re.search(r"Execution Time: ([0-9.]+) ms", text)
+        if execution:
+            summary += f"; execution {execution.group(1)} ms"
+        result.append(
+            {
+                "name": name,
+                "index_scan": any(kind != "Seq Scan" for kind, _, _ in nodes),
+                "seq_scan": any(kind == "Seq Scan" for kind, _, _ in nodes),
+                "summary": summary,
+                "plan": text,
+            }
+        )
+    with open(args.out, "w") as out:
+        json.dump(result, out, indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pgbench-summary")
+    p.add_argument("--name", required=True)
+    p.add_argument("--connections", type=int, required=True)
+    p.add_argument("--stdout", required=True)
+    p.add_argument("--log-prefix", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=pgbench_summary)
+    p = sub.add_parser("bench")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(func=bench)
+    p = sub.add_parser("expiry")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(func=expiry)
+    p = sub.add_parser("plans")
+    p.add_argument("--out", required=True)
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=plans)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
