@@ -8,7 +8,8 @@ set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$BENCH_DIR/.." && pwd)
 OUT_DIR="$REPO_DIR/target/bench"
-IDEMPAY="$REPO_DIR/target/release/idempay"
+# BENCH_IDEMPAY_BIN runs a binary built elsewhere (another revision) instead of building this tree.
+IDEMPAY=${BENCH_IDEMPAY_BIN:-"$REPO_DIR/target/release/idempay"}
 export SQLX_OFFLINE=true
 
 # The same server settings for both sides of every comparison. synchronous_commit=off keeps commits
@@ -68,6 +69,11 @@ check_tools() {
 }
 
 build_release() {
+  if [ -n "${BENCH_IDEMPAY_BIN:-}" ]; then
+    [ -x "$IDEMPAY" ] || die "BENCH_IDEMPAY_BIN=$IDEMPAY is not executable"
+    log "using $IDEMPAY"
+    return 0
+  fi
   log "building idempay (release)"
   (cd "$REPO_DIR" && cargo build --release --quiet --bin idempay)
 }
