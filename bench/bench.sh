@@ -11,6 +11,7 @@
 #   BENCH_QUICK=1           2 s per measurement, at most 100k rows: to try it out
 #   BENCH_POOL=16           idempay's pool size, when the build has IDEMPAY_DATABASE_MAX_CONNECTIONS
 #   BENCH_CONCURRENCY, BENCH_WORKLOADS, BENCH_PG_OPTS  narrow the matrix, change the server
+#   BENCH_IDEMPAY_BIN, BENCH_LABEL  run a binary built elsewhere (another revision), named so
 #
 # Results: target/bench/bench.json and bench.md (the printed table), raw runs in target/bench/raw.
 
@@ -89,8 +90,11 @@ main() {
   commit=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)
   git -C "$REPO_DIR" diff --quiet HEAD -- src migrations Cargo.toml Cargo.lock 2>/dev/null ||
     commit="$commit+local-changes"
+  # A binary built elsewhere is described by BENCH_LABEL (e.g. the revision it was built from).
+  [ -z "${BENCH_IDEMPAY_BIN:-}" ] || commit=${BENCH_LABEL:-"$BENCH_IDEMPAY_BIN"}
 
   build_release
+  warn_if_busy
   detect_pool_option
   $POOL_CONFIGURABLE ||
     log "this build has no IDEMPAY_DATABASE_MAX_CONNECTIONS: the pool is its fixed 16 connections"
@@ -164,6 +168,10 @@ json.dump({
     "pgbench_replay_keys": $PGBENCH_REPLAY_KEYS,
     "api_replay_keys": $API_REPLAY_KEYS,
     "keys_left_in_progress": int("$stuck"),
+    "idempay_bin": "$IDEMPAY",
+    "loadavg_before": float("$LOADAVG_START"),
+    "wrk": "$(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)",
+    "pgbench": "$(pgbench --version)",
 }, open(sys.argv[1], "w"), indent=1)
 PY
   echo

@@ -149,8 +149,11 @@ main() {
   commit=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)
   git -C "$REPO_DIR" diff --quiet HEAD -- src migrations Cargo.toml Cargo.lock 2>/dev/null ||
     commit="$commit+local-changes"
+  # A binary built elsewhere is described by BENCH_LABEL (e.g. the revision it was built from).
+  [ -z "${BENCH_IDEMPAY_BIN:-}" ] || commit=${BENCH_LABEL:-"$BENCH_IDEMPAY_BIN"}
 
   build_release
+  warn_if_busy
   detect_pool_option
   start_postgres
   prepare_database
@@ -224,6 +227,8 @@ json.dump({
     "drain_finished": "$finished" == "true",
     "expired_left_after_load": $left_after_load,
     "batch": 1000,
+    "idempay_bin": "$IDEMPAY",
+    "loadavg_before": float("$LOADAVG_START"),
 }, open(sys.argv[1], "w"), indent=1)
 PY
   echo

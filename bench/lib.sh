@@ -59,6 +59,15 @@ ensure_wrk() {
   need wrk "apt-get install wrk"
 }
 
+# The machine's 1-minute load average before a run: anything else using the CPU makes every
+# number lower and noisier, as load generator, server and database share the cores.
+warn_if_busy() {
+  LOADAVG_START=$(cut -d' ' -f1 /proc/loadavg)
+  if awk -v l="$LOADAVG_START" 'BEGIN { exit !(l > 1.0) }'; then
+    log "warning: load average $LOADAVG_START before the run: other processes use the CPU"
+  fi
+}
+
 check_tools() {
   need docker
   need psql "PostgreSQL client"

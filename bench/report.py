@@ -154,7 +154,8 @@ def bench(args):
     md = []
     md.append(
         f"Run {meta['started']}, commit {meta['commit']}, {meta['cores']} cores shared by the load "
-        f"generator, idempay and PostgreSQL; {meta['seconds']} s per measurement; idempay pool "
+        f"generator, idempay and PostgreSQL (load average {meta.get('loadavg_before')} before the "
+        f"run); {meta['seconds']} s per measurement; idempay pool "
         f"{meta['pool_size']} connections{'' if meta['pool_configurable'] else ' (fixed)'}; "
         f"PostgreSQL `{meta['pg_opts']}`."
     )
@@ -182,6 +183,7 @@ def bench(args):
                 fmt(rat["p50"]),
                 fmt(rat["p99"]),
                 fmt(idem.get("server_cpu_us_per_request"), 0),
+                f"{100 * idem.get('replayed', 0) / max(idem.get('answers', 0), 1):.0f} %",
                 f"{errors} / {lim.get('failed', 0)}",
             ]
         )
@@ -200,6 +202,7 @@ def bench(args):
                 "p50 ratio",
                 "p99 ratio",
                 "idempay CPU µs/req",
+                "replayed",
                 "errors idempay / limit",
             ],
             rows,
