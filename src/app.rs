@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 use utoipa::OpenApi;
@@ -27,7 +28,7 @@ use crate::idempotency::{Idempotency, Policy};
 use crate::openapi::ApiDoc;
 use crate::payments::Processor;
 use crate::webhooks::WebhookSecret;
-use crate::{expiry, health, payments, problems, refunds, webhooks};
+use crate::{expiry, health, payments, problems, refunds, server, webhooks};
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -44,6 +45,8 @@ pub struct AppState {
     pub webhook_secret: Option<WebhookSecret>,
     /// How long processed webhook event ids are remembered.
     pub event_ttl: Duration,
+    /// How long a request body may stall before the request is answered with 408.
+    pub body_read_timeout: Duration,
 }
 
 impl FromRef<AppState> for PgPool {
@@ -63,6 +66,7 @@ impl AppState {
             processor: Processor::new(settings.slow_charge),
             webhook_secret: settings.webhook_secret.clone(),
             event_ttl: settings.key_ttl,
+            body_read_timeout: settings.body_read_timeout,
             pool,
         }
     }
@@ -81,6 +85,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// The whole HTTP API, its description at `/openapi.json` and the browsable docs at `/docs`.
 /// Everything answers errors as problem documents, including unknown routes and methods.
 pub fn router(state: AppState) -> Router {
+    let body_read_timeout = state.body_read_timeout;
     let (api, description) = routes().split_for_parts();
     api.merge(SwaggerUi::new("/docs").url("/openapi.json", description))
         .fallback(not_found)
@@ -100,7 +105,8 @@ pub fn router(state: AppState) -> Router {
                     Problem::new(ProblemKind::Internal, "The request failed on our side.")
                         .into_response()
                 }))
-                .layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
+                .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+                .layer(RequestBodyTimeoutLayer::new(body_read_timeout)),
         )
         .with_state(state)
 }
@@ -180,12 +186,16 @@ impl Application {
             self.settings.expiry_interval,
             stop.clone(),
         );
-        let served = axum::serve(self.listener, router(self.state))
-            .with_graceful_shutdown(async move {
+        let served = server::serve(
+            self.listener,
+            router(self.state),
+            self.settings.header_read_timeout,
+            async move {
                 shutdown.await;
                 tracing::info!("shutting down: finishing in-flight requests");
-            })
-            .await;
+            },
+        )
+        .await;
         stop.cancel();
         if let Err(error) = expiry.await {
             tracing::error!(%error, "expiry job ended abnormally");

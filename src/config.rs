@@ -30,6 +30,17 @@ pub struct Settings {
     /// The secret shared with the payment processor to sign webhooks (`whsec_…`).
     #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
     pub webhook_secret: Option<WebhookSecret>,
+
+    /// How long a client may take to send a request's headers, counted from the connection's
+    /// accept for its first request; an idle keep-alive connection is closed after it too. A
+    /// client that sends its headers a byte at a time, or nothing, is cut off without an answer.
+    #[arg(long, env = "IDEMPAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
+    pub header_read_timeout: Duration,
+
+    /// How long a request body may stall (no data arriving) before the request is answered with
+    /// 408. Shorter than the request timeout, so that a stalled body is told apart from slow work.
+    #[arg(long, env = "IDEMPAY_BODY_READ_TIMEOUT", default_value = "5s", value_parser = parse_timeout)]
+    pub body_read_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -40,6 +51,8 @@ impl Default for Settings {
             lease: Duration::from_secs(30),
             slow_charge: Duration::from_secs(2),
             webhook_secret: None,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -69,6 +82,15 @@ fn parse_lease(raw: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+/// A timeout of zero would cut every client off.
+fn parse_timeout(raw: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
+    if timeout.is_zero() {
+        return Err("a timeout must be longer than zero".to_owned());
+    }
+    Ok(timeout)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +114,12 @@ mod tests {
         assert_eq!(parsed.lease, Duration::from_secs(1));
         assert_eq!(parsed.key_ttl, Duration::from_secs(90 * 60));
         assert!(Cli::try_parse_from(["idempay", "--lease", "10ms"]).is_err());
+    }
+
+    #[test]
+    fn a_client_timeout_of_zero_is_refused() {
+        assert!(Cli::try_parse_from(["idempay", "--header-read-timeout", "0s"]).is_err());
+        let parsed = Cli::parse_from(["idempay", "--body-read-timeout", "1s"]).settings;
+        assert_eq!(parsed.body_read_timeout, Duration::from_secs(1));
     }
 }

@@ -22,6 +22,7 @@ pub enum ProblemKind {
     CardDeclined,
     NotFound,
     MethodNotAllowed,
+    RequestTimeout,
     IdempotencyKeyInUse,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -36,13 +37,14 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 16] = [
+    pub const ALL: [ProblemKind; 17] = [
         Self::InvalidRequest,
         Self::InvalidIdempotencyKey,
         Self::Unauthorized,
         Self::CardDeclined,
         Self::NotFound,
         Self::MethodNotAllowed,
+        Self::RequestTimeout,
         Self::IdempotencyKeyInUse,
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
@@ -66,6 +68,7 @@ impl ProblemKind {
             Self::CardDeclined => StatusCode::PAYMENT_REQUIRED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::IdempotencyKeyInUse => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -84,6 +87,7 @@ impl ProblemKind {
             Self::CardDeclined => "/problems/card-declined",
             Self::NotFound => "/problems/not-found",
             Self::MethodNotAllowed => "/problems/method-not-allowed",
+            Self::RequestTimeout => "/problems/request-timeout",
             Self::IdempotencyKeyInUse => "/problems/idempotency-key-in-use",
             Self::PayloadTooLarge => "/problems/payload-too-large",
             Self::UnsupportedMediaType => "/problems/unsupported-media-type",
@@ -110,6 +114,7 @@ impl ProblemKind {
             Self::CardDeclined => "The card was declined",
             Self::NotFound => "Not found",
             Self::MethodNotAllowed => "Method not allowed",
+            Self::RequestTimeout => "The request body stopped arriving",
             Self::IdempotencyKeyInUse => "A request with this Idempotency-Key is still in progress",
             Self::PayloadTooLarge => "The request body is too large",
             Self::UnsupportedMediaType => "The request body must be application/json",
@@ -151,6 +156,12 @@ impl ProblemKind {
             }
             Self::MethodNotAllowed => {
                 "The route exists but not with this method; the `Allow` header lists those it takes."
+            }
+            Self::RequestTimeout => {
+                "The request body stopped arriving: no data came for 5 seconds (by default) while \
+                 the rest of the body announced by `Content-Length` was awaited, so the request was \
+                 given up. Nothing was recorded and the Idempotency-Key \
+                 was not used: send the whole request again, with the same key."
             }
             Self::IdempotencyKeyInUse => {
                 "Another request with the same key is still being processed. Retry after \
@@ -269,6 +280,10 @@ pub enum IdempotencyProblems {
         headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key."))
     )]
     KeyInUse(Problem),
+    /// The body stopped arriving before it was complete (`request-timeout`). Nothing was
+    /// reserved: send the request again with the same key.
+    #[response(status = 408, content_type = "application/problem+json")]
+    RequestTimeout(Problem),
     /// The body is over 64 KiB (`payload-too-large`). Nothing was reserved.
     #[response(status = 413, content_type = "application/problem+json")]
     PayloadTooLarge(Problem),
@@ -332,6 +347,10 @@ impl Problem {
         if let Some(after) = self.retry_after {
             let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             headers.push((header::RETRY_AFTER, HeaderValue::from(seconds.max(1))));
+        }
+        if self.kind == ProblemKind::RequestTimeout {
+            // The rest of the body may still arrive: the connection cannot carry another request.
+            headers.push((header::CONNECTION, HeaderValue::from_static("close")));
         }
         if self.kind == ProblemKind::Unauthorized {
             headers.push((

@@ -1,7 +1,10 @@
 //! Extractors whose rejections are problem documents, like every other error of the API.
 
+use std::error::Error;
+
 use axum::extract::FromRequestParts;
-use axum::extract::rejection::PathRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::http::StatusCode;
 
 use crate::error::{Problem, ProblemKind};
 
@@ -17,4 +20,35 @@ impl From<PathRejection> for Problem {
             format!("No such resource: {}.", rejection.body_text()),
         )
     }
+}
+
+/// A body that could not be read whole: over the size limit (413), stalled past the body read
+/// timeout (408), or otherwise broken off (400; the client has usually gone by then).
+impl From<BytesRejection> for Problem {
+    fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::new(ProblemKind::PayloadTooLarge, rejection.body_text())
+        } else if timed_out(&rejection) {
+            Problem::new(
+                ProblemKind::RequestTimeout,
+                "The request body stopped arriving before it was complete. Nothing was recorded: \
+                 send the whole request again, with the same Idempotency-Key.",
+            )
+        } else {
+            Problem::new(ProblemKind::InvalidRequest, rejection.body_text())
+        }
+    }
+}
+
+/// Whether the body read timeout (`tower_http`'s request body timeout) cut the body off; the
+/// error is wrapped a few times on its way to the extractor.
+fn timed_out(rejection: &BytesRejection) -> bool {
+    let mut cause: Option<&(dyn Error + 'static)> = Some(rejection);
+    while let Some(error) = cause {
+        if error.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }

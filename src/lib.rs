@@ -29,5 +29,6 @@ pub mod payments;
 pub mod postgres;
 pub mod problems;
 pub mod refunds;
+pub mod server;
 pub mod telemetry;
 pub mod webhooks;

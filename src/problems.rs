@@ -18,10 +18,10 @@ pub fn router() -> OpenApiRouter<AppState> {
 ///
 /// The page a problem document's `type` resolves to: what the problem means and what to do.
 /// The kinds are `invalid-request`, `invalid-idempotency-key`, `unauthorized`, `card-declined`,
-/// `not-found`, `method-not-allowed`, `idempotency-key-in-use`, `payload-too-large`,
-/// `unsupported-media-type`, `idempotency-key-mismatch`, `payment-not-refundable`,
-/// `refund-exceeds-payment`, `webhook-signature-invalid`, `webhook-timestamp-out-of-range`,
-/// `internal` and `service-unavailable`.
+/// `not-found`, `method-not-allowed`, `request-timeout`, `idempotency-key-in-use`,
+/// `payload-too-large`, `unsupported-media-type`, `idempotency-key-mismatch`,
+/// `payment-not-refundable`, `refund-exceeds-payment`, `webhook-signature-invalid`,
+/// `webhook-timestamp-out-of-range`, `internal` and `service-unavailable`.
 #[utoipa::path(
     get,
     path = "/problems/{name}",

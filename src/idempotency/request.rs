@@ -2,7 +2,7 @@
 //! is reserved, so a rejected request leaves nothing behind and does not burn its key.
 
 use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, header};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
@@ -49,7 +49,8 @@ impl KeyedRequest {
 
 /// A JSON body of type `T` that arrived with a valid `Idempotency-Key`, from an authenticated
 /// account. Rejections are problem documents: 401 without a valid API key, 400 for the key or the
-/// body, 415 for a body that is not JSON, 413 for one over the size limit.
+/// body, 415 for a body that is not JSON, 413 for one over the size limit, 408 for one that stopped
+/// arriving.
 #[derive(Debug)]
 pub struct Idempotent<T> {
     pub request: KeyedRequest,
@@ -80,13 +81,9 @@ where
         if typed {
             require_json(req.headers())?;
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::new(ProblemKind::PayloadTooLarge, rejection.body_text())
-            } else {
-                Problem::new(ProblemKind::InvalidRequest, rejection.body_text())
-            }
-        })?;
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(Problem::from)?;
         // No body at all, or `null`, is an empty object, as a full refund is asked for with a bare
         // POST; a body needs its content type.
         let bytes = match (typed, bytes.is_empty()) {

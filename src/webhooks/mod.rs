@@ -65,6 +65,8 @@ pub struct Acknowledgement {
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No signature matches (`webhook-signature-invalid`).",
             body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body stopped arriving before it was complete (`request-timeout`); nothing was applied, deliver again.",
+            body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "The body is over 64 KiB (`payload-too-large`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A fault of ours (`internal`); nothing was applied, deliver again.",
@@ -87,8 +89,7 @@ async fn receive(
         .retry_after(Duration::from_secs(60))
         .into());
     };
-    let body = body
-        .map_err(|rejection| Problem::new(ProblemKind::PayloadTooLarge, rejection.body_text()))?;
+    let body = body.map_err(Problem::from)?;
     let id = verify(secret, &headers, &body, SystemTime::now()).map_err(|rejection| {
         let kind = match rejection {
             Rejection::MissingHeader(_) => ProblemKind::InvalidRequest,
