@@ -18,6 +18,7 @@ mod listing;
 mod mechanism;
 mod payments;
 mod refunds;
+mod slow_clients;
 mod webhooks;
 
 use std::process::ExitCode;
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
         cli::trials(),
         faults::trials(),
         docs::trials(),
+        slow_clients::trials(),
     ]
     .into_iter()
     .flatten()
