@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef, Request};
 use axum::http::HeaderName;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -22,13 +23,14 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
+use crate::accounts::AccountCache;
 use crate::config::Settings;
 use crate::error::{Problem, ProblemKind};
 use crate::idempotency::{Idempotency, Policy};
 use crate::openapi::ApiDoc;
 use crate::payments::Processor;
 use crate::webhooks::WebhookSecret;
-use crate::{expiry, health, payments, problems, refunds, server, webhooks};
+use crate::{expiry, health, monitoring, payments, problems, refunds, server, webhooks};
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -39,6 +41,7 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 #[derive(Clone, Debug)]
 pub struct AppState {
     pub pool: PgPool,
+    pub accounts: AccountCache,
     pub idempotency: Idempotency,
     pub processor: Processor,
     /// Verifies the processor's webhooks; without it they are refused.
@@ -47,6 +50,14 @@ pub struct AppState {
     pub event_ttl: Duration,
     /// How long a request body may stall before the request is answered with 408.
     pub body_read_timeout: Duration,
+    /// How long a request may take before it is answered with 503.
+    pub request_timeout: Duration,
+}
+
+impl FromRef<AppState> for AccountCache {
+    fn from_ref(state: &AppState) -> Self {
+        state.accounts.clone()
+    }
 }
 
 impl FromRef<AppState> for PgPool {
@@ -62,11 +73,13 @@ impl AppState {
             lease: settings.lease,
         };
         Self {
+            accounts: AccountCache::new(pool.clone()),
             idempotency: Idempotency::new(pool.clone(), policy),
             processor: Processor::new(settings.slow_charge),
             webhook_secret: settings.webhook_secret.clone(),
             event_ttl: settings.key_ttl,
             body_read_timeout: settings.body_read_timeout,
+            request_timeout: settings.request_timeout,
             pool,
         }
     }
@@ -80,13 +93,24 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(webhooks::router())
         .merge(problems::router())
         .merge(health::router())
+        .merge(monitoring::router())
 }
 
 /// The whole HTTP API, its description at `/openapi.json` and the browsable docs at `/docs`.
 /// Everything answers errors as problem documents, including unknown routes and methods.
 pub fn router(state: AppState) -> Router {
     let body_read_timeout = state.body_read_timeout;
+    let request_timeout = state.request_timeout;
     let (api, description) = routes().split_for_parts();
+    // Around every route: counted and timed by its template, then bounded in time, so a request
+    // that times out is counted with the 503 it was answered with.
+    let api = api.route_layer(
+        ServiceBuilder::new()
+            .layer(middleware::from_fn(monitoring::track))
+            .layer(middleware::from_fn(move |request, next| {
+                answer_within(request_timeout, request, next)
+            })),
+    );
     api.merge(SwaggerUi::new("/docs").url("/openapi.json", description))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -111,8 +135,8 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Every request's span carries its id; the account is recorded once authenticated. Headers are
-/// not logged: they carry the API key.
+/// Every request's span carries its id; the account, the key's scope and what became of the key are
+/// recorded as they are known. Headers are not logged: they carry the API key.
 fn request_span(request: &Request) -> tracing::Span {
     let request_id = request
         .headers()
@@ -125,7 +149,29 @@ fn request_span(request: &Request) -> tracing::Span {
         path = %request.uri().path(),
         request_id,
         account = tracing::field::Empty,
+        scope = tracing::field::Empty,
+        key_outcome = tracing::field::Empty,
     )
+}
+
+/// Bounds every request's time, so a database that stops answering (a paused server holds its
+/// connections open without a word) never leaves a client hanging. The work a request started is
+/// not cut short: a payment runs in a task of its own, and if it completes, a retry with the same
+/// key receives its result.
+async fn answer_within(limit: Duration, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(?limit, "request timed out");
+            Problem::new(
+                ProblemKind::ServiceUnavailable,
+                "The request did not finish in time. Retry with the same Idempotency-Key: if it went \
+                 through meanwhile, the retry receives its result.",
+            )
+            .retry_after(Duration::from_secs(1))
+            .into_response()
+        }
+    }
 }
 
 async fn not_found(request: Request) -> Response {
@@ -163,6 +209,7 @@ pub struct Application {
 
 impl Application {
     pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> Self {
+        monitoring::install();
         Self {
             state: AppState::new(pool, &settings),
             listener,

@@ -174,7 +174,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            let pool = db::pool(&database.database_url)?;
+            let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
             let app = Application::build(settings, pool, listener);
@@ -182,14 +182,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_stopped(shutdown_signal()).await?;
         }
         Command::Migrate { database } => {
-            let pool = db::pool(&database.database_url)?;
+            let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             eprintln!("migrations applied");
         }
         Command::Account {
             command: AccountCommand::Create { name, database },
         } => {
-            let pool = db::pool(&database.database_url)?;
+            let pool = db::pool_with(&database.database_url, database.pool)?;
             let (account, key) = accounts::create(&pool, &name).await?;
             eprintln!("created account {} ({})", account.id(), account.name());
             println!("{}", key.expose());

@@ -27,6 +27,11 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
     pub slow_charge: Duration,
 
+    /// How long a request may take before it is answered with 503. Whatever the request started
+    /// goes on: a payment that completes later is replayed to a retry with the same key.
+    #[arg(long, env = "IDEMPAY_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
     /// The secret shared with the payment processor to sign webhooks (`whsec_…`).
     #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
     pub webhook_secret: Option<WebhookSecret>,
@@ -50,6 +55,7 @@ impl Default for Settings {
             expiry_interval: Duration::from_secs(60),
             lease: Duration::from_secs(30),
             slow_charge: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
             webhook_secret: None,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(5),
@@ -65,12 +71,40 @@ pub struct ListenArgs {
     pub listen: SocketAddr,
 }
 
-/// Where the database is.
+/// Where the database is, and how many connections to it an instance may hold.
 #[derive(Args, Clone, Debug)]
 pub struct DatabaseArgs {
     /// PostgreSQL connection string.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+
+    #[command(flatten)]
+    pub pool: PoolLimits,
+}
+
+/// The connection pool's bounds: a request never waits long for a connection.
+#[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// Connections per instance. Slow work holds none, so a few serve many requests.
+    #[arg(
+        long = "database-max-connections",
+        env = "IDEMPAY_DATABASE_MAX_CONNECTIONS",
+        default_value_t = 16
+    )]
+    pub max_connections: u32,
+
+    /// How long a request waits for a free connection before it is answered with 503.
+    #[arg(long = "database-acquire-timeout", env = "IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
 }
 
 /// A lease is renewed at a third of its length, so it must leave room for that.
@@ -100,12 +134,15 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         settings: Settings,
+        #[command(flatten)]
+        pool: PoolLimits,
     }
 
     #[test]
     fn the_documented_defaults_are_the_default_settings() {
-        let parsed = Cli::parse_from(["idempay"]).settings;
-        assert_eq!(parsed, Settings::default());
+        let parsed = Cli::parse_from(["idempay"]);
+        assert_eq!(parsed.settings, Settings::default());
+        assert_eq!(parsed.pool, PoolLimits::default());
     }
 
     #[test]

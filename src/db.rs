@@ -1,16 +1,11 @@
 //! The connection pool and the schema migrations.
 
-use std::time::Duration;
-
 use std::str::FromStr;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-/// Connections per instance. Slow work holds none, so a few serve many requests.
-const MAX_CONNECTIONS: u32 = 16;
-/// A request that waits longer than this for a connection fails fast with 503 instead of hanging.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::config::PoolLimits;
 
 /// Limits every session sets, so a stuck query or a forgotten transaction cannot hold a pool
 /// connection (and the locks it took) for long. Every statement of the service takes milliseconds.
@@ -20,13 +15,19 @@ const SESSION_LIMITS: [(&str, &str); 3] = [
     ("idle_in_transaction_session_timeout", "30s"),
 ];
 
-/// Connects lazily: the service starts even while the database is still coming up, and
-/// `/readyz` tells when it is reachable.
+/// A pool with the default limits; see [`pool_with`].
 pub fn pool(database_url: &str) -> Result<PgPool, sqlx::Error> {
+    pool_with(database_url, PoolLimits::default())
+}
+
+/// Connects lazily: the service starts even while the database is still coming up, and
+/// `/readyz` tells when it is reachable. A request that waits longer than the acquire timeout for
+/// a connection fails fast with 503 instead of hanging.
+pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx::Error> {
     let options = PgConnectOptions::from_str(database_url)?.options(SESSION_LIMITS);
     Ok(PgPoolOptions::new()
-        .max_connections(MAX_CONNECTIONS)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .max_connections(limits.max_connections)
+        .acquire_timeout(limits.acquire_timeout)
         .connect_lazy_with(options))
 }
 

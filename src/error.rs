@@ -200,8 +200,9 @@ impl ProblemKind {
                  retry with the same key."
             }
             Self::ServiceUnavailable => {
-                "A dependency such as the database is unreachable. Nothing was recorded: retry with \
-                 the same key after `Retry-After` seconds."
+                "The database is unreachable or busy, or the request did not finish in time. Retry \
+                 with the same key after `Retry-After` seconds: if the first attempt went through \
+                 meanwhile, the retry receives its result; if not, it runs afresh."
             }
         }
     }
@@ -426,12 +427,33 @@ fn internal() -> Problem {
     )
 }
 
-/// Errors that say the database cannot be reached right now, as opposed to a bad query.
+/// Errors that say the database cannot serve this request right now, as opposed to a bad query:
+/// the same request is worth retrying in a moment.
 fn is_unavailable(error: &sqlx::Error) -> bool {
-    matches!(
-        error,
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
-    )
+    match error {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(error) => error.code().is_some_and(|code| is_transient(&code)),
+        _ => false,
+    }
+}
+
+/// SQLSTATEs of a database that is going away, overloaded or busy, never of a wrong statement.
+fn is_transient(sqlstate: &str) -> bool {
+    sqlstate.starts_with("08") // connection exception
+        || matches!(
+            sqlstate,
+            "57P01" // admin_shutdown: the server is stopping
+            | "57P02" // crash_shutdown
+            | "57P03" // cannot_connect_now: starting up or shutting down
+            | "53300" // too_many_connections
+            | "57014" // query_canceled: the statement timeout fired
+            | "55P03" // lock_not_available: the lock timeout fired
+            | "40001" // serialization_failure
+            | "40P01" // deadlock_detected
+        )
 }
 
 impl IntoResponse for ApiError {

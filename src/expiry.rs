@@ -1,14 +1,14 @@
 //! The background job that deletes expired idempotency keys and processed webhook event ids, so
 //! neither table grows without end.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::idempotency::Idempotency;
-use crate::webhooks;
+use crate::{monitoring, webhooks};
 
 /// Rows per delete: small enough to keep each statement's locks short.
 const BATCH: i64 = 1_000;
@@ -24,8 +24,10 @@ pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> J
                 () = shutdown.cancelled() => break,
                 _ = ticks.tick() => {}
             }
+            let started = Instant::now();
             let keys = drain(&shutdown, |batch| Idempotency::expire_batch(&pool, batch)).await;
             let events = drain(&shutdown, |batch| webhooks::expire_batch(&pool, batch)).await;
+            monitoring::expiry_run(keys, events, started.elapsed());
             if keys + events > 0 {
                 tracing::info!(keys, events, "expired rows deleted");
             }

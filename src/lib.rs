@@ -23,6 +23,7 @@ pub mod failpoint;
 pub mod health;
 pub mod idempotency;
 mod ids;
+pub mod monitoring;
 pub mod openapi;
 pub mod pagination;
 pub mod payments;

@@ -4,10 +4,13 @@
 mod api_key;
 
 use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::header;
 use axum::http::request::Parts;
+use quick_cache::sync::Cache;
 use sqlx::PgPool;
 
 use crate::error::{ApiError, Problem, ProblemKind};
@@ -77,13 +80,64 @@ pub async fn create(pool: &PgPool, name: &str) -> Result<(Account, ApiKey), anyh
     Ok((account, key))
 }
 
+/// Accounts by the hash of their API key, kept for a short while so that a key in use costs no
+/// query per request. Bounded in entries and in age: a key removed from the database stops working
+/// within [`ACCOUNT_TTL`]. Only keys that authenticated are kept, so a new account works at once.
+#[derive(Clone)]
+pub struct AccountCache {
+    pool: PgPool,
+    cached: Arc<Cache<[u8; 32], (Account, Instant)>>,
+}
+
+/// How long a looked-up account is trusted without asking the database again.
+pub const ACCOUNT_TTL: Duration = Duration::from_secs(60);
+/// Accounts kept at most; the least recently useful ones make room for others.
+const CACHED_ACCOUNTS: usize = 10_000;
+
+impl AccountCache {
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            cached: Arc::new(Cache::new(CACHED_ACCOUNTS)),
+        }
+    }
+
+    /// The account whose key hashes to `hash`, if any.
+    async fn find(&self, hash: [u8; 32]) -> Result<Option<Account>, sqlx::Error> {
+        if let Some((account, fetched)) = self.cached.get(&hash) {
+            if fetched.elapsed() < ACCOUNT_TTL {
+                return Ok(Some(account));
+            }
+        }
+        let account = sqlx::query_as!(
+            Account,
+            r#"SELECT id AS "id: _", name FROM accounts WHERE api_key_hash = $1"#,
+            hash.as_slice(),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(account) = &account {
+            self.cached.insert(hash, (account.clone(), Instant::now()));
+        }
+        Ok(account)
+    }
+}
+
+impl fmt::Debug for AccountCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AccountCache")
+            .field("cached", &self.cached.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The account of a request, from its bearer key; 401 without a valid one.
 ///
 /// The lookup is by the key's hash, so no comparison ever runs over the secret itself. The account
 /// is kept in the request's extensions, so extracting it again costs no second lookup.
 impl<S> FromRequestParts<S> for Account
 where
-    PgPool: FromRef<S>,
+    AccountCache: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = ApiError;
@@ -99,15 +153,10 @@ where
             .and_then(|value| value.strip_prefix("Bearer "))
             .and_then(ApiKey::parse)
             .ok_or_else(unauthorized)?;
-        let hash = key.hash();
-        let account = sqlx::query_as!(
-            Account,
-            r#"SELECT id AS "id: _", name FROM accounts WHERE api_key_hash = $1"#,
-            hash.as_slice(),
-        )
-        .fetch_optional(&PgPool::from_ref(state))
-        .await?
-        .ok_or_else(unauthorized)?;
+        let account = AccountCache::from_ref(state)
+            .find(key.hash())
+            .await?
+            .ok_or_else(unauthorized)?;
         tracing::Span::current().record("account", account.id.as_str());
         parts.extensions.insert(account.clone());
         Ok(account)

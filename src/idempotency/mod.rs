@@ -11,15 +11,20 @@ mod key;
 mod request;
 mod response;
 
+use std::fmt;
 use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
+use quick_cache::sync::Cache;
 use sqlx::{PgPool, Postgres, Transaction};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::error::{ApiError, Problem, ProblemKind};
 use crate::failpoint;
+use crate::monitoring::KeyOutcome;
 
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
@@ -44,11 +49,34 @@ pub struct Policy {
     pub lease: Duration,
 }
 
+/// Completed responses kept in memory at most; each is a few hundred bytes.
+const CACHED_REPLAYS: usize = 10_000;
+
 /// The idempotency mechanism, shared by every mutating route.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Idempotency {
     pool: PgPool,
     policy: Policy,
+    replays: Arc<Cache<String, CachedReplay>>,
+}
+
+/// A completed key's response, served without a round trip to the database. It is safe to keep:
+/// a completed row never changes until it expires, and the entry is dropped before that.
+#[derive(Clone)]
+struct CachedReplay {
+    fingerprint: Fingerprint,
+    response: StoredResponse,
+    /// No later than the key's `expires_at`, on this instance's monotonic clock.
+    until: Instant,
+}
+
+impl fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("policy", &self.policy)
+            .field("cached_replays", &self.replays.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// What to do with a request, decided from the state of its key.
@@ -69,6 +97,8 @@ struct ExistingKey {
     id: i64,
     fingerprint: Option<Fingerprint>,
     expired: bool,
+    /// When the key expires, on this instance's clock (never later than in the database).
+    expires_at: Option<Instant>,
     state: KeyState,
 }
 
@@ -87,6 +117,10 @@ enum KeyState {
 #[derive(Debug)]
 pub struct Lease {
     pool: PgPool,
+    /// How this request came to hold the key: a fresh or recycled one, or a takeover.
+    outcome: KeyOutcome,
+    /// When this instance was granted the lease.
+    granted: Instant,
     key_id: i64,
     token: Uuid,
     key: IdempotencyKey,
@@ -107,7 +141,11 @@ enum Completed {
 
 impl Idempotency {
     pub fn new(pool: PgPool, policy: Policy) -> Self {
-        Self { pool, policy }
+        Self {
+            pool,
+            policy,
+            replays: Arc::new(Cache::new(CACHED_REPLAYS)),
+        }
     }
 
     /// Runs `work` at most once for the request's scope and key and answers with its response, or
@@ -124,7 +162,10 @@ impl Idempotency {
         F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
     {
         let mechanism = self.clone();
-        tokio::spawn(async move { mechanism.decide_and_answer(request, work).await })
+        // The task carries the request's span, so its logs and the key's outcome stay with it.
+        let span = tracing::Span::current();
+        span.record("scope", request.scope.as_str());
+        tokio::spawn(mechanism.decide_and_answer(request, work).instrument(span))
             .await
             .map_err(|error| ApiError::Internal(error.into()))?
     }
@@ -141,12 +182,22 @@ impl Idempotency {
         match self.decide(&request).await? {
             Decision::Execute(lease) => {
                 failpoint::hit("after-reserve");
+                lease.outcome.record();
                 let held = HeldLease::from(&lease);
                 self.execute(&request, held, work(lease)).await
             }
-            Decision::Replay(stored) => Ok(stored.replay()),
-            Decision::InFlight { retry_after } => Err(in_flight(retry_after).into()),
-            Decision::Mismatch => Err(mismatch().into()),
+            Decision::Replay(stored) => {
+                KeyOutcome::Replayed.record();
+                Ok(stored.replay())
+            }
+            Decision::InFlight { retry_after } => {
+                KeyOutcome::ConflictInFlight.record();
+                Err(in_flight(retry_after).into())
+            }
+            Decision::Mismatch => {
+                KeyOutcome::Mismatch.record();
+                Err(mismatch().into())
+            }
         }
     }
 
@@ -157,8 +208,14 @@ impl Idempotency {
     /// Reserves the key with a single `INSERT … ON CONFLICT DO NOTHING`; when the key exists, the
     /// same statement returns its row, and the decision follows from it.
     async fn decide(&self, request: &KeyedRequest) -> Result<Decision, ApiError> {
+        if let Some(decision) = self.decide_from_cache(request) {
+            return Ok(decision);
+        }
         for _ in 0..DECIDE_ATTEMPTS {
             let token = Uuid::new_v4();
+            // Before the statement: `now() + expires_in` seen from here is then no later than the
+            // database's `expires_at`.
+            let asked = Instant::now();
             let row = sqlx::query!(
                 r#"
                 WITH reserved AS (
@@ -174,12 +231,13 @@ impl Idempotency {
                        NULL::bytea AS request_hash, NULL::text AS status,
                        NULL::smallint AS response_code, NULL::jsonb AS response_headers,
                        NULL::bytea AS response_body, FALSE AS "expired!",
-                       NULL::bigint AS lease_left_ms
+                       NULL::bigint AS lease_left_ms, NULL::bigint AS expires_in_ms
                 FROM reserved
                 UNION ALL
                 SELECT id, FALSE, request_hash, status, response_code, response_headers,
                        response_body, expires_at <= now(),
-                       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint
+                       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
+                       (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint
                 FROM idempotency_keys
                 WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM reserved)
                 "#,
@@ -198,7 +256,12 @@ impl Idempotency {
             // A new statement sees the current state.
             let Some(row) = row else { continue };
             if row.reserved {
-                return Ok(Decision::Execute(self.lease(row.id, token, request)));
+                return Ok(Decision::Execute(self.lease(
+                    KeyOutcome::Executed,
+                    row.id,
+                    token,
+                    request,
+                )));
             }
             let existing = ExistingKey {
                 id: row.id,
@@ -207,6 +270,10 @@ impl Idempotency {
                     .as_deref()
                     .and_then(Fingerprint::from_slice),
                 expired: row.expired,
+                expires_at: row
+                    .expires_in_ms
+                    .filter(|ms| *ms > 0)
+                    .map(|ms| asked + Duration::from_millis(ms.unsigned_abs())),
                 state: match row.status.as_deref() {
                     Some("completed") => KeyState::Completed(StoredResponse::from_row(
                         row.response_code,
@@ -252,7 +319,12 @@ impl Idempotency {
             // -----------------------------------------------------------------------------
             // Replay: "the original response is returned unchanged, status code included".
             // -----------------------------------------------------------------------------
-            KeyState::Completed(stored) => Some(Decision::Replay(stored)),
+            KeyState::Completed(stored) => {
+                if let Some(until) = existing.expires_at {
+                    self.remember(request, &stored, until);
+                }
+                Some(Decision::Replay(stored))
+            }
             // -----------------------------------------------------------------------------
             // Conflict: "an identical request is already under way".
             // -----------------------------------------------------------------------------
@@ -266,6 +338,32 @@ impl Idempotency {
                 .await?
                 .map(Decision::Execute),
         })
+    }
+
+    /// Answers a key this instance saw completed without asking the database: the stored
+    /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
+    fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Decision> {
+        let cached = self.replays.get(&cache_key(request))?;
+        if cached.until <= Instant::now() {
+            self.replays.remove(&cache_key(request));
+            return None;
+        }
+        Some(if cached.fingerprint == request.fingerprint {
+            Decision::Replay(cached.response)
+        } else {
+            Decision::Mismatch
+        })
+    }
+
+    fn remember(&self, request: &KeyedRequest, response: &StoredResponse, until: Instant) {
+        self.replays.insert(
+            cache_key(request),
+            CachedReplay {
+                fingerprint: request.fingerprint,
+                response: response.clone(),
+                until,
+            },
+        );
     }
 
     // ---------------------------------------------------------------------------------------
@@ -301,7 +399,7 @@ impl Idempotency {
                 "took over an idempotency key whose lease had expired"
             );
         }
-        Ok(taken.map(|id| self.lease(id, token, request)))
+        Ok(taken.map(|id| self.lease(KeyOutcome::TakenOver, id, token, request)))
     }
 
     /// Reserves an expired key for a new request, unless its row changed meanwhile.
@@ -330,12 +428,20 @@ impl Idempotency {
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(recycled.map(|id| self.lease(id, token, request)))
+        Ok(recycled.map(|id| self.lease(KeyOutcome::Executed, id, token, request)))
     }
 
-    fn lease(&self, key_id: i64, token: Uuid, request: &KeyedRequest) -> Lease {
+    fn lease(
+        &self,
+        outcome: KeyOutcome,
+        key_id: i64,
+        token: Uuid,
+        request: &KeyedRequest,
+    ) -> Lease {
         Lease {
             pool: self.pool.clone(),
+            outcome,
+            granted: Instant::now(),
             key_id,
             token,
             key: request.key.clone(),
@@ -363,8 +469,14 @@ impl Idempotency {
             }
         };
         match joined {
-            Ok(Ok(Completion(Completed::Stored(response)))) => Ok(response.into_response()),
-            Ok(Ok(Completion(Completed::LeaseLost))) => self.answer_after_lost_lease(request).await,
+            Ok(Ok(Completion(Completed::Stored(response)))) => {
+                self.remember(request, &response, held.reserved + self.policy.key_ttl);
+                Ok(response.into_response())
+            }
+            Ok(Ok(Completion(Completed::LeaseLost))) => {
+                KeyOutcome::LeaseLost.record();
+                self.answer_after_lost_lease(request).await
+            }
             Ok(Err(error)) => {
                 self.release(&held).await;
                 Err(error)
@@ -440,6 +552,7 @@ impl Idempotency {
     /// Deletes the reservation, fenced by this request's token. If even that fails (the database
     /// is gone), the lease runs out and a retry takes the key over: the system heals by itself.
     async fn release(&self, held: &HeldLease) {
+        KeyOutcome::Released.record();
         let released = sqlx::query!(
             r#"
             DELETE FROM idempotency_keys
@@ -545,6 +658,9 @@ impl Lease {
 struct HeldLease {
     key_id: i64,
     token: Uuid,
+    /// When the lease was granted: earlier than the completing transaction's `now()`, so
+    /// `reserved + key_ttl` is no later than the key's `expires_at`.
+    reserved: Instant,
 }
 
 impl From<&Lease> for HeldLease {
@@ -552,8 +668,14 @@ impl From<&Lease> for HeldLease {
         Self {
             key_id: lease.key_id,
             token: lease.token,
+            reserved: lease.granted,
         }
     }
+}
+
+/// Keys are cached per scope, as they are stored.
+fn cache_key(request: &KeyedRequest) -> String {
+    format!("{}\n{}", request.scope.as_str(), request.key.as_str())
 }
 
 fn in_flight(retry_after: Duration) -> Problem {

@@ -5,10 +5,9 @@ use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request
 use axum::http::{HeaderMap, Method, header};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use sqlx::PgPool;
 
 use super::{Fingerprint, IdempotencyKey, KeyError};
-use crate::accounts::{Account, AccountId};
+use crate::accounts::{Account, AccountCache, AccountId};
 use crate::error::{ApiError, Problem, ProblemKind};
 
 /// The header that carries the key.
@@ -59,7 +58,7 @@ pub struct Idempotent<T> {
 
 impl<S, T> FromRequest<S> for Idempotent<T>
 where
-    PgPool: FromRef<S>,
+    AccountCache: FromRef<S>,
     S: Send + Sync,
     T: DeserializeOwned,
 {

@@ -2,15 +2,14 @@
 //! three serving a storm of retries on one database. The invariants are checked after each.
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use futures::future::join_all;
 use libtest_mimic::Trial;
 use serde_json::json;
-use tokio::process::{Child, Command};
 
-use crate::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight, send};
+use crate::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight};
+use crate::instance::Instance;
 use crate::invariants::assert_exactly_once;
 use crate::trials;
 
@@ -94,68 +93,12 @@ async fn a_crash_after_the_commit_is_answered_by_a_replay() {
     );
 }
 
-/// An `idempay serve` process on a free port of 127.0.0.1; killed when dropped.
-struct Instance {
-    child: Child,
-    address: String,
-}
-
-impl Instance {
-    async fn start(database_url: &str, env: &[(&str, &str)]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_idempay"));
-        command
-            .arg("serve")
-            .env("DATABASE_URL", database_url)
-            .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let instance = Self {
-            child: command.spawn().expect("idempay serve starts"),
-            address: format!("http://127.0.0.1:{port}"),
-        };
-        for _ in 0..200 {
-            if reqwest::get(format!("{}/readyz", instance.address))
-                .await
-                .is_ok_and(|response| response.status().is_success())
-            {
-                return instance;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("idempay serve never became ready");
-    }
-
-    async fn post_payment(
-        &self,
-        api_key: &str,
-        key: &str,
-        body: &serde_json::Value,
-    ) -> TestResponse {
-        send(
-            reqwest::Client::new()
-                .post(format!("{}/v1/payments", self.address))
-                .bearer_auth(api_key)
-                .header("idempotency-key", key)
-                .json(body),
-        )
-        .await
-    }
-}
-
 async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     let app = TestApp::spawn().await;
     let mut doomed = Instance::start(
         &app.database_url(),
-        &[("IDEMPAY_LEASE", "2s"), ("IDEMPAY_SLOW_CHARGE", "30s")],
+        // The lease outlasts the early retry below even on a loaded machine.
+        &[("IDEMPAY_LEASE", "5s"), ("IDEMPAY_SLOW_CHARGE", "30s")],
     )
     .await;
     let key = new_key();
@@ -230,8 +173,11 @@ async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
 
     assert_eq!(app.payment_count().await, KEYS as i64);
     for (key, responses) in &answers {
+        // 503: an instance was too loaded to answer in time and asked for a retry. Never more.
         assert!(
-            responses.iter().all(|r| r.status == 201 || r.status == 409),
+            responses
+                .iter()
+                .all(|r| matches!(r.status, 201 | 409 | 503)),
             "{key}"
         );
         let created: Vec<_> = responses.iter().filter(|r| r.status == 201).collect();

@@ -269,7 +269,8 @@ pub async fn send(request: reqwest::RequestBuilder) -> TestResponse {
 }
 
 /// Sends a request as a client told to retry would: again, a moment later, while the answer is 409
-/// (the key is still in progress), for at most 10 seconds. Returns the first other answer.
+/// (the key is still in progress) or 503 (try again soon), for at most 10 seconds. Returns the
+/// first other answer.
 pub async fn retry_while_in_flight<F, Fut>(send: F) -> TestResponse
 where
     F: Fn() -> Fut,
@@ -277,7 +278,7 @@ where
 {
     let mut answer = send().await;
     for _ in 0..50 {
-        if answer.status != 409 {
+        if !matches!(answer.status, 409 | 503) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

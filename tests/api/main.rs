@@ -12,10 +12,12 @@ mod expiry;
 mod faults;
 mod harness;
 mod helpers;
+mod instance;
 mod invariants;
 mod lifecycle;
 mod listing;
 mod mechanism;
+mod outage;
 mod payments;
 mod refunds;
 mod slow_clients;
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         faults::trials(),
         docs::trials(),
         slow_clients::trials(),
+        outage::trials(),
     ]
     .into_iter()
     .flatten()

@@ -1,0 +1,182 @@
+//! Prometheus metrics at `GET /metrics`: requests by route and status with their latency, the
+//! idempotency outcomes, the expiry job and the connection pool. The names are listed in the
+//! README; every one starts with `idempay_`.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sqlx::PgPool;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::app::AppState;
+
+const REQUESTS: &str = "idempay_http_requests_total";
+const REQUEST_DURATION: &str = "idempay_http_request_duration_seconds";
+const KEY_OUTCOMES: &str = "idempay_idempotency_outcomes_total";
+const EXPIRY_DELETED: &str = "idempay_expiry_deleted_rows_total";
+const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
+const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
+
+/// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
+const BUCKETS: [f64; 14] = [
+    0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// How often histograms are folded into the exported state, which bounds their memory.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// What became of a request that carried an `Idempotency-Key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyOutcome {
+    /// The work ran under this request's lease (a fresh key, a recycled expired one).
+    Executed,
+    /// The work ran after taking over a key whose holder stopped renewing its lease.
+    TakenOver,
+    /// The stored response was returned.
+    Replayed,
+    /// Another request holds the key: 409.
+    ConflictInFlight,
+    /// The key was used with another payload: 422.
+    Mismatch,
+    /// The work failed; the key was released for a retry.
+    Released,
+    /// The lease was lost before completion; the effect was rolled back.
+    LeaseLost,
+}
+
+impl KeyOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::TakenOver => "takeover",
+            Self::Replayed => "replayed",
+            Self::ConflictInFlight => "conflict_in_flight",
+            Self::Mismatch => "mismatch",
+            Self::Released => "released",
+            Self::LeaseLost => "lease_lost",
+        }
+    }
+
+    /// Counts the outcome and records it on the request's span.
+    pub fn record(self) {
+        counter!(KEY_OUTCOMES, "outcome" => self.as_str()).increment(1);
+        tracing::Span::current().record("key_outcome", self.as_str());
+    }
+}
+
+/// The process-wide recorder. The metrics macros report to one global recorder, so every
+/// application in the process shares it (tests start several).
+fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), &BUCKETS)
+            .and_then(PrometheusBuilder::install_recorder)
+            .expect("no other metrics recorder is installed");
+        describe();
+        let upkeep = handle.clone();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_EVERY);
+                upkeep.run_upkeep();
+            }
+        });
+        handle
+    })
+}
+
+/// Installs the recorder, so metrics recorded before the first scrape are kept.
+pub fn install() {
+    handle();
+}
+
+fn describe() {
+    describe_counter!(
+        REQUESTS,
+        "HTTP requests answered, by method, route and status."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        metrics::Unit::Seconds,
+        "Time to answer an HTTP request, by method and route."
+    );
+    describe_counter!(
+        KEY_OUTCOMES,
+        "Requests with an Idempotency-Key, by what became of them."
+    );
+    describe_counter!(
+        EXPIRY_DELETED,
+        "Expired rows deleted by the expiry job, by table."
+    );
+    describe_histogram!(
+        EXPIRY_DURATION,
+        metrics::Unit::Seconds,
+        "Time of one run of the expiry job."
+    );
+    describe_gauge!(
+        POOL_CONNECTIONS,
+        "Database connections of this instance, by state (in_use, idle)."
+    );
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(scrape))
+}
+
+/// Metrics
+///
+/// The service's metrics in the Prometheus text format, for a scraper.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    responses((status = 200, description = "The metrics.", body = String,
+        content_type = "text/plain"))
+)]
+async fn scrape(State(pool): State<PgPool>) -> Response {
+    let idle = u32::try_from(pool.num_idle()).unwrap_or(u32::MAX);
+    gauge!(POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
+    gauge!(POOL_CONNECTIONS, "state" => "in_use").set(f64::from(pool.size().saturating_sub(idle)));
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle().render(),
+    )
+        .into_response()
+}
+
+/// Counts every routed request and times it, labelled with its route template (never the path
+/// itself, which holds ids and would make a series per payment).
+pub async fn track(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    histogram!(REQUEST_DURATION, "method" => method.clone(), "route" => route.clone())
+        .record(started.elapsed().as_secs_f64());
+    counter!(
+        REQUESTS,
+        "method" => method,
+        "route" => route,
+        "status" => response.status().as_str().to_owned()
+    )
+    .increment(1);
+    response
+}
+
+/// Records one run of the expiry job.
+pub fn expiry_run(keys: u64, events: u64, took: Duration) {
+    counter!(EXPIRY_DELETED, "table" => "idempotency_keys").increment(keys);
+    counter!(EXPIRY_DELETED, "table" => "processed_events").increment(events);
+    histogram!(EXPIRY_DURATION).record(took.as_secs_f64());
+}

@@ -1,0 +1,103 @@
+//! `idempay serve` as a process of its own, as production runs it: it can be killed, several can
+//! share a database, and it can be pointed at a database the test stops.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::helpers::{TestResponse, send};
+
+/// Longer than any answer may take: a request still unanswered by then is a hang, and fails the test.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+
+/// An `idempay serve` process on a free port of 127.0.0.1; killed when dropped.
+pub struct Instance {
+    pub child: Child,
+    pub address: String,
+}
+
+impl Instance {
+    pub async fn start(database_url: &str, env: &[(&str, &str)]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idempay"));
+        command
+            .arg("serve")
+            .env("DATABASE_URL", database_url)
+            .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            // IDEMPAY_TEST_LOGS=1 shows the instances' logs, for a failing fault scenario.
+            .stderr(if std::env::var_os("IDEMPAY_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let instance = Self {
+            child: command.spawn().expect("idempay serve starts"),
+            address: format!("http://127.0.0.1:{port}"),
+        };
+        // Up to 30 s: on a loaded machine a debug build starts slowly.
+        for _ in 0..600 {
+            if reqwest::get(format!("{}/readyz", instance.address))
+                .await
+                .is_ok_and(|response| response.status().is_success())
+            {
+                return instance;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("idempay serve never became ready");
+    }
+
+    /// Creates an account in the instance's database with `idempay account create`; returns
+    /// its API key.
+    pub async fn create_account(database_url: &str) -> String {
+        let output = Command::new(env!("CARGO_BIN_EXE_idempay"))
+            .args(["account", "create", "--name", "outage merchant"])
+            .env("DATABASE_URL", database_url)
+            .output()
+            .await
+            .expect("idempay account create runs");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout)
+            .expect("UTF-8")
+            .lines()
+            .last()
+            .expect("the key on the last line")
+            .to_owned()
+    }
+
+    pub async fn get(&self, path: &str) -> TestResponse {
+        send(
+            reqwest::Client::new()
+                .get(format!("{}{path}", self.address))
+                .timeout(ANSWER_WITHIN),
+        )
+        .await
+    }
+
+    pub async fn post_payment(
+        &self,
+        api_key: &str,
+        key: &str,
+        body: &serde_json::Value,
+    ) -> TestResponse {
+        send(
+            reqwest::Client::new()
+                .post(format!("{}/v1/payments", self.address))
+                .bearer_auth(api_key)
+                .header("idempotency-key", key)
+                .timeout(ANSWER_WITHIN)
+                .json(body),
+        )
+        .await
+    }
+}

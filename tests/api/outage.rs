@@ -1,0 +1,381 @@
+//! The database goes away under load: stopped, paused, or too busy to hand out a connection.
+//! Requests fail fast with a 503 problem and `Retry-After`, nothing hangs, readiness turns red, the
+//! service recovers by itself, and every key sent meanwhile is retried to exactly one payment.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use libtest_mimic::Trial;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight};
+use crate::instance::Instance;
+use crate::invariants::assert_exactly_once;
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![outage;
+        a_stopped_database_is_answered_with_503_and_every_key_is_retried_to_one_payment,
+        a_paused_database_is_answered_with_503_and_every_key_is_retried_to_one_payment,
+        an_exhausted_pool_answers_503_at_once_and_recovers,
+    ]
+}
+
+/// The request timeout of the instances under test: a paused database holds its connections open
+/// without a word, and only this bounds how long a client waits.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The largest latency bucket of the service's histogram an answer must fall into: the request
+/// timeout, and the moment to write the 503.
+const SERVER_BOUND: &str = "2.5";
+/// What a client may see beyond the request timeout when the test process shares two cores with
+/// the whole suite. The service's own histogram holds it to the timeout.
+const SLACK: Duration = Duration::from_secs(6);
+/// Clients sending new payments side by side, each at most one request per `PACE`.
+const CLIENTS: usize = 4;
+const PACE: Duration = Duration::from_millis(40);
+/// Requests per scenario, at most.
+const MAX_SENDS: usize = 1_000;
+
+const SETTINGS: [(&str, &str); 3] = [
+    ("IDEMPAY_REQUEST_TIMEOUT", "2s"),
+    ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+    // Keys stranded in progress by the outage are taken over soon after.
+    ("IDEMPAY_LEASE", "2s"),
+];
+
+/// What the database suffers.
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// `docker stop` with SIGINT, PostgreSQL's fast shutdown (as in a restart or a failover): the
+    /// server closes every connection and goes away; then it starts again.
+    Stop,
+    /// `docker pause`: the server freezes; connections stay open and nothing answers.
+    Pause,
+}
+
+impl Outage {
+    /// The docker command that begins it.
+    fn begin(self) -> &'static [&'static str] {
+        match self {
+            // SIGTERM would be a smart shutdown, which waits for the pool to disconnect.
+            Self::Stop => &["stop", "--signal", "SIGINT"],
+            Self::Pause => &["pause"],
+        }
+    }
+
+    /// The docker command that ends it.
+    fn end(self) -> &'static [&'static str] {
+        match self {
+            Self::Stop => &["start"],
+            Self::Pause => &["unpause"],
+        }
+    }
+}
+
+async fn a_stopped_database_is_answered_with_503_and_every_key_is_retried_to_one_payment() {
+    survive(Outage::Stop).await;
+}
+
+async fn a_paused_database_is_answered_with_503_and_every_key_is_retried_to_one_payment() {
+    survive(Outage::Pause).await;
+}
+
+/// Streams new payments at an instance while its database suffers `outage`, then checks how every
+/// request was answered and retries every key.
+async fn survive(outage: Outage) {
+    let postgres = OwnPostgres::start().await;
+    let instance = Instance::start(&postgres.url(), &SETTINGS).await;
+    let api_key = Instance::create_account(&postgres.url()).await;
+    let instance = Arc::new(instance);
+
+    let stop = CancellationToken::new();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            tokio::spawn(stream_payments(
+                instance.clone(),
+                api_key.clone(),
+                sent.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    postgres.docker(outage.begin()).await;
+    let outage_began = Instant::now();
+    tokio::time::sleep(REQUEST_TIMEOUT + Duration::from_secs(1)).await;
+    let ready = instance.get("/readyz").await;
+    ready.assert_problem(503, "service-unavailable");
+    assert!(ready.header("retry-after").is_some());
+    postgres.docker(outage.end()).await;
+    let outage_lasted = outage_began.elapsed();
+
+    // The pool reconnects by itself: no restart, no operator.
+    let recovery = Instant::now();
+    while instance.get("/readyz").await.status != 200 {
+        assert!(
+            recovery.elapsed() < Duration::from_secs(30),
+            "{outage:?}: never ready again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let recovered_after = recovery.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    join_all(clients).await;
+    let sent = std::mem::take(&mut *sent.lock().await);
+
+    let created = sent.iter().filter(|s| s.answer.status == 201).count();
+    let refused: Vec<&Sent> = sent.iter().filter(|s| s.answer.status != 201).collect();
+    let slowest = sent.iter().map(|s| s.elapsed).max().unwrap_or_default();
+    eprintln!(
+        "outage {outage:?}: {} payments sent by {CLIENTS} clients, {created} answered 201, {} \
+         answered 503; outage {outage_lasted:.1?}, ready again {recovered_after:.1?} after it \
+         ended; slowest answer {slowest:.2?}",
+        sent.len(),
+        refused.len(),
+    );
+    assert!(!refused.is_empty(), "{outage:?}: the outage was felt");
+    assert!(created > 0, "{outage:?}: payments went through around it");
+    assert!(
+        slowest < REQUEST_TIMEOUT + SLACK,
+        "{outage:?}: nothing hangs, yet one answer took {slowest:?}"
+    );
+    let (within, all) = answered_within(&instance, SERVER_BOUND).await;
+    assert_eq!(
+        within, all,
+        "{outage:?}: the service answered every payment within {SERVER_BOUND} s"
+    );
+    for failed in &refused {
+        failed.answer.assert_problem(503, "service-unavailable");
+        assert!(failed.answer.header("retry-after").is_some());
+    }
+
+    // Every key, retried as its client would, ends with exactly one payment; a key that was
+    // answered 201 is replayed with the very answer its client received.
+    for s in &sent {
+        let body = payment(s.amount);
+        let retry = retry_while_in_flight(|| instance.post_payment(&api_key, &s.key, &body)).await;
+        assert_eq!(retry.status, 201, "{outage:?}: {}", s.key);
+        if s.answer.status == 201 {
+            assert!(retry.replayed());
+            assert_eq!(retry.body, s.answer.body, "{outage:?}: {}", s.key);
+        }
+    }
+    let db = PgPool::connect(&postgres.url()).await.expect("a pool");
+    let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(
+        payments,
+        sent.len() as i64,
+        "{outage:?}: one payment per key"
+    );
+    assert_exactly_once(&db).await;
+    db.close().await;
+}
+
+/// How many payments the service answered within `bound` seconds, and how many it answered, from
+/// its own latency histogram at `/metrics`.
+async fn answered_within(instance: &Instance, bound: &str) -> (u64, u64) {
+    let metrics = instance.get("/metrics").await;
+    let text = String::from_utf8(metrics.body).expect("UTF-8");
+    let series = |name: &str, label: Option<&str>| -> u64 {
+        text.lines()
+            .filter(|line| line.starts_with(name) && line.contains(r#"route="/v1/payments""#))
+            .filter(|line| line.contains(r#"method="POST""#))
+            .filter(|line| label.is_none_or(|label| line.contains(label)))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|value| value as u64)
+            .sum()
+    };
+    let le = format!(r#"le="{bound}""#);
+    (
+        series("idempay_http_request_duration_seconds_bucket", Some(&le)),
+        series("idempay_http_request_duration_seconds_count", None),
+    )
+}
+
+/// One payment as its client saw it.
+struct Sent {
+    key: String,
+    amount: i64,
+    answer: TestResponse,
+    elapsed: Duration,
+}
+
+/// Sends new payments, one at a time and at most one per `PACE`, until `stop`.
+async fn stream_payments(
+    instance: Arc<Instance>,
+    api_key: String,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    stop: CancellationToken,
+) {
+    let mut pace = tokio::time::interval(PACE);
+    while !stop.is_cancelled() && sent.lock().await.len() < MAX_SENDS {
+        pace.tick().await;
+        let key = new_key();
+        let amount = 100 + i64::try_from(sent.lock().await.len()).unwrap_or_default();
+        let started = Instant::now();
+        let answer = instance
+            .post_payment(&api_key, &key, &payment(amount))
+            .await;
+        sent.lock().await.push(Sent {
+            key,
+            amount,
+            answer,
+            elapsed: started.elapsed(),
+        });
+    }
+}
+
+/// Another session holds the key table locked, as a stuck transaction would: the requests that
+/// got the pool's only connections wait on the lock, every other one waits for a connection.
+/// All are answered 503 within the request timeout, and each key is then retried to one payment.
+async fn an_exhausted_pool_answers_503_at_once_and_recovers() {
+    let app = TestApp::spawn().await;
+    let instance = Instance::start(
+        &app.database_url(),
+        &[
+            ("IDEMPAY_DATABASE_MAX_CONNECTIONS", "2"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "500ms"),
+            ("IDEMPAY_REQUEST_TIMEOUT", "2s"),
+        ],
+    )
+    .await;
+    let mut blocker = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+
+    let keys: Vec<String> = (0..8).map(|_| new_key()).collect();
+    let body = payment(4200);
+    let started = Instant::now();
+    let answers = join_all(
+        keys.iter()
+            .map(|key| instance.post_payment(&app.api_key, key, &body)),
+    )
+    .await;
+    let took = started.elapsed();
+    for answer in &answers {
+        answer.assert_problem(503, "service-unavailable");
+        assert!(answer.header("retry-after").is_some());
+    }
+    assert!(took < REQUEST_TIMEOUT + SLACK, "answered within {took:?}");
+    eprintln!(
+        "pool of 2 behind a locked table: {} requests answered 503 within {took:.2?}",
+        answers.len()
+    );
+
+    blocker.rollback().await.unwrap();
+    for key in &keys {
+        let retry = retry_while_in_flight(|| instance.post_payment(&app.api_key, key, &body)).await;
+        assert_eq!(retry.status, 201);
+    }
+    assert_eq!(app.payment_count().await, keys.len() as i64);
+    assert_exactly_once(&app.db).await;
+}
+
+/// A PostgreSQL container of this test's own, so that stopping or pausing it touches no other
+/// test. Its port is fixed when it starts, so it stays the same across a stop and a start.
+struct OwnPostgres {
+    id: String,
+    port: u16,
+}
+
+impl OwnPostgres {
+    async fn start() -> Self {
+        let image = idempay::postgres::ensure_image()
+            .await
+            .expect("a PostgreSQL image");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let id = docker(&[
+            "run",
+            "--detach",
+            "--label",
+            "org.testcontainers.managed-by=testcontainers",
+            "--publish",
+            &format!("127.0.0.1:{port}:5432"),
+            "--env",
+            "POSTGRES_PASSWORD=postgres",
+            &image,
+            "-c",
+            "fsync=off",
+        ])
+        .await;
+        let postgres = Self {
+            id: id.trim().to_owned(),
+            port,
+        };
+        postgres.wait_until_connectable().await;
+        postgres
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "postgres://postgres:postgres@127.0.0.1:{}/postgres",
+            self.port
+        )
+    }
+
+    /// Runs a docker command on this container; after a start, waits until it accepts
+    /// connections.
+    async fn docker(&self, command: &[&str]) {
+        let args: Vec<&str> = command.iter().copied().chain([self.id.as_str()]).collect();
+        docker(&args).await;
+        if command == ["start"] {
+            self.wait_until_connectable().await;
+        }
+    }
+
+    async fn wait_until_connectable(&self) {
+        let started = Instant::now();
+        loop {
+            if let Ok(mut connection) = PgConnection::connect(&self.url()).await {
+                if sqlx::query("SELECT 1")
+                    .execute(&mut connection)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "PostgreSQL never accepted connections"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "--force", "--volumes", &self.id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Runs the docker CLI and returns what it printed.
+async fn docker(args: &[&str]) -> String {
+    let output = tokio::process::Command::new("docker")
+        .args(args)
+        .output()
+        .await
+        .expect("docker runs");
+    assert!(output.status.success(), "docker {args:?}: {output:?}");
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
