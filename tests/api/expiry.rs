@@ -13,6 +13,7 @@ pub fn trials() -> Vec<Trial> {
     trials![expiry;
         an_expired_key_is_deleted_by_the_job_and_can_be_used_again,
         an_expired_key_not_yet_deleted_is_new_again,
+        a_replay_kept_in_memory_ends_when_its_key_expires,
         the_job_drains_expired_keys_in_batches_and_leaves_live_ones,
     ]
 }
@@ -60,6 +61,31 @@ async fn an_expired_key_not_yet_deleted_is_new_again() {
     assert!(!again.replayed());
     assert_ne!(again.json()["id"], first.json()["id"]);
     assert_eq!(app.key_count().await, 1);
+    assert_eq!(app.payment_count().await, 2);
+}
+
+/// Replays of a completed key are served from memory after the first, but never past the key's
+/// `expires_at`: then the same request is new again, as the expiry policy says.
+async fn a_replay_kept_in_memory_ends_when_its_key_expires() {
+    let app = TestApp::spawn_with(Settings {
+        key_ttl: Duration::from_secs(1),
+        expiry_interval: Duration::from_secs(3600),
+        ..Settings::default()
+    })
+    .await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment(4200)).await;
+    for _ in 0..3 {
+        let replay = app.post_payment(&key, &payment(4200)).await;
+        assert!(replay.replayed());
+        assert_eq!(replay.body, first.body);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let again = app.post_payment(&key, &payment(4200)).await;
+    assert_eq!(again.status, 201);
+    assert!(!again.replayed(), "the key expired: the request runs again");
+    assert_ne!(again.json()["id"], first.json()["id"]);
     assert_eq!(app.payment_count().await, 2);
 }
 

@@ -19,6 +19,21 @@ pub struct Instance {
 
 impl Instance {
     pub async fn start(database_url: &str, env: &[(&str, &str)]) -> Self {
+        // IDEMPAY_TEST_LOGS=1 shows the instances' logs, for a failing fault scenario.
+        let logs = if std::env::var_os("IDEMPAY_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        Self::start_logging_to(logs, database_url, env).await
+    }
+
+    /// Starts an instance whose logs (stderr) go to `logs`.
+    pub async fn start_logging_to(
+        logs: impl Into<Stdio>,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free port")
@@ -30,12 +45,7 @@ impl Instance {
             .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            // IDEMPAY_TEST_LOGS=1 shows the instances' logs, for a failing fault scenario.
-            .stderr(if std::env::var_os("IDEMPAY_TEST_LOGS").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
+            .stderr(logs)
             .kill_on_drop(true);
         for (name, value) in env {
             command.env(name, value);

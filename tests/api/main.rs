@@ -17,6 +17,7 @@ mod invariants;
 mod lifecycle;
 mod listing;
 mod mechanism;
+mod observability;
 mod outage;
 mod payments;
 mod refunds;
@@ -45,6 +46,7 @@ fn main() -> ExitCode {
         docs::trials(),
         slow_clients::trials(),
         outage::trials(),
+        observability::trials(),
     ]
     .into_iter()
     .flatten()

@@ -1,0 +1,181 @@
+//! What an operator sees: the metrics at `/metrics` and the request logs. Each test runs an
+//! instance as a process of its own, so its metrics count only this test's requests.
+
+use std::time::Duration;
+
+use libtest_mimic::Trial;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, new_key, payment, send};
+use crate::instance::Instance;
+use crate::trials;
+
+pub fn trials() -> Vec<Trial> {
+    trials![observability;
+        metrics_count_requests_by_route_and_every_idempotency_outcome,
+        every_request_is_logged_with_its_id_account_scope_and_outcome_but_never_the_api_key,
+    ]
+}
+
+async fn metrics_count_requests_by_route_and_every_idempotency_outcome() {
+    let app = TestApp::spawn().await;
+    let instance = Instance::start(
+        &app.database_url(),
+        &[
+            ("IDEMPAY_SLOW_CHARGE", "1500ms"),
+            ("IDEMPAY_EXPIRY_INTERVAL", "100ms"),
+        ],
+    )
+    .await;
+    let key = new_key();
+    let first = instance
+        .post_payment(&app.api_key, &key, &payment(4200))
+        .await;
+    assert_eq!(first.status, 201);
+    // Twice: the second replay is served from memory, and counted all the same.
+    for _ in 0..2 {
+        assert!(
+            instance
+                .post_payment(&app.api_key, &key, &payment(4200))
+                .await
+                .replayed()
+        );
+    }
+    let other_body = instance.post_payment(&app.api_key, &key, &payment(1)).await;
+    other_body.assert_problem(422, "idempotency-key-mismatch");
+
+    let slow_key = new_key();
+    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
+    let in_flight = {
+        let (address, api_key, slow_key, slow) = (
+            instance.address.clone(),
+            app.api_key.clone(),
+            slow_key.clone(),
+            slow.clone(),
+        );
+        tokio::spawn(async move {
+            send(
+                reqwest::Client::new()
+                    .post(format!("{address}/v1/payments"))
+                    .bearer_auth(api_key)
+                    .header("idempotency-key", slow_key)
+                    .json(&slow),
+            )
+            .await
+        })
+    };
+    while app.key_count().await < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    instance
+        .post_payment(&app.api_key, &slow_key, &slow)
+        .await
+        .assert_problem(409, "idempotency-key-in-use");
+    assert_eq!(in_flight.await.unwrap().status, 201);
+
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let fetched = send(
+        reqwest::Client::new()
+            .get(format!("{}/v1/payments/{id}", instance.address))
+            .bearer_auth(&app.api_key),
+    )
+    .await;
+    assert_eq!(fetched.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let scraped = instance.get("/metrics").await;
+    assert_eq!(scraped.status, 200);
+    assert!(
+        scraped
+            .header("content-type")
+            .is_some_and(|kind| kind.starts_with("text/plain"))
+    );
+    let text = String::from_utf8(scraped.body).unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+    };
+    for (outcome, count) in [
+        ("executed", 2.0),
+        ("replayed", 2.0),
+        ("mismatch", 1.0),
+        ("conflict_in_flight", 1.0),
+    ] {
+        assert_eq!(
+            value(&format!(
+                r#"idempay_idempotency_outcomes_total{{outcome="{outcome}"}}"#
+            )),
+            count,
+            "{outcome}"
+        );
+    }
+    // Routes are labelled by their template, never by a path that holds an id.
+    assert_eq!(
+        value(r#"idempay_http_requests_total{method="POST",route="/v1/payments",status="201"}"#),
+        4.0
+    );
+    assert_eq!(
+        value(
+            r#"idempay_http_requests_total{method="GET",route="/v1/payments/{id}",status="200"}"#
+        ),
+        1.0
+    );
+    assert!(!text.contains(&id), "no series per payment");
+    assert_eq!(
+        value(r#"idempay_http_request_duration_seconds_count{method="POST",route="/v1/payments"}"#),
+        6.0
+    );
+    assert!(value(r#"idempay_expiry_run_duration_seconds_count"#) >= 1.0);
+    assert!(value(r#"idempay_db_pool_connections{state="idle"}"#) >= 0.0);
+    assert!(!text.contains(&app.api_key));
+}
+
+async fn every_request_is_logged_with_its_id_account_scope_and_outcome_but_never_the_api_key() {
+    let app = TestApp::spawn().await;
+    let log_path = std::env::temp_dir().join(format!("idempay-{}.log", new_key()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let instance = Instance::start_logging_to(
+        log,
+        &app.database_url(),
+        &[("RUST_LOG", "info"), ("IDEMPAY_LOG_FORMAT", "json")],
+    )
+    .await;
+    let key = new_key();
+    let created = instance
+        .post_payment(&app.api_key, &key, &payment(4200))
+        .await;
+    let replayed = instance
+        .post_payment(&app.api_key, &key, &payment(4200))
+        .await;
+    assert!(replayed.replayed());
+    drop(instance);
+
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_file(&log_path).ok();
+    assert!(!logs.contains(&app.api_key), "the API key is never logged");
+    let responses: Vec<Value> = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["fields"]["message"] == "finished processing request")
+        .filter(|line| line["span"]["path"] == "/v1/payments")
+        .collect();
+    let outcomes: Vec<&Value> = responses
+        .iter()
+        .map(|line| &line["span"]["key_outcome"])
+        .collect();
+    assert_eq!(outcomes, ["executed", "replayed"], "{logs}");
+    for (line, answer) in responses.iter().zip([&created, &replayed]) {
+        let span = &line["span"];
+        assert_eq!(span["account"], app.account_id.as_str());
+        assert_eq!(
+            span["scope"],
+            format!("{}:POST /v1/payments", app.account_id)
+        );
+        assert_eq!(
+            span["request_id"].as_str(),
+            answer.header("x-request-id"),
+            "the logged id is the one the client got"
+        );
+    }
+}
