@@ -15,7 +15,7 @@ pub async fn assert_exactly_once(db: &PgPool) {
            ON p.account_id = split_part(k.scope, ':', 1) AND p.idempotency_key = k.idem_key
          WHERE k.scope LIKE '%:POST /v1/payments' AND k.status = 'completed'
            AND k.response_code IN (201, 402)
-         GROUP BY k.idem_key
+         GROUP BY k.scope, k.idem_key
          HAVING count(p.id) <> 1",
     )
     .fetch_all(db)
