@@ -12,6 +12,7 @@ mod expiry;
 mod faults;
 mod harness;
 mod helpers;
+mod hostile;
 mod instance;
 mod invariants;
 mod lifecycle;
@@ -21,6 +22,7 @@ mod observability;
 mod outage;
 mod payments;
 mod refunds;
+mod security;
 mod slow_clients;
 mod webhooks;
 
@@ -45,6 +47,8 @@ fn main() -> ExitCode {
         faults::trials(),
         docs::trials(),
         slow_clients::trials(),
+        hostile::trials(),
+        security::trials(),
         outage::trials(),
         observability::trials(),
     ]
