@@ -231,7 +231,8 @@ import json, sys
 text, out, cpu0, cpu1, conns, mode = sys.argv[1:]
 line = next(l for l in open(text) if l.startswith("BENCH_JSON "))
 result = json.loads(line[len("BENCH_JSON "):])
-result.update(server_cpu_s=float(cpu1) - float(cpu0), connections=int(conns), mode=mode)
+result.update(server_cpu_s=float(cpu1) - float(cpu0), connections=int(conns), mode=mode,
+              loadavg=float(open("/proc/loadavg").read().split()[0]))
 json.dump(result, open(out, "w"), indent=1)
 PY
 }

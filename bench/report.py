@@ -70,6 +70,7 @@ def pgbench_summary(args):
             script: dict(count=len(values), **latency_summary(values))
             for script, values in sorted(per_script.items())
         }
+    result["loadavg"] = float(open("/proc/loadavg").read().split()[0])
     with open(args.out, "w") as out:
         json.dump(result, out, indent=1)
 
@@ -151,11 +152,14 @@ def bench(args):
     with open(os.path.join(args.dir, "bench.json"), "w") as out:
         json.dump(report, out, indent=1)
 
+    loads = [r[side].get("loadavg") for r in results for side in ("limit", "idempay")]
+    loads = [l for l in loads if l is not None]
+    load_note = f", {min(loads)}–{max(loads)} after the measurements" if loads else ""
     md = []
     md.append(
         f"Run {meta['started']}, commit {meta['commit']}, {meta['cores']} cores shared by the load "
-        f"generator, idempay and PostgreSQL (load average {meta.get('loadavg_before')} before the "
-        f"run); {meta['seconds']} s per measurement; idempay pool "
+        f"generator, idempay and PostgreSQL (1-minute load average {meta.get('loadavg_before')} "
+        f"before the run{load_note}); {meta['seconds']} s per measurement; idempay pool "
         f"{meta['pool_size']} connections{'' if meta['pool_configurable'] else ' (fixed)'}; "
         f"PostgreSQL `{meta['pg_opts']}`."
     )
