@@ -422,8 +422,8 @@ impl ApiError {
 fn internal() -> Problem {
     Problem::new(
         ProblemKind::Internal,
-        "The request failed on our side and nothing was recorded; it is safe to retry (a POST with \
-         the same Idempotency-Key).",
+        "The request failed on our side and nothing was recorded; it is safe to retry it as it \
+         was (a POST with the same Idempotency-Key).",
     )
 }
 

@@ -150,7 +150,7 @@ where
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .and_then(ApiKey::parse)
             .ok_or_else(unauthorized)?;
         let account = AccountCache::from_ref(state)
@@ -161,6 +161,12 @@ where
         parts.extensions.insert(account.clone());
         Ok(account)
     }
+}
+
+/// The token of `Bearer <token>`; the scheme's name is case-insensitive (RFC 9110, 11.1).
+fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 fn unauthorized() -> Problem {
@@ -181,5 +187,20 @@ impl<'r> sqlx::Decode<'r, sqlx::Postgres> for AccountId {
         Ok(Self(<String as sqlx::Decode<sqlx::Postgres>>::decode(
             value,
         )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_whatever_its_case() {
+        for header in ["Bearer sk_1", "bearer sk_1", "BEARER sk_1"] {
+            assert_eq!(bearer_token(header), Some("sk_1"), "{header}");
+        }
+        for header in ["Basic sk_1", "Bearer", "Bearersk_1", "sk_1"] {
+            assert_eq!(bearer_token(header), None, "{header}");
+        }
     }
 }

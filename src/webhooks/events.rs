@@ -127,10 +127,11 @@ impl Envelope {
             }
             Event::DisputeCreated { payment, amount } => {
                 // Never more disputed than was paid; the check and the addition are one statement.
+                // The check subtracts, so an absurd amount cannot overflow the sum first.
                 sqlx::query!(
                     r#"
                     UPDATE payments SET amount_disputed = amount_disputed + $2
-                    WHERE id = $1 AND amount_disputed + $2 <= amount
+                    WHERE id = $1 AND $2 <= amount - amount_disputed
                     "#,
                     payment,
                     amount,

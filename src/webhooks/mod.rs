@@ -105,7 +105,8 @@ async fn receive(
             format!("The body is no event envelope: {error}."),
         )
     })?;
-    if envelope.kind.is_empty() || envelope.kind.len() > 100 || envelope.kind.contains('\0') {
+    let length = envelope.kind.chars().count();
+    if !(1..=100).contains(&length) || envelope.kind.contains('\0') {
         return Err(Problem::new(
             ProblemKind::InvalidRequest,
             "The event type must have 1 to 100 characters and no NUL.",

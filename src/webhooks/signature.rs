@@ -77,6 +77,9 @@ pub enum Rejection {
     BadSignature,
 }
 
+/// The longest `webhook-id` accepted, in bytes (a header value is ASCII).
+pub const MAX_ID_LEN: usize = 255;
+
 /// Verifies a delivery and returns its event id.
 pub fn verify(
     secret: &WebhookSecret,
@@ -91,7 +94,11 @@ pub fn verify(
             .filter(|value| !value.is_empty())
             .ok_or(Rejection::MissingHeader(name))
     };
+    // The id is the primary key of the processed events: bounded, like Stripe's and Svix's ids.
     let id = header("webhook-id")?;
+    if id.len() > MAX_ID_LEN {
+        return Err(Rejection::MissingHeader("webhook-id"));
+    }
     let timestamp: i64 = header("webhook-timestamp")?
         .parse()
         .map_err(|_| Rejection::MissingHeader("webhook-timestamp"))?;
