@@ -37,8 +37,8 @@ const SLACK: Duration = Duration::from_secs(6);
 /// Clients sending new payments side by side, each at most one request per `PACE`.
 const CLIENTS: usize = 4;
 const PACE: Duration = Duration::from_millis(40);
-/// Requests per scenario, at most.
-const MAX_SENDS: usize = 1_000;
+/// Requests per scenario, at most: far more than the scenario's ten seconds or so take.
+const MAX_SENDS: usize = 2_000;
 
 const SETTINGS: [(&str, &str); 3] = [
     ("IDEMPAY_REQUEST_TIMEOUT", "2s"),
@@ -50,8 +50,8 @@ const SETTINGS: [(&str, &str); 3] = [
 /// What the database suffers.
 #[derive(Clone, Copy, Debug)]
 enum Outage {
-    /// `docker stop` with SIGINT, PostgreSQL's fast shutdown (as in a restart or a failover): the
-    /// server closes every connection and goes away; then it starts again.
+    /// SIGINT, PostgreSQL's fast shutdown (as in a restart or a failover): the server closes
+    /// every connection and the container exits; then it starts again.
     Stop,
     /// `docker pause`: the server freezes; connections stay open and nothing answers.
     Pause,
@@ -61,8 +61,9 @@ impl Outage {
     /// The docker command that begins it.
     fn begin(self) -> &'static [&'static str] {
         match self {
-            // SIGTERM would be a smart shutdown, which waits for the pool to disconnect.
-            Self::Stop => &["stop", "--signal", "SIGINT"],
+            // `docker stop` sends SIGTERM, a smart shutdown, which waits for the pool to
+            // disconnect; `docker wait` below waits for the exit.
+            Self::Stop => &["kill", "--signal", "SIGINT"],
             Self::Pause => &["pause"],
         }
     }
@@ -328,13 +329,17 @@ impl OwnPostgres {
         )
     }
 
-    /// Runs a docker command on this container; after a start, waits until it accepts
-    /// connections.
+    /// Runs a docker command on this container; after a kill, waits until it has exited, after a
+    /// start, until it accepts connections.
     async fn docker(&self, command: &[&str]) {
         let args: Vec<&str> = command.iter().copied().chain([self.id.as_str()]).collect();
         docker(&args).await;
-        if command == ["start"] {
-            self.wait_until_connectable().await;
+        match command.first() {
+            Some(&"kill") => {
+                docker(&["wait", &self.id]).await;
+            }
+            Some(&"start") => self.wait_until_connectable().await,
+            _ => {}
         }
     }
 
