@@ -218,15 +218,20 @@ async fn a_key_with_a_live_lease_is_not_taken_over() {
 }
 
 async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
-    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1000))).await;
+    // Long enough for the takeover below to land while the charge runs, even on a loaded machine.
+    let app = TestApp::spawn_with(with_slow_charge(Duration::from_secs(3))).await;
     let key = new_key();
     let slow = slow_payment();
     let first = start_in_background(&app, &key, &slow).await;
     // Another request takes the key over while the first is charging: a new token is installed.
-    sqlx::query("UPDATE idempotency_keys SET lock_token = gen_random_uuid(), locked_until = now() + interval '20 seconds'")
-        .execute(&app.db)
-        .await
-        .unwrap();
+    let taken = sqlx::query(
+        "UPDATE idempotency_keys SET lock_token = gen_random_uuid(), \
+         locked_until = now() + interval '20 seconds' WHERE status = 'in_progress'",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(taken.rows_affected(), 1, "taken over while in progress");
 
     let status = first.await.unwrap();
 
