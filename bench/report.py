@@ -271,6 +271,11 @@ def expiry(args):
     if len(load_window) >= 2:
         (t0, d0, _), (t1, d1, _) = load_window[0], load_window[-1]
         during_load = round((d1 - d0) / (t1 - t0)) if t1 > t0 else None
+    after_window = [t for t in timeline if t[0] > meta["load_seconds"] + 1]
+    after_load = None
+    if len(after_window) >= 2:
+        (t0, d0, _), (t1, d1, _) = after_window[0], after_window[-1]
+        after_load = round((d1 - d0) / (t1 - t0)) if t1 > t0 else None
     plans = load(os.path.join(raw, "expiry-plans.json"))
     report = {
         "meta": meta,
@@ -286,6 +291,7 @@ def expiry(args):
             "seconds": drain_seconds,
             "rows_per_s": rows_per_s,
             "rows_per_s_during_load": during_load,
+            "rows_per_s_after_load": after_load,
             "finished": meta.get("drain_finished"),
             "expired_left_at_end_of_load": meta.get("expired_left_after_load"),
             "timeline": timeline,
@@ -316,6 +322,7 @@ def expiry(args):
             f"Drain: {fmt(expired_before)} expired rows deleted in {fmt(d['seconds'], 1)} s, "
             f"{fmt(d['rows_per_s'])} rows/s overall"
             + (f", {fmt(during_load)} rows/s while the load ran" if during_load else "")
+            + (f", {fmt(after_load)} rows/s after it" if after_load else "")
             + "."
         )
     else:
