@@ -19,12 +19,7 @@ pub fn trials() -> Vec<Trial> {
 }
 
 async fn an_expired_key_is_deleted_by_the_job_and_can_be_used_again() {
-    let app = TestApp::spawn_with(Settings {
-        key_ttl: Duration::from_secs(1),
-        expiry_interval: Duration::from_millis(200),
-        ..Settings::default()
-    })
-    .await;
+    let app = TestApp::spawn_with(keys_living_one_second(Duration::from_millis(200))).await;
     let key = new_key();
     let first = app.post_payment(&key, &payment(4200)).await;
     assert_eq!(first.status, 201);
@@ -39,12 +34,8 @@ async fn an_expired_key_is_deleted_by_the_job_and_can_be_used_again() {
 }
 
 async fn an_expired_key_not_yet_deleted_is_new_again() {
-    let app = TestApp::spawn_with(Settings {
-        key_ttl: Duration::from_secs(1),
-        expiry_interval: Duration::from_secs(3600),
-        ..Settings::default()
-    })
-    .await;
+    // The job does not run: the key expires but its row stays.
+    let app = TestApp::spawn_with(keys_living_one_second(Duration::from_secs(3600))).await;
     let key = new_key();
     let first = app.post_payment(&key, &payment(4200)).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -67,12 +58,8 @@ async fn an_expired_key_not_yet_deleted_is_new_again() {
 /// Replays of a completed key are served from memory after the first, but never past the key's
 /// `expires_at`: then the same request is new again, as the expiry policy says.
 async fn a_replay_kept_in_memory_ends_when_its_key_expires() {
-    let app = TestApp::spawn_with(Settings {
-        key_ttl: Duration::from_secs(1),
-        expiry_interval: Duration::from_secs(3600),
-        ..Settings::default()
-    })
-    .await;
+    // The job does not run: the key expires but its row stays.
+    let app = TestApp::spawn_with(keys_living_one_second(Duration::from_secs(3600))).await;
     let key = new_key();
     let first = app.post_payment(&key, &payment(4200)).await;
     for _ in 0..3 {
@@ -153,4 +140,13 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("condition not met within 10 s");
+}
+
+/// Keys that live one second, and the expiry job every `expiry_interval`.
+fn keys_living_one_second(expiry_interval: Duration) -> Settings {
+    Settings {
+        key_ttl: Duration::from_secs(1),
+        expiry_interval,
+        ..Settings::default()
+    }
 }

@@ -25,6 +25,8 @@ pub fn trials() -> Vec<Trial> {
         without_a_secret_webhooks_are_refused_with_503,
         the_send_command_delivers_what_the_service_accepts,
         a_signed_body_that_is_no_envelope_is_refused_with_400,
+        a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored,
+        a_webhook_id_over_255_bytes_is_refused_with_400,
     ]
 }
 
@@ -297,6 +299,46 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
     let too_large = post(&app, "evt_huge", now, Some(&signature), huge).await;
     too_large.assert_problem(413, "payload-too-large");
     assert_eq!(event_count(&app).await, 0);
+}
+
+/// Even a dispute so large that adding it to the disputed amount would overflow a bigint is
+/// ignored, not a 500 that the processor would redeliver for ever.
+async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let dispute = |amount: i64| json!({ "payment": paid, "amount": amount });
+    let first = deliver(&app, &secret, "evt_1", "dispute.created", &dispute(10)).await;
+    assert_eq!(first.json()["outcome"], "applied");
+
+    let huge = deliver(
+        &app,
+        &secret,
+        "evt_2",
+        "dispute.created",
+        &dispute(i64::MAX),
+    )
+    .await;
+
+    assert_eq!(huge.status, 200);
+    assert_eq!(huge.json()["outcome"], "ignored");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 10);
+}
+
+/// The event id is the primary key of the processed events: bounded, so it always fits the index
+/// (a 20 000-character id would not).
+async fn a_webhook_id_over_255_bytes_is_refused_with_400() {
+    let (app, secret) = spawn().await;
+    let data = json!({});
+    let too_long: String = (0..625)
+        .map(|_| uuid::Uuid::new_v4().simple().to_string())
+        .collect();
+
+    let refused = deliver(&app, &secret, &too_long, "unknown.type", &data).await;
+    refused.assert_problem(400, "invalid-request");
+    assert_eq!(event_count(&app).await, 0);
+    let longest = "e".repeat(255);
+    let accepted = deliver(&app, &secret, &longest, "unknown.type", &data).await;
+    assert_eq!(accepted.status, 200);
 }
 
 async fn spawn() -> (TestApp, WebhookSecret) {
