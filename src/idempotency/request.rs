@@ -56,11 +56,17 @@ pub struct Idempotent<T> {
     pub body: T,
 }
 
+/// Bodies larger than this are parsed and hashed on the blocking pool: near the 64 KiB limit that
+/// is a fraction of a millisecond of CPU, too long to hold a runtime thread that serves other
+/// requests. Smaller ones, every honest payment among them, stay inline, where the hop to another
+/// thread would cost more than the work.
+const INLINE_BODY_BYTES: usize = 8 * 1024;
+
 impl<S, T> FromRequest<S> for Idempotent<T>
 where
     AccountCache: FromRef<S>,
     S: Send + Sync,
-    T: DeserializeOwned,
+    T: DeserializeOwned + Send + 'static,
 {
     type Rejection = ApiError;
 
@@ -91,12 +97,23 @@ where
             (true, _) if bytes.trim_ascii() == b"null" => Bytes::from_static(b"{}"),
             (true, _) => bytes,
         };
+        let bytes_len = bytes.len();
         // Typed parsing straight from the bytes refuses what a generic parse would let through,
         // such as a field given twice.
-        let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
-        let document = serde_json::from_slice(&bytes).map_err(invalid_body)?;
+        let parse = move || -> Result<(T, Fingerprint), ApiError> {
+            let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
+            let document = serde_json::from_slice(&bytes).map_err(invalid_body)?;
+            Ok((body, Fingerprint::of_request(&target, &document)))
+        };
+        let (body, fingerprint) = if bytes_len <= INLINE_BODY_BYTES {
+            parse()?
+        } else {
+            tokio::task::spawn_blocking(parse)
+                .await
+                .map_err(|error| ApiError::Internal(error.into()))??
+        };
         Ok(Self {
-            request: KeyedRequest::new(scope, key, Fingerprint::of_request(&target, &document)),
+            request: KeyedRequest::new(scope, key, fingerprint),
             body,
         })
     }

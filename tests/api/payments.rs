@@ -15,6 +15,7 @@ pub fn trials() -> Vec<Trial> {
         another_accounts_payment_is_not_found,
         unknown_and_malformed_payment_ids_are_not_found,
         health_and_readiness_answer_when_the_database_is_up,
+        a_large_body_is_fingerprinted_like_a_small_one,
     ]
 }
 
@@ -121,4 +122,36 @@ async fn health_and_readiness_answer_when_the_database_is_up() {
         let response = app.send(app.client().get(app.url(path))).await;
         assert_eq!(response.status, 200, "{path}");
     }
+}
+
+/// A body of tens of kilobytes (hashed off the async runtime) is bound to its key like any other:
+/// the same document laid out differently replays, another document is refused.
+async fn a_large_body_is_fingerprinted_like_a_small_one() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let padded = |padding: usize, amount: i64| {
+        format!(
+            r#"{{"amount":{amount},{}"currency":"eur"}}"#,
+            " ".repeat(padding)
+        )
+    };
+    let send = |body: String| {
+        app.send(
+            app.client()
+                .post(app.url("/v1/payments"))
+                .bearer_auth(&app.api_key)
+                .header("idempotency-key", &key)
+                .header("content-type", "application/json")
+                .body(body),
+        )
+    };
+
+    let first = send(padded(40_000, 4200)).await;
+    assert_eq!(first.status, 201);
+    let replay = send(padded(20_000, 4200)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    send(padded(40_000, 4201))
+        .await
+        .assert_problem(422, "idempotency-key-mismatch");
 }
