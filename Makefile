@@ -48,8 +48,8 @@ sqlx-prepare:
 clean-containers:
 	docker ps -aq --filter label=org.testcontainers.managed-by=testcontainers | xargs -r docker rm -f
 
-## Throughput and latency of idempay over HTTP against the limit (its SQL through pgbench), ~15 min.
-## BENCH_QUICK=1 for a 2-minute try; results in target/bench/bench.{json,md}.
+## Throughput and latency of idempay over HTTP against the limit (its SQL through pgbench), ~10 min.
+## BENCH_QUICK=1 for a one-minute try; results in target/bench/bench.{json,md}.
 bench:
 	bash bench/bench.sh
 
