@@ -145,7 +145,7 @@ detect_pool_option() {
 start_server() {
   local interval=${1:-1000h} port
   port=$(free_port)
-  SERVER_LOG="$OUT_DIR/server-$port.log"
+  SERVER_LOG="$OUT_DIR/raw/server-$port.log"
   local env=(
     "DATABASE_URL=$DATABASE_URL"
     "IDEMPAY_LISTEN=127.0.0.1:$port"
