@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 use crate::idempotency::Idempotency;
 use crate::{monitoring, webhooks};
 
-/// Rows per delete: small enough to keep each statement's locks short.
-const BATCH: i64 = 1_000;
+/// Rows per delete: small enough to keep each statement's locks short. The delete statements
+/// carry it as a literal `LIMIT 1000`.
+pub const BATCH: u64 = 1_000;
 
 /// Every `interval` until `shutdown` is cancelled, drains what has expired in bounded batches.
 /// Safe to run on every instance at once: batches skip rows another instance has locked.
@@ -25,8 +26,8 @@ pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> J
                 _ = ticks.tick() => {}
             }
             let started = Instant::now();
-            let keys = drain(&shutdown, |batch| Idempotency::expire_batch(&pool, batch)).await;
-            let events = drain(&shutdown, |batch| webhooks::expire_batch(&pool, batch)).await;
+            let keys = drain(&shutdown, || Idempotency::expire_batch(&pool)).await;
+            let events = drain(&shutdown, || webhooks::expire_batch(&pool)).await;
             monitoring::expiry_run(keys, events, started.elapsed());
             if keys + events > 0 {
                 tracing::info!(keys, events, "expired rows deleted");
@@ -39,16 +40,16 @@ pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> J
 /// Runs `expire` batch after batch until one comes back short, a batch fails, or shutdown.
 async fn drain<F, Fut>(shutdown: &CancellationToken, expire: F) -> u64
 where
-    F: Fn(i64) -> Fut,
+    F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<u64, sqlx::Error>>,
 {
     let mut deleted = 0;
     // Checked between batches too, so a long drain does not delay shutdown.
     while !shutdown.is_cancelled() {
-        match expire(BATCH).await {
+        match expire().await {
             Ok(count) => {
                 deleted += count;
-                if count < BATCH.unsigned_abs() {
+                if count < BATCH {
                     break;
                 }
             }

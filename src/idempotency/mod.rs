@@ -572,11 +572,15 @@ impl Idempotency {
     // Expire: "the expiry keeps the table from growing without end".
     // ---------------------------------------------------------------------------------------
 
-    /// Deletes up to `batch` expired keys and returns how many it deleted. `SKIP LOCKED` keeps
-    /// locks short and lets several instances run this at once without waiting on each other; the
-    /// index on `expires_at` keeps each batch an index scan. A key whose request still holds a live
-    /// lease is left alone.
-    pub async fn expire_batch(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+    /// Deletes up to [`BATCH`](crate::expiry::BATCH) expired keys and returns how many it
+    /// deleted. `SKIP LOCKED` keeps locks short and lets several instances run this at once
+    /// without waiting on each other; the index on `expires_at` keeps each batch an index scan. A
+    /// key whose request still holds a live lease is left alone.
+    ///
+    /// The batch size is written into the statement, not passed to it: a generic plan of a
+    /// prepared statement does not know a parameter's value, guesses a large share of the table,
+    /// and joins the batch to it with a scan of the whole table.
+    pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
         let deleted = sqlx::query!(
             r#"
             DELETE FROM idempotency_keys
@@ -584,11 +588,10 @@ impl Idempotency {
                 SELECT id FROM idempotency_keys
                 WHERE expires_at <= now()
                   AND (status = 'completed' OR locked_until <= now())
-                LIMIT $1
+                LIMIT 1000
                 FOR UPDATE SKIP LOCKED
             )
             "#,
-            batch,
         )
         .execute(pool)
         .await?;

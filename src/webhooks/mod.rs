@@ -156,19 +156,20 @@ async fn process(
     Ok(outcome)
 }
 
-/// Deletes up to `batch` expired event records, as the key expiry does for keys.
-pub async fn expire_batch(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+/// Deletes up to [`BATCH`](crate::expiry::BATCH) expired event records, as
+/// [`Idempotency::expire_batch`](crate::idempotency::Idempotency::expire_batch) does for keys
+/// (where the literal batch size is explained).
+pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
     let deleted = sqlx::query!(
         r#"
         DELETE FROM processed_events
         WHERE id IN (
             SELECT id FROM processed_events
             WHERE expires_at <= now()
-            LIMIT $1
+            LIMIT 1000
             FOR UPDATE SKIP LOCKED
         )
         "#,
-        batch,
     )
     .execute(pool)
     .await?;
