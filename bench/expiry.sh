@@ -33,42 +33,16 @@ explain_plans() {
   local key=$1 dir="$OUT_DIR/raw/plans"
   mkdir -p "$dir"
   local lookup reserve expire
+  # The lookup half of the reservation, on its own; the reservation and the batch delete are
+  # taken from .sqlx/, the exact text the binary prepares.
   lookup="SELECT id, FALSE, request_hash, status, response_code, response_headers,
        response_body, expires_at <= now(),
-       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint
+       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
+       (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint
 FROM idempotency_keys
 WHERE scope = \$1 AND idem_key = \$2"
-  # Idempotency::decide, verbatim but for sqlx's alias annotations.
-  reserve="WITH reserved AS (
-    INSERT INTO idempotency_keys
-        (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-    VALUES (\$1, \$2, \$3, 'in_progress', \$4,
-            now() + \$5::bigint * interval '1 millisecond',
-            now() + \$6::bigint * interval '1 millisecond')
-    ON CONFLICT (scope, idem_key) DO NOTHING
-    RETURNING id
-)
-SELECT id AS id, TRUE AS reserved,
-       NULL::bytea AS request_hash, NULL::text AS status,
-       NULL::smallint AS response_code, NULL::jsonb AS response_headers,
-       NULL::bytea AS response_body, FALSE AS expired,
-       NULL::bigint AS lease_left_ms
-FROM reserved
-UNION ALL
-SELECT id, FALSE, request_hash, status, response_code, response_headers,
-       response_body, expires_at <= now(),
-       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint
-FROM idempotency_keys
-WHERE scope = \$1 AND idem_key = \$2 AND NOT EXISTS (SELECT 1 FROM reserved)"
-  # Idempotency::expire_batch, verbatim.
-  expire="DELETE FROM idempotency_keys
-WHERE id IN (
-    SELECT id FROM idempotency_keys
-    WHERE expires_at <= now()
-      AND (status = 'completed' OR locked_until <= now())
-    LIMIT \$1
-    FOR UPDATE SKIP LOCKED
-)"
+  reserve=$(query_text "WITH reserved AS" "INSERT INTO idempotency_keys")
+  expire=$(query_text "DELETE FROM idempotency_keys" "SKIP LOCKED")
   # Each statement: its first execution (a custom plan), its seventh (after five executions the
   # plan cache may switch to a generic plan, so this is the plan the server keeps running) and the
   # generic plan forced. Deletes happen in a transaction that is rolled back.
@@ -78,15 +52,15 @@ WHERE id IN (
 BEGIN;
 PREPARE s AS $statement;
 \\echo '-- first execution'
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE s($args);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE s$args;
 \\o /dev/null
-EXECUTE s($args); EXECUTE s($args); EXECUTE s($args); EXECUTE s($args); EXECUTE s($args);
+EXECUTE s$args; EXECUTE s$args; EXECUTE s$args; EXECUTE s$args; EXECUTE s$args;
 \\o
 \\echo '-- seventh execution'
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE s($args);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE s$args;
 SET LOCAL plan_cache_mode = force_generic_plan;
 \\echo '-- generic plan forced'
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE s($args);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE s$args;
 ROLLBACK;
 SQL
     python3 - "$dir/$name.txt" <<'PY'
@@ -100,9 +74,9 @@ for part in parts[1:]:
     open(path[:-4] + "-" + stem + ".txt", "w").write(body)
 PY
   }
-  explain_three lookup "$lookup" ":'scope', :'key'"
-  explain_three reserve "$reserve" ":'scope', :'key', :'hash', gen_random_uuid(), 30000, 86400000"
-  explain_three expire "$expire" "1000"
+  explain_three lookup "$lookup" "(:'scope', :'key')"
+  explain_three reserve "$reserve" "(:'scope', :'key', :'hash', gen_random_uuid(), 30000, 86400000)"
+  explain_three expire "$expire" ""
   local args=() f label
   for f in lookup reserve expire; do
     case $f in

@@ -7,6 +7,20 @@ set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$BENCH_DIR/.." && pwd)
+
+# The exact text of the one query in .sqlx/ (the compile-time query data: what the binary
+# prepares) that contains every PATTERN, so the bench never runs a stale copy of it.
+query_text() {
+  python3 - "$REPO_DIR/.sqlx" "$@" <<'PY'
+import json, pathlib, sys
+folder, patterns = pathlib.Path(sys.argv[1]), sys.argv[2:]
+found = [json.loads(f.read_text())["query"] for f in sorted(folder.glob("query-*.json"))]
+found = [query for query in found if all(pattern in query for pattern in patterns)]
+if len(found) != 1:
+    sys.exit(f"{len(found)} queries in .sqlx/ contain all of {patterns}")
+print(found[0].strip())
+PY
+}
 OUT_DIR="$REPO_DIR/target/bench"
 # BENCH_IDEMPAY_BIN runs a binary built elsewhere (another revision) instead of building this tree.
 IDEMPAY=${BENCH_IDEMPAY_BIN:-"$REPO_DIR/target/release/idempay"}
@@ -247,7 +261,7 @@ run_pgbench() {
   rm -f "$OUT_DIR/raw/pgbench/$name".*
   pgbench -n -M prepared -T "$secs" -c "$conns" -j "$threads" \
     -l --log-prefix="$OUT_DIR/raw/pgbench/$name" \
-    -D "api_key_hash=\\x$KEY_HASH" -D "scope=$SCOPE" \
+    -D "account_id=$ACCOUNT_ID" -D "scope=$SCOPE" \
     -D "request_hash=\\x$REQUEST_HASH_HEX" \
     -D "response_headers=$RESPONSE_HEADERS" -D "response_body=\\x$RESPONSE_BODY_HEX" \
     -D "lease_ms=30000" -D "ttl_ms=86400000" -D "replay_keys=$PGBENCH_REPLAY_KEYS" \
