@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry
+.PHONY: run test contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -57,3 +57,7 @@ bench:
 ## Results in target/bench/expiry.{json,md}.
 bench-expiry:
 	bash bench/expiry.sh
+
+## Where a new-key request's CPU goes: perf samples of idempay under load, in target/bench/profile.md.
+profile:
+	bash bench/profile.sh
