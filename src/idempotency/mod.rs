@@ -13,10 +13,12 @@ mod response;
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use quick_cache::sync::Cache;
 use sqlx::{PgPool, Postgres, Transaction};
 use tracing::Instrument;
@@ -459,8 +461,9 @@ impl Idempotency {
     where
         F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
     {
-        // A task of its own, so that a panic in the work is caught here and the key released.
-        let mut work = tokio::spawn(work);
+        // A panic in the work is caught here, so the key is released. The work runs in this task
+        // (already one of its own, see `run`): a task more would cost a wake-up per request.
+        let mut work = std::pin::pin!(AssertUnwindSafe(work).catch_unwind());
         let heartbeat = self.policy.lease / 3;
         let joined = loop {
             tokio::select! {
@@ -481,9 +484,14 @@ impl Idempotency {
                 self.release(&held).await;
                 Err(error)
             }
-            Err(join_error) => {
+            Err(panic) => {
                 self.release(&held).await;
-                Err(anyhow::anyhow!("the unit of work failed: {join_error}").into())
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|message| (*message).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(anyhow::anyhow!("the unit of work panicked: {message}").into())
             }
         }
     }
