@@ -87,19 +87,11 @@ main() {
   mkdir -p "$OUT_DIR/raw"
   local started commit
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  commit=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)
-  git -C "$REPO_DIR" diff --quiet HEAD -- src migrations Cargo.toml Cargo.lock 2>/dev/null ||
-    commit="$commit+local-changes"
-  # A binary built elsewhere is described by BENCH_LABEL (e.g. the revision it was built from).
-  [ -z "${BENCH_IDEMPAY_BIN:-}" ] || commit=${BENCH_LABEL:-"$BENCH_IDEMPAY_BIN"}
+  commit=$(revision_label)
 
-  build_release
-  warn_if_busy
-  detect_pool_option
+  prepare_stack
   $POOL_CONFIGURABLE ||
     log "this build has no IDEMPAY_DATABASE_MAX_CONNECTIONS: the pool is its fixed 16 connections"
-  start_postgres
-  prepare_database
   start_server 1000h
   local idle_rss
   idle_rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")

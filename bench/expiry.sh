@@ -120,17 +120,9 @@ main() {
   rm -rf "$OUT_DIR/raw/plans" "$OUT_DIR/raw"/expiry-*
   local started commit
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  commit=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)
-  git -C "$REPO_DIR" diff --quiet HEAD -- src migrations Cargo.toml Cargo.lock 2>/dev/null ||
-    commit="$commit+local-changes"
-  # A binary built elsewhere is described by BENCH_LABEL (e.g. the revision it was built from).
-  [ -z "${BENCH_IDEMPAY_BIN:-}" ] || commit=${BENCH_LABEL:-"$BENCH_IDEMPAY_BIN"}
+  commit=$(revision_label)
 
-  build_release
-  warn_if_busy
-  detect_pool_option
-  start_postgres
-  prepare_database
+  prepare_stack
 
   # (a) The job off. Its first run comes at once when the server starts, whatever the interval
   # (tokio's interval fires its first tick immediately), so the backlog is seeded after that run,

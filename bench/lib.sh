@@ -312,3 +312,23 @@ SQL
 settle() {
   sql -c "CHECKPOINT" >/dev/null
 }
+
+# What the results are of: the commit, marked when src/ differs from it, or BENCH_LABEL for a
+# binary built elsewhere (e.g. the revision it was built from).
+revision_label() {
+  local commit
+  commit=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git -C "$REPO_DIR" diff --quiet HEAD -- src migrations Cargo.toml Cargo.lock 2>/dev/null ||
+    commit="$commit+local-changes"
+  [ -z "${BENCH_IDEMPAY_BIN:-}" ] || commit=${BENCH_LABEL:-"$BENCH_IDEMPAY_BIN"}
+  echo "$commit"
+}
+
+# The release binary, and a database for it with its account: what every run starts from.
+prepare_stack() {
+  build_release
+  warn_if_busy
+  detect_pool_option
+  start_postgres
+  prepare_database
+}

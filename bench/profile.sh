@@ -31,11 +31,7 @@ main() {
   check_tools
   ensure_perf
   mkdir -p "$OUT_DIR/raw"
-  build_release
-  warn_if_busy
-  detect_pool_option
-  start_postgres
-  prepare_database
+  prepare_stack
   start_server 1000h
   log "warming up"
   run_wrk profile-warmup new 16 2
