@@ -17,6 +17,7 @@ pub fn trials() -> Vec<Trial> {
     let processes = trials![faults;
         a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once,
         three_instances_under_a_retry_storm_make_one_payment_per_key,
+        three_instances_drain_expired_keys_together_each_row_once_without_deadlocks,
     ];
     processes.into_iter().chain(crash_trials()).collect()
 }
@@ -192,4 +193,86 @@ async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
         );
     }
     assert_exactly_once(&app.db).await;
+}
+
+/// The expiry job runs on every instance. Three of them, their jobs every 50 ms, meet a backlog of
+/// expired keys that appears at once: between them they delete every expired key exactly once (the
+/// deletions their metrics count add up to the backlog), leave every live key, and never deadlock.
+async fn three_instances_drain_expired_keys_together_each_row_once_without_deadlocks() {
+    const EXPIRED: i64 = 30_000;
+    const LIVE: i64 = 1_000;
+    let app = TestApp::spawn().await;
+    let env = [("IDEMPAY_EXPIRY_INTERVAL", "50ms")];
+    let instances = [
+        Instance::start(&app.database_url(), &env).await,
+        Instance::start(&app.database_url(), &env).await,
+        Instance::start(&app.database_url(), &env).await,
+    ];
+    let deadlocks = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    };
+    let deadlocks_before = deadlocks().await;
+
+    // One statement, so the whole backlog appears at once for the three jobs.
+    sqlx::query(
+        "INSERT INTO idempotency_keys
+             (scope, idem_key, request_hash, status, response_code, response_headers,
+              response_body, expires_at)
+         SELECT 'acct_seeded:POST /v1/payments', 'k' || i, sha256(i::text::bytea), 'completed',
+                201, '{}'::jsonb, '{}'::bytea,
+                CASE WHEN i <= $1 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END
+         FROM generate_series(1, $1 + $2) AS i",
+    )
+    .bind(EXPIRED)
+    .bind(LIVE)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    for _ in 0..600 {
+        if app.key_count().await == LIVE {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let live: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE expires_at > now()")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(app.key_count().await, LIVE, "every expired key deleted");
+    assert_eq!(live, LIVE, "every live key left");
+
+    // A run counts its deletions when it ends: wait for the runs in progress to end.
+    let mut shares = Vec::new();
+    for _ in 0..100 {
+        shares = deleted_by_each(&instances).await;
+        if shares.iter().sum::<i64>() >= EXPIRED {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("expiry on three instances: {EXPIRED} expired keys deleted as {shares:?}");
+    assert_eq!(shares.iter().sum::<i64>(), EXPIRED, "each row deleted once");
+    assert_eq!(deadlocks().await, deadlocks_before, "no deadlock");
+}
+
+/// The expired keys each instance's job has deleted, from its metrics.
+async fn deleted_by_each(instances: &[Instance]) -> Vec<i64> {
+    let mut shares = Vec::new();
+    for instance in instances {
+        let metrics = String::from_utf8(instance.get("/metrics").await.body).unwrap();
+        let deleted = metrics
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(r#"idempay_expiry_deleted_rows_total{table="idempotency_keys"}"#)
+            })
+            .map_or(0, |value| value.trim().parse::<i64>().unwrap());
+        shares.push(deleted);
+    }
+    shares
 }
