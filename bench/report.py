@@ -245,8 +245,13 @@ def bench(args):
             )
         )
         md.append("")
-    text = "\n".join(md)
-    with open(os.path.join(args.dir, "bench.md"), "w") as out:
+    publish(md, os.path.join(args.dir, "bench.md"))
+
+
+def publish(lines, path):
+    """Writes the report's Markdown lines to `path` and prints them."""
+    text = "\n".join(lines)
+    with open(path, "w") as out:
         out.write(text)
     print(text)
 
@@ -338,10 +343,7 @@ def expiry(args):
             f" ({plan['summary']})"
         )
     md.append("")
-    text = "\n".join(md)
-    with open(os.path.join(args.dir, "expiry.md"), "w") as out:
-        out.write(text)
-    print(text)
+    publish(md, os.path.join(args.dir, "expiry.md"))
 
 
 def plans(args):

@@ -143,12 +143,7 @@ async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
     const KEYS: usize = 200;
     const COPIES: usize = 5;
     let app = TestApp::spawn().await;
-    let env = [("IDEMPAY_EXPIRY_INTERVAL", "100ms")];
-    let instances = [
-        Instance::start(&app.database_url(), &env).await,
-        Instance::start(&app.database_url(), &env).await,
-        Instance::start(&app.database_url(), &env).await,
-    ];
+    let instances = three_instances(&app, &[("IDEMPAY_EXPIRY_INTERVAL", "100ms")]).await;
     let keys: Vec<String> = (0..KEYS).map(|_| new_key()).collect();
     let body = payment(4200);
 
@@ -202,12 +197,7 @@ async fn three_instances_drain_expired_keys_together_each_row_once_without_deadl
     const EXPIRED: i64 = 30_000;
     const LIVE: i64 = 1_000;
     let app = TestApp::spawn().await;
-    let env = [("IDEMPAY_EXPIRY_INTERVAL", "50ms")];
-    let instances = [
-        Instance::start(&app.database_url(), &env).await,
-        Instance::start(&app.database_url(), &env).await,
-        Instance::start(&app.database_url(), &env).await,
-    ];
+    let instances = three_instances(&app, &[("IDEMPAY_EXPIRY_INTERVAL", "50ms")]).await;
     let deadlocks = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
@@ -275,4 +265,13 @@ async fn deleted_by_each(instances: &[Instance]) -> Vec<i64> {
         shares.push(deleted);
     }
     shares
+}
+
+/// Three `idempay serve` processes on the database of `app`, as three replicas.
+async fn three_instances(app: &TestApp, env: &[(&str, &str)]) -> [Instance; 3] {
+    [
+        Instance::start(&app.database_url(), env).await,
+        Instance::start(&app.database_url(), env).await,
+        Instance::start(&app.database_url(), env).await,
+    ]
 }
