@@ -260,8 +260,9 @@ pub enum AuthenticatedProblems {
     /// A fault of ours (`internal`). Nothing was recorded: retry, a POST with the same key.
     #[response(status = 500, content_type = "application/problem+json")]
     Internal(Problem),
-    /// The database is unreachable (`service-unavailable`). Nothing was recorded: retry, a POST
-    /// with the same key.
+    /// The database is unreachable or busy, or the request did not finish in time
+    /// (`service-unavailable`). Retry, a POST with the same key: it receives the first attempt's
+    /// result if that went through meanwhile.
     #[response(
         status = 503,
         content_type = "application/problem+json",
@@ -500,6 +501,20 @@ mod tests {
         let body: serde_json::Value =
             serde_json::from_slice(&Problem::new(ProblemKind::NotFound, "gone").to_json()).unwrap();
         assert_eq!(body.as_object().unwrap().len(), 4, "{body}");
+    }
+
+    #[test]
+    fn a_database_going_away_or_too_busy_is_unavailable_and_a_bad_statement_is_not() {
+        for sqlstate in [
+            "08006", "57P01", "57P03", "53300", "57014", "55P03", "40001", "40P01",
+        ] {
+            assert!(is_transient(sqlstate), "{sqlstate}");
+        }
+        for sqlstate in ["23505", "22003", "42P01", "23514"] {
+            assert!(!is_transient(sqlstate), "{sqlstate}");
+        }
+        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
+        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
     }
 
     #[test]

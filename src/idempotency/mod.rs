@@ -345,9 +345,10 @@ impl Idempotency {
     /// Answers a key this instance saw completed without asking the database: the stored
     /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
     fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Decision> {
-        let cached = self.replays.get(&cache_key(request))?;
+        let key = cache_key(request);
+        let cached = self.replays.get(&key)?;
         if cached.until <= Instant::now() {
-            self.replays.remove(&cache_key(request));
+            self.replays.remove(&key);
             return None;
         }
         Some(if cached.fingerprint == request.fingerprint {

@@ -134,6 +134,11 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     assert!(!taken_over.replayed(), "the takeover executed the charge");
     let replay = survivor.post_payment(&app.api_key, &key, &slow).await;
     assert!(replay.replayed());
+    let took_over = survivor
+        .metrics()
+        .await
+        .value(r#"idempay_idempotency_outcomes_total{outcome="takeover"}"#);
+    assert_eq!(took_over, Some(1.0), "the takeover is counted");
     assert_eq!(replay.body, taken_over.body);
     assert_eq!(app.payment_count().await, 1);
     assert_exactly_once(&app.db).await;
@@ -255,14 +260,12 @@ async fn three_instances_drain_expired_keys_together_each_row_once_without_deadl
 async fn deleted_by_each(instances: &[Instance]) -> Vec<i64> {
     let mut shares = Vec::new();
     for instance in instances {
-        let metrics = String::from_utf8(instance.get("/metrics").await.body).unwrap();
-        let deleted = metrics
-            .lines()
-            .find_map(|line| {
-                line.strip_prefix(r#"idempay_expiry_deleted_rows_total{table="idempotency_keys"}"#)
-            })
-            .map_or(0, |value| value.trim().parse::<i64>().unwrap());
-        shares.push(deleted);
+        let deleted = instance
+            .metrics()
+            .await
+            .value(r#"idempay_expiry_deleted_rows_total{table="idempotency_keys"}"#)
+            .unwrap_or_default();
+        shares.push(deleted as i64);
     }
     shares
 }

@@ -85,6 +85,11 @@ impl Instance {
             .to_owned()
     }
 
+    /// The instance's metrics, as `GET /metrics` serves them now.
+    pub async fn metrics(&self) -> Metrics {
+        Metrics::new(self.get("/metrics").await.body)
+    }
+
     pub async fn get(&self, path: &str) -> TestResponse {
         send(
             reqwest::Client::new()
@@ -109,5 +114,30 @@ impl Instance {
                 .json(body),
         )
         .await
+    }
+}
+
+/// A scrape of `/metrics`, in the Prometheus text format.
+pub struct Metrics(String);
+
+impl Metrics {
+    pub fn new(body: Vec<u8>) -> Self {
+        Self(String::from_utf8(body).expect("metrics are UTF-8"))
+    }
+
+    /// The value of one series, named with its labels as the exporter writes them, e.g.
+    /// `idempay_idempotency_outcomes_total{outcome="replayed"}`.
+    pub fn value(&self, series: &str) -> Option<f64> {
+        self.0.lines().find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+    }
+
+    pub fn text(&self) -> &str {
+        &self.0
     }
 }

@@ -7,7 +7,7 @@ use libtest_mimic::Trial;
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, new_key, payment, send};
-use crate::instance::Instance;
+use crate::instance::{Instance, Metrics};
 use crate::trials;
 
 pub fn trials() -> Vec<Trial> {
@@ -90,10 +90,11 @@ async fn metrics_count_requests_by_route_and_every_idempotency_outcome() {
             .header("content-type")
             .is_some_and(|kind| kind.starts_with("text/plain"))
     );
-    let text = String::from_utf8(scraped.body).unwrap();
+    let metrics = Metrics::new(scraped.body);
+    let text = metrics.text();
     let value = |series: &str| -> f64 {
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        metrics
+            .value(series)
             .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
     };
     for (outcome, count) in [

@@ -184,22 +184,14 @@ async fn survive(outage: Outage) {
 
 /// How many payments the service answered within `bound` seconds, and how many it answered, from
 /// its own latency histogram at `/metrics`.
-async fn answered_within(instance: &Instance, bound: &str) -> (u64, u64) {
-    let metrics = instance.get("/metrics").await;
-    let text = String::from_utf8(metrics.body).expect("UTF-8");
-    let series = |name: &str, label: Option<&str>| -> u64 {
-        text.lines()
-            .filter(|line| line.starts_with(name) && line.contains(r#"route="/v1/payments""#))
-            .filter(|line| line.contains(r#"method="POST""#))
-            .filter(|line| label.is_none_or(|label| line.contains(label)))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .map(|value| value as u64)
-            .sum()
-    };
-    let le = format!(r#"le="{bound}""#);
+async fn answered_within(instance: &Instance, bound: &str) -> (f64, f64) {
+    let metrics = instance.metrics().await;
+    let series = r#"idempay_http_request_duration_seconds"#;
+    let labels = r#"method="POST",route="/v1/payments""#;
+    let value = |name: String| metrics.value(&name).unwrap_or_default();
     (
-        series("idempay_http_request_duration_seconds_bucket", Some(&le)),
-        series("idempay_http_request_duration_seconds_count", None),
+        value(format!(r#"{series}_bucket{{{labels},le="{bound}"}}"#)),
+        value(format!("{series}_count{{{labels}}}")),
     )
 }
 
