@@ -7,8 +7,9 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::http::metrics;
 use crate::idempotency::Idempotency;
-use crate::{monitoring, webhooks};
+use crate::webhooks;
 
 /// Rows per delete: small enough to keep each statement's locks short. The delete statements
 /// carry it as a literal `LIMIT 1000`.
@@ -28,7 +29,7 @@ pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> J
             let started = Instant::now();
             let keys = drain(&shutdown, || Idempotency::expire_batch(&pool)).await;
             let events = drain(&shutdown, || webhooks::expire_batch(&pool)).await;
-            monitoring::expiry_run(keys, events, started.elapsed());
+            metrics::expiry_run(keys, events, started.elapsed());
             if keys + events > 0 {
                 tracing::info!(keys, events, "expired rows deleted");
             }

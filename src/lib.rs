@@ -2,34 +2,24 @@
 //! "exactly once" effects.
 //!
 //! - [`idempotency`]: the mechanism, one entry point for every mutating route.
-//! - [`payments`]: `POST /v1/payments` and `GET /v1/payments/{id}` on a simulated processor.
-//! - [`accounts`]: API keys and authentication.
-//! - [`refunds`], [`webhooks`]: refunds, and the processor's events applied exactly once.
-//! - [`client`]: the retrying client that keeps one key per intent; [`demo`] shows why it must.
-//! - [`app`]: the router, its middleware and the running [`app::Application`].
+//! - [`payments`], [`refunds`], [`webhooks`], [`accounts`]: the domains, each with its router.
+//! - [`http`]: the plumbing that owns the state: router, accept loop, errors, docs, metrics.
+//! - [`client`]: the retrying client that keeps one key per intent.
+//! - `dev` (the `dev` feature): `idempay dev`, the demo and the dev commands, apart from the service.
 
 pub mod accounts;
-pub mod app;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod db;
-pub mod demo;
+#[cfg(feature = "dev")]
 pub mod dev;
-pub mod error;
 pub mod expiry;
-pub mod extract;
 pub mod failpoint;
-pub mod health;
+pub mod http;
 pub mod idempotency;
 mod ids;
-pub mod monitoring;
-pub mod openapi;
-pub mod pagination;
 pub mod payments;
-pub mod postgres;
-pub mod problems;
 pub mod refunds;
-pub mod server;
 pub mod telemetry;
 pub mod webhooks;

@@ -13,7 +13,7 @@ use axum::http::request::Parts;
 use quick_cache::sync::Cache;
 use sqlx::PgPool;
 
-use crate::error::{ApiError, Problem, ProblemKind};
+use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::ids;
 
 pub use api_key::ApiKey;

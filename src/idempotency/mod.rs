@@ -1,15 +1,22 @@
 //! Idempotency keys: one `Idempotency-Key` per business intent turns a client's "at least once"
 //! into "exactly once" effects. [`Idempotency::run`] is the single entry point every mutating route
-//! uses; this file holds the whole lifecycle of a key, in order: reserve, replay, conflict, take
-//! over, complete, release, expire.
+//! uses. This file tells the lifecycle of a key in order, each step with its types:
 //!
-//! The PostgreSQL unique constraint on `(scope, idem_key)` decides between concurrent requests, and
-//! every clock reading is the database's `now()`, never an instance's: instances disagree.
+//! 1. **Decide**: reserve the key, or read the row that holds it, and decide (execute, replay,
+//!    409, 422).
+//! 2. **Take over** a key whose request died, or **recycle** one that expired.
+//! 3. **Execute** the work under a lease, renewed while it runs.
+//! 4. **Complete** (the effect and the key commit together) or **release** (a failure of ours).
+//! 5. **Expire**: a background job deletes old keys.
+//!
+//! The SQL of each step is in [`store`]. The PostgreSQL unique constraint on `(scope, idem_key)`
+//! decides between concurrent requests, and every clock reading is the database's `now()`.
 
 mod fingerprint;
 mod key;
 mod request;
 mod response;
+mod store;
 
 use std::fmt;
 use std::future::Future;
@@ -24,23 +31,15 @@ use sqlx::{PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::error::{ApiError, Problem, ProblemKind};
 use crate::failpoint;
-use crate::monitoring::KeyOutcome;
+use crate::http::error::{ApiError, Problem, ProblemKind};
+use crate::http::metrics::KeyOutcome;
+use store::Reservation;
 
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use request::{Idempotent, KeyedRequest, Scope};
 pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
-
-/// The longest `Retry-After` a 409 suggests. A live request usually finishes within it, and a
-/// dead one is taken over once its lease runs out, so a client retrying every second is answered
-/// as soon as either happens, instead of waiting out a whole lease.
-const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_secs(1);
-
-/// How often a zero-row answer from the reservation is retried before the client is asked to come
-/// back (see [`Idempotency::decide`]).
-const DECIDE_ATTEMPTS: usize = 5;
 
 /// How long keys live and how long a request may hold one without renewing it.
 #[derive(Clone, Copy, Debug)]
@@ -51,25 +50,12 @@ pub struct Policy {
     pub lease: Duration,
 }
 
-/// Completed responses kept in memory at most; each is a few hundred bytes.
-const CACHED_REPLAYS: usize = 10_000;
-
 /// The idempotency mechanism, shared by every mutating route.
 #[derive(Clone)]
 pub struct Idempotency {
     pool: PgPool,
     policy: Policy,
     replays: Arc<Cache<String, CachedReplay>>,
-}
-
-/// A completed key's response, served without a round trip to the database. It is safe to keep:
-/// a completed row never changes until it expires, and the entry is dropped before that.
-#[derive(Clone)]
-struct CachedReplay {
-    fingerprint: Fingerprint,
-    response: StoredResponse,
-    /// No later than the key's `expires_at`, on this instance's monotonic clock.
-    until: Instant,
 }
 
 impl fmt::Debug for Idempotency {
@@ -79,66 +65,6 @@ impl fmt::Debug for Idempotency {
             .field("cached_replays", &self.replays.len())
             .finish_non_exhaustive()
     }
-}
-
-/// What to do with a request, decided from the state of its key.
-#[derive(Debug)]
-enum Decision {
-    /// This request holds the key: execute the work.
-    Execute(Lease),
-    /// The key completed: answer with the stored response.
-    Replay(StoredResponse),
-    /// Another request holds a live lease on the key.
-    InFlight { retry_after: Duration },
-    /// The key was used with a different payload.
-    Mismatch,
-}
-
-/// A key that exists, as the reservation found it.
-struct ExistingKey {
-    id: i64,
-    fingerprint: Option<Fingerprint>,
-    expired: bool,
-    /// When the key expires, on this instance's clock (never later than in the database).
-    expires_at: Option<Instant>,
-    state: KeyState,
-}
-
-/// The state of an existing key.
-enum KeyState {
-    /// A request is working on it; `None` when its lease ran out (the process died).
-    InProgress {
-        lease_left: Option<Duration>,
-    },
-    Completed(StoredResponse),
-}
-
-/// The right to execute the work of one key, held by exactly one request at a time. The work
-/// writes its effect in the transaction from [`Lease::begin`] and hands it to [`Lease::complete`],
-/// so the effect and the key's completion commit together or not at all.
-#[derive(Debug)]
-pub struct Lease {
-    pool: PgPool,
-    /// How this request came to hold the key: a fresh or recycled one, or a takeover.
-    outcome: KeyOutcome,
-    /// When this instance was granted the lease.
-    granted: Instant,
-    key_id: i64,
-    token: Uuid,
-    key: IdempotencyKey,
-    key_ttl: Duration,
-}
-
-/// Proof that the work ran [`Lease::complete`]: the only way to finish a unit of work.
-#[derive(Debug)]
-pub struct Completion(Completed);
-
-#[derive(Debug)]
-enum Completed {
-    /// The effect and the response were committed with the key.
-    Stored(StoredResponse),
-    /// Another request took the key over; nothing was committed.
-    LeaseLost,
 }
 
 impl Idempotency {
@@ -202,11 +128,54 @@ impl Idempotency {
             }
         }
     }
+}
 
-    // ---------------------------------------------------------------------------------------
-    // Reserve: "the winning insert executes the work, the other fails and reads the result".
-    // ---------------------------------------------------------------------------------------
+// ===========================================================================================
+// 1. Decide: "the winning insert executes the work, the other fails and reads the result".
+// ===========================================================================================
 
+/// What to do with a request, decided from the state of its key.
+#[derive(Debug)]
+enum Decision {
+    /// This request holds the key: execute the work.
+    Execute(Lease),
+    /// The key completed: answer with the stored response.
+    Replay(StoredResponse),
+    /// Another request holds a live lease on the key.
+    InFlight { retry_after: Duration },
+    /// The key was used with a different payload.
+    Mismatch,
+}
+
+/// A key that exists, as the reservation found it.
+struct ExistingKey {
+    key_id: i64,
+    fingerprint: Option<Fingerprint>,
+    expired: bool,
+    /// How long until the key expires, as the database saw it; `None` when it has.
+    expires_in: Option<Duration>,
+    state: KeyState,
+}
+
+/// The state of an existing key.
+enum KeyState {
+    /// A request is working on it; `lease_left` is `None` when its lease ran out (its process
+    /// died, or stopped renewing).
+    InProgress { lease_left: Option<Duration> },
+    /// Its response is stored: every repeat gets it.
+    Completed(StoredResponse),
+}
+
+/// The longest `Retry-After` a 409 suggests. A live request usually finishes within it, and a
+/// dead one is taken over once its lease runs out, so a client retrying every second is answered
+/// as soon as either happens, instead of waiting out a whole lease.
+const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_secs(1);
+
+/// How often an unsettled reservation (see [`Reservation::Unsettled`]) is tried again before the
+/// client is asked to come back.
+const DECIDE_ATTEMPTS: usize = 5;
+
+impl Idempotency {
     /// Reserves the key with a single `INSERT … ON CONFLICT DO NOTHING`; when the key exists, the
     /// same statement returns its row, and the decision follows from it.
     async fn decide(&self, request: &KeyedRequest) -> Result<Decision, ApiError> {
@@ -218,79 +187,23 @@ impl Idempotency {
             // Before the statement: `now() + expires_in` seen from here is then no later than the
             // database's `expires_at`.
             let asked = Instant::now();
-            let row = sqlx::query!(
-                r#"
-                WITH reserved AS (
-                    INSERT INTO idempotency_keys
-                        (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-                    VALUES ($1, $2, $3, 'in_progress', $4,
-                            now() + $5::bigint * interval '1 millisecond',
-                            now() + $6::bigint * interval '1 millisecond')
-                    ON CONFLICT (scope, idem_key) DO NOTHING
-                    RETURNING id
-                )
-                SELECT id AS "id!", TRUE AS "reserved!",
-                       NULL::bytea AS request_hash, NULL::text AS status,
-                       NULL::smallint AS response_code, NULL::jsonb AS response_headers,
-                       NULL::bytea AS response_body, FALSE AS "expired!",
-                       NULL::bigint AS lease_left_ms, NULL::bigint AS expires_in_ms
-                FROM reserved
-                UNION ALL
-                SELECT id, FALSE, request_hash, status, response_code, response_headers,
-                       response_body, expires_at <= now(),
-                       (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
-                       (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint
-                FROM idempotency_keys
-                WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM reserved)
-                "#,
-                request.scope.as_str(),
-                request.key.as_str(),
-                request.fingerprint.as_bytes().as_slice(),
+            let reservation = store::reserve(
+                &self.pool,
+                request,
                 token,
-                millis(self.policy.lease),
-                millis(self.policy.key_ttl),
+                self.policy.lease,
+                self.policy.key_ttl,
             )
-            .fetch_optional(&self.pool)
             .await?;
-
-            // No row: the insert met a row that this statement's snapshot cannot see (its
-            // transaction committed after the statement began), or that was released meanwhile.
-            // A new statement sees the current state.
-            let Some(row) = row else { continue };
-            if row.reserved {
-                return Ok(Decision::Execute(self.lease(
-                    KeyOutcome::Executed,
-                    row.id,
-                    token,
-                    request,
-                )));
-            }
-            let existing = ExistingKey {
-                id: row.id,
-                fingerprint: row
-                    .request_hash
-                    .as_deref()
-                    .and_then(Fingerprint::from_slice),
-                expired: row.expired,
-                expires_at: row
-                    .expires_in_ms
-                    .filter(|ms| *ms > 0)
-                    .map(|ms| asked + Duration::from_millis(ms.unsigned_abs())),
-                state: match row.status.as_deref() {
-                    Some("completed") => KeyState::Completed(StoredResponse::from_row(
-                        row.response_code,
-                        row.response_headers,
-                        row.response_body,
-                    )?),
-                    _ => KeyState::InProgress {
-                        lease_left: row
-                            .lease_left_ms
-                            .filter(|ms| *ms > 0)
-                            .map(|ms| Duration::from_millis(ms.unsigned_abs())),
-                    },
-                },
+            let existing = match reservation {
+                Reservation::Reserved { key_id } => {
+                    let lease = self.lease(KeyOutcome::Executed, key_id, token, request);
+                    return Ok(Decision::Execute(lease));
+                }
+                Reservation::Existing(existing) => existing,
+                Reservation::Unsettled => continue,
             };
-            if let Some(decision) = self.decide_existing(request, existing).await? {
+            if let Some(decision) = self.decide_existing(request, existing, asked).await? {
                 return Ok(decision);
             }
         }
@@ -305,11 +218,12 @@ impl Idempotency {
         &self,
         request: &KeyedRequest,
         existing: ExistingKey,
+        asked: Instant,
     ) -> Result<Option<Decision>, ApiError> {
         // An expired key is new again, whatever it was used for: the documented expiry policy.
         if existing.expired {
             return Ok(self
-                .recycle(existing.id, request)
+                .recycle(existing.key_id, request)
                 .await?
                 .map(Decision::Execute));
         }
@@ -318,30 +232,41 @@ impl Idempotency {
             return Ok(Some(Decision::Mismatch));
         }
         Ok(match existing.state {
-            // -----------------------------------------------------------------------------
             // Replay: "the original response is returned unchanged, status code included".
-            // -----------------------------------------------------------------------------
             KeyState::Completed(stored) => {
-                if let Some(until) = existing.expires_at {
-                    self.remember(request, &stored, until);
+                if let Some(expires_in) = existing.expires_in {
+                    self.remember(request, &stored, asked + expires_in);
                 }
                 Some(Decision::Replay(stored))
             }
-            // -----------------------------------------------------------------------------
             // Conflict: "an identical request is already under way".
-            // -----------------------------------------------------------------------------
             KeyState::InProgress {
                 lease_left: Some(left),
             } => Some(Decision::InFlight {
                 retry_after: left.min(IN_FLIGHT_RETRY_HINT),
             }),
             KeyState::InProgress { lease_left: None } => self
-                .take_over(existing.id, request)
+                .take_over(existing.key_id, request)
                 .await?
                 .map(Decision::Execute),
         })
     }
+}
 
+/// Completed responses kept in memory at most; each is a few hundred bytes.
+const CACHED_REPLAYS: usize = 10_000;
+
+/// A completed key's response, served without a round trip to the database. It is safe to keep:
+/// a completed row never changes until it expires, and the entry is dropped before that.
+#[derive(Clone)]
+struct CachedReplay {
+    fingerprint: Fingerprint,
+    response: StoredResponse,
+    /// No later than the key's `expires_at`, on this instance's monotonic clock.
+    until: Instant,
+}
+
+impl Idempotency {
     /// Answers a key this instance saw completed without asking the database: the stored
     /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
     fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Decision> {
@@ -368,11 +293,19 @@ impl Idempotency {
             },
         );
     }
+}
 
-    // ---------------------------------------------------------------------------------------
-    // Take over: a request whose process died stops renewing its lease; a retry may then execute.
-    // ---------------------------------------------------------------------------------------
+/// Keys are cached per scope, as they are stored.
+fn cache_key(request: &KeyedRequest) -> String {
+    format!("{}\n{}", request.scope.as_str(), request.key.as_str())
+}
 
+// ===========================================================================================
+// 2. Take over: a request whose process died stops renewing its lease; a retry may then execute.
+//    Recycle: an expired key is new again.
+// ===========================================================================================
+
+impl Idempotency {
     /// Installs a new lock token on a key whose lease ran out. One conditional update: of several
     /// contenders, at most one wins.
     async fn take_over(
@@ -381,28 +314,27 @@ impl Idempotency {
         request: &KeyedRequest,
     ) -> Result<Option<Lease>, sqlx::Error> {
         let token = Uuid::new_v4();
-        let taken = sqlx::query_scalar!(
-            r#"
-            UPDATE idempotency_keys
-            SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond'
-            WHERE id = $1 AND status = 'in_progress' AND locked_until <= now()
-              AND request_hash = $4
-            RETURNING id
-            "#,
+        let taken = store::take_over(
+            &self.pool,
+            key_id,
+            &request.fingerprint,
+            token,
+            self.policy.lease,
+        )
+        .await?;
+        if !taken {
+            return Ok(None);
+        }
+        tracing::warn!(
+            key_id,
+            "took over an idempotency key whose lease had expired"
+        );
+        Ok(Some(self.lease(
+            KeyOutcome::TakenOver,
             key_id,
             token,
-            millis(self.policy.lease),
-            request.fingerprint.as_bytes().as_slice(),
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        if taken.is_some() {
-            tracing::warn!(
-                key_id,
-                "took over an idempotency key whose lease had expired"
-            );
-        }
-        Ok(taken.map(|id| self.lease(KeyOutcome::TakenOver, id, token, request)))
+            request,
+        )))
     }
 
     /// Reserves an expired key for a new request, unless its row changed meanwhile.
@@ -412,26 +344,16 @@ impl Idempotency {
         request: &KeyedRequest,
     ) -> Result<Option<Lease>, sqlx::Error> {
         let token = Uuid::new_v4();
-        let recycled = sqlx::query_scalar!(
-            r#"
-            UPDATE idempotency_keys
-            SET request_hash = $2, status = 'in_progress', lock_token = $3,
-                locked_until = now() + $4::bigint * interval '1 millisecond',
-                response_code = NULL, response_headers = NULL, response_body = NULL,
-                created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
-            WHERE id = $1 AND expires_at <= now()
-              AND (status = 'completed' OR locked_until <= now())
-            RETURNING id
-            "#,
+        let recycled = store::recycle(
+            &self.pool,
             key_id,
-            request.fingerprint.as_bytes().as_slice(),
+            &request.fingerprint,
             token,
-            millis(self.policy.lease),
-            millis(self.policy.key_ttl),
+            self.policy.lease,
+            self.policy.key_ttl,
         )
-        .fetch_optional(&self.pool)
         .await?;
-        Ok(recycled.map(|id| self.lease(KeyOutcome::Executed, id, token, request)))
+        Ok(recycled.then(|| self.lease(KeyOutcome::Executed, key_id, token, request)))
     }
 
     fn lease(
@@ -451,7 +373,49 @@ impl Idempotency {
             key_ttl: self.policy.key_ttl,
         }
     }
+}
 
+// ===========================================================================================
+// 3. Execute: the work runs under the lease, renewed while it runs.
+// ===========================================================================================
+
+/// The right to execute the work of one key, held by exactly one request at a time. The work
+/// writes its effect in the transaction from [`Lease::begin`] and hands it to [`Lease::complete`],
+/// so the effect and the key's completion commit together or not at all.
+#[derive(Debug)]
+pub struct Lease {
+    pool: PgPool,
+    /// How this request came to hold the key: a fresh or recycled one, or a takeover.
+    outcome: KeyOutcome,
+    /// When this instance was granted the lease.
+    granted: Instant,
+    key_id: i64,
+    token: Uuid,
+    key: IdempotencyKey,
+    key_ttl: Duration,
+}
+
+/// What the mechanism keeps of a lease it handed to the work: enough to renew and release it.
+#[derive(Clone, Copy, Debug)]
+struct HeldLease {
+    key_id: i64,
+    token: Uuid,
+    /// When the lease was granted: earlier than the completing transaction's `now()`, so
+    /// `reserved + key_ttl` is no later than the key's `expires_at`.
+    reserved: Instant,
+}
+
+impl From<&Lease> for HeldLease {
+    fn from(lease: &Lease) -> Self {
+        Self {
+            key_id: lease.key_id,
+            token: lease.token,
+            reserved: lease.granted,
+        }
+    }
+}
+
+impl Idempotency {
     /// Runs the work while renewing the lease, then answers from its completion or releases the key.
     async fn execute<F>(
         &self,
@@ -500,26 +464,12 @@ impl Idempotency {
     /// Keeps a slow but alive request from being taken over: renews the lease at a fraction of
     /// its length. A request that lost its lease finds out when it tries to complete.
     async fn renew(&self, held: &HeldLease) {
-        let renewed = sqlx::query!(
-            r#"
-            UPDATE idempotency_keys
-            SET locked_until = now() + $3::bigint * interval '1 millisecond'
-            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
-            "#,
-            held.key_id,
-            held.token,
-            millis(self.policy.lease),
-        )
-        .execute(&self.pool)
-        .await;
-        match renewed {
-            Ok(done) if done.rows_affected() == 0 => {
-                tracing::warn!(
-                    key_id = held.key_id,
-                    "lease lost while the work was running"
-                );
-            }
-            Ok(_) => {}
+        match store::renew(&self.pool, held.key_id, held.token, self.policy.lease).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                key_id = held.key_id,
+                "lease lost while the work was running"
+            ),
             Err(error) => tracing::warn!(%error, "could not renew the lease"),
         }
     }
@@ -527,90 +477,28 @@ impl Idempotency {
     /// The work ran but another request had taken the key over, so this run's effect was rolled
     /// back: answer with the winner's response, or 409 while it is still working.
     async fn answer_after_lost_lease(&self, request: &KeyedRequest) -> Result<Response, ApiError> {
-        let row = sqlx::query!(
-            r#"
-            SELECT request_hash, status, response_code, response_headers, response_body
-            FROM idempotency_keys
-            WHERE scope = $1 AND idem_key = $2
-            "#,
-            request.scope.as_str(),
-            request.key.as_str(),
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            Some(row)
-                if row.status == "completed"
-                    && Fingerprint::from_slice(&row.request_hash) == Some(request.fingerprint) =>
-            {
-                Ok(StoredResponse::from_row(
-                    row.response_code,
-                    row.response_headers,
-                    row.response_body,
-                )?
-                .replay())
-            }
-            _ => Err(in_flight(IN_FLIGHT_RETRY_HINT).into()),
+        match store::completed_response(&self.pool, request).await? {
+            Some(stored) => Ok(stored.replay()),
+            None => Err(in_flight(IN_FLIGHT_RETRY_HINT).into()),
         }
-    }
-
-    // ---------------------------------------------------------------------------------------
-    // Release: a failure of ours is not a result. Nothing is stored; the retry runs afresh.
-    // ---------------------------------------------------------------------------------------
-
-    /// Deletes the reservation, fenced by this request's token. If even that fails (the database
-    /// is gone), the lease runs out and a retry takes the key over: the system heals by itself.
-    async fn release(&self, held: &HeldLease) {
-        KeyOutcome::Released.record();
-        let released = sqlx::query!(
-            r#"
-            DELETE FROM idempotency_keys
-            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
-            "#,
-            held.key_id,
-            held.token,
-        )
-        .execute(&self.pool)
-        .await;
-        if let Err(error) = released {
-            tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
-        }
-    }
-
-    // ---------------------------------------------------------------------------------------
-    // Expire: "the expiry keeps the table from growing without end".
-    // ---------------------------------------------------------------------------------------
-
-    /// Deletes up to [`BATCH`](crate::expiry::BATCH) expired keys and returns how many it
-    /// deleted. `SKIP LOCKED` keeps locks short and lets several instances run this at once
-    /// without waiting on each other; the index on `expires_at` keeps each batch an index scan. A
-    /// key whose request still holds a live lease is left alone.
-    ///
-    /// The batch size is written into the statement, not passed to it: a generic plan of a
-    /// prepared statement does not know a parameter's value, guesses a large share of the table,
-    /// and joins the batch to it with a scan of the whole table.
-    pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
-        let deleted = sqlx::query!(
-            r#"
-            DELETE FROM idempotency_keys
-            WHERE id IN (
-                SELECT id FROM idempotency_keys
-                WHERE expires_at <= now()
-                  AND (status = 'completed' OR locked_until <= now())
-                LIMIT 1000
-                FOR UPDATE SKIP LOCKED
-            )
-            "#,
-        )
-        .execute(pool)
-        .await?;
-        Ok(deleted.rows_affected())
     }
 }
 
-// -------------------------------------------------------------------------------------------
-// Complete: "the business write and the key's status update share one transaction".
-// -------------------------------------------------------------------------------------------
+// ===========================================================================================
+// 4a. Complete: "the business write and the key's status update share one transaction".
+// ===========================================================================================
+
+/// Proof that the work ran [`Lease::complete`]: the only way to finish a unit of work.
+#[derive(Debug)]
+pub struct Completion(Completed);
+
+#[derive(Debug)]
+enum Completed {
+    /// The effect and the response were committed with the key.
+    Stored(StoredResponse),
+    /// Another request took the key over; nothing was committed.
+    LeaseLost,
+}
 
 impl Lease {
     /// Opens the transaction in which the work writes its effect. Slow work (calling a processor)
@@ -633,24 +521,9 @@ impl Lease {
         mut tx: Transaction<'static, Postgres>,
         response: StoredResponse,
     ) -> Result<Completion, sqlx::Error> {
-        let completed = sqlx::query!(
-            r#"
-            UPDATE idempotency_keys
-            SET status = 'completed', lock_token = NULL, locked_until = NULL,
-                response_code = $3, response_headers = $4, response_body = $5,
-                expires_at = now() + $6::bigint * interval '1 millisecond'
-            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
-            "#,
-            self.key_id,
-            self.token,
-            i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
-            response.headers_json(),
-            response.body(),
-            millis(self.key_ttl),
-        )
-        .execute(&mut *tx)
-        .await?;
-        if completed.rows_affected() == 0 {
+        let completed =
+            store::complete(&mut tx, self.key_id, self.token, &response, self.key_ttl).await?;
+        if !completed {
             tx.rollback().await?;
             tracing::warn!(
                 key_id = self.key_id,
@@ -665,30 +538,36 @@ impl Lease {
     }
 }
 
-/// What the mechanism keeps of a lease it handed to the work: enough to renew and release it.
-#[derive(Clone, Copy, Debug)]
-struct HeldLease {
-    key_id: i64,
-    token: Uuid,
-    /// When the lease was granted: earlier than the completing transaction's `now()`, so
-    /// `reserved + key_ttl` is no later than the key's `expires_at`.
-    reserved: Instant,
-}
+// ===========================================================================================
+// 4b. Release: a failure of ours is not a result. Nothing is stored; the retry runs afresh.
+// ===========================================================================================
 
-impl From<&Lease> for HeldLease {
-    fn from(lease: &Lease) -> Self {
-        Self {
-            key_id: lease.key_id,
-            token: lease.token,
-            reserved: lease.granted,
+impl Idempotency {
+    /// Deletes the reservation, fenced by this request's token. If even that fails (the database
+    /// is gone), the lease runs out and a retry takes the key over: the system heals by itself.
+    async fn release(&self, held: &HeldLease) {
+        KeyOutcome::Released.record();
+        if let Err(error) = store::release(&self.pool, held.key_id, held.token).await {
+            tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
         }
     }
 }
 
-/// Keys are cached per scope, as they are stored.
-fn cache_key(request: &KeyedRequest) -> String {
-    format!("{}\n{}", request.scope.as_str(), request.key.as_str())
+// ===========================================================================================
+// 5. Expire: "the expiry keeps the table from growing without end".
+// ===========================================================================================
+
+impl Idempotency {
+    /// Deletes up to [`BATCH`](crate::expiry::BATCH) expired keys and returns how many it
+    /// deleted. `SKIP LOCKED` keeps locks short and lets several instances run this at once
+    /// without waiting on each other; the index on `expires_at` keeps each batch an index scan. A
+    /// key whose request still holds a live lease is left alone.
+    pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
+        store::expire_batch(pool).await
+    }
 }
+
+// The two refusals of the mechanism.
 
 fn in_flight(retry_after: Duration) -> Problem {
     Problem::new(
@@ -705,9 +584,4 @@ fn mismatch() -> Problem {
         "This Idempotency-Key was already used with a different request body. Use a new key for a \
          new request.",
     )
-}
-
-/// Durations travel to PostgreSQL as whole milliseconds, added to the database's `now()`.
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::{Fingerprint, IdempotencyKey, KeyError};
 use crate::accounts::{Account, AccountCache, AccountId};
-use crate::error::{ApiError, Problem, ProblemKind};
+use crate::http::error::{ApiError, Problem, ProblemKind};
 
 /// The header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -166,7 +166,7 @@ One key per business intent: generate a UUID v4 when the intent arises (a checko
 send it on every attempt and every retry of that intent. Never generate a new key for a retry: \
 that would be a new intent, and charge twice.
 
-1 to 255 visible ASCII characters, sent bare (`5f0c8b1e-…`) or as an RFC 8941 sf-string \
+1 to {max_key_len} visible ASCII characters, sent bare (`5f0c8b1e-…`) or as an RFC 8941 sf-string \
 (`\"5f0c8b1e-…\"`); both forms are the same key. The key is scoped to the account and the \
 endpoint (method and route): another account, or another endpoint, never sees this key's result.
 
@@ -176,10 +176,10 @@ JSON and the request's path, so key order and whitespace do not matter) receives
 `Idempotent-Replayed: true`. The same key with a different body is refused with 422. While the \
 first request is still running, a retry gets 409 with `Retry-After`. If the first request failed \
 on our side (5xx), nothing was stored and a retry executes afresh. If its process died, a retry \
-takes the key over once the request's lease has run out (30 seconds by default).
+takes the key over once the request's lease has run out ({lease} by default).
 
-Expiry: a key and its stored response are kept for 24 hours after the request completed; after \
-that the key is new again.";
+Expiry: a key and its stored response are kept for the key TTL ({key_ttl} by default) after the \
+request completed; after that the key is new again.";
 
 /// Both forms as one regular expression: a bare key of 1 to 255 visible ASCII characters that does
 /// not start with a quote, or a quoted one whose 1 to 255 characters may escape `"` and `\`.

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::error::{PROBLEM_JSON, Problem};
+use crate::http::error::{PROBLEM_JSON, Problem};
 
 /// The header a replayed response carries, as Stripe and the IETF draft's examples name it.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";

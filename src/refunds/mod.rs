@@ -12,12 +12,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountId};
-use crate::app::AppState;
-use crate::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind};
-use crate::extract::Path;
+use crate::http::AppState;
+use crate::http::error::{
+    ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
+};
+use crate::http::extract::Path;
+use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
 use crate::ids;
-use crate::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::payments::{Amount, PaymentId};
 
 const MAX_REASON_LEN: usize = 500;

@@ -17,8 +17,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
-use crate::error::{ApiError, Problem, ProblemKind};
+use crate::http::AppState;
+use crate::http::error::{ApiError, Problem, ProblemKind};
 
 pub use events::{Envelope, Outcome};
 pub use signature::{Rejection, TOLERANCE, WebhookSecret, verify};
@@ -41,12 +41,12 @@ pub struct Acknowledgement {
 /// Takes in the payment processor's events, signed per the Standard Webhooks specification
 /// (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64 HMAC-SHA256 of
 /// "{id}.{timestamp}.{body}">`). The signature is verified on the raw body, in constant time,
-/// before anything parses it; a timestamp more than 5 minutes away is refused.
+/// before anything parses it; a timestamp more than {webhook_tolerance} away is refused.
 ///
 /// Each event is applied exactly once: a redelivery of the same `webhook-id` answers 200 with
 /// outcome `duplicate` and applies nothing. Events of an unknown type or for an unknown object are
 /// acknowledged with outcome `ignored` and recorded, so the processor stops redelivering them.
-/// Processed event ids expire after 24 hours, like idempotency keys.
+/// Processed event ids expire after the key TTL ({key_ttl} by default), like idempotency keys.
 #[utoipa::path(
     post,
     path = "/v1/webhooks/processor",
@@ -61,13 +61,13 @@ pub struct Acknowledgement {
     responses(
         (status = 200, description = "The event was applied, ignored or already processed.",
             body = Acknowledgement, content_type = "application/json"),
-        (status = 400, description = "The timestamp is more than 5 minutes away (`webhook-timestamp-out-of-range`), a header is missing, or the body is no event envelope (`invalid-request`).",
+        (status = 400, description = "The timestamp is more than {webhook_tolerance} away (`webhook-timestamp-out-of-range`), a header is missing, or the body is no event envelope (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No signature matches (`webhook-signature-invalid`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body stopped arriving before it was complete (`request-timeout`); nothing was applied, deliver again.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "The body is over 64 KiB (`payload-too-large`).",
+        (status = 413, description = "The body is over {body_limit} (`payload-too-large`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A fault of ours (`internal`); nothing was applied, deliver again.",
             body = Problem, content_type = "application/problem+json"),

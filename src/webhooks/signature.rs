@@ -71,7 +71,7 @@ impl fmt::Debug for WebhookSecret {
 pub enum Rejection {
     #[error("the {0} header is missing or malformed")]
     MissingHeader(&'static str),
-    #[error("the webhook-timestamp is more than 5 minutes away from now")]
+    #[error("the webhook-timestamp is more than {}s away from now", TOLERANCE.as_secs())]
     OutOfTolerance,
     #[error("no signature in webhook-signature matches")]
     BadSignature,

@@ -10,8 +10,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
-use crate::error::{Problem, ProblemKind};
+use crate::http::AppState;
+use crate::http::error::{Problem, ProblemKind};
 
 /// How long readiness waits for the database before calling it unreachable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);

@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
+use crate::http::AppState;
 
 const REQUESTS: &str = "idempay_http_requests_total";
 const REQUEST_DURATION: &str = "idempay_http_request_duration_seconds";

@@ -17,7 +17,7 @@ use testcontainers::core::{ContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, Image, ImageExt};
 
-const IMAGE_SCRIPT: &str = include_str!("../scripts/pg-image.sh");
+const IMAGE_SCRIPT: &str = include_str!("../../scripts/pg-image.sh");
 const PORT: ContainerPort = ContainerPort::Tcp(5432);
 const PASSWORD: &str = "postgres";
 

@@ -6,7 +6,7 @@ use axum::extract::FromRequestParts;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::StatusCode;
 
-use crate::error::{Problem, ProblemKind};
+use crate::http::error::{Problem, ProblemKind};
 
 /// A path parameter. A segment that cannot be decoded (not UTF-8) names no resource: 404.
 #[derive(Debug, FromRequestParts)]

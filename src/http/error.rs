@@ -12,93 +12,187 @@ use utoipa::{IntoResponses, ToSchema};
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// The kinds of problem the API answers with. Each has a stable `type` URI, `/problems/{slug}`,
-/// relative to the API's own address, and one HTTP status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProblemKind {
-    InvalidRequest,
-    InvalidIdempotencyKey,
-    Unauthorized,
-    CardDeclined,
-    NotFound,
-    MethodNotAllowed,
-    RequestTimeout,
-    IdempotencyKeyInUse,
-    PayloadTooLarge,
-    UnsupportedMediaType,
-    IdempotencyKeyMismatch,
-    PaymentNotRefundable,
-    RefundExceedsPayment,
-    WebhookSignatureInvalid,
-    WebhookTimestampOutOfRange,
-    Internal,
-    ServiceUnavailable,
+/// Declares the problem catalogue once: each kind with its slug, status, title and explanation,
+/// from which the enum, [`ProblemKind::ALL`] and every accessor are derived.
+macro_rules! problem_catalogue {
+    ($($kind:ident {
+        slug: $slug:literal,
+        status: $status:ident,
+        title: $title:literal,
+        explanation: $explanation:literal $(,)?
+    })*) => {
+        /// The kinds of problem the API answers with. Each has a stable `type` URI,
+        /// `/problems/{slug}`, relative to the API's own address, and one HTTP status.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum ProblemKind {
+            $($kind,)*
+        }
+
+        impl ProblemKind {
+            /// Every kind, for documentation and tests.
+            pub const ALL: &[ProblemKind] = &[$(Self::$kind,)*];
+
+            fn entry(self) -> Entry {
+                match self {
+                    $(Self::$kind => Entry {
+                        type_uri: concat!("/problems/", $slug),
+                        status: StatusCode::$status,
+                        title: $title,
+                        explanation: $explanation,
+                    },)*
+                }
+            }
+        }
+    };
+}
+
+/// One line of the catalogue.
+struct Entry {
+    type_uri: &'static str,
+    status: StatusCode,
+    title: &'static str,
+    explanation: &'static str,
+}
+
+// The explanations name figures by placeholder (`{key_ttl}`, `{body_limit}`, `{body_read_timeout}`,
+// `{webhook_tolerance}`): the page that shows one fills in the running service's own values.
+problem_catalogue! {
+    InvalidRequest {
+        slug: "invalid-request",
+        status: BAD_REQUEST,
+        title: "The request is invalid",
+        explanation: "The body is not valid JSON, or a field is missing, of the wrong type or out of \
+            range, or an unknown field was sent. `detail` names it. Nothing was stored and the \
+            Idempotency-Key was not used: fix the request and send it again with the same key.",
+    }
+    InvalidIdempotencyKey {
+        slug: "invalid-idempotency-key",
+        status: BAD_REQUEST,
+        title: "The Idempotency-Key header is missing or invalid",
+        explanation: "Mutating requests need one `Idempotency-Key` header of 1 to {max_key_len} \
+            visible ASCII characters, bare or as an RFC 8941 quoted string. Generate one UUID v4 \
+            per business intent and reuse it on every retry of that intent.",
+    }
+    Unauthorized {
+        slug: "unauthorized",
+        status: UNAUTHORIZED,
+        title: "Authentication required",
+        explanation: "Send the account's secret API key as `Authorization: Bearer sk_…`.",
+    }
+    CardDeclined {
+        slug: "card-declined",
+        status: PAYMENT_REQUIRED,
+        title: "The card was declined",
+        explanation: "The processor declined the charge. The payment was recorded as `declined`; \
+            `payment` names it and `decline_code` says why. This is a result: a retry with the \
+            same key replays it. Use a new key for a new attempt.",
+    }
+    NotFound {
+        slug: "not-found",
+        status: NOT_FOUND,
+        title: "Not found",
+        explanation: "No such resource for this account. Another account's payments are not \
+            visible.",
+    }
+    MethodNotAllowed {
+        slug: "method-not-allowed",
+        status: METHOD_NOT_ALLOWED,
+        title: "Method not allowed",
+        explanation: "The route exists but not with this method; the `Allow` header lists those \
+            it takes.",
+    }
+    RequestTimeout {
+        slug: "request-timeout",
+        status: REQUEST_TIMEOUT,
+        title: "The request body stopped arriving",
+        explanation: "The request body stopped arriving: no data came for {body_read_timeout} \
+            while the rest of the body announced by `Content-Length` was awaited, so the request \
+            was given up. Nothing was recorded and the Idempotency-Key was not used: send the \
+            whole request again, with the same key.",
+    }
+    IdempotencyKeyInUse {
+        slug: "idempotency-key-in-use",
+        status: CONFLICT,
+        title: "A request with this Idempotency-Key is still in progress",
+        explanation: "Another request with the same key is still being processed. Retry after \
+            `Retry-After` seconds with the same key and body to receive its result. If the \
+            process handling it died, a retry takes over once its lease runs out.",
+    }
+    PayloadTooLarge {
+        slug: "payload-too-large",
+        status: PAYLOAD_TOO_LARGE,
+        title: "The request body is too large",
+        explanation: "Request bodies are limited to {body_limit}.",
+    }
+    UnsupportedMediaType {
+        slug: "unsupported-media-type",
+        status: UNSUPPORTED_MEDIA_TYPE,
+        title: "The request body must be application/json",
+        explanation: "Send the body as JSON with `Content-Type: application/json`.",
+    }
+    IdempotencyKeyMismatch {
+        slug: "idempotency-key-mismatch",
+        status: UNPROCESSABLE_ENTITY,
+        title: "The Idempotency-Key was already used with a different request",
+        explanation: "The key was already used with a different request body. Keys bind to the \
+            first request's payload for {key_ttl}; a different intent needs a new key.",
+    }
+    PaymentNotRefundable {
+        slug: "payment-not-refundable",
+        status: BAD_REQUEST,
+        title: "The payment cannot be refunded",
+        explanation: "Only a `succeeded` payment can be refunded: not a declined or failed one, \
+            nor one already refunded in full. This refusal is stored with the key and replayed.",
+    }
+    RefundExceedsPayment {
+        slug: "refund-exceeds-payment",
+        status: BAD_REQUEST,
+        title: "The refund exceeds what remains refundable",
+        explanation: "The amount asked is more than remains refundable (the amount paid less what \
+            was already refunded); `detail` says how much remains. This refusal is stored with the \
+            key and replayed: use a new key for a smaller refund.",
+    }
+    WebhookSignatureInvalid {
+        slug: "webhook-signature-invalid",
+        status: UNAUTHORIZED,
+        title: "The webhook signature does not match",
+        explanation: "No signature in `webhook-signature` is the HMAC-SHA256, with the shared \
+            `whsec_` secret, of `{webhook-id}.{webhook-timestamp}.{body}`. The delivery was not \
+            processed.",
+    }
+    WebhookTimestampOutOfRange {
+        slug: "webhook-timestamp-out-of-range",
+        status: BAD_REQUEST,
+        title: "The webhook timestamp is too far from now",
+        explanation: "`webhook-timestamp` is more than {webhook_tolerance} away from the service's \
+            clock, so the delivery could be a replay of a captured request. Send a fresh \
+            delivery, signed now.",
+    }
+    Internal {
+        slug: "internal",
+        status: INTERNAL_SERVER_ERROR,
+        title: "Internal server error",
+        explanation: "The request failed on our side. Nothing was recorded and the key was \
+            released: retry with the same key.",
+    }
+    ServiceUnavailable {
+        slug: "service-unavailable",
+        status: SERVICE_UNAVAILABLE,
+        title: "Service temporarily unavailable",
+        explanation: "The database is unreachable or busy, or the request did not finish in time. \
+            Retry with the same key after `Retry-After` seconds: if the first attempt went \
+            through meanwhile, the retry receives its result; if not, it runs afresh.",
+    }
 }
 
 impl ProblemKind {
-    /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 17] = [
-        Self::InvalidRequest,
-        Self::InvalidIdempotencyKey,
-        Self::Unauthorized,
-        Self::CardDeclined,
-        Self::NotFound,
-        Self::MethodNotAllowed,
-        Self::RequestTimeout,
-        Self::IdempotencyKeyInUse,
-        Self::PayloadTooLarge,
-        Self::UnsupportedMediaType,
-        Self::IdempotencyKeyMismatch,
-        Self::PaymentNotRefundable,
-        Self::RefundExceedsPayment,
-        Self::WebhookSignatureInvalid,
-        Self::WebhookTimestampOutOfRange,
-        Self::Internal,
-        Self::ServiceUnavailable,
-    ];
-
     pub fn status(self) -> StatusCode {
-        match self {
-            Self::InvalidRequest
-            | Self::InvalidIdempotencyKey
-            | Self::PaymentNotRefundable
-            | Self::RefundExceedsPayment
-            | Self::WebhookTimestampOutOfRange => StatusCode::BAD_REQUEST,
-            Self::Unauthorized | Self::WebhookSignatureInvalid => StatusCode::UNAUTHORIZED,
-            Self::CardDeclined => StatusCode::PAYMENT_REQUIRED,
-            Self::NotFound => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::IdempotencyKeyInUse => StatusCode::CONFLICT,
-            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        }
+        self.entry().status
     }
 
     /// The `type` URI: `/problems/{slug}`, relative to the API, where a page explains it.
     pub fn type_uri(self) -> &'static str {
-        match self {
-            Self::InvalidRequest => "/problems/invalid-request",
-            Self::InvalidIdempotencyKey => "/problems/invalid-idempotency-key",
-            Self::Unauthorized => "/problems/unauthorized",
-            Self::CardDeclined => "/problems/card-declined",
-            Self::NotFound => "/problems/not-found",
-            Self::MethodNotAllowed => "/problems/method-not-allowed",
-            Self::RequestTimeout => "/problems/request-timeout",
-            Self::IdempotencyKeyInUse => "/problems/idempotency-key-in-use",
-            Self::PayloadTooLarge => "/problems/payload-too-large",
-            Self::UnsupportedMediaType => "/problems/unsupported-media-type",
-            Self::IdempotencyKeyMismatch => "/problems/idempotency-key-mismatch",
-            Self::PaymentNotRefundable => "/problems/payment-not-refundable",
-            Self::RefundExceedsPayment => "/problems/refund-exceeds-payment",
-            Self::WebhookSignatureInvalid => "/problems/webhook-signature-invalid",
-            Self::WebhookTimestampOutOfRange => "/problems/webhook-timestamp-out-of-range",
-            Self::Internal => "/problems/internal",
-            Self::ServiceUnavailable => "/problems/service-unavailable",
-        }
+        self.entry().type_uri
     }
 
     /// The last segment of the `type` URI.
@@ -107,109 +201,18 @@ impl ProblemKind {
     }
 
     pub fn title(self) -> &'static str {
-        match self {
-            Self::InvalidRequest => "The request is invalid",
-            Self::InvalidIdempotencyKey => "The Idempotency-Key header is missing or invalid",
-            Self::Unauthorized => "Authentication required",
-            Self::CardDeclined => "The card was declined",
-            Self::NotFound => "Not found",
-            Self::MethodNotAllowed => "Method not allowed",
-            Self::RequestTimeout => "The request body stopped arriving",
-            Self::IdempotencyKeyInUse => "A request with this Idempotency-Key is still in progress",
-            Self::PayloadTooLarge => "The request body is too large",
-            Self::UnsupportedMediaType => "The request body must be application/json",
-            Self::IdempotencyKeyMismatch => {
-                "The Idempotency-Key was already used with a different request"
-            }
-            Self::PaymentNotRefundable => "The payment cannot be refunded",
-            Self::RefundExceedsPayment => "The refund exceeds what remains refundable",
-            Self::WebhookSignatureInvalid => "The webhook signature does not match",
-            Self::WebhookTimestampOutOfRange => "The webhook timestamp is too far from now",
-            Self::Internal => "Internal server error",
-            Self::ServiceUnavailable => "Service temporarily unavailable",
-        }
+        self.entry().title
     }
 
     /// What the problem means and what a client should do about it; shown at its `type` URI.
+    /// Its figures are placeholders in braces (`{key_ttl}`), filled in by the page that shows it.
     pub fn explanation(self) -> &'static str {
-        match self {
-            Self::InvalidRequest => {
-                "The body is not valid JSON, or a field is missing, of the wrong type or out of \
-                 range, or an unknown field was sent. `detail` names it. Nothing was stored and the \
-                 Idempotency-Key was not used: fix the request and send it again with the same key."
-            }
-            Self::InvalidIdempotencyKey => {
-                "Mutating requests need one `Idempotency-Key` header of 1 to 255 visible ASCII \
-                 characters, bare or as an RFC 8941 quoted string. Generate one UUID v4 per \
-                 business intent and reuse it on every retry of that intent."
-            }
-            Self::Unauthorized => {
-                "Send the account's secret API key as `Authorization: Bearer sk_…`."
-            }
-            Self::CardDeclined => {
-                "The processor declined the charge. The payment was recorded as `declined`; \
-                 `payment` names it and `decline_code` says why. This is a result: a retry with the \
-                 same key replays it. Use a new key for a new attempt."
-            }
-            Self::NotFound => {
-                "No such resource for this account. Another account's payments are not visible."
-            }
-            Self::MethodNotAllowed => {
-                "The route exists but not with this method; the `Allow` header lists those it takes."
-            }
-            Self::RequestTimeout => {
-                "The request body stopped arriving: no data came for 5 seconds (by default) while \
-                 the rest of the body announced by `Content-Length` was awaited, so the request was \
-                 given up. Nothing was recorded and the Idempotency-Key \
-                 was not used: send the whole request again, with the same key."
-            }
-            Self::IdempotencyKeyInUse => {
-                "Another request with the same key is still being processed. Retry after \
-                 `Retry-After` seconds with the same key and body to receive its result. If the \
-                 process handling it died, a retry takes over once its lease runs out."
-            }
-            Self::PayloadTooLarge => "Request bodies are limited to 64 KiB.",
-            Self::UnsupportedMediaType => {
-                "Send the body as JSON with `Content-Type: application/json`."
-            }
-            Self::IdempotencyKeyMismatch => {
-                "The key was already used with a different request body. Keys bind to the first \
-                 request's payload for 24 hours; a different intent needs a new key."
-            }
-            Self::PaymentNotRefundable => {
-                "Only a `succeeded` payment can be refunded: not a declined or failed one, nor one \
-                 already refunded in full. This refusal is stored with the key and replayed."
-            }
-            Self::RefundExceedsPayment => {
-                "The amount asked is more than remains refundable (the amount paid less what was \
-                 already refunded); `detail` says how much remains. This refusal is stored with the \
-                 key and replayed: use a new key for a smaller refund."
-            }
-            Self::WebhookSignatureInvalid => {
-                "No signature in `webhook-signature` is the HMAC-SHA256, with the shared `whsec_` \
-                 secret, of `{webhook-id}.{webhook-timestamp}.{body}`. The delivery was not \
-                 processed."
-            }
-            Self::WebhookTimestampOutOfRange => {
-                "`webhook-timestamp` is more than 5 minutes away from the service's clock, so the \
-                 delivery could be a replay of a captured request. Send a fresh delivery, signed \
-                 now."
-            }
-            Self::Internal => {
-                "The request failed on our side. Nothing was recorded and the key was released: \
-                 retry with the same key."
-            }
-            Self::ServiceUnavailable => {
-                "The database is unreachable or busy, or the request did not finish in time. Retry \
-                 with the same key after `Retry-After` seconds: if the first attempt went through \
-                 meanwhile, the retry receives its result; if not, it runs afresh."
-            }
-        }
+        self.entry().explanation
     }
 
     /// The kind whose `type` URI ends in `slug`.
     pub fn from_slug(slug: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.slug() == slug)
+        Self::ALL.iter().copied().find(|kind| kind.slug() == slug)
     }
 }
 
@@ -286,7 +289,7 @@ pub enum IdempotencyProblems {
     /// reserved: send the request again with the same key.
     #[response(status = 408, content_type = "application/problem+json")]
     RequestTimeout(Problem),
-    /// The body is over 64 KiB (`payload-too-large`). Nothing was reserved.
+    /// The body is over {body_limit} (`payload-too-large`). Nothing was reserved.
     #[response(status = 413, content_type = "application/problem+json")]
     PayloadTooLarge(Problem),
     /// The body is not `application/json` (`unsupported-media-type`). Nothing was reserved.

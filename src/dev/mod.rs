@@ -1,15 +1,24 @@
-//! `idempay dev`: the zero-set-up mode behind `make run`. A throwaway PostgreSQL container, a demo
-//! account and ready-to-paste `curl` examples, served until Ctrl-C.
+//! The dev tools, apart from the service: built only with the `dev` cargo feature (on by
+//! default), so `cargo build --no-default-features` makes a service binary without testcontainers,
+//! a Docker client or demo code.
+//!
+//! - `idempay dev` (this file), the zero-set-up mode behind `make run`: a throwaway PostgreSQL
+//!   container ([`postgres`]), a demo account and ready-to-paste `curl` examples, until Ctrl-C.
+//! - [`demo`]: payment intents through a lossy network; [`cli`]: the dev commands.
+
+pub mod cli;
+pub mod demo;
+pub mod postgres;
 
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
-use crate::app::{Application, shutdown_signal};
 use crate::config::Settings;
-use crate::postgres::Postgres;
+use crate::http::{Application, shutdown_signal};
 use crate::webhooks::WebhookSecret;
 use crate::{accounts, db};
+use postgres::Postgres;
 
 pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
     settings

@@ -1,5 +1,19 @@
-//! The application: its state, its router with the middleware every request passes through, and
-//! [`Application`], which serves it on a bound listener until told to stop.
+//! The HTTP plumbing, which owns the application's state: the router with the middleware every
+//! request passes through, [`Application`], which serves it on a bound listener until told to
+//! stop, and what every route shares (the problem+json error type, extractors, pagination, the
+//! OpenAPI root, health and metrics). The domains plug their routers into [`routes`]; nothing here
+//! depends on a domain except that assembly and the state it hands to them.
+
+pub mod error;
+pub mod extract;
+pub mod health;
+pub mod metrics;
+pub mod openapi;
+pub mod pagination;
+mod problems;
+
+pub use problems::Figures;
+pub mod server;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,12 +39,12 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::accounts::AccountCache;
 use crate::config::Settings;
-use crate::error::{Problem, ProblemKind};
-use crate::idempotency::{Idempotency, Policy};
-use crate::openapi::ApiDoc;
+use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy};
 use crate::payments::Processor;
 use crate::webhooks::WebhookSecret;
-use crate::{expiry, health, monitoring, payments, problems, refunds, server, webhooks};
+use crate::{expiry, payments, refunds, webhooks};
+use error::{Problem, ProblemKind};
+use openapi::ApiDoc;
 
 /// Request bodies above this size are refused with 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -52,6 +66,8 @@ pub struct AppState {
     pub body_read_timeout: Duration,
     /// How long a request may take before it is answered with 503.
     pub request_timeout: Duration,
+    /// The limits the problem pages explain, as this instance applies them.
+    pub figures: Figures,
 }
 
 impl FromRef<AppState> for AccountCache {
@@ -80,7 +96,22 @@ impl AppState {
             event_ttl: settings.key_ttl,
             body_read_timeout: settings.body_read_timeout,
             request_timeout: settings.request_timeout,
+            figures: Figures::of(settings),
             pool,
+        }
+    }
+}
+
+impl Figures {
+    /// The figures of a service that runs with `settings`.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            key_ttl: settings.key_ttl,
+            lease: settings.lease,
+            body_limit_bytes: MAX_BODY_BYTES,
+            body_read_timeout: settings.body_read_timeout,
+            webhook_tolerance: webhooks::TOLERANCE,
+            max_key_len: MAX_KEY_LEN,
         }
     }
 }
@@ -93,7 +124,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(webhooks::router())
         .merge(problems::router())
         .merge(health::router())
-        .merge(monitoring::router())
+        .merge(metrics::router())
 }
 
 /// The whole HTTP API, its description at `/openapi.json` and the browsable docs at `/docs`.
@@ -102,11 +133,12 @@ pub fn router(state: AppState) -> Router {
     let body_read_timeout = state.body_read_timeout;
     let request_timeout = state.request_timeout;
     let (api, description) = routes().split_for_parts();
+    let description = openapi::with_default_figures(description);
     // Around every route: counted and timed by its template, then bounded in time, so a request
     // that times out is counted with the 503 it was answered with.
     let api = api.route_layer(
         ServiceBuilder::new()
-            .layer(middleware::from_fn(monitoring::track))
+            .layer(middleware::from_fn(metrics::track))
             .layer(middleware::from_fn(move |request, next| {
                 answer_within(request_timeout, request, next)
             })),
@@ -209,7 +241,7 @@ pub struct Application {
 
 impl Application {
     pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> Self {
-        monitoring::install();
+        metrics::install();
         Self {
             state: AppState::new(pool, &settings),
             listener,

@@ -5,6 +5,9 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use super::Figures;
+use crate::config::Settings;
+
 /// The parts of the description that belong to no single route.
 #[derive(OpenApi)]
 #[openapi(
@@ -19,8 +22,8 @@ receives the first response unchanged, status code included, with `Idempotent-Re
 The same key with a different body is refused (422); a key whose first request is still running \
 answers 409 with `Retry-After`.
 
-**Expiry policy**: a key and its stored response are kept for 24 hours after the request \
-completed (`IDEMPAY_KEY_TTL`), then deleted; after that the key is new again. Keys are scoped to \
+**Expiry policy**: a key and its stored response are kept for {key_ttl} by default \
+(`IDEMPAY_KEY_TTL`) after the request completed, then deleted; after that the key is new again. Keys are scoped to \
 the account and the endpoint.
 
 Errors are RFC 9457 problem documents (`application/problem+json`). Each `type` is a URI \
@@ -65,7 +68,17 @@ impl Modify for BearerApiKey {
 
 /// The complete description: this document with every route's operation.
 pub fn spec() -> utoipa::openapi::OpenApi {
-    crate::app::routes().into_openapi()
+    with_default_figures(super::routes().into_openapi())
+}
+
+/// The description with the figures its texts name (`{key_ttl}`, …) filled in from the default
+/// settings and the constants, so no text retypes a figure that the code could change. The
+/// placeholders are filled in the serialized text: a figure is plain words, valid inside any JSON
+/// string, and parsing the text back keeps the order of every member.
+pub fn with_default_figures(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    let text = serde_json::to_string(&description).expect("the API description serializes");
+    let filled = Figures::of(&Settings::default()).fill(&text);
+    serde_json::from_str(&filled).expect("filling in figures keeps the description valid")
 }
 
 /// The description as committed under `openapi/openapi.json`.

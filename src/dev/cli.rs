@@ -1,0 +1,251 @@
+//! The dev tools' commands: `dev` (the service with a throwaway database), `pay` (the retrying
+//! client), `demo` (intents through a lossy network) and `webhook send` (events signed as the
+//! processor signs them). They join the service's commands in [`crate::cli`].
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use super::demo as lossy;
+use crate::client::{self, Client, ClientError, RetryPolicy};
+use crate::config::{ListenArgs, Settings};
+use crate::webhooks::{self, WebhookSecret};
+
+#[derive(Subcommand, Debug)]
+pub enum DevCommand {
+    /// Pays through the retrying client: one key for the intent, reused on every retry.
+    Pay(PayArgs),
+    /// Payment intents through a lossy network: the key turns retries into exactly one charge.
+    Demo(DemoArgs),
+    /// Sends signed events to a webhook endpoint, as the payment processor does.
+    Webhook {
+        #[command(subcommand)]
+        command: WebhookCommand,
+    },
+    /// Starts a throwaway PostgreSQL container, creates a demo account and serves until Ctrl-C.
+    Dev {
+        #[command(flatten)]
+        listen: ListenArgs,
+        #[command(flatten)]
+        settings: Settings,
+    },
+}
+
+/// Where the API is and who calls it.
+#[derive(Args, Debug)]
+pub struct ApiArgs {
+    /// The API's base URL.
+    #[arg(
+        long,
+        env = "IDEMPAY_BASE_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub base_url: String,
+    /// The account's secret API key (`sk_…`), as `make run` prints it.
+    #[arg(long, env = "IDEMPAY_API_KEY", hide_env_values = true)]
+    pub api_key: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PayArgs {
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The amount in minor units.
+    #[arg(long)]
+    pub amount: i64,
+    /// A lowercase ISO 4217 code.
+    #[arg(long)]
+    pub currency: String,
+    /// A test payment method: pm_card_visa, pm_card_chargeDeclined or pm_card_slow.
+    #[arg(long)]
+    pub payment_method: Option<String>,
+    /// The merchant's order reference.
+    #[arg(long)]
+    pub order: Option<String>,
+    /// The key naming this intent; a new UUID v4 when absent. Pass the same key to retry an intent.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Retries after the first attempt.
+    #[arg(long, default_value_t = 8)]
+    pub max_retries: u32,
+    /// How long one attempt may take.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// How long the whole call, retries included, may take.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub deadline: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// How many payment intents to run.
+    #[arg(long, default_value_t = 100)]
+    pub intents: usize,
+    /// The share of answers the proxy loses after the server answered (0 to 1).
+    #[arg(long, default_value_t = 0.3)]
+    pub loss: f64,
+    /// The share of connections the proxy resets before forwarding (0 to 1).
+    #[arg(long, default_value_t = 0.05)]
+    pub resets: f64,
+    /// Intents in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// A new key per attempt, as a client that forgets the intent: shows the duplicates.
+    #[arg(long)]
+    pub naive: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum WebhookCommand {
+    /// Signs an event with the webhook secret and delivers it; prints the answer.
+    Send {
+        /// Where to deliver.
+        #[arg(long, default_value = "http://127.0.0.1:8080/v1/webhooks/processor")]
+        url: String,
+        /// The secret shared with the service (`whsec_…`).
+        #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
+        secret: WebhookSecret,
+        /// The event type, e.g. `dispute.created`.
+        #[arg(long = "type")]
+        kind: String,
+        /// The event's data object, as JSON, e.g. `{"payment": "pay_…", "amount": 500}`.
+        #[arg(long)]
+        data: String,
+        /// The event id; a new one when absent. Send an id again to see the redelivery ignored.
+        #[arg(long)]
+        id: Option<String>,
+    },
+}
+
+pub async fn run(command: DevCommand) -> anyhow::Result<()> {
+    match command {
+        DevCommand::Pay(args) => pay(args).await,
+        DevCommand::Demo(args) => demo(args).await,
+        DevCommand::Webhook {
+            command:
+                WebhookCommand::Send {
+                    url,
+                    secret,
+                    kind,
+                    data,
+                    id,
+                },
+        } => {
+            let data = serde_json::from_str(&data).context("--data is not JSON")?;
+            let id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::new_v4().simple()));
+            let (status, body) = webhooks::send(&url, &secret, &id, &kind, data).await?;
+            eprintln!("delivered {id}: HTTP {status}");
+            println!("{body}");
+            anyhow::ensure!((200..300).contains(&status), "the delivery was refused");
+            Ok(())
+        }
+        DevCommand::Dev { listen, settings } => super::run(listen.listen, settings).await,
+    }
+}
+
+async fn pay(args: PayArgs) -> anyhow::Result<()> {
+    let client = Client::new(&args.api.base_url, &args.api.api_key)
+        .with_policy(RetryPolicy {
+            max_retries: args.max_retries,
+            attempt_timeout: args.timeout,
+            deadline: args.deadline,
+            ..RetryPolicy::default()
+        })
+        .on_attempt(|attempt| {
+            let what = match (attempt.result, &attempt.error) {
+                (client::AttemptResult::Status { status, .. }, _) => format!("HTTP {status}"),
+                (client::AttemptResult::NoAnswer, Some(error)) => format!("no answer ({error})"),
+                (client::AttemptResult::NoAnswer, None) => "no answer".to_owned(),
+            };
+            match attempt.retry_in {
+                Some(delay) => eprintln!(
+                    "attempt {}: {what}; retrying in {}",
+                    attempt.number,
+                    humantime::format_duration(Duration::from_millis(
+                        u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)
+                    ))
+                ),
+                None => eprintln!("attempt {}: {what}", attempt.number),
+            }
+        });
+    let payment = client::NewPayment {
+        amount: args.amount,
+        currency: args.currency,
+        order: args.order,
+        description: None,
+        payment_method: args.payment_method,
+    };
+    let key = args
+        .idempotency_key
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    eprintln!("Idempotency-Key: {key}");
+    match client.create_payment(&payment, Some(key)).await {
+        Ok(answer) => {
+            if answer.replayed {
+                eprintln!("replayed: the payment was made by an earlier attempt");
+            }
+            println!("{}", String::from_utf8_lossy(&answer.raw));
+            Ok(())
+        }
+        Err(ClientError::Api { raw, problem, .. }) => {
+            println!("{}", String::from_utf8_lossy(&raw));
+            anyhow::bail!("{} ({})", problem.title, problem.status)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    let options = lossy::Options {
+        intents: args.intents,
+        faults: lossy::Faults {
+            lost_responses: args.loss,
+            resets: args.resets,
+        },
+        naive: args.naive,
+        concurrency: args.concurrency,
+    };
+    eprintln!(
+        "{} payment intents through a proxy that loses {:.0} % of answers and resets {:.0} % of \
+         connections, {}",
+        args.intents,
+        args.loss * 100.0,
+        args.resets * 100.0,
+        if args.naive {
+            "with a NEW key for every attempt (--naive)"
+        } else {
+            "with one idempotency key per intent"
+        }
+    );
+    let total = args.intents;
+    let terminal = std::io::stderr().is_terminal();
+    let tally = lossy::run(
+        &args.api.base_url,
+        &args.api.api_key,
+        &options,
+        move |done| {
+            // A bar redrawn in place on a terminal; elsewhere a line every tenth of the way.
+            let width = 40;
+            let filled = done * width / total.max(1);
+            let bar = format!(
+                "[{}{}] {done}/{total}",
+                "#".repeat(filled),
+                " ".repeat(width - filled)
+            );
+            if terminal {
+                eprint!("\r{bar}");
+                let _ = std::io::stderr().flush();
+            } else if done == total || done % (total / 10).max(1) == 0 {
+                eprintln!("{bar}");
+            }
+        },
+    )
+    .await?;
+    eprintln!();
+    println!("{tally}");
+    Ok(())
+}

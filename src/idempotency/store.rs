@@ -1,0 +1,311 @@
+//! The SQL of the key lifecycle, one function per statement, in the order of the lifecycle. Every
+//! clock reading is the database's `now()`, never an instance's: instances disagree. Durations
+//! travel as whole milliseconds added to that `now()`.
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{ExistingKey, Fingerprint, KeyState, KeyedRequest, StoredResponse};
+use crate::http::error::ApiError;
+
+/// A key's `status` column: a request is working on it, or its response is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub(super) enum KeyStatus {
+    InProgress,
+    Completed,
+}
+
+/// What the reservation found.
+pub(super) enum Reservation {
+    /// The insert won: this request holds the key under the token it brought.
+    Reserved { key_id: i64 },
+    /// The key exists; its row as the same statement read it.
+    Existing(ExistingKey),
+    /// Neither: the insert met a row this statement's snapshot cannot see (committed after the
+    /// statement began), or one released meanwhile. A new statement sees the current state.
+    Unsettled,
+}
+
+// -------------------------------------------------------------------------------------------
+// Reserve: one `INSERT … ON CONFLICT DO NOTHING`; when the key exists, the same statement returns
+// its row.
+// -------------------------------------------------------------------------------------------
+
+pub(super) async fn reserve(
+    pool: &PgPool,
+    request: &KeyedRequest,
+    token: Uuid,
+    lease: Duration,
+    key_ttl: Duration,
+) -> Result<Reservation, ApiError> {
+    let row = sqlx::query!(
+        r#"
+        WITH reserved AS (
+            INSERT INTO idempotency_keys
+                (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+            VALUES ($1, $2, $3, 'in_progress', $4,
+                    now() + $5::bigint * interval '1 millisecond',
+                    now() + $6::bigint * interval '1 millisecond')
+            ON CONFLICT (scope, idem_key) DO NOTHING
+            RETURNING id
+        )
+        SELECT id AS "id!", TRUE AS "reserved!",
+               NULL::bytea AS request_hash, NULL::text AS "status: KeyStatus",
+               NULL::smallint AS response_code, NULL::jsonb AS response_headers,
+               NULL::bytea AS response_body, FALSE AS "expired!",
+               NULL::bigint AS lease_left_ms, NULL::bigint AS expires_in_ms
+        FROM reserved
+        UNION ALL
+        SELECT id, FALSE, request_hash, status, response_code, response_headers,
+               response_body, expires_at <= now(),
+               (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
+               (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint
+        FROM idempotency_keys
+        WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM reserved)
+        "#,
+        request.scope.as_str(),
+        request.key.as_str(),
+        request.fingerprint.as_bytes().as_slice(),
+        token,
+        millis(lease),
+        millis(key_ttl),
+    )
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Ok(Reservation::Unsettled);
+    };
+    if row.reserved {
+        return Ok(Reservation::Reserved { key_id: row.id });
+    }
+    let state = match row.status {
+        Some(KeyStatus::Completed) => KeyState::Completed(StoredResponse::from_row(
+            row.response_code,
+            row.response_headers,
+            row.response_body,
+        )?),
+        _ => KeyState::InProgress {
+            lease_left: positive(row.lease_left_ms),
+        },
+    };
+    Ok(Reservation::Existing(ExistingKey {
+        key_id: row.id,
+        fingerprint: row
+            .request_hash
+            .as_deref()
+            .and_then(Fingerprint::from_slice),
+        expired: row.expired,
+        expires_in: positive(row.expires_in_ms),
+        state,
+    }))
+}
+
+// -------------------------------------------------------------------------------------------
+// Take over and recycle: one conditional update each; of several contenders, at most one wins.
+// -------------------------------------------------------------------------------------------
+
+/// Installs `token` on a key whose lease ran out, if it is still in progress with this payload.
+pub(super) async fn take_over(
+    pool: &PgPool,
+    key_id: i64,
+    fingerprint: &Fingerprint,
+    token: Uuid,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let taken = sqlx::query_scalar!(
+        r#"
+        UPDATE idempotency_keys
+        SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond'
+        WHERE id = $1 AND status = 'in_progress' AND locked_until <= now()
+          AND request_hash = $4
+        RETURNING id
+        "#,
+        key_id,
+        token,
+        millis(lease),
+        fingerprint.as_bytes().as_slice(),
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(taken.is_some())
+}
+
+/// Reserves an expired key anew for another payload, unless its row changed meanwhile.
+pub(super) async fn recycle(
+    pool: &PgPool,
+    key_id: i64,
+    fingerprint: &Fingerprint,
+    token: Uuid,
+    lease: Duration,
+    key_ttl: Duration,
+) -> Result<bool, sqlx::Error> {
+    let recycled = sqlx::query_scalar!(
+        r#"
+        UPDATE idempotency_keys
+        SET request_hash = $2, status = 'in_progress', lock_token = $3,
+            locked_until = now() + $4::bigint * interval '1 millisecond',
+            response_code = NULL, response_headers = NULL, response_body = NULL,
+            created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
+        WHERE id = $1 AND expires_at <= now()
+          AND (status = 'completed' OR locked_until <= now())
+        RETURNING id
+        "#,
+        key_id,
+        fingerprint.as_bytes().as_slice(),
+        token,
+        millis(lease),
+        millis(key_ttl),
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(recycled.is_some())
+}
+
+// -------------------------------------------------------------------------------------------
+// Execute with the lease: renewed while the work runs, fenced by the token.
+// -------------------------------------------------------------------------------------------
+
+/// Extends the lease held under `token`; `false` when the key was taken over.
+pub(super) async fn renew(
+    pool: &PgPool,
+    key_id: i64,
+    token: Uuid,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let renewed = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+        SET locked_until = now() + $3::bigint * interval '1 millisecond'
+        WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+        "#,
+        key_id,
+        token,
+        millis(lease),
+    )
+    .execute(pool)
+    .await?;
+    Ok(renewed.rows_affected() > 0)
+}
+
+/// The key's stored response, read after this request lost its lease: `None` while the key is in
+/// progress, gone, or completed for another payload.
+pub(super) async fn completed_response(
+    pool: &PgPool,
+    request: &KeyedRequest,
+) -> Result<Option<StoredResponse>, ApiError> {
+    let row = sqlx::query!(
+        r#"
+        SELECT request_hash, status AS "status: KeyStatus",
+               response_code, response_headers, response_body
+        FROM idempotency_keys
+        WHERE scope = $1 AND idem_key = $2
+        "#,
+        request.scope.as_str(),
+        request.key.as_str(),
+    )
+    .fetch_optional(pool)
+    .await?;
+    match row {
+        Some(row)
+            if row.status == KeyStatus::Completed
+                && Fingerprint::from_slice(&row.request_hash) == Some(request.fingerprint) =>
+        {
+            Ok(Some(StoredResponse::from_row(
+                row.response_code,
+                row.response_headers,
+                row.response_body,
+            )?))
+        }
+        _ => Ok(None),
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Complete: in the work's own transaction, fenced by the token.
+// -------------------------------------------------------------------------------------------
+
+/// Stores the response and completes the key, if `token` still holds it; `false` when another
+/// request took it over (the caller rolls back).
+pub(super) async fn complete(
+    tx: &mut PgConnection,
+    key_id: i64,
+    token: Uuid,
+    response: &StoredResponse,
+    key_ttl: Duration,
+) -> Result<bool, sqlx::Error> {
+    let completed = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+        SET status = 'completed', lock_token = NULL, locked_until = NULL,
+            response_code = $3, response_headers = $4, response_body = $5,
+            expires_at = now() + $6::bigint * interval '1 millisecond'
+        WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+        "#,
+        key_id,
+        token,
+        i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
+        response.headers_json(),
+        response.body(),
+        millis(key_ttl),
+    )
+    .execute(tx)
+    .await?;
+    Ok(completed.rows_affected() > 0)
+}
+
+// -------------------------------------------------------------------------------------------
+// Release: a DELETE fenced by the same token.
+// -------------------------------------------------------------------------------------------
+
+pub(super) async fn release(pool: &PgPool, key_id: i64, token: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        r#"
+        DELETE FROM idempotency_keys
+        WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+        "#,
+        key_id,
+        token,
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+// -------------------------------------------------------------------------------------------
+// Expire: batched, `SKIP LOCKED`, an index scan on `expires_at`.
+// -------------------------------------------------------------------------------------------
+
+/// Deletes up to [`BATCH`](crate::expiry::BATCH) expired keys and returns how many. The batch size
+/// is written into the statement, not passed to it: a generic plan of a prepared statement does
+/// not know a parameter's value, guesses a large share of the table, and joins the batch to it
+/// with a scan of the whole table.
+pub(super) async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
+    let deleted = sqlx::query!(
+        r#"
+        DELETE FROM idempotency_keys
+        WHERE id IN (
+            SELECT id FROM idempotency_keys
+            WHERE expires_at <= now()
+              AND (status = 'completed' OR locked_until <= now())
+            LIMIT 1000
+            FOR UPDATE SKIP LOCKED
+        )
+        "#,
+    )
+    .execute(pool)
+    .await?;
+    Ok(deleted.rows_affected())
+}
+
+/// A time left in milliseconds, `None` when it has run out.
+fn positive(ms: Option<i64>) -> Option<Duration> {
+    ms.filter(|ms| *ms > 0)
+        .map(|ms| Duration::from_millis(ms.unsigned_abs()))
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
