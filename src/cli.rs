@@ -94,3 +94,54 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every setting the command line reads from the environment, with its default (`—` for none).
+    fn settings(command: &clap::Command, found: &mut BTreeMap<String, String>) {
+        for arg in command.get_arguments() {
+            if let Some(env) = arg.get_env() {
+                let default = arg
+                    .get_default_values()
+                    .first()
+                    .map_or("—".to_owned(), |value| {
+                        format!("`{}`", value.to_string_lossy())
+                    });
+                found.insert(env.to_string_lossy().into_owned(), default);
+            }
+        }
+        for sub in command.get_subcommands() {
+            settings(sub, found);
+        }
+    }
+
+    #[test]
+    fn the_readme_configuration_table_gives_every_setting_with_its_default() {
+        let mut expected = BTreeMap::new();
+        settings(&Cli::command(), &mut expected);
+        let readme = include_str!("../README.md");
+        let documented: BTreeMap<String, String> = readme
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let is_setting = name == "DATABASE_URL" || name.starts_with("IDEMPAY_");
+                let default = cells.get(2)?;
+                is_setting.then(|| (name.to_owned(), (*default).to_owned()))
+            })
+            .collect();
+        for (name, default) in &expected {
+            assert_eq!(
+                documented.get(name),
+                Some(default),
+                "README's configuration table on {name}"
+            );
+        }
+    }
+}

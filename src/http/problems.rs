@@ -32,7 +32,7 @@ impl Figures {
     }
 
     /// `text` with each placeholder (`{key_ttl}`, `{lease}`, `{body_limit}`, `{body_read_timeout}`,
-    /// `{webhook_tolerance}`, `{max_key_len}`) replaced by its figure.
+    /// `{webhook_tolerance}`, `{max_key_len}`, `{problem_kinds}`) replaced by its figure.
     pub fn fill(&self, text: &str) -> String {
         text.replace("{key_ttl}", &in_words(self.key_ttl))
             .replace("{lease}", &in_words(self.lease))
@@ -43,6 +43,20 @@ impl Figures {
             .replace("{body_read_timeout}", &in_words(self.body_read_timeout))
             .replace("{webhook_tolerance}", &in_words(self.webhook_tolerance))
             .replace("{max_key_len}", &self.max_key_len.to_string())
+            .replace("{problem_kinds}", &problem_kinds())
+    }
+}
+
+/// Every problem kind's slug, as a sentence lists them.
+fn problem_kinds() -> String {
+    let slugs: Vec<String> = ProblemKind::ALL
+        .iter()
+        .map(|kind| format!("`{}`", kind.slug()))
+        .collect();
+    match slugs.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -65,11 +79,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Explain a problem type
 ///
 /// The page a problem document's `type` resolves to: what the problem means and what to do.
-/// The kinds are `invalid-request`, `invalid-idempotency-key`, `unauthorized`, `card-declined`,
-/// `not-found`, `method-not-allowed`, `request-timeout`, `idempotency-key-in-use`,
-/// `payload-too-large`, `unsupported-media-type`, `idempotency-key-mismatch`,
-/// `payment-not-refundable`, `refund-exceeds-payment`, `webhook-signature-invalid`,
-/// `webhook-timestamp-out-of-range`, `internal` and `service-unavailable`.
+/// The kinds are {problem_kinds}.
 #[utoipa::path(
     get,
     path = "/problems/{name}",
