@@ -92,6 +92,7 @@ main() {
   prepare_stack
   $POOL_CONFIGURABLE ||
     log "this build has no IDEMPAY_DATABASE_MAX_CONNECTIONS: the pool is its fixed 16 connections"
+  measure_select1
   start_server 1000h
   local idle_rss
   idle_rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
@@ -152,6 +153,8 @@ json.dump({
     "pool_size": $POOL_SIZE,
     "pool_configurable": "$POOL_CONFIGURABLE" == "true",
     "pg_opts": "$BENCH_PG_OPTS",
+    "pg_transport": "$PG_TRANSPORT",
+    "select1_tps": float("$SELECT1_TPS"),
     "workloads": "${WORKLOADS[*]}".split(),
     "concurrency": [int(c) for c in "${CONCURRENCY[*]}".split()],
     "sizes": [int(s) for s in "${SIZES[*]}".split()],

@@ -1,7 +1,13 @@
 # Helpers shared by bench/bench.sh and bench/expiry.sh. Sourced, not run.
 #
-# Everything runs on loopback: one PostgreSQL container (port published on 127.0.0.1 only, removed
-# at exit), the release build of idempay on a free port, pgbench and wrk as load generators.
+# Everything runs on loopback: one PostgreSQL container (removed at exit), the release build of
+# idempay on a free port, pgbench and wrk as load generators.
+#
+# PostgreSQL is reached the way production reaches it: the container shares the host's network
+# (`--network host`) and listens on a free port of 127.0.0.1. A published port (`-p`) would put
+# Docker's userland proxy, a process copying every byte, between both sides and the database:
+# on two cores that cost pgbench two thirds of its `SELECT 1` rate, and handicapped the limit more
+# than idempay. BENCH_PG_TRANSPORT=published measures that path instead, to show the difference.
 
 set -euo pipefail
 
@@ -105,18 +111,32 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+PG_TRANSPORT=${BENCH_PG_TRANSPORT:-host}
+
 # Starts a PostgreSQL container from the image scripts/pg-image.sh finds or builds.
 start_postgres() {
   local image
   image=$(bash "$REPO_DIR/scripts/pg-image.sh" | tail -n 1)
   PG_CONTAINER="idempay-bench-$$-$RANDOM"
-  log "starting PostgreSQL ($image) with: $BENCH_PG_OPTS"
-  # shellcheck disable=SC2086  # the options are words on purpose
-  docker run -d --rm --name "$PG_CONTAINER" --shm-size=1g \
-    -e POSTGRES_PASSWORD=postgres -p 127.0.0.1::5432 \
-    "$image" $BENCH_PG_OPTS >/dev/null
-  PG_PORT=$(docker port "$PG_CONTAINER" 5432/tcp | sed -n 's/^127\.0\.0\.1:\([0-9]*\)$/\1/p' | head -n 1)
-  [ -n "$PG_PORT" ] || die "cannot find the published PostgreSQL port"
+  log "starting PostgreSQL ($image, transport: $PG_TRANSPORT) with: $BENCH_PG_OPTS"
+  case "$PG_TRANSPORT" in
+    host)
+      PG_PORT=$(free_port)
+      # shellcheck disable=SC2086  # the options are words on purpose
+      docker run -d --rm --name "$PG_CONTAINER" --shm-size=1g --network host \
+        -e POSTGRES_PASSWORD=postgres \
+        "$image" -c listen_addresses=127.0.0.1 -c port="$PG_PORT" $BENCH_PG_OPTS >/dev/null
+      ;;
+    published)
+      # shellcheck disable=SC2086
+      docker run -d --rm --name "$PG_CONTAINER" --shm-size=1g \
+        -e POSTGRES_PASSWORD=postgres -p 127.0.0.1::5432 \
+        "$image" $BENCH_PG_OPTS >/dev/null
+      PG_PORT=$(docker port "$PG_CONTAINER" 5432/tcp | sed -n 's/^127\.0\.0\.1:\([0-9]*\)$/\1/p' | head -n 1)
+      ;;
+    *) die "BENCH_PG_TRANSPORT is host or published, not $PG_TRANSPORT" ;;
+  esac
+  [ -n "$PG_PORT" ] || die "cannot find the PostgreSQL port"
   DATABASE_URL="postgres://postgres:postgres@127.0.0.1:$PG_PORT/postgres"
   export DATABASE_URL PGHOST=127.0.0.1 PGPORT="$PG_PORT" PGUSER=postgres PGPASSWORD=postgres PGDATABASE=postgres
   local i
@@ -306,6 +326,17 @@ SQL
     log "  idempotency_keys: $have rows"
   done
   sql -c "VACUUM ANALYZE idempotency_keys" >/dev/null
+}
+
+# The transport's own cost: pgbench `SELECT 1` at c=16 for a few seconds, printed with the report so
+# that a limit measured through a slow path shows. Sets SELECT1_TPS.
+measure_select1() {
+  local out="$OUT_DIR/raw/select1.pgbench.txt"
+  printf 'SELECT 1;\n' >"$OUT_DIR/raw/select1.sql"
+  pgbench -n -M prepared -T "${BENCH_SELECT1_SECONDS:-5}" -c 16 -j 2 -f "$OUT_DIR/raw/select1.sql" \
+    >"$out" 2>&1 || { cat "$out" >&2; die "pgbench SELECT 1 failed"; }
+  SELECT1_TPS=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$out" | head -n 1)
+  log "transport $PG_TRANSPORT: pgbench SELECT 1 at c=16: $SELECT1_TPS tps"
 }
 
 # A quiet start for each measurement: dirty pages written, statistics current.

@@ -164,6 +164,15 @@ def bench(args):
         f"PostgreSQL `{meta['pg_opts']}`."
     )
     md.append("")
+    transport = meta.get("pg_transport", "published")
+    md.append(
+        f"Transport to PostgreSQL: **{transport}** "
+        + ("(`--network host`, PostgreSQL on 127.0.0.1, as production reaches it)"
+           if transport == "host" else "(a published port, through Docker's userland proxy)")
+        + (f"; pgbench `SELECT 1` at c=16: **{meta['select1_tps']:,.0f} tps**."
+           if meta.get("select1_tps") else ".")
+    )
+    md.append("")
     md.append(
         "Limit: pgbench running the request's SQL (prepared). idempay: wrk over HTTP on loopback. "
         "Ratios are idempay / limit (throughput: higher is better; latency: lower is better)."
