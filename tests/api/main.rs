@@ -1,59 +1,29 @@
 //! Black-box tests of the HTTP API: the real server over HTTP, against a real PostgreSQL started
 //! by testcontainers. One container serves the whole run; every test gets a fresh database cloned
 //! from a migrated template, so tests run in parallel without seeing each other.
+//!
+//! A test is an `async fn` marked `#[api_test]`, named `module::function` in the run; the
+//! attribute is all it takes for the runner to find it. The suites, by what they prove:
+//!
+//! - [`endpoints`]: what each route answers: payments, refunds, lists, webhooks, errors, docs.
+//! - [`exactly_once`]: the idempotency-key mechanism: replay, conflicts, concurrency, expiry.
+//! - [`resilience`]: the guarantees when things go wrong: crashes, outages, slow and hostile
+//!   clients, another account.
+//! - [`tools`]: what ships around the API: the command line, the client and its demo, metrics
+//!   and logs.
+//!
+//! [`support`] holds what they share.
 
-mod cli;
-mod concurrency;
-mod contract;
-mod demo;
-mod docs;
-mod errors;
-mod expiry;
-mod faults;
-mod harness;
-mod helpers;
-mod hostile;
-mod instance;
-mod invariants;
-mod lifecycle;
-mod listing;
-mod mechanism;
-mod observability;
-mod outage;
-mod payments;
-mod refunds;
-mod security;
-mod slow_clients;
-mod webhooks;
+mod endpoints;
+mod exactly_once;
+mod resilience;
+mod support;
+mod tools;
 
 use std::process::ExitCode;
 
 use libtest_mimic::Arguments;
 
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
-    let trials = [
-        payments::trials(),
-        lifecycle::trials(),
-        concurrency::trials(),
-        expiry::trials(),
-        errors::trials(),
-        mechanism::trials(),
-        refunds::trials(),
-        listing::trials(),
-        webhooks::trials(),
-        demo::trials(),
-        cli::trials(),
-        faults::trials(),
-        docs::trials(),
-        slow_clients::trials(),
-        hostile::trials(),
-        security::trials(),
-        outage::trials(),
-        observability::trials(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    harness::run(args, trials)
+    support::harness::run(Arguments::from_args())
 }

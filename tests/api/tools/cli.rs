@@ -1,31 +1,12 @@
 //! The command line, run as a user would: the real binary against the test database.
 
-use std::process::Output;
-
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use sha2::{Digest, Sha256};
 
-use crate::helpers::{TestApp, new_key};
-use crate::trials;
+use crate::support::helpers::{TestApp, new_key};
+use crate::support::instance::idempay;
 
-pub fn trials() -> Vec<Trial> {
-    trials![cli;
-        account_create_prints_a_key_that_authenticates_and_stores_only_its_hash,
-        pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay,
-        pay_exits_non_zero_with_the_problem_when_the_card_is_declined,
-        openapi_prints_the_committed_description,
-    ]
-}
-
-async fn idempay(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"));
-    command.args(args).env("RUST_LOG", "off");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    command.output().await.expect("the binary runs")
-}
-
+#[api_test]
 async fn account_create_prints_a_key_that_authenticates_and_stores_only_its_hash() {
     let app = TestApp::spawn().await;
     let database_url = app.database_url();
@@ -41,7 +22,7 @@ async fn account_create_prints_a_key_that_authenticates_and_stores_only_its_hash
     let key = stdout.lines().last().unwrap().trim().to_owned();
     assert!(key.starts_with("sk_") && key.len() > 40, "{key}");
     let paid = app
-        .post_payment_as(&key, &new_key(), &crate::helpers::payment(100))
+        .post_payment_as(&key, &new_key(), &crate::support::helpers::payment(100))
         .await;
     assert_eq!(paid.status, 201);
     let stored: Vec<Vec<u8>> = sqlx::query_scalar("SELECT api_key_hash FROM accounts")
@@ -60,6 +41,7 @@ async fn account_create_prints_a_key_that_authenticates_and_stores_only_its_hash
     assert_eq!(plain, 0, "the secret itself is not stored");
 }
 
+#[api_test]
 async fn pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -96,6 +78,7 @@ async fn pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
     let app = TestApp::spawn().await;
     let env = [
@@ -127,11 +110,12 @@ async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
     );
 }
 
+#[api_test]
 async fn openapi_prints_the_committed_description() {
     let output = idempay(&["openapi"], &[]).await;
     assert!(output.status.success());
     assert_eq!(
         String::from_utf8(output.stdout).unwrap(),
-        include_str!("../../openapi/openapi.json")
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
     );
 }

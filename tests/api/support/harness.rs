@@ -2,12 +2,14 @@
 //! removes the container when the run ends.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use idempay::postgres::Postgres;
 use libtest_mimic::{Arguments, Trial};
+use linkme::distributed_slice;
 use sqlx::{Connection, PgConnection};
 use tokio::runtime::{Handle, Runtime};
 
@@ -41,39 +43,57 @@ fn shared() -> &'static Shared {
         .expect("the harness starts PostgreSQL before any test")
 }
 
-/// Builds a trial that runs `test` on the shared runtime.
-pub fn trial<F, Fut>(name: &str, test: F) -> Trial
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    Trial::test(name, move || {
-        let outcome = shared().runtime.block_on(async move {
-            tokio::time::timeout(TEST_TIMEOUT, tokio::spawn(test())).await
-        });
-        match outcome {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(join_error)) => match join_error.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                Err(error) => Err(format!("test task failed: {error}").into()),
-            },
-            Err(_) => Err(format!("test timed out after {TEST_TIMEOUT:?}").into()),
-        }
-    })
+/// One test of the suite, as `#[api_test]` registers it.
+pub struct Test {
+    /// The module that declares it, from `module_path!()`.
+    pub module: &'static str,
+    /// The test function's name.
+    pub name: &'static str,
+    pub run: fn() -> Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
-/// `trials![module; test_a, test_b]` names each test `module::test_a`.
-#[macro_export]
-macro_rules! trials {
-    ($module:ident; $($test:ident),* $(,)?) => {
-        vec![$($crate::harness::trial(
-            concat!(stringify!($module), "::", stringify!($test)),
-            $test,
-        )),*]
-    };
+/// Every test of the suite: each `#[api_test]` adds its own entry (see `tests/macros`).
+#[distributed_slice]
+pub static TESTS: [Test];
+
+impl Test {
+    /// `module::test_name`: the last segment of the declaring module, then the function. CI logs
+    /// and `cargo test --test api -- NAME` filters use these names.
+    fn full_name(&self) -> String {
+        let module = self.module.rsplit("::").next().unwrap_or(self.module);
+        format!("{module}::{}", self.name)
+    }
+
+    /// A trial that runs this test on the shared runtime.
+    fn trial(&self) -> Trial {
+        let run = self.run;
+        Trial::test(self.full_name(), move || {
+            let outcome = shared().runtime.block_on(async move {
+                tokio::time::timeout(TEST_TIMEOUT, tokio::spawn(run())).await
+            });
+            match outcome {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(join_error)) => match join_error.try_into_panic() {
+                    Ok(panic) => std::panic::resume_unwind(panic),
+                    Err(error) => Err(format!("test task failed: {error}").into()),
+                },
+                Err(_) => Err(format!("test timed out after {TEST_TIMEOUT:?}").into()),
+            }
+        })
+    }
 }
 
-pub fn run(args: Arguments, trials: Vec<Trial>) -> ExitCode {
+/// Every registered test as a trial, by name.
+fn trials() -> Vec<Trial> {
+    let mut tests: Vec<&Test> = TESTS.iter().collect();
+    tests.sort_by_key(|test| test.full_name());
+    tests.into_iter().map(Test::trial).collect()
+}
+
+/// Runs the suite: starts PostgreSQL (unless only listing), runs the trials the arguments select,
+/// prints what the contract covered and removes the container.
+pub fn run(args: Arguments) -> ExitCode {
+    let trials = trials();
     if args.list {
         return libtest_mimic::run(&args, trials).exit_code();
     }
@@ -86,7 +106,7 @@ pub fn run(args: Arguments, trials: Vec<Trial>) -> ExitCode {
         }
     };
     let conclusion = libtest_mimic::run(&args, trials);
-    println!("\n{}", crate::contract::report());
+    println!("\n{}", crate::support::contract::report());
     if let Err(error) = runtime.block_on(postgres.remove()) {
         eprintln!("could not remove the PostgreSQL container: {error:#}");
     }

@@ -1,27 +1,12 @@
 //! Bad input: every refusal is a problem document, and nothing is stored or burned by it.
 
 use futures::future::join_all;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key, payment, send};
-use crate::trials;
+use crate::support::helpers::{TestApp, new_key, payment, send};
 
-pub fn trials() -> Vec<Trial> {
-    trials![errors;
-        invalid_idempotency_keys_are_refused_with_400_and_nothing_is_stored,
-        a_missing_idempotency_key_is_refused,
-        an_invalid_body_is_refused_before_the_key_is_reserved,
-        a_body_that_is_not_json_is_refused_with_415,
-        a_body_over_64_kib_is_refused_with_413,
-        a_missing_or_wrong_api_key_is_refused_with_401,
-        unknown_routes_and_methods_answer_problem_documents,
-        ids_that_cannot_be_decoded_name_nothing,
-        the_service_sessions_bound_statements_locks_and_idle_transactions,
-        without_its_database_the_service_answers_503_and_is_not_ready,
-    ]
-}
-
+#[api_test]
 async fn invalid_idempotency_keys_are_refused_with_400_and_nothing_is_stored() {
     let app = TestApp::spawn().await;
     let too_long = "k".repeat(256);
@@ -60,6 +45,7 @@ async fn invalid_idempotency_keys_are_refused_with_400_and_nothing_is_stored() {
     assert_eq!(longest.status, 201, "255 characters are allowed");
 }
 
+#[api_test]
 async fn a_missing_idempotency_key_is_refused() {
     let app = TestApp::spawn().await;
     let response = app.send(app.raw_post().json(&payment(4200))).await;
@@ -71,6 +57,7 @@ async fn a_missing_idempotency_key_is_refused() {
     assert_eq!(app.payment_count().await, 0);
 }
 
+#[api_test]
 async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -119,6 +106,7 @@ async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
     assert!(!valid.replayed());
 }
 
+#[api_test]
 async fn a_body_that_is_not_json_is_refused_with_415() {
     let app = TestApp::spawn().await;
     let form = app
@@ -148,6 +136,7 @@ async fn a_body_that_is_not_json_is_refused_with_415() {
     assert_eq!(app.key_count().await, 0);
 }
 
+#[api_test]
 async fn a_body_over_64_kib_is_refused_with_413() {
     let app = TestApp::spawn().await;
     let huge = json!({ "amount": 100, "currency": "eur", "description": "d".repeat(70 * 1024) });
@@ -156,6 +145,7 @@ async fn a_body_over_64_kib_is_refused_with_413() {
     assert_eq!(app.key_count().await, 0);
 }
 
+#[api_test]
 async fn a_missing_or_wrong_api_key_is_refused_with_401() {
     let app = TestApp::spawn().await;
     let anonymous = app
@@ -192,6 +182,7 @@ async fn a_missing_or_wrong_api_key_is_refused_with_401() {
     );
 }
 
+#[api_test]
 async fn unknown_routes_and_methods_answer_problem_documents() {
     let app = TestApp::spawn().await;
     let unknown = app.send(app.client().get(app.url("/v2/nothing"))).await;
@@ -208,6 +199,7 @@ async fn unknown_routes_and_methods_answer_problem_documents() {
     wrong_method.assert_problem(405, "method-not-allowed");
 }
 
+#[api_test]
 async fn without_its_database_the_service_answers_503_and_is_not_ready() {
     // Nothing listens on port 1: every connection attempt is refused at once.
     let pool = idempay::db::pool("postgres://postgres@127.0.0.1:1/idempay").unwrap();
@@ -263,6 +255,7 @@ fn authenticated_routes(payment: &str) -> Vec<(reqwest::Method, String)> {
     ]
 }
 
+#[api_test]
 async fn ids_that_cannot_be_decoded_name_nothing() {
     let app = TestApp::spawn().await;
     for path in [
@@ -277,6 +270,7 @@ async fn ids_that_cannot_be_decoded_name_nothing() {
     }
 }
 
+#[api_test]
 async fn the_service_sessions_bound_statements_locks_and_idle_transactions() {
     let app = TestApp::spawn().await;
     let pool = idempay::db::pool(&app.database_url()).unwrap();

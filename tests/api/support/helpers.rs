@@ -10,7 +10,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{TEMPLATE, admin_url, database_url};
+use crate::support::harness::{TEMPLATE, admin_url, database_url};
 
 /// The key every test sends unless it needs another.
 pub fn new_key() -> String {
@@ -245,6 +245,33 @@ impl TestApp {
             .await
             .expect("count keys")
     }
+
+    /// Sends a payment from a task of its own and returns once its key is reserved; the task gives
+    /// the response.
+    pub async fn start_payment(
+        &self,
+        key: &str,
+        body: &Value,
+    ) -> tokio::task::JoinHandle<TestResponse> {
+        let request = self
+            .client
+            .post(self.url("/v1/payments"))
+            .bearer_auth(&self.api_key)
+            .header("idempotency-key", key)
+            .json(body);
+        let response = tokio::spawn(send(request));
+        self.wait_for_keys(1).await;
+        response
+    }
+
+    /// Waits until `keys` keys are stored: the requests sent in the background have reserved
+    /// theirs.
+    pub async fn wait_for_keys(&self, keys: i64) {
+        wait_until("the requests reserve their keys", || async {
+            self.key_count().await >= keys
+        })
+        .await;
+    }
 }
 
 impl Drop for TestApp {
@@ -264,7 +291,7 @@ pub async fn send(request: reqwest::RequestBuilder) -> TestResponse {
         headers: response.headers().clone(),
         body: response.bytes().await.expect("a body").to_vec(),
     };
-    crate::contract::check(&method, &path, &response);
+    crate::support::contract::check(&method, &path, &response);
     response
 }
 
@@ -287,9 +314,31 @@ where
     answer
 }
 
+/// Waits until `condition` holds, checking every 10 ms; panics after 10 s, saying `what` never
+/// happened.
+pub async fn wait_until<F, Fut>(what: &str, condition: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !condition().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: not within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A valid payment body.
 pub fn payment(amount: i64) -> Value {
     serde_json::json!({ "amount": amount, "currency": "eur", "order": "cmd_9182" })
+}
+
+/// A payment of `amount` with the test card that takes `IDEMPAY_SLOW_CHARGE` to charge.
+pub fn slow_payment(amount: i64) -> Value {
+    serde_json::json!({ "amount": amount, "currency": "eur", "payment_method": "pm_card_slow" })
 }
 
 /// Settings with a short slow charge, so in-flight tests are quick.

@@ -4,27 +4,21 @@
 use std::time::Duration;
 
 use idempay::config::Settings;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 
-use crate::helpers::{TestApp, new_key, payment};
-use crate::trials;
+use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 
-pub fn trials() -> Vec<Trial> {
-    trials![expiry;
-        an_expired_key_is_deleted_by_the_job_and_can_be_used_again,
-        an_expired_key_not_yet_deleted_is_new_again,
-        a_replay_kept_in_memory_ends_when_its_key_expires,
-        the_job_drains_expired_keys_in_batches_and_leaves_live_ones,
-    ]
-}
-
+#[api_test]
 async fn an_expired_key_is_deleted_by_the_job_and_can_be_used_again() {
     let app = TestApp::spawn_with(keys_living_one_second(Duration::from_millis(200))).await;
     let key = new_key();
     let first = app.post_payment(&key, &payment(4200)).await;
     assert_eq!(first.status, 201);
 
-    wait_until(|| async { app.key_count().await == 0 }).await;
+    wait_until("the job deletes the expired key", || async {
+        app.key_count().await == 0
+    })
+    .await;
     let again = app.post_payment(&key, &payment(4200)).await;
 
     assert_eq!(again.status, 201);
@@ -33,6 +27,7 @@ async fn an_expired_key_is_deleted_by_the_job_and_can_be_used_again() {
     assert_eq!(app.payment_count().await, 2);
 }
 
+#[api_test]
 async fn an_expired_key_not_yet_deleted_is_new_again() {
     // The job does not run: the key expires but its row stays.
     let app = TestApp::spawn_with(keys_living_one_second(Duration::from_secs(3600))).await;
@@ -57,6 +52,7 @@ async fn an_expired_key_not_yet_deleted_is_new_again() {
 
 /// Replays of a completed key are served from memory after the first, but never past the key's
 /// `expires_at`: then the same request is new again, as the expiry policy says.
+#[api_test]
 async fn a_replay_kept_in_memory_ends_when_its_key_expires() {
     // The job does not run: the key expires but its row stays.
     let app = TestApp::spawn_with(keys_living_one_second(Duration::from_secs(3600))).await;
@@ -76,6 +72,7 @@ async fn a_replay_kept_in_memory_ends_when_its_key_expires() {
     assert_eq!(app.payment_count().await, 2);
 }
 
+#[api_test]
 async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
     let app = TestApp::spawn_with(Settings {
         expiry_interval: Duration::from_millis(200),
@@ -104,7 +101,7 @@ async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
     .await
     .unwrap();
 
-    wait_until(|| async {
+    wait_until("the job drains every expired key", || async {
         let expired: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM idempotency_keys WHERE idem_key LIKE 'expired-%'",
         )
@@ -126,20 +123,6 @@ async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
             .all(|key| key.starts_with("live-") || key == "running"),
         "{left:?}"
     );
-}
-
-async fn wait_until<F, Fut>(condition: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..100 {
-        if condition().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("condition not met within 10 s");
 }
 
 /// Keys that live one second, and the expiry job every `expiry_interval`.

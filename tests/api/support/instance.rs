@@ -1,12 +1,13 @@
-//! `idempay serve` as a process of its own, as production runs it: it can be killed, several can
-//! share a database, and it can be pointed at a database the test stops.
+//! The `idempay` binary as a process of its own: `idempay serve` as production runs it (it can be
+//! killed, several can share a database, and it can be pointed at a database the test stops), and
+//! any other command as a user runs it.
 
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use crate::helpers::{TestResponse, send};
+use crate::support::helpers::{TestResponse, send};
 
 /// Longer than any answer may take: a request still unanswered by then is a hang, and fails the test.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(15);
@@ -34,10 +35,7 @@ impl Instance {
         database_url: &str,
         env: &[(&str, &str)],
     ) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let mut command = Command::new(env!("CARGO_BIN_EXE_idempay"));
         command
             .arg("serve")
@@ -70,12 +68,11 @@ impl Instance {
     /// Creates an account in the instance's database with `idempay account create`; returns
     /// its API key.
     pub async fn create_account(database_url: &str) -> String {
-        let output = Command::new(env!("CARGO_BIN_EXE_idempay"))
-            .args(["account", "create", "--name", "outage merchant"])
-            .env("DATABASE_URL", database_url)
-            .output()
-            .await
-            .expect("idempay account create runs");
+        let output = idempay(
+            &["account", "create", "--name", "outage merchant"],
+            &[("DATABASE_URL", database_url)],
+        )
+        .await;
         assert!(output.status.success(), "{output:?}");
         String::from_utf8(output.stdout)
             .expect("UTF-8")
@@ -99,6 +96,8 @@ impl Instance {
         .await
     }
 
+    /// `POST /v1/payments`, answered within [`ANSWER_WITHIN`] and checked against the API
+    /// description.
     pub async fn post_payment(
         &self,
         api_key: &str,
@@ -106,15 +105,44 @@ impl Instance {
         body: &serde_json::Value,
     ) -> TestResponse {
         send(
-            reqwest::Client::new()
-                .post(format!("{}/v1/payments", self.address))
-                .bearer_auth(api_key)
-                .header("idempotency-key", key)
-                .timeout(ANSWER_WITHIN)
-                .json(body),
+            self.payment_request(api_key, key, body)
+                .timeout(ANSWER_WITHIN),
         )
         .await
     }
+
+    /// A `POST /v1/payments` to send as the test needs: from a task of its own, or to an instance
+    /// that may die before it answers.
+    pub fn payment_request(
+        &self,
+        api_key: &str,
+        key: &str,
+        body: &serde_json::Value,
+    ) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .post(format!("{}/v1/payments", self.address))
+            .bearer_auth(api_key)
+            .header("idempotency-key", key)
+            .json(body)
+    }
+}
+
+/// Runs `idempay ARGS` with `env` added to its environment (and its logs off), and waits for it.
+pub async fn idempay(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idempay"));
+    command.args(args).env("RUST_LOG", "off");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().await.expect("the binary runs")
+}
+
+/// A TCP port of 127.0.0.1 that nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 /// A scrape of `/metrics`, in the Prometheus text format.

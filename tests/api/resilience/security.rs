@@ -9,22 +9,13 @@
 
 use std::time::Duration;
 
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, TestResponse, new_key, payment, send, with_slow_charge};
-use crate::invariants::assert_exactly_once;
-use crate::trials;
-
-pub fn trials() -> Vec<Trial> {
-    trials![security;
-        another_account_is_not_blocked_by_a_key_in_flight_for_this_one,
-        a_shared_key_replays_each_account_its_own_answer_only,
-        another_accounts_objects_answer_as_ids_that_do_not_exist,
-        another_account_with_this_accounts_refund_key_touches_nothing,
-        api_keys_never_appear_in_an_answer_and_near_misses_are_refused,
-    ]
-}
+use crate::support::helpers::{
+    TestApp, TestResponse, new_key, payment, send, slow_payment, with_slow_charge,
+};
+use crate::support::invariants::assert_exactly_once;
 
 /// One account's view of the service. Every answer it receives is checked for API keys.
 struct Caller<'a> {
@@ -112,33 +103,14 @@ fn id(response: &TestResponse) -> String {
         .to_owned()
 }
 
+#[api_test]
 async fn another_account_is_not_blocked_by_a_key_in_flight_for_this_one() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let (a, b) = two_accounts(&app).await;
     let key = new_key();
-    let slow = json!({ "amount": 4200, "currency": "eur", "payment_method": "pm_card_slow" });
+    let slow = slow_payment(4200);
 
-    let first = {
-        let (address, api_key, key, slow) = (
-            app.url("/v1/payments"),
-            app.api_key.clone(),
-            key.clone(),
-            slow.clone(),
-        );
-        tokio::spawn(async move {
-            send(
-                reqwest::Client::new()
-                    .post(address)
-                    .bearer_auth(api_key)
-                    .header("idempotency-key", key)
-                    .json(&slow),
-            )
-            .await
-        })
-    };
-    while app.key_count().await == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let first = app.start_payment(&key, &slow).await;
     // The key is in flight for A: A's own retry is told to wait...
     a.pay(&key, &slow)
         .await
@@ -202,6 +174,7 @@ async fn another_account_is_not_blocked_by_a_key_in_flight_for_this_one() {
     assert_exactly_once(&app.db).await;
 }
 
+#[api_test]
 async fn a_shared_key_replays_each_account_its_own_answer_only() {
     let app = TestApp::spawn().await;
     let (a, b) = two_accounts(&app).await;
@@ -249,6 +222,7 @@ async fn a_shared_key_replays_each_account_its_own_answer_only() {
     assert_exactly_once(&app.db).await;
 }
 
+#[api_test]
 async fn another_accounts_objects_answer_as_ids_that_do_not_exist() {
     let app = TestApp::spawn().await;
     let (a, b) = two_accounts(&app).await;
@@ -328,6 +302,7 @@ async fn another_accounts_objects_answer_as_ids_that_do_not_exist() {
     );
 }
 
+#[api_test]
 async fn another_account_with_this_accounts_refund_key_touches_nothing() {
     let app = TestApp::spawn().await;
     let (a, b) = two_accounts(&app).await;
@@ -375,6 +350,7 @@ async fn another_account_with_this_accounts_refund_key_touches_nothing() {
     );
 }
 
+#[api_test]
 async fn api_keys_never_appear_in_an_answer_and_near_misses_are_refused() {
     let app = TestApp::spawn().await;
     let (a, b) = two_accounts(&app).await;

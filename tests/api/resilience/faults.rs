@@ -5,37 +5,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::join_all;
-use libtest_mimic::Trial;
-use serde_json::json;
+use idempay_test_macros::api_test;
 
-use crate::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight};
-use crate::instance::Instance;
-use crate::invariants::assert_exactly_once;
-use crate::trials;
-
-pub fn trials() -> Vec<Trial> {
-    let processes = trials![faults;
-        a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once,
-        three_instances_under_a_retry_storm_make_one_payment_per_key,
-        three_instances_drain_expired_keys_together_each_row_once_without_deadlocks,
-    ];
-    processes.into_iter().chain(crash_trials()).collect()
-}
-
-/// A crash at each step of the lifecycle, where the binary has its crash points.
-#[cfg(feature = "failpoints")]
-fn crash_trials() -> Vec<Trial> {
-    trials![faults;
-        a_crash_right_after_the_reservation_is_taken_over_and_charged_once,
-        a_crash_between_the_charge_and_its_commit_leaves_nothing_and_is_charged_once,
-        a_crash_after_the_commit_is_answered_by_a_replay,
-    ]
-}
-
-#[cfg(not(feature = "failpoints"))]
-fn crash_trials() -> Vec<Trial> {
-    Vec::new()
-}
+use crate::support::helpers::{
+    TestApp, TestResponse, new_key, payment, retry_while_in_flight, slow_payment,
+};
+use crate::support::instance::Instance;
+use crate::support::invariants::assert_exactly_once;
 
 /// Kills an instance at `failpoint` during a payment, then retries on a healthy one until the key
 /// is free; returns the retry's answer, with the invariants checked.
@@ -49,11 +25,8 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
     .await;
     let key = new_key();
     let body = payment(4200);
-    let request = reqwest::Client::new()
-        .post(format!("{}/v1/payments", crashing.address))
-        .bearer_auth(&app.api_key)
-        .header("idempotency-key", &key)
-        .json(&body)
+    let request = crashing
+        .payment_request(&app.api_key, &key, &body)
         .send()
         .await;
     assert!(request.is_err(), "the process died before it answered");
@@ -68,6 +41,7 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
 }
 
 #[cfg(feature = "failpoints")]
+#[api_test]
 async fn a_crash_right_after_the_reservation_is_taken_over_and_charged_once() {
     let (_, retry) = crash_at("after-reserve").await;
     assert!(
@@ -77,6 +51,7 @@ async fn a_crash_right_after_the_reservation_is_taken_over_and_charged_once() {
 }
 
 #[cfg(feature = "failpoints")]
+#[api_test]
 async fn a_crash_between_the_charge_and_its_commit_leaves_nothing_and_is_charged_once() {
     let (_, retry) = crash_at("before-commit").await;
     assert!(
@@ -86,6 +61,7 @@ async fn a_crash_between_the_charge_and_its_commit_leaves_nothing_and_is_charged
 }
 
 #[cfg(feature = "failpoints")]
+#[api_test]
 async fn a_crash_after_the_commit_is_answered_by_a_replay() {
     let (_, retry) = crash_at("after-commit").await;
     assert!(
@@ -94,6 +70,7 @@ async fn a_crash_after_the_commit_is_answered_by_a_replay() {
     );
 }
 
+#[api_test]
 async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     let app = TestApp::spawn().await;
     let mut doomed = Instance::start(
@@ -103,17 +80,10 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     )
     .await;
     let key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let request = reqwest::Client::new()
-        .post(format!("{}/v1/payments", doomed.address))
-        .bearer_auth(&app.api_key)
-        .header("idempotency-key", &key)
-        .json(&slow)
-        .send();
+    let slow = slow_payment(100);
+    let request = doomed.payment_request(&app.api_key, &key, &slow).send();
     let in_flight = tokio::spawn(request);
-    while app.key_count().await == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    app.wait_for_keys(1).await;
 
     doomed.child.kill().await.expect("SIGKILL");
     assert!(
@@ -144,6 +114,7 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     assert_exactly_once(&app.db).await;
 }
 
+#[api_test]
 async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
     const KEYS: usize = 200;
     const COPIES: usize = 5;
@@ -198,6 +169,7 @@ async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
 /// The expiry job runs on every instance. Three of them, their jobs every 50 ms, meet a backlog of
 /// expired keys that appears at once: between them they delete every expired key exactly once (the
 /// deletions their metrics count add up to the backlog), leave every live key, and never deadlock.
+#[api_test]
 async fn three_instances_drain_expired_keys_together_each_row_once_without_deadlocks() {
     const EXPIRED: i64 = 30_000;
     const LIVE: i64 = 1_000;

@@ -9,25 +9,17 @@ use idempay::error::{ApiError, ProblemKind};
 use idempay::idempotency::{
     Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Scope, StoredResponse,
 };
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::helpers::TestApp;
-use crate::trials;
-
-pub fn trials() -> Vec<Trial> {
-    trials![mechanism;
-        a_panicking_unit_of_work_releases_the_key_for_a_retry,
-        a_failing_unit_of_work_stores_nothing_and_passes_its_error_on,
-        the_same_key_on_another_route_is_a_separate_key,
-    ]
-}
+use crate::support::helpers::TestApp;
 
 const POLICY: Policy = Policy {
     key_ttl: Duration::from_secs(60),
     lease: Duration::from_secs(30),
 };
 
+#[api_test]
 async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
     let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
     let request = keyed(&account, "/v1/things");
@@ -49,6 +41,7 @@ async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
     assert_eq!(app.key_count().await, 1);
 }
 
+#[api_test]
 async fn a_failing_unit_of_work_stores_nothing_and_passes_its_error_on() {
     let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
     let request = keyed(&account, "/v1/things");
@@ -65,6 +58,7 @@ async fn a_failing_unit_of_work_stores_nothing_and_passes_its_error_on() {
     assert_eq!(app.key_count().await, 0);
 }
 
+#[api_test]
 async fn the_same_key_on_another_route_is_a_separate_key() {
     let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
 

@@ -3,20 +3,13 @@
 
 use std::time::Duration;
 
-use libtest_mimic::Trial;
-use serde_json::{Value, json};
+use idempay_test_macros::api_test;
+use serde_json::Value;
 
-use crate::helpers::{TestApp, new_key, payment, send};
-use crate::instance::{Instance, Metrics};
-use crate::trials;
+use crate::support::helpers::{TestApp, new_key, payment, send, slow_payment};
+use crate::support::instance::{Instance, Metrics};
 
-pub fn trials() -> Vec<Trial> {
-    trials![observability;
-        metrics_count_requests_by_route_and_every_idempotency_outcome,
-        every_request_is_logged_with_its_id_account_scope_and_outcome_but_never_the_api_key,
-    ]
-}
-
+#[api_test]
 async fn metrics_count_requests_by_route_and_every_idempotency_outcome() {
     let app = TestApp::spawn().await;
     let instance = Instance::start(
@@ -45,28 +38,13 @@ async fn metrics_count_requests_by_route_and_every_idempotency_outcome() {
     other_body.assert_problem(422, "idempotency-key-mismatch");
 
     let slow_key = new_key();
-    let slow = json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" });
-    let in_flight = {
-        let (address, api_key, slow_key, slow) = (
-            instance.address.clone(),
-            app.api_key.clone(),
-            slow_key.clone(),
-            slow.clone(),
-        );
-        tokio::spawn(async move {
-            send(
-                reqwest::Client::new()
-                    .post(format!("{address}/v1/payments"))
-                    .bearer_auth(api_key)
-                    .header("idempotency-key", slow_key)
-                    .json(&slow),
-            )
-            .await
-        })
-    };
-    while app.key_count().await < 2 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let slow = slow_payment(100);
+    let in_flight = tokio::spawn(send(instance.payment_request(
+        &app.api_key,
+        &slow_key,
+        &slow,
+    )));
+    app.wait_for_keys(2).await;
     instance
         .post_payment(&app.api_key, &slow_key, &slow)
         .await
@@ -132,6 +110,7 @@ async fn metrics_count_requests_by_route_and_every_idempotency_outcome() {
     assert!(!text.contains(&app.api_key));
 }
 
+#[api_test]
 async fn every_request_is_logged_with_its_id_account_scope_and_outcome_but_never_the_api_key() {
     let app = TestApp::spawn().await;
     let log_path = std::env::temp_dir().join(format!("idempay-{}.log", new_key()));

@@ -2,40 +2,36 @@
 //! resolve to pages.
 
 use idempay::error::ProblemKind;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::Value;
 
-use crate::helpers::TestApp;
-use crate::trials;
+use crate::support::helpers::TestApp;
 
-pub fn trials() -> Vec<Trial> {
-    trials![docs;
-        the_committed_description_is_what_the_code_generates,
-        the_description_is_served_at_openapi_json,
-        swagger_ui_is_served_from_the_binary,
-        every_problem_type_resolves_to_a_page,
-    ]
-}
-
+#[api_test]
 async fn the_committed_description_is_what_the_code_generates() {
-    let committed = include_str!("../../openapi/openapi.json");
+    let committed = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"));
     assert!(
         idempay::openapi::spec_json() == committed,
         "openapi/openapi.json is stale: run `make openapi` and commit it"
     );
 }
 
+#[api_test]
 async fn the_description_is_served_at_openapi_json() {
     let app = TestApp::spawn().await;
     let response = app.send(app.client().get(app.url("/openapi.json"))).await;
 
     assert_eq!(response.status, 200);
     let served: Value = response.json();
-    let committed: Value =
-        serde_json::from_str(include_str!("../../openapi/openapi.json")).unwrap();
+    let committed: Value = serde_json::from_str(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/openapi/openapi.json"
+    )))
+    .unwrap();
     assert_eq!(served, committed);
 }
 
+#[api_test]
 async fn swagger_ui_is_served_from_the_binary() {
     let app = TestApp::spawn().await;
     let page = app.send(app.client().get(app.url("/docs/"))).await;
@@ -62,6 +58,7 @@ async fn swagger_ui_is_served_from_the_binary() {
     }
 }
 
+#[api_test]
 async fn every_problem_type_resolves_to_a_page() {
     let app = TestApp::spawn().await;
     for kind in ProblemKind::ALL {

@@ -1,27 +1,12 @@
 //! Refunds: exactly once per key, never more than was paid, replayed refusals.
 
 use futures::future::join_all;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key};
-use crate::trials;
+use crate::support::helpers::{TestApp, new_key};
 
-pub fn trials() -> Vec<Trial> {
-    trials![refunds;
-        a_partial_refund_leaves_the_payment_succeeded,
-        a_refund_without_amount_refunds_what_remains_and_marks_the_payment_refunded,
-        a_refund_is_replayed_byte_for_byte_and_made_once,
-        twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five,
-        a_refund_beyond_what_remains_is_refused_and_the_refusal_is_replayed,
-        a_declined_payment_cannot_be_refunded,
-        another_accounts_payment_cannot_be_refunded,
-        invalid_refund_bodies_are_refused_before_the_key_is_reserved,
-        the_same_key_on_another_payment_is_a_mismatch,
-        refunds_are_listed_newest_first_and_readable_at_their_location,
-    ]
-}
-
+#[api_test]
 async fn a_partial_refund_leaves_the_payment_succeeded() {
     let app = TestApp::spawn().await;
     let paid = app.paid(5000).await;
@@ -47,6 +32,7 @@ async fn a_partial_refund_leaves_the_payment_succeeded() {
     assert_eq!(payment["status"], "succeeded");
 }
 
+#[api_test]
 async fn a_refund_without_amount_refunds_what_remains_and_marks_the_payment_refunded() {
     let app = TestApp::spawn().await;
     let paid = app.paid(5000).await;
@@ -69,6 +55,7 @@ async fn a_refund_without_amount_refunds_what_remains_and_marks_the_payment_refu
     again.assert_problem(400, "payment-not-refundable");
 }
 
+#[api_test]
 async fn a_refund_is_replayed_byte_for_byte_and_made_once() {
     let app = TestApp::spawn().await;
     let paid = app.paid(5000).await;
@@ -89,6 +76,7 @@ async fn a_refund_is_replayed_byte_for_byte_and_made_once() {
     assert_eq!(refund_count(&app).await, 1);
 }
 
+#[api_test]
 async fn twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five() {
     let app = TestApp::spawn().await;
     let paid = app.paid(50).await;
@@ -115,6 +103,7 @@ async fn twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five(
     assert_eq!(payment["status"], "refunded");
 }
 
+#[api_test]
 async fn a_refund_beyond_what_remains_is_refused_and_the_refusal_is_replayed() {
     let app = TestApp::spawn().await;
     let paid = app.paid(1000).await;
@@ -137,6 +126,7 @@ async fn a_refund_beyond_what_remains_is_refused_and_the_refusal_is_replayed() {
     assert_eq!(refund_count(&app).await, 0);
 }
 
+#[api_test]
 async fn a_declined_payment_cannot_be_refunded() {
     let app = TestApp::spawn().await;
     let declined = app
@@ -154,6 +144,7 @@ async fn a_declined_payment_cannot_be_refunded() {
     assert_eq!(refund_count(&app).await, 0);
 }
 
+#[api_test]
 async fn another_accounts_payment_cannot_be_refunded() {
     let app = TestApp::spawn().await;
     let paid = app.paid(1000).await;
@@ -179,6 +170,7 @@ async fn another_accounts_payment_cannot_be_refunded() {
     malformed.assert_problem(404, "not-found");
 }
 
+#[api_test]
 async fn invalid_refund_bodies_are_refused_before_the_key_is_reserved() {
     let app = TestApp::spawn().await;
     let paid = app.paid(1000).await;
@@ -215,6 +207,7 @@ async fn invalid_refund_bodies_are_refused_before_the_key_is_reserved() {
     assert_eq!(valid.status, 201);
 }
 
+#[api_test]
 async fn the_same_key_on_another_payment_is_a_mismatch() {
     let app = TestApp::spawn().await;
     let (first, second) = (app.paid(1000).await, app.paid(1000).await);
@@ -232,6 +225,7 @@ async fn the_same_key_on_another_payment_is_a_mismatch() {
     assert_eq!(app.get_payment(&second).await.json()["amount_refunded"], 0);
 }
 
+#[api_test]
 async fn refunds_are_listed_newest_first_and_readable_at_their_location() {
     let app = TestApp::spawn().await;
     let paid = app.paid(1000).await;

@@ -7,23 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight};
-use crate::instance::Instance;
-use crate::invariants::assert_exactly_once;
-use crate::trials;
-
-pub fn trials() -> Vec<Trial> {
-    trials![outage;
-        a_stopped_database_is_answered_with_503_and_every_key_is_retried_to_one_payment,
-        a_paused_database_is_answered_with_503_and_every_key_is_retried_to_one_payment,
-        an_exhausted_pool_answers_503_at_once_and_recovers,
-    ]
-}
+use crate::support::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight};
+use crate::support::instance::{Instance, free_port};
+use crate::support::invariants::assert_exactly_once;
 
 /// The request timeout of the instances under test: a paused database holds its connections open
 /// without a word, and only this bounds how long a client waits.
@@ -77,10 +68,12 @@ impl Outage {
     }
 }
 
+#[api_test]
 async fn a_stopped_database_is_answered_with_503_and_every_key_is_retried_to_one_payment() {
     survive(Outage::Stop).await;
 }
 
+#[api_test]
 async fn a_paused_database_is_answered_with_503_and_every_key_is_retried_to_one_payment() {
     survive(Outage::Pause).await;
 }
@@ -231,6 +224,7 @@ async fn stream_payments(
 /// Another session holds the key table locked, as a stuck transaction would: the requests that
 /// got the pool's only connections wait on the lock, every other one waits for a connection.
 /// All are answered 503 within the request timeout, and each key is then retried to one payment.
+#[api_test]
 async fn an_exhausted_pool_answers_503_at_once_and_recovers() {
     let app = TestApp::spawn().await;
     let instance = Instance::start(
@@ -288,10 +282,7 @@ impl OwnPostgres {
         let image = idempay::postgres::ensure_image()
             .await
             .expect("a PostgreSQL image");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let id = docker(&[
             "run",
             "--detach",

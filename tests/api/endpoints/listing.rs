@@ -3,21 +3,12 @@
 use std::collections::HashSet;
 
 use futures::future::join_all;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::Value;
 
-use crate::helpers::{TestApp, new_key, payment};
-use crate::trials;
+use crate::support::helpers::{TestApp, new_key, payment};
 
-pub fn trials() -> Vec<Trial> {
-    trials![listing;
-        payments_are_listed_newest_first_a_page_at_a_time,
-        only_the_callers_payments_are_listed,
-        bad_list_parameters_are_refused,
-        pages_neither_skip_nor_repeat_while_payments_are_created,
-    ]
-}
-
+#[api_test]
 async fn payments_are_listed_newest_first_a_page_at_a_time() {
     let app = TestApp::spawn().await;
     let mut created = Vec::new();
@@ -74,6 +65,7 @@ async fn payments_are_listed_newest_first_a_page_at_a_time() {
     );
 }
 
+#[api_test]
 async fn only_the_callers_payments_are_listed() {
     let app = TestApp::spawn().await;
     let mine = app.paid(100).await;
@@ -93,6 +85,7 @@ async fn only_the_callers_payments_are_listed() {
     foreign_cursor.assert_problem(404, "not-found");
 }
 
+#[api_test]
 async fn bad_list_parameters_are_refused() {
     let app = TestApp::spawn().await;
     for query in [
@@ -116,6 +109,7 @@ async fn bad_list_parameters_are_refused() {
     assert_eq!(app.get("/v1/payments?limit=100").await.status, 200);
 }
 
+#[api_test]
 async fn pages_neither_skip_nor_repeat_while_payments_are_created() {
     let app = TestApp::spawn().await;
     let mut before = HashSet::new();

@@ -3,20 +3,11 @@
 
 use idempay::client::{Client, ClientError, NewPayment, NewRefund};
 use idempay::demo::{self, Faults, Options};
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 
-use crate::helpers::TestApp;
-use crate::trials;
+use crate::support::helpers::TestApp;
 
-pub fn trials() -> Vec<Trial> {
-    trials![demo;
-        two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hundred_payments,
-        a_new_key_per_attempt_charges_twice,
-        the_client_reads_refunds_lists_and_types_refusals,
-        the_client_waits_out_a_409_and_receives_the_first_requests_result,
-    ]
-}
-
+#[api_test]
 async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hundred_payments() {
     let app = TestApp::spawn().await;
     let options = Options {
@@ -43,7 +34,7 @@ async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hu
     assert_eq!(tally.duplicates, 0);
     assert_eq!(app.payment_count().await, 200);
     assert!(tally.replays > 0, "lost answers were recovered by replays");
-    crate::invariants::assert_exactly_once(&app.db).await;
+    crate::support::invariants::assert_exactly_once(&app.db).await;
     for outcome in &tally.outcomes {
         let key = outcome
             .idempotency_key
@@ -71,6 +62,7 @@ async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hu
     }
 }
 
+#[api_test]
 async fn a_new_key_per_attempt_charges_twice() {
     let app = TestApp::spawn().await;
     let options = Options {
@@ -93,6 +85,7 @@ async fn a_new_key_per_attempt_charges_twice() {
     assert_eq!(app.payment_count().await as usize, tally.payments_in_ledger);
 }
 
+#[api_test]
 async fn the_client_reads_refunds_lists_and_types_refusals() {
     let app = TestApp::spawn().await;
     let client = Client::new(&app.address, &app.api_key);
@@ -148,8 +141,9 @@ async fn the_client_reads_refunds_lists_and_types_refusals() {
     assert_eq!(app.payment_count().await, 2);
 }
 
+#[api_test]
 async fn the_client_waits_out_a_409_and_receives_the_first_requests_result() {
-    let app = TestApp::spawn_with(crate::helpers::with_slow_charge(
+    let app = TestApp::spawn_with(crate::support::helpers::with_slow_charge(
         std::time::Duration::from_millis(800),
     ))
     .await;

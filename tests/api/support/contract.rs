@@ -9,7 +9,7 @@ use std::sync::{LazyLock, Mutex};
 use reqwest::Method;
 use serde_json::Value;
 
-use crate::helpers::TestResponse;
+use crate::support::helpers::TestResponse;
 
 static SPEC: LazyLock<Value> = LazyLock::new(|| {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");

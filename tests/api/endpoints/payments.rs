@@ -1,24 +1,11 @@
 //! The payment resource: creating, reading, and what each test card does.
 
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key, payment};
-use crate::trials;
+use crate::support::helpers::{TestApp, new_key, payment};
 
-pub fn trials() -> Vec<Trial> {
-    trials![payments;
-        a_payment_is_created_with_201_and_its_location,
-        a_payment_can_be_read_back_in_the_same_representation,
-        optional_fields_default_sensibly,
-        a_declined_card_records_a_declined_payment_and_answers_402,
-        another_accounts_payment_is_not_found,
-        unknown_and_malformed_payment_ids_are_not_found,
-        health_and_readiness_answer_when_the_database_is_up,
-        a_large_body_is_fingerprinted_like_a_small_one,
-    ]
-}
-
+#[api_test]
 async fn a_payment_is_created_with_201_and_its_location() {
     let app = TestApp::spawn().await;
     let response = app.post_payment(&new_key(), &payment(4200)).await;
@@ -43,6 +30,7 @@ async fn a_payment_is_created_with_201_and_its_location() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_payment_can_be_read_back_in_the_same_representation() {
     let app = TestApp::spawn().await;
     let created = app.post_payment(&new_key(), &payment(4200)).await.json();
@@ -53,6 +41,7 @@ async fn a_payment_can_be_read_back_in_the_same_representation() {
     assert_eq!(fetched.json(), created);
 }
 
+#[api_test]
 async fn optional_fields_default_sensibly() {
     let app = TestApp::spawn().await;
     let response = app
@@ -70,6 +59,7 @@ async fn optional_fields_default_sensibly() {
     assert_eq!(body["description"], json!(null));
 }
 
+#[api_test]
 async fn a_declined_card_records_a_declined_payment_and_answers_402() {
     let app = TestApp::spawn().await;
     let body =
@@ -88,6 +78,7 @@ async fn a_declined_card_records_a_declined_payment_and_answers_402() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn another_accounts_payment_is_not_found() {
     let app = TestApp::spawn().await;
     let created = app.post_payment(&new_key(), &payment(4200)).await.json();
@@ -104,6 +95,7 @@ async fn another_accounts_payment_is_not_found() {
     response.assert_problem(404, "not-found");
 }
 
+#[api_test]
 async fn unknown_and_malformed_payment_ids_are_not_found() {
     let app = TestApp::spawn().await;
     for id in [
@@ -116,6 +108,7 @@ async fn unknown_and_malformed_payment_ids_are_not_found() {
     }
 }
 
+#[api_test]
 async fn health_and_readiness_answer_when_the_database_is_up() {
     let app = TestApp::spawn().await;
     for path in ["/healthz", "/readyz"] {
@@ -126,6 +119,7 @@ async fn health_and_readiness_answer_when_the_database_is_up() {
 
 /// A body of tens of kilobytes (hashed off the async runtime) is bound to its key like any other:
 /// the same document laid out differently replays, another document is refused.
+#[api_test]
 async fn a_large_body_is_fingerprinted_like_a_small_one() {
     let app = TestApp::spawn().await;
     let key = new_key();

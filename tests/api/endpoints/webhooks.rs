@@ -5,31 +5,12 @@ use std::time::Duration;
 use futures::future::join_all;
 use idempay::config::Settings;
 use idempay::webhooks::WebhookSecret;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, TestResponse, new_key};
-use crate::trials;
+use crate::support::helpers::{TestApp, TestResponse, new_key};
 
-pub fn trials() -> Vec<Trial> {
-    trials![webhooks;
-        a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate,
-        ten_simultaneous_redeliveries_apply_the_effect_once,
-        a_bad_or_missing_signature_is_refused_with_401,
-        a_timestamp_more_than_five_minutes_away_is_refused_with_400,
-        unknown_types_and_unknown_payments_are_acknowledged_and_recorded,
-        payment_events_sync_the_status,
-        a_failed_refund_makes_its_amount_refundable_again,
-        a_dispute_never_exceeds_the_payment,
-        processed_event_ids_expire_like_keys,
-        without_a_secret_webhooks_are_refused_with_503,
-        the_send_command_delivers_what_the_service_accepts,
-        a_signed_body_that_is_no_envelope_is_refused_with_400,
-        a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored,
-        a_webhook_id_over_255_bytes_is_refused_with_400,
-    ]
-}
-
+#[api_test]
 async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -61,6 +42,7 @@ async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1600);
 }
 
+#[api_test]
 async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -88,6 +70,7 @@ async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 100);
 }
 
+#[api_test]
 async fn a_bad_or_missing_signature_is_refused_with_401() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -117,6 +100,7 @@ async fn a_bad_or_missing_signature_is_refused_with_401() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 0);
 }
 
+#[api_test]
 async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -133,6 +117,7 @@ async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
     assert_eq!(event_count(&app).await, 0);
 }
 
+#[api_test]
 async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
     let (app, secret) = spawn().await;
     let cases = [
@@ -159,6 +144,7 @@ async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
     assert_eq!(again.json()["outcome"], "duplicate");
 }
 
+#[api_test]
 async fn payment_events_sync_the_status() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -186,6 +172,7 @@ async fn payment_events_sync_the_status() {
     assert_eq!(app.get_payment(&paid).await.json()["status"], "succeeded");
 }
 
+#[api_test]
 async fn a_failed_refund_makes_its_amount_refundable_again() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -215,6 +202,7 @@ async fn a_failed_refund_makes_its_amount_refundable_again() {
     assert_eq!(again.status, 201, "the amount is refundable again");
 }
 
+#[api_test]
 async fn a_dispute_never_exceeds_the_payment() {
     let (app, secret) = spawn().await;
     let paid = app.paid(1000).await;
@@ -232,6 +220,7 @@ async fn a_dispute_never_exceeds_the_payment() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 0);
 }
 
+#[api_test]
 async fn processed_event_ids_expire_like_keys() {
     let secret = WebhookSecret::generate();
     let app = TestApp::spawn_with(Settings {
@@ -254,6 +243,7 @@ async fn processed_event_ids_expire_like_keys() {
     panic!("the processed event id never expired");
 }
 
+#[api_test]
 async fn without_a_secret_webhooks_are_refused_with_503() {
     let app = TestApp::spawn().await;
     let secret = WebhookSecret::generate();
@@ -261,6 +251,7 @@ async fn without_a_secret_webhooks_are_refused_with_503() {
     answer.assert_problem(503, "service-unavailable");
 }
 
+#[api_test]
 async fn the_send_command_delivers_what_the_service_accepts() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -280,6 +271,7 @@ async fn the_send_command_delivers_what_the_service_accepts() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 250);
 }
 
+#[api_test]
 async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
     let (app, secret) = spawn().await;
     let body = br#"{"kind": "nothing"}"#.to_vec();
@@ -303,6 +295,7 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
 
 /// Even a dispute so large that adding it to the disputed amount would overflow a bigint is
 /// ignored, not a 500 that the processor would redeliver for ever.
+#[api_test]
 async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
@@ -326,6 +319,7 @@ async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored() {
 
 /// The event id is the primary key of the processed events: bounded, so it always fits the index
 /// (a 20 000-character id would not).
+#[api_test]
 async fn a_webhook_id_over_255_bytes_is_refused_with_400() {
     let (app, secret) = spawn().await;
     let data = json!({});

@@ -1,30 +1,20 @@
 //! Slow, stalled, idle and oversized clients, over raw TCP: each is cut off or refused within its
 //! limit, leaves nothing recorded, and never keeps the service from answering everyone else.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use idempay::config::Settings;
 use idempay::server::MAX_HEADER_BYTES;
 use idempay::webhooks::WebhookSecret;
-use libtest_mimic::Trial;
-use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use idempay_test_macros::api_test;
+use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{TestApp, new_key, payment};
-use crate::trials;
-
-pub fn trials() -> Vec<Trial> {
-    trials![slow_clients;
-        a_client_that_trickles_its_headers_is_cut_off_while_others_are_served,
-        a_client_that_trickles_the_http2_preface_is_cut_off,
-        a_body_that_stalls_halfway_is_answered_408_and_nothing_is_recorded,
-        a_stalled_webhook_body_is_answered_408,
-        headers_over_the_limit_are_refused_with_431_and_the_service_keeps_serving,
-        idle_connections_do_not_keep_a_request_from_being_served_and_are_closed,
-    ]
-}
+use crate::support::helpers::{TestApp, new_key, payment};
+use crate::support::raw_http::{
+    RawResponse, connect, exchange_until_closed, parse_or_panic, read_until_closed, socket_address,
+};
 
 /// The header and body read timeouts of these tests.
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,86 +31,11 @@ fn limits() -> Settings {
     }
 }
 
-fn address(app: &TestApp) -> &str {
-    app.address.trim_start_matches("http://")
-}
-
-/// Everything the server sends until it closes the connection (or resets it).
-async fn read_until_closed(reader: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
-    let read = async {
-        let mut received = Vec::new();
-        let mut chunk = [0; 4096];
-        loop {
-            match reader.read(&mut chunk).await {
-                Ok(0) | Err(_) => return received,
-                Ok(n) => received.extend_from_slice(&chunk[..n]),
-            }
-        }
-    };
-    tokio::time::timeout(GUARD, read)
-        .await
-        .expect("the server closes the connection")
-}
-
-/// An HTTP/1.1 response read whole.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn parse(raw: &[u8]) -> Self {
-        let text = String::from_utf8_lossy(raw);
-        let (head, body) = text
-            .split_once("\r\n\r\n")
-            .unwrap_or_else(|| panic!("no HTTP response: {text:?}"));
-        let mut lines = head.split("\r\n");
-        let status = lines
-            .next()
-            .and_then(|line| line.strip_prefix("HTTP/1.1 "))
-            .and_then(|line| line.get(..3))
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("no status line: {head:?}"));
-        let headers = lines
-            .filter_map(|line| line.split_once(':'))
-            .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
-            .collect();
-        Self {
-            status,
-            headers,
-            body: body.as_bytes().to_vec(),
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(candidate, _)| candidate == name)
-            .map(|(_, value)| value.as_str())
-    }
-
-    fn problem_type(&self) -> String {
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/problem+json"),
-            "{self:?}"
-        );
-        let problem: Value = serde_json::from_slice(&self.body).expect("a JSON problem");
-        assert_eq!(problem["status"], self.status, "{problem}");
-        problem["type"].as_str().unwrap_or_default().to_owned()
-    }
-}
-
 /// Opens a connection and sends `prefix`, then `a` for ever, one byte every `gap`, until the
 /// server closes the connection. Returns how long after the connect it did, and what it answered.
-async fn trickle(address: &str, prefix: &'static [u8], gap: Duration) -> (Duration, Vec<u8>) {
+async fn trickle(address: SocketAddr, prefix: &'static [u8], gap: Duration) -> (Duration, Vec<u8>) {
     let started = Instant::now();
-    let (mut reader, mut writer) = TcpStream::connect(address)
-        .await
-        .expect("connect")
-        .into_split();
+    let (mut reader, mut writer) = connect(address).await.into_split();
     let writing = tokio::spawn(async move {
         for &byte in prefix.iter().chain(std::iter::repeat(&b'a')) {
             if writer.write_all(&[byte]).await.is_err() || started.elapsed() > GUARD {
@@ -129,7 +44,7 @@ async fn trickle(address: &str, prefix: &'static [u8], gap: Duration) -> (Durati
             tokio::time::sleep(gap).await;
         }
     });
-    let received = read_until_closed(&mut reader).await;
+    let received = read_until_closed(&mut reader, GUARD).await;
     let closed_after = started.elapsed();
     writing.abort();
     (closed_after, received)
@@ -151,10 +66,11 @@ fn assert_cut_off_in_time(closed_after: Duration, received: &[u8]) {
     );
 }
 
+#[api_test]
 async fn a_client_that_trickles_its_headers_is_cut_off_while_others_are_served() {
     let app = TestApp::spawn_with(limits()).await;
     let slow = trickle(
-        address(&app),
+        socket_address(&app),
         b"GET /healthz HTTP/1.1\r\nhost: idempay\r\nx-slow: ",
         Duration::from_millis(200),
     );
@@ -175,10 +91,11 @@ async fn a_client_that_trickles_its_headers_is_cut_off_while_others_are_served()
 
 /// Before the protocol is known, the server waits for the bytes that tell HTTP/2's preface from
 /// an HTTP/1.1 request: that wait is bounded too.
+#[api_test]
 async fn a_client_that_trickles_the_http2_preface_is_cut_off() {
     let app = TestApp::spawn_with(limits()).await;
     let (closed_after, received) = trickle(
-        address(&app),
+        socket_address(&app),
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
         Duration::from_millis(200),
     )
@@ -188,8 +105,8 @@ async fn a_client_that_trickles_the_http2_preface_is_cut_off() {
 
 /// Sends the head of a request and half of its body, then nothing; returns the answer and how
 /// long after the stall it came.
-async fn stall_halfway(app: &TestApp, head: &str, body: &[u8]) -> (Answer, Duration) {
-    let mut stream = TcpStream::connect(address(app)).await.expect("connect");
+async fn stall_halfway(app: &TestApp, head: &str, body: &[u8]) -> (RawResponse, Duration) {
+    let mut stream = connect(socket_address(app)).await;
     let request = format!(
         "{head}host: idempay\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
@@ -197,8 +114,8 @@ async fn stall_halfway(app: &TestApp, head: &str, body: &[u8]) -> (Answer, Durat
     stream.write_all(request.as_bytes()).await.unwrap();
     stream.write_all(&body[..body.len() / 2]).await.unwrap();
     let stalled = Instant::now();
-    let received = read_until_closed(&mut stream).await;
-    (Answer::parse(&received), stalled.elapsed())
+    let received = read_until_closed(&mut stream, GUARD).await;
+    (parse_or_panic(&received), stalled.elapsed())
 }
 
 fn assert_answered_in_time(answered_after: Duration) {
@@ -212,6 +129,7 @@ fn assert_answered_in_time(answered_after: Duration) {
     );
 }
 
+#[api_test]
 async fn a_body_that_stalls_halfway_is_answered_408_and_nothing_is_recorded() {
     let app = TestApp::spawn_with(limits()).await;
     let key = new_key();
@@ -234,6 +152,7 @@ async fn a_body_that_stalls_halfway_is_answered_408_and_nothing_is_recorded() {
     assert!(!again.replayed());
 }
 
+#[api_test]
 async fn a_stalled_webhook_body_is_answered_408() {
     let app = TestApp::spawn_with(Settings {
         webhook_secret: Some(WebhookSecret::generate()),
@@ -255,26 +174,19 @@ async fn a_stalled_webhook_body_is_answered_408() {
     assert_eq!(events, 0);
 }
 
-/// Sends a whole request at once and reads the answer until the server closes the connection.
-async fn exchange(app: &TestApp, request: &[u8]) -> Answer {
-    let mut stream = TcpStream::connect(address(app)).await.expect("connect");
-    // The server may refuse and close before it has read everything: its answer is still read.
-    let _ = stream.write_all(request).await;
-    Answer::parse(&read_until_closed(&mut stream).await)
-}
-
+#[api_test]
 async fn headers_over_the_limit_are_refused_with_431_and_the_service_keeps_serving() {
     let app = TestApp::spawn().await;
     let large = format!(
         "GET /healthz HTTP/1.1\r\nhost: idempay\r\nx-large: {}\r\nconnection: close\r\n\r\n",
         "a".repeat(MAX_HEADER_BYTES)
     );
-    let refused = exchange(&app, large.as_bytes()).await;
+    let refused = exchange_until_closed(socket_address(&app), large.as_bytes(), GUARD).await;
     assert_eq!(refused.status, 431, "{refused:?}");
 
     let many: String = (0..150).map(|i| format!("x-header-{i}: {i}\r\n")).collect();
     let many = format!("GET /healthz HTTP/1.1\r\nhost: idempay\r\n{many}connection: close\r\n\r\n");
-    let refused = exchange(&app, many.as_bytes()).await;
+    let refused = exchange_until_closed(socket_address(&app), many.as_bytes(), GUARD).await;
     assert_eq!(refused.status, 431, "more than 100 headers: {refused:?}");
 
     // Half the limit is far above any honest request, and served.
@@ -287,12 +199,13 @@ async fn headers_over_the_limit_are_refused_with_431_and_the_service_keeps_servi
     assert_eq!(payment.status, 201);
 }
 
+#[api_test]
 async fn idle_connections_do_not_keep_a_request_from_being_served_and_are_closed() {
     let app = TestApp::spawn_with(limits()).await;
     let opened = Instant::now();
     let mut idle = Vec::new();
     for _ in 0..200 {
-        idle.push(TcpStream::connect(address(&app)).await.expect("connect"));
+        idle.push(connect(socket_address(&app)).await);
     }
     let asked = Instant::now();
     let answer = app.get("/healthz").await;
@@ -303,7 +216,7 @@ async fn idle_connections_do_not_keep_a_request_from_being_served_and_are_closed
         asked.elapsed()
     );
     let closed = join_all(idle.iter_mut().map(|stream| async move {
-        let received = read_until_closed(stream).await;
+        let received = read_until_closed(stream, GUARD).await;
         (received.is_empty(), opened.elapsed())
     }))
     .await;

@@ -5,21 +5,13 @@ use std::collections::HashSet;
 
 use futures::future::join_all;
 use idempay::config::Settings;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 
-use crate::helpers::{TestApp, TestResponse, new_key, payment};
-use crate::trials;
+use crate::support::helpers::{TestApp, TestResponse, new_key, payment};
 
 const STORM: usize = 50;
 
-pub fn trials() -> Vec<Trial> {
-    trials![concurrency;
-        fifty_simultaneous_identical_requests_make_exactly_one_payment,
-        fifty_simultaneous_identical_requests_across_two_instances_make_exactly_one_payment,
-        simultaneous_requests_with_different_keys_each_make_their_own_payment,
-    ]
-}
-
+#[api_test]
 async fn fifty_simultaneous_identical_requests_make_exactly_one_payment() {
     let app = TestApp::spawn().await;
     let (key, body) = (new_key(), payment(4200));
@@ -29,6 +21,7 @@ async fn fifty_simultaneous_identical_requests_make_exactly_one_payment() {
     assert_one_payment_and_consistent_answers(&app, &responses).await;
 }
 
+#[api_test]
 async fn fifty_simultaneous_identical_requests_across_two_instances_make_exactly_one_payment() {
     let first = TestApp::spawn().await;
     let second = first.another_instance(Settings::default()).await;
@@ -43,6 +36,7 @@ async fn fifty_simultaneous_identical_requests_across_two_instances_make_exactly
     assert_one_payment_and_consistent_answers(&first, &responses).await;
 }
 
+#[api_test]
 async fn simultaneous_requests_with_different_keys_each_make_their_own_payment() {
     let app = TestApp::spawn().await;
     let keys: Vec<String> = (0..STORM).map(|_| new_key()).collect();
@@ -59,7 +53,7 @@ async fn simultaneous_requests_with_different_keys_each_make_their_own_payment()
 /// Exactly one payment row; every 201 carries the same bytes; the others are 409; no 5xx.
 async fn assert_one_payment_and_consistent_answers(app: &TestApp, responses: &[TestResponse]) {
     assert_eq!(app.payment_count().await, 1);
-    crate::invariants::assert_exactly_once(&app.db).await;
+    crate::support::invariants::assert_exactly_once(&app.db).await;
     let created: Vec<_> = responses.iter().filter(|r| r.status == 201).collect();
     assert!(!created.is_empty());
     assert!(

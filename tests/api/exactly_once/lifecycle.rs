@@ -3,32 +3,14 @@
 use std::time::Duration;
 
 use idempay::config::Settings;
-use libtest_mimic::Trial;
+use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key, payment, retry_while_in_flight, with_slow_charge};
-use crate::trials;
+use crate::support::helpers::{
+    TestApp, new_key, payment, retry_while_in_flight, slow_payment, with_slow_charge,
+};
 
-pub fn trials() -> Vec<Trial> {
-    trials![lifecycle;
-        replay_returns_the_original_status_and_body_byte_for_byte,
-        a_retry_that_serialises_the_same_body_differently_is_a_replay,
-        a_declined_charge_is_replayed_byte_for_byte,
-        the_same_key_with_another_payload_is_refused_and_nothing_executes,
-        a_mismatch_is_refused_even_while_the_first_request_runs,
-        bare_and_quoted_keys_are_the_same_key,
-        a_retry_while_the_first_request_runs_gets_409_with_retry_after,
-        a_slow_request_renews_its_lease_and_is_never_taken_over,
-        a_key_whose_process_died_is_taken_over_after_its_lease,
-        a_key_with_a_live_lease_is_not_taken_over,
-        a_request_that_lost_its_lease_rolls_back_its_charge,
-        the_same_key_from_another_account_is_a_separate_key,
-        a_failing_charge_releases_the_key_and_a_retry_succeeds,
-        a_request_whose_client_hangs_up_still_completes,
-        a_server_that_shuts_down_finishes_its_in_flight_requests,
-    ]
-}
-
+#[api_test]
 async fn replay_returns_the_original_status_and_body_byte_for_byte() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -46,6 +28,7 @@ async fn replay_returns_the_original_status_and_body_byte_for_byte() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_retry_that_serialises_the_same_body_differently_is_a_replay() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -69,6 +52,7 @@ async fn a_retry_that_serialises_the_same_body_differently_is_a_replay() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_declined_charge_is_replayed_byte_for_byte() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -89,6 +73,7 @@ async fn a_declined_charge_is_replayed_byte_for_byte() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn the_same_key_with_another_payload_is_refused_and_nothing_executes() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -104,19 +89,21 @@ async fn the_same_key_with_another_payload_is_refused_and_nothing_executes() {
     assert!(app.post_payment(&key, &payment(4200)).await.replayed());
 }
 
+#[api_test]
 async fn a_mismatch_is_refused_even_while_the_first_request_runs() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let key = new_key();
-    let slow = slow_payment();
-    let first = start_in_background(&app, &key, &slow).await;
+    let slow = slow_payment(100);
+    let first = app.start_payment(&key, &slow).await;
 
     let other = app.post_payment(&key, &payment(100)).await;
 
     other.assert_problem(422, "idempotency-key-mismatch");
-    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(first.await.unwrap().status, 201);
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn bare_and_quoted_keys_are_the_same_key() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -132,17 +119,18 @@ async fn bare_and_quoted_keys_are_the_same_key() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let key = new_key();
-    let slow = slow_payment();
-    let first = start_in_background(&app, &key, &slow).await;
+    let slow = slow_payment(100);
+    let first = app.start_payment(&key, &slow).await;
 
     let retry = app.post_payment(&key, &slow).await;
 
     retry.assert_problem(409, "idempotency-key-in-use");
     assert_eq!(retry.header("retry-after"), Some("1"));
-    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(first.await.unwrap().status, 201);
     // Once the first request is done, the retry gets its result.
     let later = app.post_payment(&key, &slow).await;
     assert_eq!(later.status, 201);
@@ -150,6 +138,7 @@ async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
     // The charge outlasts the lease twice over; only the heartbeat keeps the key held.
     let settings = Settings {
@@ -159,9 +148,9 @@ async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
     };
     let app = TestApp::spawn_with(settings).await;
     let key = new_key();
-    let slow = slow_payment();
+    let slow = slow_payment(100);
     let started = tokio::time::Instant::now();
-    let first = start_in_background(&app, &key, &slow).await;
+    let first = app.start_payment(&key, &slow).await;
 
     // Retries after the lease's first length: each is refused while the charge runs (or, on a
     // slow machine, replays its result once done), and none executes.
@@ -175,10 +164,15 @@ async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
         }
     }
 
-    assert_eq!(first.await.unwrap(), 201, "the slow request kept its lease");
+    assert_eq!(
+        first.await.unwrap().status,
+        201,
+        "the slow request kept its lease"
+    );
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_key_whose_process_died_is_taken_over_after_its_lease() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -201,6 +195,7 @@ async fn a_key_whose_process_died_is_taken_over_after_its_lease() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_key_with_a_live_lease_is_not_taken_over() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -217,12 +212,13 @@ async fn a_key_with_a_live_lease_is_not_taken_over() {
     assert_eq!(app.payment_count().await, 0);
 }
 
+#[api_test]
 async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
     // Long enough for the takeover below to land while the charge runs, even on a loaded machine.
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_secs(3))).await;
     let key = new_key();
-    let slow = slow_payment();
-    let first = start_in_background(&app, &key, &slow).await;
+    let slow = slow_payment(100);
+    let first = app.start_payment(&key, &slow).await;
     // Another request takes the key over while the first is charging: a new token is installed.
     let taken = sqlx::query(
         "UPDATE idempotency_keys SET lock_token = gen_random_uuid(), \
@@ -233,7 +229,7 @@ async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
     .unwrap();
     assert_eq!(taken.rows_affected(), 1, "taken over while in progress");
 
-    let status = first.await.unwrap();
+    let status = first.await.unwrap().status;
 
     assert_eq!(
         status, 409,
@@ -254,6 +250,7 @@ async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
     );
 }
 
+#[api_test]
 async fn the_same_key_from_another_account_is_a_separate_key() {
     let app = TestApp::spawn().await;
     let (_, other_api_key) = app.create_account("another merchant").await;
@@ -279,6 +276,7 @@ async fn the_same_key_from_another_account_is_a_separate_key() {
     assert_eq!(other_payload.status, 201);
 }
 
+#[api_test]
 async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
     let app = TestApp::spawn().await;
     sqlx::raw_sql(
@@ -316,11 +314,12 @@ async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_request_whose_client_hangs_up_still_completes() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
     let key = new_key();
-    let slow = slow_payment();
-    let first = start_in_background(&app, &key, &slow).await;
+    let slow = slow_payment(100);
+    let first = app.start_payment(&key, &slow).await;
     // Dropping the request closes its connection while the charge is running.
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
@@ -332,54 +331,22 @@ async fn a_request_whose_client_hangs_up_still_completes() {
     assert_eq!(app.payment_count().await, 1);
 }
 
+#[api_test]
 async fn a_server_that_shuts_down_finishes_its_in_flight_requests() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
     let key = new_key();
-    let slow = slow_payment();
-    let first = start_in_background(&app, &key, &slow).await;
+    let slow = slow_payment(100);
+    let first = app.start_payment(&key, &slow).await;
 
     app.stop();
 
-    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(first.await.unwrap().status, 201);
     assert_eq!(app.payment_count().await, 1);
     let status: String = sqlx::query_scalar("SELECT status FROM idempotency_keys")
         .fetch_one(&app.db)
         .await
         .unwrap();
     assert_eq!(status, "completed");
-}
-
-/// A payment with the test method that takes `IDEMPAY_SLOW_CHARGE` to charge.
-fn slow_payment() -> serde_json::Value {
-    json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_slow" })
-}
-
-/// Posts a payment from a task of its own, and returns once its key is reserved; the task gives
-/// the status of the response.
-async fn start_in_background(
-    app: &TestApp,
-    key: &str,
-    body: &serde_json::Value,
-) -> tokio::task::JoinHandle<u16> {
-    let request = reqwest::Client::new()
-        .post(app.url("/v1/payments"))
-        .bearer_auth(&app.api_key)
-        .header("idempotency-key", key)
-        .json(body);
-    let first = tokio::spawn(async move { crate::helpers::send(request).await.status });
-    wait_for_key(app).await;
-    first
-}
-
-/// Waits until a request has reserved its key.
-async fn wait_for_key(app: &TestApp) {
-    for _ in 0..200 {
-        if app.key_count().await > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the first request never reserved its key");
 }
 
 /// Inserts the reservation a crashed instance would leave, with the fingerprint the service

@@ -1,0 +1,9 @@
+//! What each route answers a client: the payment and refund resources, their lists, webhook
+//! intake, the refusals of bad input, and the API's description of itself.
+
+mod docs;
+mod errors;
+mod listing;
+mod payments;
+mod refunds;
+mod webhooks;

@@ -1,0 +1,8 @@
+//! Exactly once when things go wrong: processes crash or are killed, the database stops or
+//! stalls, clients are slow or send hostile bytes, and another account tries what it may not.
+
+mod faults;
+mod hostile;
+mod outage;
+mod security;
+mod slow_clients;

@@ -1,0 +1,6 @@
+//! What ships around the API: the `idempay` command line, the retrying client and its demo, and
+//! what an operator sees in the metrics and the logs.
+
+mod cli;
+mod demo;
+mod observability;
