@@ -26,12 +26,12 @@ openapi:
 
 ## Format the code.
 fmt:
-	$(CARGO) fmt
+	$(CARGO) fmt --all
 
 ## Formatting and clippy, as CI checks them.
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets --all-features -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 ## Everything CI runs.
 check: lint test contract

@@ -1,7 +1,7 @@
 //! The API's own description: committed, current, served, browsable, and its problem types
 //! resolve to pages.
 
-use idempay::error::ProblemKind;
+use idempay::http::error::ProblemKind;
 use idempay_test_macros::api_test;
 use serde_json::Value;
 
@@ -11,7 +11,7 @@ use crate::support::helpers::TestApp;
 async fn the_committed_description_is_what_the_code_generates() {
     let committed = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"));
     assert!(
-        idempay::openapi::spec_json() == committed,
+        idempay::http::openapi::spec_json() == committed,
         "openapi/openapi.json is stale: run `make openapi` and commit it"
     );
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use idempay::accounts::Account;
-use idempay::error::{ApiError, ProblemKind};
+use idempay::http::error::{ApiError, ProblemKind};
 use idempay::idempotency::{
     Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Scope, StoredResponse,
 };

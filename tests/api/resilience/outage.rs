@@ -279,7 +279,7 @@ struct OwnPostgres {
 
 impl OwnPostgres {
     async fn start() -> Self {
-        let image = idempay::postgres::ensure_image()
+        let image = idempay::dev::postgres::ensure_image()
             .await
             .expect("a PostgreSQL image");
         let port = free_port();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use idempay::config::Settings;
-use idempay::server::MAX_HEADER_BYTES;
+use idempay::http::server::MAX_HEADER_BYTES;
 use idempay::webhooks::WebhookSecret;
 use idempay_test_macros::api_test;
 use tokio::io::AsyncWriteExt;

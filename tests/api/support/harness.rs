@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use idempay::postgres::Postgres;
+use idempay::dev::postgres::Postgres;
 use libtest_mimic::{Arguments, Trial};
 use linkme::distributed_slice;
 use sqlx::{Connection, PgConnection};

@@ -2,7 +2,7 @@
 //! intent's final answer is the response the server stored for its key.
 
 use idempay::client::{Client, ClientError, NewPayment, NewRefund};
-use idempay::demo::{self, Faults, Options};
+use idempay::dev::demo::{self, Faults, Options};
 use idempay_test_macros::api_test;
 
 use crate::support::helpers::TestApp;
