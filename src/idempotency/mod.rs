@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, SubsecRound, Utc};
 use futures_util::FutureExt;
 use quick_cache::sync::Cache;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -196,8 +197,8 @@ impl Idempotency {
             )
             .await?;
             let existing = match reservation {
-                Reservation::Reserved { key_id } => {
-                    let lease = self.lease(KeyOutcome::Executed, key_id, token, request);
+                Reservation::Reserved { key_id, now } => {
+                    let lease = self.lease(KeyOutcome::Executed, key_id, token, now, request);
                     return Ok(Decision::Execute(lease));
                 }
                 Reservation::Existing(existing) => existing,
@@ -322,9 +323,9 @@ impl Idempotency {
             self.policy.lease,
         )
         .await?;
-        if !taken {
+        let Some(now) = taken else {
             return Ok(None);
-        }
+        };
         tracing::warn!(
             key_id,
             "took over an idempotency key whose lease had expired"
@@ -333,6 +334,7 @@ impl Idempotency {
             KeyOutcome::TakenOver,
             key_id,
             token,
+            now,
             request,
         )))
     }
@@ -353,7 +355,7 @@ impl Idempotency {
             self.policy.key_ttl,
         )
         .await?;
-        Ok(recycled.then(|| self.lease(KeyOutcome::Executed, key_id, token, request)))
+        Ok(recycled.map(|now| self.lease(KeyOutcome::Executed, key_id, token, now, request)))
     }
 
     fn lease(
@@ -361,12 +363,14 @@ impl Idempotency {
         outcome: KeyOutcome,
         key_id: i64,
         token: Uuid,
+        now: DateTime<Utc>,
         request: &KeyedRequest,
     ) -> Lease {
         Lease {
             pool: self.pool.clone(),
             outcome,
             granted: Instant::now(),
+            granted_at: now,
             key_id,
             token,
             key: request.key.clone(),
@@ -387,8 +391,9 @@ pub struct Lease {
     pool: PgPool,
     /// How this request came to hold the key: a fresh or recycled one, or a takeover.
     outcome: KeyOutcome,
-    /// When this instance was granted the lease.
+    /// When this instance was granted the lease, on its monotonic clock and on the database's.
     granted: Instant,
+    granted_at: DateTime<Utc>,
     key_id: i64,
     token: Uuid,
     key: IdempotencyKey,
@@ -500,41 +505,104 @@ enum Completed {
     LeaseLost,
 }
 
-impl Lease {
-    /// Opens the transaction in which the work writes its effect. Slow work (calling a processor)
-    /// belongs before this call: it must not hold a pool connection or a transaction open.
-    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        self.pool.begin().await
-    }
+/// What the completion needs to know, bound as the parameters of `idempotency_complete($1, $2, $3,
+/// $4, $5, $6)`, in this order: the key, the lease's token, the response (status, headers, body)
+/// and how long the key lives from now.
+#[derive(Debug)]
+pub struct Fence {
+    pub key_id: i64,
+    pub token: Uuid,
+    pub response_code: i16,
+    pub response_headers: serde_json::Value,
+    pub response_body: bytes::Bytes,
+    pub ttl_ms: i64,
+}
 
+impl Lease {
     /// The key this lease is for, for records that keep it.
     pub fn key(&self) -> &IdempotencyKey {
         &self.key
     }
 
+    /// The database's time now, as the lease's grant read it and this instance's monotonic clock
+    /// carried it forward (to the microsecond, as PostgreSQL keeps it): a timestamp for the
+    /// effect's records that no instance's wall clock can skew, known before the effect is written.
+    pub fn now(&self) -> DateTime<Utc> {
+        let elapsed = chrono::Duration::from_std(self.granted.elapsed()).unwrap_or_default();
+        (self.granted_at + elapsed).trunc_subsecs(6)
+    }
+
+    fn fence(&self, response: &StoredResponse) -> Fence {
+        Fence {
+            key_id: self.key_id,
+            token: self.token,
+            response_code: i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
+            response_headers: response.headers_json(),
+            response_body: response.body_bytes(),
+            ttl_ms: store::millis(self.key_ttl),
+        }
+    }
+
+    /// Writes the effect and completes the key in one statement: one round trip, atomic as every
+    /// statement is. `effect` runs that statement on the pool; it must call
+    /// `idempotency_complete(…)` with the [`Fence`]'s values, for example
+    /// `WITH payment AS (INSERT … RETURNING id) SELECT idempotency_complete($9, …) FROM payment`.
+    ///
+    /// If another request took the key over, the call fails, the statement rolls back (the effect
+    /// with it) and the completion says so.
+    pub async fn complete_with<E, F>(
+        self,
+        response: StoredResponse,
+        effect: E,
+    ) -> Result<Completion, sqlx::Error>
+    where
+        E: FnOnce(PgPool, Fence) -> F,
+        F: Future<Output = Result<(), sqlx::Error>>,
+    {
+        let fence = self.fence(&response);
+        // The statement is the commit: before it, nothing of this request is in the database.
+        failpoint::hit("before-commit");
+        match effect(self.pool.clone(), fence).await {
+            Ok(()) => {}
+            Err(error) if store::is_lease_lost(&error) => return Ok(self.lost()),
+            Err(error) => return Err(error),
+        }
+        failpoint::hit("after-commit");
+        Ok(Completion(Completed::Stored(response)))
+    }
+
+    /// Opens a transaction for an effect of several statements (checks, locks, writes), to be
+    /// handed to [`Lease::complete`]. Slow work (calling a processor) belongs before this call: it
+    /// must not hold a pool connection or a transaction open.
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        self.pool.begin().await
+    }
+
     /// Stores the response with the key and commits the transaction, effect included.
     ///
-    /// The update is fenced by this lease's token: if another request took the key over, it
-    /// matches no row, the transaction rolls back (the effect with it) and the completion says so.
+    /// The completion is fenced by this lease's token: if another request took the key over, it
+    /// fails, the transaction rolls back (the effect with it) and the completion says so.
     pub async fn complete(
         self,
         mut tx: Transaction<'static, Postgres>,
         response: StoredResponse,
     ) -> Result<Completion, sqlx::Error> {
-        let completed =
-            store::complete(&mut tx, self.key_id, self.token, &response, self.key_ttl).await?;
-        if !completed {
+        if !store::complete(&mut tx, &self.fence(&response)).await? {
             tx.rollback().await?;
-            tracing::warn!(
-                key_id = self.key_id,
-                "lease lost before completion; the effect was rolled back"
-            );
-            return Ok(Completion(Completed::LeaseLost));
+            return Ok(self.lost());
         }
         failpoint::hit("before-commit");
         tx.commit().await?;
         failpoint::hit("after-commit");
         Ok(Completion(Completed::Stored(response)))
+    }
+
+    fn lost(&self) -> Completion {
+        tracing::warn!(
+            key_id = self.key_id,
+            "lease lost before completion; the effect was rolled back"
+        );
+        Completion(Completed::LeaseLost)
     }
 }
 

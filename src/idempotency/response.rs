@@ -64,6 +64,10 @@ impl StoredResponse {
         &self.body
     }
 
+    pub(super) fn body_bytes(&self) -> Bytes {
+        self.body.clone()
+    }
+
     pub(super) fn headers_json(&self) -> serde_json::Value {
         serde_json::to_value(&self.headers).expect("a string map always serializes")
     }

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{ExistingKey, Fingerprint, KeyState, KeyedRequest, StoredResponse};
+use super::{ExistingKey, Fence, Fingerprint, KeyState, KeyedRequest, StoredResponse};
 use crate::http::error::ApiError;
 
 /// A key's `status` column: a request is working on it, or its response is stored.
@@ -20,8 +21,8 @@ pub(super) enum KeyStatus {
 
 /// What the reservation found.
 pub(super) enum Reservation {
-    /// The insert won: this request holds the key under the token it brought.
-    Reserved { key_id: i64 },
+    /// The insert won: this request holds the key under the token it brought, since `now`.
+    Reserved { key_id: i64, now: DateTime<Utc> },
     /// The key exists; its row as the same statement read it.
     Existing(ExistingKey),
     /// Neither: the insert met a row this statement's snapshot cannot see (committed after the
@@ -56,13 +57,15 @@ pub(super) async fn reserve(
                NULL::bytea AS request_hash, NULL::text AS "status: KeyStatus",
                NULL::smallint AS response_code, NULL::jsonb AS response_headers,
                NULL::bytea AS response_body, FALSE AS "expired!",
-               NULL::bigint AS lease_left_ms, NULL::bigint AS expires_in_ms
+               NULL::bigint AS lease_left_ms, NULL::bigint AS expires_in_ms,
+               now() AS "now!"
         FROM reserved
         UNION ALL
         SELECT id, FALSE, request_hash, status, response_code, response_headers,
                response_body, expires_at <= now(),
                (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
-               (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint
+               (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint,
+               now()
         FROM idempotency_keys
         WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM reserved)
         "#,
@@ -79,7 +82,10 @@ pub(super) async fn reserve(
         return Ok(Reservation::Unsettled);
     };
     if row.reserved {
-        return Ok(Reservation::Reserved { key_id: row.id });
+        return Ok(Reservation::Reserved {
+            key_id: row.id,
+            now: row.now,
+        });
     }
     let state = match row.status {
         Some(KeyStatus::Completed) => KeyState::Completed(StoredResponse::from_row(
@@ -107,21 +113,22 @@ pub(super) async fn reserve(
 // Take over and recycle: one conditional update each; of several contenders, at most one wins.
 // -------------------------------------------------------------------------------------------
 
-/// Installs `token` on a key whose lease ran out, if it is still in progress with this payload.
+/// Installs `token` on a key whose lease ran out, if it is still in progress with this payload;
+/// the database's time when it did.
 pub(super) async fn take_over(
     pool: &PgPool,
     key_id: i64,
     fingerprint: &Fingerprint,
     token: Uuid,
     lease: Duration,
-) -> Result<bool, sqlx::Error> {
-    let taken = sqlx::query_scalar!(
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!(
         r#"
         UPDATE idempotency_keys
         SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond'
         WHERE id = $1 AND status = 'in_progress' AND locked_until <= now()
           AND request_hash = $4
-        RETURNING id
+        RETURNING now() AS "now!"
         "#,
         key_id,
         token,
@@ -129,11 +136,11 @@ pub(super) async fn take_over(
         fingerprint.as_bytes().as_slice(),
     )
     .fetch_optional(pool)
-    .await?;
-    Ok(taken.is_some())
+    .await
 }
 
-/// Reserves an expired key anew for another payload, unless its row changed meanwhile.
+/// Reserves an expired key anew for another payload, unless its row changed meanwhile; the
+/// database's time when it did.
 pub(super) async fn recycle(
     pool: &PgPool,
     key_id: i64,
@@ -141,8 +148,8 @@ pub(super) async fn recycle(
     token: Uuid,
     lease: Duration,
     key_ttl: Duration,
-) -> Result<bool, sqlx::Error> {
-    let recycled = sqlx::query_scalar!(
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!(
         r#"
         UPDATE idempotency_keys
         SET request_hash = $2, status = 'in_progress', lock_token = $3,
@@ -151,7 +158,7 @@ pub(super) async fn recycle(
             created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
         WHERE id = $1 AND expires_at <= now()
           AND (status = 'completed' OR locked_until <= now())
-        RETURNING id
+        RETURNING now() AS "now!"
         "#,
         key_id,
         fingerprint.as_bytes().as_slice(),
@@ -160,8 +167,7 @@ pub(super) async fn recycle(
         millis(key_ttl),
     )
     .fetch_optional(pool)
-    .await?;
-    Ok(recycled.is_some())
+    .await
 }
 
 // -------------------------------------------------------------------------------------------
@@ -224,36 +230,38 @@ pub(super) async fn completed_response(
 }
 
 // -------------------------------------------------------------------------------------------
-// Complete: in the work's own transaction, fenced by the token.
+// Complete: `idempotency_complete(…)`, a function of the database (see its migration), fenced by
+// the token. The work calls it in the statement that writes its effect, or the mechanism calls it
+// in the work's transaction.
 // -------------------------------------------------------------------------------------------
 
-/// Stores the response and completes the key, if `token` still holds it; `false` when another
-/// request took it over (the caller rolls back).
-pub(super) async fn complete(
-    tx: &mut PgConnection,
-    key_id: i64,
-    token: Uuid,
-    response: &StoredResponse,
-    key_ttl: Duration,
-) -> Result<bool, sqlx::Error> {
-    let completed = sqlx::query!(
-        r#"
-        UPDATE idempotency_keys
-        SET status = 'completed', lock_token = NULL, locked_until = NULL,
-            response_code = $3, response_headers = $4, response_body = $5,
-            expires_at = now() + $6::bigint * interval '1 millisecond'
-        WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
-        "#,
-        key_id,
-        token,
-        i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
-        response.headers_json(),
-        response.body(),
-        millis(key_ttl),
+/// The SQLSTATE `idempotency_complete` raises when the token no longer holds the key.
+const LEASE_LOST: &str = "IK001";
+
+/// Whether `error` is the completion's refusal: another request took the key over.
+pub(super) fn is_lease_lost(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(error) if error.code().as_deref() == Some(LEASE_LOST))
+}
+
+/// Completes the key in the work's transaction; `false` when another request took it over (the
+/// transaction is then aborted, and the caller rolls it back).
+pub(super) async fn complete(tx: &mut PgConnection, fence: &Fence) -> Result<bool, sqlx::Error> {
+    let completed = sqlx::query_scalar!(
+        r#"SELECT idempotency_complete($1, $2, $3, $4, $5, $6) AS "key_id!""#,
+        fence.key_id,
+        fence.token,
+        fence.response_code,
+        fence.response_headers,
+        &fence.response_body[..],
+        fence.ttl_ms,
     )
-    .execute(tx)
-    .await?;
-    Ok(completed.rows_affected() > 0)
+    .fetch_one(tx)
+    .await;
+    match completed {
+        Ok(_) => Ok(true),
+        Err(error) if is_lease_lost(&error) => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 // -------------------------------------------------------------------------------------------
@@ -306,6 +314,6 @@ fn positive(ms: Option<i64>) -> Option<Duration> {
         .map(|ms| Duration::from_millis(ms.unsigned_abs()))
 }
 
-fn millis(duration: Duration) -> i64 {
+pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -8,7 +8,7 @@ mod processor;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use sqlx::PgConnection;
+use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -19,7 +19,7 @@ use crate::http::error::{
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
+use crate::idempotency::{Fence, IdempotencyKey, Idempotent, StoredResponse};
 
 pub use currency::Currency;
 pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus, reject_nul};
@@ -76,8 +76,7 @@ async fn create_payment(
         .idempotency
         .run(request, move |lease| async move {
             let outcome = processor.charge(body.payment_method).await;
-            let mut tx = lease.begin().await?;
-            let payment = insert(&mut tx, account.id(), &body, outcome, lease.key()).await?;
+            let payment = Payment::new(&body, outcome.status(), lease.now());
             let response = match outcome {
                 ChargeOutcome::Succeeded => StoredResponse::json(StatusCode::CREATED, &payment)
                     .map_err(anyhow::Error::from)?
@@ -86,7 +85,12 @@ async fn create_payment(
                     &Problem::card_declined(payment.id.as_str(), decline_code),
                 ),
             };
-            Ok(lease.complete(tx, response).await?)
+            // The payment row and the key's completion: one statement, one round trip.
+            let key = lease.key().clone();
+            let completion = lease.complete_with(response, |pool, fence| async move {
+                insert_and_complete(&pool, account.id(), &payment, &key, fence).await
+            });
+            Ok(completion.await?)
         })
         .await
 }
@@ -234,35 +238,44 @@ async fn position_of(
     .await
 }
 
-async fn insert(
-    conn: &mut PgConnection,
+/// Records the payment and completes its key with `fence` in one statement: both commit, or,
+/// when another request took the key over, neither.
+async fn insert_and_complete(
+    pool: &PgPool,
     account: &AccountId,
-    new: &NewPayment,
-    outcome: ChargeOutcome,
+    payment: &Payment,
     key: &IdempotencyKey,
-) -> Result<Payment, sqlx::Error> {
-    let id = PaymentId::generate();
-    let row = sqlx::query_as!(
-        PaymentRow,
+    fence: Fence,
+) -> Result<(), sqlx::Error> {
+    sqlx::query_scalar!(
         r#"
-        INSERT INTO payments
-            (id, account_id, amount, currency, status, payment_method, order_ref, description,
-             idempotency_key)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-        RETURNING id, amount, currency, status, payment_method, order_ref, description,
-                  amount_refunded, amount_disputed, created_at
+        WITH payment AS (
+            INSERT INTO payments
+                (id, account_id, amount, currency, status, payment_method, order_ref, description,
+                 idempotency_key, created_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            RETURNING id
+        )
+        SELECT idempotency_complete($11, $12, $13, $14, $15, $16) AS "key_id!" FROM payment
         "#,
-        id.as_str(),
+        payment.id.as_str(),
         account.as_str(),
-        i64::from(new.amount),
-        new.currency.as_str(),
-        outcome.status().as_str(),
-        new.payment_method.as_str(),
-        new.order.clone().map(String::from),
-        new.description.clone().map(String::from),
+        payment.amount,
+        payment.currency,
+        payment.status.as_str(),
+        payment.payment_method.as_str(),
+        payment.order.as_deref(),
+        payment.description.as_deref(),
         key.as_str(),
+        payment.created_at,
+        fence.key_id,
+        fence.token,
+        fence.response_code,
+        fence.response_headers,
+        &fence.response_body[..],
+        fence.ttl_ms,
     )
-    .fetch_one(conn)
+    .fetch_one(pool)
     .await?;
-    Ok(row.into())
+    Ok(())
 }

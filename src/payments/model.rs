@@ -284,6 +284,23 @@ pub struct Payment {
 }
 
 impl Payment {
+    /// A new payment with a fresh id, as it is recorded: nothing refunded or disputed yet.
+    pub fn new(new: &NewPayment, status: PaymentStatus, created_at: DateTime<Utc>) -> Self {
+        Self {
+            id: PaymentId::generate(),
+            object: "payment",
+            amount: i64::from(new.amount),
+            currency: new.currency.as_str().to_owned(),
+            status,
+            payment_method: new.payment_method,
+            order: new.order.clone().map(String::from),
+            description: new.description.clone().map(String::from),
+            amount_refunded: 0,
+            amount_disputed: 0,
+            created_at,
+        }
+    }
+
     /// Where the payment can be fetched.
     pub fn location(&self) -> String {
         format!("/v1/payments/{}", self.id)
