@@ -90,10 +90,14 @@ impl Idempotency {
         W: FnOnce(Lease) -> F + Send + 'static,
         F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
     {
-        let mechanism = self.clone();
-        // The task carries the request's span, so its logs and the key's outcome stay with it.
         let span = tracing::Span::current();
         span.record("scope", request.scope.as_str());
+        // A key this instance saw completed is answered here: no database, no task to strand.
+        if let Some(answer) = self.decide_from_cache(&request) {
+            return answer.into_response();
+        }
+        let mechanism = self.clone();
+        // The task carries the request's span, so its logs and the key's outcome stay with it.
         tokio::spawn(mechanism.decide_and_answer(request, work).instrument(span))
             .await
             .map_err(|error| ApiError::Internal(error.into()))?
@@ -115,18 +119,7 @@ impl Idempotency {
                 let held = HeldLease::from(&lease);
                 self.execute(&request, held, work(lease)).await
             }
-            Decision::Replay(stored) => {
-                KeyOutcome::Replayed.record();
-                Ok(stored.replay())
-            }
-            Decision::InFlight { retry_after } => {
-                KeyOutcome::ConflictInFlight.record();
-                Err(in_flight(retry_after).into())
-            }
-            Decision::Mismatch => {
-                KeyOutcome::Mismatch.record();
-                Err(mismatch().into())
-            }
+            Decision::Answer(answer) => answer.into_response(),
         }
     }
 }
@@ -140,12 +133,39 @@ impl Idempotency {
 enum Decision {
     /// This request holds the key: execute the work.
     Execute(Lease),
+    /// Another request executes or executed it: answer without executing.
+    Answer(Answer),
+}
+
+/// How a request that does not execute is answered.
+#[derive(Debug)]
+enum Answer {
     /// The key completed: answer with the stored response.
     Replay(StoredResponse),
     /// Another request holds a live lease on the key.
     InFlight { retry_after: Duration },
     /// The key was used with a different payload.
     Mismatch,
+}
+
+impl Answer {
+    /// The replay or the refusal, with its outcome counted.
+    fn into_response(self) -> Result<Response, ApiError> {
+        match self {
+            Answer::Replay(stored) => {
+                KeyOutcome::Replayed.record();
+                Ok(stored.replay())
+            }
+            Answer::InFlight { retry_after } => {
+                KeyOutcome::ConflictInFlight.record();
+                Err(in_flight(retry_after).into())
+            }
+            Answer::Mismatch => {
+                KeyOutcome::Mismatch.record();
+                Err(mismatch().into())
+            }
+        }
+    }
 }
 
 /// A key that exists, as the reservation found it.
@@ -180,9 +200,6 @@ impl Idempotency {
     /// Reserves the key with a single `INSERT … ON CONFLICT DO NOTHING`; when the key exists, the
     /// same statement returns its row, and the decision follows from it.
     async fn decide(&self, request: &KeyedRequest) -> Result<Decision, ApiError> {
-        if let Some(decision) = self.decide_from_cache(request) {
-            return Ok(decision);
-        }
         for _ in 0..DECIDE_ATTEMPTS {
             let token = Uuid::new_v4();
             // Before the statement: `now() + expires_in` seen from here is then no later than the
@@ -209,9 +226,9 @@ impl Idempotency {
             }
         }
         // Heavy contention on one key: ask the client to come back rather than spin.
-        Ok(Decision::InFlight {
+        Ok(Decision::Answer(Answer::InFlight {
             retry_after: IN_FLIGHT_RETRY_HINT,
-        })
+        }))
     }
 
     /// Decides for a key that already exists; `None` means it changed meanwhile, look again.
@@ -230,7 +247,7 @@ impl Idempotency {
         }
         // A different payload is refused whatever the key's state, before anything is replayed.
         if existing.fingerprint != Some(request.fingerprint) {
-            return Ok(Some(Decision::Mismatch));
+            return Ok(Some(Decision::Answer(Answer::Mismatch)));
         }
         Ok(match existing.state {
             // Replay: "the original response is returned unchanged, status code included".
@@ -238,14 +255,14 @@ impl Idempotency {
                 if let Some(expires_in) = existing.expires_in {
                     self.remember(request, &stored, asked + expires_in);
                 }
-                Some(Decision::Replay(stored))
+                Some(Decision::Answer(Answer::Replay(stored)))
             }
             // Conflict: "an identical request is already under way".
             KeyState::InProgress {
                 lease_left: Some(left),
-            } => Some(Decision::InFlight {
+            } => Some(Decision::Answer(Answer::InFlight {
                 retry_after: left.min(IN_FLIGHT_RETRY_HINT),
-            }),
+            })),
             KeyState::InProgress { lease_left: None } => self
                 .take_over(existing.key_id, request)
                 .await?
@@ -270,7 +287,7 @@ struct CachedReplay {
 impl Idempotency {
     /// Answers a key this instance saw completed without asking the database: the stored
     /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
-    fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Decision> {
+    fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Answer> {
         let key = cache_key(request);
         let cached = self.replays.get(&key)?;
         if cached.until <= Instant::now() {
@@ -278,9 +295,9 @@ impl Idempotency {
             return None;
         }
         Some(if cached.fingerprint == request.fingerprint {
-            Decision::Replay(cached.response)
+            Answer::Replay(cached.response)
         } else {
-            Decision::Mismatch
+            Answer::Mismatch
         })
     }
 
