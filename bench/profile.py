@@ -73,9 +73,10 @@ def main():
         for stack, count in folded.most_common():
             out.write(f"{stack} {count}\n")
     load = json.load(open(wrk_json))
-    print("# Where a new-key request's CPU goes in idempay\n")
+    what = "new keys" if load.get("mode", "new") == "new" else "replays"
+    print(f"# Where idempay's CPU goes for {what}\n")
     print(
-        f"{total} samples of the server (perf, cpu-clock at 499 Hz) while wrk sent new keys at c=16: "
+        f"{total} samples of the server (perf, cpu-clock at 499 Hz) while wrk sent {what} at c=16: "
         f"{load['rps']:,.0f} req/s, p50 {load['p50_ms']:.2f} ms, p99 {load['p99_ms']:.2f} ms.\n"
     )
     print("| component (self time: each sample charged to its innermost known frame) | share |")

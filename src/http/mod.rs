@@ -17,6 +17,8 @@ pub mod server;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -51,9 +53,14 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// What the handlers share.
+/// What the handlers share. Every extractor of every request clones the state, so it is one
+/// reference-counted pointer: a clone costs an increment, not a copy of each part.
 #[derive(Clone, Debug)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// The parts of [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
     pub pool: PgPool,
     pub accounts: AccountCache,
     pub idempotency: Idempotency,
@@ -82,13 +89,21 @@ impl FromRef<AppState> for PgPool {
     }
 }
 
+impl Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 impl AppState {
     pub fn new(pool: PgPool, settings: &Settings) -> Self {
         let policy = Policy {
             key_ttl: settings.key_ttl,
             lease: settings.lease,
         };
-        Self {
+        Self(Arc::new(Shared {
             accounts: AccountCache::new(pool.clone()),
             idempotency: Idempotency::new(pool.clone(), policy),
             processor: Processor::new(settings.slow_charge),
@@ -98,7 +113,7 @@ impl AppState {
             request_timeout: settings.request_timeout,
             figures: Figures::of(settings),
             pool,
-        }
+        }))
     }
 }
 
