@@ -138,7 +138,7 @@ main() {
 
   local stuck
   stuck=$(sql -c "SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'")
-  [ "$stuck" = 0 ] || log "warning: $stuck keys left in progress"
+  [ "$stuck" = 0 ] || log "error: $stuck keys left in progress (the run fails after the report)"
 
   python3 - "$OUT_DIR/raw/meta.json" <<PY
 import json, os, sys
@@ -172,6 +172,9 @@ PY
   echo
   python3 "$BENCH_DIR/report.py" bench --dir "$OUT_DIR"
   log "written: $OUT_DIR/bench.json, $OUT_DIR/bench.md"
+  # Errors, wrong replays and keys left in progress fail the run, once the report is written.
+  python3 "$BENCH_DIR/report.py" check --dir "$OUT_DIR" ||
+    die "idempay answered with errors (listed above): the run failed"
 }
 
 main "$@"

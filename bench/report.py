@@ -4,6 +4,10 @@
                                  from its per-transaction log
   report.py bench --dir D        target/bench/bench.json and bench.md from the raw runs
   report.py expiry --dir D       target/bench/expiry.json and expiry.md
+  report.py check --dir D        exits 1, saying why, if a run of idempay had errors: answers that
+                                 are not 2xx, socket errors, wrong replays (a replay where a new
+                                 key was sent, or a new payment where a replay was due), or keys
+                                 left in progress
 """
 
 import argparse
@@ -380,6 +384,56 @@ def plans(args):
         json.dump(result, out, indent=1)
 
 
+def run_errors(result):
+    """What went wrong in one wrk run against idempay (its done() JSON): a list of reasons."""
+    errors = []
+    non_2xx = result.get("non_2xx", 0)
+    if non_2xx:
+        errors.append(
+            f"{non_2xx} answers were not 2xx (first: {result.get('first_error', '')[:120]!r})"
+        )
+    sockets = {kind: n for kind, n in result.get("socket_errors", {}).items() if n}
+    if sockets:
+        errors.append(f"socket errors {sockets}")
+    mode = result.get("mode")
+    replayed, answers = result.get("replayed", 0), result.get("answers", 0)
+    sent_replay, conns = result.get("sent_replay", 0), result.get("connections", 0)
+    if mode == "new" and replayed:
+        errors.append(f"{replayed} new keys were answered as replays")
+    if mode == "replay" and replayed != answers:
+        errors.append(f"{answers - replayed} of {answers} replays were not answered as replays")
+    if mode == "mix":
+        # Requests still in flight when wrk stops are sent but never answered: one per connection.
+        if replayed > sent_replay:
+            errors.append(f"{replayed} replays answered for {sent_replay} replays sent")
+        elif sent_replay - replayed > conns:
+            errors.append(f"only {replayed} replays answered for {sent_replay} replays sent")
+    return errors
+
+
+def check(args):
+    """Fails the run if idempay answered a run with errors; the report is written before."""
+    raw = os.path.join(args.dir, "raw")
+    problems = []
+    for path in sorted(glob.glob(os.path.join(raw, "*-idempay.json"))):
+        name = os.path.basename(path)[: -len(".json")]
+        problems += [f"{name}: {error}" for error in run_errors(load(path))]
+    meta_path = os.path.join(raw, "meta.json")
+    if os.path.exists(meta_path):
+        stuck = load(meta_path).get("keys_left_in_progress", 0)
+        if stuck:
+            problems.append(f"{stuck} keys left in progress after the runs")
+    for problem in problems:
+        print(f"bench: error: {problem}", file=sys.stderr)
+    if problems:
+        print(
+            f"bench: FAILED: {len(problems)} errors in the runs above; the numbers do not count",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -396,12 +450,15 @@ def main():
     p = sub.add_parser("expiry")
     p.add_argument("--dir", required=True)
     p.set_defaults(func=expiry)
+    p = sub.add_parser("check")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(func=check)
     p = sub.add_parser("plans")
     p.add_argument("--out", required=True)
     p.add_argument("files", nargs="+")
     p.set_defaults(func=plans)
     args = parser.parse_args()
-    args.func(args)
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -177,12 +177,56 @@ mod properties {
             prop_assert_eq!(bare, quoted);
         }
 
+        /// Every key of the valid alphabet (visible ASCII, 1 to 255 characters) is accepted as
+        /// itself. One that starts with `"` is read as an sf-string, so it is written quoted here.
         #[test]
-        fn a_parsed_key_is_always_one_to_255_visible_characters(raw in "\\PC{0,300}") {
-            if let Ok(key) = IdempotencyKey::parse(raw.as_bytes()) {
+        fn every_key_of_one_to_255_visible_characters_is_accepted_as_itself(
+            key in "[!-~]{1,255}"
+        ) {
+            let sent = if key.starts_with('"') { quoted(&key) } else { key.clone() };
+            let parsed = IdempotencyKey::parse(sent.as_bytes());
+            prop_assert_eq!(parsed.as_ref().map(IdempotencyKey::as_str), Ok(key.as_str()));
+        }
+
+        /// Any bytes at all, mostly invalid but with valid keys and near misses mixed in: a bare
+        /// value is accepted exactly when it is 1 to 255 visible characters, and then as itself;
+        /// whatever is accepted, bare or quoted, is such a key, and reads the same when quoted.
+        #[test]
+        fn any_bytes_are_accepted_or_refused_consistently(raw in any_header_value()) {
+            let parsed = IdempotencyKey::parse(&raw);
+            if raw.first() != Some(&b'"') {
+                let valid = (1..=MAX_KEY_LEN).contains(&raw.len())
+                    && raw.iter().all(u8::is_ascii_graphic);
+                prop_assert_eq!(parsed.is_ok(), valid, "{:?}", parsed);
+            }
+            if let Ok(key) = parsed {
                 prop_assert!((1..=MAX_KEY_LEN).contains(&key.as_str().len()));
                 prop_assert!(key.as_str().bytes().all(|b| b.is_ascii_graphic()));
+                if raw.first() != Some(&b'"') {
+                    prop_assert_eq!(key.as_str().as_bytes(), raw.as_slice());
+                }
+                let again = IdempotencyKey::parse(quoted(key.as_str()).as_bytes());
+                prop_assert_eq!(again, Ok(key));
             }
         }
+    }
+
+    /// Header values of every kind: arbitrary bytes, valid keys bare and quoted, keys one byte too
+    /// long, and valid keys with one byte replaced by an arbitrary one.
+    fn any_header_value() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..300),
+            "[!-~]{1,255}".prop_map(String::into_bytes),
+            "[!-~]{1,255}".prop_map(|key| quoted(&key).into_bytes()),
+            "[!-~]{256}".prop_map(String::into_bytes),
+            ("[!-~]{1,255}", any::<prop::sample::Index>(), any::<u8>()).prop_map(
+                |(key, at, byte)| {
+                    let mut raw = key.into_bytes();
+                    let at = at.index(raw.len());
+                    raw[at] = byte;
+                    raw
+                }
+            ),
+        ]
     }
 }

@@ -133,3 +133,47 @@ fn keys_living_one_second(expiry_interval: Duration) -> Settings {
         ..Settings::default()
     }
 }
+
+/// Each delete of the job takes at most 1,000 rows, so no statement holds many locks for long:
+/// 2,500 expired keys go in three statements. Every delete statement on the table records how many
+/// rows it took, through a statement trigger of the test's own.
+#[api_test]
+async fn the_job_deletes_at_most_1000_keys_per_statement() {
+    let app = TestApp::spawn_with(Settings {
+        expiry_interval: Duration::from_millis(200),
+        ..Settings::default()
+    })
+    .await;
+    sqlx::raw_sql(
+        "CREATE TABLE deletes (id bigserial PRIMARY KEY, rows bigint NOT NULL);
+         CREATE FUNCTION count_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO deletes (rows) SELECT count(*) FROM deleted; RETURN NULL; END $$;
+         CREATE TRIGGER count_deleted AFTER DELETE ON idempotency_keys
+         REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION count_deleted();
+         INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, response_code,
+                                       response_headers, response_body, expires_at)
+         SELECT 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
+                201, '{}', '\\x7b7d', now() - interval '1 minute'
+         FROM generate_series(1, 2500) AS i;",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    wait_until("the job drains every expired key", || async {
+        app.key_count().await == 0
+    })
+    .await;
+
+    let deletes: Vec<i64> =
+        sqlx::query_scalar("SELECT rows FROM deletes WHERE rows > 0 ORDER BY id")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(deletes.iter().sum::<i64>(), 2500, "{deletes:?}");
+    assert!(
+        deletes.iter().all(|&rows| rows <= 1000),
+        "a delete took more than 1,000 rows: {deletes:?}"
+    );
+    assert_eq!(deletes.len(), 3, "full batches: {deletes:?}");
+}

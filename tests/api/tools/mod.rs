@@ -4,3 +4,4 @@
 mod cli;
 mod demo;
 mod observability;
+mod queries;

@@ -159,3 +159,66 @@ async fn every_request_is_logged_with_its_id_account_scope_and_outcome_but_never
         );
     }
 }
+
+/// The two outcomes of a request that executes but does not complete are counted too: `released`
+/// when the work fails (here the database refuses the payment's insert) and the key is given
+/// back, `lease_lost` when another request took the key over while the work ran.
+#[api_test]
+async fn released_and_lease_lost_outcomes_are_counted() {
+    let app = TestApp::spawn().await;
+    // Long enough for the takeover below to land while the charge runs, even on a loaded machine.
+    let instance = Instance::start(&app.database_url(), &[("IDEMPAY_SLOW_CHARGE", "3s")]).await;
+    let outcome = |metrics: &Metrics, outcome: &str| {
+        metrics
+            .value(&format!(
+                r#"idempay_idempotency_outcomes_total{{outcome="{outcome}"}}"#
+            ))
+            .unwrap_or(0.0)
+    };
+    let before = instance.metrics().await;
+    assert_eq!(outcome(&before, "released"), 0.0);
+    assert_eq!(outcome(&before, "lease_lost"), 0.0);
+
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'the ledger is unavailable'; END $$;
+         CREATE TRIGGER refuse_payment BEFORE INSERT ON payments
+         FOR EACH ROW EXECUTE FUNCTION refuse_payment();",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let failed = instance
+        .post_payment(&app.api_key, &new_key(), &payment(4200))
+        .await;
+    assert_eq!(failed.status, 500, "{failed:?}");
+    assert_eq!(app.key_count().await, 0, "the key was released");
+    sqlx::raw_sql("DROP TRIGGER refuse_payment ON payments")
+        .execute(&app.db)
+        .await
+        .unwrap();
+
+    let slow = tokio::spawn(send(instance.payment_request(
+        &app.api_key,
+        &new_key(),
+        &slow_payment(100),
+    )));
+    app.wait_for_keys(1).await;
+    // Another request takes the key over while the first is charging: a new token is installed.
+    let taken = sqlx::query(
+        "UPDATE idempotency_keys SET lock_token = gen_random_uuid(), \
+         locked_until = now() + interval '20 seconds' WHERE status = 'in_progress'",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(taken.rows_affected(), 1, "taken over while in progress");
+    assert_eq!(slow.await.unwrap().status, 409, "the loser's answer");
+    assert_eq!(app.payment_count().await, 0);
+
+    // Each outcome is counted before its request is answered.
+    let metrics = instance.metrics().await;
+    assert_eq!(outcome(&metrics, "released"), 1.0, "{}", metrics.text());
+    assert_eq!(outcome(&metrics, "lease_lost"), 1.0, "{}", metrics.text());
+    assert_eq!(outcome(&metrics, "executed"), 2.0, "{}", metrics.text());
+}
