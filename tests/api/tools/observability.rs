@@ -218,7 +218,12 @@ async fn released_and_lease_lost_outcomes_are_counted() {
 
     // Each outcome is counted before its request is answered.
     let metrics = instance.metrics().await;
-    assert_eq!(outcome(&metrics, "released"), 1.0, "{}", metrics.text());
-    assert_eq!(outcome(&metrics, "lease_lost"), 1.0, "{}", metrics.text());
-    assert_eq!(outcome(&metrics, "executed"), 2.0, "{}", metrics.text());
+    for (name, count) in [("released", 1.0), ("lease_lost", 1.0), ("executed", 2.0)] {
+        assert_eq!(
+            outcome(&metrics, name),
+            count,
+            "{name} in:\n{}",
+            metrics.text()
+        );
+    }
 }
