@@ -1,5 +1,6 @@
-//! Real server processes under faults: one killed with SIGKILL in the middle of a charge, and
-//! three serving a storm of retries on one database. The invariants are checked after each.
+//! Real server processes under faults: one aborted at a crash point or killed with SIGKILL in the
+//! middle of a charge, and three racing on the same keys, or on one backlog of expired keys, in one
+//! database. The invariants are checked after each.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,17 +9,29 @@ use futures::future::join_all;
 use idempay_test_macros::api_test;
 
 use crate::support::helpers::{
-    TestApp, TestResponse, new_key, payment, retry_while_in_flight, slow_payment,
+    TestApp, TestResponse, new_key, payment, retry_while_in_flight, slow_payment, wait_until,
 };
-use crate::support::instance::Instance;
+use crate::support::instance::{ANSWER_WITHIN, Instance};
 use crate::support::invariants::assert_exactly_once;
 
-/// Kills an instance at `failpoint` during a payment, then retries on a healthy one until the key
-/// is free; returns the retry's answer, with the invariants checked.
+/// SIGABRT, the signal `std::process::abort()` raises (6 on every Unix the service runs on).
+#[cfg(feature = "failpoints")]
+const SIGABRT: i32 = 6;
+
+/// Kills an instance at `failpoint` during a payment, and proves it died there: by SIGABRT, its
+/// last words the failpoint's, and the key left as a crash at that point leaves it. Then retries
+/// on a healthy instance until the key is free; returns the retry's answer, with the takeover
+/// counted where the key was left in progress, and the invariants checked.
 #[cfg(feature = "failpoints")]
 async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
+    use std::os::unix::process::ExitStatusExt;
+
+    // Only after the commit are the payment and the completed key in the database.
+    let committed = failpoint == "after-commit";
     let app = TestApp::spawn().await;
-    let mut crashing = Instance::start(
+    let (logs, log_file) = LogFile::create();
+    let mut crashing = Instance::start_logging_to(
+        log_file,
         &app.database_url(),
         &[("IDEMPAY_FAILPOINT", failpoint), ("IDEMPAY_LEASE", "1s")],
     )
@@ -30,12 +43,68 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
         .send()
         .await;
     assert!(request.is_err(), "the process died before it answered");
-    let exit = crashing.child.wait().await.unwrap();
-    assert!(!exit.success(), "{failpoint}: aborted");
+    let exit = tokio::time::timeout(ANSWER_WITHIN, crashing.child.wait())
+        .await
+        .expect("the process exits")
+        .unwrap();
+    let logs = logs.read();
+    assert_eq!(
+        exit.signal(),
+        Some(SIGABRT),
+        "{failpoint}: the process aborted ({exit}); its logs:\n{logs}"
+    );
+    assert_eq!(
+        logs.lines().last(),
+        Some(format!("failpoint {failpoint}: aborting").as_str()),
+        "{failpoint}: the process aborted at its failpoint; its logs:\n{logs}"
+    );
 
-    let retry = retry_while_in_flight(|| app.post_payment(&key, &body)).await;
+    let keys: Vec<String> = sqlx::query_scalar("SELECT status FROM idempotency_keys")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    if committed {
+        assert_eq!(keys, ["completed"], "{failpoint}: the key was completed");
+        assert_eq!(app.payment_count().await, 1, "{failpoint}: and its payment");
+    } else {
+        assert_eq!(
+            keys,
+            ["in_progress"],
+            "{failpoint}: the key is left in progress"
+        );
+        assert_eq!(
+            app.payment_count().await,
+            0,
+            "{failpoint}: and nothing is paid"
+        );
+    }
+
+    let healthy = Instance::start(&app.database_url(), &[]).await;
+    let retry = retry_while_in_flight(|| healthy.post_payment(&app.api_key, &key, &body)).await;
     assert_eq!(retry.status, 201, "{failpoint}");
     assert_eq!(app.payment_count().await, 1, "{failpoint}");
+    let metrics = healthy.metrics().await;
+    let outcome = |outcome: &str| {
+        metrics
+            .value(&format!(
+                r#"idempay_idempotency_outcomes_total{{outcome="{outcome}"}}"#
+            ))
+            .unwrap_or_default()
+    };
+    let (took_over, replayed) = (outcome("takeover"), outcome("replayed"));
+    if committed {
+        assert_eq!(
+            (took_over, replayed),
+            (0.0, 1.0),
+            "{failpoint}: the completed key is replayed, not taken over"
+        );
+    } else {
+        assert_eq!(
+            (took_over, replayed),
+            (1.0, 0.0),
+            "{failpoint}: the key left in progress is taken over once"
+        );
+    }
     assert_exactly_once(&app.db).await;
     (app, retry)
 }
@@ -114,67 +183,135 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     assert_exactly_once(&app.db).await;
 }
 
+/// Every key sent COPIES times at once, the copies spread over three processes: they race on the
+/// key (the slow card keeps it in progress while its copies arrive), and still make one payment.
 #[api_test]
 async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
     const KEYS: usize = 200;
     const COPIES: usize = 5;
+    /// Keys per wave: a wave sends every copy of its keys at once, and ends when all are answered.
+    const KEYS_PER_WAVE: usize = 20;
     let app = TestApp::spawn().await;
-    let instances = three_instances(&app, &[("IDEMPAY_EXPIRY_INTERVAL", "100ms")]).await;
+    let instances = three_instances(
+        &app,
+        &[
+            ("IDEMPAY_EXPIRY_INTERVAL", "100ms"),
+            ("IDEMPAY_SLOW_CHARGE", "500ms"),
+        ],
+    )
+    .await;
     let keys: Vec<String> = (0..KEYS).map(|_| new_key()).collect();
-    let body = payment(4200);
+    let body = slow_payment(4200);
 
-    // Every key sent COPIES times, the copies spread over the three instances, 50 at a time.
-    let sends: Vec<(usize, &String)> = (0..COPIES)
-        .flat_map(|copy| {
-            keys.iter()
-                .enumerate()
-                .map(move |(i, key)| ((i + copy) % 3, key))
-        })
-        .collect();
-    let mut answers: HashMap<&String, Vec<TestResponse>> = HashMap::new();
-    for batch in sends.chunks(50) {
+    // The copies of a key go to instances i, i+1, i+2, i, i+1 (mod 3): each process gets one.
+    let mut answers: HashMap<&String, Vec<(usize, TestResponse)>> = HashMap::new();
+    for wave in keys.chunks(KEYS_PER_WAVE) {
+        let sends: Vec<(usize, &String)> = wave
+            .iter()
+            .enumerate()
+            .flat_map(|(i, key)| (0..COPIES).map(move |copy| ((i + copy) % 3, key)))
+            .collect();
         let responses =
-            join_all(batch.iter().map(|(instance, key)| {
+            join_all(sends.iter().map(|(instance, key)| {
                 instances[*instance].post_payment(&app.api_key, key, &body)
             }))
             .await;
-        for ((_, key), response) in batch.iter().zip(responses) {
-            answers.entry(key).or_default().push(response);
+        for ((instance, key), response) in sends.into_iter().zip(responses) {
+            answers.entry(key).or_default().push((instance, response));
         }
     }
 
     assert_eq!(app.payment_count().await, KEYS as i64);
+    // The keys on which a process answered 409 while another process executed them.
+    let mut raced = 0;
     for (key, responses) in &answers {
         // 503: an instance was too loaded to answer in time and asked for a retry. Never more.
         assert!(
             responses
                 .iter()
-                .all(|r| matches!(r.status, 201 | 409 | 503)),
+                .all(|(_, r)| matches!(r.status, 201 | 409 | 503)),
             "{key}"
         );
-        let created: Vec<_> = responses.iter().filter(|r| r.status == 201).collect();
+        let created: Vec<_> = responses.iter().filter(|(_, r)| r.status == 201).collect();
         assert!(
-            created.iter().all(|r| r.body == created[0].body),
+            created.iter().all(|(_, r)| r.body == created[0].1.body),
             "{key}: one answer"
         );
-        assert_eq!(
-            created.iter().filter(|r| !r.replayed()).count(),
-            1,
-            "{key}: executed once"
+        let executed: Vec<usize> = created
+            .iter()
+            .filter(|(_, r)| !r.replayed())
+            .map(|(instance, _)| *instance)
+            .collect();
+        assert_eq!(executed.len(), 1, "{key}: executed once");
+        if responses
+            .iter()
+            .any(|(instance, r)| r.status == 409 && *instance != executed[0])
+        {
+            raced += 1;
+        }
+    }
+    let conflicts: Vec<usize> = (0..3)
+        .map(|instance| {
+            answers
+                .values()
+                .flatten()
+                .filter(|(i, r)| *i == instance && r.status == 409)
+                .count()
+        })
+        .collect();
+    let mut counted = Vec::new();
+    for instance in &instances {
+        let value = instance
+            .metrics()
+            .await
+            .value(r#"idempay_idempotency_outcomes_total{outcome="conflict_in_flight"}"#)
+            .unwrap_or_default();
+        counted.push(value as usize);
+    }
+    eprintln!(
+        "retry storm: {raced} of {KEYS} keys raced across processes; 409s by instance \
+         {conflicts:?}, counted {counted:?}"
+    );
+    // Copies really were in flight together, on every process, and across processes.
+    for (instance, (&answered, &counted)) in conflicts.iter().zip(&counted).enumerate() {
+        assert!(
+            answered > 0,
+            "instance {instance} turned no copy away with 409"
+        );
+        assert!(
+            counted >= answered,
+            "instance {instance} counts its 409s ({counted} counted, {answered} answered)"
         );
     }
+    assert!(
+        raced >= KEYS / 2,
+        "most keys raced across processes: {raced} of {KEYS}"
+    );
     assert_exactly_once(&app.db).await;
 }
 
 /// The expiry job runs on every instance. Three of them, their jobs every 50 ms, meet a backlog of
 /// expired keys that appears at once: between them they delete every expired key exactly once (the
-/// deletions their metrics count add up to the backlog), leave every live key, and never deadlock.
+/// deletions their metrics count add up to the backlog, and more than one of them deleted some: the
+/// jobs really met on the backlog), leave every live key, and never deadlock (neither PostgreSQL's
+/// count nor any instance's logs show one).
 #[api_test]
 async fn three_instances_drain_expired_keys_together_each_row_once_without_deadlocks() {
     const EXPIRED: i64 = 30_000;
     const LIVE: i64 = 1_000;
     let app = TestApp::spawn().await;
-    let instances = three_instances(&app, &[("IDEMPAY_EXPIRY_INTERVAL", "50ms")]).await;
+    // Each instance logs to a file of its own, with the expiry job's runs (info) and any failure.
+    let env = [
+        ("IDEMPAY_EXPIRY_INTERVAL", "50ms"),
+        ("RUST_LOG", "warn,idempay::expiry=info"),
+    ];
+    let mut instances = Vec::new();
+    let mut logs = Vec::new();
+    for _ in 0..3 {
+        let (log, file) = LogFile::create();
+        instances.push(Instance::start_logging_to(file, &app.database_url(), &env).await);
+        logs.push(log);
+    }
     let deadlocks = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
@@ -225,7 +362,26 @@ async fn three_instances_drain_expired_keys_together_each_row_once_without_deadl
     }
     eprintln!("expiry on three instances: {EXPIRED} expired keys deleted as {shares:?}");
     assert_eq!(shares.iter().sum::<i64>(), EXPIRED, "each row deleted once");
+    assert!(
+        shares.iter().filter(|&&deleted| deleted > 0).count() >= 2,
+        "the jobs drained the backlog together, not one of them alone: {shares:?}"
+    );
     assert_eq!(deadlocks().await, deadlocks_before, "no deadlock");
+    for (instance, (log, deleted)) in logs.iter().zip(&shares).enumerate() {
+        // The logs are read: an instance that deleted rows said so (after counting them).
+        if *deleted > 0 {
+            wait_until(
+                &format!("instance {instance} logs its deletions"),
+                || async { log.read().contains("expired rows deleted") },
+            )
+            .await;
+        }
+        let log = log.read();
+        assert!(
+            !log.contains("40P01") && !log.to_lowercase().contains("deadlock"),
+            "instance {instance} met a deadlock:\n{log}"
+        );
+    }
 }
 
 /// The expired keys each instance's job has deleted, from its metrics.
@@ -249,4 +405,26 @@ async fn three_instances(app: &TestApp, env: &[(&str, &str)]) -> [Instance; 3] {
         Instance::start(&app.database_url(), env).await,
         Instance::start(&app.database_url(), env).await,
     ]
+}
+
+/// A file an instance's logs (stderr) go to; removed when dropped.
+struct LogFile(std::path::PathBuf);
+
+impl LogFile {
+    /// The file, and its handle to give an instance.
+    fn create() -> (Self, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("idempay-{}.log", new_key()));
+        let file = std::fs::File::create(&path).expect("a log file");
+        (Self(path), file)
+    }
+
+    fn read(&self) -> String {
+        std::fs::read_to_string(&self.0).expect("the log file")
+    }
+}
+
+impl Drop for LogFile {
+    fn drop(&mut self) {
+        std::fs::remove_file(&self.0).ok();
+    }
 }
