@@ -1,12 +1,14 @@
 //! Listing payments: newest first, keyset pages in Stripe's shape, only the caller's.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
-use futures::future::join_all;
 use idempay_test_macros::api_test;
 use serde_json::Value;
+use tokio::sync::Notify;
 
-use crate::support::helpers::{TestApp, new_key, payment};
+use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 
 #[api_test]
 async fn payments_are_listed_newest_first_a_page_at_a_time() {
@@ -117,38 +119,71 @@ async fn pages_neither_skip_nor_repeat_while_payments_are_created() {
         before.insert(app.paid(100).await);
     }
 
+    // Each page is read once a few more payments were created after the one before it, so the
+    // inserts land between the pages whatever the machine's speed. Offsets would skip or repeat.
+    let first_page_read = Notify::new();
+    let committed = AtomicUsize::new(0);
     let inserting = async {
-        join_all((0..20).map(|_| async {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            app.paid(200).await
-        }))
-        .await
+        first_page_read.notified().await;
+        let mut inserts = Vec::new();
+        for _ in 0..20 {
+            let sent = Instant::now();
+            app.paid(200).await;
+            inserts.push((sent, Instant::now()));
+            committed.fetch_add(1, Ordering::SeqCst);
+        }
+        inserts
     };
     let paging = async {
         let mut seen = Vec::new();
         let mut cursor: Option<String> = None;
-        loop {
+        let mut page_times = Vec::new();
+        for page_number in 1.. {
             let query = cursor.map_or_else(
                 || "limit=7".to_owned(),
                 |c| format!("limit=7&starting_after={c}"),
             );
+            let sent = Instant::now();
             let page = app.get(&format!("/v1/payments?{query}")).await.json();
+            page_times.push((sent, Instant::now()));
+            if page_number == 1 {
+                first_page_read.notify_one();
+            }
             let page_ids = ids(&page);
             seen.extend(page_ids.iter().cloned());
             if page["has_more"] == false {
-                return seen;
+                break;
             }
             cursor = page_ids.last().cloned();
-            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+            let inserted = (3 * page_number).min(20);
+            wait_until("payments are created between the pages", || async {
+                committed.load(Ordering::SeqCst) >= inserted
+            })
+            .await;
         }
+        (seen, page_times)
     };
-    let (_, seen) = tokio::join!(inserting, paging);
+    let (inserts, (seen, page_times)) = tokio::join!(inserting, paging);
 
     let unique: HashSet<_> = seen.iter().cloned().collect();
     assert_eq!(unique.len(), seen.len(), "no payment appears twice");
     assert!(
         before.is_subset(&unique),
         "every payment that existed before is listed"
+    );
+    // The inserts really interleaved with the paging: some were sent after the first page was
+    // read, and answered (so committed) before the last page was asked for.
+    let first_page_read_at = page_times.first().unwrap().1;
+    let last_page_asked_at = page_times.last().unwrap().0;
+    let between = inserts
+        .iter()
+        .filter(|(sent, answered)| *sent > first_page_read_at && *answered < last_page_asked_at)
+        .count();
+    assert!(
+        between > 0,
+        "no payment was created between the first page and the last ({} pages, {} inserts)",
+        page_times.len(),
+        inserts.len()
     );
 }
 

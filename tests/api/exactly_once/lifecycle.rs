@@ -7,8 +7,10 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use crate::support::helpers::{
-    TestApp, new_key, payment, retry_while_in_flight, slow_payment, with_slow_charge,
+    TestApp, new_key, payment, retry_while_in_flight, slow_payment, wait_until, with_slow_charge,
 };
+use crate::support::invariants::assert_exactly_once;
+use crate::support::raw_http::socket_address;
 
 #[api_test]
 async fn replay_returns_the_original_status_and_body_byte_for_byte() {
@@ -26,6 +28,7 @@ async fn replay_returns_the_original_status_and_body_byte_for_byte() {
     assert!(replay.replayed());
     assert!(!first.replayed());
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -50,6 +53,7 @@ async fn a_retry_that_serialises_the_same_body_differently_is_a_replay() {
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -71,6 +75,7 @@ async fn a_declined_charge_is_replayed_byte_for_byte() {
     );
     assert!(replay.replayed());
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -87,6 +92,7 @@ async fn the_same_key_with_another_payload_is_refused_and_nothing_executes() {
     assert_eq!(app.payment_count().await, 1);
     // The key still answers its own payload.
     assert!(app.post_payment(&key, &payment(4200)).await.replayed());
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -101,6 +107,7 @@ async fn a_mismatch_is_refused_even_while_the_first_request_runs() {
     other.assert_problem(422, "idempotency-key-mismatch");
     assert_eq!(first.await.unwrap().status, 201);
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -117,6 +124,7 @@ async fn bare_and_quoted_keys_are_the_same_key() {
     assert!(quoted.replayed());
     assert_eq!(quoted.body, first.body);
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -136,6 +144,7 @@ async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
     assert_eq!(later.status, 201);
     assert!(later.replayed());
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -170,6 +179,7 @@ async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
         "the slow request kept its lease"
     );
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -193,6 +203,7 @@ async fn a_key_whose_process_died_is_taken_over_after_its_lease() {
     assert!(replay.replayed());
     assert_eq!(replay.body, retry.body);
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -210,6 +221,7 @@ async fn a_key_with_a_live_lease_is_not_taken_over() {
         "a short hint, not the whole lease"
     );
     assert_eq!(app.payment_count().await, 0);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -248,6 +260,7 @@ async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
         status, "in_progress",
         "the winner's reservation is untouched"
     );
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -274,6 +287,7 @@ async fn the_same_key_from_another_account_is_a_separate_key() {
         .post_payment_as(&other_api_key, &new_key(), &payment(1))
         .await;
     assert_eq!(other_payload.status, 201);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -312,6 +326,7 @@ async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
     assert_eq!(retry.status, 201);
     assert!(!retry.replayed());
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -329,24 +344,126 @@ async fn a_request_whose_client_hangs_up_still_completes() {
     assert_eq!(retry.status, 201);
     assert!(retry.replayed());
     assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
 async fn a_server_that_shuts_down_finishes_its_in_flight_requests() {
-    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
+    // The charge lasts long enough for the checks made while it runs, even on a loaded machine.
+    let (app, mut server) = TestApp::spawn_watched(with_slow_charge(Duration::from_secs(3))).await;
     let key = new_key();
     let slow = slow_payment(100);
     let first = app.start_payment(&key, &slow).await;
 
     app.stop();
 
-    assert_eq!(first.await.unwrap().status, 201);
+    // The listener closes at once: new connections are refused while the request runs...
+    let address = socket_address(&app);
+    wait_until("the stopping server refuses new connections", || {
+        refuses_connections(address)
+    })
+    .await;
+    // ...and the server has not ended: it waits for its request in flight.
+    let ended_early = server.is_finished();
+    assert_eq!(
+        key_status(&app).await,
+        "in_progress",
+        "the charge is still running (else the checks came too late to mean anything)"
+    );
+    assert!(
+        !ended_early,
+        "the server ended while its request was in flight"
+    );
+
+    let answer = first.await.unwrap();
+    assert_eq!(answer.status, 201, "the request in flight was finished");
+    let ended = tokio::time::timeout(SERVER_ENDS_WITHIN, &mut server)
+        .await
+        .expect("the server ends once its request in flight is answered");
+    ended
+        .expect("the server's task did not panic")
+        .expect("the server stopped without an error");
+    assert!(
+        refuses_connections(address).await,
+        "a stopped server accepts no connection"
+    );
     assert_eq!(app.payment_count().await, 1);
-    let status: String = sqlx::query_scalar("SELECT status FROM idempotency_keys")
+    assert_eq!(key_status(&app).await, "completed");
+    assert_exactly_once(&app.db).await;
+}
+
+/// How long a server may take to end once its last request is answered: closing its connections
+/// and stopping its expiry job take milliseconds; the rest is for a loaded machine.
+const SERVER_ENDS_WITHIN: Duration = Duration::from_secs(10);
+
+/// Whether a TCP connection to `address` is refused: nothing listens there any more.
+async fn refuses_connections(address: std::net::SocketAddr) -> bool {
+    matches!(
+        tokio::net::TcpStream::connect(address).await,
+        Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// The status of the only key in the app's database.
+async fn key_status(app: &TestApp) -> String {
+    sqlx::query_scalar("SELECT status FROM idempotency_keys")
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+/// The request timeout answers 503 while the charge runs; the charge goes on in a task of its own
+/// and commits, and the client's retry with the same key receives that result as a replay: one
+/// payment, not a second charge.
+#[api_test]
+async fn the_work_of_a_request_answered_503_at_its_timeout_goes_on_and_its_retry_receives_it() {
+    let settings = Settings {
+        // Room for the request to reach its charge (the key reserved) before the timeout, even on
+        // a loaded machine: a request cut off before that started nothing, and proves nothing.
+        request_timeout: Duration::from_secs(2),
+        // Far beyond the request timeout, so that the 503 is read while the charge still runs.
+        slow_charge: Duration::from_secs(5),
+        ..Settings::default()
+    };
+    let app = TestApp::spawn_with(settings).await;
+    let key = new_key();
+    let slow = slow_payment(100);
+    // The account is looked up once and kept: the payment below goes straight to its key.
+    assert_eq!(app.get("/v1/payments").await.status, 200);
+
+    let first = app.post_payment(&key, &slow).await;
+
+    first.assert_problem(503, "service-unavailable");
+    assert!(first.header("retry-after").is_some());
+    let key_reserved: Option<String> = sqlx::query_scalar("SELECT status FROM idempotency_keys")
+        .fetch_optional(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        (key_reserved.as_deref(), app.payment_count().await),
+        (Some("in_progress"), 0),
+        "answered 503 while the charge was running"
+    );
+    // The client retries as told; the work it started goes on meanwhile, and completes.
+    let retry = retry_while_in_flight(|| app.post_payment(&key, &slow)).await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(
+        retry.replayed(),
+        "the retry receives the result of the work that went on, not a second execution"
+    );
+    assert_eq!(app.payment_count().await, 1);
+    let id: String = sqlx::query_scalar("SELECT id FROM payments")
         .fetch_one(&app.db)
         .await
         .unwrap();
-    assert_eq!(status, "completed");
+    assert_eq!(retry.json()["id"], id.as_str());
+    assert_eq!(key_status(&app).await, "completed");
+    assert_exactly_once(&app.db).await;
 }
 
 /// Inserts the reservation a crashed instance would leave, with the fingerprint the service

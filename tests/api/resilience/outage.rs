@@ -22,9 +22,13 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The largest latency bucket of the service's histogram an answer must fall into: the request
 /// timeout, and the moment to write the 503.
 const SERVER_BOUND: &str = "2.5";
-/// What a client may see beyond the request timeout when the test process shares two cores with
-/// the whole suite. The service's own histogram holds it to the timeout.
-const SLACK: Duration = Duration::from_secs(6);
+/// What a client may see beyond the request timeout, the README's promise. The service writes its
+/// 503 at the timeout; past it, the client waits only for that small answer to be written and read
+/// across loopback, and for two processes to be scheduled on two cores the whole suite shares:
+/// milliseconds, and under load a few hundred. One second covers that with room, and is half the
+/// request timeout: an answer that waited for anything else (a statement, a lock, a second
+/// timeout) is caught.
+const SLACK: Duration = Duration::from_secs(1);
 /// Clients sending new payments side by side, each at most one request per `PACE`.
 const CLIENTS: usize = 4;
 const PACE: Duration = Duration::from_millis(40);
@@ -142,6 +146,11 @@ async fn survive(outage: Outage) {
     );
     let (within, all) = answered_within(&instance, SERVER_BOUND).await;
     assert_eq!(
+        all,
+        sent.len() as f64,
+        "{outage:?}: the service's histogram counts every payment sent"
+    );
+    assert_eq!(
         within, all,
         "{outage:?}: the service answered every payment within {SERVER_BOUND} s"
     );
@@ -176,12 +185,17 @@ async fn survive(outage: Outage) {
 }
 
 /// How many payments the service answered within `bound` seconds, and how many it answered, from
-/// its own latency histogram at `/metrics`.
+/// its own latency histogram at `/metrics`. Both series must be there: a series missing is a
+/// failure, not a zero.
 async fn answered_within(instance: &Instance, bound: &str) -> (f64, f64) {
     let metrics = instance.metrics().await;
     let series = r#"idempay_http_request_duration_seconds"#;
     let labels = r#"method="POST",route="/v1/payments""#;
-    let value = |name: String| metrics.value(&name).unwrap_or_default();
+    let value = |name: String| {
+        metrics
+            .value(&name)
+            .unwrap_or_else(|| panic!("no series {name} at /metrics:\n{}", metrics.text()))
+    };
     (
         value(format!(r#"{series}_bucket{{{labels},le="{bound}"}}"#)),
         value(format!("{series}_count{{{labels}}}")),

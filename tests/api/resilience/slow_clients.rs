@@ -12,6 +12,7 @@ use idempay_test_macros::api_test;
 use tokio::io::AsyncWriteExt;
 
 use crate::support::helpers::{TestApp, new_key, payment};
+use crate::support::invariants::assert_exactly_once;
 use crate::support::raw_http::{
     RawResponse, connect, exchange_until_closed, parse_or_panic, read_until_closed, socket_address,
 };
@@ -87,6 +88,7 @@ async fn a_client_that_trickles_its_headers_is_cut_off_while_others_are_served()
         answered_in < TIMEOUT / 2,
         "another client waited {answered_in:?}"
     );
+    assert_exactly_once(&app.db).await;
 }
 
 /// Before the protocol is known, the server waits for the bytes that tell HTTP/2's preface from
@@ -101,6 +103,7 @@ async fn a_client_that_trickles_the_http2_preface_is_cut_off() {
     )
     .await;
     assert_cut_off_in_time(closed_after, &received);
+    assert_exactly_once(&app.db).await;
 }
 
 /// Sends the head of a request and half of its body, then nothing; returns the answer and how
@@ -150,6 +153,7 @@ async fn a_body_that_stalls_halfway_is_answered_408_and_nothing_is_recorded() {
     let again = app.post_payment(&key, &payment(4200)).await;
     assert_eq!(again.status, 201);
     assert!(!again.replayed());
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -172,6 +176,7 @@ async fn a_stalled_webhook_body_is_answered_408() {
         .await
         .unwrap();
     assert_eq!(events, 0);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -197,6 +202,7 @@ async fn headers_over_the_limit_are_refused_with_431_and_the_service_keeps_servi
     assert_eq!(app.send(half).await.status, 200);
     let payment = app.post_payment(&new_key(), &payment(4200)).await;
     assert_eq!(payment.status, 201);
+    assert_exactly_once(&app.db).await;
 }
 
 #[api_test]
@@ -227,4 +233,5 @@ async fn idle_connections_do_not_keep_a_request_from_being_served_and_are_closed
             "an idle connection was closed after {closed_after:?}"
         );
     }
+    assert_exactly_once(&app.db).await;
 }

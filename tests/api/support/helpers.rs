@@ -348,3 +348,30 @@ pub fn with_slow_charge(slow_charge: Duration) -> Settings {
         ..Settings::default()
     }
 }
+
+impl TestApp {
+    /// A server like [`TestApp::spawn_with`]'s, and the task that serves it: it ends once the
+    /// server stopped accepting and finished its requests in flight.
+    pub async fn spawn_watched(
+        settings: Settings,
+    ) -> (Self, tokio::task::JoinHandle<std::io::Result<()>>) {
+        // A fresh database with its account; its server is replaced by the watched one.
+        let unwatched = Self::spawn().await;
+        let url = unwatched.database_url();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let app = Application::build(settings, idempay::db::pool(&url).expect("pool"), listener);
+        let address = format!("http://{}", app.local_addr().expect("address"));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(app.run_until_stopped(stop.clone().cancelled_owned()));
+        let watched = Self {
+            address,
+            db: unwatched.db.clone(),
+            database: unwatched.database.clone(),
+            api_key: unwatched.api_key.clone(),
+            account_id: unwatched.account_id.clone(),
+            client: unwatched.client.clone(),
+            stop,
+        };
+        (watched, task)
+    }
+}

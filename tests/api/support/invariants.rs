@@ -5,7 +5,8 @@ use sqlx::PgPool;
 /// Panics with the offending rows if any invariant does not hold:
 /// - every completed payment key that answered with a payment (201, 402) has exactly one payment,
 ///   with the id its stored response names;
-/// - every payment belongs to a key that is completed, or still in flight;
+/// - every payment belongs to a key that is completed: the payment and the key's completion
+///   commit together, so a payment never exists beside a key still in progress;
 /// - no two payments share an account and a key.
 pub async fn assert_exactly_once(db: &PgPool) {
     let without_one_payment: Vec<(String, i64)> = sqlx::query_as(
@@ -44,19 +45,23 @@ pub async fn assert_exactly_once(db: &PgPool) {
         "stored responses naming another payment: {replay_names_another_payment:?}"
     );
 
-    let orphans: Vec<String> = sqlx::query_scalar(
-        "SELECT p.id
+    // The payment and its key's completion are written by one statement: a payment whose key is
+    // missing, or still in progress, was committed without its completion.
+    let without_a_completed_key: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT p.id, k.status::text
          FROM payments p
          LEFT JOIN idempotency_keys k
            ON k.scope = p.account_id || ':POST /v1/payments' AND k.idem_key = p.idempotency_key
-         WHERE k.id IS NULL",
+         WHERE k.status IS DISTINCT FROM 'completed'
+         ORDER BY p.id",
     )
     .fetch_all(db)
     .await
     .unwrap();
     assert!(
-        orphans.is_empty(),
-        "payments without their key: {orphans:?}"
+        without_a_completed_key.is_empty(),
+        "payments without their completed key (payment, the key's status if any): \
+         {without_a_completed_key:?}"
     );
 
     let shared: Vec<(String, String, i64)> = sqlx::query_as(
