@@ -9,7 +9,7 @@
 #   BENCH_SIZE_SECONDS=5    seconds per measurement of the table-size sweep
 #   BENCH_MAX_ROWS=5000000  largest key table of the sweep (sizes: 10k, 100k, 1M, 5M)
 #   BENCH_QUICK=1           2 s per measurement, at most 100k rows: to try it out
-#   BENCH_POOL=16           idempay's pool size, when the build has IDEMPAY_DATABASE_MAX_CONNECTIONS
+#   BENCH_POOL=N            idempay's pool size (default: the service's own default)
 #   BENCH_CONCURRENCY, BENCH_WORKLOADS, BENCH_PG_OPTS  narrow the matrix, change the server
 #   BENCH_IDEMPAY_BIN, BENCH_LABEL  run a binary built elsewhere (another revision), named so
 #

@@ -162,13 +162,18 @@ prepare_database() {
   SCOPE="$ACCOUNT_ID:POST /v1/payments"
 }
 
-# The pool size the server runs with: the option when this build has it, else the built-in 16.
+# The pool size the server runs with: BENCH_POOL when set, else the build's own default (as its
+# --help states it; 16 for builds older than the option).
 POOL_SIZE=16
 POOL_CONFIGURABLE=false
 detect_pool_option() {
-  if "$IDEMPAY" serve --help 2>/dev/null | grep -q IDEMPAY_DATABASE_MAX_CONNECTIONS; then
+  local help
+  help=$("$IDEMPAY" serve --help 2>/dev/null)
+  if grep -q IDEMPAY_DATABASE_MAX_CONNECTIONS <<<"$help"; then
     POOL_CONFIGURABLE=true
-    POOL_SIZE=${BENCH_POOL:-16}
+    POOL_SIZE=${BENCH_POOL:-$(grep -A1 -e '--database-max-connections' <<<"$help" |
+      sed -n 's/.*\[default: \([0-9]*\)\].*/\1/p' | head -n 1)}
+    [ -n "$POOL_SIZE" ] || die "cannot read the default pool size from idempay serve --help"
   else
     POOL_CONFIGURABLE=false
     POOL_SIZE=16

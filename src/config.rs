@@ -85,11 +85,12 @@ pub struct DatabaseArgs {
 /// The connection pool's bounds: a request never waits long for a connection.
 #[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolLimits {
-    /// Connections per instance. Slow work holds none, so a few serve many requests.
+    /// Connections per instance. Slow work holds none, so a few serve many requests; more
+    /// connections than the database has cores to run them only queue inside PostgreSQL.
     #[arg(
         long = "database-max-connections",
         env = "IDEMPAY_DATABASE_MAX_CONNECTIONS",
-        default_value_t = 16
+        default_value_t = 8
     )]
     pub max_connections: u32,
 
@@ -101,7 +102,7 @@ pub struct PoolLimits {
 impl Default for PoolLimits {
     fn default() -> Self {
         Self {
-            max_connections: 16,
+            max_connections: 8,
             acquire_timeout: Duration::from_secs(5),
         }
     }
