@@ -231,15 +231,8 @@ async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
     let key = new_key();
     let slow = slow_payment(100);
     let first = app.start_payment(&key, &slow).await;
-    // Another request takes the key over while the first is charging: a new token is installed.
-    let taken = sqlx::query(
-        "UPDATE idempotency_keys SET lock_token = gen_random_uuid(), \
-         locked_until = now() + interval '20 seconds' WHERE status = 'in_progress'",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
-    assert_eq!(taken.rows_affected(), 1, "taken over while in progress");
+    // Another request takes the key over while the first is charging.
+    app.take_over_the_key_in_progress().await;
 
     let status = first.await.unwrap().status;
 
@@ -293,15 +286,7 @@ async fn the_same_key_from_another_account_is_a_separate_key() {
 #[api_test]
 async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
     let app = TestApp::spawn().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN RAISE EXCEPTION 'the ledger is unavailable'; END $$;
-         CREATE TRIGGER refuse_payment BEFORE INSERT ON payments
-         FOR EACH ROW EXECUTE FUNCTION refuse_payment();",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
+    app.refuse_payments().await;
     let key = new_key();
 
     let failed = app.post_payment(&key, &payment(4200)).await;

@@ -246,6 +246,33 @@ impl TestApp {
             .expect("count keys")
     }
 
+    /// From now on the database refuses every payment insert (a trigger raises): the unit of work
+    /// fails after its key was reserved.
+    pub async fn refuse_payments(&self) {
+        sqlx::raw_sql(
+            "CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'the ledger is unavailable'; END $$;
+             CREATE TRIGGER refuse_payment BEFORE INSERT ON payments
+             FOR EACH ROW EXECUTE FUNCTION refuse_payment();",
+        )
+        .execute(&self.db)
+        .await
+        .expect("install the refusing trigger");
+    }
+
+    /// Another request takes the key in progress over, as a retry would once its lease ran out:
+    /// a new token is installed, so the request holding the old one loses its lease.
+    pub async fn take_over_the_key_in_progress(&self) {
+        let taken = sqlx::query(
+            "UPDATE idempotency_keys SET lock_token = gen_random_uuid(), \
+             locked_until = now() + interval '20 seconds' WHERE status = 'in_progress'",
+        )
+        .execute(&self.db)
+        .await
+        .expect("take the key over");
+        assert_eq!(taken.rows_affected(), 1, "taken over while in progress");
+    }
+
     /// Sends a payment from a task of its own and returns once its key is reserved; the task gives
     /// the response.
     pub async fn start_payment(

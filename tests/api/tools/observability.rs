@@ -179,15 +179,7 @@ async fn released_and_lease_lost_outcomes_are_counted() {
     assert_eq!(outcome(&before, "released"), 0.0);
     assert_eq!(outcome(&before, "lease_lost"), 0.0);
 
-    sqlx::raw_sql(
-        "CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN RAISE EXCEPTION 'the ledger is unavailable'; END $$;
-         CREATE TRIGGER refuse_payment BEFORE INSERT ON payments
-         FOR EACH ROW EXECUTE FUNCTION refuse_payment();",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
+    app.refuse_payments().await;
     let failed = instance
         .post_payment(&app.api_key, &new_key(), &payment(4200))
         .await;
@@ -204,15 +196,8 @@ async fn released_and_lease_lost_outcomes_are_counted() {
         &slow_payment(100),
     )));
     app.wait_for_keys(1).await;
-    // Another request takes the key over while the first is charging: a new token is installed.
-    let taken = sqlx::query(
-        "UPDATE idempotency_keys SET lock_token = gen_random_uuid(), \
-         locked_until = now() + interval '20 seconds' WHERE status = 'in_progress'",
-    )
-    .execute(&app.db)
-    .await
-    .unwrap();
-    assert_eq!(taken.rows_affected(), 1, "taken over while in progress");
+    // Another request takes the key over while the first is charging.
+    app.take_over_the_key_in_progress().await;
     assert_eq!(slow.await.unwrap().status, 409, "the loser's answer");
     assert_eq!(app.payment_count().await, 0);
 
