@@ -94,7 +94,7 @@ impl Idempotency {
         span.record("scope", request.scope.as_str());
         // A key this instance saw completed is answered here: no database, no task to strand.
         if let Some(answer) = self.decide_from_cache(&request) {
-            return answer.into_response();
+            return answer.respond();
         }
         let mechanism = self.clone();
         // The task carries the request's span, so its logs and the key's outcome stay with it.
@@ -119,7 +119,7 @@ impl Idempotency {
                 let held = HeldLease::from(&lease);
                 self.execute(&request, held, work(lease)).await
             }
-            Decision::Answer(answer) => answer.into_response(),
+            Decision::Answer(answer) => answer.respond(),
         }
     }
 }
@@ -150,7 +150,7 @@ enum Answer {
 
 impl Answer {
     /// The replay or the refusal, with its outcome counted.
-    fn into_response(self) -> Result<Response, ApiError> {
+    fn respond(self) -> Result<Response, ApiError> {
         match self {
             Answer::Replay(stored) => {
                 KeyOutcome::Replayed.record();

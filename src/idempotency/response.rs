@@ -60,10 +60,6 @@ impl StoredResponse {
         self.status
     }
 
-    pub fn body(&self) -> &[u8] {
-        &self.body
-    }
-
     pub(super) fn body_bytes(&self) -> Bytes {
         self.body.clone()
     }
@@ -131,7 +127,7 @@ mod tests {
         let rebuilt = StoredResponse::from_row(
             Some(201),
             Some(stored.headers_json()),
-            Some(stored.body().to_vec()),
+            Some(stored.body_bytes().to_vec()),
         )
         .unwrap();
         assert_eq!(rebuilt, stored);
