@@ -47,6 +47,11 @@ pub enum KeyOutcome {
     Mismatch,
     /// The work failed; the key was released for a retry.
     Released,
+    /// The work failed after its recovery point (its call to another system may have taken
+    /// effect): the key was kept for the next attempt to resume.
+    Suspended,
+    /// The recovery job took over a suspended key to resume its work.
+    Recovered,
     /// The lease was lost before completion; the effect was rolled back.
     LeaseLost,
 }
@@ -60,6 +65,8 @@ impl KeyOutcome {
             Self::ConflictInFlight => "conflict_in_flight",
             Self::Mismatch => "mismatch",
             Self::Released => "released",
+            Self::Suspended => "suspended",
+            Self::Recovered => "recovered",
             Self::LeaseLost => "lease_lost",
         }
     }

@@ -5,9 +5,12 @@
 //! 1. **Decide**: reserve the key, or read the row that holds it, and decide (execute, replay,
 //!    409, 422).
 //! 2. **Take over** a key whose request died, or **recycle** one that expired.
-//! 3. **Execute** the work under a lease, renewed while it runs.
-//! 4. **Complete** (the effect and the key commit together) or **release** (a failure of ours).
+//! 3. **Execute** the work under a lease, renewed while it runs. Work that calls another system
+//!    records a **recovery point** on the key first, in its own commit.
+//! 4. **Complete** (the effect and the key commit together) or **release** (a failure of ours;
+//!    a key with a recovery point is suspended instead, for the next attempt to resume).
 //! 5. **Expire**: a background job deletes old keys.
+//! 6. **Recover**: a background job resumes suspended keys no client came back for.
 //!
 //! The SQL of each step is in [`store`]. The PostgreSQL unique constraint on `(scope, idem_key)`
 //! decides between concurrent requests, and every clock reading is the database's `now()`.
@@ -340,20 +343,17 @@ impl Idempotency {
             self.policy.lease,
         )
         .await?;
-        let Some(now) = taken else {
+        let Some(taken) = taken else {
             return Ok(None);
         };
         tracing::warn!(
             key_id,
+            recovery_point = taken.recovery.as_ref().map(|point| point.name.as_str()),
             "took over an idempotency key whose lease had expired"
         );
-        Ok(Some(self.lease(
-            KeyOutcome::TakenOver,
-            key_id,
-            token,
-            now,
-            request,
-        )))
+        let mut lease = self.lease(KeyOutcome::TakenOver, key_id, token, taken.now, request);
+        lease.recovery = taken.recovery;
+        Ok(Some(lease))
     }
 
     /// Reserves an expired key for a new request, unless its row changed meanwhile.
@@ -392,6 +392,7 @@ impl Idempotency {
             token,
             key: request.key.clone(),
             key_ttl: self.policy.key_ttl,
+            recovery: None,
         }
     }
 }
@@ -415,6 +416,8 @@ pub struct Lease {
     token: Uuid,
     key: IdempotencyKey,
     key_ttl: Duration,
+    /// Where an earlier holder of the key left its work, if it recorded a recovery point.
+    recovery: Option<RecoveryPoint>,
 }
 
 /// What the mechanism keeps of a lease it handed to the work: enough to renew and release it.
@@ -503,6 +506,82 @@ impl Idempotency {
             Some(stored) => Ok(stored.replay()),
             None => Err(in_flight(IN_FLIGHT_RETRY_HINT).into()),
         }
+    }
+}
+
+// ===========================================================================================
+// 3b. Recovery points: "once a call to another system has been sent, a failure no longer means
+//     that nothing happened".
+// ===========================================================================================
+
+/// Where work that calls another system can be resumed, recorded on its key before the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryPoint {
+    /// The step the work reached, named by the work: the recovery job picks the resumer by it.
+    pub name: String,
+    /// What resuming needs, as the work recorded it.
+    pub state: serde_json::Value,
+    /// The key to send downstream as the call's `Idempotency-Key`: the same for every attempt,
+    /// takeover and restart of this key, so the other system answers them all with one result.
+    pub downstream_key: String,
+}
+
+impl RecoveryPoint {
+    fn from_columns(
+        name: Option<String>,
+        state: Option<serde_json::Value>,
+        downstream_key: Option<String>,
+    ) -> Option<Self> {
+        Some(Self {
+            name: name?,
+            state: state?,
+            downstream_key: downstream_key?,
+        })
+    }
+}
+
+impl Lease {
+    /// The recovery point an earlier holder of this key recorded: resume from it rather than start
+    /// over. `None` for a fresh key, or one whose holder died before it reached a point.
+    pub fn recovery_point(&self) -> Option<&RecoveryPoint> {
+        self.recovery.as_ref()
+    }
+
+    /// Records, in a commit of its own and fenced by this lease's token, that the work is about to
+    /// call another system: `name` and `state` say how to resume. The downstream key is created
+    /// with the first point and kept by every later one. From here on, a failure of the work does
+    /// not release the key but suspends it (see [`Idempotency::release`]).
+    ///
+    /// `None` when another request took the key over: the work must stop, with [`Lease::lost`].
+    pub async fn record_recovery_point(
+        &mut self,
+        name: &str,
+        state: serde_json::Value,
+    ) -> Result<Option<&RecoveryPoint>, sqlx::Error> {
+        let downstream_key = format!("idk_{}", Uuid::new_v4().simple());
+        let recorded = store::record_recovery_point(
+            &self.pool,
+            self.key_id,
+            self.token,
+            name,
+            &state,
+            &downstream_key,
+        )
+        .await?;
+        failpoint::hit("after-recovery-point");
+        self.recovery = recorded;
+        Ok(self.recovery.as_ref())
+    }
+
+    /// Forgets the recovery point when the other system said for certain that nothing happened
+    /// (it refused the call before acting on it): a failure then releases the key as before, and
+    /// the client's retry starts afresh. `false` when another request took the key over.
+    pub async fn clear_recovery_point(&mut self) -> Result<bool, sqlx::Error> {
+        let cleared = store::clear_recovery_point(&self.pool, self.key_id, self.token).await?;
+        if cleared {
+            self.recovery = None;
+        }
+        Ok(cleared)
     }
 }
 
@@ -614,7 +693,9 @@ impl Lease {
         Ok(Completion(Completed::Stored(response)))
     }
 
-    fn lost(&self) -> Completion {
+    /// Ends work that found its lease lost (at a recovery point): nothing of it is committed, and
+    /// the request answers from the winner's result.
+    pub fn lost(&self) -> Completion {
         tracing::warn!(
             key_id = self.key_id,
             "lease lost before completion; the effect was rolled back"
@@ -624,16 +705,32 @@ impl Lease {
 }
 
 // ===========================================================================================
-// 4b. Release: a failure of ours is not a result. Nothing is stored; the retry runs afresh.
+// 4b. Release: a failure of ours is not a result. Nothing is stored; the retry runs afresh, or
+//     resumes from the recovery point when the work got that far.
 // ===========================================================================================
 
 impl Idempotency {
     /// Deletes the reservation, fenced by this request's token. If even that fails (the database
     /// is gone), the lease runs out and a retry takes the key over: the system heals by itself.
+    ///
+    /// A key whose work recorded a recovery point is not deleted but suspended: its call to another
+    /// system may have taken effect, so the next attempt must resume, not start over.
     async fn release(&self, held: &HeldLease) {
-        KeyOutcome::Released.record();
-        if let Err(error) = store::release(&self.pool, held.key_id, held.token).await {
-            tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
+        match store::release(&self.pool, held.key_id, held.token).await {
+            Ok(store::Released::Deleted) => KeyOutcome::Released.record(),
+            Ok(store::Released::Suspended) => {
+                KeyOutcome::Suspended.record();
+                tracing::warn!(
+                    key_id = held.key_id,
+                    "work failed after its recovery point; the key waits for a retry or the \
+                     recovery job"
+                );
+            }
+            Ok(store::Released::NotHeld) => KeyOutcome::LeaseLost.record(),
+            Err(error) => {
+                KeyOutcome::Released.record();
+                tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
+            }
         }
     }
 }
@@ -649,6 +746,112 @@ impl Idempotency {
     /// key whose request still holds a live lease is left alone.
     pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
         store::expire_batch(pool).await
+    }
+}
+
+// ===========================================================================================
+// 6. Recover: a client that never comes back still ends with its effect recorded.
+// ===========================================================================================
+
+/// Resumes the work of a suspended key from its recovery point, under a lease the recovery job
+/// took: the same unit of work a retry would run, so it stores the response the retry would get.
+pub type Resumer = Arc<
+    dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, Result<Completion, ApiError>>
+        + Send
+        + Sync,
+>;
+
+/// The resumers of the work that records recovery points, by point name.
+#[derive(Clone, Default)]
+pub struct Resumers(Vec<(String, Resumer)>);
+
+impl fmt::Debug for Resumers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(name, _)| name))
+            .finish()
+    }
+}
+
+impl Resumers {
+    /// Resumes keys suspended at the point `name` with `resume`.
+    #[must_use]
+    pub fn on<F, Fut>(mut self, name: &str, resume: F) -> Self
+    where
+        F: Fn(Lease) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+    {
+        let resume: Resumer = Arc::new(move |lease| resume(lease).boxed());
+        self.0.push((name.to_owned(), resume));
+        self
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0.iter().map(|(name, _)| name.clone()).collect()
+    }
+
+    fn get(&self, name: &str) -> Option<&Resumer> {
+        self.0
+            .iter()
+            .find(|(known, _)| known == name)
+            .map(|(_, resume)| resume)
+    }
+}
+
+impl Idempotency {
+    /// Takes over a batch of keys whose lease is dead at a recovery point that `resumers` know,
+    /// and resumes each as a retry would: renewed while it runs, completed with the response the
+    /// client's retry will replay, suspended again if it still cannot finish. Returns how many it
+    /// claimed. Safe on several instances at once: each key is claimed by one.
+    pub async fn recover_batch(&self, resumers: &Resumers) -> Result<usize, sqlx::Error> {
+        let claimed =
+            store::claim_recoverable(&self.pool, &resumers.names(), self.policy.lease).await?;
+        let count = claimed.len();
+        let mut resumed = Vec::with_capacity(count);
+        for key in claimed {
+            let Some(resume) = resumers.get(&key.recovery.name).cloned() else {
+                continue;
+            };
+            let (Ok(idem_key), Some(fingerprint)) = (
+                IdempotencyKey::parse(key.idem_key.as_bytes()),
+                Fingerprint::from_slice(&key.fingerprint),
+            ) else {
+                tracing::error!(key_id = key.key_id, "a stored key does not parse; left alone");
+                continue;
+            };
+            let request = KeyedRequest::new(Scope::stored(key.scope), idem_key, fingerprint);
+            let mut lease = self.lease(KeyOutcome::Recovered, key.key_id, key.token, key.now, &request);
+            tracing::warn!(
+                key_id = key.key_id,
+                recovery_point = key.recovery.name.as_str(),
+                "recovering a key its request left at a recovery point"
+            );
+            lease.recovery = Some(key.recovery);
+            lease.outcome.record();
+            let held = HeldLease::from(&lease);
+            let mechanism = self.clone();
+            resumed.push(tokio::spawn(async move {
+                let answer = mechanism.execute(&request, held, resume(lease)).await;
+                match answer {
+                    Ok(response) => tracing::info!(
+                        key_id = held.key_id,
+                        status = response.status().as_u16(),
+                        "recovered"
+                    ),
+                    Err(error) => tracing::warn!(
+                        key_id = held.key_id,
+                        error = %error,
+                        "recovery did not finish; the key waits for the next run"
+                    ),
+                }
+            }));
+        }
+        for task in resumed {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "a recovery task failed");
+            }
+        }
+        Ok(count)
     }
 }
 

@@ -23,6 +23,11 @@ impl Scope {
         Self(format!("{account}:{method} {route}"))
     }
 
+    /// A scope as a key row stores it, for the recovery job that resumes the key.
+    pub(super) fn stored(scope: String) -> Self {
+        Self(scope)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{ExistingKey, Fence, Fingerprint, KeyState, KeyedRequest, StoredResponse};
+use super::{
+    ExistingKey, Fence, Fingerprint, KeyState, KeyedRequest, RecoveryPoint, StoredResponse,
+};
 use crate::http::error::ApiError;
 
 /// A key's `status` column: a request is working on it, or its response is stored.
@@ -113,22 +115,28 @@ pub(super) async fn reserve(
 // Take over and recycle: one conditional update each; of several contenders, at most one wins.
 // -------------------------------------------------------------------------------------------
 
-/// Installs `token` on a key whose lease ran out, if it is still in progress with this payload;
-/// the database's time when it did.
+/// A key taken over: the database's time when it was, and the recovery point its earlier holder
+/// recorded, if it reached one.
+pub(super) struct TakenOver {
+    pub now: DateTime<Utc>,
+    pub recovery: Option<RecoveryPoint>,
+}
+
+/// Installs `token` on a key whose lease ran out, if it is still in progress with this payload.
 pub(super) async fn take_over(
     pool: &PgPool,
     key_id: i64,
     fingerprint: &Fingerprint,
     token: Uuid,
     lease: Duration,
-) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    sqlx::query_scalar!(
+) -> Result<Option<TakenOver>, sqlx::Error> {
+    let row = sqlx::query!(
         r#"
         UPDATE idempotency_keys
         SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond'
         WHERE id = $1 AND status = 'in_progress' AND locked_until <= now()
           AND request_hash = $4
-        RETURNING now() AS "now!"
+        RETURNING now() AS "now!", recovery_point, recovery_state, downstream_key
         "#,
         key_id,
         token,
@@ -136,7 +144,15 @@ pub(super) async fn take_over(
         fingerprint.as_bytes().as_slice(),
     )
     .fetch_optional(pool)
-    .await
+    .await?;
+    Ok(row.map(|row| TakenOver {
+        now: row.now,
+        recovery: RecoveryPoint::from_columns(
+            row.recovery_point,
+            row.recovery_state,
+            row.downstream_key,
+        ),
+    }))
 }
 
 /// Reserves an expired key anew for another payload, unless its row changed meanwhile; the
@@ -155,9 +171,10 @@ pub(super) async fn recycle(
         SET request_hash = $2, status = 'in_progress', lock_token = $3,
             locked_until = now() + $4::bigint * interval '1 millisecond',
             response_code = NULL, response_headers = NULL, response_body = NULL,
+            recovery_point = NULL, recovery_state = NULL, downstream_key = NULL,
             created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
         WHERE id = $1 AND expires_at <= now()
-          AND (status = 'completed' OR locked_until <= now())
+          AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL))
         RETURNING now() AS "now!"
         "#,
         key_id,
@@ -268,10 +285,104 @@ pub(super) async fn complete(tx: &mut PgConnection, fence: &Fence) -> Result<boo
 // Release: a DELETE fenced by the same token.
 // -------------------------------------------------------------------------------------------
 
-pub(super) async fn release(pool: &PgPool, key_id: i64, token: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query!(
+/// What became of a key whose work failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Released {
+    /// Deleted: the work never reached a recovery point, so nothing happened outside the database
+    /// and the retry starts afresh.
+    Deleted,
+    /// Kept in progress with its lease ended now: the work had recorded a recovery point, so its
+    /// call may have taken effect; the next attempt takes the key over at once and resumes.
+    Suspended,
+    /// Neither: the token no longer holds the key (it was taken over).
+    NotHeld,
+}
+
+/// Deletes the key, or suspends it if it has a recovery point; both fenced by the token. One
+/// statement, so the choice is made on the row as it is.
+pub(super) async fn release(
+    pool: &PgPool,
+    key_id: i64,
+    token: Uuid,
+) -> Result<Released, sqlx::Error> {
+    let row = sqlx::query!(
         r#"
-        DELETE FROM idempotency_keys
+        WITH deleted AS (
+            DELETE FROM idempotency_keys
+            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+              AND recovery_point IS NULL
+            RETURNING id
+        ), suspended AS (
+            UPDATE idempotency_keys SET locked_until = now()
+            WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+              AND recovery_point IS NOT NULL
+            RETURNING id
+        )
+        SELECT EXISTS (SELECT 1 FROM deleted) AS "deleted!",
+               EXISTS (SELECT 1 FROM suspended) AS "suspended!"
+        "#,
+        key_id,
+        token,
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(match (row.deleted, row.suspended) {
+        (true, _) => Released::Deleted,
+        (_, true) => Released::Suspended,
+        _ => Released::NotHeld,
+    })
+}
+
+// -------------------------------------------------------------------------------------------
+// Recovery points: recorded before a call to another system, fenced by the token; claimed by the
+// recovery job once the lease that recorded them is dead.
+// -------------------------------------------------------------------------------------------
+
+/// Records `point` with `state` on the key held under `token`, and the downstream key
+/// (`downstream_key` unless the key already has one, which is kept); `None` when the key was taken
+/// over.
+pub(super) async fn record_recovery_point(
+    pool: &PgPool,
+    key_id: i64,
+    token: Uuid,
+    point: &str,
+    state: &serde_json::Value,
+    downstream_key: &str,
+) -> Result<Option<RecoveryPoint>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+        SET recovery_point = $3, recovery_state = $4,
+            downstream_key = COALESCE(downstream_key, $5)
+        WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
+        RETURNING recovery_point AS "recovery_point!", recovery_state AS "recovery_state!",
+                  downstream_key AS "downstream_key!"
+        "#,
+        key_id,
+        token,
+        point,
+        state,
+        downstream_key,
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|row| RecoveryPoint {
+        name: row.recovery_point,
+        state: row.recovery_state,
+        downstream_key: row.downstream_key,
+    }))
+}
+
+/// Clears the key's recovery point (the downstream key stays with the row); `false` when the key
+/// was taken over.
+pub(super) async fn clear_recovery_point(
+    pool: &PgPool,
+    key_id: i64,
+    token: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let cleared = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys SET recovery_point = NULL, recovery_state = NULL
         WHERE id = $1 AND lock_token = $2 AND status = 'in_progress'
         "#,
         key_id,
@@ -279,7 +390,70 @@ pub(super) async fn release(pool: &PgPool, key_id: i64, token: Uuid) -> Result<(
     )
     .execute(pool)
     .await?;
-    Ok(())
+    Ok(cleared.rows_affected() > 0)
+}
+
+/// A key the recovery job took over: everything needed to resume its work under a new lease.
+pub(super) struct Recoverable {
+    pub key_id: i64,
+    pub token: Uuid,
+    pub now: DateTime<Utc>,
+    pub scope: String,
+    pub idem_key: String,
+    pub fingerprint: Vec<u8>,
+    pub recovery: RecoveryPoint,
+}
+
+/// Takes over up to 20 in-progress keys whose lease is dead and whose work recorded one of
+/// the recovery points in `points`, each under a fresh token: the same conditional takeover a
+/// retry makes, so a retry arriving meanwhile and the job never both win a key. `SKIP LOCKED` lets
+/// several instances run the job at once without waiting on each other. The batch size is a
+/// literal for the reason given at [`expire_batch`]; each key claimed is a call to another system,
+/// so batches stay small.
+pub(super) async fn claim_recoverable(
+    pool: &PgPool,
+    points: &[String],
+    lease: Duration,
+) -> Result<Vec<Recoverable>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+        SET lock_token = gen_random_uuid(),
+            locked_until = now() + $2::bigint * interval '1 millisecond'
+        WHERE id IN (
+            SELECT id FROM idempotency_keys
+            WHERE status = 'in_progress' AND recovery_point IS NOT NULL
+              AND locked_until <= now() AND recovery_point = ANY($1)
+            ORDER BY locked_until
+            LIMIT 20
+            FOR UPDATE SKIP LOCKED
+        )
+          AND status = 'in_progress' AND locked_until <= now()
+        RETURNING id, lock_token AS "lock_token!", now() AS "now!", scope, idem_key,
+                  request_hash, recovery_point AS "recovery_point!",
+                  recovery_state AS "recovery_state!", downstream_key AS "downstream_key!"
+        "#,
+        points,
+        millis(lease),
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Recoverable {
+            key_id: row.id,
+            token: row.lock_token,
+            now: row.now,
+            scope: row.scope,
+            idem_key: row.idem_key,
+            fingerprint: row.request_hash,
+            recovery: RecoveryPoint {
+                name: row.recovery_point,
+                state: row.recovery_state,
+                downstream_key: row.downstream_key,
+            },
+        })
+        .collect())
 }
 
 // -------------------------------------------------------------------------------------------
@@ -297,7 +471,7 @@ pub(super) async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
         WHERE id IN (
             SELECT id FROM idempotency_keys
             WHERE expires_at <= now()
-              AND (status = 'completed' OR locked_until <= now())
+              AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL))
             LIMIT 1000
             FOR UPDATE SKIP LOCKED
         )
