@@ -5,9 +5,9 @@
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
-use crate::config::{DatabaseArgs, ListenArgs, Settings};
+use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
 use crate::http::{Application, openapi, shutdown_signal};
-use crate::{accounts, db};
+use crate::{accounts, db, reconcile};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,6 +42,14 @@ pub enum Command {
         #[command(subcommand)]
         command: AccountCommand,
     },
+    /// Compares idempay's payments and refunds with the processor's ledger and prints every
+    /// difference; exits 1 if there is one.
+    Reconcile {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        processor: ProcessorLink,
+    },
     /// Prints the OpenAPI description of the API.
     Openapi,
     #[cfg(feature = "dev")]
@@ -71,7 +79,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
-            let app = Application::build(settings, pool, listener);
+            let app = Application::build(settings, pool, listener)?;
             tracing::info!(address = %app.local_addr()?, "serving");
             app.run_until_stopped(shutdown_signal()).await?;
         }
@@ -87,6 +95,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let (account, key) = accounts::create(&pool, &name).await?;
             eprintln!("created account {} ({})", account.id(), account.name());
             println!("{}", key.expose());
+        }
+        Command::Reconcile { database, processor } => {
+            let pool = db::pool_with(&database.database_url, database.pool)?;
+            let report = reconcile::run(&pool, &processor).await?;
+            for difference in &report.differences {
+                println!("{difference}");
+            }
+            println!("{}", report.summary());
+            if !report.is_clean() {
+                std::process::exit(1);
+            }
         }
         Command::Openapi => print!("{}", openapi::spec_json()),
         #[cfg(feature = "dev")]

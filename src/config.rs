@@ -23,9 +23,17 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = parse_lease)]
     pub lease: Duration,
 
-    /// Processing time of the test payment method `pm_card_slow`.
+    /// Processing time of the test payment method `pm_card_slow`, at the embedded processor.
     #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
     pub slow_charge: Duration,
+
+    #[command(flatten)]
+    pub processor: ProcessorLink,
+
+    /// How often the recovery job resumes keys whose request left a charge or refund at the
+    /// processor unrecorded (its instance died, or its client never came back).
+    #[arg(long, env = "IDEMPAY_RECOVERY_INTERVAL", default_value = "10s", value_parser = parse_timeout)]
+    pub recovery_interval: Duration,
 
     /// How long a request may take before it is answered with 503. Whatever the request started
     /// goes on: a payment that completes later is replayed to a retry with the same key.
@@ -55,11 +63,55 @@ impl Default for Settings {
             expiry_interval: Duration::from_secs(60),
             lease: Duration::from_secs(30),
             slow_charge: Duration::from_secs(2),
+            processor: ProcessorLink::default(),
+            recovery_interval: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
             webhook_secret: None,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(5),
         }
+    }
+}
+
+/// How idempay reaches the card processor.
+#[derive(Args, Clone, Debug, PartialEq, Eq)]
+pub struct ProcessorLink {
+    /// The card processor's base URL (`idempay processor` serves one). Unset, `serve` runs the
+    /// same processor embedded, on a loopback port of its own, with its ledger in this database.
+    #[arg(long = "processor-url", env = "IDEMPAY_PROCESSOR_URL")]
+    pub url: Option<String>,
+
+    /// The secret idempay authenticates to the processor with (`Authorization: Bearer …`).
+    /// Required with `IDEMPAY_PROCESSOR_URL`; the embedded processor makes its own.
+    #[arg(long = "processor-api-key", env = "IDEMPAY_PROCESSOR_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// How long one call to the processor may take. A call that takes longer has an unknown
+    /// outcome: it is asked again with the same key, never treated as "nothing happened".
+    #[arg(long = "processor-timeout", env = "IDEMPAY_PROCESSOR_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
+    pub timeout: Duration,
+}
+
+impl Default for ProcessorLink {
+    fn default() -> Self {
+        Self {
+            url: None,
+            api_key: None,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ProcessorLink {
+    /// A client for the configured processor; `None` when no URL is set.
+    pub fn client(&self) -> anyhow::Result<Option<crate::processor::ProcessorClient>> {
+        let Some(url) = &self.url else {
+            return Ok(None);
+        };
+        let api_key = self.api_key.clone().ok_or_else(|| {
+            anyhow::anyhow!("IDEMPAY_PROCESSOR_URL is set but IDEMPAY_PROCESSOR_API_KEY is not")
+        })?;
+        crate::processor::ProcessorClient::new(url, api_key, self.timeout).map(Some)
     }
 }
 

@@ -19,7 +19,8 @@ use crate::ids;
 pub use api_key::ApiKey;
 
 /// An account id, `acct_` followed by random characters.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct AccountId(String);
 
 impl AccountId {

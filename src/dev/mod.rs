@@ -3,21 +3,28 @@
 //! a Docker client or demo code.
 //!
 //! - `idempay dev` (this file), the zero-set-up mode behind `make run`: a throwaway PostgreSQL
-//!   container ([`postgres`]), a demo account and ready-to-paste `curl` examples, until Ctrl-C.
+//!   container ([`postgres`]), the card processor and the API as two services, a demo account
+//!   and ready-to-paste `curl` examples, until Ctrl-C.
 //! - [`demo`]: payment intents through a lossy network; [`cli`]: the dev commands.
 
 pub mod cli;
 pub mod demo;
 pub mod postgres;
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::http::{Application, shutdown_signal};
+use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use crate::webhooks::WebhookSecret;
-use crate::{accounts, db};
+use crate::{accounts, db, ids};
+
+/// Where `idempay dev` runs the processor, as `idempay processor` does by default; any free
+/// loopback port when another process holds it.
+const PROCESSOR_PORT: u16 = 8081;
 use postgres::Postgres;
 
 pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
@@ -32,22 +39,60 @@ pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<(
     served
 }
 
-async fn serve(postgres: &Postgres, listen: SocketAddr, settings: Settings) -> anyhow::Result<()> {
+async fn serve(
+    postgres: &Postgres,
+    listen: SocketAddr,
+    mut settings: Settings,
+) -> anyhow::Result<()> {
     let pool = db::pool(&postgres.url("postgres"))?;
     db::migrate(&pool).await?;
     let (account, key) = accounts::create(&pool, "demo").await?;
     let listener = TcpListener::bind(listen).await?;
-    let app = Application::build(settings.clone(), pool, listener);
-    let base = format!("http://{}", app.local_addr()?);
+    let base = format!("http://{}", listener.local_addr()?);
     let webhook_secret = settings
         .webhook_secret
-        .as_ref()
-        .map(WebhookSecret::expose)
-        .unwrap_or_default();
+        .clone()
+        .unwrap_or_else(WebhookSecret::generate);
+
+    // The processor, a service of its own: its events go to the API's webhook intake.
+    let processor_key = ids::generate("sk_dev", 32);
+    let mut processor_settings =
+        ProcessorSettings::new(ProcessorApiKey::parse(&processor_key).map_err(anyhow::Error::msg)?);
+    processor_settings.slow_charge = settings.slow_charge;
+    processor_settings.webhook_secret = Some(webhook_secret.clone());
+    processor_settings.webhook_url = Some(format!("{base}/v1/webhooks/processor"));
+    let processor_listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, PROCESSOR_PORT)).await {
+        Ok(listener) => listener,
+        Err(_) => TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?,
+    };
+    let processor = Processor::build(processor_settings, pool.clone(), processor_listener)?;
+    let processor_url = format!("http://{}", processor.local_addr()?);
+    settings.processor.url = Some(processor_url.clone());
+    settings.processor.api_key = Some(processor_key.clone());
+
+    let app = Application::build(settings, pool, listener)?;
     println!("{}", banner(&base, account.id().as_str(), key.expose()));
-    println!("{}", webhook_banner(&base, &webhook_secret));
-    app.run_until_stopped(shutdown_signal()).await?;
-    Ok(())
+    println!("{}", processor_banner(&base, &processor_url, &processor_key));
+    println!("{}", webhook_banner(&base, webhook_secret.expose()));
+    // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then
+    // the processor.
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    let processor = tokio::spawn(processor.run_until_stopped(async move { stopped.cancelled().await }));
+    let served = app.run_until_stopped(shutdown_signal()).await;
+    stop.cancel();
+    processor.await??;
+    Ok(served?)
+}
+
+fn processor_banner(processor_url: &str) -> String {
+    format!(
+        "# The card processor runs at {processor_url} (its ledger: GET /v1/charges, with the API key
+         # idempay uses, which this process made up). Every charge idempay makes carries its own
+         # Idempotency-Key there. Compare both ledgers at any time:
+         #   DATABASE_URL=… idempay reconcile --processor-url {processor_url} --processor-api-key …
+"
+    )
 }
 
 fn banner(base: &str, account: &str, key: &str) -> String {

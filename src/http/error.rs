@@ -175,6 +175,25 @@ problem_catalogue! {
         explanation: "The request failed on our side. Nothing was recorded and the key was \
             released: retry with the same key.",
     }
+    ProcessorOutcomeUnknown {
+        slug: "processor-outcome-unknown",
+        status: SERVICE_UNAVAILABLE,
+        title: "The processor's answer is not known yet",
+        explanation: "The call to the card processor timed out, its answer was lost, or it failed \
+            after receiving the call: the card may or may not have been charged. Nothing is lost \
+            and nothing will happen twice: the key is kept, and retrying with the same key and \
+            body after `Retry-After` seconds asks the processor again with the same key of \
+            idempay's own, which it answers with the charge it made, if any. A client that never \
+            retries still gets its payment recorded by the recovery job.",
+    }
+    ProcessorUnavailable {
+        slug: "processor-unavailable",
+        status: SERVICE_UNAVAILABLE,
+        title: "The processor refused the call; nothing was charged",
+        explanation: "The card processor could not be reached, or refused the call before acting \
+            on it, so nothing was charged or refunded and the key was released. Retry with the \
+            same key after `Retry-After` seconds.",
+    }
     ServiceUnavailable {
         slug: "service-unavailable",
         status: SERVICE_UNAVAILABLE,
@@ -245,7 +264,7 @@ pub struct Problem {
     payment: Option<String>,
     /// For `card-declined`: why the processor declined.
     #[serde(skip_serializing_if = "Option::is_none")]
-    decline_code: Option<&'static str>,
+    decline_code: Option<String>,
     #[serde(skip)]
     retry_after: Option<Duration>,
 }
@@ -316,10 +335,10 @@ impl Problem {
     }
 
     /// A declined charge: names the payment recorded as declined and the processor's reason.
-    pub fn card_declined(payment: &str, decline_code: &'static str) -> Self {
+    pub fn card_declined(payment: &str, decline_code: &str) -> Self {
         Self {
             payment: Some(payment.to_owned()),
-            decline_code: Some(decline_code),
+            decline_code: Some(decline_code.to_owned()),
             ..Self::new(
                 ProblemKind::CardDeclined,
                 format!("The card was declined ({decline_code})."),

@@ -42,9 +42,10 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::accounts::AccountCache;
 use crate::config::Settings;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy};
-use crate::payments::Processor;
+use crate::idempotency::Resumers;
+use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecret;
-use crate::{expiry, payments, refunds, webhooks};
+use crate::{expiry, ids, payments, recovery, refunds, webhooks};
 use error::{Problem, ProblemKind};
 use openapi::ApiDoc;
 
@@ -64,7 +65,8 @@ pub struct Shared {
     pub pool: PgPool,
     pub accounts: AccountCache,
     pub idempotency: Idempotency,
-    pub processor: Processor,
+    /// Charges and refunds go through it, each call with a downstream key of its own.
+    pub processor: ProcessorClient,
     /// Verifies the processor's webhooks; without it they are refused.
     pub webhook_secret: Option<WebhookSecret>,
     /// How long processed webhook event ids are remembered.
@@ -98,7 +100,7 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    pub fn new(pool: PgPool, settings: &Settings) -> Self {
+    pub fn new(pool: PgPool, settings: &Settings, processor: ProcessorClient) -> Self {
         let policy = Policy {
             key_ttl: settings.key_ttl,
             lease: settings.lease,
@@ -106,7 +108,7 @@ impl AppState {
         Self(Arc::new(Shared {
             accounts: AccountCache::new(pool.clone()),
             idempotency: Idempotency::new(pool.clone(), policy),
-            processor: Processor::new(settings.slow_charge),
+            processor,
             webhook_secret: settings.webhook_secret.clone(),
             event_ttl: settings.key_ttl,
             body_read_timeout: settings.body_read_timeout,
@@ -245,23 +247,37 @@ async fn method_not_allowed(request: Request) -> Response {
     .into_response()
 }
 
-/// The running service: the HTTP API on a bound listener and the expiry job beside it.
+/// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
+/// recovery job and, when no processor URL is configured, the embedded processor.
 ///
 /// Taking a bound listener lets a test bind port 0 and learn the address before serving.
 pub struct Application {
     listener: TcpListener,
     state: AppState,
     settings: Settings,
+    embedded: Option<Processor>,
 }
 
 impl Application {
-    pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> Self {
+    /// Fails when the processor settings are incomplete (a URL without an API key) or the
+    /// embedded processor cannot be set up.
+    pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> anyhow::Result<Self> {
         metrics::install();
-        Self {
-            state: AppState::new(pool, &settings),
+        let (client, embedded) = match settings.processor.client()? {
+            Some(client) => (client, None),
+            None => {
+                let (embedded, api_key) = embedded_processor(&settings, &pool, &listener)?;
+                let url = format!("http://{}", embedded.local_addr()?);
+                let client = ProcessorClient::new(&url, api_key, settings.processor.timeout)?;
+                (client, Some(embedded))
+            }
+        };
+        Ok(Self {
+            state: AppState::new(pool, &settings, client),
             listener,
             settings,
-        }
+            embedded,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -275,11 +291,29 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        let expiry = expiry::spawn(
-            self.state.pool.clone(),
-            self.settings.expiry_interval,
-            stop.clone(),
-        );
+        let mut jobs = vec![
+            expiry::spawn(
+                self.state.pool.clone(),
+                self.settings.expiry_interval,
+                stop.clone(),
+            ),
+            recovery::spawn(
+                self.state.idempotency.clone(),
+                resumers(&self.state),
+                self.settings.recovery_interval,
+                stop.clone(),
+            ),
+        ];
+        // The embedded processor stops last: requests finishing now may still be calling it.
+        if let Some(processor) = self.embedded {
+            let stopped = stop.clone();
+            jobs.push(tokio::spawn(async move {
+                let stopped = async move { stopped.cancelled().await };
+                if let Err(error) = processor.run_until_stopped(stopped).await {
+                    tracing::error!(%error, "the embedded processor failed");
+                }
+            }));
+        }
         let served = server::serve(
             self.listener,
             router(self.state),
@@ -291,11 +325,52 @@ impl Application {
         )
         .await;
         stop.cancel();
-        if let Err(error) = expiry.await {
-            tracing::error!(%error, "expiry job ended abnormally");
+        for job in jobs {
+            if let Err(error) = job.await {
+                tracing::error!(%error, "a background job ended abnormally");
+            }
         }
         served
     }
+}
+
+/// The work the recovery job resumes, by recovery point: the same units of work the routes run.
+fn resumers(state: &AppState) -> Resumers {
+    let charges = state.processor.clone();
+    let refunds = state.processor.clone();
+    let pool = state.pool.clone();
+    Resumers::default()
+        .on(payments::CHARGE_REQUESTED, move |lease| {
+            payments::charge_and_record(charges.clone(), lease, None)
+        })
+        .on(refunds::REFUND_REQUESTED, move |lease| {
+            refunds::refund_and_record(refunds.clone(), pool.clone(), lease, None)
+        })
+}
+
+/// The processor `serve` runs when no URL names one: the same service as `idempay processor`,
+/// on a loopback port of its own, its ledger in idempay's database, its API key made up here. Its
+/// events go to this service's webhook intake when a webhook secret is set.
+fn embedded_processor(
+    settings: &Settings,
+    pool: &PgPool,
+    listener: &TcpListener,
+) -> anyhow::Result<(Processor, String)> {
+    let api_key = ids::generate("sk_embedded", 32);
+    let mut embedded = ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
+    embedded.slow_charge = settings.slow_charge;
+    if let Some(secret) = &settings.webhook_secret {
+        let mut intake = listener.local_addr()?;
+        if intake.ip().is_unspecified() {
+            intake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        embedded.webhook_secret = Some(secret.clone());
+        embedded.webhook_url = Some(format!("http://{intake}/v1/webhooks/processor"));
+    }
+    let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+    socket.set_nonblocking(true)?;
+    let processor = Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?;
+    Ok((processor, api_key))
 }
 
 /// Completes on Ctrl-C or SIGTERM.

@@ -1,9 +1,9 @@
 //! Payments: `POST /v1/payments` charges exactly once per idempotency key, and
 //! `GET /v1/payments/{id}` reads one back.
 
+mod charging;
 mod currency;
 mod model;
-mod processor;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -23,7 +23,7 @@ use crate::idempotency::{Fence, IdempotencyKey, Idempotent, StoredResponse};
 
 pub use currency::Currency;
 pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus, reject_nul};
-pub use processor::{ChargeOutcome, Processor};
+pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 
 use model::PaymentRow;
 
@@ -39,9 +39,11 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// body, whatever happened to the first answer, receives the first result again (status, headers
 /// and body byte for byte) with `Idempotent-Replayed: true`, and nothing is charged twice.
 ///
-/// The processor is called before the database transaction opens; the payment row and the key's
-/// completion then commit together, so a stored "completed" response never outlives a failed
-/// charge.
+/// The charge is sent to the processor with a key of idempay's own, the same for every attempt at
+/// this key, so the processor charges once however often it is asked. The payment row and the
+/// key's completion then commit together. When the processor's answer is lost, the request
+/// answers 503 and keeps the key: the retry (or the recovery job) asks the processor again and
+/// records the one charge it made.
 #[utoipa::path(
     post,
     path = "/v1/payments",
@@ -72,25 +74,11 @@ async fn create_payment(
     Idempotent { request, body }: Idempotent<NewPayment>,
 ) -> Result<Response, ApiError> {
     let processor = state.processor.clone();
+    let intent = ChargeRequested::new(account.id().clone(), body);
     state
         .idempotency
-        .run(request, move |lease| async move {
-            let outcome = processor.charge(body.payment_method).await;
-            let payment = Payment::new(&body, outcome.status(), lease.now());
-            let response = match outcome {
-                ChargeOutcome::Succeeded => StoredResponse::json(StatusCode::CREATED, &payment)
-                    .map_err(anyhow::Error::from)?
-                    .with_header(header::LOCATION, payment.location()),
-                ChargeOutcome::Declined { decline_code } => StoredResponse::problem(
-                    &Problem::card_declined(payment.id.as_str(), decline_code),
-                ),
-            };
-            // The payment row and the key's completion: one statement, one round trip.
-            let key = lease.key().clone();
-            let completion = lease.complete_with(response, |pool, fence| async move {
-                insert_and_complete(&pool, account.id(), &payment, &key, fence).await
-            });
-            Ok(completion.await?)
+        .run(request, move |lease| {
+            charge_and_record(processor, lease, Some(intent))
         })
         .await
 }
@@ -126,7 +114,7 @@ async fn get_payment(
         PaymentRow,
         r#"
         SELECT id, amount, currency, status, payment_method, order_ref, description,
-               amount_refunded, amount_disputed, created_at
+               amount_refunded, amount_disputed, charge, created_at
         FROM payments
         WHERE id = $1 AND account_id = $2
         "#,
@@ -180,7 +168,7 @@ async fn list_payments(
                 PaymentRow,
                 r#"
             SELECT id, amount, currency, status, payment_method, order_ref, description,
-                   amount_refunded, amount_disputed, created_at
+                   amount_refunded, amount_disputed, charge, created_at
             FROM payments
             WHERE account_id = $1 AND (created_at, id) > ($2, $3)
             ORDER BY created_at, id
@@ -199,7 +187,7 @@ async fn list_payments(
                 PaymentRow,
                 r#"
             SELECT id, amount, currency, status, payment_method, order_ref, description,
-                   amount_refunded, amount_disputed, created_at
+                   amount_refunded, amount_disputed, charge, created_at
             FROM payments
             WHERE account_id = $1
               AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
@@ -252,11 +240,11 @@ async fn insert_and_complete(
         WITH payment AS (
             INSERT INTO payments
                 (id, account_id, amount, currency, status, payment_method, order_ref, description,
-                 idempotency_key, created_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 idempotency_key, charge, created_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
             RETURNING id
         )
-        SELECT idempotency_complete($11, $12, $13, $14, $15, $16) AS "key_id!" FROM payment
+        SELECT idempotency_complete($12, $13, $14, $15, $16, $17) AS "key_id!" FROM payment
         "#,
         payment.id.as_str(),
         account.as_str(),
@@ -267,6 +255,7 @@ async fn insert_and_complete(
         payment.order.as_deref(),
         payment.description.as_deref(),
         key.as_str(),
+        payment.charge.as_deref(),
         payment.created_at,
         fence.key_id,
         fence.token,

@@ -156,7 +156,7 @@ impl PaymentMethod {
 }
 
 /// A payment to create. Unknown fields are refused, so a typo is not silently ignored.
-#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({ "amount": 4200, "currency": "eur", "order": "cmd_9182" }))]
 pub struct NewPayment {
@@ -180,7 +180,7 @@ pub struct NewPayment {
 }
 
 /// A payment id: `pay_` followed by 24 random base62 characters.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct PaymentId(String);
 
@@ -251,6 +251,7 @@ impl PaymentStatus {
     "description": null,
     "amount_refunded": 0,
     "amount_disputed": 0,
+    "charge": "ch_3MmlLrLkdIwHu7ix0snN0B15",
     "created_at": "2026-11-29T19:03:59.647850Z"
 }))]
 pub struct Payment {
@@ -279,15 +280,25 @@ pub struct Payment {
     /// How much of the amount is disputed by the cardholder, in minor units.
     #[schema(minimum = 0)]
     pub amount_disputed: i64,
+    /// The processor's charge this payment records, `ch_…` (declined charges too).
+    #[schema(value_type = Option<String>, pattern = "^ch_[0-9A-Za-z]+$", example = "ch_3MmlLrLkdIwHu7ix0snN0B15")]
+    pub charge: Option<String>,
     /// When the payment was created.
     pub created_at: DateTime<Utc>,
 }
 
 impl Payment {
-    /// A new payment with a fresh id, as it is recorded: nothing refunded or disputed yet.
-    pub fn new(new: &NewPayment, status: PaymentStatus, created_at: DateTime<Utc>) -> Self {
+    /// A new payment, as it is recorded of the processor's `charge`: nothing refunded or disputed
+    /// yet.
+    pub fn new(
+        id: PaymentId,
+        new: &NewPayment,
+        status: PaymentStatus,
+        charge: String,
+        created_at: DateTime<Utc>,
+    ) -> Self {
         Self {
-            id: PaymentId::generate(),
+            id,
             object: "payment",
             amount: i64::from(new.amount),
             currency: new.currency.as_str().to_owned(),
@@ -297,6 +308,7 @@ impl Payment {
             description: new.description.clone().map(String::from),
             amount_refunded: 0,
             amount_disputed: 0,
+            charge: Some(charge),
             created_at,
         }
     }
@@ -318,6 +330,7 @@ pub(crate) struct PaymentRow {
     pub description: Option<String>,
     pub amount_refunded: i64,
     pub amount_disputed: i64,
+    pub charge: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -334,6 +347,7 @@ impl From<PaymentRow> for Payment {
             description: row.description,
             amount_refunded: row.amount_refunded,
             amount_disputed: row.amount_disputed,
+            charge: row.charge,
             created_at: row.created_at,
         }
     }

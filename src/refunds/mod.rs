@@ -1,6 +1,8 @@
 //! Refunds: `POST /v1/payments/{id}/refunds` gives money back at most once per idempotency key,
 //! and never more than was paid, however many refunds race for the same payment.
 
+mod refunding;
+
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -48,7 +50,7 @@ pub struct NewRefund {
 /// A refund's reason: at most 500 characters.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "String")]
-pub struct Reason(String);
+pub struct Reason(pub(crate) String);
 
 impl TryFrom<String> for Reason {
     type Error = String;
@@ -74,6 +76,8 @@ pub enum RefundStatus {
     Failed,
 }
 
+pub use refunding::{REFUND_REQUESTED, RefundAsked, refund_and_record};
+
 /// A refund, as the API returns it.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
@@ -83,6 +87,7 @@ pub enum RefundStatus {
     "amount": 1000,
     "reason": "requested_by_customer",
     "status": "succeeded",
+    "processor_refund": "pyr_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
     "created_at": "2026-11-29T19:05:12.118230Z"
 }))]
 pub struct Refund {
@@ -100,6 +105,9 @@ pub struct Refund {
     pub reason: Option<String>,
     #[schema(inline)]
     pub status: RefundStatus,
+    /// The processor's refund this one records.
+    #[schema(example = "pyr_Jx8bq2LkR5Vn0Ww3Zt7YcA1d")]
+    pub processor_refund: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -115,6 +123,7 @@ struct RefundRow {
     amount: i64,
     reason: Option<String>,
     status: String,
+    processor_refund: Option<String>,
     created_at: DateTime<Utc>,
 }
 
@@ -131,6 +140,7 @@ impl From<RefundRow> for Refund {
             } else {
                 RefundStatus::Succeeded
             },
+            processor_refund: row.processor_refund,
             created_at: row.created_at,
         }
     }
@@ -180,95 +190,20 @@ async fn create_refund(
     let Some(payment) = PaymentId::parse(&id) else {
         return Err(payment_not_found(&id).into());
     };
+    let processor = state.processor.clone();
+    let pool = state.pool.clone();
+    let asked = RefundAsked {
+        account: account.id().clone(),
+        payment,
+        amount: body.amount.map(i64::from),
+        reason: body.reason.map(|reason| reason.0),
+    };
     state
         .idempotency
-        .run(request, move |lease| async move {
-            let mut tx = lease.begin().await?;
-            let response = match refund(&mut tx, account.id(), &payment, &body, lease.key()).await?
-            {
-                Ok(refund) => StoredResponse::json(StatusCode::CREATED, &refund)
-                    .map_err(anyhow::Error::from)?
-                    .with_header(header::LOCATION, refund.location()),
-                Err(refusal) => StoredResponse::problem(&refusal),
-            };
-            Ok(lease.complete(tx, response).await?)
+        .run(request, move |lease| {
+            refund_and_record(processor, pool, lease, Some(asked))
         })
         .await
-}
-
-/// Refunds `payment` inside the caller's transaction, or says why not.
-async fn refund(
-    conn: &mut PgConnection,
-    account: &AccountId,
-    payment: &PaymentId,
-    new: &NewRefund,
-    key: &IdempotencyKey,
-) -> Result<Result<Refund, Problem>, sqlx::Error> {
-    // The row lock makes concurrent refunds of one payment take turns, each seeing the amount the
-    // previous one left.
-    let Some(paid) = sqlx::query!(
-        r#"
-        SELECT amount, amount_refunded, status
-        FROM payments
-        WHERE id = $1 AND account_id = $2
-        FOR UPDATE
-        "#,
-        payment.as_str(),
-        account.as_str(),
-    )
-    .fetch_optional(&mut *conn)
-    .await?
-    else {
-        return Ok(Err(payment_not_found(payment.as_str())));
-    };
-    if paid.status != "succeeded" {
-        return Ok(Err(Problem::new(
-            ProblemKind::PaymentNotRefundable,
-            format!(
-                "Payment `{payment}` is {}; only succeeded payments can be refunded.",
-                paid.status
-            ),
-        )));
-    }
-    let remaining = paid.amount - paid.amount_refunded;
-    let amount = new.amount.map_or(remaining, i64::from);
-    if amount > remaining {
-        return Ok(Err(Problem::new(
-            ProblemKind::RefundExceedsPayment,
-            format!(
-                "Only {remaining} of payment `{payment}` remains refundable; {amount} was asked."
-            ),
-        )));
-    }
-    let row = sqlx::query_as!(
-        RefundRow,
-        r#"
-        INSERT INTO refunds (id, payment_id, account_id, amount, reason, status, idempotency_key)
-        VALUES ($1, $2, $3, $4, $5, 'succeeded', $6)
-        RETURNING id, payment_id, amount, reason, status, created_at
-        "#,
-        ids::generate("re", 24),
-        payment.as_str(),
-        account.as_str(),
-        amount,
-        new.reason.as_ref().map(|reason| reason.0.as_str()),
-        key.as_str(),
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query!(
-        r#"
-        UPDATE payments
-        SET amount_refunded = amount_refunded + $2,
-            status = CASE WHEN amount_refunded + $2 = amount THEN 'refunded' ELSE status END
-        WHERE id = $1
-        "#,
-        payment.as_str(),
-        amount,
-    )
-    .execute(&mut *conn)
-    .await?;
-    Ok(Ok(row.into()))
 }
 
 /// List a payment's refunds
@@ -331,7 +266,7 @@ async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-            SELECT id, payment_id, amount, reason, status, created_at
+            SELECT id, payment_id, amount, reason, status, processor_refund, created_at
             FROM refunds
             WHERE payment_id = $1 AND (created_at, id) > ($2, $3)
             ORDER BY created_at, id
@@ -349,7 +284,7 @@ async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-            SELECT id, payment_id, amount, reason, status, created_at
+            SELECT id, payment_id, amount, reason, status, processor_refund, created_at
             FROM refunds
             WHERE payment_id = $1
               AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
@@ -398,7 +333,7 @@ async fn get_refund(
     let row = sqlx::query_as!(
         RefundRow,
         r#"
-        SELECT id, payment_id, amount, reason, status, created_at
+        SELECT id, payment_id, amount, reason, status, processor_refund, created_at
         FROM refunds
         WHERE id = $1 AND account_id = $2
         "#,

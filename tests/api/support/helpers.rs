@@ -121,7 +121,7 @@ impl TestApp {
         let url = database_url(database);
         let pool = idempay::db::pool(&url).expect("pool");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let app = Application::build(settings, pool, listener);
+        let app = Application::build(settings, pool, listener).expect("build");
         let address = format!("http://{}", app.local_addr().expect("address"));
         let stop = CancellationToken::new();
         let stopped = stop.clone();
@@ -386,7 +386,8 @@ impl TestApp {
         let unwatched = Self::spawn().await;
         let url = unwatched.database_url();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let app = Application::build(settings, idempay::db::pool(&url).expect("pool"), listener);
+        let app = Application::build(settings, idempay::db::pool(&url).expect("pool"), listener)
+            .expect("build");
         let address = format!("http://{}", app.local_addr().expect("address"));
         let stop = CancellationToken::new();
         let task = tokio::spawn(app.run_until_stopped(stop.clone().cancelled_owned()));

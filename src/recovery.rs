@@ -1,0 +1,50 @@
+//! The background job that resumes keys their request left at a recovery point: a charge or a
+//! refund was requested at the processor, and then the request's instance died, or its answer was
+//! lost and the client never came back. Each such key is taken over (as a retry would), its work
+//! resumed with the same downstream key, and the result recorded and stored for the client's
+//! retry to replay.
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::idempotency::{Idempotency, Resumers};
+
+/// Every `interval` until `shutdown` is cancelled, resumes what is waiting, a batch at a time.
+/// Safe to run on every instance at once: each key is claimed by one of them (`SKIP LOCKED` and a
+/// conditional takeover), and a key whose holder is alive (renewing its lease) is left alone.
+pub fn spawn(
+    idempotency: Idempotency,
+    resumers: Resumers,
+    interval: Duration,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            // A full batch may mean more are waiting; a short one, or a failure, waits a tick.
+            while !shutdown.is_cancelled() {
+                match idempotency.recover_batch(&resumers).await {
+                    Ok(claimed) if claimed > 0 => {
+                        tracing::info!(claimed, "recovery job resumed keys");
+                        if claimed < 20 {
+                            break;
+                        }
+                    }
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "recovery failed; it runs again next interval");
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::debug!("recovery job stopped");
+    })
+}

@@ -1,0 +1,240 @@
+//! The unit of work of `POST /v1/payments/{id}/refunds`, built like a payment's (see
+//! `payments/charging.rs`): check what is refundable, record a recovery point, refund at the
+//! processor with the key's downstream key, then record the refund with the key's completion. A
+//! refusal (not refundable, more than remains) is a result, stored and replayed.
+
+use std::time::Duration;
+
+use axum::http::{StatusCode, header};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use super::{Refund, RefundRow, payment_not_found};
+use crate::accounts::AccountId;
+use crate::http::error::{ApiError, Problem, ProblemKind};
+use crate::idempotency::{Completion, Lease, StoredResponse};
+use crate::ids;
+use crate::payments::PaymentId;
+use crate::processor::{Outcome, ProcessorClient, ProcessorRefund};
+
+/// The recovery point of a refund: the refund was (about to be) requested at the processor.
+pub const REFUND_REQUESTED: &str = "refund.refund_requested";
+
+/// As for charges: repeats of an unknown outcome within one request, then 503.
+const REFUND_ATTEMPTS: u32 = 3;
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the client asked for.
+#[derive(Clone, Debug)]
+pub struct RefundAsked {
+    pub account: AccountId,
+    pub payment: PaymentId,
+    /// All that remains when `None`.
+    pub amount: Option<i64>,
+    pub reason: Option<String>,
+}
+
+/// What resuming a refund needs, recorded on its key with the recovery point.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RefundRequested {
+    account: AccountId,
+    payment: PaymentId,
+    /// The processor's charge the refund goes back through.
+    charge: String,
+    amount: i64,
+    reason: Option<String>,
+    /// The refund's id, chosen before the call, so every attempt records the same refund.
+    refund: String,
+}
+
+/// Refunds and records one refund under `lease`, or resumes the one an earlier holder of the key
+/// requested.
+pub async fn refund_and_record(
+    processor: ProcessorClient,
+    pool: PgPool,
+    mut lease: Lease,
+    fresh: Option<RefundAsked>,
+) -> Result<Completion, ApiError> {
+    let (intent, downstream_key) = match lease.recovery_point() {
+        Some(point) if point.name == REFUND_REQUESTED => (
+            serde_json::from_value::<RefundRequested>(point.state.clone())
+                .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
+            point.downstream_key.clone(),
+        ),
+        _ => {
+            let asked = fresh.ok_or_else(|| anyhow::anyhow!("no refund to resume"))?;
+            let intent = match check(&pool, asked).await? {
+                Ok(intent) => intent,
+                Err(refusal) => return refuse(lease, &refusal).await,
+            };
+            let state = serde_json::to_value(&intent).map_err(anyhow::Error::from)?;
+            match lease.record_recovery_point(REFUND_REQUESTED, state).await? {
+                Some(point) => (intent, point.downstream_key.clone()),
+                None => return Ok(lease.lost()),
+            }
+        }
+    };
+    match refund(&processor, &downstream_key, &intent).await {
+        Outcome::Done(refunded) => record(lease, intent, refunded).await,
+        // The processor keeps its own books: a refusal of the amount is a result, like ours.
+        Outcome::NotDone(refusal) if refusal.is_refund_refused() => {
+            let problem = Problem::new(
+                ProblemKind::RefundExceedsPayment,
+                format!(
+                    "The processor refused to refund {} of payment `{}`: {refusal}",
+                    intent.amount, intent.payment
+                ),
+            );
+            refuse(lease, &problem).await
+        }
+        Outcome::NotDone(refusal) => {
+            if !lease.clear_recovery_point().await? {
+                return Ok(lease.lost());
+            }
+            Err(Problem::new(
+                ProblemKind::ProcessorUnavailable,
+                format!(
+                    "The processor refused the refund before making it ({refusal}). Nothing was \
+                     refunded; retry with the same Idempotency-Key."
+                ),
+            )
+            .retry_after(RETRY_AFTER)
+            .into())
+        }
+        Outcome::Unknown(reason) => {
+            tracing::warn!(%reason, downstream_key, "the refund's outcome is unknown");
+            Err(Problem::new(
+                ProblemKind::ProcessorOutcomeUnknown,
+                "The processor's answer did not arrive, so whether the money went back is not \
+                 known yet. The key is kept: retry with the same Idempotency-Key, and the refund \
+                 the processor made, if any, is recorded and answered, never made twice.",
+            )
+            .retry_after(RETRY_AFTER)
+            .into())
+        }
+    }
+}
+
+/// Whether the payment can be refunded by as much as asked. The processor checks it again, as
+/// the last word: two refunds with different keys can both pass this check, and it refuses the
+/// one that would go beyond the charge.
+async fn check(pool: &PgPool, asked: RefundAsked) -> Result<Result<RefundRequested, Problem>, sqlx::Error> {
+    let Some(paid) = sqlx::query!(
+        r#"
+        SELECT amount, amount_refunded, status, charge
+        FROM payments
+        WHERE id = $1 AND account_id = $2
+        "#,
+        asked.payment.as_str(),
+        asked.account.as_str(),
+    )
+    .fetch_optional(pool)
+    .await?
+    else {
+        return Ok(Err(payment_not_found(asked.payment.as_str())));
+    };
+    let payment = &asked.payment;
+    let (Some(charge), "succeeded") = (paid.charge, paid.status.as_str()) else {
+        return Ok(Err(Problem::new(
+            ProblemKind::PaymentNotRefundable,
+            format!(
+                "Payment `{payment}` is {}; only succeeded payments can be refunded.",
+                paid.status
+            ),
+        )));
+    };
+    let remaining = paid.amount - paid.amount_refunded;
+    let amount = asked.amount.unwrap_or(remaining);
+    if amount > remaining {
+        return Ok(Err(Problem::new(
+            ProblemKind::RefundExceedsPayment,
+            format!(
+                "Only {remaining} of payment `{payment}` remains refundable; {amount} was asked."
+            ),
+        )));
+    }
+    Ok(Ok(RefundRequested {
+        account: asked.account,
+        payment: asked.payment,
+        charge,
+        amount,
+        reason: asked.reason,
+        refund: ids::generate("re", 24),
+    }))
+}
+
+/// One request's attempts at the refund: an unknown outcome is asked again with the same key.
+async fn refund(
+    processor: &ProcessorClient,
+    downstream_key: &str,
+    intent: &RefundRequested,
+) -> Outcome<ProcessorRefund> {
+    let mut pause = FIRST_PAUSE;
+    let mut attempt = 1;
+    loop {
+        match processor
+            .refund(downstream_key, &intent.charge, Some(intent.amount))
+            .await
+        {
+            Outcome::Unknown(reason) if attempt < REFUND_ATTEMPTS => {
+                tracing::info!(%reason, attempt, "refund outcome unknown; asking again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Stores a refusal as the key's result.
+async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError> {
+    let tx = lease.begin().await?;
+    Ok(lease.complete(tx, StoredResponse::problem(refusal)).await?)
+}
+
+/// Records the processor's refund and the payment's new totals, and completes the key, in one
+/// transaction. The payment's row lock makes concurrent refunds of one payment take turns.
+async fn record(
+    lease: Lease,
+    intent: RefundRequested,
+    refunded: ProcessorRefund,
+) -> Result<Completion, ApiError> {
+    let mut tx = lease.begin().await?;
+    let row = sqlx::query_as!(
+        RefundRow,
+        r#"
+        INSERT INTO refunds
+            (id, payment_id, account_id, amount, reason, status, idempotency_key, processor_refund)
+        VALUES ($1, $2, $3, $4, $5, 'succeeded', $6, $7)
+        RETURNING id, payment_id, amount, reason, status, processor_refund, created_at
+        "#,
+        intent.refund,
+        intent.payment.as_str(),
+        intent.account.as_str(),
+        refunded.amount,
+        intent.reason.as_deref(),
+        lease.key().as_str(),
+        refunded.id,
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"
+        UPDATE payments
+        SET amount_refunded = amount_refunded + $2,
+            status = CASE WHEN amount_refunded + $2 = amount THEN 'refunded' ELSE status END
+        WHERE id = $1
+        "#,
+        intent.payment.as_str(),
+        refunded.amount,
+    )
+    .execute(&mut *tx)
+    .await?;
+    let refund = Refund::from(row);
+    let response = StoredResponse::json(StatusCode::CREATED, &refund)
+        .map_err(anyhow::Error::from)?
+        .with_header(header::LOCATION, refund.location());
+    Ok(lease.complete(tx, response).await?)
+}
