@@ -1,4 +1,4 @@
-//! The command line of the service: `serve`, `migrate`, `account create` and `openapi`, each
+//! The command line of the service: `serve`, `processor` (the simulated card processor), `migrate`, `account create` and `openapi`, each
 //! setting also readable from the environment. With the `dev` feature (on by default) the dev
 //! tools join them: `dev`, `pay`, `demo` and `webhook send` (see [`crate::dev`]).
 
@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 
 use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
 use crate::http::{Application, openapi, shutdown_signal};
+use crate::processor::{Processor, ProcessorListen, ProcessorSettings};
 use crate::{accounts, db, reconcile};
 
 #[derive(Parser, Debug)]
@@ -31,6 +32,15 @@ pub enum Command {
         listen: ListenArgs,
         #[command(flatten)]
         settings: Settings,
+    },
+    /// Runs the simulated card processor idempay calls; applies pending migrations at start.
+    Processor {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        listen: ProcessorListen,
+        #[command(flatten)]
+        settings: ProcessorSettings,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -82,6 +92,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let app = Application::build(settings, pool, listener)?;
             tracing::info!(address = %app.local_addr()?, "serving");
             app.run_until_stopped(shutdown_signal()).await?;
+        }
+        Command::Processor {
+            database,
+            listen,
+            settings,
+        } => {
+            let pool = db::pool_with(&database.database_url, database.pool)?;
+            db::migrate(&pool).await?;
+            let listener = TcpListener::bind(listen.listen).await?;
+            let processor = Processor::build(settings, pool, listener)?;
+            tracing::info!(address = %processor.local_addr()?, "processor serving");
+            processor.run_until_stopped(shutdown_signal()).await?;
         }
         Command::Migrate { database } => {
             let pool = db::pool_with(&database.database_url, database.pool)?;

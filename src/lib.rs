@@ -3,6 +3,7 @@
 //!
 //! - [`idempotency`]: the mechanism, one entry point for every mutating route.
 //! - [`payments`], [`refunds`], [`webhooks`], [`accounts`]: the domains, each with its router.
+//! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
 //! - [`http`]: the plumbing that owns the state: router, accept loop, errors, docs, metrics.
 //! - [`client`]: the retrying client that keeps one key per intent.
 //! - `dev` (the `dev` feature): `idempay dev`, the demo and the dev commands, apart from the service.

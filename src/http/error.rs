@@ -2,6 +2,7 @@
 //! `application/problem+json` document with a stable `type` per kind of problem; internal causes
 //! are logged with their chain and never echoed to the client.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -262,12 +263,25 @@ pub struct Problem {
     /// For `card-declined`: the payment that was recorded as declined.
     #[serde(skip_serializing_if = "Option::is_none")]
     payment: Option<String>,
+    /// For `card-declined` at the simulated processor: the charge recorded as declined. Left out
+    /// of idempay's API description, whose problems never carry it. Boxed, as `retry_after` is
+    /// kept small, so that a problem stays under clippy's large-error bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    charge: Option<Box<ChargeRef>>,
     /// For `card-declined`: why the processor declined.
     #[serde(skip_serializing_if = "Option::is_none")]
     decline_code: Option<String>,
     #[serde(skip)]
-    retry_after: Option<Duration>,
+    /// Whole seconds, already rounded up: half the size of a `Duration`, which keeps the problem
+    /// (carried by every `Result` of the HTTP layer) under clippy's large-error bound.
+    retry_after: Option<NonZeroU64>,
 }
+
+/// The id of a charge at the simulated processor, as a `card-declined` problem of its names it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+struct ChargeRef(String);
 
 /// The problems any operation that needs an API key may answer, as the API description lists them.
 #[derive(IntoResponses)]
@@ -329,6 +343,7 @@ impl Problem {
             status: kind.status().as_u16(),
             detail: detail.into(),
             payment: None,
+            charge: None,
             decline_code: None,
             retry_after: None,
         }
@@ -346,9 +361,22 @@ impl Problem {
         }
     }
 
+    /// A charge the simulated processor declined: names the charge recorded as declined and why.
+    pub fn charge_declined(charge: &str, decline_code: &'static str) -> Self {
+        Self {
+            charge: Some(Box::new(ChargeRef(charge.to_owned()))),
+            decline_code: Some(decline_code),
+            ..Self::new(
+                ProblemKind::CardDeclined,
+                format!("The card was declined ({decline_code}); charge `{charge}` records it."),
+            )
+        }
+    }
+
     /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
     pub fn retry_after(mut self, after: Duration) -> Self {
-        self.retry_after = Some(after);
+        let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        self.retry_after = NonZeroU64::new(seconds.max(1));
         self
     }
 
@@ -368,9 +396,8 @@ impl Problem {
     /// Headers that belong with this problem, besides `Content-Type`.
     pub fn extra_headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
         let mut headers = Vec::new();
-        if let Some(after) = self.retry_after {
-            let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            headers.push((header::RETRY_AFTER, HeaderValue::from(seconds.max(1))));
+        if let Some(seconds) = self.retry_after {
+            headers.push((header::RETRY_AFTER, HeaderValue::from(seconds.get())));
         }
         if self.kind == ProblemKind::RequestTimeout {
             // The rest of the body may still arrive: the connection cannot carry another request.

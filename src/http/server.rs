@@ -110,6 +110,21 @@ fn builder(header_read_timeout: Duration) -> Builder<TokioExecutor> {
     builder
 }
 
+/// Lets a handler end its connection without answering, as a network that loses an answer does:
+/// every request carries one in its extensions. After [`Hangup::now`] the connection is dropped,
+/// whatever it was doing, so a handler that hangs up must then never answer (await
+/// `std::future::pending()`), or its answer could be written before the drop. The simulated
+/// processor uses it to lose answers on purpose (`IDEMPAY_PROCESSOR_LOSE_ANSWERS`).
+#[derive(Clone, Debug)]
+pub struct Hangup(CancellationToken);
+
+impl Hangup {
+    /// Closes the connection with no response on it.
+    pub fn now(&self) {
+        self.0.cancel();
+    }
+}
+
 /// Serves one connection in a task of its own.
 ///
 /// hyper's header read timeout starts once the protocol is known, and only for HTTP/1.1; before
@@ -128,8 +143,11 @@ fn serve_connection(
     }
     let first_request = CancellationToken::new();
     let arrived = first_request.clone();
-    let service = router.map_request(move |request: Request<Incoming>| {
+    let hangup = CancellationToken::new();
+    let handle = Hangup(hangup.clone());
+    let service = router.map_request(move |mut request: Request<Incoming>| {
         arrived.cancel();
+        request.extensions_mut().insert(handle.clone());
         request
     });
     let connection = builder
@@ -151,6 +169,9 @@ fn serve_connection(
             }
             () = no_request_in_time => {
                 tracing::debug!(timeout = ?header_read_timeout, "no request within the header read timeout: connection closed");
+            }
+            () = hangup.cancelled() => {
+                tracing::debug!("a handler hung up: connection closed without an answer");
             }
         }
     });

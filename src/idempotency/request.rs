@@ -28,6 +28,12 @@ impl Scope {
         Self(scope)
     }
 
+    /// A scope for an owner that is no idempay account, such as the simulated processor
+    /// (`processor:POST /v1/charges`): its keys share the table and never meet an account's.
+    pub fn for_owner(owner: &str, method: &Method, route: &str) -> Self {
+        Self(format!("{owner}:{method} {route}"))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

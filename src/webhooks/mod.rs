@@ -2,6 +2,7 @@
 //! once, signed, with a stable `webhook-id`; the event's effect and the record that it was
 //! processed commit together, and the record's primary key makes a redelivery apply nothing.
 
+pub mod delivery;
 mod events;
 mod signature;
 

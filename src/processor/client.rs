@@ -1,0 +1,332 @@
+//! How idempay calls the processor: one attempt per call, with the caller's downstream key, and
+//! an answer in three outcomes, not two. "Not done" is only said when it is certain (the
+//! connection was refused before a byte was sent, or a 4xx that means nothing happened): anything
+//! else after sending is "unknown", and the caller asks again with the same key, which the
+//! processor answers with the first result.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode, Url};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::model::{Charge, ProcessorRefund};
+
+/// The largest page the processor serves.
+const PAGE: usize = 100;
+
+/// A charge to ask for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChargeRequest {
+    pub amount: i64,
+    pub currency: String,
+    pub payment_method: String,
+}
+
+/// Why the processor certainly did nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// What happened, to log or to tell the caller's own client (the problem's `detail`, when the
+    /// processor sent one).
+    pub reason: String,
+    /// The processor's status, `None` when it was never reached.
+    pub status: Option<u16>,
+    /// The problem's `type` (`/problems/refund-exceeds-payment`…), when it sent one.
+    pub problem_type: Option<String>,
+}
+
+/// What became of one call. Three outcomes, not two.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The processor answered with a result: a charge (succeeded, or declined: the 402 read into
+    /// a [`Charge`]), a refund.
+    Done(T),
+    /// Definitely nothing happened: the connection was refused before anything was sent, or a 4xx
+    /// that says so (400, 401, 403, 404, 422, the refund-beyond-the-charge refusal…).
+    NotDone(Refusal),
+    /// Maybe it happened: a timeout, a connection dropped after sending, a 5xx, a 409 (the same key
+    /// in flight at the processor), a 429, a body that does not parse. Ask again with the same key.
+    Unknown(String),
+}
+
+/// The processor's API, for idempay.
+#[derive(Clone, Debug)]
+pub struct ProcessorClient {
+    http: reqwest::Client,
+    base: Url,
+    api_key: String,
+}
+
+/// The members of a problem document the client reads.
+#[derive(Debug, Default, Deserialize)]
+struct ProblemBody {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    detail: Option<String>,
+    charge: Option<String>,
+}
+
+/// A page of a list.
+#[derive(Deserialize)]
+struct Page<T> {
+    data: Vec<T>,
+    has_more: bool,
+}
+
+/// What a list item needs to be paged from.
+trait Listed {
+    fn id(&self) -> &str;
+}
+
+impl Listed for Charge {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Listed for ProcessorRefund {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl ProcessorClient {
+    /// A client of the processor at `base_url` (`http://127.0.0.1:8081`) that gives every call
+    /// `timeout` in all, connecting included.
+    pub fn new(base_url: &str, api_key: String, timeout: Duration) -> anyhow::Result<Self> {
+        let mut base = Url::parse(base_url)?;
+        if !base.path().ends_with('/') {
+            base.set_path(&format!("{}/", base.path()));
+        }
+        Ok(Self {
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+            base,
+            api_key,
+        })
+    }
+
+    /// One attempt to charge, with `Idempotency-Key: downstream_key`.
+    pub async fn charge(&self, downstream_key: &str, request: &ChargeRequest) -> Outcome<Charge> {
+        let sent = self
+            .request(Method::POST, "v1/charges")
+            .header("idempotency-key", downstream_key)
+            .json(request)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => return transport(&error),
+        };
+        if response.status() != StatusCode::PAYMENT_REQUIRED {
+            return answered(response).await;
+        }
+        // A decline names its charge; the charge itself is read back, a safe read that a retry of
+        // the same key (answered with the same 402) repeats if it fails.
+        let problem: ProblemBody = match response.json().await {
+            Ok(problem) => problem,
+            Err(error) => return Outcome::Unknown(format!("an unreadable decline: {error}")),
+        };
+        let Some(id) = problem.charge else {
+            return Outcome::Unknown("a decline that names no charge".to_owned());
+        };
+        match self.get::<Charge>(&format!("v1/charges/{id}")).await {
+            Ok(charge) => Outcome::Done(charge),
+            Err(error) => Outcome::Unknown(format!("declined charge {id} unreadable: {error:#}")),
+        }
+    }
+
+    /// One attempt to refund `charge` (all that remains when `amount` is `None`), with
+    /// `Idempotency-Key: downstream_key`.
+    pub async fn refund(
+        &self,
+        downstream_key: &str,
+        charge: &str,
+        amount: Option<i64>,
+    ) -> Outcome<ProcessorRefund> {
+        let sent = self
+            .request(Method::POST, &format!("v1/charges/{charge}/refunds"))
+            .header("idempotency-key", downstream_key)
+            .json(&serde_json::json!({ "amount": amount }))
+            .send()
+            .await;
+        match sent {
+            Ok(response) => answered(response).await,
+            Err(error) => transport(&error),
+        }
+    }
+
+    /// Every charge, all pages, newest first: for reconciliation.
+    pub async fn charges(&self) -> anyhow::Result<Vec<Charge>> {
+        self.all("v1/charges").await
+    }
+
+    /// Every refund, all pages, newest first: for reconciliation.
+    pub async fn refunds(&self) -> anyhow::Result<Vec<ProcessorRefund>> {
+        self.all("v1/refunds").await
+    }
+
+    async fn all<T: DeserializeOwned + Listed>(&self, path: &str) -> anyhow::Result<Vec<T>> {
+        let mut items: Vec<T> = Vec::new();
+        loop {
+            let mut query = format!("{path}?limit={PAGE}");
+            if let Some(last) = items.last() {
+                query.push_str(&format!("&starting_after={}", last.id()));
+            }
+            let page: Page<T> = self.get(&query).await?;
+            items.extend(page.data);
+            if !page.has_more {
+                return Ok(items);
+            }
+        }
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let response = self.request(Method::GET, path).send().await?;
+        let status = response.status();
+        if !status.is_success() {
+            anyhow::bail!(
+                "GET {path} answered {status}: {}",
+                response.text().await.unwrap_or_default()
+            );
+        }
+        Ok(response.json().await?)
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let url = self.base.join(path).unwrap_or_else(|_| self.base.clone());
+        self.http.request(method, url).bearer_auth(&self.api_key)
+    }
+}
+
+/// A call that got no response. Only a failure to connect proves that nothing was sent.
+fn transport<T>(error: &reqwest::Error) -> Outcome<T> {
+    let reason = chain(error);
+    if error.is_connect() {
+        Outcome::NotDone(Refusal {
+            reason: format!("the processor could not be reached: {reason}"),
+            status: None,
+            problem_type: None,
+        })
+    } else {
+        Outcome::Unknown(format!("no answer from the processor: {reason}"))
+    }
+}
+
+/// The error with its causes: "error sending request" alone says nothing of why.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        text.push_str(": ");
+        text.push_str(&error.to_string());
+        cause = error.source();
+    }
+    text
+}
+
+/// A response, read into one of the outcomes.
+async fn answered<T: DeserializeOwned>(response: reqwest::Response) -> Outcome<T> {
+    let status = response.status();
+    let body = match response.bytes().await {
+        Ok(body) => body,
+        Err(error) => {
+            return Outcome::Unknown(format!("{status}, then the body broke off: {error}"));
+        }
+    };
+    classify(status, &body)
+}
+
+/// What a status and its body say happened.
+fn classify<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> Outcome<T> {
+    if status.is_success() {
+        return match serde_json::from_slice(body) {
+            Ok(result) => Outcome::Done(result),
+            Err(error) => Outcome::Unknown(format!("{status} with an unreadable body: {error}")),
+        };
+    }
+    let problem: ProblemBody = serde_json::from_slice(body).unwrap_or_default();
+    let reason = problem
+        .detail
+        .clone()
+        .unwrap_or_else(|| format!("the processor answered {status}"));
+    match status {
+        // In flight under the same key, or slow down: either may still happen.
+        StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS => Outcome::Unknown(reason),
+        status if status.is_client_error() => Outcome::NotDone(Refusal {
+            reason,
+            status: Some(status.as_u16()),
+            problem_type: problem.kind,
+        }),
+        _ => Outcome::Unknown(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(status: u16, body: &str) -> Outcome<ProcessorRefund> {
+        classify(StatusCode::from_u16(status).unwrap(), body.as_bytes())
+    }
+
+    #[test]
+    fn a_result_is_done_and_an_unreadable_one_is_unknown() {
+        let refund = r#"{"id":"pyr_1","object":"refund","charge":"ch_1","amount":5,"status":"succeeded","created_at":"2026-11-30T10:00:00Z"}"#;
+        assert!(matches!(outcome(201, refund), Outcome::Done(r) if r.charge == "ch_1"));
+        assert!(matches!(outcome(201, "{"), Outcome::Unknown(_)));
+        assert!(matches!(outcome(200, "<html>"), Outcome::Unknown(_)));
+    }
+
+    #[test]
+    fn a_client_error_is_not_done_with_the_problem_s_type_and_detail() {
+        let problem = r#"{"type":"/problems/refund-exceeds-payment","title":"t","status":400,"detail":"Nothing was refunded."}"#;
+        let Outcome::NotDone(refusal) = outcome(400, problem) else {
+            panic!("400 is not done");
+        };
+        assert_eq!(refusal.status, Some(400));
+        assert_eq!(
+            refusal.problem_type.as_deref(),
+            Some("/problems/refund-exceeds-payment")
+        );
+        assert_eq!(refusal.reason, "Nothing was refunded.");
+        for status in [401, 403, 404, 422] {
+            assert!(
+                matches!(outcome(status, ""), Outcome::NotDone(_)),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn in_flight_throttled_and_server_errors_are_unknown() {
+        for status in [409, 429, 500, 502, 503, 504, 302] {
+            assert!(
+                matches!(outcome(status, ""), Outcome::Unknown(_)),
+                "{status}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_not_done() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap()
+            .port();
+        let client = ProcessorClient::new(
+            &format!("http://127.0.0.1:{port}"),
+            "pk".into(),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let request = ChargeRequest {
+            amount: 1,
+            currency: "eur".into(),
+            payment_method: "pm_card_visa".into(),
+        };
+        assert!(matches!(
+            client.charge("k", &request).await,
+            Outcome::NotDone(Refusal { status: None, .. })
+        ));
+    }
+}

@@ -1,0 +1,103 @@
+//! The processor's extractors: its bearer key, and the keyed request of a mutating route, checked
+//! before anything is reserved as idempay's own [`Idempotent`](crate::idempotency::Idempotent) is.
+//! Only who may call differs: one API key for the processor, where idempay has accounts.
+
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use super::ProcessorState;
+use crate::http::error::{ApiError, Problem, ProblemKind};
+use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError, KeyedRequest, Scope};
+
+/// The owner of every processor key's scope (`processor:POST /v1/charges`). No account id has this
+/// shape, so the processor's keys never meet idempay's in the shared table.
+pub const SCOPE_OWNER: &str = "processor";
+
+/// The header that carries the key, as idempay's own routes read it.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Proof that the request carried the processor's API key.
+#[derive(Debug)]
+pub struct Authorized;
+
+impl FromRequestParts<ProcessorState> for Authorized {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &ProcessorState,
+    ) -> Result<Self, Self::Rejection> {
+        let presented = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
+        match presented {
+            Some(key) if state.api_key.matches(key) => Ok(Self),
+            _ => Err(Problem::new(
+                ProblemKind::Unauthorized,
+                "Send the processor's API key as `Authorization: Bearer <key>`.",
+            )),
+        }
+    }
+}
+
+/// A JSON body of type `T` with a valid `Idempotency-Key`, from a client holding the API key.
+/// No body (or `null`) is `{}`, as a full refund is asked for with a bare POST.
+#[derive(Debug)]
+pub struct Keyed<T> {
+    pub request: KeyedRequest,
+    pub body: T,
+}
+
+impl<T> FromRequest<ProcessorState> for Keyed<T>
+where
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &ProcessorState) -> Result<Self, ApiError> {
+        let (mut parts, body) = req.into_parts();
+        Authorized::from_request_parts(&mut parts, state).await?;
+        let route = parts.extensions.get::<MatchedPath>().map_or_else(
+            || parts.uri.path().to_owned(),
+            |path| path.as_str().to_owned(),
+        );
+        let scope = Scope::for_owner(SCOPE_OWNER, &parts.method, &route);
+        let target = parts.uri.path().to_owned();
+        let key = key_from(&parts.headers)
+            .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
+        let bytes = Bytes::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(Problem::from)?;
+        let bytes = if bytes.trim_ascii().is_empty() || bytes.trim_ascii() == b"null" {
+            Bytes::from_static(b"{}")
+        } else {
+            bytes
+        };
+        let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
+        let document = serde_json::from_slice(&bytes).map_err(invalid_body)?;
+        Ok(Self {
+            request: KeyedRequest::new(scope, key, Fingerprint::of_request(&target, &document)),
+            body,
+        })
+    }
+}
+
+fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let value = values.next().ok_or(KeyError::Missing)?;
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    IdempotencyKey::parse(value.as_bytes())
+}
+
+fn invalid_body(error: serde_json::Error) -> Problem {
+    Problem::new(
+        ProblemKind::InvalidRequest,
+        format!("The request body is invalid: {error}."),
+    )
+}

@@ -1,0 +1,531 @@
+//! The processor's handlers. The mutating ones run through [`Idempotency::run`] exactly as
+//! idempay's payments and refunds do: the ledger rows, the outbox event and the key's completion
+//! commit in one transaction, and a retry with the same key is answered from the stored response.
+//!
+//! [`Idempotency::run`]: crate::idempotency::Idempotency::run
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgConnection;
+
+use super::ProcessorState;
+use super::extract::{Authorized, Keyed};
+use super::model::{
+    Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
+    ProcessorRefund, RefundRow, tagged,
+};
+use crate::http::error::{ApiError, Problem, ProblemKind};
+use crate::http::extract::Path;
+use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
+use crate::http::server::Hangup;
+use crate::idempotency::{Completion, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
+use crate::payments::PaymentMethod;
+use crate::webhooks::delivery;
+
+/// The decline code of `pm_card_chargeDeclined`, as Stripe's test card answers.
+const DECLINE_CODE: &str = "generic_decline";
+
+// -------------------------------------------------------------------------------------------
+// Faults
+// -------------------------------------------------------------------------------------------
+
+impl ProcessorState {
+    /// Answers a mutating request through the configured faults: 503 before anything happens, or
+    /// the answer of a first execution lost after its commit.
+    async fn with_faults(
+        &self,
+        hangup: Option<Extension<Hangup>>,
+        answer: impl Future<Output = Result<Response, ApiError>>,
+    ) -> Result<Response, ApiError> {
+        if self.faults.fail.happens() {
+            return Err(Problem::new(
+                ProblemKind::ServiceUnavailable,
+                "The processor failed before doing anything (IDEMPAY_PROCESSOR_FAIL).",
+            )
+            .retry_after(Duration::from_secs(1))
+            .into());
+        }
+        let lose = self.faults.lose_answers.happens();
+        let response = answer.await?;
+        // A replay is answered: the lost answer's retry learns what happened.
+        let first = !response.headers().contains_key(IDEMPOTENT_REPLAYED);
+        match hangup {
+            Some(Extension(hangup)) if lose && first => {
+                tracing::info!("losing the answer (IDEMPAY_PROCESSOR_LOSE_ANSWERS)");
+                hangup.now();
+                // The connection is dropped with this future; answering would race the drop.
+                std::future::pending().await
+            }
+            _ => Ok(response),
+        }
+    }
+
+    /// The injected latency, inside the key's lease and before the effect.
+    async fn delay(&self) {
+        if !self.faults.latency.is_zero() {
+            tokio::time::sleep(self.faults.latency).await;
+        }
+    }
+
+    /// Writes an event to the outbox in the caller's transaction, when events are delivered.
+    async fn announce(
+        &self,
+        conn: &mut PgConnection,
+        kind: &str,
+        at: DateTime<Utc>,
+        data: &impl Serialize,
+    ) -> Result<(), ApiError> {
+        let Some(url) = &self.webhook_url else {
+            return Ok(());
+        };
+        let body = delivery::envelope(kind, at, data).map_err(anyhow::Error::from)?;
+        delivery::enqueue(conn, &delivery::event_id(), url, &body).await?;
+        Ok(())
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Charges
+// -------------------------------------------------------------------------------------------
+
+/// `POST /v1/charges`: 201 with the charge, or 402 naming the declined charge; both are results,
+/// recorded and replayed.
+pub(super) async fn create_charge(
+    State(state): State<ProcessorState>,
+    hangup: Option<Extension<Hangup>>,
+    Keyed { request, body }: Keyed<NewCharge>,
+) -> Result<Response, ApiError> {
+    let shared = state.clone();
+    let answer = state
+        .idempotency
+        .run(request, move |lease| charge(shared, lease, body));
+    state.with_faults(hangup, answer).await
+}
+
+async fn charge(
+    state: ProcessorState,
+    lease: Lease,
+    new: NewCharge,
+) -> Result<Completion, ApiError> {
+    state.delay().await;
+    let decline_code = match new.payment_method {
+        PaymentMethod::CardVisa => None,
+        PaymentMethod::CardChargeDeclined => Some(DECLINE_CODE),
+        PaymentMethod::CardSlow => {
+            tokio::time::sleep(state.slow_charge).await;
+            None
+        }
+    };
+    let charge = Charge {
+        id: IdKind::Charge.generate(),
+        amount: new.amount.into(),
+        currency: new.currency.as_str().to_owned(),
+        status: match decline_code {
+            None => ChargeStatus::Succeeded,
+            Some(_) => ChargeStatus::Declined,
+        },
+        payment_method: new.payment_method.as_str().to_owned(),
+        decline_code: decline_code.map(str::to_owned),
+        amount_refunded: 0,
+        created_at: lease.now(),
+    };
+    let response = match decline_code {
+        None => StoredResponse::json(StatusCode::CREATED, &tagged("charge", &charge))
+            .map_err(anyhow::Error::from)?
+            .with_header(header::LOCATION, format!("/v1/charges/{}", charge.id)),
+        Some(code) => StoredResponse::problem(&Problem::charge_declined(&charge.id, code)),
+    };
+    let mut tx = lease.begin().await?;
+    sqlx::query!(
+        r#"
+        INSERT INTO processor_charges
+            (id, amount, currency, status, payment_method, decline_code, idempotency_key, created_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "#,
+        charge.id,
+        charge.amount,
+        charge.currency,
+        charge.status.as_str(),
+        charge.payment_method,
+        charge.decline_code,
+        lease.key().as_str(),
+        charge.created_at,
+    )
+    .execute(&mut *tx)
+    .await?;
+    let kind = match charge.status {
+        ChargeStatus::Succeeded => "charge.succeeded",
+        ChargeStatus::Declined => "charge.declined",
+    };
+    let data = json!({ "charge": charge.id, "amount": charge.amount, "currency": charge.currency });
+    state
+        .announce(&mut tx, kind, charge.created_at, &data)
+        .await?;
+    Ok(lease.complete(tx, response).await?)
+}
+
+/// `GET /v1/charges/{id}`.
+pub(super) async fn get_charge(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let not_found = || Problem::new(ProblemKind::NotFound, format!("No charge `{id}`."));
+    if !IdKind::Charge.is(&id) {
+        return Err(not_found().into());
+    }
+    let row = sqlx::query_as!(
+        ChargeRow,
+        r#"
+        SELECT id, amount, currency, status, payment_method, decline_code, amount_refunded,
+               created_at
+        FROM processor_charges
+        WHERE id = $1
+        "#,
+        id,
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or_else(not_found)?;
+    Ok(axum::Json(tagged("charge", &Charge::from(row))).into_response())
+}
+
+/// A page of a list, in Stripe's shape: the list and where it is read.
+#[derive(Serialize)]
+struct Page<T> {
+    #[serde(flatten)]
+    list: List<T>,
+    url: &'static str,
+}
+
+/// `GET /v1/charges`: newest first, a keyset page at a time.
+pub(super) async fn list_charges(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    page: PageRequest,
+) -> Result<Response, ApiError> {
+    let position = match &page.cursor {
+        Cursor::First => None,
+        Cursor::After(id) | Cursor::Before(id) if !IdKind::Charge.is(id) => {
+            return Err(unknown_cursor(id).into());
+        }
+        Cursor::After(id) | Cursor::Before(id) => Some(
+            sqlx::query_as!(
+                Position,
+                "SELECT created_at, id FROM processor_charges WHERE id = $1",
+                id,
+            )
+            .fetch_optional(&state.pool)
+            .await?
+            .ok_or_else(|| unknown_cursor(id))?,
+        ),
+    };
+    let rows = match (&page.cursor, position) {
+        (Cursor::Before(_), Some(after)) => {
+            sqlx::query_as!(
+                ChargeRow,
+                r#"
+                SELECT id, amount, currency, status, payment_method, decline_code,
+                       amount_refunded, created_at
+                FROM processor_charges
+                WHERE (created_at, id) > ($1, $2)
+                ORDER BY created_at, id
+                LIMIT $3
+                "#,
+                after.created_at,
+                after.id,
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+        (_, before) => {
+            sqlx::query_as!(
+                ChargeRow,
+                r#"
+                SELECT id, amount, currency, status, payment_method, decline_code,
+                       amount_refunded, created_at
+                FROM processor_charges
+                WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
+                ORDER BY created_at DESC, id DESC
+                LIMIT $3
+                "#,
+                before.as_ref().map(|position| position.created_at),
+                before.as_ref().map(|position| position.id.as_str()),
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+    };
+    let charges: Vec<Charge> = rows.into_iter().map(Charge::from).collect();
+    let list = List::from_rows(charges, &page);
+    let data = list.data.iter().map(|c| tagged("charge", c)).collect();
+    Ok(axum::Json(Page {
+        list: List {
+            object: list.object,
+            data,
+            has_more: list.has_more,
+        },
+        url: "/v1/charges",
+    })
+    .into_response())
+}
+
+// -------------------------------------------------------------------------------------------
+// Refunds
+// -------------------------------------------------------------------------------------------
+
+/// `POST /v1/charges/{id}/refunds`: 201 with the refund; never beyond what the charge has left.
+/// A refusal (unknown or declined charge, too much asked) is a stored result, like idempay's.
+pub(super) async fn create_refund(
+    State(state): State<ProcessorState>,
+    hangup: Option<Extension<Hangup>>,
+    Path(id): Path<String>,
+    Keyed { request, body }: Keyed<NewRefund>,
+) -> Result<Response, ApiError> {
+    // An id that cannot name a charge is refused before the key is reserved.
+    if !IdKind::Charge.is(&id) {
+        return Err(charge_not_found(&id).into());
+    }
+    let shared = state.clone();
+    let answer = state.idempotency.run(request, move |lease| async move {
+        shared.delay().await;
+        let at = lease.now();
+        let mut tx = lease.begin().await?;
+        let response = match refund(&mut tx, &id, &body, lease.key(), at).await? {
+            Ok(refund) => {
+                let data =
+                    json!({ "charge": refund.charge, "refund": refund.id, "amount": refund.amount });
+                shared
+                    .announce(&mut tx, "charge.refunded", at, &data)
+                    .await?;
+                StoredResponse::json(StatusCode::CREATED, &tagged("refund", &refund))
+                    .map_err(anyhow::Error::from)?
+            }
+            Err(refusal) => StoredResponse::problem(&refusal),
+        };
+        Ok(lease.complete(tx, response).await?)
+    });
+    state.with_faults(hangup, answer).await
+}
+
+/// Refunds `charge` in the caller's transaction, or says why nothing was refunded.
+async fn refund(
+    conn: &mut PgConnection,
+    charge: &str,
+    new: &NewRefund,
+    key: &IdempotencyKey,
+    at: DateTime<Utc>,
+) -> Result<Result<ProcessorRefund, Problem>, sqlx::Error> {
+    // The row lock makes concurrent refunds of one charge take turns, each seeing what the
+    // previous one left.
+    let Some(charged) = sqlx::query!(
+        "SELECT amount, amount_refunded, status FROM processor_charges WHERE id = $1 FOR UPDATE",
+        charge,
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(Err(charge_not_found(charge)));
+    };
+    if ChargeStatus::from_stored(&charged.status) == ChargeStatus::Declined {
+        return Ok(Err(Problem::new(
+            ProblemKind::PaymentNotRefundable,
+            format!(
+                "Charge `{charge}` was declined: there is nothing to refund. Nothing was refunded."
+            ),
+        )));
+    }
+    let remaining = charged.amount - charged.amount_refunded;
+    let amount = new.amount.map_or(remaining, i64::from);
+    if remaining == 0 || amount > remaining {
+        return Ok(Err(Problem::new(
+            ProblemKind::RefundExceedsPayment,
+            format!(
+                "Only {remaining} of charge `{charge}` remains refundable; {amount} was asked. \
+                 Nothing was refunded."
+            ),
+        )));
+    }
+    let row = sqlx::query_as!(
+        RefundRow,
+        r#"
+        INSERT INTO processor_refunds (id, charge_id, amount, status, idempotency_key, created_at)
+        VALUES ($1, $2, $3, 'succeeded', $4, $5)
+        RETURNING id, charge_id, amount, created_at
+        "#,
+        IdKind::Refund.generate(),
+        charge,
+        amount,
+        key.as_str(),
+        at,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query!(
+        "UPDATE processor_charges SET amount_refunded = amount_refunded + $2 WHERE id = $1",
+        charge,
+        amount,
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(Ok(row.into()))
+}
+
+/// `GET /v1/refunds`: every refund, newest first, each naming its charge, for reconciliation.
+pub(super) async fn list_refunds(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    page: PageRequest,
+) -> Result<Response, ApiError> {
+    let position = match &page.cursor {
+        Cursor::First => None,
+        Cursor::After(id) | Cursor::Before(id) if !IdKind::Refund.is(id) => {
+            return Err(unknown_cursor(id).into());
+        }
+        Cursor::After(id) | Cursor::Before(id) => Some(
+            sqlx::query_as!(
+                Position,
+                "SELECT created_at, id FROM processor_refunds WHERE id = $1",
+                id,
+            )
+            .fetch_optional(&state.pool)
+            .await?
+            .ok_or_else(|| unknown_cursor(id))?,
+        ),
+    };
+    let rows = match (&page.cursor, position) {
+        (Cursor::Before(_), Some(after)) => {
+            sqlx::query_as!(
+                RefundRow,
+                r#"
+                SELECT id, charge_id, amount, created_at
+                FROM processor_refunds
+                WHERE (created_at, id) > ($1, $2)
+                ORDER BY created_at, id
+                LIMIT $3
+                "#,
+                after.created_at,
+                after.id,
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+        (_, before) => {
+            sqlx::query_as!(
+                RefundRow,
+                r#"
+                SELECT id, charge_id, amount, created_at
+                FROM processor_refunds
+                WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
+                ORDER BY created_at DESC, id DESC
+                LIMIT $3
+                "#,
+                before.as_ref().map(|position| position.created_at),
+                before.as_ref().map(|position| position.id.as_str()),
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+    };
+    let refunds: Vec<ProcessorRefund> = rows.into_iter().map(ProcessorRefund::from).collect();
+    let list = List::from_rows(refunds, &page);
+    let data = list.data.iter().map(|r| tagged("refund", r)).collect();
+    Ok(axum::Json(Page {
+        list: List {
+            object: list.object,
+            data,
+            has_more: list.has_more,
+        },
+        url: "/v1/refunds",
+    })
+    .into_response())
+}
+
+// -------------------------------------------------------------------------------------------
+// Disputes: a test helper, standing in for the cardholder's bank.
+// -------------------------------------------------------------------------------------------
+
+/// `POST /v1/charges/{id}/disputes {amount}`: opens a dispute of up to what the charge has not
+/// had disputed yet. Not keyed: a test opens each dispute once.
+pub(super) async fn create_dispute(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    if !IdKind::Charge.is(&id) {
+        return Err(charge_not_found(&id).into());
+    }
+    let body = body.map_err(Problem::from)?;
+    let new: NewDispute = serde_json::from_slice(&body).map_err(|error| {
+        Problem::new(
+            ProblemKind::InvalidRequest,
+            format!("The request body is invalid: {error}."),
+        )
+    })?;
+    let amount = i64::from(new.amount);
+    let mut tx = state.pool.begin().await?;
+    let Some(charged) = sqlx::query!(
+        "SELECT amount, amount_disputed, status FROM processor_charges WHERE id = $1 FOR UPDATE",
+        id,
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Err(charge_not_found(&id).into());
+    };
+    let open = charged.amount - charged.amount_disputed;
+    if ChargeStatus::from_stored(&charged.status) == ChargeStatus::Declined || amount > open {
+        return Err(Problem::new(
+            ProblemKind::InvalidRequest,
+            format!(
+                "Charge `{id}` ({}) has {open} left to dispute; {amount} was asked.",
+                charged.status
+            ),
+        )
+        .into());
+    }
+    let dispute = sqlx::query_as!(
+        Dispute,
+        r#"
+        INSERT INTO processor_disputes (id, charge_id, amount)
+        VALUES ($1, $2, $3)
+        RETURNING id, charge_id AS charge, amount, created_at
+        "#,
+        IdKind::Dispute.generate(),
+        id,
+        amount,
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "UPDATE processor_charges SET amount_disputed = amount_disputed + $2 WHERE id = $1",
+        id,
+        amount,
+    )
+    .execute(&mut *tx)
+    .await?;
+    let data = json!({ "charge": dispute.charge, "dispute": dispute.id, "amount": dispute.amount });
+    state
+        .announce(&mut tx, "charge.dispute.created", dispute.created_at, &data)
+        .await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, axum::Json(tagged("dispute", &dispute))).into_response())
+}
+
+fn charge_not_found(id: &str) -> Problem {
+    Problem::new(ProblemKind::NotFound, format!("No charge `{id}`."))
+}

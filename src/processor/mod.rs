@@ -1,0 +1,203 @@
+//! The simulated card processor: a second HTTP service in the same binary (`idempay processor`,
+//! or embedded with [`Processor::build`]) that idempay calls over the network, as it would call a
+//! real one. It keeps a ledger of charges, refunds and disputes, answers each keyed request once
+//! with **the same idempotency mechanism** as idempay's own routes (proof that it is reusable),
+//! announces its changes as signed webhooks from an outbox, and injects the faults of a real
+//! network on demand ([`faults`]). [`client`] is how idempay calls it.
+//!
+//! Routes: `POST /v1/charges`, `GET /v1/charges`, `GET /v1/charges/{id}`,
+//! `POST /v1/charges/{id}/refunds`, `POST /v1/charges/{id}/disputes` (a test helper) and
+//! `GET /v1/refunds`; all need `Authorization: Bearer <IDEMPAY_PROCESSOR_API_KEY>`.
+
+pub mod client;
+mod extract;
+pub mod faults;
+mod handlers;
+mod model;
+mod settings;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::expiry;
+use crate::http::error::{Problem, ProblemKind};
+use crate::http::{MAX_BODY_BYTES, server};
+use crate::idempotency::{Idempotency, Policy};
+use crate::webhooks::delivery::Deliverer;
+
+pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
+pub use faults::{Faults, Fraction};
+pub use model::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
+pub use settings::{ProcessorApiKey, ProcessorListen, ProcessorSettings};
+
+/// How long the processor keeps its keys and how long a request may hold one without renewing
+/// it: idempay's defaults, so its retries, hours apart, still find their first charge.
+const POLICY: Policy = Policy {
+    key_ttl: Duration::from_secs(24 * 60 * 60),
+    lease: Duration::from_secs(30),
+};
+
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the expiry job deletes the processor's expired keys (the same job as idempay's: both
+/// may run on one database).
+const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The longest pause between two looks at the outbox; shorter when the retry base is.
+const MAX_DELIVERY_POLL: Duration = Duration::from_secs(1);
+
+/// What the processor's handlers share: one pointer, cloned per request.
+#[derive(Clone, Debug)]
+pub struct ProcessorState(Arc<Shared>);
+
+#[derive(Debug)]
+pub struct Shared {
+    pool: PgPool,
+    /// Its own instance of the mechanism: its own replay cache, the same table as idempay's.
+    idempotency: Idempotency,
+    api_key: ProcessorApiKey,
+    slow_charge: Duration,
+    faults: Faults,
+    /// Where events go; `None` records none.
+    webhook_url: Option<String>,
+}
+
+impl Deref for ProcessorState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The processor's routes, answering every error as a problem document.
+pub fn router(state: ProcessorState) -> Router {
+    Router::new()
+        .route(
+            "/v1/charges",
+            post(handlers::create_charge).get(handlers::list_charges),
+        )
+        .route("/v1/charges/{id}", get(handlers::get_charge))
+        .route("/v1/charges/{id}/refunds", post(handlers::create_refund))
+        .route("/v1/charges/{id}/disputes", post(handlers::create_dispute))
+        .route("/v1/refunds", get(handlers::list_refunds))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(CatchPanicLayer::custom(|_| {
+            Problem::new(
+                ProblemKind::Internal,
+                "The request failed on the processor.",
+            )
+            .into_response()
+        }))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn not_found(request: Request) -> Response {
+    Problem::new(
+        ProblemKind::NotFound,
+        format!(
+            "No route for {} {} at the processor.",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+/// The running processor: its API on a bound listener, the webhook delivery loop (when a URL and
+/// a secret are set) and the key expiry job.
+///
+/// Taking a bound listener lets a test, or a process that embeds it, bind port 0 and learn the
+/// address before serving.
+pub struct Processor {
+    listener: TcpListener,
+    state: ProcessorState,
+    deliveries: Option<(Deliverer, Duration)>,
+}
+
+impl Processor {
+    /// Fails if a webhook URL is set without a secret to sign with, or the HTTP client for
+    /// deliveries cannot be built.
+    pub fn build(
+        settings: ProcessorSettings,
+        pool: PgPool,
+        listener: TcpListener,
+    ) -> anyhow::Result<Self> {
+        let deliveries = match (&settings.webhook_url, &settings.webhook_secret) {
+            (None, _) => None,
+            (Some(_), None) => anyhow::bail!(
+                "IDEMPAY_PROCESSOR_WEBHOOK_URL is set but IDEMPAY_WEBHOOK_SECRET is not: events \
+                 could not be signed"
+            ),
+            (Some(_), Some(secret)) => Some((
+                Deliverer::new(
+                    pool.clone(),
+                    secret,
+                    settings.backoff(),
+                    settings.webhook_timeout,
+                )?,
+                settings.webhook_retry_base.min(MAX_DELIVERY_POLL),
+            )),
+        };
+        let state = ProcessorState(Arc::new(Shared {
+            idempotency: Idempotency::new(pool.clone(), POLICY),
+            api_key: settings.api_key,
+            slow_charge: settings.slow_charge,
+            faults: settings.faults,
+            webhook_url: settings.webhook_url,
+            pool,
+        }));
+        Ok(Self {
+            listener,
+            state,
+            deliveries,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then lets in-flight requests finish and stops the
+    /// delivery loop and the expiry job.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let stop = CancellationToken::new();
+        let expiry = expiry::spawn(self.state.pool.clone(), EXPIRY_INTERVAL, stop.clone());
+        let deliveries = self
+            .deliveries
+            .map(|(deliverer, poll)| deliverer.spawn(poll, stop.clone()));
+        let served = server::serve(
+            self.listener,
+            router(self.state),
+            HEADER_READ_TIMEOUT,
+            shutdown,
+        )
+        .await;
+        stop.cancel();
+        for task in std::iter::once(expiry).chain(deliveries) {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "a processor job ended abnormally");
+            }
+        }
+        served
+    }
+}

@@ -1,0 +1,152 @@
+//! The processor's settings, from the command line or the environment (`idempay processor`), or
+//! built in code by a process that embeds it.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::faults::Faults;
+use crate::webhooks::WebhookSecret;
+use crate::webhooks::delivery::Backoff;
+
+/// Where `idempay processor` listens.
+#[derive(Args, Clone, Debug)]
+pub struct ProcessorListen {
+    /// The processor's listen address.
+    #[arg(
+        long = "listen",
+        env = "IDEMPAY_PROCESSOR_LISTEN",
+        default_value = "127.0.0.1:8081"
+    )]
+    pub listen: SocketAddr,
+}
+
+/// How the simulated processor behaves.
+#[derive(Args, Clone, Debug)]
+pub struct ProcessorSettings {
+    /// The key its clients send as `Authorization: Bearer <key>`.
+    #[arg(long, env = "IDEMPAY_PROCESSOR_API_KEY", hide_env_values = true, value_parser = ProcessorApiKey::parse)]
+    pub api_key: ProcessorApiKey,
+
+    /// Processing time of the test payment method `pm_card_slow`.
+    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub slow_charge: Duration,
+
+    /// The `whsec_…` secret the events are signed with.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
+    pub webhook_secret: Option<WebhookSecret>,
+
+    /// Where the events are delivered; none are recorded or sent without it (or without a secret).
+    #[arg(long, env = "IDEMPAY_PROCESSOR_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// How long after a failed delivery the first retry comes; each next one waits twice as long.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub webhook_retry_base: Duration,
+
+    /// The longest wait between two delivery attempts.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_CAP", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub webhook_retry_cap: Duration,
+
+    /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub webhook_timeout: Duration,
+
+    #[command(flatten)]
+    pub faults: Faults,
+}
+
+impl ProcessorSettings {
+    /// Default settings with this API key: no faults, no events.
+    pub fn new(api_key: ProcessorApiKey) -> Self {
+        Self {
+            api_key,
+            slow_charge: Duration::from_secs(2),
+            webhook_secret: None,
+            webhook_url: None,
+            webhook_retry_base: Duration::from_secs(1),
+            webhook_retry_cap: Duration::from_secs(60 * 60),
+            webhook_timeout: Duration::from_secs(10),
+            faults: Faults::default(),
+        }
+    }
+
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            base: self.webhook_retry_base,
+            cap: self.webhook_retry_cap,
+        }
+    }
+}
+
+/// The processor's API key: any non-empty printable ASCII, compared in constant time.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProcessorApiKey(String);
+
+impl ProcessorApiKey {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the processor API key must be visible ASCII characters".to_owned());
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `candidate` is this key. Both are hashed first, so the comparison takes the same
+    /// time whatever their lengths and wherever they differ.
+    pub fn matches(&self, candidate: &[u8]) -> bool {
+        use sha2::{Digest, Sha256};
+        let ours = Sha256::digest(self.0.as_bytes());
+        let theirs = Sha256::digest(candidate);
+        let difference = ours
+            .iter()
+            .zip(theirs.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(difference) == 0
+    }
+}
+
+impl fmt::Debug for ProcessorApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProcessorApiKey(…)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: ProcessorSettings,
+    }
+
+    #[test]
+    fn the_defaults_are_those_of_new() {
+        let parsed = Cli::parse_from(["processor", "--api-key", "pk_test"]).settings;
+        let new = ProcessorSettings::new(ProcessorApiKey::parse("pk_test").unwrap());
+        assert_eq!(parsed.slow_charge, new.slow_charge);
+        assert_eq!(parsed.backoff(), new.backoff());
+        assert_eq!(parsed.webhook_timeout, new.webhook_timeout);
+        assert_eq!(parsed.faults, new.faults);
+        assert!(parsed.api_key == new.api_key);
+    }
+
+    #[test]
+    fn the_api_key_is_required_and_compared_exactly() {
+        assert!(Cli::try_parse_from(["processor"]).is_err());
+        let key = ProcessorApiKey::parse("pk_test").unwrap();
+        assert!(key.matches(b"pk_test"));
+        assert!(!key.matches(b"pk_tes"));
+        assert!(!key.matches(b"pk_test "));
+        assert!(ProcessorApiKey::parse("").is_err());
+        assert!(ProcessorApiKey::parse("a b").is_err());
+    }
+}
