@@ -118,7 +118,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("created account {} ({})", account.id(), account.name());
             println!("{}", key.expose());
         }
-        Command::Reconcile { database, processor } => {
+        Command::Reconcile {
+            database,
+            processor,
+        } => {
             let pool = db::pool_with(&database.database_url, database.pool)?;
             let report = reconcile::run(&pool, &processor).await?;
             for difference in &report.differences {

@@ -83,7 +83,11 @@ pub struct ProcessorLink {
 
     /// The secret idempay authenticates to the processor with (`Authorization: Bearer …`).
     /// Required with `IDEMPAY_PROCESSOR_URL`; the embedded processor makes its own.
-    #[arg(long = "processor-api-key", env = "IDEMPAY_PROCESSOR_API_KEY", hide_env_values = true)]
+    #[arg(
+        long = "processor-api-key",
+        env = "IDEMPAY_PROCESSOR_API_KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
 
     /// How long one call to the processor may take. A call that takes longer has an unknown

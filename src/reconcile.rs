@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ProcessorLink;
 use crate::ids;
-use crate::processor::{ChargeStatus, Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
+use crate::processor::{
+    ChargeStatus, Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings,
+};
 
 /// Reconciles against the processor `link` names or, without a URL, against the processor
 /// embedded in this database (as `serve` runs it), started on a loopback port for the purpose.
@@ -21,13 +23,19 @@ pub async fn run(pool: &PgPool, link: &ProcessorLink) -> anyhow::Result<Report> 
         return reconcile(pool, &client).await;
     }
     let api_key = ids::generate("sk_reconcile", 32);
-    let settings = ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
+    let settings =
+        ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
     let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
     let processor = Processor::build(settings, pool.clone(), listener)?;
-    let client = ProcessorClient::new(&format!("http://{}", processor.local_addr()?), api_key, link.timeout)?;
+    let client = ProcessorClient::new(
+        &format!("http://{}", processor.local_addr()?),
+        api_key,
+        link.timeout,
+    )?;
     let stop = CancellationToken::new();
     let stopped = stop.clone();
-    let serving = tokio::spawn(processor.run_until_stopped(async move { stopped.cancelled().await }));
+    let serving =
+        tokio::spawn(processor.run_until_stopped(async move { stopped.cancelled().await }));
     let report = reconcile(pool, &client).await;
     stop.cancel();
     serving.await??;
@@ -50,7 +58,10 @@ pub enum Difference {
         processor: String,
     },
     /// The processor refunded, and no refund records it.
-    RefundWithoutRecord { processor_refund: String, amount: i64 },
+    RefundWithoutRecord {
+        processor_refund: String,
+        amount: i64,
+    },
     /// A refund names a processor refund that does not exist, or differs from it.
     RefundMismatch { refund: String, detail: String },
 }
@@ -62,7 +73,10 @@ impl fmt::Display for Difference {
                 write!(f, "charge {charge} ({amount}) has no payment")
             }
             Self::PaymentWithoutCharge { payment, charge } => {
-                write!(f, "payment {payment} names charge {charge}, which the processor does not have")
+                write!(
+                    f,
+                    "payment {payment} names charge {charge}, which the processor does not have"
+                )
             }
             Self::Mismatch {
                 payment,
@@ -77,7 +91,10 @@ impl fmt::Display for Difference {
             Self::RefundWithoutRecord {
                 processor_refund,
                 amount,
-            } => write!(f, "processor refund {processor_refund} ({amount}) has no refund"),
+            } => write!(
+                f,
+                "processor refund {processor_refund} ({amount}) has no refund"
+            ),
             Self::RefundMismatch { refund, detail } => write!(f, "refund {refund}: {detail}"),
         }
     }
@@ -154,7 +171,11 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
             ChargeStatus::Succeeded
         };
         let figures = [
-            ("amount", payment.amount.to_string(), charge.amount.to_string()),
+            (
+                "amount",
+                payment.amount.to_string(),
+                charge.amount.to_string(),
+            ),
             (
                 "outcome",
                 format!("{outcome:?}").to_lowercase(),

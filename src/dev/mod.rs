@@ -72,26 +72,30 @@ async fn serve(
 
     let app = Application::build(settings, pool, listener)?;
     println!("{}", banner(&base, account.id().as_str(), key.expose()));
-    println!("{}", processor_banner(&base, &processor_url, &processor_key));
-    println!("{}", webhook_banner(&base, webhook_secret.expose()));
+    println!(
+        "{}",
+        processor_banner(&base, &processor_url, &processor_key)
+    );
+    println!("{}", webhook_banner(&base, &webhook_secret.expose()));
     // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then
     // the processor.
     let stop = CancellationToken::new();
     let stopped = stop.clone();
-    let processor = tokio::spawn(processor.run_until_stopped(async move { stopped.cancelled().await }));
+    let processor =
+        tokio::spawn(processor.run_until_stopped(async move { stopped.cancelled().await }));
     let served = app.run_until_stopped(shutdown_signal()).await;
     stop.cancel();
     processor.await??;
     Ok(served?)
 }
 
-fn processor_banner(processor_url: &str) -> String {
+fn processor_banner(base: &str, processor_url: &str, processor_key: &str) -> String {
     format!(
-        "# The card processor runs at {processor_url} (its ledger: GET /v1/charges, with the API key
-         # idempay uses, which this process made up). Every charge idempay makes carries its own
-         # Idempotency-Key there. Compare both ledgers at any time:
-         #   DATABASE_URL=… idempay reconcile --processor-url {processor_url} --processor-api-key …
-"
+        "# The API's docs: {base}/docs\n\
+         # The card processor runs at {processor_url}; idempay authenticates to it with\n\n  \
+         {processor_key}\n\n\
+         # Every charge idempay makes carries an Idempotency-Key of idempay's own. The processor's ledger:\n\
+         curl -s {processor_url}/v1/charges -H 'Authorization: Bearer {processor_key}'\n"
     )
 }
 

@@ -271,7 +271,7 @@ pub struct Problem {
     charge: Option<Box<ChargeRef>>,
     /// For `card-declined`: why the processor declined.
     #[serde(skip_serializing_if = "Option::is_none")]
-    decline_code: Option<String>,
+    decline_code: Option<Box<str>>,
     #[serde(skip)]
     /// Whole seconds, already rounded up: half the size of a `Duration`, which keeps the problem
     /// (carried by every `Result` of the HTTP layer) under clippy's large-error bound.
@@ -353,7 +353,7 @@ impl Problem {
     pub fn card_declined(payment: &str, decline_code: &str) -> Self {
         Self {
             payment: Some(payment.to_owned()),
-            decline_code: Some(decline_code.to_owned()),
+            decline_code: Some(decline_code.into()),
             ..Self::new(
                 ProblemKind::CardDeclined,
                 format!("The card was declined ({decline_code})."),
@@ -362,10 +362,10 @@ impl Problem {
     }
 
     /// A charge the simulated processor declined: names the charge recorded as declined and why.
-    pub fn charge_declined(charge: &str, decline_code: &'static str) -> Self {
+    pub fn charge_declined(charge: &str, decline_code: &str) -> Self {
         Self {
             charge: Some(Box::new(ChargeRef(charge.to_owned()))),
-            decline_code: Some(decline_code),
+            decline_code: Some(decline_code.into()),
             ..Self::new(
                 ProblemKind::CardDeclined,
                 format!("The card was declined ({decline_code}); charge `{charge}` records it."),

@@ -41,8 +41,8 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::accounts::AccountCache;
 use crate::config::Settings;
-use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy};
 use crate::idempotency::Resumers;
+use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecret;
 use crate::{expiry, ids, payments, recovery, refunds, webhooks};
@@ -357,7 +357,8 @@ fn embedded_processor(
     listener: &TcpListener,
 ) -> anyhow::Result<(Processor, String)> {
     let api_key = ids::generate("sk_embedded", 32);
-    let mut embedded = ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
+    let mut embedded =
+        ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
     embedded.slow_charge = settings.slow_charge;
     if let Some(secret) = &settings.webhook_secret {
         let mut intake = listener.local_addr()?;

@@ -816,11 +816,20 @@ impl Idempotency {
                 IdempotencyKey::parse(key.idem_key.as_bytes()),
                 Fingerprint::from_slice(&key.fingerprint),
             ) else {
-                tracing::error!(key_id = key.key_id, "a stored key does not parse; left alone");
+                tracing::error!(
+                    key_id = key.key_id,
+                    "a stored key does not parse; left alone"
+                );
                 continue;
             };
             let request = KeyedRequest::new(Scope::stored(key.scope), idem_key, fingerprint);
-            let mut lease = self.lease(KeyOutcome::Recovered, key.key_id, key.token, key.now, &request);
+            let mut lease = self.lease(
+                KeyOutcome::Recovered,
+                key.key_id,
+                key.token,
+                key.now,
+                &request,
+            );
             tracing::warn!(
                 key_id = key.key_id,
                 recovery_point = key.recovery.name.as_str(),

@@ -6,7 +6,6 @@ mod currency;
 mod model;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
@@ -19,11 +18,11 @@ use crate::http::error::{
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::idempotency::{Fence, IdempotencyKey, Idempotent, StoredResponse};
+use crate::idempotency::{Fence, IdempotencyKey, Idempotent};
 
+pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 pub use currency::Currency;
 pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus, reject_nul};
-pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 
 use model::PaymentRow;
 

@@ -35,6 +35,26 @@ pub struct Refusal {
     pub problem_type: Option<String>,
 }
 
+impl Refusal {
+    /// Whether the processor refused the refund itself (nothing left to refund, a declined
+    /// charge): a business answer to store as the result, not an outage to retry.
+    pub fn is_refund_refused(&self) -> bool {
+        matches!(
+            self.problem_type.as_deref(),
+            Some("/problems/refund-exceeds-payment" | "/problems/payment-not-refundable")
+        )
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            Some(status) => write!(f, "{status}: {}", self.reason),
+            None => f.write_str(&self.reason),
+        }
+    }
+}
+
 /// What became of one call. Three outcomes, not two.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome<T> {

@@ -4,24 +4,21 @@
 mod refunding;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::PgConnection;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::accounts::{Account, AccountId};
+use crate::accounts::Account;
 use crate::http::AppState;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::idempotency::{IdempotencyKey, Idempotent, StoredResponse};
-use crate::ids;
+use crate::idempotency::{IdempotencyKey, Idempotent};
 use crate::payments::{Amount, PaymentId};
 
 const MAX_REASON_LEN: usize = 500;

@@ -119,7 +119,10 @@ pub async fn refund_and_record(
 /// Whether the payment can be refunded by as much as asked. The processor checks it again, as
 /// the last word: two refunds with different keys can both pass this check, and it refuses the
 /// one that would go beyond the charge.
-async fn check(pool: &PgPool, asked: RefundAsked) -> Result<Result<RefundRequested, Problem>, sqlx::Error> {
+async fn check(
+    pool: &PgPool,
+    asked: RefundAsked,
+) -> Result<Result<RefundRequested, Problem>, sqlx::Error> {
     let Some(paid) = sqlx::query!(
         r#"
         SELECT amount, amount_refunded, status, charge

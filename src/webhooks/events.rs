@@ -128,11 +128,9 @@ impl Envelope {
             "charge.dispute.created" => serde_json::from_value::<ChargeDisputeData>(data)
                 .map_err(malformed)
                 .and_then(|d| dispute(Target::Charge(d.charge), d.amount)),
-            "refund.failed" | "charge.refund.failed" => {
-                serde_json::from_value::<RefundData>(data)
-                    .map(|d| Event::RefundFailed { refund: d.refund })
-                    .map_err(malformed)
-            }
+            "refund.failed" | "charge.refund.failed" => serde_json::from_value::<RefundData>(data)
+                .map(|d| Event::RefundFailed { refund: d.refund })
+                .map_err(malformed),
             other => Err(format!("unknown event type `{other}`")),
         }
     }
