@@ -20,6 +20,7 @@ use crate::http::AppState;
 const REQUESTS: &str = "idempay_http_requests_total";
 const REQUEST_DURATION: &str = "idempay_http_request_duration_seconds";
 const KEY_OUTCOMES: &str = "idempay_idempotency_outcomes_total";
+const PROCESSOR_KEY_OUTCOMES: &str = "idempay_processor_idempotency_outcomes_total";
 const EXPIRY_DELETED: &str = "idempay_expiry_deleted_rows_total";
 const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
@@ -71,9 +72,13 @@ impl KeyOutcome {
         }
     }
 
-    /// Counts the outcome and records it on the request's span.
-    pub fn record(self) {
-        counter!(KEY_OUTCOMES, "outcome" => self.as_str()).increment(1);
+    /// Counts the outcome, the processor's apart, and records it on the request's span.
+    pub fn record(self, service: crate::idempotency::Service) {
+        let series = match service {
+            crate::idempotency::Service::Api => KEY_OUTCOMES,
+            crate::idempotency::Service::Processor => PROCESSOR_KEY_OUTCOMES,
+        };
+        counter!(series, "outcome" => self.as_str()).increment(1);
         tracing::Span::current().record("key_outcome", self.as_str());
     }
 }
@@ -117,6 +122,11 @@ fn describe() {
     describe_counter!(
         KEY_OUTCOMES,
         "Requests with an Idempotency-Key, by what became of them."
+    );
+    describe_counter!(
+        PROCESSOR_KEY_OUTCOMES,
+        "Requests to the simulated processor (embedded or not) with an Idempotency-Key, by what \
+         became of them."
     );
     describe_counter!(
         EXPIRY_DELETED,

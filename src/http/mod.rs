@@ -42,7 +42,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::accounts::AccountCache;
 use crate::config::Settings;
 use crate::idempotency::Resumers;
-use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy};
+use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecret;
 use crate::{expiry, ids, payments, recovery, refunds, webhooks};
@@ -107,7 +107,7 @@ impl AppState {
         };
         Self(Arc::new(Shared {
             accounts: AccountCache::new(pool.clone()),
-            idempotency: Idempotency::new(pool.clone(), policy),
+            idempotency: Idempotency::new(Service::Api, pool.clone(), policy),
             processor,
             webhook_secret: settings.webhook_secret.clone(),
             event_ttl: settings.key_ttl,

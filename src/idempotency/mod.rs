@@ -54,9 +54,31 @@ pub struct Policy {
     pub lease: Duration,
 }
 
+/// Which service a mechanism serves: its outcomes are counted apart, and its crash points are
+/// named apart (the processor's with a `processor:` prefix), so one service's fault tests never
+/// fire in the other when both run in one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// idempay's API.
+    Api,
+    /// The simulated card processor.
+    Processor,
+}
+
+impl Service {
+    /// Aborts the process at `point` if a fault test chose it for this service.
+    fn crash_point(self, point: &'static str) {
+        match self {
+            Self::Api => failpoint::hit(point),
+            Self::Processor => failpoint::hit(&format!("processor:{point}")),
+        }
+    }
+}
+
 /// The idempotency mechanism, shared by every mutating route.
 #[derive(Clone)]
 pub struct Idempotency {
+    service: Service,
     pool: PgPool,
     policy: Policy,
     replays: Arc<Cache<String, CachedReplay>>,
@@ -72,8 +94,9 @@ impl fmt::Debug for Idempotency {
 }
 
 impl Idempotency {
-    pub fn new(pool: PgPool, policy: Policy) -> Self {
+    pub fn new(service: Service, pool: PgPool, policy: Policy) -> Self {
         Self {
+            service,
             pool,
             policy,
             replays: Arc::new(Cache::new(CACHED_REPLAYS)),
@@ -97,7 +120,7 @@ impl Idempotency {
         span.record("scope", request.scope.as_str());
         // A key this instance saw completed is answered here: no database, no task to strand.
         if let Some(answer) = self.decide_from_cache(&request) {
-            return answer.respond();
+            return answer.respond(self.service);
         }
         let mechanism = self.clone();
         // The task carries the request's span, so its logs and the key's outcome stay with it.
@@ -117,12 +140,12 @@ impl Idempotency {
     {
         match self.decide(&request).await? {
             Decision::Execute(lease) => {
-                failpoint::hit("after-reserve");
-                lease.outcome.record();
+                self.service.crash_point("after-reserve");
+                lease.outcome.record(self.service);
                 let held = HeldLease::from(&lease);
                 self.execute(&request, held, work(lease)).await
             }
-            Decision::Answer(answer) => answer.respond(),
+            Decision::Answer(answer) => answer.respond(self.service),
         }
     }
 }
@@ -153,18 +176,18 @@ enum Answer {
 
 impl Answer {
     /// The replay or the refusal, with its outcome counted.
-    fn respond(self) -> Result<Response, ApiError> {
+    fn respond(self, service: Service) -> Result<Response, ApiError> {
         match self {
             Answer::Replay(stored) => {
-                KeyOutcome::Replayed.record();
+                KeyOutcome::Replayed.record(service);
                 Ok(stored.replay())
             }
             Answer::InFlight { retry_after } => {
-                KeyOutcome::ConflictInFlight.record();
+                KeyOutcome::ConflictInFlight.record(service);
                 Err(in_flight(retry_after).into())
             }
             Answer::Mismatch => {
-                KeyOutcome::Mismatch.record();
+                KeyOutcome::Mismatch.record(service);
                 Err(mismatch().into())
             }
         }
@@ -384,6 +407,7 @@ impl Idempotency {
         request: &KeyedRequest,
     ) -> Lease {
         Lease {
+            service: self.service,
             pool: self.pool.clone(),
             outcome,
             granted: Instant::now(),
@@ -406,6 +430,7 @@ impl Idempotency {
 /// so the effect and the key's completion commit together or not at all.
 #[derive(Debug)]
 pub struct Lease {
+    service: Service,
     pool: PgPool,
     /// How this request came to hold the key: a fresh or recycled one, or a takeover.
     outcome: KeyOutcome,
@@ -467,7 +492,7 @@ impl Idempotency {
                 Ok(response.into_response())
             }
             Ok(Ok(Completion(Completed::LeaseLost))) => {
-                KeyOutcome::LeaseLost.record();
+                KeyOutcome::LeaseLost.record(self.service);
                 self.answer_after_lost_lease(request).await
             }
             Ok(Err(error)) => {
@@ -568,7 +593,7 @@ impl Lease {
             &downstream_key,
         )
         .await?;
-        failpoint::hit("after-recovery-point");
+        self.service.crash_point("after-recovery-point");
         self.recovery = recorded;
         Ok(self.recovery.as_ref())
     }
@@ -657,13 +682,13 @@ impl Lease {
     {
         let fence = self.fence(&response);
         // The statement is the commit: before it, nothing of this request is in the database.
-        failpoint::hit("before-commit");
+        self.service.crash_point("before-commit");
         match effect(self.pool.clone(), fence).await {
             Ok(()) => {}
             Err(error) if store::is_lease_lost(&error) => return Ok(self.lost()),
             Err(error) => return Err(error),
         }
-        failpoint::hit("after-commit");
+        self.service.crash_point("after-commit");
         Ok(Completion(Completed::Stored(response)))
     }
 
@@ -687,9 +712,9 @@ impl Lease {
             tx.rollback().await?;
             return Ok(self.lost());
         }
-        failpoint::hit("before-commit");
+        self.service.crash_point("before-commit");
         tx.commit().await?;
-        failpoint::hit("after-commit");
+        self.service.crash_point("after-commit");
         Ok(Completion(Completed::Stored(response)))
     }
 
@@ -717,18 +742,18 @@ impl Idempotency {
     /// system may have taken effect, so the next attempt must resume, not start over.
     async fn release(&self, held: &HeldLease) {
         match store::release(&self.pool, held.key_id, held.token).await {
-            Ok(store::Released::Deleted) => KeyOutcome::Released.record(),
+            Ok(store::Released::Deleted) => KeyOutcome::Released.record(self.service),
             Ok(store::Released::Suspended) => {
-                KeyOutcome::Suspended.record();
+                KeyOutcome::Suspended.record(self.service);
                 tracing::warn!(
                     key_id = held.key_id,
                     "work failed after its recovery point; the key waits for a retry or the \
                      recovery job"
                 );
             }
-            Ok(store::Released::NotHeld) => KeyOutcome::LeaseLost.record(),
+            Ok(store::Released::NotHeld) => KeyOutcome::LeaseLost.record(self.service),
             Err(error) => {
-                KeyOutcome::Released.record();
+                KeyOutcome::Released.record(self.service);
                 tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
             }
         }
@@ -836,7 +861,7 @@ impl Idempotency {
                 "recovering a key its request left at a recovery point"
             );
             lease.recovery = Some(key.recovery);
-            lease.outcome.record();
+            lease.outcome.record(self.service);
             let held = HeldLease::from(&lease);
             let mechanism = self.clone();
             resumed.push(tokio::spawn(async move {

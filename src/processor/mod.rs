@@ -35,7 +35,7 @@ use tower_http::trace::TraceLayer;
 use crate::expiry;
 use crate::http::error::{Problem, ProblemKind};
 use crate::http::{MAX_BODY_BYTES, server};
-use crate::idempotency::{Idempotency, Policy};
+use crate::idempotency::{Idempotency, Policy, Service};
 use crate::webhooks::delivery::Deliverer;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
@@ -156,7 +156,7 @@ impl Processor {
             )),
         };
         let state = ProcessorState(Arc::new(Shared {
-            idempotency: Idempotency::new(pool.clone(), POLICY),
+            idempotency: Idempotency::new(Service::Processor, pool.clone(), POLICY),
             api_key: settings.api_key,
             slow_charge: settings.slow_charge,
             faults: settings.faults,

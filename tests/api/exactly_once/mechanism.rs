@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use idempay::accounts::Account;
 use idempay::http::error::{ApiError, ProblemKind};
 use idempay::idempotency::{
-    Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Scope, StoredResponse,
+    Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Scope, Service, StoredResponse,
 };
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -78,7 +78,7 @@ async fn the_same_key_on_another_route_is_a_separate_key() {
 /// The mechanism on its own, on a fresh database with one account.
 async fn mechanism_on_a_fresh_database() -> (TestApp, Idempotency, Account) {
     let app = TestApp::spawn().await;
-    let idempotency = Idempotency::new(app.db.clone(), POLICY);
+    let idempotency = Idempotency::new(Service::Api, app.db.clone(), POLICY);
     let (account, _) = idempay::accounts::create(&app.db, "mechanism")
         .await
         .unwrap();
