@@ -199,6 +199,13 @@ async fn a_failed_refund_makes_its_amount_refundable_again() {
         .get(&format!("/v1/refunds/{}", refund["id"].as_str().unwrap()))
         .await;
     assert_eq!(failed.json()["status"], "failed");
+    // The processor's side of the failure: its refund failed too, so it refunds again.
+    sqlx::raw_sql(
+        "UPDATE processor_charges SET amount_refunded = 0; DELETE FROM processor_refunds",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
     let again = app
         .post_refund(&paid, &new_key(), &json!({ "amount": 5000 }))
         .await;

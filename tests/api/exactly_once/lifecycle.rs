@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::support::helpers::{
     TestApp, new_key, payment, retry_while_in_flight, slow_payment, wait_until, with_slow_charge,
 };
-use crate::support::invariants::assert_exactly_once;
+use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
 use crate::support::raw_http::socket_address;
 
 #[api_test]
@@ -285,8 +285,11 @@ async fn the_same_key_from_another_account_is_a_separate_key() {
     assert_exactly_once(&app.db).await;
 }
 
+/// A failure after the charge (here the database refuses the payment's insert) does not release
+/// the key: the charge may have happened (here it did), so the key is kept at its recovery point
+/// and the retry records the same charge instead of making a second one.
 #[api_test]
-async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
+async fn a_failure_after_the_charge_keeps_the_key_and_the_retry_records_the_same_charge() {
     let app = TestApp::spawn().await;
     app.refuse_payments().await;
     let key = new_key();
@@ -298,12 +301,22 @@ async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
         !problem["detail"].as_str().unwrap().contains("ledger"),
         "causes are not echoed"
     );
+    let kept: (String, Option<String>) =
+        sqlx::query_as("SELECT status, recovery_point FROM idempotency_keys WHERE idem_key = $1")
+            .bind(&key)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
     assert_eq!(
-        app.key_count().await,
-        0,
-        "the key was released, nothing completed was stored"
+        kept,
+        (
+            "in_progress".to_owned(),
+            Some("payment.charge_requested".to_owned())
+        ),
+        "the key is kept at its recovery point"
     );
     assert_eq!(app.payment_count().await, 0);
+    assert_eq!(app.charge_count().await, 1, "the processor charged once");
 
     sqlx::raw_sql("DROP TRIGGER refuse_payment ON payments")
         .execute(&app.db)
@@ -313,7 +326,9 @@ async fn a_failing_charge_releases_the_key_and_a_retry_succeeds() {
     assert_eq!(retry.status, 201);
     assert!(!retry.replayed());
     assert_eq!(app.payment_count().await, 1);
+    assert_eq!(app.charge_count().await, 1, "no second charge on retry");
     assert_exactly_once(&app.db).await;
+    assert_every_charge_recorded_once(&app.db).await;
 }
 
 #[api_test]

@@ -239,6 +239,14 @@ impl TestApp {
             .expect("count payments")
     }
 
+    /// Charges in the processor's ledger (the embedded processor's, in the test database).
+    pub async fn charge_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM processor_charges")
+            .fetch_one(&self.db)
+            .await
+            .expect("count charges")
+    }
+
     /// idempay's keys; the embedded processor keeps its own in the same table, under its scope.
     pub async fn key_count(&self) -> i64 {
         sqlx::query_scalar(

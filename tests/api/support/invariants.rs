@@ -76,3 +76,22 @@ pub async fn assert_exactly_once(db: &PgPool) {
         "payments sharing an account and key: {shared:?}"
     );
 }
+
+/// Panics unless every charge at the processor (its ledger in the same database) is recorded by
+/// exactly one payment, and every payment records a charge that exists with its amount: one
+/// charge per intent, one payment per charge, no charge unrecorded.
+pub async fn assert_every_charge_recorded_once(db: &PgPool) {
+    let differences: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT c.id, p.id
+         FROM processor_charges c
+         FULL JOIN payments p ON p.charge = c.id
+         WHERE c.id IS NULL OR p.id IS NULL OR p.amount <> c.amount",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    assert!(
+        differences.is_empty(),
+        "charges and payments that do not match one to one (charge, payment): {differences:?}"
+    );
+}

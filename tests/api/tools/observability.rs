@@ -160,11 +160,12 @@ async fn every_request_is_logged_with_its_id_account_scope_and_outcome_but_never
     }
 }
 
-/// The two outcomes of a request that executes but does not complete are counted too: `released`
-/// when the work fails (here the database refuses the payment's insert) and the key is given
-/// back, `lease_lost` when another request took the key over while the work ran.
+/// The two outcomes of a request that executes but does not complete are counted too:
+/// `suspended` when the work fails after its charge (here the database refuses the payment's
+/// insert) and the key is kept for the retry to resume, `lease_lost` when another request took the
+/// key over while the work ran.
 #[api_test]
-async fn released_and_lease_lost_outcomes_are_counted() {
+async fn suspended_and_lease_lost_outcomes_are_counted() {
     let app = TestApp::spawn().await;
     // Long enough for the takeover below to land while the charge runs, even on a loaded machine.
     let instance = Instance::start(&app.database_url(), &[("IDEMPAY_SLOW_CHARGE", "3s")]).await;
@@ -176,7 +177,7 @@ async fn released_and_lease_lost_outcomes_are_counted() {
             .unwrap_or(0.0)
     };
     let before = instance.metrics().await;
-    assert_eq!(outcome(&before, "released"), 0.0);
+    assert_eq!(outcome(&before, "suspended"), 0.0);
     assert_eq!(outcome(&before, "lease_lost"), 0.0);
 
     app.refuse_payments().await;
@@ -184,11 +185,14 @@ async fn released_and_lease_lost_outcomes_are_counted() {
         .post_payment(&app.api_key, &new_key(), &payment(4200))
         .await;
     assert_eq!(failed.status, 500, "{failed:?}");
-    assert_eq!(app.key_count().await, 0, "the key was released");
-    sqlx::raw_sql("DROP TRIGGER refuse_payment ON payments")
-        .execute(&app.db)
-        .await
-        .unwrap();
+    assert_eq!(app.key_count().await, 1, "the key was kept");
+    sqlx::raw_sql(
+        "DROP TRIGGER refuse_payment ON payments; \
+         DELETE FROM idempotency_keys WHERE scope NOT LIKE 'processor:%'",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
 
     let slow = tokio::spawn(send(instance.payment_request(
         &app.api_key,
@@ -203,7 +207,7 @@ async fn released_and_lease_lost_outcomes_are_counted() {
 
     // Each outcome is counted before its request is answered.
     let metrics = instance.metrics().await;
-    for (name, count) in [("released", 1.0), ("lease_lost", 1.0), ("executed", 2.0)] {
+    for (name, count) in [("suspended", 1.0), ("lease_lost", 1.0), ("executed", 2.0)] {
         assert_eq!(
             outcome(&metrics, name),
             count,
