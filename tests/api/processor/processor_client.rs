@@ -253,3 +253,46 @@ async fn a_wrong_api_key_is_not_done() {
         "{outcome:?}"
     );
 }
+
+#[api_test]
+async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
+    let database = super::fresh_database().await;
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
+        .arg("processor")
+        .env(
+            "DATABASE_URL",
+            crate::support::harness::database_url(&database),
+        )
+        .env("IDEMPAY_PROCESSOR_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IDEMPAY_PROCESSOR_API_KEY", API_KEY)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("idempay processor starts");
+    let client = ProcessorClient::new(
+        &format!("http://127.0.0.1:{port}"),
+        API_KEY.to_owned(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let key = new_key();
+
+    // Not listening yet is "not done": ask until it is up (30 s for a slow debug start).
+    let mut outcome = client.charge(&key, &visa(4200)).await;
+    for _ in 0..300 {
+        if !matches!(outcome, Outcome::NotDone(Refusal { status: None, .. })) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        outcome = client.charge(&key, &visa(4200)).await;
+    }
+
+    let Outcome::Done(charge) = outcome else {
+        panic!("charged by the process: {outcome:?}");
+    };
+    assert_eq!(client.charges().await.unwrap(), vec![charge]);
+    child.kill().await.ok();
+}
