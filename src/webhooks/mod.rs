@@ -1,6 +1,9 @@
 //! Webhook intake: the same idempotency on the way in. The processor delivers each event at least
 //! once, signed, with a stable `webhook-id`; the event's effect and the record that it was
 //! processed commit together, and the record's primary key makes a redelivery apply nothing.
+//!
+//! [`delivery`] is the other way: the outbox any sender (the simulated processor today) writes
+//! its events to, and the loop that delivers them, signed, until they are acknowledged.
 
 pub mod delivery;
 mod events;

@@ -9,6 +9,8 @@
 //! - [`exactly_once`]: the idempotency-key mechanism: replay, conflicts, concurrency, expiry.
 //! - [`resilience`]: the guarantees when things go wrong: crashes, outages, slow and hostile
 //!   clients, another account.
+//! - [`processor`]: the simulated card processor idempay calls: its routes, its client's three
+//!   outcomes under each fault, its signed webhooks.
 //! - [`tools`]: what ships around the API: the command line, the client and its demo, metrics
 //!   and logs.
 //!
@@ -16,6 +18,7 @@
 
 mod endpoints;
 mod exactly_once;
+mod processor;
 mod resilience;
 mod support;
 mod tools;

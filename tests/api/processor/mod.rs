@@ -1,0 +1,156 @@
+//! The simulated card processor, black-box: its routes answered through the same idempotency
+//! mechanism as idempay's ([`charges`]), its client's three outcomes against each injected fault
+//! ([`processor_client`]), and its webhooks, delivered from the outbox signed, retried and sent once per
+//! attempt however many loops run ([`outbox`]).
+//!
+//! Its responses are not checked against idempay's API description: it is another service.
+
+mod charges;
+mod outbox;
+mod processor_client;
+
+use std::time::Duration;
+
+use idempay::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
+use serde_json::Value;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::harness::{TEMPLATE, admin_url, database_url};
+use crate::support::helpers::TestResponse;
+
+/// The key every test processor takes.
+pub const API_KEY: &str = "pk_test_processor";
+
+/// A processor on a free port of 127.0.0.1, on a database of its own; stopped when dropped.
+pub struct TestProcessor {
+    pub address: String,
+    pub db: PgPool,
+    database: String,
+    http: reqwest::Client,
+    stop: CancellationToken,
+}
+
+/// Settings with the test key and no faults.
+pub fn settings() -> ProcessorSettings {
+    ProcessorSettings::new(ProcessorApiKey::parse(API_KEY).expect("a valid key"))
+}
+
+impl TestProcessor {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(settings()).await
+    }
+
+    pub async fn spawn_with(settings: ProcessorSettings) -> Self {
+        Self::serve(&fresh_database().await, settings).await
+    }
+
+    async fn serve(database: &str, settings: ProcessorSettings) -> Self {
+        let url = database_url(database);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let processor =
+            Processor::build(settings, idempay::db::pool(&url).expect("pool"), listener)
+                .expect("the processor builds");
+        let address = format!("http://{}", processor.local_addr().expect("address"));
+        let stop = CancellationToken::new();
+        tokio::spawn(processor.run_until_stopped(stop.clone().cancelled_owned()));
+        Self {
+            address,
+            db: PgPool::connect(&url).await.expect("assertion pool"),
+            database: database.to_owned(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("client"),
+            stop,
+        }
+    }
+
+    /// The client idempay uses, with this timeout.
+    pub fn client(&self, timeout: Duration) -> ProcessorClient {
+        ProcessorClient::new(&self.address, API_KEY.to_owned(), timeout).expect("a client")
+    }
+
+    pub fn database_url(&self) -> String {
+        database_url(&self.database)
+    }
+
+    /// `POST path` with the API key, the idempotency key (if any) and a JSON body.
+    pub async fn post(&self, path: &str, key: Option<&str>, body: &Value) -> TestResponse {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.address))
+            .bearer_auth(API_KEY)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        read(request).await
+    }
+
+    /// `POST /v1/charges` with this key and body.
+    pub async fn charge(&self, key: &str, body: &Value) -> TestResponse {
+        self.post("/v1/charges", Some(key), body).await
+    }
+
+    /// `GET path` with the API key.
+    pub async fn get(&self, path: &str) -> TestResponse {
+        read(
+            self.http
+                .get(format!("{}{path}", self.address))
+                .bearer_auth(API_KEY),
+        )
+        .await
+    }
+
+    /// A request as the test builds it, sent as is.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> TestResponse {
+        read(request).await
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(&self.db)
+            .await
+            .expect("count rows")
+    }
+}
+
+impl Drop for TestProcessor {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A charge body.
+pub fn charge(amount: i64, payment_method: &str) -> Value {
+    serde_json::json!({ "amount": amount, "currency": "eur", "payment_method": payment_method })
+}
+
+/// A database cloned from the migrated template.
+pub async fn fresh_database() -> String {
+    let database = format!("test_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(admin_url())
+        .await
+        .expect("admin connection");
+    sqlx::query(&format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}"))
+        .execute(&mut admin)
+        .await
+        .expect("create the test database");
+    admin.close().await.ok();
+    database
+}
+
+async fn read(request: reqwest::RequestBuilder) -> TestResponse {
+    let response = request.send().await.expect("the processor answers");
+    TestResponse {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.expect("a body").to_vec(),
+    }
+}

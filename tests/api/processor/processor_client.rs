@@ -1,0 +1,298 @@
+//! The client idempay calls the processor with, against a real processor and each fault: "not
+//! done" only when certain, "unknown" whenever the call may have happened, and the same key
+//! always leading back to the first result.
+
+use std::time::Duration;
+
+use idempay::processor::{
+    ChargeRequest, ChargeStatus, Fraction, Outcome, ProcessorClient, ProcessorSettings, Refusal,
+};
+use idempay_test_macros::api_test;
+
+use super::{API_KEY, TestProcessor, settings};
+use crate::support::helpers::new_key;
+use crate::support::instance::free_port;
+
+fn visa(amount: i64) -> ChargeRequest {
+    ChargeRequest {
+        amount,
+        currency: "eur".into(),
+        payment_method: "pm_card_visa".into(),
+    }
+}
+
+fn with(configure: impl FnOnce(&mut ProcessorSettings)) -> ProcessorSettings {
+    let mut settings = settings();
+    configure(&mut settings);
+    settings
+}
+
+#[api_test]
+async fn a_charge_is_done_and_a_decline_is_done_as_a_declined_charge() {
+    let processor = TestProcessor::spawn().await;
+    let client = processor.client(Duration::from_secs(5));
+
+    let Outcome::Done(charge) = client.charge(&new_key(), &visa(4200)).await else {
+        panic!("the charge is done");
+    };
+    let declined_request = ChargeRequest {
+        payment_method: "pm_card_chargeDeclined".into(),
+        ..visa(4200)
+    };
+    let Outcome::Done(declined) = client.charge(&new_key(), &declined_request).await else {
+        panic!("a decline is a result");
+    };
+
+    assert!(charge.id.starts_with("ch_"));
+    assert_eq!(charge.status, ChargeStatus::Succeeded);
+    assert_eq!((charge.amount, charge.currency.as_str()), (4200, "eur"));
+    assert_eq!(declined.status, ChargeStatus::Declined);
+    assert_eq!(declined.decline_code.as_deref(), Some("generic_decline"));
+    assert_eq!(declined.payment_method, "pm_card_chargeDeclined");
+}
+
+#[api_test]
+async fn a_refused_connection_is_not_done() {
+    let client = ProcessorClient::new(
+        &format!("http://127.0.0.1:{}", free_port()),
+        API_KEY.to_owned(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+
+    let outcome = client.charge(&new_key(), &visa(100)).await;
+
+    assert!(
+        matches!(outcome, Outcome::NotDone(Refusal { status: None, .. })),
+        "{outcome:?}"
+    );
+}
+
+#[api_test]
+async fn a_lost_answer_is_unknown_and_the_same_key_then_gets_the_charge() {
+    let processor = TestProcessor::spawn_with(with(|settings| {
+        settings.faults.lose_answers = Fraction::ALWAYS;
+    }))
+    .await;
+    let client = processor.client(Duration::from_secs(5));
+    let key = new_key();
+
+    let lost = client.charge(&key, &visa(4200)).await;
+    let retried = client.charge(&key, &visa(4200)).await;
+
+    assert!(matches!(lost, Outcome::Unknown(_)), "{lost:?}");
+    let Outcome::Done(charge) = retried else {
+        panic!("the replay is answered: {retried:?}");
+    };
+    let recorded: String = sqlx::query_scalar("SELECT id FROM processor_charges")
+        .fetch_one(&processor.db)
+        .await
+        .unwrap();
+    assert_eq!(charge.id, recorded);
+    assert_eq!(processor.count("processor_charges").await, 1);
+}
+
+#[api_test]
+async fn a_lost_answer_is_a_transport_error_after_sending_never_a_status() {
+    let processor = TestProcessor::spawn_with(with(|settings| {
+        settings.faults.lose_answers = Fraction::ALWAYS;
+    }))
+    .await;
+
+    let sent = processor
+        .http()
+        .post(format!("{}/v1/charges", processor.address))
+        .bearer_auth(API_KEY)
+        .header("idempotency-key", new_key())
+        .json(&super::charge(100, "pm_card_visa"))
+        .send()
+        .await;
+
+    let error = sent.expect_err("no answer at all");
+    assert!(!error.is_connect(), "{error:?}");
+    assert!(error.status().is_none(), "{error:?}");
+    assert_eq!(processor.count("processor_charges").await, 1);
+}
+
+#[api_test]
+async fn a_failing_processor_is_unknown_and_charges_nothing() {
+    let processor = TestProcessor::spawn_with(with(|settings| {
+        settings.faults.fail = Fraction::ALWAYS;
+    }))
+    .await;
+    let client = processor.client(Duration::from_secs(5));
+
+    let outcome = client.charge(&new_key(), &visa(100)).await;
+    let refund = client
+        .refund(&new_key(), "ch_aaaaaaaaaaaaaaaaaaaaaaaa", None)
+        .await;
+
+    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    assert!(matches!(refund, Outcome::Unknown(_)), "{refund:?}");
+    assert_eq!(processor.count("processor_charges").await, 0);
+    assert_eq!(processor.count("idempotency_keys").await, 0);
+}
+
+#[api_test]
+async fn a_timeout_shorter_than_the_latency_is_unknown_and_the_charge_still_happens() {
+    let processor = TestProcessor::spawn_with(with(|settings| {
+        settings.faults.latency = Duration::from_millis(800);
+    }))
+    .await;
+    let impatient = processor.client(Duration::from_millis(200));
+    let key = new_key();
+
+    let outcome = impatient.charge(&key, &visa(100)).await;
+
+    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    crate::support::helpers::wait_until("the charge commits", || async {
+        processor.count("processor_charges").await == 1
+    })
+    .await;
+    let patient = processor.client(Duration::from_secs(5));
+    assert!(matches!(
+        patient.charge(&key, &visa(100)).await,
+        Outcome::Done(_)
+    ));
+    assert_eq!(processor.count("processor_charges").await, 1);
+}
+
+#[api_test]
+async fn a_refund_is_done_once_per_key_and_one_beyond_the_charge_is_not_done() {
+    let processor = TestProcessor::spawn().await;
+    let client = processor.client(Duration::from_secs(5));
+    let Outcome::Done(charge) = client.charge(&new_key(), &visa(5000)).await else {
+        panic!("charged");
+    };
+    let key = new_key();
+
+    let first = client.refund(&key, &charge.id, Some(3000)).await;
+    let again = client.refund(&key, &charge.id, Some(3000)).await;
+    let beyond = client.refund(&new_key(), &charge.id, Some(2001)).await;
+    let rest = client.refund(&new_key(), &charge.id, None).await;
+
+    let (Outcome::Done(first), Outcome::Done(again)) = (first, again) else {
+        panic!("refunded");
+    };
+    assert_eq!(first, again);
+    assert_eq!(
+        (first.charge.as_str(), first.amount),
+        (charge.id.as_str(), 3000)
+    );
+    let Outcome::NotDone(refusal) = beyond else {
+        panic!("refused: {beyond:?}");
+    };
+    assert_eq!(refusal.status, Some(400));
+    assert_eq!(
+        refusal.problem_type.as_deref(),
+        Some("/problems/refund-exceeds-payment")
+    );
+    assert!(
+        matches!(rest, Outcome::Done(ref refund) if refund.amount == 2000),
+        "{rest:?}"
+    );
+}
+
+#[api_test]
+async fn the_client_lists_every_charge_and_refund_across_pages() {
+    let processor = TestProcessor::spawn().await;
+    // More than a page of 100, written straight to the ledger.
+    sqlx::query(
+        "INSERT INTO processor_charges (id, amount, currency, status, payment_method, idempotency_key)
+         SELECT 'ch_' || lpad(n::text, 24, '0'), 100, 'eur', 'succeeded', 'pm_card_visa', n::text
+         FROM generate_series(1, 230) AS n",
+    )
+    .execute(&processor.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO processor_refunds (id, charge_id, amount, status, idempotency_key)
+         SELECT 'pyr_' || lpad(n::text, 24, '0'), 'ch_' || lpad(n::text, 24, '0'), 10, 'succeeded', n::text
+         FROM generate_series(1, 150) AS n",
+    )
+    .execute(&processor.db)
+    .await
+    .unwrap();
+    let client = processor.client(Duration::from_secs(5));
+
+    let charges = client.charges().await.unwrap();
+    let refunds = client.refunds().await.unwrap();
+
+    let mut ids: Vec<&str> = charges.iter().map(|charge| charge.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 230);
+    assert_eq!(refunds.len(), 150);
+    assert!(
+        refunds
+            .iter()
+            .all(|refund| refund.charge.starts_with("ch_"))
+    );
+}
+
+#[api_test]
+async fn a_wrong_api_key_is_not_done() {
+    let processor = TestProcessor::spawn().await;
+    let client = ProcessorClient::new(
+        &processor.address,
+        "pk_wrong".into(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+
+    let outcome = client.charge(&new_key(), &visa(100)).await;
+
+    assert!(
+        matches!(
+            outcome,
+            Outcome::NotDone(Refusal {
+                status: Some(401),
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+}
+
+#[api_test]
+async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
+    let database = super::fresh_database().await;
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
+        .arg("processor")
+        .env(
+            "DATABASE_URL",
+            crate::support::harness::database_url(&database),
+        )
+        .env("IDEMPAY_PROCESSOR_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IDEMPAY_PROCESSOR_API_KEY", API_KEY)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("idempay processor starts");
+    let client = ProcessorClient::new(
+        &format!("http://127.0.0.1:{port}"),
+        API_KEY.to_owned(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let key = new_key();
+
+    // Not listening yet is "not done": ask until it is up (30 s for a slow debug start).
+    let mut outcome = client.charge(&key, &visa(4200)).await;
+    for _ in 0..300 {
+        if !matches!(outcome, Outcome::NotDone(Refusal { status: None, .. })) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        outcome = client.charge(&key, &visa(4200)).await;
+    }
+
+    let Outcome::Done(charge) = outcome else {
+        panic!("charged by the process: {outcome:?}");
+    };
+    assert_eq!(client.charges().await.unwrap(), vec![charge]);
+    child.kill().await.ok();
+}
