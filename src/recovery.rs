@@ -21,7 +21,9 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(interval);
+        // The first run one interval after the start, like every later one: a key suspended
+        // moments ago is usually resumed by its client's retry first.
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -12,7 +12,7 @@ use crate::support::helpers::{
     TestApp, TestResponse, new_key, payment, retry_while_in_flight, slow_payment, wait_until,
 };
 use crate::support::instance::{ANSWER_WITHIN, Instance};
-use crate::support::invariants::assert_exactly_once;
+use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
 
 /// SIGABRT, the signal `std::process::abort()` raises (6 on every Unix the service runs on).
 #[cfg(feature = "failpoints")]
@@ -80,8 +80,16 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
             "{failpoint}: and nothing is paid"
         );
     }
+    // Both crash points lie after the charge: the processor charged once, whatever comes next.
+    assert_eq!(
+        app.charge_count().await,
+        1,
+        "{failpoint}: charged before the crash"
+    );
 
-    let healthy = Instance::start(&app.database_url(), &[]).await;
+    // Its recovery job would resume the key too; here the client's retry comes first.
+    let healthy =
+        Instance::start(&app.database_url(), &[("IDEMPAY_RECOVERY_INTERVAL", "1h")]).await;
     let retry = retry_while_in_flight(|| healthy.post_payment(&app.api_key, &key, &body)).await;
     assert_eq!(retry.status, 201, "{failpoint}");
     assert_eq!(app.payment_count().await, 1, "{failpoint}");
@@ -108,6 +116,8 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
         );
     }
     assert_exactly_once(&app.db).await;
+    assert_eq!(app.charge_count().await, 1, "{failpoint}: no second charge");
+    assert_every_charge_recorded_once(&app.db).await;
     (app, retry)
 }
 
@@ -175,11 +185,14 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     assert!(!taken_over.replayed(), "the takeover executed the charge");
     let replay = survivor.post_payment(&app.api_key, &key, &slow).await;
     assert!(replay.replayed());
+    // Each retry that finds the processor still busy with the dead instance's charge is answered
+    // 503 and keeps the key; the next retry takes it over again.
     let took_over = survivor
         .metrics()
         .await
         .value(r#"idempay_idempotency_outcomes_total{outcome="takeover"}"#);
-    assert_eq!(took_over, Some(1.0), "the takeover is counted");
+    assert!(took_over >= Some(1.0), "the takeover is counted");
+    assert_eq!(app.charge_count().await, 1, "one charge at the processor");
     assert_eq!(replay.body, taken_over.body);
     assert_eq!(app.payment_count().await, 1);
     assert_exactly_once(&app.db).await;
