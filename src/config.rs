@@ -94,6 +94,16 @@ pub struct ProcessorLink {
     /// outcome: it is asked again with the same key, never treated as "nothing happened".
     #[arg(long = "processor-timeout", env = "IDEMPAY_PROCESSOR_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
     pub timeout: Duration,
+
+    /// Wrong on purpose, for the demo only: a new key for every call to the processor instead of
+    /// the downstream key, so that a lost answer's retry charges again. Shows what the downstream
+    /// key prevents; never in production.
+    #[arg(
+        long = "unsafe-new-processor-key-per-call",
+        env = "IDEMPAY_UNSAFE_NEW_PROCESSOR_KEY_PER_CALL",
+        default_value_t = false
+    )]
+    pub new_key_per_call: bool,
 }
 
 impl Default for ProcessorLink {
@@ -102,11 +112,27 @@ impl Default for ProcessorLink {
             url: None,
             api_key: None,
             timeout: Duration::from_secs(10),
+            new_key_per_call: false,
         }
     }
 }
 
 impl ProcessorLink {
+    /// Applies the unsafe demo setting, when it is on, to a client of any processor.
+    pub fn configure(
+        &self,
+        client: crate::processor::ProcessorClient,
+    ) -> crate::processor::ProcessorClient {
+        if self.new_key_per_call {
+            tracing::warn!(
+                "IDEMPAY_UNSAFE_NEW_PROCESSOR_KEY_PER_CALL is on: a retried charge can be charged twice"
+            );
+            client.with_a_new_key_per_call()
+        } else {
+            client
+        }
+    }
+
     /// A client for the configured processor; `None` when no URL is set.
     pub fn client(&self) -> anyhow::Result<Option<crate::processor::ProcessorClient>> {
         let Some(url) = &self.url else {
@@ -115,7 +141,8 @@ impl ProcessorLink {
         let api_key = self.api_key.clone().ok_or_else(|| {
             anyhow::anyhow!("IDEMPAY_PROCESSOR_URL is set but IDEMPAY_PROCESSOR_API_KEY is not")
         })?;
-        crate::processor::ProcessorClient::new(url, api_key, self.timeout).map(Some)
+        crate::processor::ProcessorClient::new(url, api_key, self.timeout)
+            .map(|client| Some(self.configure(client)))
     }
 }
 

@@ -97,6 +97,16 @@ pub struct DemoArgs {
     /// A new key per attempt, as a client that forgets the intent: shows the duplicates.
     #[arg(long)]
     pub naive: bool,
+    /// The processor the server charges at (`make run` prints it): its charges are counted next
+    /// to the payments.
+    #[arg(long, env = "IDEMPAY_PROCESSOR_URL", requires = "processor_api_key")]
+    pub processor_url: Option<String>,
+    /// The processor's API key (`make run` prints it).
+    #[arg(long, env = "IDEMPAY_PROCESSOR_API_KEY", hide_env_values = true)]
+    pub processor_api_key: Option<String>,
+    /// The share of the processor's answers it loses during the run (0 to 1), after charging.
+    #[arg(long, default_value_t = 0.0, requires = "processor_url")]
+    pub processor_loss: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -208,13 +218,25 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         },
         naive: args.naive,
         concurrency: args.concurrency,
+        processor: match (&args.processor_url, args.processor_api_key) {
+            (Some(url), Some(key)) => Some((
+                crate::processor::ProcessorClient::new(
+                    url,
+                    key,
+                    std::time::Duration::from_secs(10),
+                )?,
+                args.processor_loss,
+            )),
+            _ => None,
+        },
     };
     eprintln!(
         "{} payment intents through a proxy that loses {:.0} % of answers and resets {:.0} % of \
-         connections, {}",
+         connections, the processor losing {:.0} % of its answers, {}",
         args.intents,
         args.loss * 100.0,
         args.resets * 100.0,
+        args.processor_loss * 100.0,
         if args.naive {
             "with a NEW key for every attempt (--naive)"
         } else {

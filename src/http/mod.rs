@@ -268,7 +268,11 @@ impl Application {
             None => {
                 let (embedded, api_key) = embedded_processor(&settings, &pool, &listener)?;
                 let url = format!("http://{}", embedded.local_addr()?);
-                let client = ProcessorClient::new(&url, api_key, settings.processor.timeout)?;
+                let client = settings.processor.configure(ProcessorClient::new(
+                    &url,
+                    api_key,
+                    settings.processor.timeout,
+                )?);
                 (client, Some(embedded))
             }
         };

@@ -75,6 +75,8 @@ pub struct ProcessorClient {
     http: reqwest::Client,
     base: Url,
     api_key: String,
+    /// Wrong on purpose, for the demo: a new key for every call instead of the downstream key.
+    new_key_per_call: bool,
 }
 
 /// The members of a problem document the client reads.
@@ -122,14 +124,44 @@ impl ProcessorClient {
             http: reqwest::Client::builder().timeout(timeout).build()?,
             base,
             api_key,
+            new_key_per_call: false,
         })
+    }
+
+    /// Sends a new key with every call instead of the downstream key it is given: what a service
+    /// that does not pass its own key downstream does. Wrong on purpose, so that `idempay demo`
+    /// can show the double charges the downstream key prevents; never in production.
+    #[must_use]
+    pub fn with_a_new_key_per_call(mut self) -> Self {
+        self.new_key_per_call = true;
+        self
+    }
+
+    /// The key a call sends.
+    fn key_for(&self, downstream_key: &str) -> String {
+        if self.new_key_per_call {
+            format!("naive_{}", uuid::Uuid::new_v4().simple())
+        } else {
+            downstream_key.to_owned()
+        }
+    }
+
+    /// Replaces the faults the processor injects (its `PUT /v1/test/faults`): `lose_answers` and
+    /// `fail` are fractions from 0 to 1.
+    pub async fn set_faults(&self, lose_answers: f64, fail: f64) -> anyhow::Result<()> {
+        self.request(Method::PUT, "v1/test/faults")
+            .json(&serde_json::json!({ "lose_answers": lose_answers, "fail": fail }))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
     }
 
     /// One attempt to charge, with `Idempotency-Key: downstream_key`.
     pub async fn charge(&self, downstream_key: &str, request: &ChargeRequest) -> Outcome<Charge> {
         let sent = self
             .request(Method::POST, "v1/charges")
-            .header("idempotency-key", downstream_key)
+            .header("idempotency-key", self.key_for(downstream_key))
             .json(request)
             .send()
             .await;
@@ -165,7 +197,7 @@ impl ProcessorClient {
     ) -> Outcome<ProcessorRefund> {
         let sent = self
             .request(Method::POST, &format!("v1/charges/{charge}/refunds"))
-            .header("idempotency-key", downstream_key)
+            .header("idempotency-key", self.key_for(downstream_key))
             .json(&serde_json::json!({ "amount": amount }))
             .send()
             .await;

@@ -33,6 +33,10 @@ impl Fraction {
         }
     }
 
+    pub fn value(self) -> f64 {
+        self.0
+    }
+
     /// Draws once: true with this probability.
     pub fn happens(self) -> bool {
         self.0 > 0.0 && rand::random::<f64>() < self.0

@@ -19,6 +19,7 @@ use sqlx::PgConnection;
 
 use super::ProcessorState;
 use super::extract::{Authorized, Keyed};
+use super::faults::{Faults, Fraction};
 use super::model::{
     Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
     ProcessorRefund, RefundRow, tagged,
@@ -46,7 +47,8 @@ impl ProcessorState {
         hangup: Option<Extension<Hangup>>,
         answer: impl Future<Output = Result<Response, ApiError>>,
     ) -> Result<Response, ApiError> {
-        if self.faults.fail.happens() {
+        let faults = self.faults();
+        if faults.fail.happens() {
             return Err(Problem::new(
                 ProblemKind::ServiceUnavailable,
                 "The processor failed before doing anything (IDEMPAY_PROCESSOR_FAIL).",
@@ -54,7 +56,7 @@ impl ProcessorState {
             .retry_after(Duration::from_secs(1))
             .into());
         }
-        let lose = self.faults.lose_answers.happens();
+        let lose = faults.lose_answers.happens();
         let response = answer.await?;
         // A replay is answered: the lost answer's retry learns what happened.
         let first = !response.headers().contains_key(IDEMPOTENT_REPLAYED);
@@ -71,9 +73,18 @@ impl ProcessorState {
 
     /// The injected latency, inside the key's lease and before the effect.
     async fn delay(&self) {
-        if !self.faults.latency.is_zero() {
-            tokio::time::sleep(self.faults.latency).await;
+        let latency = self.faults().latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
         }
+    }
+
+    /// The faults in force now.
+    fn faults(&self) -> Faults {
+        *self
+            .faults
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Writes an event to the outbox in the caller's transaction, when events are delivered.
@@ -528,4 +539,67 @@ pub(super) async fn create_dispute(
 
 fn charge_not_found(id: &str) -> Problem {
     Problem::new(ProblemKind::NotFound, format!("No charge `{id}`."))
+}
+
+// -------------------------------------------------------------------------------------------
+// Faults at run time (a test helper, like disputes)
+// -------------------------------------------------------------------------------------------
+
+/// The faults as `GET` and `PUT /v1/test/faults` show and take them.
+#[derive(Debug, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FaultsBody {
+    /// The fraction (0 to 1) of answers lost after the effect committed.
+    #[serde(default)]
+    lose_answers: f64,
+    /// The fraction (0 to 1) of calls refused with 503 before anything happens.
+    #[serde(default)]
+    fail: f64,
+    /// Milliseconds added to every charge and refund.
+    #[serde(default)]
+    latency_ms: u64,
+}
+
+impl From<Faults> for FaultsBody {
+    fn from(faults: Faults) -> Self {
+        Self {
+            lose_answers: faults.lose_answers.value(),
+            fail: faults.fail.value(),
+            latency_ms: u64::try_from(faults.latency.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// `GET /v1/test/faults`: the faults in force.
+pub(super) async fn get_faults(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+) -> axum::Json<FaultsBody> {
+    axum::Json(state.faults().into())
+}
+
+/// `PUT /v1/test/faults`: replaces the faults in force, as `IDEMPAY_PROCESSOR_*` set them at start
+/// (`idempay demo --processor-loss` uses it to make a running processor lose answers).
+pub(super) async fn set_faults(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    body: Result<axum::Json<FaultsBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<axum::Json<FaultsBody>, ApiError> {
+    let axum::Json(body) =
+        body.map_err(|rejection| Problem::new(ProblemKind::InvalidRequest, rejection.body_text()))?;
+    let fraction = |name: &str, value: f64| {
+        Fraction::parse(&value.to_string())
+            .map_err(|error| Problem::new(ProblemKind::InvalidRequest, format!("{name}: {error}")))
+    };
+    let faults = Faults {
+        lose_answers: fraction("lose_answers", body.lose_answers)?,
+        fail: fraction("fail", body.fail)?,
+        latency: Duration::from_millis(body.latency_ms),
+    };
+    *state
+        .faults
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = faults;
+    tracing::warn!(?faults, "faults changed at run time");
+    Ok(axum::Json(faults.into()))
 }

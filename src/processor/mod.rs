@@ -71,7 +71,8 @@ pub struct Shared {
     idempotency: Idempotency,
     api_key: ProcessorApiKey,
     slow_charge: Duration,
-    faults: Faults,
+    /// Changed at run time by `PUT /v1/test/faults`, so a demo can make a running processor lossy.
+    faults: std::sync::RwLock<Faults>,
     /// Where events go; `None` records none.
     webhook_url: Option<String>,
 }
@@ -95,6 +96,10 @@ pub fn router(state: ProcessorState) -> Router {
         .route("/v1/charges/{id}/refunds", post(handlers::create_refund))
         .route("/v1/charges/{id}/disputes", post(handlers::create_dispute))
         .route("/v1/refunds", get(handlers::list_refunds))
+        .route(
+            "/v1/test/faults",
+            get(handlers::get_faults).put(handlers::set_faults),
+        )
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
@@ -159,7 +164,7 @@ impl Processor {
             idempotency: Idempotency::new(Service::Processor, pool.clone(), POLICY),
             api_key: settings.api_key,
             slow_charge: settings.slow_charge,
-            faults: settings.faults,
+            faults: std::sync::RwLock::new(settings.faults),
             webhook_url: settings.webhook_url,
             pool,
         }));

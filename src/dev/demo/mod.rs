@@ -4,6 +4,11 @@
 //! retrying client keeps one key per intent, so every intent ends in exactly one payment however
 //! often it was sent; with `--naive` it makes a new key per attempt and the ledger shows the
 //! duplicate charges that the key prevents.
+//!
+//! Given the processor (`--processor-url`), it also makes the processor lose answers
+//! (`--processor-loss`) and counts the charges there next to the payments: with the downstream
+//! key they are equal; a server started with `IDEMPAY_UNSAFE_NEW_PROCESSOR_KEY_PER_CALL` shows the
+//! charges it would otherwise make twice.
 
 mod proxy;
 
@@ -17,6 +22,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::client::{Client, ClientError, NewPayment, RetryPolicy};
+use crate::processor::ProcessorClient;
 
 pub use proxy::{Faults, LossyProxy, ProxyStats};
 
@@ -29,6 +35,9 @@ pub struct Options {
     pub naive: bool,
     /// Intents in flight at once.
     pub concurrency: usize,
+    /// The processor the server charges at, to count its charges, and the share of its answers
+    /// it loses during the run (0 to 1).
+    pub processor: Option<(ProcessorClient, f64)>,
 }
 
 /// How one intent ended.
@@ -54,6 +63,8 @@ pub struct Tally {
     pub duplicates: usize,
     pub lost_responses: u64,
     pub resets: u64,
+    /// Charges the processor made during the run, when it was given.
+    pub charges_at_processor: Option<usize>,
     pub outcomes: Vec<IntentOutcome>,
 }
 
@@ -66,7 +77,15 @@ impl std::fmt::Display for Tally {
         writeln!(f, "replayed answers:    {}", self.replays)?;
         writeln!(f, "intents unanswered:  {}", self.unanswered)?;
         writeln!(f, "payments in ledger:  {}", self.payments_in_ledger)?;
-        write!(f, "duplicate charges:   {}", self.duplicates)
+        write!(f, "duplicate charges:   {}", self.duplicates)?;
+        if let Some(charges) = self.charges_at_processor {
+            write!(
+                f,
+                "\ncharges at processor: {charges} ({} without a payment)",
+                charges.saturating_sub(self.payments_in_ledger)
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -78,6 +97,16 @@ pub async fn run(
     options: &Options,
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> anyhow::Result<Tally> {
+    let charges_before = match &options.processor {
+        Some((processor, loss)) => {
+            processor
+                .set_faults(*loss, 0.0)
+                .await
+                .context("cannot set the processor's faults")?;
+            Some(processor.charges().await?.len())
+        }
+        None => None,
+    };
     let upstream = upstream_address(base_url).await?;
     let proxy = LossyProxy::start(upstream, options.faults).await?;
     let attempts = Arc::new(AtomicU64::new(0));
@@ -128,6 +157,13 @@ pub async fn run(
 
     // The ledger is read around the proxy: the point is what the server recorded.
     let charged = count_in_ledger(&Client::new(base_url, api_key), &prefix).await?;
+    let charges_at_processor = match (&options.processor, charges_before) {
+        (Some((processor, _)), Some(before)) => {
+            processor.set_faults(0.0, 0.0).await?;
+            Some(processor.charges().await?.len() - before)
+        }
+        _ => None,
+    };
     let payments_in_ledger = charged.values().sum();
     Ok(Tally {
         intents: options.intents,
@@ -138,6 +174,7 @@ pub async fn run(
         duplicates: charged.values().map(|count| count - 1).sum(),
         lost_responses: proxy.stats().lost_responses.load(Ordering::Relaxed),
         resets: proxy.stats().resets.load(Ordering::Relaxed),
+        charges_at_processor,
         outcomes,
     })
 }

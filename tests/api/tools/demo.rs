@@ -5,7 +5,72 @@ use idempay::client::{Client, ClientError, NewPayment, NewRefund};
 use idempay::dev::demo::{self, Faults, Options};
 use idempay_test_macros::api_test;
 
+use idempay::config::Settings;
+use idempay::processor::ProcessorClient;
+
+use crate::processor::{API_KEY, TestProcessor};
 use crate::support::helpers::TestApp;
+
+/// idempay charging at a processor of its own (its own database), both reachable by the demo.
+async fn with_processor(new_key_per_call: bool) -> (TestApp, TestProcessor, ProcessorClient) {
+    let processor = TestProcessor::spawn().await;
+    let mut settings = Settings::default();
+    settings.processor.url = Some(processor.address.clone());
+    settings.processor.api_key = Some(API_KEY.to_owned());
+    settings.processor.new_key_per_call = new_key_per_call;
+    let app = TestApp::spawn_with(settings).await;
+    let client = processor.client(std::time::Duration::from_secs(10));
+    (app, processor, client)
+}
+
+/// The demo's tally of a run through a lossy network to the API and a processor that loses 30 %
+/// of its answers.
+async fn lossy_run(app: &TestApp, processor: ProcessorClient, intents: usize) -> demo::Tally {
+    let options = Options {
+        intents,
+        faults: Faults {
+            lost_responses: 0.3,
+            resets: 0.0,
+        },
+        naive: false,
+        concurrency: 8,
+        processor: Some((processor, 0.3)),
+    };
+    let tally = demo::run(&app.address, &app.api_key, &options, |_| {})
+        .await
+        .unwrap();
+    println!("{tally}");
+    tally
+}
+
+#[api_test]
+async fn with_the_downstream_key_a_processor_losing_answers_charges_each_intent_once() {
+    let (app, processor, client) = with_processor(false).await;
+
+    let tally = lossy_run(&app, client, 60).await;
+
+    assert_eq!(tally.unanswered, 0, "{tally}");
+    assert_eq!(tally.payments_in_ledger, 60, "{tally}");
+    assert_eq!(tally.charges_at_processor, Some(60), "{tally}");
+    assert!(
+        processor.count("processor_charges").await == 60,
+        "the processor's own ledger agrees"
+    );
+}
+
+#[api_test]
+async fn a_new_key_per_processor_call_charges_lost_answers_twice() {
+    let (app, _processor, client) = with_processor(true).await;
+
+    let tally = lossy_run(&app, client, 40).await;
+
+    assert_eq!(tally.payments_in_ledger, 40, "{tally}");
+    let charges = tally.charges_at_processor.expect("counted");
+    assert!(
+        charges > 40,
+        "lost answers were charged again under new keys: {tally}"
+    );
+}
 
 #[api_test]
 async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hundred_payments() {
@@ -18,6 +83,7 @@ async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hu
         },
         naive: false,
         concurrency: 8,
+        processor: None,
     };
 
     let tally = demo::run(&app.address, &app.api_key, &options, |_| {})
@@ -73,6 +139,7 @@ async fn a_new_key_per_attempt_charges_twice() {
         },
         naive: true,
         concurrency: 8,
+        processor: None,
     };
 
     let tally = demo::run(&app.address, &app.api_key, &options, |_| {})
