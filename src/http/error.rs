@@ -298,7 +298,10 @@ pub enum AuthenticatedProblems {
     Internal(Problem),
     /// The database is unreachable or busy, or the request did not finish in time
     /// (`service-unavailable`). Retry, a POST with the same key: it receives the first attempt's
-    /// result if that went through meanwhile.
+    /// result if that went through meanwhile. A payment or refund may also answer
+    /// `processor-outcome-unknown` (the processor's answer did not arrive: the key is kept, and the
+    /// retry records the one charge it made, if any) or `processor-unavailable` (the processor
+    /// refused before acting: nothing was charged).
     #[response(
         status = 503,
         content_type = "application/problem+json",
