@@ -154,6 +154,7 @@ json.dump({
     "pool_configurable": "$POOL_CONFIGURABLE" == "true",
     "pg_opts": "$BENCH_PG_OPTS",
     "pg_transport": "$PG_TRANSPORT",
+    "two_hop": "$PROCESSOR_URL" != "",
     "select1_tps": float("$SELECT1_TPS"),
     "workloads": "${WORKLOADS[*]}".split(),
     "concurrency": [int(c) for c in "${CONCURRENCY[*]}".split()],

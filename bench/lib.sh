@@ -53,6 +53,7 @@ bench_cleanup() {
   set +e
   [ -z "$SAMPLER_PID" ] || kill "$SAMPLER_PID" 2>/dev/null
   stop_server
+  [ -z "${PROCESSOR_PID:-}" ] || { kill -TERM "$PROCESSOR_PID"; wait "$PROCESSOR_PID"; } 2>/dev/null
   if [ -n "$PG_CONTAINER" ]; then
     docker rm -f "$PG_CONTAINER" >/dev/null 2>&1
   fi
@@ -180,9 +181,46 @@ detect_pool_option() {
   fi
 }
 
+# wait_listening PORT PID LOG WHAT: waits until 127.0.0.1:PORT accepts connections, or fails if
+# PID exits.
+wait_listening() {
+  local port=$1 pid=$2 logfile=$3 what=$4 i
+  for i in $(seq 1 200); do
+    if python3 - "$port" <<'PY' 2>/dev/null; then
+import socket, sys
+socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+PY
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || { cat "$logfile" >&2; die "$what exited"; }
+    sleep 0.1
+  done
+  die "$what did not become ready"
+}
+
+# start_processor: `idempay processor` on a free loopback port, its ledger in the bench database,
+# as production runs the second hop: a process of its own. Sets PROCESSOR_PID and PROCESSOR_URL.
+# A binary without the processor (an older revision) charges in-process: PROCESSOR_URL stays empty.
+PROCESSOR_API_KEY=sk_bench_processor
+start_processor() {
+  PROCESSOR_URL=""
+  "$IDEMPAY" processor --help >/dev/null 2>&1 || return 0
+  local port
+  port=$(free_port)
+  PROCESSOR_LOG="$OUT_DIR/raw/processor-$port.log"
+  env "DATABASE_URL=$DATABASE_URL" "IDEMPAY_PROCESSOR_LISTEN=127.0.0.1:$port" \
+    "IDEMPAY_PROCESSOR_API_KEY=$PROCESSOR_API_KEY" "RUST_LOG=${BENCH_RUST_LOG:-warn}" \
+    "$IDEMPAY" processor >"$PROCESSOR_LOG" 2>&1 &
+  PROCESSOR_PID=$!
+  PROCESSOR_URL="http://127.0.0.1:$port"
+  wait_listening "$port" "$PROCESSOR_PID" "$PROCESSOR_LOG" "idempay processor"
+  log "processor serving on $PROCESSOR_URL (pid $PROCESSOR_PID)"
+}
+
 # start_server EXPIRY_INTERVAL: serves on a free loopback port; sets SERVER_PID and BASE_URL.
 start_server() {
   local interval=${1:-1000h} port
+  [ -n "${PROCESSOR_PID:-}" ] || start_processor
   port=$(free_port)
   SERVER_LOG="$OUT_DIR/raw/server-$port.log"
   local env=(
@@ -191,6 +229,9 @@ start_server() {
     "IDEMPAY_EXPIRY_INTERVAL=$interval"
     "RUST_LOG=${BENCH_RUST_LOG:-warn,idempay::expiry=info}"
   )
+  if [ -n "$PROCESSOR_URL" ]; then
+    env+=("IDEMPAY_PROCESSOR_URL=$PROCESSOR_URL" "IDEMPAY_PROCESSOR_API_KEY=$PROCESSOR_API_KEY")
+  fi
   if $POOL_CONFIGURABLE; then
     env+=("IDEMPAY_DATABASE_MAX_CONNECTIONS=$POOL_SIZE")
   fi

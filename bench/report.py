@@ -177,6 +177,13 @@ def bench(args):
            if meta.get("select1_tps") else ".")
     )
     md.append("")
+    if meta.get("two_hop"):
+        md.append(
+            "Path: **two hops**. idempay calls `idempay processor`, a process of its own on loopback, "
+            "for every new key; the new-key limit runs both services' SQL for one payment (the "
+            "processor's five statements for the charge, then idempay's five), nothing in between."
+        )
+        md.append("")
     md.append(
         "Limit: pgbench running the request's SQL (prepared). idempay: wrk over HTTP on loopback. "
         "Ratios are idempay / limit (throughput: higher is better; latency: lower is better)."
