@@ -327,7 +327,7 @@ run_pgbench() {
   rm -f "$OUT_DIR/raw/pgbench/$name".*
   pgbench -n -M prepared -T "$secs" -c "$conns" -j "$threads" \
     -l --log-prefix="$OUT_DIR/raw/pgbench/$name" \
-    -D "account_id=$ACCOUNT_ID" -D "scope=$SCOPE" \
+    -D "account_id=$ACCOUNT_ID" -D "scope=$SCOPE" -D "processor_scope=processor:POST /v1/charges" \
     -D "request_hash=\\x$REQUEST_HASH_HEX" \
     -D "response_headers=$RESPONSE_HEADERS" -D "response_body=\\x$RESPONSE_BODY_HEX" \
     -D "lease_ms=30000" -D "ttl_ms=86400000" -D "replay_keys=$PGBENCH_REPLAY_KEYS" \

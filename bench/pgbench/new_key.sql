@@ -12,7 +12,7 @@
 -- shows as a better ratio.
 -- idempay makes the key (the client does), the lock token and the payment id in-process; here
 -- they are built inside the statements from one random number, so they cost no round trip.
--- Variables from -D: account_id, scope, request_hash, lease_ms, ttl_ms, response_headers,
+-- Variables from -D: account_id, scope, processor_scope, request_hash, lease_ms, ttl_ms, response_headers,
 -- response_body, currency, payment_method, payment_status.
 \set amount 1000
 \set response_code 201
@@ -46,7 +46,7 @@ WHERE scope = :scope AND idem_key = 'k' || :n AND NOT EXISTS (SELECT 1 FROM rese
 WITH reserved AS (
     INSERT INTO idempotency_keys
         (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-    VALUES ('processor:POST /v1/charges', 'idk_' || :n, :request_hash, 'in_progress',
+    VALUES (:processor_scope, 'idk_' || :n::text, :request_hash, 'in_progress',
             md5(:n::text)::uuid,
             now() + :lease_ms::bigint * interval '1 millisecond',
             now() + :ttl_ms::bigint * interval '1 millisecond')
@@ -67,13 +67,13 @@ SELECT id, FALSE, request_hash, status, response_code, response_headers,
        (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint,
        now()
 FROM idempotency_keys
-WHERE scope = 'processor:POST /v1/charges' AND idem_key = 'idk_' || :n
+WHERE scope = :processor_scope AND idem_key = 'idk_' || :n::text
   AND NOT EXISTS (SELECT 1 FROM reserved)
 \gset c_
 BEGIN;
 INSERT INTO processor_charges
     (id, amount, currency, status, payment_method, decline_code, idempotency_key, created_at)
-VALUES ('ch_' || :n, :amount, :currency, :payment_status, :payment_method, NULL, 'idk_' || :n,
+VALUES ('ch_' || :n::text, :amount, :currency, :payment_status, :payment_method, NULL, 'idk_' || :n::text,
         now());
 UPDATE idempotency_keys
 SET status = 'completed', lock_token = NULL, locked_until = NULL,
@@ -88,7 +88,7 @@ INSERT INTO payments
     (id, account_id, amount, currency, status, payment_method, order_ref, description,
      idempotency_key, charge)
 VALUES ('pay_' || :n, :account_id, :amount, :currency, :payment_status, :payment_method, NULL,
-        NULL, 'k' || :n, 'ch_' || :n)
+        NULL, 'k' || :n, 'ch_' || :n::text)
 RETURNING id, amount, currency, status, payment_method, order_ref, description,
           amount_refunded, amount_disputed, charge, created_at;
 UPDATE idempotency_keys
