@@ -28,7 +28,9 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
 use crate::http::server::Hangup;
-use crate::idempotency::{Completion, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
+use crate::idempotency::{
+    Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse,
+};
 use crate::payments::PaymentMethod;
 use crate::webhooks::delivery;
 
@@ -155,12 +157,53 @@ async fn charge(
             .with_header(header::LOCATION, format!("/v1/charges/{}", charge.id)),
         Some(code) => StoredResponse::problem(&Problem::charge_declined(&charge.id, code)),
     };
-    let mut tx = lease.begin().await?;
-    sqlx::query!(
+    let kind = match charge.status {
+        ChargeStatus::Succeeded => "charge.succeeded",
+        ChargeStatus::Declined => "charge.declined",
+    };
+    let data = json!({ "charge": charge.id, "amount": charge.amount, "currency": charge.currency });
+    // The event, when events are delivered: written by the same statement as the charge.
+    let event = match &state.webhook_url {
+        Some(url) => Some((
+            delivery::event_id(),
+            url.clone(),
+            delivery::envelope(kind, charge.created_at, &data).map_err(anyhow::Error::from)?,
+        )),
+        None => None,
+    };
+    let key = lease.key().clone();
+    let completion = lease.complete_with(response, |pool, fence| async move {
+        record_charge(&pool, &charge, &key, event, fence).await
+    });
+    Ok(completion.await?)
+}
+
+/// The charge, its event (if any) and the key's completion, in one statement: one round trip,
+/// all or nothing, as idempay records a payment.
+async fn record_charge(
+    pool: &sqlx::PgPool,
+    charge: &Charge,
+    key: &IdempotencyKey,
+    event: Option<(String, String, Vec<u8>)>,
+    fence: Fence,
+) -> Result<(), sqlx::Error> {
+    let (event_id, url, body) = match event {
+        Some((id, url, body)) => (Some(id), Some(url), Some(body)),
+        None => (None, None, None),
+    };
+    sqlx::query_scalar!(
         r#"
-        INSERT INTO processor_charges
-            (id, amount, currency, status, payment_method, decline_code, idempotency_key, created_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        WITH charge AS (
+            INSERT INTO processor_charges
+                (id, amount, currency, status, payment_method, decline_code, idempotency_key,
+                 created_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            RETURNING id
+        ), event AS (
+            INSERT INTO webhook_deliveries (event_id, url, body)
+            SELECT $9, $10, $11 FROM charge WHERE $9::text IS NOT NULL
+        )
+        SELECT idempotency_complete($12, $13, $14, $15, $16, $17) AS "key_id!" FROM charge
         "#,
         charge.id,
         charge.amount,
@@ -168,20 +211,21 @@ async fn charge(
         charge.status.as_str(),
         charge.payment_method,
         charge.decline_code,
-        lease.key().as_str(),
+        key.as_str(),
         charge.created_at,
+        event_id,
+        url,
+        body,
+        fence.key_id,
+        fence.token,
+        fence.response_code,
+        fence.response_headers,
+        &fence.response_body[..],
+        fence.ttl_ms,
     )
-    .execute(&mut *tx)
+    .fetch_one(pool)
     .await?;
-    let kind = match charge.status {
-        ChargeStatus::Succeeded => "charge.succeeded",
-        ChargeStatus::Declined => "charge.declined",
-    };
-    let data = json!({ "charge": charge.id, "amount": charge.amount, "currency": charge.currency });
-    state
-        .announce(&mut tx, kind, charge.created_at, &data)
-        .await?;
-    Ok(lease.complete(tx, response).await?)
+    Ok(())
 }
 
 /// `GET /v1/charges/{id}`.

@@ -289,7 +289,8 @@ async fn a_delivery_verifies_at_idempay_s_own_intake() {
         .fetch_one(&processor.db)
         .await
         .unwrap();
-    // idempay does not know `charge.*` events yet: acknowledged, recorded, ignored.
+    // A charge made directly at the processor, which no payment records: acknowledged, recorded,
+    // ignored.
     let (kind, outcome): (String, String) =
         sqlx::query_as("SELECT type, outcome FROM processed_events WHERE id = $1")
             .bind(&event)
