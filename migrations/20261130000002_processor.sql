@@ -27,7 +27,8 @@ CREATE TABLE processor_refunds (
     id              TEXT        PRIMARY KEY,
     charge_id       TEXT        NOT NULL REFERENCES processor_charges (id),
     amount          BIGINT      NOT NULL CHECK (amount > 0),
-    status          TEXT        NOT NULL CHECK (status IN ('succeeded')),
+    -- 'failed' when the card network gave the refund back later: its amount is the charge's again.
+    status          TEXT        NOT NULL CHECK (status IN ('succeeded', 'failed')),
     idempotency_key TEXT        NOT NULL,
     created_at      TIMESTAMPTZ NOT NULL DEFAULT now()
 );

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ProcessorLink;
 use crate::ids;
 use crate::processor::{
-    ChargeStatus, Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings,
+    ChargeStatus, Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings, RefundStatus,
 };
 
 /// Reconciles against the processor `link` names or, without a URL, against the processor
@@ -223,6 +223,17 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
                     refund.processor_refund
                 ),
             }),
+            Some(theirs)
+                if (theirs.status == RefundStatus::Failed) != (refund.status == "failed") =>
+            {
+                report.differences.push(Difference::RefundMismatch {
+                    refund: refund.id.clone(),
+                    detail: format!(
+                        "is {} here, {:?} at the processor",
+                        refund.status, theirs.status
+                    ),
+                });
+            }
             Some(theirs) if theirs.amount != refund.amount => {
                 report.differences.push(Difference::RefundMismatch {
                     refund: refund.id.clone(),

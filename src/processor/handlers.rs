@@ -417,7 +417,7 @@ async fn refund(
         r#"
         INSERT INTO processor_refunds (id, charge_id, amount, status, idempotency_key, created_at)
         VALUES ($1, $2, $3, 'succeeded', $4, $5)
-        RETURNING id, charge_id, amount, created_at
+        RETURNING id, charge_id, amount, status, created_at
         "#,
         IdKind::Refund.generate(),
         charge,
@@ -464,7 +464,7 @@ pub(super) async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-                SELECT id, charge_id, amount, created_at
+                SELECT id, charge_id, amount, status, created_at
                 FROM processor_refunds
                 WHERE (created_at, id) > ($1, $2)
                 ORDER BY created_at, id
@@ -481,7 +481,7 @@ pub(super) async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-                SELECT id, charge_id, amount, created_at
+                SELECT id, charge_id, amount, status, created_at
                 FROM processor_refunds
                 WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
                 ORDER BY created_at DESC, id DESC
@@ -579,6 +579,48 @@ pub(super) async fn create_dispute(
         .await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, axum::Json(tagged("dispute", &dispute))).into_response())
+}
+
+/// `POST /v1/refunds/{id}/failure`: the card network gave the refund back (a closed card): the
+/// refund fails, its amount is the charge's again, and `charge.refund.failed` is announced. A test
+/// helper, like disputes; a refund fails once.
+pub(super) async fn fail_refund(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let not_found = || Problem::new(ProblemKind::NotFound, format!("No refund `{id}`."));
+    if !IdKind::Refund.is(&id) {
+        return Err(not_found().into());
+    }
+    let mut tx = state.pool.begin().await?;
+    let failed = sqlx::query_as!(
+        RefundRow,
+        r#"
+        UPDATE processor_refunds SET status = 'failed'
+        WHERE id = $1 AND status = 'succeeded'
+        RETURNING id, charge_id, amount, status, created_at
+        "#,
+        id,
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(not_found)?;
+    sqlx::query!(
+        "UPDATE processor_charges SET amount_refunded = amount_refunded - $2 WHERE id = $1",
+        failed.charge_id,
+        failed.amount,
+    )
+    .execute(&mut *tx)
+    .await?;
+    let refund = ProcessorRefund::from(failed);
+    let at = chrono::Utc::now();
+    let data = json!({ "charge": refund.charge, "refund": refund.id, "amount": refund.amount });
+    state
+        .announce(&mut tx, "charge.refund.failed", at, &data)
+        .await?;
+    tx.commit().await?;
+    Ok(axum::Json(tagged("refund", &refund)).into_response())
 }
 
 fn charge_not_found(id: &str) -> Problem {

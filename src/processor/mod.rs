@@ -96,6 +96,7 @@ pub fn router(state: ProcessorState) -> Router {
         .route("/v1/charges/{id}/refunds", post(handlers::create_refund))
         .route("/v1/charges/{id}/disputes", post(handlers::create_dispute))
         .route("/v1/refunds", get(handlers::list_refunds))
+        .route("/v1/refunds/{id}/failure", post(handlers::fail_refund))
         .route(
             "/v1/test/faults",
             get(handlers::get_faults).put(handlers::set_faults),

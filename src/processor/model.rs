@@ -76,11 +76,13 @@ pub struct Charge {
     pub created_at: DateTime<Utc>,
 }
 
-/// The state of a refund at the processor: it is made when it is recorded.
+/// The state of a refund at the processor: made when it is recorded; `failed` when the card
+/// network gave it back later (the amount is the charge's again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RefundStatus {
     Succeeded,
+    Failed,
 }
 
 /// A refund, as the processor lists it (with `"object": "refund"`). Its id is `pyr_…`, apart from
@@ -182,6 +184,7 @@ pub(super) struct RefundRow {
     pub id: String,
     pub charge_id: String,
     pub amount: i64,
+    pub status: String,
     pub created_at: DateTime<Utc>,
 }
 
@@ -191,7 +194,11 @@ impl From<RefundRow> for ProcessorRefund {
             id: row.id,
             charge: row.charge_id,
             amount: row.amount,
-            status: RefundStatus::Succeeded,
+            status: if row.status == "failed" {
+                RefundStatus::Failed
+            } else {
+                RefundStatus::Succeeded
+            },
             created_at: row.created_at,
         }
     }
