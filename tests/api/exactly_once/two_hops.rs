@@ -466,6 +466,108 @@ async fn a_request_that_loses_its_lease_during_the_charge_and_its_takeover_name_
 }
 
 // ---------------------------------------------------------------------------------------------
+// A failure after the charge: the pool exhausted
+// ---------------------------------------------------------------------------------------------
+
+/// The trigger that refuses the payment's insert is `lifecycle`'s; here the charge cannot be
+/// recorded because the instance's only connection is taken: another request holds it, waiting on
+/// a table the test keeps locked. The key is kept, and the retry records the same charge.
+#[api_test]
+async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_without_a_second_charge()
+ {
+    let (app, processor) = idempay_and_processor(
+        Settings::default(),
+        faulty(|s| s.slow_charge = Duration::from_secs(3)),
+    )
+    .await;
+    let instance = Instance::start(
+        &app.database_url(),
+        &instance_env(
+            &processor,
+            &[
+                ("IDEMPAY_DATABASE_MAX_CONNECTIONS", "1"),
+                ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "300ms"),
+                ("IDEMPAY_LEASE", "3s"),
+                ("IDEMPAY_RECOVERY_INTERVAL", "1h"),
+            ],
+        ),
+    )
+    .await;
+    let key = new_key();
+    let slow = slow_payment(100);
+    let charging = tokio::spawn(
+        instance
+            .payment_request(&app.api_key, &key, &slow)
+            .timeout(crate::support::instance::ANSWER_WITHIN)
+            .send(),
+    );
+    wait_until("the charge is requested", || async {
+        key_row(&app, &key)
+            .await
+            .is_some_and(|(_, point, _)| point.is_some())
+    })
+    .await;
+
+    // A read of a refund takes the only connection and waits on the table the test holds locked
+    // (for up to the session's lock timeout, longer than the charge has left).
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE refunds IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let holding = tokio::spawn(
+        reqwest::Client::new()
+            .get(format!(
+                "{}/v1/refunds/re_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
+                instance.address
+            ))
+            .bearer_auth(&app.api_key)
+            .send(),
+    );
+    wait_until(
+        "the read waits on the lock, holding the connection",
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%refunds%'",
+            )
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+                == 1
+        },
+    )
+    .await;
+    // The connection was taken before the charge could be recorded: the failure comes after it.
+    assert_eq!(app.payment_count().await, 0, "the window was hit");
+
+    let failed = charging.await.unwrap().expect("an answer");
+    lock.commit().await.unwrap();
+    holding.await.unwrap().ok();
+
+    // 503, as any wait for a connection past the acquire timeout: the key could not even be
+    // suspended, so it waits for its lease to run out.
+    assert_eq!(failed.status(), 503, "the charge could not be recorded");
+    assert_eq!(app.charge_count().await, 1, "the processor charged");
+    assert_eq!(app.payment_count().await, 0);
+    let (status, point, _) = key_row(&app, &key).await.expect("the key is kept");
+    assert_eq!(
+        (status.as_str(), point.as_deref()),
+        ("in_progress", Some("payment.charge_requested"))
+    );
+    let retry = retry_while_in_flight(|| instance.post_payment(&app.api_key, &key, &slow)).await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(retry.json()["charge"], the_charge(&app).await.0.as_str());
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+// ---------------------------------------------------------------------------------------------
 // A retry storm across three instances
 // ---------------------------------------------------------------------------------------------
 
