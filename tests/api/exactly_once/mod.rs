@@ -1,7 +1,9 @@
 //! The idempotency-key mechanism: one key, one effect. Replays byte for byte, mismatches and keys
-//! in flight refused, leases taken over, simultaneous requests, and keys that expire.
+//! in flight refused, leases taken over, simultaneous requests, and keys that expire; and one
+//! effect across two hops, idempay and the processor it charges at, whatever the processor does.
 
 mod concurrency;
 mod expiry;
 mod lifecycle;
 mod mechanism;
+mod two_hops;

@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::harness::{TEMPLATE, admin_url, database_url};
-use crate::support::helpers::TestResponse;
+use crate::support::helpers::{TestApp, TestResponse};
 
 /// The key every test processor takes.
 pub const API_KEY: &str = "pk_test_processor";
@@ -43,12 +43,22 @@ impl TestProcessor {
     }
 
     pub async fn spawn_with(settings: ProcessorSettings) -> Self {
-        Self::serve(&fresh_database().await, settings).await
+        Self::serve(&fresh_database().await, settings, bind_any().await).await
     }
 
-    async fn serve(database: &str, settings: ProcessorSettings) -> Self {
+    /// A processor with its ledger in `app`'s database, as the embedded one keeps it (so that the
+    /// invariants can join its charges with idempay's payments), serving on `listener`: a port
+    /// idempay was pointed at before anything listened there, or where another processor ran.
+    pub async fn beside_on(
+        app: &TestApp,
+        settings: ProcessorSettings,
+        listener: TcpListener,
+    ) -> Self {
+        Self::serve(app.database_name(), settings, listener).await
+    }
+
+    async fn serve(database: &str, settings: ProcessorSettings, listener: TcpListener) -> Self {
         let url = database_url(database);
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let processor =
             Processor::build(settings, idempay::db::pool(&url).expect("pool"), listener)
                 .expect("the processor builds");
@@ -74,6 +84,11 @@ impl TestProcessor {
 
     pub fn database_url(&self) -> String {
         database_url(&self.database)
+    }
+
+    /// Stops serving: the listener closes and new connections are refused.
+    pub fn stop(&self) {
+        self.stop.cancel();
     }
 
     /// `POST path` with the API key, the idempotency key (if any) and a JSON body.
@@ -130,6 +145,10 @@ impl Drop for TestProcessor {
 /// A charge body.
 pub fn charge(amount: i64, payment_method: &str) -> Value {
     serde_json::json!({ "amount": amount, "currency": "eur", "payment_method": payment_method })
+}
+
+async fn bind_any() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").await.expect("bind")
 }
 
 /// A database cloned from the migrated template.

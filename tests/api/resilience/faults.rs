@@ -11,7 +11,7 @@ use idempay_test_macros::api_test;
 use crate::support::helpers::{
     TestApp, TestResponse, new_key, payment, retry_while_in_flight, slow_payment, wait_until,
 };
-use crate::support::instance::{ANSWER_WITHIN, Instance};
+use crate::support::instance::{ANSWER_WITHIN, Instance, LogFile};
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
 
 /// SIGABRT, the signal `std::process::abort()` raises (6 on every Unix the service runs on).
@@ -421,26 +421,4 @@ async fn three_instances(app: &TestApp, env: &[(&str, &str)]) -> [Instance; 3] {
         Instance::start(&app.database_url(), env).await,
         Instance::start(&app.database_url(), env).await,
     ]
-}
-
-/// A file an instance's logs (stderr) go to; removed when dropped.
-struct LogFile(std::path::PathBuf);
-
-impl LogFile {
-    /// The file, and its handle to give an instance.
-    fn create() -> (Self, std::fs::File) {
-        let path = std::env::temp_dir().join(format!("idempay-{}.log", new_key()));
-        let file = std::fs::File::create(&path).expect("a log file");
-        (Self(path), file)
-    }
-
-    fn read(&self) -> String {
-        std::fs::read_to_string(&self.0).expect("the log file")
-    }
-}
-
-impl Drop for LogFile {
-    fn drop(&mut self) {
-        std::fs::remove_file(&self.0).ok();
-    }
 }

@@ -102,7 +102,7 @@ impl TestApp {
             .await
             .expect("create the test database");
         admin.close().await.ok();
-        let mut app = Self::serve(&database, settings).await;
+        let mut app = Self::serve(&database, settings, bind_any().await).await;
         let (account_id, api_key) = app.create_account("test merchant").await;
         app.account_id = account_id;
         app.api_key = api_key;
@@ -111,16 +111,21 @@ impl TestApp {
 
     /// Another server instance on the same database, as a second replica would be.
     pub async fn another_instance(&self, settings: Settings) -> Self {
-        let mut app = Self::serve(&self.database, settings).await;
+        self.another_instance_on(bind_any().await, settings).await
+    }
+
+    /// Another instance on the same database, serving on `listener`: a port the test chose, e.g.
+    /// one a processor was told to deliver its webhooks to before anything listened there.
+    pub async fn another_instance_on(&self, listener: TcpListener, settings: Settings) -> Self {
+        let mut app = Self::serve(&self.database, settings, listener).await;
         app.account_id.clone_from(&self.account_id);
         app.api_key.clone_from(&self.api_key);
         app
     }
 
-    async fn serve(database: &str, settings: Settings) -> Self {
+    async fn serve(database: &str, settings: Settings, listener: TcpListener) -> Self {
         let url = database_url(database);
         let pool = idempay::db::pool(&url).expect("pool");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let app = Application::build(settings, pool, listener).expect("build");
         let address = format!("http://{}", app.local_addr().expect("address"));
         let stop = CancellationToken::new();
@@ -155,6 +160,11 @@ impl TestApp {
     /// The connection string of this app's database.
     pub fn database_url(&self) -> String {
         database_url(&self.database)
+    }
+
+    /// The name of this app's database, for another service to keep its tables in.
+    pub fn database_name(&self) -> &str {
+        &self.database
     }
 
     /// Stops this instance; in-flight requests finish first.
@@ -317,6 +327,11 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// A listener on a free port of 127.0.0.1.
+async fn bind_any() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").await.expect("bind")
 }
 
 /// Sends a request, reads the whole response and checks it against the API description.

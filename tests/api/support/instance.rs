@@ -169,3 +169,25 @@ impl Metrics {
         &self.0
     }
 }
+
+/// A file an instance's logs (stderr) go to; removed when dropped.
+pub struct LogFile(std::path::PathBuf);
+
+impl LogFile {
+    /// The file, and its handle to give an instance.
+    pub fn create() -> (Self, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("idempay-{}.log", uuid::Uuid::new_v4()));
+        let file = std::fs::File::create(&path).expect("a log file");
+        (Self(path), file)
+    }
+
+    pub fn read(&self) -> String {
+        std::fs::read_to_string(&self.0).expect("the log file")
+    }
+}
+
+impl Drop for LogFile {
+    fn drop(&mut self) {
+        std::fs::remove_file(&self.0).ok();
+    }
+}
