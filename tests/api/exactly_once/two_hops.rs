@@ -785,3 +785,98 @@ async fn reconcile_names_every_difference_of_a_broken_ledger_and_exits_1() {
         Some("reconciled 3 charges, 1 payments and 0 refunds: 2 difference(s)")
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Refunds take the second hop too
+// ---------------------------------------------------------------------------------------------
+
+/// A refund is made at the processor with its own downstream key, recorded with the processor's
+/// refund id, and replayed; when the card network gives it back later, the processor's
+/// `charge.refund.failed` reaches idempay, whose refund fails and whose amount is refundable again.
+/// The ledgers agree at each step.
+#[api_test]
+async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_agree() {
+    let secret = WebhookSecret::generate();
+    let intake = free_port();
+    let mut settings = processor::settings();
+    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
+    settings.webhook_secret = Some(secret.clone());
+    settings.webhook_retry_base = Duration::from_millis(50);
+    let with_secret = Settings {
+        webhook_secret: Some(secret),
+        ..Settings::default()
+    };
+    let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
+    let app = app
+        .another_instance_on(rebind(intake).await, with_secret)
+        .await;
+    let paid = app.paid(5000).await;
+    let key = new_key();
+
+    let refund = app
+        .post_refund(&paid, &key, &json!({ "amount": 2000 }))
+        .await;
+    let again = app
+        .post_refund(&paid, &key, &json!({ "amount": 2000 }))
+        .await;
+
+    assert_eq!(
+        refund.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    assert!(again.replayed());
+    assert_eq!(again.body, refund.body);
+    let processor_refund = refund.json()["processor_refund"]
+        .as_str()
+        .expect("the processor's refund id")
+        .to_owned();
+    let refunds: Vec<(String, i64)> = sqlx::query_as("SELECT id, amount FROM processor_refunds")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        refunds,
+        [(processor_refund.clone(), 2000)],
+        "one refund at the processor"
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["amount_refunded"], 2000);
+    let output = reconcile(&app, &processor).await;
+    assert!(output.status.success(), "{output:?}");
+
+    let failed = processor
+        .post(
+            &format!("/v1/refunds/{processor_refund}/failure"),
+            None,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        failed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&failed.body)
+    );
+    wait_until("idempay applies charge.refund.failed", || async {
+        app.get_payment(&paid).await.json()["amount_refunded"] == 0
+    })
+    .await;
+    let ours = app
+        .get(&format!(
+            "/v1/refunds/{}",
+            refund.json()["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(ours.json()["status"], "failed");
+    let output = reconcile(&app, &processor).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let whole = app.post_refund(&paid, &new_key(), &json!({})).await;
+    assert_eq!(whole.status, 201, "the amount is refundable again, at both");
+    assert_eq!(whole.json()["amount"], 5000);
+    assert_exactly_once(&app.db).await;
+}
