@@ -192,7 +192,7 @@ impl Default for PoolLimits {
 }
 
 /// A lease is renewed at a third of its length, so it must leave room for that.
-fn parse_lease(raw: &str) -> Result<Duration, String> {
+pub(crate) fn parse_lease(raw: &str) -> Result<Duration, String> {
     let lease = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
     if lease < Duration::from_millis(300) {
         return Err("the lease must be at least 300ms".to_owned());

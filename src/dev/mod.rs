@@ -59,6 +59,7 @@ async fn serve(
     let mut processor_settings =
         ProcessorSettings::new(ProcessorApiKey::parse(&processor_key).map_err(anyhow::Error::msg)?);
     processor_settings.slow_charge = settings.slow_charge;
+    processor_settings.lease = settings.lease;
     processor_settings.webhook_secret = Some(webhook_secret.clone());
     processor_settings.webhook_url = Some(format!("{base}/v1/webhooks/processor"));
     let processor_listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, PROCESSOR_PORT)).await {

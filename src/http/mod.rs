@@ -364,6 +364,8 @@ fn embedded_processor(
     let mut embedded =
         ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
     embedded.slow_charge = settings.slow_charge;
+    // A key the processor holds for a request of a dead instance is freed as soon as idempay's.
+    embedded.lease = settings.lease;
     if let Some(secret) = &settings.webhook_secret {
         let mut intake = listener.local_addr()?;
         if intake.ip().is_unspecified() {

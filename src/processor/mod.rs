@@ -43,12 +43,9 @@ pub use faults::{Faults, Fraction};
 pub use model::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
 pub use settings::{ProcessorApiKey, ProcessorListen, ProcessorSettings};
 
-/// How long the processor keeps its keys and how long a request may hold one without renewing
-/// it: idempay's defaults, so its retries, hours apart, still find their first charge.
-const POLICY: Policy = Policy {
-    key_ttl: Duration::from_secs(24 * 60 * 60),
-    lease: Duration::from_secs(30),
-};
+/// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
+/// find their first charge.
+const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -162,7 +159,14 @@ impl Processor {
             )),
         };
         let state = ProcessorState(Arc::new(Shared {
-            idempotency: Idempotency::new(Service::Processor, pool.clone(), POLICY),
+            idempotency: Idempotency::new(
+                Service::Processor,
+                pool.clone(),
+                Policy {
+                    key_ttl: KEY_TTL,
+                    lease: settings.lease,
+                },
+            ),
             api_key: settings.api_key,
             slow_charge: settings.slow_charge,
             faults: std::sync::RwLock::new(settings.faults),

@@ -54,6 +54,11 @@ pub struct ProcessorSettings {
     #[arg(long, env = "IDEMPAY_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub webhook_timeout: Duration,
 
+    /// How long an in-progress key of the processor blocks retries before one may take it over;
+    /// embedded, the processor takes idempay's.
+    #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = crate::config::parse_lease)]
+    pub lease: Duration,
+
     #[command(flatten)]
     pub faults: Faults,
 }
@@ -69,6 +74,7 @@ impl ProcessorSettings {
             webhook_retry_base: Duration::from_secs(1),
             webhook_retry_cap: Duration::from_secs(60 * 60),
             webhook_timeout: Duration::from_secs(10),
+            lease: Duration::from_secs(30),
             faults: Faults::default(),
         }
     }

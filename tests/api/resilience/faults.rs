@@ -165,7 +165,21 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     let slow = slow_payment(100);
     let request = doomed.payment_request(&app.api_key, &key, &slow).send();
     let in_flight = tokio::spawn(request);
-    app.wait_for_keys(1).await;
+    // In the middle of the charge: the charge was requested (the recovery point is committed and
+    // the processor holds its own key for it), and no payment exists yet.
+    wait_until("the charge is under way at the processor", || async {
+        let requested: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM idempotency_keys \
+             WHERE recovery_point = 'payment.charge_requested' \
+                OR scope LIKE 'processor:%'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        requested == 2
+    })
+    .await;
+    assert_eq!(app.payment_count().await, 0, "killed before the payment");
 
     doomed.child.kill().await.expect("SIGKILL");
     assert!(
