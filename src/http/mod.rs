@@ -345,7 +345,7 @@ fn resumers(state: &AppState) -> Resumers {
     let pool = state.pool.clone();
     Resumers::default()
         .on(payments::CHARGE_REQUESTED, move |lease| {
-            payments::charge_and_record(charges.clone(), lease, None)
+            payments::charge_and_record(charges.clone(), lease)
         })
         .on(refunds::REFUND_REQUESTED, move |lease| {
             refunds::refund_and_record(refunds.clone(), pool.clone(), lease, None)

@@ -231,17 +231,20 @@ impl Idempotency {
             // Before the statement: `now() + expires_in` seen from here is then no later than the
             // database's `expires_at`.
             let asked = Instant::now();
+            let first_point = RecoveryPoint::first(request);
             let reservation = store::reserve(
                 &self.pool,
                 request,
                 token,
                 self.policy.lease,
                 self.policy.key_ttl,
+                first_point.as_ref(),
             )
             .await?;
             let existing = match reservation {
                 Reservation::Reserved { key_id, now } => {
-                    let lease = self.lease(KeyOutcome::Executed, key_id, token, now, request);
+                    let mut lease = self.lease(KeyOutcome::Executed, key_id, token, now, request);
+                    lease.recovery = first_point;
                     return Ok(Decision::Execute(lease));
                 }
                 Reservation::Existing(existing) => existing,
@@ -364,6 +367,7 @@ impl Idempotency {
             &request.fingerprint,
             token,
             self.policy.lease,
+            RecoveryPoint::first(request).as_ref(),
         )
         .await?;
         let Some(taken) = taken else {
@@ -386,6 +390,7 @@ impl Idempotency {
         request: &KeyedRequest,
     ) -> Result<Option<Lease>, sqlx::Error> {
         let token = Uuid::new_v4();
+        let first_point = RecoveryPoint::first(request);
         let recycled = store::recycle(
             &self.pool,
             key_id,
@@ -393,9 +398,14 @@ impl Idempotency {
             token,
             self.policy.lease,
             self.policy.key_ttl,
+            first_point.as_ref(),
         )
         .await?;
-        Ok(recycled.map(|now| self.lease(KeyOutcome::Executed, key_id, token, now, request)))
+        Ok(recycled.map(|now| {
+            let mut lease = self.lease(KeyOutcome::Executed, key_id, token, now, request);
+            lease.recovery = first_point;
+            lease
+        }))
     }
 
     fn lease(
@@ -552,6 +562,17 @@ pub struct RecoveryPoint {
 }
 
 impl RecoveryPoint {
+    /// The point a request starts at (see [`KeyedRequest::starting_at`]), with a fresh downstream
+    /// key, for the reservation to record.
+    fn first(request: &KeyedRequest) -> Option<Self> {
+        let (name, state) = request.first_point.as_ref()?;
+        Some(Self {
+            name: (*name).to_owned(),
+            state: state.clone(),
+            downstream_key: new_downstream_key(),
+        })
+    }
+
     fn from_columns(
         name: Option<String>,
         state: Option<serde_json::Value>,
@@ -565,9 +586,16 @@ impl RecoveryPoint {
     }
 }
 
+/// A key for calls downstream: random, so no two key rows (nor a row recycled after expiry) ever
+/// share one.
+fn new_downstream_key() -> String {
+    format!("idk_{}", Uuid::new_v4().simple())
+}
+
 impl Lease {
-    /// The recovery point an earlier holder of this key recorded: resume from it rather than start
-    /// over. `None` for a fresh key, or one whose holder died before it reached a point.
+    /// The recovery point the key is at: recorded by an earlier holder (resume from it rather than
+    /// start over), or by this request's own reservation (see [`KeyedRequest::starting_at`]).
+    /// `None` for a key whose work has not reached one.
     pub fn recovery_point(&self) -> Option<&RecoveryPoint> {
         self.recovery.as_ref()
     }
@@ -583,14 +611,13 @@ impl Lease {
         name: &str,
         state: serde_json::Value,
     ) -> Result<Option<&RecoveryPoint>, sqlx::Error> {
-        let downstream_key = format!("idk_{}", Uuid::new_v4().simple());
         let recorded = store::record_recovery_point(
             &self.pool,
             self.key_id,
             self.token,
             name,
             &state,
-            &downstream_key,
+            &new_downstream_key(),
         )
         .await?;
         self.service.crash_point("after-recovery-point");

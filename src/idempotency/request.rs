@@ -45,6 +45,8 @@ pub struct KeyedRequest {
     pub(super) scope: Scope,
     pub(super) key: IdempotencyKey,
     pub(super) fingerprint: Fingerprint,
+    /// The recovery point the reservation records with a new key, if the work starts at one.
+    pub(super) first_point: Option<(&'static str, serde_json::Value)>,
 }
 
 impl KeyedRequest {
@@ -53,7 +55,18 @@ impl KeyedRequest {
             scope,
             key,
             fingerprint,
+            first_point: None,
         }
+    }
+
+    /// Work whose first step is a call to another system starts at a recovery point: the
+    /// reservation of a new key records it (`name`, `state` and a fresh downstream key) in the
+    /// same statement, instead of a commit of its own after it. The work then finds it on its
+    /// lease, fresh or taken over alike.
+    #[must_use]
+    pub fn starting_at(mut self, name: &'static str, state: serde_json::Value) -> Self {
+        self.first_point = Some((name, state));
+        self
     }
 }
 

@@ -43,15 +43,18 @@ pub(super) async fn reserve(
     token: Uuid,
     lease: Duration,
     key_ttl: Duration,
+    first_point: Option<&RecoveryPoint>,
 ) -> Result<Reservation, ApiError> {
     let row = sqlx::query!(
         r#"
         WITH reserved AS (
             INSERT INTO idempotency_keys
-                (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+                (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at,
+                 recovery_point, recovery_state, downstream_key)
             VALUES ($1, $2, $3, 'in_progress', $4,
                     now() + $5::bigint * interval '1 millisecond',
-                    now() + $6::bigint * interval '1 millisecond')
+                    now() + $6::bigint * interval '1 millisecond',
+                    $7, $8, $9)
             ON CONFLICT (scope, idem_key) DO NOTHING
             RETURNING id
         )
@@ -77,6 +80,9 @@ pub(super) async fn reserve(
         token,
         millis(lease),
         millis(key_ttl),
+        first_point.map(|point| point.name.as_str()),
+        first_point.map(|point| &point.state),
+        first_point.map(|point| point.downstream_key.as_str()),
     )
     .fetch_optional(pool)
     .await?;
@@ -123,17 +129,23 @@ pub(super) struct TakenOver {
 }
 
 /// Installs `token` on a key whose lease ran out, if it is still in progress with this payload.
+/// A key that has no recovery point yet gets `first_point`, the one the request starts at (its
+/// earlier holder died before it recorded one, or the key predates recovery points).
 pub(super) async fn take_over(
     pool: &PgPool,
     key_id: i64,
     fingerprint: &Fingerprint,
     token: Uuid,
     lease: Duration,
+    first_point: Option<&RecoveryPoint>,
 ) -> Result<Option<TakenOver>, sqlx::Error> {
     let row = sqlx::query!(
         r#"
         UPDATE idempotency_keys
-        SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond'
+        SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond',
+            recovery_point = COALESCE(recovery_point, $5),
+            recovery_state = CASE WHEN recovery_point IS NULL THEN $6 ELSE recovery_state END,
+            downstream_key = COALESCE(downstream_key, $7)
         WHERE id = $1 AND status = 'in_progress' AND locked_until <= now()
           AND request_hash = $4
         RETURNING now() AS "now!", recovery_point, recovery_state, downstream_key
@@ -142,6 +154,9 @@ pub(super) async fn take_over(
         token,
         millis(lease),
         fingerprint.as_bytes().as_slice(),
+        first_point.map(|point| point.name.as_str()),
+        first_point.map(|point| &point.state),
+        first_point.map(|point| point.downstream_key.as_str()),
     )
     .fetch_optional(pool)
     .await?;
@@ -164,6 +179,7 @@ pub(super) async fn recycle(
     token: Uuid,
     lease: Duration,
     key_ttl: Duration,
+    first_point: Option<&RecoveryPoint>,
 ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
     sqlx::query_scalar!(
         r#"
@@ -171,7 +187,7 @@ pub(super) async fn recycle(
         SET request_hash = $2, status = 'in_progress', lock_token = $3,
             locked_until = now() + $4::bigint * interval '1 millisecond',
             response_code = NULL, response_headers = NULL, response_body = NULL,
-            recovery_point = NULL, recovery_state = NULL, downstream_key = NULL,
+            recovery_point = $6, recovery_state = $7, downstream_key = $8,
             created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
         WHERE id = $1 AND expires_at <= now()
           AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL))
@@ -182,6 +198,9 @@ pub(super) async fn recycle(
         token,
         millis(lease),
         millis(key_ttl),
+        first_point.map(|point| point.name.as_str()),
+        first_point.map(|point| &point.state),
+        first_point.map(|point| point.downstream_key.as_str()),
     )
     .fetch_optional(pool)
     .await

@@ -2,16 +2,14 @@
 //! payment with the key's completion. The same function serves a fresh request, a retry that
 //! takes over a key its first request left behind, and the recovery job.
 //!
-//! 1. **Recovery point**, in a commit of its own, before the processor hears of the charge: what
-//!    the charge is (its parameters, the payment id it will be recorded under) and the downstream
-//!    key it is sent with. Whoever picks the key up later resumes from here.
+//! 1. **Recovery point**, recorded by the key's reservation itself, before the processor hears of
+//!    the charge: what the charge is (its parameters, the payment id it will be recorded under) and
+//!    the downstream key it is sent with. Whoever picks the key up later resumes from here.
 //! 2. **The charge**, sent with the downstream key as its `Idempotency-Key`, so every attempt of
 //!    every holder of this key names one charge at the processor, which answers repeats with it.
 //! 3. **Three outcomes**: a charge (succeeded or declined) is recorded with the key's completion
 //!    in one statement; a definite "nothing was charged" forgets the point and releases the key;
 //!    an unknown outcome (timeout, lost answer, 5xx) keeps the key for the next attempt.
-
-use std::time::Duration;
 
 use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
@@ -19,21 +17,13 @@ use serde::{Deserialize, Serialize};
 use super::model::{Payment, PaymentId, PaymentStatus};
 use super::{NewPayment, insert_and_complete};
 use crate::accounts::AccountId;
-use crate::http::error::{ApiError, Problem, ProblemKind};
+use crate::http::error::{ApiError, Problem};
 use crate::idempotency::{Completion, Lease, StoredResponse};
+use crate::processor::client;
 use crate::processor::{Charge, ChargeRequest, ChargeStatus, Outcome, ProcessorClient};
 
 /// The recovery point of a payment: the charge was (about to be) requested.
 pub const CHARGE_REQUESTED: &str = "payment.charge_requested";
-
-/// How often one request asks the processor about a charge whose outcome it does not know, with
-/// the same downstream key, before it answers 503 and leaves the rest to the retry.
-const CHARGE_ATTEMPTS: u32 = 3;
-/// The pause before the first repeat; it doubles for each further one.
-const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// What a 503 for an unknown outcome suggests: by then the processor has usually settled the
-/// charge, and the retry is answered from it.
-pub const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What resuming a payment needs, recorded on its key with the recovery point.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -62,12 +52,12 @@ impl ChargeRequested {
     }
 }
 
-/// Charges and records one payment under `lease`: `fresh` is the request's own intent, used
-/// unless an earlier holder of the key recorded one (then the charge it requested is resumed).
+/// Charges and records one payment under `lease`, from the recovery point its key is at: the
+/// reservation (or the takeover) recorded it from the request (see `create_payment`), or an
+/// earlier holder of the key did, whose charge is then resumed with the same downstream key.
 pub async fn charge_and_record(
     processor: ProcessorClient,
     mut lease: Lease,
-    fresh: Option<ChargeRequested>,
 ) -> Result<Completion, ApiError> {
     let (intent, downstream_key) = match lease.recovery_point() {
         Some(point) if point.name == CHARGE_REQUESTED => (
@@ -75,63 +65,22 @@ pub async fn charge_and_record(
                 .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
             point.downstream_key.clone(),
         ),
-        _ => {
-            let intent = fresh.ok_or_else(|| anyhow::anyhow!("no charge to resume"))?;
-            let state = serde_json::to_value(&intent).map_err(anyhow::Error::from)?;
-            match lease.record_recovery_point(CHARGE_REQUESTED, state).await? {
-                Some(point) => (intent, point.downstream_key.clone()),
-                None => return Ok(lease.lost()),
-            }
-        }
+        _ => return Err(anyhow::anyhow!("a payment's key without its recovery point").into()),
     };
-    match charge(&processor, &downstream_key, &intent.charge_request()).await {
+    let request = intent.charge_request();
+    let charged = client::until_known("charge", || processor.charge(&downstream_key, &request));
+    match charged.await {
         Outcome::Done(charge) => record(lease, intent, charge).await,
         Outcome::NotDone(refusal) => {
             // Nothing was charged: the retry may start afresh, as after any failure of ours.
             if !lease.clear_recovery_point().await? {
                 return Ok(lease.lost());
             }
-            Err(Problem::new(
-                ProblemKind::ProcessorUnavailable,
-                format!(
-                    "The processor refused the charge before making it ({refusal}). Nothing was \
-                     charged; retry with the same Idempotency-Key."
-                ),
-            )
-            .retry_after(UNKNOWN_RETRY_AFTER)
-            .into())
+            Err(client::refused_problem("charge", &refusal).into())
         }
         Outcome::Unknown(reason) => {
             tracing::warn!(%reason, downstream_key, "the charge's outcome is unknown");
-            Err(Problem::new(
-                ProblemKind::ProcessorOutcomeUnknown,
-                "The processor's answer did not arrive, so whether the card was charged is not \
-                 known yet. The key is kept: retry with the same Idempotency-Key, and the \
-                 charge the processor made, if any, is recorded and answered, never made twice.",
-            )
-            .retry_after(UNKNOWN_RETRY_AFTER)
-            .into())
-        }
-    }
-}
-
-/// One request's attempts at the charge: an unknown outcome is asked again with the same key.
-async fn charge(
-    processor: &ProcessorClient,
-    downstream_key: &str,
-    request: &ChargeRequest,
-) -> Outcome<Charge> {
-    let mut pause = FIRST_PAUSE;
-    let mut attempt = 1;
-    loop {
-        match processor.charge(downstream_key, request).await {
-            Outcome::Unknown(reason) if attempt < CHARGE_ATTEMPTS => {
-                tracing::info!(%reason, attempt, "charge outcome unknown; asking again");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-                attempt += 1;
-            }
-            outcome => return outcome,
+            Err(client::unknown_problem("charge").into())
         }
     }
 }

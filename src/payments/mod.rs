@@ -74,11 +74,13 @@ async fn create_payment(
 ) -> Result<Response, ApiError> {
     let processor = state.processor.clone();
     let intent = ChargeRequested::new(account.id().clone(), body);
+    let state_json = serde_json::to_value(&intent).map_err(anyhow::Error::from)?;
+    // The charge is the work's first step: the reservation records its recovery point, so a new
+    // key costs no round trip more for it.
+    let request = request.starting_at(CHARGE_REQUESTED, state_json);
     state
         .idempotency
-        .run(request, move |lease| {
-            charge_and_record(processor, lease, Some(intent))
-        })
+        .run(request, move |lease| charge_and_record(processor, lease))
         .await
 }
 

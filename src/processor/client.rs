@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::model::{Charge, ProcessorRefund};
+use crate::http::error::{Problem, ProblemKind};
 
 /// The largest page the processor serves.
 const PAGE: usize = 100;
@@ -67,6 +68,64 @@ pub enum Outcome<T> {
     /// Maybe it happened: a timeout, a connection dropped after sending, a 5xx, a 409 (the same key
     /// in flight at the processor), a 429, a body that does not parse. Ask again with the same key.
     Unknown(String),
+}
+
+/// How often one request asks about a call whose outcome it does not know, with the same key,
+/// before it answers 503 and leaves the rest to the client's retry or the recovery job.
+const ATTEMPTS: u32 = 3;
+/// The pause before the first repeat; it doubles for each further one.
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// What a 503 about the processor suggests: by then it has usually settled the call, and the
+/// retry is answered from it.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Makes one request's attempts at a call, `what` (`charge`, `refund`): an unknown outcome is asked
+/// again with the same key (the call itself holds it), done or not done is final.
+pub async fn until_known<T, F, Fut>(what: &str, mut call: F) -> Outcome<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Outcome<T>>,
+{
+    let mut pause = FIRST_PAUSE;
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Outcome::Unknown(reason) if attempt < ATTEMPTS => {
+                tracing::info!(%reason, attempt, "{what} outcome unknown; asking again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// idempay's answer when the processor refused the `what` before acting on it: nothing happened,
+/// and the key was released for a fresh retry.
+pub fn refused_problem(what: &str, refusal: &Refusal) -> Problem {
+    Problem::new(
+        ProblemKind::ProcessorUnavailable,
+        format!(
+            "The processor refused the {what} before making it ({refusal}). Nothing happened; \
+             retry with the same Idempotency-Key."
+        ),
+    )
+    .retry_after(RETRY_AFTER)
+}
+
+/// idempay's answer when the processor's answer about the `what` did not arrive: the key is kept,
+/// and the retry (or the recovery job) asks again with the same downstream key.
+pub fn unknown_problem(what: &str) -> Problem {
+    Problem::new(
+        ProblemKind::ProcessorOutcomeUnknown,
+        format!(
+            "The processor's answer about the {what} did not arrive, so whether it happened is not \
+             known yet. The key is kept: retry with the same Idempotency-Key, and the {what} the \
+             processor made, if any, is recorded and answered, never made twice."
+        ),
+    )
+    .retry_after(RETRY_AFTER)
 }
 
 /// The processor's API, for idempay.

@@ -3,8 +3,6 @@
 //! processor with the key's downstream key, then record the refund with the key's completion. A
 //! refusal (not refundable, more than remains) is a result, stored and replayed.
 
-use std::time::Duration;
-
 use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -15,15 +13,11 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::idempotency::{Completion, Lease, StoredResponse};
 use crate::ids;
 use crate::payments::PaymentId;
+use crate::processor::client;
 use crate::processor::{Outcome, ProcessorClient, ProcessorRefund};
 
 /// The recovery point of a refund: the refund was (about to be) requested at the processor.
 pub const REFUND_REQUESTED: &str = "refund.refund_requested";
-
-/// As for charges: repeats of an unknown outcome within one request, then 503.
-const REFUND_ATTEMPTS: u32 = 3;
-const FIRST_PAUSE: Duration = Duration::from_millis(100);
-const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What the client asked for.
 #[derive(Clone, Debug)]
@@ -75,7 +69,10 @@ pub async fn refund_and_record(
             }
         }
     };
-    match refund(&processor, &downstream_key, &intent).await {
+    let refunded = client::until_known("refund", || {
+        processor.refund(&downstream_key, &intent.charge, Some(intent.amount))
+    });
+    match refunded.await {
         Outcome::Done(refunded) => record(lease, intent, refunded).await,
         // The processor keeps its own books: a refusal of the amount is a result, like ours.
         Outcome::NotDone(refusal) if refusal.is_refund_refused() => {
@@ -92,26 +89,11 @@ pub async fn refund_and_record(
             if !lease.clear_recovery_point().await? {
                 return Ok(lease.lost());
             }
-            Err(Problem::new(
-                ProblemKind::ProcessorUnavailable,
-                format!(
-                    "The processor refused the refund before making it ({refusal}). Nothing was \
-                     refunded; retry with the same Idempotency-Key."
-                ),
-            )
-            .retry_after(RETRY_AFTER)
-            .into())
+            Err(client::refused_problem("refund", &refusal).into())
         }
         Outcome::Unknown(reason) => {
             tracing::warn!(%reason, downstream_key, "the refund's outcome is unknown");
-            Err(Problem::new(
-                ProblemKind::ProcessorOutcomeUnknown,
-                "The processor's answer did not arrive, so whether the money went back is not \
-                 known yet. The key is kept: retry with the same Idempotency-Key, and the refund \
-                 the processor made, if any, is recorded and answered, never made twice.",
-            )
-            .retry_after(RETRY_AFTER)
-            .into())
+            Err(client::unknown_problem("refund").into())
         }
     }
 }
@@ -165,30 +147,6 @@ async fn check(
         reason: asked.reason,
         refund: ids::generate("re", 24),
     }))
-}
-
-/// One request's attempts at the refund: an unknown outcome is asked again with the same key.
-async fn refund(
-    processor: &ProcessorClient,
-    downstream_key: &str,
-    intent: &RefundRequested,
-) -> Outcome<ProcessorRefund> {
-    let mut pause = FIRST_PAUSE;
-    let mut attempt = 1;
-    loop {
-        match processor
-            .refund(downstream_key, &intent.charge, Some(intent.amount))
-            .await
-        {
-            Outcome::Unknown(reason) if attempt < REFUND_ATTEMPTS => {
-                tracing::info!(%reason, attempt, "refund outcome unknown; asking again");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-                attempt += 1;
-            }
-            outcome => return outcome,
-        }
-    }
 }
 
 /// Stores a refusal as the key's result.

@@ -176,7 +176,10 @@ async fn a_hundred_intents_through_a_processor_losing_30_percent_of_its_answers_
     let instance = Instance::start_logging_to(
         log_file,
         &app.database_url(),
-        &instance_env(&processor, &[("RUST_LOG", "warn,idempay::payments=info")]),
+        &instance_env(
+            &processor,
+            &[("RUST_LOG", "warn,idempay::processor::client=info")],
+        ),
     )
     .await;
     let client = Client::new(&instance.address, &app.api_key);
@@ -583,7 +586,10 @@ async fn three_instances_under_a_retry_storm_through_a_lossy_processor_charge_on
         }),
     )
     .await;
-    let env = instance_env(&processor, &[("RUST_LOG", "warn,idempay::payments=info")]);
+    let env = instance_env(
+        &processor,
+        &[("RUST_LOG", "warn,idempay::processor::client=info")],
+    );
     let mut logs = Vec::new();
     let mut clients = Vec::new();
     let mut instances = Vec::new();
