@@ -266,7 +266,7 @@ impl Application {
         let (client, embedded) = match settings.processor.client()? {
             Some(client) => (client, None),
             None => {
-                let (embedded, api_key) = embedded_processor(&settings, &pool, &listener)?;
+                let (embedded, api_key) = embedded_processor(&settings, &pool)?;
                 let url = format!("http://{}", embedded.local_addr()?);
                 let client = settings.processor.configure(ProcessorClient::new(
                     &url,
@@ -353,27 +353,17 @@ fn resumers(state: &AppState) -> Resumers {
 }
 
 /// The processor `serve` runs when no URL names one: the same service as `idempay processor`,
-/// on a loopback port of its own, its ledger in idempay's database, its API key made up here. Its
-/// events go to this service's webhook intake when a webhook secret is set.
-fn embedded_processor(
-    settings: &Settings,
-    pool: &PgPool,
-    listener: &TcpListener,
-) -> anyhow::Result<(Processor, String)> {
+/// on a loopback port of its own, its ledger in idempay's database, its API key made up here. It
+/// sends no events: idempay learns each charge's outcome from its answer, and an event about it,
+/// delivered later, would race the events a test or an operator sends (`idempay dev` runs the
+/// processor as a service of its own, with its events).
+fn embedded_processor(settings: &Settings, pool: &PgPool) -> anyhow::Result<(Processor, String)> {
     let api_key = ids::generate("sk_embedded", 32);
     let mut embedded =
         ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
     embedded.slow_charge = settings.slow_charge;
     // A key the processor holds for a request of a dead instance is freed as soon as idempay's.
     embedded.lease = settings.lease;
-    if let Some(secret) = &settings.webhook_secret {
-        let mut intake = listener.local_addr()?;
-        if intake.ip().is_unspecified() {
-            intake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-        }
-        embedded.webhook_secret = Some(secret.clone());
-        embedded.webhook_url = Some(format!("http://{intake}/v1/webhooks/processor"));
-    }
     let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
     socket.set_nonblocking(true)?;
     let processor = Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?;

@@ -130,6 +130,24 @@ async fn key_row(app: &TestApp, key: &str) -> Option<(String, Option<String>, Op
     .unwrap()
 }
 
+/// Whether the payment under `key` is in the middle of its charge: its recovery point is committed
+/// (the reservation records it) and the processor holds its own key for the charge's downstream
+/// key, in progress: the call has reached the processor and is not answered yet.
+async fn charge_under_way(app: &TestApp, key: &str) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (
+             SELECT 1 FROM idempotency_keys k
+             JOIN idempotency_keys p
+               ON p.scope = 'processor:POST /v1/charges' AND p.idem_key = k.downstream_key
+             WHERE k.idem_key = $1 AND k.scope NOT LIKE 'processor:%'
+               AND k.recovery_point = 'payment.charge_requested' AND p.status = 'in_progress')",
+    )
+    .bind(key)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
 /// The processor's only charge: its id and the idempotency key it was made with.
 async fn the_charge(app: &TestApp) -> (String, String) {
     sqlx::query_as("SELECT id, idempotency_key FROM processor_charges")
@@ -348,12 +366,10 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
     let slow = slow_payment(100);
     let in_flight = tokio::spawn(doomed.payment_request(&app.api_key, &key, &slow).send());
 
-    // The crash must hit the window: the charge requested (its recovery point committed) and not
-    // yet recorded.
-    wait_until("the instance records its recovery point", || async {
-        key_row(&app, &key)
-            .await
-            .is_some_and(|(_, point, _)| point.as_deref() == Some("payment.charge_requested"))
+    // The crash must hit the window: the charge under way at the processor (the recovery point
+    // committed) and not yet recorded.
+    wait_until("the charge is under way at the processor", || {
+        charge_under_way(&app, &key)
     })
     .await;
     assert_eq!(app.payment_count().await, 0, "killed before the payment");
@@ -424,11 +440,10 @@ async fn a_request_that_loses_its_lease_during_the_charge_and_its_takeover_name_
     let key = new_key();
     let slow = slow_payment(100);
     let original = app.start_payment(&key, &slow).await;
-    wait_until("the original requests its charge", || async {
-        key_row(&app, &key)
-            .await
-            .is_some_and(|(_, point, _)| point.is_some())
-    })
+    wait_until(
+        "the original's charge is under way at the processor",
+        || charge_under_way(&app, &key),
+    )
     .await;
 
     // The original loses its lease while the processor charges (a new token), and the key is free
@@ -504,10 +519,8 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
             .timeout(crate::support::instance::ANSWER_WITHIN)
             .send(),
     );
-    wait_until("the charge is requested", || async {
-        key_row(&app, &key)
-            .await
-            .is_some_and(|(_, point, _)| point.is_some())
+    wait_until("the charge is under way at the processor", || {
+        charge_under_way(&app, &key)
     })
     .await;
 
