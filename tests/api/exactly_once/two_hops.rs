@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 
 use crate::processor::{self, API_KEY, TestProcessor};
 use crate::support::helpers::{
-    TestApp, new_key, payment, retry_while_in_flight, slow_payment, wait_until,
+    TestApp, new_key, payment, retry_while_in_flight, send, slow_payment, wait_until,
 };
 use crate::support::instance::{Instance, LogFile, free_port, idempay};
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
@@ -898,4 +898,106 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
     assert_eq!(whole.status, 201, "the amount is refundable again, at both");
     assert_eq!(whole.json()["amount"], 5000);
     assert_exactly_once(&app.db).await;
+}
+
+/// A refund too: an instance killed while the processor makes it (the refund's recovery point
+/// committed, the processor's own key for it in progress, no refund recorded), and no client
+/// retry: the recovery job of another instance records the processor's refund, and the client's
+/// later retry is its replay.
+#[api_test]
+async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_without_a_retry() {
+    let (app, processor) = idempay_and_processor(
+        Settings::default(),
+        // Every charge and refund takes this long at the processor.
+        faulty(|s| s.faults.latency = Duration::from_secs(3)),
+    )
+    .await;
+    let recovering = instance_env(
+        &processor,
+        &[
+            ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
+        ],
+    );
+    let mut doomed = Instance::start(&app.database_url(), &recovering).await;
+    let survivor = Instance::start(&app.database_url(), &recovering).await;
+    let paid = survivor
+        .post_payment(&app.api_key, &new_key(), &payment(5000))
+        .await;
+    assert_eq!(paid.status, 201);
+    let refunds = format!(
+        "{}/v1/payments/{}/refunds",
+        doomed.address,
+        paid.json()["id"].as_str().unwrap()
+    );
+    let key = new_key();
+    let refund = |base: &str| {
+        reqwest::Client::new()
+            .post(refunds.replace(&doomed.address, base))
+            .bearer_auth(&app.api_key)
+            .header("idempotency-key", &key)
+            .json(&json!({ "amount": 2000 }))
+    };
+    let in_flight = tokio::spawn(refund(&doomed.address).send());
+
+    wait_until("the refund is under way at the processor", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (
+                 SELECT 1 FROM idempotency_keys k
+                 JOIN idempotency_keys p
+                   ON p.scope LIKE 'processor:POST /v1/charges/%/refunds'
+                  AND p.idem_key = k.downstream_key
+                 WHERE k.idem_key = $1 AND k.recovery_point = 'refund.refund_requested'
+                   AND p.status = 'in_progress')",
+        )
+        .bind(&key)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
+    let recorded = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM refunds")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    assert_eq!(recorded().await, 0, "killed before the refund was recorded");
+    doomed.child.kill().await.expect("SIGKILL");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the killed instance never answered"
+    );
+
+    wait_until("the recovery job records the refund", || async {
+        recorded().await == 1
+    })
+    .await;
+    let retry = send(refund(&survivor.address)).await;
+
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(retry.replayed(), "answered from the recovered key");
+    let processor_refunds: Vec<String> = sqlx::query_scalar("SELECT id FROM processor_refunds")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        processor_refunds,
+        [retry.json()["processor_refund"]
+            .as_str()
+            .unwrap()
+            .to_owned()],
+        "one refund at the processor, the one recorded"
+    );
+    let output = reconcile(&app, &processor).await;
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "reconciled 1 charges, 1 payments and 1 refunds: 0 difference(s)\n"
+    );
+    assert!(output.status.success());
 }
