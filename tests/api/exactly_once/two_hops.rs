@@ -1001,3 +1001,78 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
     );
     assert!(output.status.success());
 }
+
+/// The recovery jobs of three instances meet one backlog of suspended keys: every charge the
+/// processor made is recorded once, whichever job claims its key (`SKIP LOCKED`, the conditional
+/// takeover), and every key is completed.
+#[api_test]
+async fn the_recovery_jobs_of_three_instances_record_a_backlog_of_suspended_keys_once() {
+    const KEYS: usize = 10;
+    let (app, processor) = idempay_and_processor(
+        Settings::default(),
+        // Slower than idempay waits: every outcome is unknown when its request gives up.
+        faulty(|s| s.faults.latency = Duration::from_millis(1500)),
+    )
+    .await;
+    let impatient = Instance::start(
+        &app.database_url(),
+        &instance_env(
+            &processor,
+            &[
+                ("IDEMPAY_PROCESSOR_TIMEOUT", "200ms"),
+                ("IDEMPAY_RECOVERY_INTERVAL", "1h"),
+            ],
+        ),
+    )
+    .await;
+    let keys: Vec<String> = (0..KEYS).map(|_| new_key()).collect();
+    let body = payment(1000);
+    let answers = futures::future::join_all(
+        keys.iter()
+            .map(|key| impatient.post_payment(&app.api_key, key, &body)),
+    )
+    .await;
+    for answer in &answers {
+        answer.assert_problem(503, "processor-outcome-unknown");
+    }
+    drop(impatient);
+    wait_until("the processor has made every charge", || async {
+        app.charge_count().await == KEYS as i64
+    })
+    .await;
+    assert_eq!(app.payment_count().await, 0, "nothing recorded yet");
+
+    let recovering = instance_env(
+        &processor,
+        &[
+            ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_RECOVERY_INTERVAL", "300ms"),
+        ],
+    );
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(Instance::start(&app.database_url(), &recovering).await);
+    }
+    wait_until("the recovery jobs record every payment", || async {
+        app.payment_count().await == KEYS as i64
+    })
+    .await;
+
+    let mut recovered = 0.0;
+    for instance in &instances {
+        recovered += instance
+            .metrics()
+            .await
+            .value(r#"idempay_idempotency_outcomes_total{outcome="recovered"}"#)
+            .unwrap_or_default();
+    }
+    assert!(
+        recovered >= KEYS as f64,
+        "each key was resumed by a recovery job: {recovered}"
+    );
+    for key in &keys {
+        let (status, _, _) = key_row(&app, key).await.unwrap();
+        assert_eq!(status, "completed", "{key}");
+    }
+    assert_ledgers_agree(&app, &processor, KEYS as i64).await;
+}
