@@ -505,10 +505,16 @@ impl Idempotency {
                 KeyOutcome::LeaseLost.record(self.service);
                 self.answer_after_lost_lease(request).await
             }
-            Ok(Err(error)) => {
-                self.release(&held).await;
-                Err(error)
-            }
+            // A failure of a request that no longer held the key is no answer of its own: another
+            // request took the key over, and may already have written the same effect (a holder's
+            // insert then fails on it). Answer from the key, as after a lost lease.
+            Ok(Err(error)) => match self.release(&held).await {
+                Some(store::Released::NotHeld) => {
+                    tracing::warn!(%error, "the work failed after losing its lease");
+                    self.answer_after_lost_lease(request).await
+                }
+                _ => Err(error),
+            },
             Err(panic) => {
                 self.release(&held).await;
                 let message = panic
@@ -767,21 +773,28 @@ impl Idempotency {
     ///
     /// A key whose work recorded a recovery point is not deleted but suspended: its call to another
     /// system may have taken effect, so the next attempt must resume, not start over.
-    async fn release(&self, held: &HeldLease) {
+    /// Says what became of the key; `None` when the database could not be asked.
+    async fn release(&self, held: &HeldLease) -> Option<store::Released> {
         match store::release(&self.pool, held.key_id, held.token).await {
-            Ok(store::Released::Deleted) => KeyOutcome::Released.record(self.service),
-            Ok(store::Released::Suspended) => {
-                KeyOutcome::Suspended.record(self.service);
-                tracing::warn!(
-                    key_id = held.key_id,
-                    "work failed after its recovery point; the key waits for a retry or the \
-                     recovery job"
-                );
+            Ok(released) => {
+                match released {
+                    store::Released::Deleted => KeyOutcome::Released.record(self.service),
+                    store::Released::Suspended => {
+                        KeyOutcome::Suspended.record(self.service);
+                        tracing::warn!(
+                            key_id = held.key_id,
+                            "work failed after its recovery point; the key waits for a retry or \
+                             the recovery job"
+                        );
+                    }
+                    store::Released::NotHeld => KeyOutcome::LeaseLost.record(self.service),
+                }
+                Some(released)
             }
-            Ok(store::Released::NotHeld) => KeyOutcome::LeaseLost.record(self.service),
             Err(error) => {
                 KeyOutcome::Released.record(self.service);
                 tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
+                None
             }
         }
     }
