@@ -26,7 +26,7 @@ pub async fn run(pool: &PgPool, link: &ProcessorLink) -> anyhow::Result<Report> 
     let settings =
         ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
     let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
-    let processor = Processor::build(settings, pool.clone(), listener)?;
+    let processor = Processor::build(settings, pool.clone(), listener)?.sharing_expiry();
     let client = ProcessorClient::new(
         &format!("http://{}", processor.local_addr()?),
         api_key,
@@ -178,8 +178,8 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
             ),
             (
                 "outcome",
-                format!("{outcome:?}").to_lowercase(),
-                format!("{:?}", charge.status).to_lowercase(),
+                outcome.as_str().to_owned(),
+                charge.status.as_str().to_owned(),
             ),
             (
                 "amount_refunded",

@@ -66,7 +66,8 @@ async fn serve(
         Ok(listener) => listener,
         Err(_) => TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?,
     };
-    let processor = Processor::build(processor_settings, pool.clone(), processor_listener)?;
+    let processor =
+        Processor::build(processor_settings, pool.clone(), processor_listener)?.sharing_expiry();
     let processor_url = format!("http://{}", processor.local_addr()?);
     settings.processor.url = Some(processor_url.clone());
     settings.processor.api_key = Some(processor_key.clone());

@@ -366,7 +366,8 @@ fn embedded_processor(settings: &Settings, pool: &PgPool) -> anyhow::Result<(Pro
     embedded.lease = settings.lease;
     let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
     socket.set_nonblocking(true)?;
-    let processor = Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?;
+    let processor =
+        Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?.sharing_expiry();
     Ok((processor, api_key))
 }
 

@@ -124,7 +124,8 @@ async fn not_found(request: Request) -> Response {
 }
 
 /// The running processor: its API on a bound listener, the webhook delivery loop (when a URL and
-/// a secret are set) and the key expiry job.
+/// a secret are set) and the key expiry job (unless the process already runs idempay's, which
+/// drains the same table: see [`Processor::sharing_expiry`]).
 ///
 /// Taking a bound listener lets a test, or a process that embeds it, bind port 0 and learn the
 /// address before serving.
@@ -132,6 +133,7 @@ pub struct Processor {
     listener: TcpListener,
     state: ProcessorState,
     deliveries: Option<(Deliverer, Duration)>,
+    runs_expiry: bool,
 }
 
 impl Processor {
@@ -177,7 +179,16 @@ impl Processor {
             listener,
             state,
             deliveries,
+            runs_expiry: true,
         })
+    }
+
+    /// For a processor in a process whose idempay already expires keys in the same database (the
+    /// embedded one, `idempay dev`'s, `reconcile`'s): one expiry job for the table, not two.
+    #[must_use]
+    pub fn sharing_expiry(mut self) -> Self {
+        self.runs_expiry = false;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -191,7 +202,9 @@ impl Processor {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        let expiry = expiry::spawn(self.state.pool.clone(), EXPIRY_INTERVAL, stop.clone());
+        let expiry = self
+            .runs_expiry
+            .then(|| expiry::spawn(self.state.pool.clone(), EXPIRY_INTERVAL, stop.clone()));
         let deliveries = self
             .deliveries
             .map(|(deliverer, poll)| deliverer.spawn(poll, stop.clone()));
@@ -203,7 +216,7 @@ impl Processor {
         )
         .await;
         stop.cancel();
-        for task in std::iter::once(expiry).chain(deliveries) {
+        for task in expiry.into_iter().chain(deliveries) {
             if let Err(error) = task.await {
                 tracing::error!(%error, "a processor job ended abnormally");
             }
