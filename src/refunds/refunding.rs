@@ -154,7 +154,7 @@ async fn check(
 /// What remains refundable of a payment: what was paid, less what was refunded and what the
 /// cardholder disputes (that money is the bank's to take back; Stripe refuses to refund it too).
 /// The same rule as the `payments_refunded_and_disputed` CHECK.
-pub(crate) fn refundable(amount: i64, refunded: i64, disputed: i64) -> i64 {
+fn refundable(amount: i64, refunded: i64, disputed: i64) -> i64 {
     (amount - refunded - disputed).max(0)
 }
 
@@ -198,13 +198,15 @@ async fn record(
     .await?;
     // `locked` reads the row under its lock (the latest version, even if a dispute committed
     // since this statement began), so the UPDATE can say whether it squeezed the disputed amount.
+    // NO KEY UPDATE, the lock the UPDATE takes anyway: a full FOR UPDATE would wait on the key
+    // share lock each concurrent refund's insert (its foreign key) holds, and they deadlock.
     let squeezed = sqlx::query_scalar!(
         r#"
         UPDATE payments p
         SET amount_refunded = p.amount_refunded + $2,
             amount_disputed = GREATEST(0, LEAST(p.amount_disputed, p.amount - p.amount_refunded - $2)),
             status = CASE WHEN p.amount_refunded + $2 = p.amount THEN 'refunded' ELSE p.status END
-        FROM (SELECT id, amount_disputed FROM payments WHERE id = $1 FOR UPDATE) locked
+        FROM (SELECT id, amount_disputed FROM payments WHERE id = $1 FOR NO KEY UPDATE) locked
         WHERE p.id = locked.id
         RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!"
         "#,

@@ -308,13 +308,15 @@ impl Envelope {
         amount: i64,
     ) -> Result<Outcome, sqlx::Error> {
         let (id, charge) = payment.columns();
-        // The row lock orders this dispute with refunds and other disputes of the payment.
+        // The row lock orders this dispute with refunds and other disputes of the payment; the
+        // lock of an UPDATE, so that it does not deadlock with a refund whose insert holds the key
+        // share lock of its foreign key.
         let Some(paid) = sqlx::query!(
             r#"
             SELECT id, account_id, amount - amount_refunded - amount_disputed AS "remaining!"
             FROM payments
             WHERE id = $1 OR charge = $2
-            FOR UPDATE
+            FOR NO KEY UPDATE
             "#,
             id,
             charge,
