@@ -15,6 +15,12 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub key_ttl: Duration,
 
+    /// How long a processed webhook event id is remembered, so that its redelivery applies
+    /// nothing. Longer than senders retry (Standard Webhooks about 28 hours, Stripe 3 days), and
+    /// never shorter than the timestamp tolerance, within which a replayed delivery is accepted.
+    #[arg(long, env = "IDEMPAY_EVENT_TTL", default_value = "7days", value_parser = parse_event_ttl)]
+    pub event_ttl: Duration,
+
     /// How often the expiry job deletes expired keys.
     #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub expiry_interval: Duration,
@@ -60,6 +66,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             key_ttl: Duration::from_secs(24 * 60 * 60),
+            event_ttl: Duration::from_secs(7 * 24 * 60 * 60),
             expiry_interval: Duration::from_secs(60),
             lease: Duration::from_secs(30),
             slow_charge: Duration::from_secs(2),
@@ -200,6 +207,20 @@ pub(crate) fn parse_lease(raw: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+/// A delivery is accepted while its timestamp is within the tolerance: an event id forgotten
+/// sooner could be replayed, with its valid signature, and applied again.
+fn parse_event_ttl(raw: &str) -> Result<Duration, String> {
+    let ttl = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
+    let tolerance = crate::webhooks::TOLERANCE;
+    if ttl < tolerance {
+        return Err(format!(
+            "the event TTL must be at least the webhook timestamp tolerance, {}",
+            humantime::format_duration(tolerance)
+        ));
+    }
+    Ok(ttl)
+}
+
 /// A timeout of zero would cut every client off.
 fn parse_timeout(raw: &str) -> Result<Duration, String> {
     let timeout = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
@@ -235,6 +256,16 @@ mod tests {
         assert_eq!(parsed.lease, Duration::from_secs(1));
         assert_eq!(parsed.key_ttl, Duration::from_secs(90 * 60));
         assert!(Cli::try_parse_from(["idempay", "--lease", "10ms"]).is_err());
+    }
+
+    #[test]
+    fn an_event_ttl_shorter_than_the_webhook_tolerance_is_refused() {
+        let error = Cli::try_parse_from(["idempay", "--event-ttl", "4m"])
+            .err()
+            .expect("4 minutes is refused");
+        assert!(error.to_string().contains("tolerance, 5m"), "{error}");
+        let parsed = Cli::parse_from(["idempay", "--event-ttl", "5m"]).settings;
+        assert_eq!(parsed.event_ttl, crate::webhooks::TOLERANCE);
     }
 
     #[test]

@@ -150,7 +150,7 @@ problem_catalogue! {
         status: BAD_REQUEST,
         title: "The refund exceeds what remains refundable",
         explanation: "The amount asked is more than remains refundable (the amount paid less what \
-            was already refunded); `detail` says how much remains. This refusal is stored with the \
+            was already refunded and what the cardholder disputes); `detail` says how much remains. This refusal is stored with the \
             key and replayed: use a new key for a smaller refund.",
     }
     WebhookSignatureInvalid {

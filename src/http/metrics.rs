@@ -1,5 +1,5 @@
 //! Prometheus metrics at `GET /metrics`: requests by route and status with their latency, the
-//! idempotency outcomes, the expiry job and the connection pool. The names are listed in the
+//! idempotency outcomes, the webhook events, the expiry job and the connection pool. The names are listed in the
 //! README; every one starts with `idempay_`.
 
 use std::sync::OnceLock;
@@ -24,6 +24,7 @@ const PROCESSOR_KEY_OUTCOMES: &str = "idempay_processor_idempotency_outcomes_tot
 const EXPIRY_DELETED: &str = "idempay_expiry_deleted_rows_total";
 const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
+const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
 
 /// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
 const BUCKETS: [f64; 14] = [
@@ -137,6 +138,10 @@ fn describe() {
         metrics::Unit::Seconds,
         "Time of one run of the expiry job."
     );
+    describe_counter!(
+        WEBHOOK_EVENTS,
+        "Webhook events received, by outcome (applied, ignored, duplicate, stale, needs_review)."
+    );
     describe_gauge!(
         POOL_CONNECTIONS,
         "Database connections of this instance, by state (in_use, idle)."
@@ -196,4 +201,10 @@ pub fn expiry_run(keys: u64, events: u64, took: Duration) {
     counter!(EXPIRY_DELETED, "table" => "idempotency_keys").increment(keys);
     counter!(EXPIRY_DELETED, "table" => "processed_events").increment(events);
     histogram!(EXPIRY_DURATION).record(took.as_secs_f64());
+}
+
+/// Counts one webhook event by what became of it: a rising `needs_review` is disputes the ledger
+/// could not take in full, a rising `stale` events arriving out of order.
+pub fn webhook_event(outcome: crate::webhooks::Outcome) {
+    counter!(WEBHOOK_EVENTS, "outcome" => outcome.as_str()).increment(1);
 }

@@ -110,7 +110,7 @@ impl AppState {
             idempotency: Idempotency::new(Service::Api, pool.clone(), policy),
             processor,
             webhook_secret: settings.webhook_secret.clone(),
-            event_ttl: settings.key_ttl,
+            event_ttl: settings.event_ttl,
             body_read_timeout: settings.body_read_timeout,
             request_timeout: settings.request_timeout,
             figures: Figures::of(settings),
@@ -124,6 +124,7 @@ impl Figures {
     pub fn of(settings: &Settings) -> Self {
         Self {
             key_ttl: settings.key_ttl,
+            event_ttl: settings.event_ttl,
             lease: settings.lease,
             body_limit_bytes: MAX_BODY_BYTES,
             body_read_timeout: settings.body_read_timeout,

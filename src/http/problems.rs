@@ -18,6 +18,7 @@ use super::extract::Path;
 #[derive(Clone, Copy, Debug)]
 pub struct Figures {
     pub key_ttl: Duration,
+    pub event_ttl: Duration,
     pub lease: Duration,
     pub body_limit_bytes: usize,
     pub body_read_timeout: Duration,
@@ -31,10 +32,11 @@ impl Figures {
         self.fill(kind.explanation())
     }
 
-    /// `text` with each placeholder (`{key_ttl}`, `{lease}`, `{body_limit}`, `{body_read_timeout}`,
+    /// `text` with each placeholder (`{key_ttl}`, `{event_ttl}`, `{lease}`, `{body_limit}`, `{body_read_timeout}`,
     /// `{webhook_tolerance}`, `{max_key_len}`, `{problem_kinds}`) replaced by its figure.
     pub fn fill(&self, text: &str) -> String {
         text.replace("{key_ttl}", &in_words(self.key_ttl))
+            .replace("{event_ttl}", &in_words(self.event_ttl))
             .replace("{lease}", &in_words(self.lease))
             .replace(
                 "{body_limit}",
@@ -140,6 +142,7 @@ mod tests {
     fn figures() -> Figures {
         Figures {
             key_ttl: Duration::from_secs(24 * 3600),
+            event_ttl: Duration::from_secs(7 * 24 * 3600),
             lease: Duration::from_secs(30),
             body_limit_bytes: 64 * 1024,
             body_read_timeout: Duration::from_secs(5),

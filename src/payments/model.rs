@@ -277,7 +277,10 @@ pub struct Payment {
     /// How much of the amount has been refunded, in minor units.
     #[schema(minimum = 0)]
     pub amount_refunded: i64,
-    /// How much of the amount is disputed by the cardholder, in minor units.
+    /// How much of the amount is disputed by the cardholder, in minor units: never more than
+    /// `amount − amount_refunded` (a dispute over more is recorded and flagged for review, and
+    /// this takes only what fits). What remains refundable is
+    /// `amount − amount_refunded − amount_disputed`.
     #[schema(minimum = 0)]
     pub amount_disputed: i64,
     /// The processor's charge this payment records, `ch_…` (declined charges too).

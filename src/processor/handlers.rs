@@ -385,7 +385,10 @@ async fn refund(
     // The row lock makes concurrent refunds of one charge take turns, each seeing what the
     // previous one left.
     let Some(charged) = sqlx::query!(
-        "SELECT amount, amount_refunded, status FROM processor_charges WHERE id = $1 FOR UPDATE",
+        r#"
+        SELECT amount, amount_refunded, amount_disputed, status
+        FROM processor_charges WHERE id = $1 FOR UPDATE
+        "#,
         charge,
     )
     .fetch_optional(&mut *conn)
@@ -401,7 +404,8 @@ async fn refund(
             ),
         )));
     }
-    let remaining = charged.amount - charged.amount_refunded;
+    // Disputed money is the cardholder's bank's to take back: refunding it too would pay twice.
+    let remaining = (charged.amount - charged.amount_refunded - charged.amount_disputed).max(0);
     let amount = new.amount.map_or(remaining, i64::from);
     if remaining == 0 || amount > remaining {
         return Ok(Err(Problem::new(

@@ -1,5 +1,6 @@
 //! Refunds: `POST /v1/payments/{id}/refunds` gives money back at most once per idempotency key,
-//! and never more than was paid, however many refunds race for the same payment.
+//! and never more than was paid and is not disputed, however many refunds race for the same
+//! payment.
 
 mod refunding;
 
@@ -34,7 +35,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({ "amount": 1000, "reason": "requested_by_customer" }))]
 pub struct NewRefund {
-    /// How much to refund, in minor units; what remains refundable when absent.
+    /// How much to refund, in minor units, at most `amount − amount_refunded − amount_disputed`
+    /// of the payment; all of that when absent.
     #[serde(default)]
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 99_999_999, example = 1000)]
     pub amount: Option<Amount>,
@@ -145,9 +147,11 @@ impl From<RefundRow> for Refund {
 
 /// Refund a payment
 ///
-/// Refunds part or all of a succeeded payment, at most once per `Idempotency-Key`. The payment
-/// is locked while the refund is written, so concurrent refunds with different keys can never
-/// refund more than was paid. The payment becomes `refunded` once refunded in full.
+/// Refunds part or all of a succeeded payment, at most once per `Idempotency-Key`. What remains
+/// refundable is `amount − amount_refunded − amount_disputed`: disputed money is the cardholder's
+/// bank's to take back, and is not refunded as well. The payment is locked while the refund is
+/// written, so concurrent refunds with different keys can never refund more than that. The
+/// payment becomes `refunded` once refunded in full.
 ///
 /// A refusal (the payment is not refundable, the amount exceeds what remains) is a result: it is
 /// stored with the key and replayed, like a refund.
@@ -167,7 +171,7 @@ impl From<RefundRow> for Refund {
                 ("Location" = String, description = "Where the refund can be read: `/v1/refunds/{id}`."),
                 ("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."),
             )),
-        (status = 400, description = "The body or the key is invalid (`invalid-request`, `invalid-idempotency-key`); or the payment cannot be refunded (`payment-not-refundable`) or not by that much (`refund-exceeds-payment`), a stored result.",
+        (status = 400, description = "The body or the key is invalid (`invalid-request`, `invalid-idempotency-key`); or the payment cannot be refunded (`payment-not-refundable`) or not by that much, or nothing remains refundable (`refund-exceeds-payment`), a stored result.",
             body = Problem, content_type = "application/problem+json",
             headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
         (status = 404, description = "No such payment for this account (`not-found`).",

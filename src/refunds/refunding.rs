@@ -107,7 +107,7 @@ async fn check(
 ) -> Result<Result<RefundRequested, Problem>, sqlx::Error> {
     let Some(paid) = sqlx::query!(
         r#"
-        SELECT amount, amount_refunded, status, charge
+        SELECT amount, amount_refunded, amount_disputed, status, charge
         FROM payments
         WHERE id = $1 AND account_id = $2
         "#,
@@ -129,13 +129,15 @@ async fn check(
             ),
         )));
     };
-    let remaining = paid.amount - paid.amount_refunded;
+    let remaining = refundable(paid.amount, paid.amount_refunded, paid.amount_disputed);
     let amount = asked.amount.unwrap_or(remaining);
-    if amount > remaining {
+    if remaining == 0 || amount > remaining {
         return Ok(Err(Problem::new(
             ProblemKind::RefundExceedsPayment,
             format!(
-                "Only {remaining} of payment `{payment}` remains refundable; {amount} was asked."
+                "Only {remaining} of payment `{payment}` remains refundable (its amount {}, less \
+                 {} refunded and {} disputed); {amount} was asked.",
+                paid.amount, paid.amount_refunded, paid.amount_disputed
             ),
         )));
     }
@@ -149,6 +151,13 @@ async fn check(
     }))
 }
 
+/// What remains refundable of a payment: what was paid, less what was refunded and what the
+/// cardholder disputes (that money is the bank's to take back; Stripe refuses to refund it too).
+/// The same rule as the `payments_refunded_and_disputed` CHECK.
+fn refundable(amount: i64, refunded: i64, disputed: i64) -> i64 {
+    (amount - refunded - disputed).max(0)
+}
+
 /// Stores a refusal as the key's result.
 async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError> {
     let tx = lease.begin().await?;
@@ -157,6 +166,12 @@ async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError>
 
 /// Records the processor's refund and the payment's new totals, and completes the key, in one
 /// transaction. The payment's row lock makes concurrent refunds of one payment take turns.
+///
+/// The refund is a fact by now (the processor made it), so it is recorded in full even when a
+/// dispute arrived since the check (or the key is resumed long after it): the disputed amount
+/// then gives way to what still fits beside the refunds, and the payment's disputes are flagged
+/// `needs_review`, since the money may leave twice. This path and the check agree on one rule,
+/// [`refundable`], which the CHECK on `payments` enforces.
 async fn record(
     lease: Lease,
     intent: RefundRequested,
@@ -181,18 +196,38 @@ async fn record(
     )
     .fetch_one(&mut *tx)
     .await?;
-    sqlx::query!(
+    // `locked` reads the row under its lock (the latest version, even if a dispute committed
+    // since this statement began), so the UPDATE can say whether it squeezed the disputed amount.
+    // NO KEY UPDATE, the lock the UPDATE takes anyway: a full FOR UPDATE would wait on the key
+    // share lock each concurrent refund's insert (its foreign key) holds, and they deadlock.
+    let squeezed = sqlx::query_scalar!(
         r#"
-        UPDATE payments
-        SET amount_refunded = amount_refunded + $2,
-            status = CASE WHEN amount_refunded + $2 = amount THEN 'refunded' ELSE status END
-        WHERE id = $1
+        UPDATE payments p
+        SET amount_refunded = p.amount_refunded + $2,
+            amount_disputed = GREATEST(0, LEAST(p.amount_disputed, p.amount - p.amount_refunded - $2)),
+            status = CASE WHEN p.amount_refunded + $2 = p.amount THEN 'refunded' ELSE p.status END
+        FROM (SELECT id, amount_disputed FROM payments WHERE id = $1 FOR NO KEY UPDATE) locked
+        WHERE p.id = locked.id
+        RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!"
         "#,
         intent.payment.as_str(),
         refunded.amount,
     )
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
+    if squeezed {
+        tracing::warn!(
+            payment = %intent.payment,
+            refund = intent.refund,
+            "a refund recorded beside a dispute: the payment's disputes need review"
+        );
+        sqlx::query!(
+            "UPDATE disputes SET status = 'needs_review' WHERE payment_id = $1 AND status = 'open'",
+            intent.payment.as_str(),
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
     let refund = Refund::from(row);
     let response = StoredResponse::json(StatusCode::CREATED, &refund)
         .map_err(anyhow::Error::from)?

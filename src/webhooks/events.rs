@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 #[schema(example = json!({
     "type": "dispute.created",
     "timestamp": "2026-11-29T19:10:00Z",
-    "data": { "payment": "pay_U5PgTqA02dYsv3cLANIGkqIs", "amount": 1500 }
+    "data": { "payment": "pay_U5PgTqA02dYsv3cLANIGkqIs", "dispute": "dp_Yq3tNw8LbV0cXk2RmA7s", "amount": 1500 }
 }))]
 pub struct Envelope {
     /// The processor's `charge.succeeded`, `charge.failed`, `charge.dispute.created` and
@@ -22,10 +22,12 @@ pub struct Envelope {
     /// processor answered the call) are acknowledged and recorded without effect.
     #[serde(rename = "type")]
     pub kind: String,
-    /// When the processor created the event.
+    /// When the processor created the event. A payment's status follows only events newer than
+    /// the last one applied to it: an older one arriving later is recorded as `stale`.
     pub timestamp: DateTime<Utc>,
-    /// The event's object: `{ "charge": "ch_…" }` or `{ "payment": "pay_…" }`, with `amount` for
-    /// a dispute, or `{ "refund": "…" }`.
+    /// The event's object: `{ "charge": "ch_…" }` or `{ "payment": "pay_…" }`; a dispute adds
+    /// the processor's dispute id and the disputed amount, `{ "charge": "ch_…", "dispute": "dp_…",
+    /// "amount": 1500 }` (or with `payment`); a refund's event is `{ "refund": "…" }`.
     #[schema(value_type = Object)]
     pub data: Value,
 }
@@ -33,10 +35,21 @@ pub struct Envelope {
 /// The events the service understands.
 #[derive(Debug)]
 enum Event {
-    PaymentSucceeded { payment: Target },
-    PaymentFailed { payment: Target },
-    DisputeCreated { payment: Target, amount: i64 },
-    RefundFailed { refund: String },
+    PaymentSucceeded {
+        payment: Target,
+    },
+    PaymentFailed {
+        payment: Target,
+    },
+    /// `dispute` is the processor's id of the dispute, which keys its effect.
+    DisputeCreated {
+        payment: Target,
+        dispute: String,
+        amount: i64,
+    },
+    RefundFailed {
+        refund: String,
+    },
 }
 
 /// How an event names a payment: by idempay's id, or by the processor's charge it records.
@@ -69,12 +82,14 @@ struct ChargeData {
 #[derive(Deserialize)]
 struct DisputeData {
     payment: String,
+    dispute: String,
     amount: i64,
 }
 
 #[derive(Deserialize)]
 struct ChargeDisputeData {
     charge: String,
+    dispute: String,
     amount: i64,
 }
 
@@ -91,8 +106,29 @@ pub enum Outcome {
     Applied,
     /// Acknowledged without effect: an unknown type, an unknown object, or data that cannot apply.
     Ignored,
-    /// A redelivery of an event already processed: nothing was applied again.
+    /// A redelivery of an event already processed, or an effect already recorded under another
+    /// event id (a dispute already known by its dispute id): nothing was applied again.
     Duplicate,
+    /// Older than the last event applied to the payment (by the envelope's `timestamp`): recorded,
+    /// and the payment keeps the newer state.
+    Stale,
+    /// A dispute over more than remains of the payment (after its refunds and other disputes):
+    /// recorded and flagged for an operator's review; the payment's `amount_disputed` took only
+    /// what remained.
+    NeedsReview,
+}
+
+impl Outcome {
+    /// The outcome's name, as the API, the processed events and the metrics spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Ignored => "ignored",
+            Self::Duplicate => "duplicate",
+            Self::Stale => "stale",
+            Self::NeedsReview => "needs_review",
+        }
+    }
 }
 
 impl Envelope {
@@ -124,10 +160,10 @@ impl Envelope {
                 .map_err(malformed),
             "dispute.created" => serde_json::from_value::<DisputeData>(data)
                 .map_err(malformed)
-                .and_then(|d| dispute(Target::Payment(d.payment), d.amount)),
+                .and_then(|d| dispute(Target::Payment(d.payment), d.dispute, d.amount)),
             "charge.dispute.created" => serde_json::from_value::<ChargeDisputeData>(data)
                 .map_err(malformed)
-                .and_then(|d| dispute(Target::Charge(d.charge), d.amount)),
+                .and_then(|d| dispute(Target::Charge(d.charge), d.dispute, d.amount)),
             "refund.failed" | "charge.refund.failed" => serde_json::from_value::<RefundData>(data)
                 .map(|d| Event::RefundFailed { refund: d.refund })
                 .map_err(malformed),
@@ -135,8 +171,13 @@ impl Envelope {
         }
     }
 
-    /// Applies the event's effect; `Ignored` when it has none.
-    pub async fn apply(&self, conn: &mut PgConnection) -> Result<Outcome, sqlx::Error> {
+    /// Applies the event's effect, recorded as processed under `event_id`; `Ignored` when it has
+    /// none.
+    pub async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        event_id: &str,
+    ) -> Result<Outcome, sqlx::Error> {
         let event = match self.event() {
             Ok(event) => event,
             Err(reason) => return Ok(ignored(&reason)),
@@ -144,45 +185,52 @@ impl Envelope {
         let applied = match event {
             Event::PaymentSucceeded { payment } => {
                 let (id, charge) = payment.columns();
-                sqlx::query!(
+                // `declined` is the processor's final answer and `refunded` a fact of ours: neither
+                // moves. The comparison with the last applied event is in the UPDATE itself, so two
+                // events of one payment cannot both pass it: the second waits on the row lock,
+                // then sees the first one's time.
+                let updated = sqlx::query!(
                     r#"
-                    UPDATE payments SET status = 'succeeded'
-                    WHERE (id = $1 OR charge = $2) AND status IN ('succeeded', 'failed', 'declined')
+                    UPDATE payments SET status = 'succeeded', last_event_at = $3
+                    WHERE (id = $1 OR charge = $2) AND status IN ('succeeded', 'failed')
+                      AND (last_event_at IS NULL OR last_event_at < $3)
                     "#,
                     id,
                     charge,
+                    self.timestamp,
                 )
                 .execute(&mut *conn)
-                .await?
+                .await?;
+                return self
+                    .status_outcome(conn, &payment, updated.rows_affected())
+                    .await;
             }
             Event::PaymentFailed { payment } => {
                 let (id, charge) = payment.columns();
-                sqlx::query!(
+                let updated = sqlx::query!(
                     r#"
-                    UPDATE payments SET status = 'failed'
+                    UPDATE payments SET status = 'failed', last_event_at = $3
                     WHERE (id = $1 OR charge = $2) AND status IN ('succeeded', 'failed')
+                      AND (last_event_at IS NULL OR last_event_at < $3)
                     "#,
                     id,
                     charge,
+                    self.timestamp,
                 )
                 .execute(&mut *conn)
-                .await?
+                .await?;
+                return self
+                    .status_outcome(conn, &payment, updated.rows_affected())
+                    .await;
             }
-            Event::DisputeCreated { payment, amount } => {
-                // Never more disputed than was paid; the check and the addition are one statement.
-                // The check subtracts, so an absurd amount cannot overflow the sum first.
-                let (id, charge) = payment.columns();
-                sqlx::query!(
-                    r#"
-                    UPDATE payments SET amount_disputed = amount_disputed + $2
-                    WHERE (id = $1 OR charge = $3) AND $2 <= amount - amount_disputed
-                    "#,
-                    id,
-                    amount,
-                    charge,
-                )
-                .execute(&mut *conn)
-                .await?
+            Event::DisputeCreated {
+                payment,
+                dispute,
+                amount,
+            } => {
+                return self
+                    .dispute(conn, event_id, &payment, &dispute, amount)
+                    .await;
             }
             Event::RefundFailed { refund } => {
                 // The money did not go back: the amount is refundable again.
@@ -211,11 +259,123 @@ impl Envelope {
             ignored(&format!("{} matched no object it can apply to", self.kind))
         })
     }
+
+    /// What became of a status event that changed `updated` rows. Nothing changed: `Stale` if the
+    /// payment has applied an event at least as new, `Ignored` otherwise. The decision was the
+    /// UPDATE's; this read only names it for the answer.
+    async fn status_outcome(
+        &self,
+        conn: &mut PgConnection,
+        payment: &Target,
+        updated: u64,
+    ) -> Result<Outcome, sqlx::Error> {
+        if updated > 0 {
+            return Ok(Outcome::Applied);
+        }
+        let (id, charge) = payment.columns();
+        let newer = sqlx::query_scalar!(
+            r#"
+            SELECT EXISTS (
+                SELECT 1 FROM payments
+                WHERE (id = $1 OR charge = $2) AND last_event_at >= $3
+            ) AS "newer!"
+            "#,
+            id,
+            charge,
+            self.timestamp,
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(if newer {
+            tracing::info!(kind = %self.kind, timestamp = %self.timestamp, "stale event: a newer one was applied");
+            Outcome::Stale
+        } else {
+            ignored(&format!("{} matched no payment it can apply to", self.kind))
+        })
+    }
+
+    /// Records a dispute by the processor's dispute id and adds it to the payment's disputed
+    /// amount, as far as it fits: `amount_refunded + amount_disputed` never exceeds the amount (a
+    /// CHECK holds that line). A dispute over more than remains is still recorded, in full, with
+    /// the status `needs_review`: the bank takes what it claims, whatever our books say, so an
+    /// operator must see it rather than the event being dropped.
+    async fn dispute(
+        &self,
+        conn: &mut PgConnection,
+        event_id: &str,
+        payment: &Target,
+        dispute: &str,
+        amount: i64,
+    ) -> Result<Outcome, sqlx::Error> {
+        let (id, charge) = payment.columns();
+        // The row lock orders this dispute with refunds and other disputes of the payment; the
+        // lock of an UPDATE, so that it does not deadlock with a refund whose insert holds the key
+        // share lock of its foreign key.
+        let Some(paid) = sqlx::query!(
+            r#"
+            SELECT id, account_id, amount - amount_refunded - amount_disputed AS "remaining!"
+            FROM payments
+            WHERE id = $1 OR charge = $2
+            FOR NO KEY UPDATE
+            "#,
+            id,
+            charge,
+        )
+        .fetch_optional(&mut *conn)
+        .await?
+        else {
+            return Ok(ignored(&format!("{} names no payment of ours", self.kind)));
+        };
+        let fits = amount <= paid.remaining;
+        let recorded = sqlx::query_scalar!(
+            r#"
+            INSERT INTO disputes (id, payment_id, account_id, amount, status, event_id)
+            VALUES ($1, $2, $3, $4, $5, $6)
+            ON CONFLICT (id) DO NOTHING
+            RETURNING id
+            "#,
+            dispute,
+            paid.id,
+            paid.account_id,
+            amount,
+            if fits { "open" } else { "needs_review" },
+            event_id,
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        if recorded.is_none() {
+            tracing::info!(dispute, event = event_id, "dispute already recorded");
+            return Ok(Outcome::Duplicate);
+        }
+        sqlx::query!(
+            "UPDATE payments SET amount_disputed = amount_disputed + $2 WHERE id = $1",
+            paid.id,
+            amount.min(paid.remaining),
+        )
+        .execute(&mut *conn)
+        .await?;
+        if fits {
+            Ok(Outcome::Applied)
+        } else {
+            tracing::warn!(
+                dispute,
+                payment = paid.id,
+                amount,
+                remaining = paid.remaining,
+                "a dispute over what remains of the payment needs review"
+            );
+            Ok(Outcome::NeedsReview)
+        }
+    }
 }
 
-fn dispute(payment: Target, amount: i64) -> Result<Event, String> {
+fn dispute(payment: Target, dispute: String, amount: i64) -> Result<Event, String> {
     if amount > 0 {
-        Ok(Event::DisputeCreated { payment, amount })
+        Ok(Event::DisputeCreated {
+            payment,
+            dispute,
+            amount,
+        })
     } else {
         Err(format!("a dispute of {amount} cannot apply"))
     }
@@ -236,7 +396,11 @@ fn known_id_shapes(data: &Value) -> bool {
         .get("charge")
         .and_then(Value::as_str)
         .is_none_or(is_processor_id);
-    payment_ok && refund_ok && charge_ok
+    let dispute_ok = data
+        .get("dispute")
+        .and_then(Value::as_str)
+        .is_none_or(is_processor_id);
+    payment_ok && refund_ok && charge_ok && dispute_ok
 }
 
 /// A processor's id: a short prefix, `_`, and up to 64 base62 characters.

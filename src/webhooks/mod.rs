@@ -2,6 +2,12 @@
 //! once, signed, with a stable `webhook-id`; the event's effect and the record that it was
 //! processed commit together, and the record's primary key makes a redelivery apply nothing.
 //!
+//! That record is forgotten after `IDEMPAY_EVENT_TTL`, so effects do not lean on it alone: a
+//! dispute is a row keyed by the processor's dispute id (the same dispute under any event id, at
+//! any time, counts once), and a payment's status moves only for an event newer than the last one
+//! it applied (an older one is `stale`), so a late redelivery cannot undo a later change. See
+//! `events.rs` for each event's rule.
+//!
 //! [`delivery`] is the other way: the outbox any sender (the simulated processor today) writes
 //! its events to, and the loop that delivers them, signed, until they are acknowledged.
 
@@ -48,9 +54,14 @@ pub struct Acknowledgement {
 /// before anything parses it; a timestamp more than {webhook_tolerance} away is refused.
 ///
 /// Each event is applied exactly once: a redelivery of the same `webhook-id` answers 200 with
-/// outcome `duplicate` and applies nothing. Events of an unknown type or for an unknown object are
-/// acknowledged with outcome `ignored` and recorded, so the processor stops redelivering them.
-/// Processed event ids expire after the key TTL ({key_ttl} by default), like idempotency keys.
+/// outcome `duplicate` and applies nothing. Processed event ids are remembered for the event TTL
+/// ({event_ttl} by default, longer than senders retry); a dispute is also keyed by the processor's
+/// dispute id (`data.dispute`), so the same dispute under another event id, or after its event
+/// id expired, is a `duplicate` too. A payment's status follows only events newer than the last
+/// one applied to it (by the envelope's `timestamp`): an older one is recorded as `stale`. A
+/// dispute over more than remains of the payment is recorded and flagged: `needs_review`. Events
+/// of an unknown type or for an unknown object are acknowledged with outcome `ignored` and
+/// recorded, so the processor stops redelivering them.
 #[utoipa::path(
     post,
     path = "/v1/webhooks/processor",
@@ -63,7 +74,7 @@ pub struct Acknowledgement {
     ),
     request_body(content = Envelope, content_type = "application/json"),
     responses(
-        (status = 200, description = "The event was applied, ignored or already processed.",
+        (status = 200, description = "The event was applied, ignored, already processed, stale, or recorded for review.",
             body = Acknowledgement, content_type = "application/json"),
         (status = 400, description = "The timestamp is more than {webhook_tolerance} away (`webhook-timestamp-out-of-range`), a header is missing, or the body is no event envelope (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
@@ -118,6 +129,7 @@ async fn receive(
         .into());
     }
     let outcome = process(&state.pool, &id, &envelope, state.event_ttl).await?;
+    crate::http::metrics::webhook_event(outcome);
     tracing::info!(event = %id, kind = %envelope.kind, ?outcome, "webhook processed");
     Ok(axum::Json(Acknowledgement { event: id, outcome }).into_response())
 }
@@ -147,11 +159,12 @@ async fn process(
     if recorded.is_none() {
         return Ok(Outcome::Duplicate);
     }
-    let outcome = envelope.apply(&mut tx).await?;
-    if outcome == Outcome::Ignored {
+    let outcome = envelope.apply(&mut tx, id).await?;
+    if outcome != Outcome::Applied {
         sqlx::query!(
-            "UPDATE processed_events SET outcome = 'ignored' WHERE id = $1",
-            id
+            "UPDATE processed_events SET outcome = $2 WHERE id = $1",
+            id,
+            outcome.as_str(),
         )
         .execute(&mut *tx)
         .await?;

@@ -1,6 +1,8 @@
 //! Refunds: exactly once per key, never more than was paid, replayed refusals.
 
 use futures::future::join_all;
+use idempay::config::Settings;
+use idempay::webhooks::WebhookSecret;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
@@ -289,6 +291,116 @@ async fn refunds_are_listed_newest_first_and_readable_at_their_location() {
         .await
         .json();
     assert_eq!(newer["data"].as_array().unwrap().len(), 2);
+}
+
+/// Disputed money is the cardholder's bank's to take back: refunding it as well would pay twice.
+/// What remains refundable is `amount − amount_refunded − amount_disputed`.
+#[api_test]
+async fn a_disputed_amount_is_not_refundable() {
+    let (app, secret) = with_webhooks().await;
+    let whole = app.paid(100).await;
+    let part = app.paid(100).await;
+    dispute(&app, &secret, &whole, "dp_whole", 100).await;
+    dispute(&app, &secret, &part, "dp_part", 40).await;
+
+    let all_disputed = app
+        .post_refund(&whole, &new_key(), &json!({ "amount": 100 }))
+        .await;
+    let nothing_left = app.post_refund(&whole, &new_key(), &json!({})).await;
+    let over = app
+        .post_refund(&part, &new_key(), &json!({ "amount": 61 }))
+        .await;
+    let rest = app
+        .post_refund(&part, &new_key(), &json!({ "amount": 60 }))
+        .await;
+
+    let problem = all_disputed.assert_problem(400, "refund-exceeds-payment");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("100 disputed"),
+        "{problem}"
+    );
+    nothing_left.assert_problem(400, "refund-exceeds-payment");
+    over.assert_problem(400, "refund-exceeds-payment");
+    assert_eq!(rest.status, 201, "{rest:?}");
+    let payment = app.get_payment(&part).await.json();
+    assert_eq!(
+        (
+            payment["amount_refunded"].clone(),
+            payment["amount_disputed"].clone()
+        ),
+        (json!(60), json!(40))
+    );
+    assert_eq!(app.get_payment(&whole).await.json()["amount_refunded"], 0);
+}
+
+/// The schema holds the rules whatever the code does: refunded and disputed together never exceed
+/// the amount, and a refund names its payment with that payment's account.
+#[api_test]
+async fn the_database_refuses_refunds_beyond_the_undisputed_amount_and_across_accounts() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(100).await;
+    let (other_account, _) = app.create_account("another merchant").await;
+
+    let over =
+        sqlx::query("UPDATE payments SET amount_refunded = 60, amount_disputed = 41 WHERE id = $1")
+            .bind(&paid)
+            .execute(&app.db)
+            .await
+            .unwrap_err();
+    let elsewhere = sqlx::query(
+        "INSERT INTO refunds (id, payment_id, account_id, amount, status, idempotency_key)
+         VALUES ('re_000000000000000000000000', $1, $2, 1, 'succeeded', 'k')",
+    )
+    .bind(&paid)
+    .bind(&other_account)
+    .execute(&app.db)
+    .await
+    .unwrap_err();
+
+    let code = |error: &sqlx::Error| {
+        error
+            .as_database_error()
+            .and_then(|error| error.code())
+            .map(|code| code.into_owned())
+    };
+    assert_eq!(code(&over).as_deref(), Some("23514"), "a CHECK: {over}");
+    assert!(
+        over.to_string().contains("payments_refunded_and_disputed"),
+        "{over}"
+    );
+    assert_eq!(
+        code(&elsewhere).as_deref(),
+        Some("23503"),
+        "a foreign key: {elsewhere}"
+    );
+    assert!(
+        elsewhere
+            .to_string()
+            .contains("refunds_payment_account_fkey"),
+        "{elsewhere}"
+    );
+}
+
+async fn with_webhooks() -> (TestApp, WebhookSecret) {
+    let secret = WebhookSecret::generate();
+    let app = TestApp::spawn_with(Settings {
+        webhook_secret: Some(secret.clone()),
+        ..Settings::default()
+    })
+    .await;
+    (app, secret)
+}
+
+/// Delivers idempay's own `dispute.created` event, as the processor would, and checks it applied.
+async fn dispute(app: &TestApp, secret: &WebhookSecret, payment: &str, id: &str, amount: i64) {
+    let data = json!({ "payment": payment, "dispute": id, "amount": amount });
+    let url = app.url("/v1/webhooks/processor");
+    let event = format!("evt_{id}");
+    let (status, body) = idempay::webhooks::send(&url, secret, &event, "dispute.created", data)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("applied"), "{body}");
 }
 
 async fn refund_count(app: &TestApp) -> i64 {

@@ -8,13 +8,14 @@ use idempay::webhooks::WebhookSecret;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
-use crate::support::helpers::{TestApp, TestResponse, new_key};
+use crate::support::helpers::{TestApp, TestResponse, new_key, wait_until};
+use crate::support::instance::Instance;
 
 #[api_test]
 async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
-    let data = json!({ "payment": paid, "amount": 1500 });
+    let data = json!({ "payment": paid, "dispute": "dp_1", "amount": 1500 });
 
     let first = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
     let again = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
@@ -35,7 +36,7 @@ async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
         &secret,
         "evt_2",
         "dispute.created",
-        &json!({ "payment": paid, "amount": 100 }),
+        &json!({ "payment": paid, "dispute": "dp_2", "amount": 100 }),
     )
     .await;
     assert_eq!(another.json()["outcome"], "applied");
@@ -46,7 +47,7 @@ async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
 async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
-    let data = json!({ "payment": paid, "amount": 100 });
+    let data = json!({ "payment": paid, "dispute": "dp_storm", "amount": 100 });
 
     let answers =
         join_all((0..10).map(|_| deliver(&app, &secret, "evt_storm", "dispute.created", &data)))
@@ -128,7 +129,7 @@ async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
         (
             "evt_b",
             "dispute.created",
-            json!({ "payment": "pay_000000000000000000000000", "amount": 5 }),
+            json!({ "payment": "pay_000000000000000000000000", "dispute": "dp_1", "amount": 5 }),
         ),
         ("evt_c", "payment.failed", json!({ "nothing": true })),
     ];
@@ -212,8 +213,9 @@ async fn a_failed_refund_makes_its_amount_refundable_again() {
     assert_eq!(again.status, 201, "the amount is refundable again");
 }
 
+/// The payment's disputed amount takes only what fits: the dispute itself is recorded in full.
 #[api_test]
-async fn a_dispute_never_exceeds_the_payment() {
+async fn the_disputed_amount_never_exceeds_the_payment() {
     let (app, secret) = spawn().await;
     let paid = app.paid(1000).await;
 
@@ -222,20 +224,26 @@ async fn a_dispute_never_exceeds_the_payment() {
         &secret,
         "evt_big",
         "dispute.created",
-        &json!({ "payment": paid, "amount": 1001 }),
+        &json!({ "payment": paid, "dispute": "dp_big", "amount": 1001 }),
     )
     .await;
 
-    assert_eq!(too_much.json()["outcome"], "ignored");
-    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 0);
+    assert_eq!(too_much.json()["outcome"], "needs_review");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1000);
+    assert_eq!(
+        disputes(&app).await,
+        [("dp_big".to_owned(), 1001, "needs_review".to_owned())]
+    );
 }
 
+/// Senders retry for longer than a key lives (Standard Webhooks about 28 hours, Stripe 3 days):
+/// an event id is remembered for the event TTL, not the key TTL, then expires.
 #[api_test]
-async fn processed_event_ids_expire_like_keys() {
+async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
     let secret = WebhookSecret::generate();
     let app = TestApp::spawn_with(Settings {
         key_ttl: Duration::from_secs(1),
-        expiry_interval: Duration::from_millis(200),
+        expiry_interval: Duration::from_millis(100),
         webhook_secret: Some(secret.clone()),
         ..Settings::default()
     })
@@ -244,13 +252,190 @@ async fn processed_event_ids_expire_like_keys() {
     let answer = deliver(&app, &secret, "evt_x", "customer.created", &json!({})).await;
     assert_eq!(answer.json()["outcome"], "ignored");
 
-    for _ in 0..100 {
-        if event_count(&app).await == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let kept_for_days: bool = sqlx::query_scalar(
+        "SELECT expires_at - received_at = interval '7 days' FROM processed_events",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert!(
+        kept_for_days,
+        "the event TTL (7 days by default), not the key TTL"
+    );
+    age_events(&app).await;
+    wait_until("the processed event id expires", || async {
+        event_count(&app).await == 0
+    })
+    .await;
+}
+
+/// A dispute is keyed by the processor's dispute id: its event redelivered after the event id was
+/// forgotten finds the dispute recorded, and applies nothing.
+#[api_test]
+async fn a_dispute_redelivered_after_its_event_id_expired_changes_nothing() {
+    let secret = WebhookSecret::generate();
+    let app = TestApp::spawn_with(Settings {
+        expiry_interval: Duration::from_millis(100),
+        webhook_secret: Some(secret.clone()),
+        ..Settings::default()
+    })
+    .await;
+    let paid = app.paid(5000).await;
+    let data = json!({ "payment": paid, "dispute": "dp_late", "amount": 1500 });
+    let first = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
+    assert_eq!(first.json()["outcome"], "applied");
+    age_events(&app).await;
+    wait_until("the processed event id expires", || async {
+        event_count(&app).await == 0
+    })
+    .await;
+
+    let late = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
+
+    assert_eq!(late.status, 200);
+    assert_eq!(
+        late.json(),
+        json!({ "event": "evt_1", "outcome": "duplicate" })
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
+    assert_eq!(disputes(&app).await.len(), 1);
+}
+
+/// The processor's form (by charge) and idempay's own (by payment) name the same dispute by its
+/// id: whichever arrives second, under whatever event id, is a duplicate.
+#[api_test]
+async fn the_same_dispute_under_two_event_ids_counts_once() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"].clone();
+
+    let first = deliver(
+        &app,
+        &secret,
+        "evt_a",
+        "charge.dispute.created",
+        &json!({ "charge": charge, "dispute": "dp_once", "amount": 700 }),
+    )
+    .await;
+    let second = deliver(
+        &app,
+        &secret,
+        "evt_b",
+        "dispute.created",
+        &json!({ "payment": paid, "dispute": "dp_once", "amount": 700 }),
+    )
+    .await;
+
+    assert_eq!(first.json()["outcome"], "applied");
+    assert_eq!(second.json()["outcome"], "duplicate");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 700);
+    assert_eq!(
+        disputes(&app).await,
+        [("dp_once".to_owned(), 700, "open".to_owned())]
+    );
+    assert_eq!(event_outcomes(&app).await, ["applied", "duplicate"]);
+}
+
+/// A `payment.succeeded` from before a `payment.failed`, arriving after it (a redelivery, a
+/// retry), must not make the failed payment refundable: it is recorded as stale.
+#[api_test]
+async fn a_late_success_older_than_the_failure_is_stale_and_the_payment_stays_failed() {
+    let (app, secret) = spawn().await;
+    let paid = app.paid(5000).await;
+    let now = chrono::Utc::now();
+    let data = json!({ "payment": paid });
+
+    let failed = deliver_at(&app, &secret, "evt_t2", "payment.failed", &data, now).await;
+    let earlier = now - chrono::Duration::seconds(60);
+    let late = deliver_at(&app, &secret, "evt_t1", "payment.succeeded", &data, earlier).await;
+
+    assert_eq!(failed.json()["outcome"], "applied");
+    assert_eq!(late.status, 200);
+    assert_eq!(
+        late.json(),
+        json!({ "event": "evt_t1", "outcome": "stale" })
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["status"], "failed");
+    app.post_refund(&paid, &new_key(), &json!({}))
+        .await
+        .assert_problem(400, "payment-not-refundable");
+    assert_eq!(event_outcomes(&app).await, ["stale", "applied"]);
+    // A newer event still applies.
+    let later = now + chrono::Duration::seconds(1);
+    let newer = deliver_at(&app, &secret, "evt_t3", "payment.succeeded", &data, later).await;
+    assert_eq!(newer.json()["outcome"], "applied");
+    assert_eq!(app.get_payment(&paid).await.json()["status"], "succeeded");
+}
+
+/// A declined charge is the processor's final answer: no event moves the payment.
+#[api_test]
+async fn a_declined_payment_stays_declined_whatever_event_arrives() {
+    let (app, secret) = spawn().await;
+    let declined = app
+        .post_payment(
+            &new_key(),
+            &json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_chargeDeclined" }),
+        )
+        .await;
+    let problem = declined.assert_problem(402, "card-declined");
+    let id = problem["payment"].as_str().unwrap().to_owned();
+
+    for (event, kind) in [("evt_s", "payment.succeeded"), ("evt_f", "payment.failed")] {
+        let answer = deliver(&app, &secret, event, kind, &json!({ "payment": id })).await;
+        assert_eq!(answer.json()["outcome"], "ignored", "{kind}");
     }
-    panic!("the processed event id never expired");
+
+    assert_eq!(app.get_payment(&id).await.json()["status"], "declined");
+}
+
+/// A real chargeback over what remains (after a refund) is not dropped: it is recorded in full,
+/// flagged for review, answered `needs_review` and counted; the payment takes what fits.
+#[api_test]
+async fn a_dispute_over_what_remains_is_recorded_flagged_and_counted() {
+    let app = TestApp::spawn().await;
+    let secret = WebhookSecret::generate();
+    // A process of its own, so its metrics count this test's events alone.
+    let instance = Instance::start(
+        &app.database_url(),
+        &[("IDEMPAY_WEBHOOK_SECRET", &secret.expose())],
+    )
+    .await;
+    let paid = app.paid(100).await;
+    let refund = app
+        .post_refund(&paid, &new_key(), &json!({ "amount": 60 }))
+        .await;
+    assert_eq!(refund.status, 201);
+    let url = format!("{}/v1/webhooks/processor", instance.address);
+    let data = json!({ "payment": paid, "dispute": "dp_chargeback", "amount": 100 });
+
+    let (status, body) = idempay::webhooks::send(&url, &secret, "evt_cb", "dispute.created", data)
+        .await
+        .unwrap();
+
+    assert_eq!(status, 200);
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        answer,
+        json!({ "event": "evt_cb", "outcome": "needs_review" })
+    );
+    let payment = app.get_payment(&paid).await.json();
+    assert_eq!(payment["amount_refunded"], 60);
+    assert_eq!(
+        payment["amount_disputed"], 40,
+        "what fits beside the refund"
+    );
+    assert_eq!(
+        disputes(&app).await,
+        [("dp_chargeback".to_owned(), 100, "needs_review".to_owned())]
+    );
+    assert_eq!(event_outcomes(&app).await, ["needs_review"]);
+    let metrics = instance.metrics().await;
+    assert_eq!(
+        metrics.value(r#"idempay_webhook_events_total{outcome="needs_review"}"#),
+        Some(1.0),
+        "{}",
+        metrics.text()
+    );
 }
 
 #[api_test]
@@ -266,7 +451,7 @@ async fn the_send_command_delivers_what_the_service_accepts() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
     let url = app.url("/v1/webhooks/processor");
-    let data = json!({ "payment": paid, "amount": 250 });
+    let data = json!({ "payment": paid, "dispute": "dp_cli", "amount": 250 });
 
     let (status, body) =
         idempay::webhooks::send(&url, &secret, "evt_cli", "dispute.created", data.clone())
@@ -304,13 +489,21 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
 }
 
 /// Even a dispute so large that adding it to the disputed amount would overflow a bigint is
-/// ignored, not a 500 that the processor would redeliver for ever.
+/// recorded and flagged, not a 500 that the processor would redeliver for ever.
 #[api_test]
-async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored() {
+async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_flagged() {
     let (app, secret) = spawn().await;
     let paid = app.paid(5000).await;
-    let dispute = |amount: i64| json!({ "payment": paid, "amount": amount });
-    let first = deliver(&app, &secret, "evt_1", "dispute.created", &dispute(10)).await;
+    let dispute =
+        |id: &str, amount: i64| json!({ "payment": paid, "dispute": id, "amount": amount });
+    let first = deliver(
+        &app,
+        &secret,
+        "evt_1",
+        "dispute.created",
+        &dispute("dp_1", 10),
+    )
+    .await;
     assert_eq!(first.json()["outcome"], "applied");
 
     let huge = deliver(
@@ -318,13 +511,13 @@ async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored() {
         &secret,
         "evt_2",
         "dispute.created",
-        &dispute(i64::MAX),
+        &dispute("dp_2", i64::MAX),
     )
     .await;
 
     assert_eq!(huge.status, 200);
-    assert_eq!(huge.json()["outcome"], "ignored");
-    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 10);
+    assert_eq!(huge.json()["outcome"], "needs_review");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 5000);
 }
 
 /// The event id is the primary key of the processed events: bounded, so it always fits the index
@@ -356,11 +549,15 @@ async fn spawn() -> (TestApp, WebhookSecret) {
 }
 
 fn envelope(kind: &str, data: &Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({ "type": kind, "timestamp": chrono::Utc::now(), "data": data }))
-        .unwrap()
+    envelope_at(kind, data, chrono::Utc::now())
 }
 
-/// Delivers an event signed now with `secret`.
+/// An envelope whose event was created `at`.
+fn envelope_at(kind: &str, data: &Value, at: chrono::DateTime<chrono::Utc>) -> Vec<u8> {
+    serde_json::to_vec(&json!({ "type": kind, "timestamp": at, "data": data })).unwrap()
+}
+
+/// Delivers an event created now, signed now with `secret`.
 async fn deliver(
     app: &TestApp,
     secret: &WebhookSecret,
@@ -368,7 +565,19 @@ async fn deliver(
     kind: &str,
     data: &Value,
 ) -> TestResponse {
-    let body = envelope(kind, data);
+    deliver_at(app, secret, id, kind, data, chrono::Utc::now()).await
+}
+
+/// Delivers now, signed now, an event created `at`: a redelivery of an older event.
+async fn deliver_at(
+    app: &TestApp,
+    secret: &WebhookSecret,
+    id: &str,
+    kind: &str,
+    data: &Value,
+    at: chrono::DateTime<chrono::Utc>,
+) -> TestResponse {
+    let body = envelope_at(kind, data, at);
     let now = chrono::Utc::now().timestamp();
     post(app, id, now, Some(&secret.sign(id, now, &body)), body).await
 }
@@ -396,6 +605,30 @@ async fn post(
 async fn event_count(app: &TestApp) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM processed_events")
         .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+/// Makes every processed event record due for the expiry job, as the event TTL's end would.
+async fn age_events(app: &TestApp) {
+    sqlx::query("UPDATE processed_events SET expires_at = now() - interval '1 second'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+}
+
+/// The recorded disputes: (id, amount, status), by id.
+async fn disputes(app: &TestApp) -> Vec<(String, i64, String)> {
+    sqlx::query_as("SELECT id, amount, status FROM disputes ORDER BY id")
+        .fetch_all(&app.db)
+        .await
+        .unwrap()
+}
+
+/// The recorded outcome of every processed event, by event id.
+async fn event_outcomes(app: &TestApp) -> Vec<String> {
+    sqlx::query_scalar("SELECT outcome FROM processed_events ORDER BY id")
+        .fetch_all(&app.db)
         .await
         .unwrap()
 }

@@ -1076,3 +1076,57 @@ async fn the_recovery_jobs_of_three_instances_record_a_backlog_of_suspended_keys
     }
     assert_ledgers_agree(&app, &processor, KEYS as i64).await;
 }
+
+/// A dispute that arrives while a refund is at the processor takes what the payment has left;
+/// the refund, made by then, is still recorded in full, and the disputed amount gives way to it:
+/// refunded and disputed together never exceed the amount, and the dispute is flagged for review
+/// (the money may leave twice).
+#[api_test]
+async fn a_refund_recorded_after_a_dispute_took_its_room_flags_the_dispute_for_review() {
+    let secret = WebhookSecret::generate();
+    let (app, _processor) = idempay_and_processor(
+        Settings {
+            webhook_secret: Some(secret.clone()),
+            ..Settings::default()
+        },
+        // Every charge and refund takes this long at the processor.
+        faulty(|s| s.faults.latency = Duration::from_secs(2)),
+    )
+    .await;
+    let paid = app.paid(5000).await;
+    let key = new_key();
+    let body = json!({ "amount": 2000 });
+
+    let (refund, answer) = tokio::join!(app.post_refund(&paid, &key, &body), async {
+        wait_until("the refund is under way at the processor", || async {
+            key_row(&app, &key)
+                .await
+                .is_some_and(|(_, point, _)| point.is_some())
+        })
+        .await;
+        let data = json!({ "payment": paid, "dispute": "dp_meanwhile", "amount": 5000 });
+        let url = app.url("/v1/webhooks/processor");
+        idempay::webhooks::send(&url, &secret, "evt_meanwhile", "dispute.created", data)
+            .await
+            .unwrap()
+    });
+
+    assert_eq!(answer.0, 200);
+    assert!(
+        answer.1.contains("applied"),
+        "it fitted when it came: {}",
+        answer.1
+    );
+    assert_eq!(refund.status, 201, "{refund:?}");
+    let payment = app.get_payment(&paid).await.json();
+    assert_eq!(payment["amount_refunded"], 2000);
+    assert_eq!(
+        payment["amount_disputed"], 3000,
+        "what fits beside the refund"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM disputes")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(status, "needs_review");
+}

@@ -536,15 +536,15 @@ impl Target {
         let body: Vec<u8> = match rng.random_range(0..10) {
             0 => envelope(
                 "dispute.created",
-                &format!(r#"{{"payment":"{paid}","amount":1}}"#),
+                &format!(r#"{{"payment":"{paid}","dispute":"dp_hostile","amount":1}}"#),
             ),
             1 => envelope(
                 "dispute.created",
-                &format!(r#"{{"payment":"{paid}","amount":1e400}}"#),
+                &format!(r#"{{"payment":"{paid}","dispute":"dp_huge","amount":1e400}}"#),
             ),
             2 => envelope(
                 "dispute.created",
-                &format!(r#"{{"payment":"{paid}","amount":-5}}"#),
+                &format!(r#"{{"payment":"{paid}","dispute":"dp_negative","amount":-5}}"#),
             ),
             3 => envelope("payment.failed", r#"{"payment":"pay_%00"}"#),
             4 => envelope("refund.failed", r#"{"refund":"re_\u0000"}"#),
