@@ -354,6 +354,7 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
         &processor,
         &[
             ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "600ms"),
             ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
         ],
     );
@@ -916,6 +917,7 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
         &processor,
         &[
             ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "600ms"),
             ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
         ],
     );
@@ -1046,6 +1048,7 @@ async fn the_recovery_jobs_of_three_instances_record_a_backlog_of_suspended_keys
         &processor,
         &[
             ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "600ms"),
             ("IDEMPAY_RECOVERY_INTERVAL", "300ms"),
         ],
     );
