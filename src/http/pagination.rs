@@ -2,8 +2,19 @@
 //! `{ "object": "list", "data": [...], "has_more": bool }` out, newest first.
 //!
 //! Cursors are object ids, and pages are cut by keyset (`(created_at, id)` before or after the
-//! cursor's), never by OFFSET: an item inserted while a client pages through is neither skipped nor
-//! repeated.
+//! cursor's), never by OFFSET. What that promises, exactly:
+//!
+//! - a walk never repeats an object, and never skips one that was committed before the walk
+//!   began: an object's place in the order never changes, and each page starts where the last
+//!   ended;
+//! - an object committed during the walk is listed if it sorts into the part not yet read, and
+//!   not by this walk otherwise. `created_at` is when the object's work began (a payment's, when
+//!   its key was reserved, before its charge), not when it committed, so a slow one commits after
+//!   newer ones. A client that polls for new objects with `ending_before` the newest it saw
+//!   never sees one that committed after that page was read but sorts behind the cursor.
+//!
+//! Following every change reliably needs a feed of events in commit order, which the API does not
+//! offer yet; reading the whole list again finds every object.
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
