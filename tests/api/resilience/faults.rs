@@ -35,9 +35,10 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
         &app.database_url(),
         &[
             ("IDEMPAY_FAILPOINT", failpoint),
-            ("IDEMPAY_LEASE", "1s"),
-            // A third of the lease, as start-up requires.
-            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "300ms"),
+            // Start-up requires a lease of three acquire timeouts, and a shorter acquire timeout
+            // would fail connecting to a loaded database.
+            ("IDEMPAY_LEASE", "3s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
         ],
     )
     .await;
