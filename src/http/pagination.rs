@@ -8,10 +8,10 @@
 //!   began: an object's place in the order never changes, and each page starts where the last
 //!   ended;
 //! - an object committed during the walk is listed if it sorts into the part not yet read, and
-//!   not by this walk otherwise. `created_at` is when the object's work began (a payment's, when
-//!   its key was reserved, before its charge), not when it committed, so a slow one commits after
-//!   newer ones. A client that polls for new objects with `ending_before` the newest it saw
-//!   never sees one that committed after that page was read but sorts behind the cursor.
+//!   not by this walk otherwise. `created_at` is taken just before the object's insert, not at
+//!   its commit, and an insert may wait (for a lock, a connection, a slow disk) while a newer
+//!   object commits: the older one then commits later but sorts behind it. A client that polls
+//!   for new objects with `ending_before` the newest it saw never sees such an object.
 //!
 //! Following every change reliably needs a feed of events in commit order, which the API does not
 //! offer yet; reading the whole list again finds every object.

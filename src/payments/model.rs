@@ -288,8 +288,8 @@ pub struct Payment {
     /// The processor's charge this payment records, `ch_…` (declined charges too).
     #[schema(value_type = Option<String>, pattern = "^ch_[0-9A-Za-z]+$", example = "ch_3MmlLrLkdIwHu7ix0snN0B15")]
     pub charge: Option<String>,
-    /// When the payment was created: when its request began, before the charge, not when it was
-    /// recorded. Lists are ordered by it.
+    /// When the payment was created: taken just before it was written, on the database's clock,
+    /// not when its transaction committed. Lists are ordered by it.
     pub created_at: DateTime<Utc>,
 }
 

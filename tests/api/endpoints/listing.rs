@@ -187,9 +187,9 @@ async fn pages_neither_skip_nor_repeat_while_payments_are_created() {
     );
 }
 
-/// What a list promises, and where it stops. A payment sorts by the moment its key was reserved
-/// (`created_at`), before its charge, not by its commit: one still being charged when a newer one
-/// commits is committed later but sorts behind it. Read again, the list shows it in its place, and
+/// What a list promises, and where it stops. A payment sorts by its `created_at`, taken just
+/// before its insert, not by its commit: one whose insert waits (here for a lock the test holds)
+/// commits after a newer one but sorts behind it. Read again, the list shows it in its place, and
 /// pages of a list that does not change neither skip nor repeat; but a client polling for new
 /// payments with `ending_before` the newest it saw never sees it.
 #[api_test]
@@ -217,7 +217,18 @@ async fn a_payment_committed_after_a_newer_one_sorts_behind_the_polling_cursor()
     .await
     .unwrap();
     let late = app.start_payment(&new_key(), &payment(300)).await;
-    app.wait_for_keys(2).await;
+    // Its `created_at` is taken once it reaches the insert, which then waits.
+    wait_until("the payment of 300 waits to be inserted", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event = 'advisory'
+                              AND query LIKE '%INSERT INTO payments%')",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
     let newer = app.paid(200).await;
     let polled = app.get("/v1/payments").await.json();
     assert_eq!(ids(&polled), [newer.clone(), older.clone()]);
