@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
 use crate::http::{Application, openapi, shutdown_signal};
 use crate::processor::{Processor, ProcessorListen, ProcessorSettings};
-use crate::{accounts, db, reconcile};
+use crate::{accounts, config, db, reconcile};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -87,6 +87,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
+            config::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -99,6 +100,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
+            config::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -163,6 +165,32 @@ mod tests {
         }
         for sub in command.get_subcommands() {
             settings(sub, found);
+        }
+    }
+
+    /// Refused before anything else happens: the database named here is never reached.
+    #[tokio::test]
+    async fn serve_and_processor_refuse_at_start_a_lease_the_pool_could_not_renew_in_time() {
+        use clap::Parser;
+        let database = ["--database-url", "postgres://127.0.0.1:1/unreachable"];
+        let lease = ["--lease", "1s", "--database-acquire-timeout", "5s"];
+        let serve = Cli::parse_from([&["idempay", "serve"][..], &database, &lease].concat());
+        let processor = Cli::parse_from(
+            [
+                &["idempay", "processor", "--api-key", "pk_test"][..],
+                &database,
+                &lease,
+            ]
+            .concat(),
+        );
+        for cli in [serve, processor] {
+            let refused = super::run(cli).await.unwrap_err().to_string();
+            assert!(
+                refused.starts_with(
+                    "IDEMPAY_LEASE (1s) must be at least 3 × IDEMPAY_DATABASE_ACQUIRE_TIMEOUT (5s)"
+                ),
+                "{refused}"
+            );
         }
     }
 

@@ -221,6 +221,30 @@ fn parse_event_ttl(raw: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+/// Refuses at start a lease the pool could not renew in time. The lease is renewed every third of
+/// its length, each renewal abandoned when the next is due (`idempotency::Idempotency::heartbeat`),
+/// and a renewal first waits for a pool connection, up to the acquire timeout. A third of the lease
+/// must cover that wait: otherwise, under load, renewals are abandoned while the pool would still
+/// serve them, and a slow but alive request loses its key to a takeover (safely, the completion is
+/// fenced, but its work is then done for nothing and its client answered 409). The session's
+/// statement and lock timeouts (`db.rs`) do not enter: a renewal is one UPDATE of one row by its
+/// primary key, which runs in a millisecond or waits for that row's lock, held only by another
+/// one-row statement (a completion, a takeover) or by nobody, and its third bounds that wait.
+pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
+    let needed = pool.acquire_timeout * 3;
+    if lease < needed {
+        return Err(format!(
+            "IDEMPAY_LEASE ({}) must be at least 3 × IDEMPAY_DATABASE_ACQUIRE_TIMEOUT ({}) = {}: \
+             the lease is renewed every third of its length, and a renewal may wait that long for \
+             a connection. Lengthen the lease or shorten the acquire timeout.",
+            humantime::format_duration(lease),
+            humantime::format_duration(pool.acquire_timeout),
+            humantime::format_duration(needed),
+        ));
+    }
+    Ok(())
+}
+
 /// A timeout of zero would cut every client off.
 fn parse_timeout(raw: &str) -> Result<Duration, String> {
     let timeout = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
@@ -266,6 +290,21 @@ mod tests {
         assert!(error.to_string().contains("tolerance, 5m"), "{error}");
         let parsed = Cli::parse_from(["idempay", "--event-ttl", "5m"]).settings;
         assert_eq!(parsed.event_ttl, crate::webhooks::TOLERANCE);
+    }
+
+    #[test]
+    fn a_lease_shorter_than_three_acquire_timeouts_is_refused() {
+        let pool = PoolLimits::default();
+        assert_eq!(check_lease(Settings::default().lease, &pool), Ok(()));
+        assert_eq!(check_lease(pool.acquire_timeout * 3, &pool), Ok(()));
+        let refused = check_lease(Duration::from_secs(2), &pool).unwrap_err();
+        assert!(refused.contains("IDEMPAY_LEASE (2s)"), "{refused}");
+        assert!(refused.contains("= 15s"), "{refused}");
+        let short = PoolLimits {
+            acquire_timeout: Duration::from_millis(300),
+            ..pool
+        };
+        assert_eq!(check_lease(Duration::from_secs(1), &short), Ok(()));
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod db;
+mod decimal;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod expiry;

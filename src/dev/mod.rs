@@ -16,7 +16,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{PoolLimits, Settings, check_lease};
 use crate::http::{Application, shutdown_signal};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use crate::webhooks::WebhookSecret;
@@ -28,6 +28,8 @@ const PROCESSOR_PORT: u16 = 8081;
 use postgres::Postgres;
 
 pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
+    // The dev database's pool has the default limits.
+    check_lease(settings.lease, &PoolLimits::default()).map_err(anyhow::Error::msg)?;
     settings
         .webhook_secret
         .get_or_insert_with(WebhookSecret::generate);

@@ -2,8 +2,19 @@
 //! `{ "object": "list", "data": [...], "has_more": bool }` out, newest first.
 //!
 //! Cursors are object ids, and pages are cut by keyset (`(created_at, id)` before or after the
-//! cursor's), never by OFFSET: an item inserted while a client pages through is neither skipped nor
-//! repeated.
+//! cursor's), never by OFFSET. What that promises, exactly:
+//!
+//! - a walk never repeats an object, and never skips one that was committed before the walk
+//!   began: an object's place in the order never changes, and each page starts where the last
+//!   ended;
+//! - an object committed during the walk is listed if it sorts into the part not yet read, and
+//!   not by this walk otherwise. `created_at` is taken just before the object's insert, not at
+//!   its commit, and an insert may wait (for a lock, a connection, a slow disk) while a newer
+//!   object commits: the older one then commits later but sorts behind it. A client that polls
+//!   for new objects with `ending_before` the newest it saw never sees such an object.
+//!
+//! Following every change reliably needs a feed of events in commit order, which the API does not
+//! offer yet; reading the whole list again finds every object.
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;

@@ -1,26 +1,44 @@
 //! The fingerprint of a request: SHA-256 over its target and a canonical form of its JSON body, so
 //! the same key with a different payload (or sent to another resource under the same route, such as
 //! a refund of another payment) is recognised, while a retry that serialises the same object
-//! differently (key order, whitespace) is the same request.
+//! differently (key order, whitespace, `4200` or `42e2`) is the same request.
+
+use std::collections::BTreeMap;
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+
+use crate::decimal::Decimal;
 
 /// SHA-256 of the canonical JSON body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fingerprint([u8; 32]);
 
+/// Deeper documents are refused, as serde_json refuses them when it parses into a value.
+const MAX_DEPTH: usize = 128;
+
 impl Fingerprint {
-    /// Fingerprints a request to `target` (its path, e.g. `/v1/payments/pay_…/refunds`) with a
-    /// parsed JSON body. Objects are written with their keys sorted (serde_json's map is ordered by
-    /// key) and without insignificant whitespace; strings and numbers in their shortest form.
-    pub fn of_request(target: &str, body: &Value) -> Self {
-        let canonical = serde_json::to_vec(body).expect("a JSON value always serializes");
+    /// Fingerprints a request to `target` (its path, e.g. `/v1/payments/pay_…/refunds`) with the
+    /// JSON text of its body, in its canonical form: objects with their keys sorted and without
+    /// insignificant whitespace, strings with serde_json's escapes, and every number in one form
+    /// per value, read from its decimal text (`4200`, `4200.0` and `42e2` are all `4200`), so a
+    /// retry from another JSON library is the same request. Fails on text that is not JSON.
+    pub fn of_json(target: &str, body: &[u8]) -> Result<Self, serde_json::Error> {
+        let document: &RawValue = serde_json::from_slice(body)?;
+        let mut canonical = Vec::with_capacity(body.len());
+        write_canonical(document, &mut canonical, 0)?;
         let mut hash = Sha256::new();
         hash.update(target.as_bytes());
         hash.update(b"\n");
         hash.update(&canonical);
-        Self(hash.finalize().into())
+        Ok(Self(hash.finalize().into()))
+    }
+
+    /// Fingerprints a parsed body, as [`Fingerprint::of_json`] does its text.
+    pub fn of_request(target: &str, body: &Value) -> Self {
+        let text = serde_json::to_vec(body).expect("a JSON value always serializes");
+        Self::of_json(target, &text).expect("a JSON value's text is JSON")
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
@@ -33,12 +51,66 @@ impl Fingerprint {
     }
 }
 
+/// Writes `value` in its canonical form. Each level is read from the text of its parent, as
+/// [`RawValue`]s that keep every number's digits as they were sent.
+fn write_canonical(
+    value: &RawValue,
+    out: &mut Vec<u8>,
+    depth: usize,
+) -> Result<(), serde_json::Error> {
+    if depth > MAX_DEPTH {
+        return Err(serde::de::Error::custom(
+            "the JSON document is nested too deeply",
+        ));
+    }
+    let text = value.get().trim();
+    match text.as_bytes().first() {
+        Some(b'{') => {
+            let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
+            out.push(b'{');
+            for (index, (key, member)) in members.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, key)?;
+                out.push(b':');
+                write_canonical(member, out, depth + 1)?;
+            }
+            out.push(b'}');
+        }
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text)?;
+            out.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out, depth + 1)?;
+            }
+            out.push(b']');
+        }
+        Some(b'"') => {
+            let string: String = serde_json::from_str(text)?;
+            serde_json::to_writer(&mut *out, &string)?;
+        }
+        Some(b'-' | b'0'..=b'9') => match Decimal::parse(text) {
+            Some(number) => out.extend_from_slice(number.canonical().as_bytes()),
+            // An exponent beyond i64: kept as sent, which is still a JSON number of its own value,
+            // so it cannot be taken for another.
+            None => out.extend_from_slice(text.as_bytes()),
+        },
+        // `true`, `false`, `null`.
+        _ => out.extend_from_slice(text.as_bytes()),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn fingerprint(json: &str) -> Fingerprint {
-        Fingerprint::of_request("/v1/payments", &serde_json::from_str(json).unwrap())
+        Fingerprint::of_json("/v1/payments", json.as_bytes()).unwrap()
     }
 
     #[test]
@@ -74,6 +146,42 @@ mod tests {
             base,
             fingerprint(r#"{"amount":4200,"currency":"eur","order":null}"#)
         );
+    }
+
+    #[test]
+    fn equal_numbers_written_differently_hash_equal() {
+        let integer = fingerprint(r#"{"amount":4200,"currency":"eur"}"#);
+        for amount in ["4200.0", "4.2e3", "42E2", "4200.000", "42e+2", "420000e-2"] {
+            let json = format!(r#"{{"amount":{amount},"currency":"eur"}}"#);
+            assert_eq!(fingerprint(&json), integer, "{amount}");
+        }
+        assert_eq!(fingerprint("[-0]"), fingerprint("[0.0]"));
+        assert_eq!(fingerprint("[42.50]"), fingerprint("[4.25e1]"));
+    }
+
+    #[test]
+    fn numbers_are_compared_by_their_digits_not_as_floats() {
+        assert_ne!(
+            fingerprint(r#"{"amount":4200}"#),
+            fingerprint(r#"{"amount":4200.0000000000001}"#)
+        );
+        assert_ne!(
+            fingerprint("[9007199254740993]"),
+            fingerprint("[9007199254740992]")
+        );
+        assert_ne!(fingerprint("[1e400]"), fingerprint("[1e401]"));
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_has_no_fingerprint() {
+        for body in ["", "{", "[1,]", "{\"a\":1} x", "01"] {
+            assert!(
+                Fingerprint::of_json("/v1/payments", body.as_bytes()).is_err(),
+                "{body:?}"
+            );
+        }
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        assert!(Fingerprint::of_json("/v1/payments", deep.as_bytes()).is_err());
     }
 
     #[test]

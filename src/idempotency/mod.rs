@@ -21,6 +21,7 @@ mod request;
 mod response;
 mod store;
 
+use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -32,6 +33,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use futures_util::FutureExt;
 use quick_cache::sync::Cache;
 use sqlx::{PgPool, Postgres, Transaction};
+use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -487,14 +489,15 @@ impl Idempotency {
         F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
     {
         // A panic in the work is caught here, so the key is released. The work runs in this task
-        // (already one of its own, see `run`): a task more would cost a wake-up per request.
-        let mut work = std::pin::pin!(AssertUnwindSafe(work).catch_unwind());
-        let heartbeat = self.policy.lease / 3;
-        let joined = loop {
-            tokio::select! {
-                joined = &mut work => break joined,
-                () = tokio::time::sleep(heartbeat) => self.renew(&held).await,
-            }
+        // (already one of its own, see `run`): a task more would cost a wake-up per request. The
+        // heartbeat is a future beside it, not a step after it: `select!` polls both whenever
+        // either can move, so a renewal waiting for a connection or for the key row's lock never
+        // holds the work up. When the work ends, the heartbeat is dropped with any renewal in
+        // flight (fenced by the token and `in_progress`, a late one changes nothing).
+        let work = AssertUnwindSafe(work).catch_unwind();
+        let joined = tokio::select! {
+            joined = work => joined,
+            never = self.heartbeat(&held) => match never {},
         };
         match joined {
             Ok(Ok(Completion(Completed::Stored(response)))) => {
@@ -527,8 +530,31 @@ impl Idempotency {
         }
     }
 
-    /// Keeps a slow but alive request from being taken over: renews the lease at a fraction of
-    /// its length. A request that lost its lease finds out when it tries to complete.
+    /// Keeps a slow but alive request from being taken over: renews the lease every third of its
+    /// length, for as long as the work runs. Each renewal is given until the next tick and then
+    /// abandoned, so renewals never pile up; a renewal that lands by then sets the lease a whole
+    /// lease past its own `now()`, so after any successful renewal two more start (and end) before
+    /// the lease runs out, and one stuck renewal does not lose the key. Start-up checks that the
+    /// pool can serve a renewal within its third ([`crate::config::check_lease`]).
+    async fn heartbeat(&self, held: &HeldLease) -> Infallible {
+        let period = self.policy.lease / 3;
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if tokio::time::timeout(period, self.renew(held))
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    key_id = held.key_id,
+                    "a lease renewal took a third of the lease and was abandoned"
+                );
+            }
+        }
+    }
+
+    /// Renews the lease once. A request that lost its lease finds out when it tries to complete.
     async fn renew(&self, held: &HeldLease) {
         match store::renew(&self.pool, held.key_id, held.token, self.policy.lease).await {
             Ok(true) => {}

@@ -126,8 +126,8 @@ where
         // such as a field given twice.
         let parse = move || -> Result<(T, Fingerprint), ApiError> {
             let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
-            let document = serde_json::from_slice(&bytes).map_err(invalid_body)?;
-            Ok((body, Fingerprint::of_request(&target, &document)))
+            let fingerprint = Fingerprint::of_json(&target, &bytes).map_err(invalid_body)?;
+            Ok((body, fingerprint))
         };
         let (body, fingerprint) = if bytes_len <= INLINE_BODY_BYTES {
             parse()?
@@ -196,7 +196,8 @@ endpoint (method and route): another account, or another endpoint, never sees th
 
 The first request with a key executes and its response is stored: status, headers and body. \
 Every later request with the same key and the same body (compared by SHA-256 of its canonical \
-JSON and the request's path, so key order and whitespace do not matter) receives that response byte for byte, with \
+JSON and the request's path, so key order, whitespace and the notation of a number (`4200`, \
+`42e2`, `4200.0`) do not matter) receives that response byte for byte, with \
 `Idempotent-Replayed: true`. The same key with a different body is refused with 422. While the \
 first request is still running, a retry gets 409 with `Retry-After`. If the first request failed \
 on our side (5xx), nothing was stored and a retry executes afresh. If its process died, a retry \

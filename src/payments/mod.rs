@@ -132,7 +132,11 @@ async fn get_payment(
 ///
 /// The account's payments, newest first, a page at a time: pass the last id of a page as
 /// `starting_after` for the next (older) one, or the first id as `ending_before` for the previous
-/// one. Pages are cut by keyset, so payments created meanwhile never make a page skip or repeat one.
+/// one. Pages are cut by keyset on `created_at`, so a walk never repeats a payment nor skips one
+/// that existed when it began. `created_at` is taken just before the payment is written, not when
+/// its transaction commits: a payment whose write waited commits after a newer one but sorts
+/// behind it, so polling with `ending_before` for new payments can miss it; read the list again
+/// to find it.
 #[utoipa::path(
     get,
     path = "/v1/payments",

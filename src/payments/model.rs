@@ -5,9 +5,11 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::currency::Currency;
+use crate::decimal::Decimal;
 use crate::ids;
 
 /// The largest amount accepted, in minor units (999 999.99 in a two-decimal currency).
@@ -17,25 +19,28 @@ const MAX_DESCRIPTION_LEN: usize = 1000;
 
 /// An amount in the currency's minor units (cents for `eur`), never a float.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Number", into = "i64")]
+#[serde(try_from = "Box<RawValue>", into = "i64")]
 pub struct Amount(i64);
 
-/// JSON has one number type: `4200.0` is the integer 4200, as JSON Schema sees it too. A fraction
-/// is refused, never rounded.
-impl TryFrom<serde_json::Number> for Amount {
+/// JSON has one number type: `4200.0` and `42e2` are the integer 4200, as JSON Schema sees them
+/// too. The number is read from its text, not through a float that would round
+/// `4200.0000000000001` to 4200: a fraction, however small, is refused, never rounded.
+impl TryFrom<Box<RawValue>> for Amount {
     type Error = String;
 
-    fn try_from(number: serde_json::Number) -> Result<Self, Self::Error> {
-        let integral = number.as_i64().or_else(|| {
-            number
-                .as_f64()
-                .filter(|value| value.fract() == 0.0 && value.abs() < 1e15)
-                .map(|value| value as i64)
-        });
-        match integral {
+    fn try_from(raw: Box<RawValue>) -> Result<Self, Self::Error> {
+        let text = raw.get().trim();
+        let number =
+            Decimal::parse(text).ok_or_else(|| format!("amount must be a number, got {text}"))?;
+        if !number.is_integer() {
+            return Err(format!(
+                "amount must be an integer in minor units, got {text}"
+            ));
+        }
+        match number.to_i64() {
             Some(minor_units) => Self::try_from(minor_units),
             None => Err(format!(
-                "amount must be a whole number of minor units, got {number}"
+                "amount must be an integer from 1 to {MAX_AMOUNT} in minor units, got {text}"
             )),
         }
     }
@@ -286,7 +291,8 @@ pub struct Payment {
     /// The processor's charge this payment records, `ch_…` (declined charges too).
     #[schema(value_type = Option<String>, pattern = "^ch_[0-9A-Za-z]+$", example = "ch_3MmlLrLkdIwHu7ix0snN0B15")]
     pub charge: Option<String>,
-    /// When the payment was created.
+    /// When the payment was created: taken just before it was written, on the database's clock,
+    /// not when its transaction committed. Lists are ordered by it.
     pub created_at: DateTime<Utc>,
 }
 
@@ -390,6 +396,32 @@ mod tests {
         assert_eq!(whole.amount, Amount(4200));
         let exponent = parse(r#"{"amount": 1e3, "currency": "eur"}"#).unwrap();
         assert_eq!(exponent.amount, Amount(1000));
+    }
+
+    #[test]
+    fn an_amount_is_read_from_its_digits_so_a_tiny_fraction_is_refused_not_rounded() {
+        for amount in ["4200.0000000000001", "4200.5", "42.00001e2", "1e-400"] {
+            let error =
+                parse(&format!(r#"{{"amount": {amount}, "currency": "eur"}}"#)).expect_err(amount);
+            assert!(
+                error.contains("amount must be an integer in minor units"),
+                "{amount}: {error}"
+            );
+        }
+        for amount in ["4200", "4200.0", "4.2e3", "42E2", "4200.000", "420000e-2"] {
+            let payment = parse(&format!(r#"{{"amount": {amount}, "currency": "eur"}}"#)).unwrap();
+            assert_eq!(payment.amount, Amount(4200), "{amount}");
+        }
+    }
+
+    #[test]
+    fn an_amount_survives_a_round_trip_through_a_json_value() {
+        let value = serde_json::json!({ "amount": 4200, "currency": "eur" });
+        let payment: NewPayment = serde_json::from_value(value).unwrap();
+        assert_eq!(payment.amount, Amount(4200));
+        let again: NewPayment =
+            serde_json::from_value(serde_json::to_value(&payment).unwrap()).unwrap();
+        assert_eq!(again.amount, Amount(4200));
     }
 
     #[test]

@@ -78,9 +78,9 @@ where
             bytes
         };
         let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
-        let document = serde_json::from_slice(&bytes).map_err(invalid_body)?;
+        let fingerprint = Fingerprint::of_json(&target, &bytes).map_err(invalid_body)?;
         Ok(Self {
-            request: KeyedRequest::new(scope, key, Fingerprint::of_request(&target, &document)),
+            request: KeyedRequest::new(scope, key, fingerprint),
             body,
         })
     }

@@ -107,6 +107,33 @@ async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
 }
 
 #[api_test]
+async fn an_amount_with_a_fraction_too_small_for_a_float_is_refused_and_the_key_stays_free() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    // As an f64 this is 4200.0 exactly: only its text shows the fraction.
+    let fractional = app
+        .raw_post()
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body(r#"{"amount": 4200.0000000000001, "currency": "eur"}"#);
+    let problem = app
+        .send(fractional)
+        .await
+        .assert_problem(400, "invalid-request");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("amount must be an integer in minor units"),
+        "{detail}"
+    );
+    assert_eq!(app.key_count().await, 0);
+    assert_eq!(app.payment_count().await, 0);
+
+    let valid = app.post_payment(&key, &payment(4200)).await;
+    assert_eq!(valid.status, 201);
+    assert!(!valid.replayed());
+}
+
+#[api_test]
 async fn a_body_that_is_not_json_is_refused_with_415() {
     let app = TestApp::spawn().await;
     let form = app

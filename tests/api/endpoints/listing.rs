@@ -187,6 +187,85 @@ async fn pages_neither_skip_nor_repeat_while_payments_are_created() {
     );
 }
 
+/// What a list promises, and where it stops. A payment sorts by its `created_at`, taken just
+/// before its insert, not by its commit: one whose insert waits (here for a lock the test holds)
+/// commits after a newer one but sorts behind it. Read again, the list shows it in its place, and
+/// pages of a list that does not change neither skip nor repeat; but a client polling for new
+/// payments with `ending_before` the newest it saw never sees it.
+#[api_test]
+async fn a_payment_committed_after_a_newer_one_sorts_behind_the_polling_cursor() {
+    let app = TestApp::spawn().await;
+    let older = app.paid(100).await;
+
+    // The insert of the payment of 300 waits for a lock this test holds, so it commits only after
+    // the test lets it: after a newer payment committed and a page was read.
+    let mut gate = app.db.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(7301)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION hold_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.amount = 300 THEN PERFORM pg_advisory_xact_lock(7301); END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER hold_payment BEFORE INSERT ON payments
+         FOR EACH ROW EXECUTE FUNCTION hold_payment();",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let late = app.start_payment(&new_key(), &payment(300)).await;
+    // Its `created_at` is taken once it reaches the insert, which then waits.
+    wait_until("the payment of 300 waits to be inserted", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event = 'advisory'
+                              AND query LIKE '%INSERT INTO payments%')",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
+    let newer = app.paid(200).await;
+    let polled = app.get("/v1/payments").await.json();
+    assert_eq!(ids(&polled), [newer.clone(), older.clone()]);
+
+    sqlx::query("SELECT pg_advisory_unlock(7301)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let late = late.await.unwrap();
+    assert_eq!(late.status, 201, "{}", late.json());
+    let late = late.json()["id"].as_str().unwrap().to_owned();
+
+    // The limit: polling forward from the newest payment seen finds nothing new.
+    let since = app
+        .get(&format!("/v1/payments?ending_before={newer}"))
+        .await
+        .json();
+    assert_eq!(ids(&since), Vec::<String>::new());
+    assert_eq!(since["has_more"], false);
+
+    // The property: read again, the list holds it, behind the cursor; a walk one page at a time
+    // over the list, which no longer changes, sees each payment once.
+    let all = app.get("/v1/payments").await.json();
+    assert_eq!(ids(&all), [newer.clone(), late.clone(), older.clone()]);
+    let mut walked = Vec::new();
+    let mut query = "limit=1".to_owned();
+    loop {
+        let page = app.get(&format!("/v1/payments?{query}")).await.json();
+        walked.extend(ids(&page));
+        if page["has_more"] == false {
+            break;
+        }
+        query = format!("limit=1&starting_after={}", walked.last().unwrap());
+    }
+    assert_eq!(walked, [newer, late, older]);
+}
+
 fn ids(list: &Value) -> Vec<String> {
     list["data"]
         .as_array()

@@ -210,6 +210,38 @@ async fn invalid_refund_bodies_are_refused_before_the_key_is_reserved() {
 }
 
 #[api_test]
+async fn a_refund_amount_with_a_fraction_too_small_for_a_float_is_refused_and_the_key_stays_free() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(1000).await;
+    let key = new_key();
+    let before = app.key_count().await;
+    let refund = |body: &'static str| {
+        app.client()
+            .post(app.url(&format!("/v1/payments/{paid}/refunds")))
+            .bearer_auth(&app.api_key)
+            .header("idempotency-key", &key)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    // As an f64 this is 100.0 exactly: only its text shows the fraction.
+    let problem = app
+        .send(refund(r#"{"amount": 100.000000000000001}"#))
+        .await
+        .assert_problem(400, "invalid-request");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("amount must be an integer in minor units"),
+        "{detail}"
+    );
+    assert_eq!(app.key_count().await, before);
+    assert_eq!(app.get_payment(&paid).await.json()["amount_refunded"], 0);
+
+    let valid = app.send(refund(r#"{"amount": 1e2}"#)).await;
+    assert_eq!(valid.status, 201);
+    assert_eq!(valid.json()["amount"], 100);
+}
+
+#[api_test]
 async fn the_same_key_on_another_payment_is_a_mismatch() {
     let app = TestApp::spawn().await;
     let (first, second) = (app.paid(1000).await, app.paid(1000).await);

@@ -57,6 +57,29 @@ async fn a_retry_that_serialises_the_same_body_differently_is_a_replay() {
 }
 
 #[api_test]
+async fn a_retry_that_writes_the_amount_in_another_notation_is_a_replay() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let send = |amount: &str| {
+        app.raw_post()
+            .header("idempotency-key", &key)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"amount":{amount},"currency":"eur"}}"#))
+    };
+    let first = app.send(send("4200")).await;
+    assert_eq!(first.status, 201);
+    // Another JSON library may write the same number as a float or with an exponent.
+    for amount in ["42e2", "4200.0", "4.2E3"] {
+        let retry = app.send(send(amount)).await;
+        assert_eq!(retry.status, 201, "{amount}: {}", retry.json());
+        assert!(retry.replayed(), "{amount}");
+        assert_eq!(retry.body, first.body);
+    }
+    assert_eq!(app.payment_count().await, 1);
+    assert_exactly_once(&app.db).await;
+}
+
+#[api_test]
 async fn a_declined_charge_is_replayed_byte_for_byte() {
     let app = TestApp::spawn().await;
     let key = new_key();

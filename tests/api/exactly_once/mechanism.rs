@@ -1,5 +1,6 @@
 //! The idempotency mechanism on its own, with units of work that HTTP cannot provoke: one that
-//! panics, one that fails, and one that succeeds afterwards with the same key.
+//! panics, one that fails, one that succeeds afterwards with the same key, and one that must go on
+//! while its lease's renewal waits.
 
 use std::time::Duration;
 
@@ -11,8 +12,10 @@ use idempay::idempotency::{
 };
 use idempay_test_macros::api_test;
 use serde_json::json;
+use tokio::sync::oneshot;
 
-use crate::support::helpers::TestApp;
+use crate::support::helpers::{TestApp, wait_until};
+use crate::support::instance::ANSWER_WITHIN;
 
 const POLICY: Policy = Policy {
     key_ttl: Duration::from_secs(60),
@@ -73,6 +76,72 @@ async fn the_same_key_on_another_route_is_a_separate_key() {
         );
     }
     assert_eq!(app.key_count().await, 2);
+}
+
+/// The heartbeat runs beside the work, never in its way: while a renewal waits for the key's row
+/// (locked by another transaction here; the test pool sets no lock timeout, so it waits as long as
+/// the row is held), the work is still polled and goes on. Progress is shown by events, in order:
+/// the work receives a message sent after the renewal began to wait, and answers it while the row
+/// is still locked, so no renewal can have finished in between.
+#[api_test]
+async fn the_work_goes_on_while_a_renewal_of_its_lease_waits_for_the_key_row() {
+    let (app, _, account) = mechanism_on_a_fresh_database().await;
+    // Renewed every second, so the first renewal comes soon.
+    let policy = Policy {
+        key_ttl: Duration::from_secs(60),
+        lease: Duration::from_secs(3),
+    };
+    let idempotency = Idempotency::new(Service::Api, app.db.clone(), policy);
+    let (reserved_tx, reserved) = oneshot::channel();
+    let (go_tx, go) = oneshot::channel::<()>();
+    let (went_tx, went) = oneshot::channel();
+    let request = keyed(&account, "/v1/things");
+    let running = tokio::spawn(async move {
+        idempotency
+            .run(request, move |lease| async move {
+                reserved_tx.send(()).unwrap();
+                go.await.unwrap();
+                went_tx.send(()).unwrap();
+                complete_with_201(lease).await
+            })
+            .await
+    });
+    reserved
+        .await
+        .expect("the key is reserved and the work starts");
+
+    let mut holder = app.db.begin().await.unwrap();
+    sqlx::query("SELECT id FROM idempotency_keys WHERE status = 'in_progress' FOR UPDATE")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    wait_until("a renewal waits for the locked key row", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock'
+                              AND query LIKE '%UPDATE idempotency_keys%locked_until%')",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
+
+    go_tx.send(()).unwrap();
+    tokio::time::timeout(ANSWER_WITHIN, went)
+        .await
+        .expect("the work went on while its renewal waited for the row")
+        .unwrap();
+
+    // The row is released: the work completes its key, which it never stopped holding.
+    holder.rollback().await.unwrap();
+    let response = tokio::time::timeout(ANSWER_WITHIN, running)
+        .await
+        .expect("the work completes once the row is free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(app.key_count().await, 1);
 }
 
 /// The mechanism on its own, on a fresh database with one account.

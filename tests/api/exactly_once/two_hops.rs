@@ -353,7 +353,8 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
     let recovering = instance_env(
         &processor,
         &[
-            ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_LEASE", "3s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
             ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
         ],
     );
@@ -915,7 +916,8 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
     let recovering = instance_env(
         &processor,
         &[
-            ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_LEASE", "3s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
             ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
         ],
     );
@@ -1045,7 +1047,8 @@ async fn the_recovery_jobs_of_three_instances_record_a_backlog_of_suspended_keys
     let recovering = instance_env(
         &processor,
         &[
-            ("IDEMPAY_LEASE", "2s"),
+            ("IDEMPAY_LEASE", "3s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
             ("IDEMPAY_RECOVERY_INTERVAL", "300ms"),
         ],
     );

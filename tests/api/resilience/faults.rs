@@ -33,7 +33,13 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
     let mut crashing = Instance::start_logging_to(
         log_file,
         &app.database_url(),
-        &[("IDEMPAY_FAILPOINT", failpoint), ("IDEMPAY_LEASE", "1s")],
+        &[
+            ("IDEMPAY_FAILPOINT", failpoint),
+            // Start-up requires a lease of three acquire timeouts, and a shorter acquire timeout
+            // would fail connecting to a loaded database.
+            ("IDEMPAY_LEASE", "3s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+        ],
     )
     .await;
     let key = new_key();
@@ -158,7 +164,11 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     let mut doomed = Instance::start(
         &app.database_url(),
         // The lease outlasts the early retry below even on a loaded machine.
-        &[("IDEMPAY_LEASE", "5s"), ("IDEMPAY_SLOW_CHARGE", "30s")],
+        &[
+            ("IDEMPAY_LEASE", "5s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+            ("IDEMPAY_SLOW_CHARGE", "30s"),
+        ],
     )
     .await;
     let key = new_key();

@@ -38,8 +38,9 @@ const MAX_SENDS: usize = 2_000;
 const SETTINGS: [(&str, &str); 3] = [
     ("IDEMPAY_REQUEST_TIMEOUT", "2s"),
     ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
-    // Keys stranded in progress by the outage are taken over soon after.
-    ("IDEMPAY_LEASE", "2s"),
+    // Keys stranded in progress by the outage are taken over soon after (start-up requires at
+    // least three acquire timeouts).
+    ("IDEMPAY_LEASE", "3s"),
 ];
 
 /// What the database suffers.
