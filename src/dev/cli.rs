@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use super::demo as lossy;
 use crate::client::{self, Client, ClientError, RetryPolicy};
 use crate::config::{ListenArgs, Settings};
-use crate::webhooks::{self, WebhookSecret};
+use crate::webhooks::{self, WebhookSecrets};
 
 #[derive(Subcommand, Debug)]
 pub enum DevCommand {
@@ -116,9 +116,9 @@ pub enum WebhookCommand {
         /// Where to deliver.
         #[arg(long, default_value = "http://127.0.0.1:8080/v1/webhooks/processor")]
         url: String,
-        /// The secret shared with the service (`whsec_…`).
-        #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
-        secret: WebhookSecret,
+        /// The secrets shared with the service (`whsec_…`), space separated; the first signs.
+        #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
+        secret: WebhookSecrets,
         /// The event type, e.g. `dispute.created`.
         #[arg(long = "type")]
         kind: String,

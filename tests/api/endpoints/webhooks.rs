@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::{MAX_SIGNATURES, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
@@ -80,7 +80,9 @@ async fn a_bad_or_missing_signature_is_refused_with_401() {
     );
     let now = chrono::Utc::now().timestamp();
 
-    let forged = WebhookSecret::generate().sign("evt_1", now, &body);
+    let forged = WebhookSecrets::generate()
+        .sign("evt_1", now, &body)
+        .unwrap();
     let wrong = post(&app, "evt_1", now, Some(&forged), body.clone()).await;
     let missing = post(&app, "evt_1", now, None, body.clone()).await;
     let tampered_body = br#"{"type":"dispute.created"}"#.to_vec();
@@ -88,7 +90,7 @@ async fn a_bad_or_missing_signature_is_refused_with_401() {
         &app,
         "evt_1",
         now,
-        Some(&secret.sign("evt_1", now, &body)),
+        Some(&secret.sign("evt_1", now, &body).unwrap()),
         tampered_body,
     )
     .await;
@@ -113,7 +115,7 @@ async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
     // delivery 300 s away, in tolerance). The exact boundary is unit-tested in signature.rs.
     for offset in [-310, 310, -3600] {
         let then = chrono::Utc::now().timestamp() + offset;
-        let signature = secret.sign("evt_old", then, &body);
+        let signature = secret.sign("evt_old", then, &body).unwrap();
         let answer = post(&app, "evt_old", then, Some(&signature), body.clone()).await;
         answer.assert_problem(400, "webhook-timestamp-out-of-range");
     }
@@ -232,11 +234,11 @@ async fn a_dispute_never_exceeds_the_payment() {
 
 #[api_test]
 async fn processed_event_ids_expire_like_keys() {
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
         key_ttl: Duration::from_secs(1),
         expiry_interval: Duration::from_millis(200),
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;
@@ -256,7 +258,7 @@ async fn processed_event_ids_expire_like_keys() {
 #[api_test]
 async fn without_a_secret_webhooks_are_refused_with_503() {
     let app = TestApp::spawn().await;
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let answer = deliver(&app, &secret, "evt_1", "customer.created", &json!({})).await;
     answer.assert_problem(503, "service-unavailable");
 }
@@ -290,16 +292,21 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
         &app,
         "evt_bad",
         now,
-        Some(&secret.sign("evt_bad", now, &body)),
+        Some(&secret.sign("evt_bad", now, &body).unwrap()),
         body,
     )
     .await;
     answer.assert_problem(400, "invalid-request");
     let huge = vec![b' '; 70 * 1024];
     let now = chrono::Utc::now().timestamp();
-    let signature = secret.sign("evt_huge", now, &huge);
+    let signature = secret.sign("evt_huge", now, &huge).unwrap();
     let too_large = post(&app, "evt_huge", now, Some(&signature), huge).await;
     too_large.assert_problem(413, "payload-too-large");
+    // Standard Webhooks signs text, and JSON is UTF-8: such a body is refused as it is.
+    let latin1 = b"{\"type\": \"r\xe9sum\xe9\"}".to_vec();
+    let now = chrono::Utc::now().timestamp();
+    let not_utf8 = post(&app, "evt_latin1", now, Some("v1,AAAA"), latin1).await;
+    not_utf8.assert_problem(400, "invalid-request");
     assert_eq!(event_count(&app).await, 0);
 }
 
@@ -327,6 +334,65 @@ async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_ignored() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 10);
 }
 
+/// The MAC is computed once per secret whatever the header holds, and a header with more entries
+/// than any sender sends is refused before it is computed at all: even with the right signature
+/// among them.
+#[api_test]
+async fn a_signature_header_over_the_cap_is_refused_with_400_even_with_the_right_signature_in_it() {
+    let (app, secret) = spawn().await;
+    let body = envelope("unknown.type", &json!({}));
+    let now = chrono::Utc::now().timestamp();
+    let good = secret.sign("evt_many", now, &body).unwrap();
+    let with_decoys = |decoys: usize| format!("{} {good}", vec!["v1,AAAA"; decoys].join(" "));
+
+    for decoys in [MAX_SIGNATURES, 3_500] {
+        let refused = post(
+            &app,
+            "evt_many",
+            now,
+            Some(&with_decoys(decoys)),
+            body.clone(),
+        )
+        .await;
+        let problem = refused.assert_problem(400, "invalid-request");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("more than"), "{decoys} decoys: {detail}");
+    }
+    assert_eq!(event_count(&app).await, 0);
+    let at_cap = post(
+        &app,
+        "evt_many",
+        now,
+        Some(&with_decoys(MAX_SIGNATURES - 1)),
+        body,
+    )
+    .await;
+    assert_eq!(at_cap.json()["outcome"], "ignored");
+}
+
+/// While a secret is rotated, `IDEMPAY_WEBHOOK_SECRET` lists both: a delivery signed with either
+/// is accepted, one signed with neither is not.
+#[api_test]
+async fn a_delivery_signed_with_any_listed_secret_is_accepted_and_with_neither_refused() {
+    let (new, old) = (WebhookSecrets::generate(), WebhookSecrets::generate());
+    let both = WebhookSecrets::parse(&format!("{} {}", new.expose(), old.expose())).unwrap();
+    let app = TestApp::spawn_with(Settings {
+        webhook_secrets: Some(both),
+        ..Settings::default()
+    })
+    .await;
+
+    let by_old = deliver(&app, &old, "evt_old", "unknown.type", &json!({})).await;
+    let by_new = deliver(&app, &new, "evt_new", "unknown.type", &json!({})).await;
+    let stranger = WebhookSecrets::generate();
+    let by_neither = deliver(&app, &stranger, "evt_x", "unknown.type", &json!({})).await;
+
+    assert_eq!(by_old.json()["outcome"], "ignored");
+    assert_eq!(by_new.json()["outcome"], "ignored");
+    by_neither.assert_problem(401, "webhook-signature-invalid");
+    assert_eq!(event_count(&app).await, 2);
+}
+
 /// The event id is the primary key of the processed events: bounded, so it always fits the index
 /// (a 20 000-character id would not).
 #[api_test]
@@ -345,10 +411,10 @@ async fn a_webhook_id_over_255_bytes_is_refused_with_400() {
     assert_eq!(accepted.status, 200);
 }
 
-async fn spawn() -> (TestApp, WebhookSecret) {
-    let secret = WebhookSecret::generate();
+async fn spawn() -> (TestApp, WebhookSecrets) {
+    let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;
@@ -363,14 +429,21 @@ fn envelope(kind: &str, data: &Value) -> Vec<u8> {
 /// Delivers an event signed now with `secret`.
 async fn deliver(
     app: &TestApp,
-    secret: &WebhookSecret,
+    secret: &WebhookSecrets,
     id: &str,
     kind: &str,
     data: &Value,
 ) -> TestResponse {
     let body = envelope(kind, data);
     let now = chrono::Utc::now().timestamp();
-    post(app, id, now, Some(&secret.sign(id, now, &body)), body).await
+    post(
+        app,
+        id,
+        now,
+        Some(&secret.sign(id, now, &body).unwrap()),
+        body,
+    )
+    .await
 }
 
 async fn post(
