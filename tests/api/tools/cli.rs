@@ -3,8 +3,8 @@
 use idempay_test_macros::api_test;
 use sha2::{Digest, Sha256};
 
-use crate::support::helpers::{TestApp, new_key};
-use crate::support::instance::idempay;
+use crate::support::helpers::{TestApp, new_key, payment, reserve_as_a_dead_process};
+use crate::support::instance::{free_port, idempay};
 
 #[api_test]
 async fn account_create_prints_a_key_that_authenticates_and_stores_only_its_hash() {
@@ -148,6 +148,106 @@ async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
         stderr.contains("attempt 1: HTTP 402") && !stderr.contains("attempt 2"),
         "{stderr}"
     );
+}
+
+/// A key held by an instance that died: 409 until its lease ends, 20 s from now, longer than the
+/// eight retries the client used to allow (at most 18.8 s of waits at `Retry-After: 1`). `pay`
+/// keeps retrying with the same key until the deadline, takes the key over once the lease has
+/// ended, and pays once.
+#[api_test]
+async fn pay_retries_a_dead_instance_s_key_with_the_same_key_until_its_lease_ends_and_pays_once() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '20 seconds'").await;
+
+    let output = idempay(&pay_args(&key, "45s"), &env(&app)).await;
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let conflicts = stderr.matches("HTTP 409").count();
+    assert!(
+        conflicts > 9,
+        "{conflicts} answers 409 before the lease ended: {stderr}"
+    );
+    assert!(stderr.contains("HTTP 201"), "{stderr}");
+    let paid: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(paid["amount"], 4200);
+    assert_eq!(app.payment_count().await, 1);
+    let replay = app.post_payment(&key, &payment(4200)).await;
+    assert!(
+        replay.replayed(),
+        "the key it paid with is the one it was given"
+    );
+}
+
+/// When the deadline runs out before the key's holder is known to be done, the outcome is
+/// unknown: `pay` says so with an exit code of its own and prints the key to retry with.
+#[api_test]
+async fn pay_whose_deadline_runs_out_exits_with_outcome_unknown_and_prints_the_key() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '1 minute'").await;
+
+    let output = idempay(&pay_args(&key, "3s"), &env(&app)).await;
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(idempay::dev::cli::EXIT_OUTCOME_UNKNOWN)),
+        "{stderr}"
+    );
+    let last_line = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last_line.contains("outcome unknown") && last_line.contains(&key),
+        "{stderr}"
+    );
+    assert_eq!(app.payment_count().await, 0);
+}
+
+/// A payment that could never be sent (nothing listens) is told apart from an unknown outcome.
+#[api_test]
+async fn pay_that_cannot_connect_exits_with_not_sent() {
+    let address = format!("http://127.0.0.1:{}", free_port());
+    let key = new_key();
+    let env = [
+        ("IDEMPAY_BASE_URL", address.as_str()),
+        ("IDEMPAY_API_KEY", "sk_test"),
+    ];
+
+    let output = idempay(&pay_args(&key, "1s"), &env).await;
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(idempay::dev::cli::EXIT_NOT_SENT)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("not sent"), "{stderr}");
+}
+
+/// `idempay pay` of the test payment (`payment(4200)`) with `key`, within `deadline`.
+fn pay_args<'a>(key: &'a str, deadline: &'a str) -> Vec<&'a str> {
+    vec![
+        "pay",
+        "--amount",
+        "4200",
+        "--currency",
+        "eur",
+        "--order",
+        "cmd_9182",
+        "--idempotency-key",
+        key,
+        "--deadline",
+        deadline,
+    ]
+}
+
+/// Where `idempay pay` finds the app, and who it pays as.
+fn env(app: &TestApp) -> [(&str, &str); 2] {
+    [
+        ("IDEMPAY_BASE_URL", app.address.as_str()),
+        ("IDEMPAY_API_KEY", app.api_key.as_str()),
+    ]
 }
 
 #[api_test]
