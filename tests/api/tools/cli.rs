@@ -164,9 +164,11 @@ async fn pay_retries_a_dead_instance_s_key_with_the_same_key_until_its_lease_end
 
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
+    // At least the nine the old client made before it gave up: even at the longest waits
+    // (`Retry-After: 1`, then backoff up to 5 s), the ninth attempt comes before the lease ends.
     let conflicts = stderr.matches("HTTP 409").count();
     assert!(
-        conflicts > 9,
+        conflicts >= 9,
         "{conflicts} answers 409 before the lease ended: {stderr}"
     );
     assert!(stderr.contains("HTTP 201"), "{stderr}");
