@@ -80,6 +80,16 @@ pub enum AccountCommand {
     },
 }
 
+/// A failure with an exit code of its own, for a command whose callers must tell its failures
+/// apart (`idempay pay`: refused, or its outcome unknown). `main` exits with `code`; any other
+/// error exits 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {

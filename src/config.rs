@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::webhooks::WebhookSecret;
+use crate::webhooks::WebhookSecrets;
 
 /// How the service behaves, independent of where its database and listener are.
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
@@ -46,9 +46,10 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
 
-    /// The secret shared with the payment processor to sign webhooks (`whsec_…`).
-    #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
-    pub webhook_secret: Option<WebhookSecret>,
+    /// The secrets shared with the payment processor to sign webhooks (`whsec_…`), space
+    /// separated: a delivery signed with any of them is accepted, so one can be rotated.
+    #[arg(long = "webhook-secret", env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
+    pub webhook_secrets: Option<WebhookSecrets>,
 
     /// How long a client may take to send a request's headers, counted from the connection's
     /// accept for its first request; an idle keep-alive connection is closed after it too. A
@@ -73,7 +74,7 @@ impl Default for Settings {
             processor: ProcessorLink::default(),
             recovery_interval: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
-            webhook_secret: None,
+            webhook_secrets: None,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(5),
         }

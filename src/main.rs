@@ -10,7 +10,9 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+            error
+                .downcast_ref::<idempay::cli::Exit>()
+                .map_or(ExitCode::FAILURE, |exit| ExitCode::from(exit.code))
         }
     }
 }

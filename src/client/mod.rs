@@ -3,8 +3,17 @@
 //! wire becomes "exactly once" in the ledger.
 //!
 //! It retries when no answer came (connection errors, resets, timeouts), on 409 (the key is still
-//! in progress, honouring `Retry-After`) and on 5xx (nothing was stored), with exponential backoff,
-//! full jitter and a deadline; never on any other 4xx, which is final. Replays are surfaced.
+//! in progress), on 429 and on 5xx (nothing was stored), with exponential backoff and full jitter,
+//! never sooner than the server's `Retry-After`; never on any other 4xx, which is final. Replays
+//! are surfaced. Only the deadline ends the retries, and it outlasts a lease: a key held by an
+//! instance that died answers 409 until the lease runs out, then the retry takes it over.
+//!
+//! A call ends in one of four ways, each its own [`ClientError`] (and, for `idempay pay` and
+//! `idempay refund`, its own exit code): an answer (`Ok`, or [`ClientError::Api`] for a final
+//! refusal), [`ClientError::OutcomeUnknown`] when the deadline ran out after the request may have
+//! reached the server (retry later with the same key: never with a new one, which could charge
+//! twice), or [`ClientError::Unreachable`] when no attempt could even connect (nothing was sent).
+//! `idempay pay --help` lists the exit codes.
 
 mod retry;
 
@@ -73,7 +82,7 @@ pub struct Problem {
 /// Why a call did not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The API refused the request, finally or after retries ran out.
+    /// The API refused the request with a final answer (a 4xx other than 409 and 429).
     #[error("{} ({}): {}", .problem.title, .problem.status, .problem.detail)]
     Api {
         problem: Box<Problem>,
@@ -82,8 +91,20 @@ pub enum ClientError {
         idempotency_key: Option<String>,
         raw: Vec<u8>,
     },
-    /// No answer within the retries and the deadline.
-    #[error("no answer after {attempts} attempts: {last_error}")]
+    /// The deadline ran out with no final answer, and the request may have reached the server:
+    /// it may have been executed, may still be running, or may not have been. Only the same key
+    /// finds out; a new one could execute it a second time.
+    #[error(
+        "outcome unknown after {attempts} attempts (last: {last}): retry later with the same key"
+    )]
+    OutcomeUnknown {
+        attempts: u32,
+        idempotency_key: Option<String>,
+        /// What the last attempt got, e.g. `HTTP 409` or why no answer came.
+        last: String,
+    },
+    /// No attempt could connect before the deadline: the request never left, nothing happened.
+    #[error("not sent: no connection in {attempts} attempts: {last_error}")]
     Unreachable { attempts: u32, last_error: String },
     /// An answer the API does not document.
     #[error("unexpected answer {status}: {body}")]
@@ -232,7 +253,7 @@ impl Client {
         self.call(Method::GET, &path, None, None).await
     }
 
-    /// One call: attempts until an answer is final, the retries run out or the deadline passes.
+    /// One call: attempts until an answer is final or the deadline leaves no time for another.
     async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -242,40 +263,56 @@ impl Client {
     ) -> Result<Answer<T>, ClientError> {
         let started = Instant::now();
         let mut number = 0;
+        let mut may_have_been_sent = false;
         loop {
             number += 1;
             if self.new_key_per_attempt && number > 1 {
                 key = key.map(|_| uuid::Uuid::new_v4().to_string());
             }
+            let timeout = self.policy.attempt_timeout(started.elapsed());
             let outcome = self
-                .attempt(method.clone(), path, key.as_deref(), body.as_ref())
+                .attempt(method.clone(), path, key.as_deref(), body.as_ref(), timeout)
                 .await;
             let result = match &outcome {
                 Ok(received) => AttemptResult::Status {
                     status: received.status,
                     retry_after: received.retry_after,
                 },
-                Err(_) => AttemptResult::NoAnswer,
+                Err(failed) => failed.result,
             };
+            may_have_been_sent |= result.may_have_been_sent();
             let delay = result
                 .is_retryable()
                 .then(|| self.policy.delay(number, result, &mut rand::rng()))
-                .filter(|delay| self.policy.allows(number, started.elapsed(), *delay));
+                .filter(|delay| self.policy.allows(started.elapsed(), *delay));
             if let Some(observer) = &self.observer {
                 observer(&Attempt {
                     number,
                     result,
-                    error: outcome.as_ref().err().cloned(),
+                    error: outcome.as_ref().err().map(|failed| failed.error.clone()),
                     retry_in: delay,
                 });
             }
             match (outcome, delay) {
                 (_, Some(delay)) => tokio::time::sleep(delay).await,
-                (Ok(received), None) => return received.finish(number, key),
-                (Err(last_error), None) => {
+                (Ok(received), None) if !result.is_retryable() => {
+                    return received.finish(number, key);
+                }
+                (outcome, None) if may_have_been_sent => {
+                    let last = match outcome {
+                        Ok(received) => format!("HTTP {}", received.status),
+                        Err(failed) => failed.error,
+                    };
+                    return Err(ClientError::OutcomeUnknown {
+                        attempts: number,
+                        idempotency_key: key,
+                        last,
+                    });
+                }
+                (outcome, None) => {
                     return Err(ClientError::Unreachable {
                         attempts: number,
-                        last_error,
+                        last_error: outcome.err().map(|failed| failed.error).unwrap_or_default(),
                     });
                 }
             }
@@ -289,19 +326,20 @@ impl Client {
         path: &str,
         key: Option<&str>,
         body: Option<&Value>,
-    ) -> Result<Received, String> {
+        timeout: Duration,
+    ) -> Result<Received, Failed> {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base_url))
             .bearer_auth(&self.api_key)
-            .timeout(self.policy.attempt_timeout);
+            .timeout(timeout);
         if let Some(key) = key {
             request = request.header("idempotency-key", key);
         }
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request.send().await.map_err(|error| describe(&error))?;
+        let response = request.send().await.map_err(|error| Failed::of(&error))?;
         let status = response.status().as_u16();
         let header = |name: &str| {
             response
@@ -315,13 +353,36 @@ impl Client {
             .map(Duration::from_secs);
         let replayed = header("idempotent-replayed").as_deref() == Some("true");
         // A response cut off in its body is no answer either.
-        let raw = response.bytes().await.map_err(|error| describe(&error))?;
+        let raw = response.bytes().await.map_err(|error| Failed::of(&error))?;
         Ok(Received {
             status,
             retry_after,
             replayed,
             raw: raw.to_vec(),
         })
+    }
+}
+
+/// An attempt without a complete answer.
+struct Failed {
+    /// [`AttemptResult::NotSent`] or [`AttemptResult::NoAnswer`].
+    result: AttemptResult,
+    error: String,
+}
+
+impl Failed {
+    fn of(error: &reqwest::Error) -> Self {
+        // A connection never made carried no request; any other failure may have come after it
+        // was sent (a reset, a timeout).
+        let result = if error.is_connect() {
+            AttemptResult::NotSent
+        } else {
+            AttemptResult::NoAnswer
+        };
+        Self {
+            result,
+            error: describe(error),
+        }
     }
 }
 

@@ -1,6 +1,8 @@
-//! When and how long to wait before retrying: exponential backoff with full jitter, a cap on
-//! retries and a deadline for the whole call. Pure functions of the attempt, so they are tested
-//! without sleeping.
+//! When and how long to wait before retrying: exponential backoff with full jitter, never sooner
+//! than the server's `Retry-After`, within a deadline for the whole call. The deadline alone ends
+//! the attempts: a count of retries would give up on a key whose holder died while its lease still
+//! runs, and an application that then starts over with a new key charges twice. Pure functions of
+//! the attempt, so they are tested without sleeping.
 
 use std::time::Duration;
 
@@ -9,26 +11,31 @@ use rand::Rng;
 /// How a call retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Retries after the first attempt; 0 never retries.
-    pub max_retries: u32,
     /// The backoff ceiling of the first retry; it doubles with each retry.
     pub base_delay: Duration,
     /// The largest backoff ceiling.
     pub max_delay: Duration,
-    /// How long one attempt may take.
+    /// How long one attempt may take (less when the deadline is nearer).
     pub attempt_timeout: Duration,
-    /// How long the whole call, retries included, may take.
+    /// How long the whole call, retries included, may take: the only end of the retries.
     pub deadline: Duration,
+}
+
+impl RetryPolicy {
+    /// The default deadline. A key whose instance died mid-request answers 409 until its lease
+    /// runs out (`IDEMPAY_LEASE`, 30 s by default); the retry that takes it over then calls the
+    /// processor (`IDEMPAY_PROCESSOR_TIMEOUT`, 10 s). Twice their sum leaves room for a slow
+    /// database, a second unknown outcome and the backoff between attempts.
+    pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(90);
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_retries: 8,
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(5),
             attempt_timeout: Duration::from_secs(10),
-            deadline: Duration::from_secs(60),
+            deadline: Self::DEFAULT_DEADLINE,
         }
     }
 }
@@ -36,8 +43,10 @@ impl Default for RetryPolicy {
 /// What an attempt ended with, as far as retrying is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttemptResult {
-    /// No complete answer: the connection failed, was reset, or the attempt timed out. The request
-    /// may or may not have been executed, which is exactly what the idempotency key is for.
+    /// The connection could not be made: the request never left, nothing was executed.
+    NotSent,
+    /// No complete answer: the connection was reset, or the attempt timed out after the request
+    /// was sent. It may or may not have been executed, which is exactly what the key is for.
     NoAnswer,
     /// An HTTP status, with the server's `Retry-After` if it sent one.
     Status {
@@ -47,13 +56,21 @@ pub enum AttemptResult {
 }
 
 impl AttemptResult {
-    /// Retry on no answer, on 409 (the key is still in progress) and on 5xx (nothing was stored);
-    /// every other answer, success or refusal, is final.
+    /// Retry when no answer came, on 409 (the key is still in progress), on 429 (too many
+    /// requests) and on 5xx (nothing was stored); every other answer, success or refusal, is
+    /// final.
     pub fn is_retryable(self) -> bool {
         match self {
-            Self::NoAnswer => true,
-            Self::Status { status, .. } => status == 409 || (500..600).contains(&status),
+            Self::NotSent | Self::NoAnswer => true,
+            Self::Status { status, .. } => {
+                status == 409 || status == 429 || (500..600).contains(&status)
+            }
         }
+    }
+
+    /// Whether the request may have reached the server: anything but a connection never made.
+    pub fn may_have_been_sent(self) -> bool {
+        self != Self::NotSent
     }
 }
 
@@ -84,9 +101,18 @@ impl RetryPolicy {
         }
     }
 
-    /// Whether retry number `retry`, after waiting `delay` with `elapsed` already spent, is allowed.
-    pub fn allows(&self, retry: u32, elapsed: Duration, delay: Duration) -> bool {
-        retry <= self.max_retries && elapsed + delay < self.deadline
+    /// Whether a retry after waiting `delay`, with `elapsed` already spent, starts before the
+    /// deadline. However many attempts came before: only the deadline ends a call. A `Retry-After`
+    /// past the deadline ends it too, rather than retrying sooner than the server asked.
+    pub fn allows(&self, elapsed: Duration, delay: Duration) -> bool {
+        elapsed + delay < self.deadline
+    }
+
+    /// How long the next attempt may take, `elapsed` into the call: its timeout, or what is left
+    /// of the deadline when that is less.
+    pub fn attempt_timeout(&self, elapsed: Duration) -> Duration {
+        self.attempt_timeout
+            .min(self.deadline.saturating_sub(elapsed))
     }
 }
 
@@ -106,15 +132,16 @@ mod tests {
 
     #[test]
     fn connection_failures_conflicts_and_server_errors_are_retried() {
+        assert!(AttemptResult::NotSent.is_retryable());
         assert!(AttemptResult::NoAnswer.is_retryable());
-        for retried in [409, 500, 502, 503, 504] {
+        for retried in [409, 429, 500, 502, 503, 504] {
             assert!(status(retried).is_retryable(), "{retried}");
         }
     }
 
     #[test]
     fn successes_and_other_client_errors_are_final() {
-        for final_status in [200, 201, 400, 401, 402, 404, 413, 415, 422, 429] {
+        for final_status in [200, 201, 400, 401, 402, 404, 413, 415, 422] {
             assert!(!status(final_status).is_retryable(), "{final_status}");
         }
     }
@@ -165,16 +192,63 @@ mod tests {
     }
 
     #[test]
-    fn retries_stop_at_the_cap_and_at_the_deadline() {
+    fn retries_stop_at_the_deadline_and_only_there() {
         let policy = RetryPolicy {
-            max_retries: 3,
             deadline: Duration::from_secs(10),
             ..RetryPolicy::default()
         };
         let second = Duration::from_secs(1);
-        assert!(policy.allows(3, Duration::ZERO, second));
-        assert!(!policy.allows(4, Duration::ZERO, second));
-        assert!(policy.allows(1, Duration::from_secs(8), second));
-        assert!(!policy.allows(1, Duration::from_secs(9), second));
+        assert!(policy.allows(Duration::ZERO, second));
+        assert!(policy.allows(Duration::from_secs(8), second));
+        assert!(!policy.allows(Duration::from_secs(9), second));
+        // A Retry-After beyond the deadline ends the call: never a retry sooner than asked.
+        assert!(!policy.allows(Duration::from_secs(2), Duration::from_secs(8)));
+        // The last attempt ends with the deadline, not an attempt timeout later.
+        assert_eq!(
+            policy.attempt_timeout(Duration::from_secs(7)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            policy.attempt_timeout(Duration::ZERO),
+            policy.attempt_timeout
+        );
+    }
+
+    /// The whole schedule against a key held by a dead instance: 409 with `Retry-After: 1` (the
+    /// server's hint, capped at a second) until its lease of 30 s runs out. Attempts go on until
+    /// then, each at least a second after the one before, and the first after the lease is made.
+    #[test]
+    fn attempts_continue_until_a_dead_holder_s_30_second_lease_has_run_out() {
+        let lease = Duration::from_secs(30);
+        let in_flight = AttemptResult::Status {
+            status: 409,
+            retry_after: Some(Duration::from_secs(1)),
+        };
+        let policy = RetryPolicy::default();
+        let mut rng = StdRng::seed_from_u64(7);
+        // The clock of the schedule: each attempt takes 50 ms to be answered.
+        let (mut elapsed, mut retry) = (Duration::from_millis(50), 0);
+        while elapsed < lease {
+            retry += 1;
+            let delay = policy.delay(retry, in_flight, &mut rng);
+            assert!(delay >= Duration::from_secs(1), "sooner than Retry-After");
+            assert!(
+                policy.allows(elapsed, delay),
+                "gave up after {retry} attempts, {elapsed:?} into a {lease:?} lease"
+            );
+            elapsed += delay + Duration::from_millis(50);
+        }
+        assert!(retry > 8, "{retry} retries: more than a count of 8 allowed");
+    }
+
+    #[test]
+    fn the_default_deadline_outlasts_the_default_lease_and_a_processor_call() {
+        let settings = crate::config::Settings::default();
+        let covered = settings.lease + settings.processor.timeout;
+        let deadline = RetryPolicy::default().deadline;
+        assert!(
+            deadline >= covered * 2,
+            "{deadline:?} against a lease and a processor call of {covered:?}"
+        );
     }
 }

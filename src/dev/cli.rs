@@ -9,13 +9,34 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::demo as lossy;
+use crate::cli::Exit;
 use crate::client::{self, Client, ClientError, RetryPolicy};
 use crate::config::{ListenArgs, Settings};
-use crate::webhooks::{self, WebhookSecret};
+use crate::webhooks::{self, WebhookSecrets};
+
+/// `idempay pay`'s exit code when the API refused the payment with a final answer (printed).
+pub const EXIT_REFUSED: u8 = 1;
+/// … when no attempt could connect: nothing was sent (sysexits' `EX_UNAVAILABLE`).
+pub const EXIT_NOT_SENT: u8 = 69;
+/// … when the deadline ran out with the outcome unknown: run it again later with the same key,
+/// printed on stderr, never with a new one (sysexits' `EX_TEMPFAIL`, "try again later").
+pub const EXIT_OUTCOME_UNKNOWN: u8 = 75;
+
+/// The exit codes, as `idempay pay --help` lists them (a unit test checks them against the
+/// constants).
+const PAY_EXIT_CODES: &str = "\
+Exit codes:
+  0   paid (or answered with a payment made by an earlier attempt): the payment is on stdout
+  1   refused with a final answer (declined, invalid, mismatch…): the problem is on stdout
+  69  not sent: no attempt could connect to the API before the deadline; nothing happened
+  75  outcome unknown: the deadline ran out while the payment may have been made or may still
+      be in progress; run again later with the same --idempotency-key (printed on stderr),
+      never a new one";
 
 #[derive(Subcommand, Debug)]
 pub enum DevCommand {
     /// Pays through the retrying client: one key for the intent, reused on every retry.
+    #[command(after_help = PAY_EXIT_CODES)]
     Pay(PayArgs),
     /// Payment intents through a lossy network: the key turns retries into exactly one charge.
     Demo(DemoArgs),
@@ -67,15 +88,13 @@ pub struct PayArgs {
     /// The key naming this intent; a new UUID v4 when absent. Pass the same key to retry an intent.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-    /// Retries after the first attempt.
-    #[arg(long, default_value_t = 8)]
-    pub max_retries: u32,
     /// How long one attempt may take.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// How long the whole call, retries included, may take.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-    pub deadline: Duration,
+    /// How long the whole call, retries included, may take: retries go on until then. The default
+    /// outlasts a lease left by a crashed instance (`IDEMPAY_LEASE`) and a processor call.
+    #[arg(long, default_value_t = RetryPolicy::DEFAULT_DEADLINE.into())]
+    pub deadline: humantime::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -116,9 +135,9 @@ pub enum WebhookCommand {
         /// Where to deliver.
         #[arg(long, default_value = "http://127.0.0.1:8080/v1/webhooks/processor")]
         url: String,
-        /// The secret shared with the service (`whsec_…`).
-        #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
-        secret: WebhookSecret,
+        /// The secrets shared with the service (`whsec_…`), space separated; the first signs.
+        #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
+        secret: WebhookSecrets,
         /// The event type, e.g. `dispute.created`.
         #[arg(long = "type")]
         kind: String,
@@ -160,14 +179,15 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
 async fn pay(args: PayArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.api.base_url, &args.api.api_key)
         .with_policy(RetryPolicy {
-            max_retries: args.max_retries,
             attempt_timeout: args.timeout,
-            deadline: args.deadline,
+            deadline: args.deadline.into(),
             ..RetryPolicy::default()
         })
         .on_attempt(|attempt| {
             let what = match (attempt.result, &attempt.error) {
                 (client::AttemptResult::Status { status, .. }, _) => format!("HTTP {status}"),
+                (client::AttemptResult::NotSent, Some(error)) => format!("not sent ({error})"),
+                (client::AttemptResult::NotSent, None) => "not sent".to_owned(),
                 (client::AttemptResult::NoAnswer, Some(error)) => format!("no answer ({error})"),
                 (client::AttemptResult::NoAnswer, None) => "no answer".to_owned(),
             };
@@ -193,7 +213,7 @@ async fn pay(args: PayArgs) -> anyhow::Result<()> {
         .idempotency_key
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     eprintln!("Idempotency-Key: {key}");
-    match client.create_payment(&payment, Some(key)).await {
+    match client.create_payment(&payment, Some(key.clone())).await {
         Ok(answer) => {
             if answer.replayed {
                 eprintln!("replayed: the payment was made by an earlier attempt");
@@ -203,9 +223,23 @@ async fn pay(args: PayArgs) -> anyhow::Result<()> {
         }
         Err(ClientError::Api { raw, problem, .. }) => {
             println!("{}", String::from_utf8_lossy(&raw));
-            anyhow::bail!("{} ({})", problem.title, problem.status)
+            Err(Exit {
+                code: EXIT_REFUSED,
+                message: format!("{} ({})", problem.title, problem.status),
+            }
+            .into())
         }
-        Err(error) => Err(error.into()),
+        Err(error @ ClientError::OutcomeUnknown { .. }) => Err(Exit {
+            code: EXIT_OUTCOME_UNKNOWN,
+            message: format!("{error}: run again with --idempotency-key {key}"),
+        }
+        .into()),
+        Err(error @ ClientError::Unreachable { .. }) => Err(Exit {
+            code: EXIT_NOT_SENT,
+            message: error.to_string(),
+        }
+        .into()),
+        Err(error @ ClientError::Unexpected { .. }) => Err(error.into()),
     }
 }
 
@@ -270,4 +304,19 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     eprintln!();
     println!("{tally}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pay_s_help_lists_each_exit_code() {
+        for code in [0, EXIT_REFUSED, EXIT_NOT_SENT, EXIT_OUTCOME_UNKNOWN] {
+            let listed = PAY_EXIT_CODES
+                .lines()
+                .any(|line| line.trim_start().starts_with(&format!("{code} ")));
+            assert!(listed, "{code} is not in:\n{PAY_EXIT_CODES}");
+        }
+    }
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{PoolLimits, Settings, check_lease};
 use crate::http::{Application, shutdown_signal};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
-use crate::webhooks::WebhookSecret;
+use crate::webhooks::WebhookSecrets;
 use crate::{accounts, db, ids};
 
 /// Where `idempay dev` runs the processor, as `idempay processor` does by default; any free
@@ -31,8 +31,8 @@ pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<(
     // The dev database's pool has the default limits.
     check_lease(settings.lease, &PoolLimits::default()).map_err(anyhow::Error::msg)?;
     settings
-        .webhook_secret
-        .get_or_insert_with(WebhookSecret::generate);
+        .webhook_secrets
+        .get_or_insert_with(WebhookSecrets::generate);
     eprintln!("Starting a throwaway PostgreSQL container…");
     let postgres = Postgres::start().await?;
     let served = serve(&postgres, listen, settings).await;
@@ -51,10 +51,10 @@ async fn serve(
     let (account, key) = accounts::create(&pool, "demo").await?;
     let listener = TcpListener::bind(listen).await?;
     let base = format!("http://{}", listener.local_addr()?);
-    let webhook_secret = settings
-        .webhook_secret
+    let webhook_secrets = settings
+        .webhook_secrets
         .clone()
-        .unwrap_or_else(WebhookSecret::generate);
+        .unwrap_or_else(WebhookSecrets::generate);
 
     // The processor, a service of its own: its events go to the API's webhook intake.
     let processor_key = ids::generate("sk_dev", 32);
@@ -62,7 +62,7 @@ async fn serve(
         ProcessorSettings::new(ProcessorApiKey::parse(&processor_key).map_err(anyhow::Error::msg)?);
     processor_settings.slow_charge = settings.slow_charge;
     processor_settings.lease = settings.lease;
-    processor_settings.webhook_secret = Some(webhook_secret.clone());
+    processor_settings.webhook_secrets = Some(webhook_secrets.clone());
     processor_settings.webhook_url = Some(format!("{base}/v1/webhooks/processor"));
     let processor_listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, PROCESSOR_PORT)).await {
         Ok(listener) => listener,
@@ -80,7 +80,7 @@ async fn serve(
         "{}",
         processor_banner(&base, &processor_url, &processor_key)
     );
-    println!("{}", webhook_banner(&base, &webhook_secret.expose()));
+    println!("{}", webhook_banner(&base, &webhook_secrets.expose()));
     // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then
     // the processor.
     let stop = CancellationToken::new();
@@ -140,7 +140,7 @@ fn webhook_banner(base: &str, secret: &str) -> String {
     format!(
         "# The processor's webhooks are signed with\n\n  {secret}\n\n\
          # Send one (a dispute of 500 on a payment), twice with the same --id: applied, then duplicate\n\
-         IDEMPAY_WEBHOOK_SECRET={secret} target/debug/idempay webhook send \\\n  \
+         IDEMPAY_WEBHOOK_SECRET='{secret}' target/debug/idempay webhook send \\\n  \
          --url {base}/v1/webhooks/processor --id evt_demo_1 \\\n  \
          --type dispute.created --data '{{\"payment\": \"pay_…\", \"amount\": 500}}'\n"
     )

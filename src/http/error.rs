@@ -157,8 +157,8 @@ problem_catalogue! {
         slug: "webhook-signature-invalid",
         status: UNAUTHORIZED,
         title: "The webhook signature does not match",
-        explanation: "No signature in `webhook-signature` is the HMAC-SHA256, with the shared \
-            `whsec_` secret, of `{webhook-id}.{webhook-timestamp}.{body}`. The delivery was not \
+        explanation: "No signature in `webhook-signature` is the HMAC-SHA256, with one of the \
+            shared `whsec_` secrets, of `{webhook-id}.{webhook-timestamp}.{body}`. The delivery was not \
             processed.",
     }
     WebhookTimestampOutOfRange {

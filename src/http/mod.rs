@@ -44,7 +44,7 @@ use crate::config::Settings;
 use crate::idempotency::Resumers;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
-use crate::webhooks::WebhookSecret;
+use crate::webhooks::WebhookSecrets;
 use crate::{expiry, ids, payments, recovery, refunds, webhooks};
 use error::{Problem, ProblemKind};
 use openapi::ApiDoc;
@@ -67,8 +67,8 @@ pub struct Shared {
     pub idempotency: Idempotency,
     /// Charges and refunds go through it, each call with a downstream key of its own.
     pub processor: ProcessorClient,
-    /// Verifies the processor's webhooks; without it they are refused.
-    pub webhook_secret: Option<WebhookSecret>,
+    /// Verify the processor's webhooks, any of them; without any they are refused.
+    pub webhook_secrets: Option<WebhookSecrets>,
     /// How long processed webhook event ids are remembered.
     pub event_ttl: Duration,
     /// How long a request body may stall before the request is answered with 408.
@@ -109,7 +109,7 @@ impl AppState {
             accounts: AccountCache::new(pool.clone()),
             idempotency: Idempotency::new(Service::Api, pool.clone(), policy),
             processor,
-            webhook_secret: settings.webhook_secret.clone(),
+            webhook_secrets: settings.webhook_secrets.clone(),
             event_ttl: settings.event_ttl,
             body_read_timeout: settings.body_read_timeout,
             request_timeout: settings.request_timeout,
@@ -129,6 +129,7 @@ impl Figures {
             body_limit_bytes: MAX_BODY_BYTES,
             body_read_timeout: settings.body_read_timeout,
             webhook_tolerance: webhooks::TOLERANCE,
+            max_signatures: webhooks::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
         }
     }

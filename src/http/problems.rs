@@ -23,6 +23,7 @@ pub struct Figures {
     pub body_limit_bytes: usize,
     pub body_read_timeout: Duration,
     pub webhook_tolerance: Duration,
+    pub max_signatures: usize,
     pub max_key_len: usize,
 }
 
@@ -32,8 +33,9 @@ impl Figures {
         self.fill(kind.explanation())
     }
 
-    /// `text` with each placeholder (`{key_ttl}`, `{event_ttl}`, `{lease}`, `{body_limit}`, `{body_read_timeout}`,
-    /// `{webhook_tolerance}`, `{max_key_len}`, `{problem_kinds}`) replaced by its figure.
+    /// `text` with each placeholder (`{key_ttl}`, `{event_ttl}`, `{lease}`, `{body_limit}`,
+    /// `{body_read_timeout}`, `{webhook_tolerance}`, `{max_signatures}`, `{max_key_len}`,
+    /// `{problem_kinds}`) replaced by its figure.
     pub fn fill(&self, text: &str) -> String {
         text.replace("{key_ttl}", &in_words(self.key_ttl))
             .replace("{event_ttl}", &in_words(self.event_ttl))
@@ -44,6 +46,7 @@ impl Figures {
             )
             .replace("{body_read_timeout}", &in_words(self.body_read_timeout))
             .replace("{webhook_tolerance}", &in_words(self.webhook_tolerance))
+            .replace("{max_signatures}", &self.max_signatures.to_string())
             .replace("{max_key_len}", &self.max_key_len.to_string())
             .replace("{problem_kinds}", &problem_kinds())
     }
@@ -147,6 +150,7 @@ mod tests {
             body_limit_bytes: 64 * 1024,
             body_read_timeout: Duration::from_secs(5),
             webhook_tolerance: Duration::from_secs(300),
+            max_signatures: 8,
             max_key_len: 255,
         }
     }

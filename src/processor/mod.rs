@@ -144,16 +144,16 @@ impl Processor {
         pool: PgPool,
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
-        let deliveries = match (&settings.webhook_url, &settings.webhook_secret) {
+        let deliveries = match (&settings.webhook_url, &settings.webhook_secrets) {
             (None, _) => None,
             (Some(_), None) => anyhow::bail!(
                 "IDEMPAY_PROCESSOR_WEBHOOK_URL is set but IDEMPAY_WEBHOOK_SECRET is not: events \
                  could not be signed"
             ),
-            (Some(_), Some(secret)) => Some((
+            (Some(_), Some(secrets)) => Some((
                 Deliverer::new(
                     pool.clone(),
-                    secret,
+                    secrets,
                     settings.backoff(),
                     settings.webhook_timeout,
                 )?,

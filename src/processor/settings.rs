@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::faults::Faults;
-use crate::webhooks::WebhookSecret;
+use crate::webhooks::WebhookSecrets;
 use crate::webhooks::delivery::Backoff;
 
 /// Where `idempay processor` listens.
@@ -34,9 +34,10 @@ pub struct ProcessorSettings {
     #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
     pub slow_charge: Duration,
 
-    /// The `whsec_…` secret the events are signed with.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecret::parse)]
-    pub webhook_secret: Option<WebhookSecret>,
+    /// The `whsec_…` secrets, space separated: the events are signed with the first (the
+    /// others are the receiver's business, listed here so both sides can share one setting).
+    #[arg(long = "webhook-secret", env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
+    pub webhook_secrets: Option<WebhookSecrets>,
 
     /// Where the events are delivered; none are recorded or sent without it (or without a secret).
     #[arg(long, env = "IDEMPAY_PROCESSOR_WEBHOOK_URL")]
@@ -69,7 +70,7 @@ impl ProcessorSettings {
         Self {
             api_key,
             slow_charge: Duration::from_secs(2),
-            webhook_secret: None,
+            webhook_secrets: None,
             webhook_url: None,
             webhook_retry_base: Duration::from_secs(1),
             webhook_retry_cap: Duration::from_secs(60 * 60),

@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::WebhookSecret;
+use super::{WebhookSecret, WebhookSecrets};
 use crate::ids;
 
 /// How many deliveries one tick claims at most: a backlog drains in bounded bites, and the claim
@@ -106,7 +106,8 @@ enum Attempt {
 pub struct Deliverer {
     pool: PgPool,
     client: reqwest::Client,
-    signer: std::sync::Arc<standardwebhooks::Webhook>,
+    /// The first of the secrets: receivers accept it, whichever others they also accept.
+    signer: WebhookSecret,
     backoff: Backoff,
     timeout: Duration,
 }
@@ -121,19 +122,18 @@ impl std::fmt::Debug for Deliverer {
 }
 
 impl Deliverer {
-    /// A deliverer that signs with `secret` and gives each attempt `timeout` to be answered 2xx.
+    /// A deliverer that signs with the first of `secrets` and gives each attempt `timeout` to be
+    /// answered 2xx.
     pub fn new(
         pool: PgPool,
-        secret: &WebhookSecret,
+        secrets: &WebhookSecrets,
         backoff: Backoff,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let signer = standardwebhooks::Webhook::new(&secret.expose())
-            .map_err(|error| anyhow::anyhow!("the webhook secret is unusable: {error}"))?;
         Ok(Self {
             pool,
             client: reqwest::Client::builder().timeout(timeout).build()?,
-            signer: std::sync::Arc::new(signer),
+            signer: secrets.signing().clone(),
             backoff,
             timeout,
         })
@@ -323,6 +323,11 @@ mod tests {
         let now = Utc::now().timestamp();
         let body = br#"{"type":"charge.succeeded"}"#;
         let signature = signer.sign("evt_1", now, body).unwrap();
-        assert_eq!(signature, secret.sign("evt_1", now, body));
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("webhook-id", "evt_1".parse().unwrap());
+        headers.insert("webhook-timestamp", now.into());
+        headers.insert("webhook-signature", signature.parse().unwrap());
+        let intake = WebhookSecrets::from(secret);
+        assert_eq!(intake.verify(&headers, body), Ok("evt_1".to_owned()));
     }
 }

@@ -15,7 +15,7 @@ pub mod delivery;
 mod events;
 mod signature;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -31,7 +31,9 @@ use crate::http::AppState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
 pub use events::{Envelope, Outcome};
-pub use signature::{Rejection, TOLERANCE, WebhookSecret, verify};
+pub use signature::{
+    MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,
+};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(receive))
@@ -50,8 +52,12 @@ pub struct Acknowledgement {
 ///
 /// Takes in the payment processor's events, signed per the Standard Webhooks specification
 /// (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64 HMAC-SHA256 of
-/// "{id}.{timestamp}.{body}">`). The signature is verified on the raw body, in constant time,
-/// before anything parses it; a timestamp more than {webhook_tolerance} away is refused.
+/// "{id}.{timestamp}.{body}">`), with the `standardwebhooks` crate. The signature is verified on
+/// the raw body, in constant time, before anything parses it; a timestamp more than
+/// {webhook_tolerance} away is refused, and so is a `webhook-signature` of more than
+/// {max_signatures} entries, before any signature is computed. `IDEMPAY_WEBHOOK_SECRET` may list
+/// several secrets, space separated, while one is rotated: a delivery signed with any of them is
+/// accepted.
 ///
 /// Each event is applied exactly once: a redelivery of the same `webhook-id` answers 200 with
 /// outcome `duplicate` and applies nothing. Processed event ids are remembered for the event TTL
@@ -70,13 +76,13 @@ pub struct Acknowledgement {
     params(
         ("webhook-id" = String, Header, description = "The event's id, the same on every delivery of it."),
         ("webhook-timestamp" = i64, Header, description = "When this delivery was sent, in seconds since the Unix epoch."),
-        ("webhook-signature" = String, Header, description = "Space-separated `v1,<base64>` signatures."),
+        ("webhook-signature" = String, Header, description = "Space-separated `v1,<base64>` signatures, at most {max_signatures}: one per secret the sender signs with."),
     ),
     request_body(content = Envelope, content_type = "application/json"),
     responses(
         (status = 200, description = "The event was applied, ignored, already processed, stale, or recorded for review.",
             body = Acknowledgement, content_type = "application/json"),
-        (status = 400, description = "The timestamp is more than {webhook_tolerance} away (`webhook-timestamp-out-of-range`), a header is missing, or the body is no event envelope (`invalid-request`).",
+        (status = 400, description = "The timestamp is more than {webhook_tolerance} away (`webhook-timestamp-out-of-range`); a header is missing or malformed, `webhook-signature` has more than {max_signatures} entries, or the body is not UTF-8 or no event envelope (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No signature matches (`webhook-signature-invalid`).",
             body = Problem, content_type = "application/problem+json"),
@@ -96,7 +102,7 @@ async fn receive(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let Some(secret) = state.webhook_secret.as_ref() else {
+    let Some(secrets) = state.webhook_secrets.as_ref() else {
         return Err(Problem::new(
             ProblemKind::ServiceUnavailable,
             "No webhook secret is configured (IDEMPAY_WEBHOOK_SECRET).",
@@ -105,9 +111,11 @@ async fn receive(
         .into());
     };
     let body = body.map_err(Problem::from)?;
-    let id = verify(secret, &headers, &body, SystemTime::now()).map_err(|rejection| {
+    let id = secrets.verify(&headers, &body).map_err(|rejection| {
         let kind = match rejection {
-            Rejection::MissingHeader(_) => ProblemKind::InvalidRequest,
+            Rejection::MissingHeader(_) | Rejection::TooManySignatures | Rejection::NotUtf8 => {
+                ProblemKind::InvalidRequest
+            }
             Rejection::OutOfTolerance => ProblemKind::WebhookTimestampOutOfRange,
             Rejection::BadSignature => ProblemKind::WebhookSignatureInvalid,
         };
@@ -193,11 +201,11 @@ pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
     Ok(deleted.rows_affected())
 }
 
-/// Signs an event as the processor would and delivers it to `url`: what `idempay webhook send`
-/// does. Returns the response's status and body.
+/// Signs an event as the processor would (with the first of the secrets) and delivers it to
+/// `url`: what `idempay webhook send` does. Returns the response's status and body.
 pub async fn send(
     url: &str,
-    secret: &WebhookSecret,
+    secrets: &WebhookSecrets,
     id: &str,
     kind: &str,
     data: serde_json::Value,
@@ -208,12 +216,13 @@ pub async fn send(
         "data": data,
     }))?;
     let timestamp = chrono::Utc::now().timestamp();
+    let signature = secrets.sign(id, timestamp, &body)?;
     let response = reqwest::Client::new()
         .post(url)
         .header("content-type", "application/json")
         .header("webhook-id", id)
         .header("webhook-timestamp", timestamp)
-        .header("webhook-signature", secret.sign(id, timestamp, &body))
+        .header("webhook-signature", signature)
         .body(body)
         .send()
         .await?;

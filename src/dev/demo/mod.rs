@@ -114,7 +114,6 @@ pub async fn run(
     let mut client = Client::new(format!("http://{}", proxy.address()), api_key)
         .with_fresh_connections()
         .with_policy(RetryPolicy {
-            max_retries: 20,
             base_delay: Duration::from_millis(20),
             max_delay: Duration::from_millis(500),
             attempt_timeout: Duration::from_secs(5),

@@ -2,7 +2,7 @@
 
 use futures::future::join_all;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
@@ -413,10 +413,10 @@ async fn the_database_refuses_refunds_beyond_the_undisputed_amount_and_across_ac
     );
 }
 
-async fn with_webhooks() -> (TestApp, WebhookSecret) {
-    let secret = WebhookSecret::generate();
+async fn with_webhooks() -> (TestApp, WebhookSecrets) {
+    let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;
@@ -424,7 +424,7 @@ async fn with_webhooks() -> (TestApp, WebhookSecret) {
 }
 
 /// Delivers idempay's own `dispute.created` event, as the processor would, and checks it applied.
-async fn dispute(app: &TestApp, secret: &WebhookSecret, payment: &str, id: &str, amount: i64) {
+async fn dispute(app: &TestApp, secret: &WebhookSecrets, payment: &str, id: &str, amount: i64) {
     let data = json!({ "payment": payment, "dispute": id, "amount": amount });
     let url = app.url("/v1/webhooks/processor");
     let event = format!("evt_{id}");

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::{MAX_SIGNATURES, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
@@ -81,7 +81,9 @@ async fn a_bad_or_missing_signature_is_refused_with_401() {
     );
     let now = chrono::Utc::now().timestamp();
 
-    let forged = WebhookSecret::generate().sign("evt_1", now, &body);
+    let forged = WebhookSecrets::generate()
+        .sign("evt_1", now, &body)
+        .unwrap();
     let wrong = post(&app, "evt_1", now, Some(&forged), body.clone()).await;
     let missing = post(&app, "evt_1", now, None, body.clone()).await;
     let tampered_body = br#"{"type":"dispute.created"}"#.to_vec();
@@ -89,7 +91,7 @@ async fn a_bad_or_missing_signature_is_refused_with_401() {
         &app,
         "evt_1",
         now,
-        Some(&secret.sign("evt_1", now, &body)),
+        Some(&secret.sign("evt_1", now, &body).unwrap()),
         tampered_body,
     )
     .await;
@@ -114,7 +116,7 @@ async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
     // delivery 300 s away, in tolerance). The exact boundary is unit-tested in signature.rs.
     for offset in [-310, 310, -3600] {
         let then = chrono::Utc::now().timestamp() + offset;
-        let signature = secret.sign("evt_old", then, &body);
+        let signature = secret.sign("evt_old", then, &body).unwrap();
         let answer = post(&app, "evt_old", then, Some(&signature), body.clone()).await;
         answer.assert_problem(400, "webhook-timestamp-out-of-range");
     }
@@ -240,11 +242,11 @@ async fn the_disputed_amount_never_exceeds_the_payment() {
 /// an event id is remembered for the event TTL, not the key TTL, then expires.
 #[api_test]
 async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
         key_ttl: Duration::from_secs(1),
         expiry_interval: Duration::from_millis(100),
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;
@@ -273,10 +275,10 @@ async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
 /// forgotten finds the dispute recorded, and applies nothing.
 #[api_test]
 async fn a_dispute_redelivered_after_its_event_id_expired_changes_nothing() {
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
         expiry_interval: Duration::from_millis(100),
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;
@@ -393,7 +395,7 @@ async fn a_declined_payment_stays_declined_whatever_event_arrives() {
 #[api_test]
 async fn a_dispute_over_what_remains_is_recorded_flagged_and_counted() {
     let app = TestApp::spawn().await;
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     // A process of its own, so its metrics count this test's events alone.
     let instance = Instance::start(
         &app.database_url(),
@@ -441,7 +443,7 @@ async fn a_dispute_over_what_remains_is_recorded_flagged_and_counted() {
 #[api_test]
 async fn without_a_secret_webhooks_are_refused_with_503() {
     let app = TestApp::spawn().await;
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let answer = deliver(&app, &secret, "evt_1", "customer.created", &json!({})).await;
     answer.assert_problem(503, "service-unavailable");
 }
@@ -475,16 +477,21 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
         &app,
         "evt_bad",
         now,
-        Some(&secret.sign("evt_bad", now, &body)),
+        Some(&secret.sign("evt_bad", now, &body).unwrap()),
         body,
     )
     .await;
     answer.assert_problem(400, "invalid-request");
     let huge = vec![b' '; 70 * 1024];
     let now = chrono::Utc::now().timestamp();
-    let signature = secret.sign("evt_huge", now, &huge);
+    let signature = secret.sign("evt_huge", now, &huge).unwrap();
     let too_large = post(&app, "evt_huge", now, Some(&signature), huge).await;
     too_large.assert_problem(413, "payload-too-large");
+    // Standard Webhooks signs text, and JSON is UTF-8: such a body is refused as it is.
+    let latin1 = b"{\"type\": \"r\xe9sum\xe9\"}".to_vec();
+    let now = chrono::Utc::now().timestamp();
+    let not_utf8 = post(&app, "evt_latin1", now, Some("v1,AAAA"), latin1).await;
+    not_utf8.assert_problem(400, "invalid-request");
     assert_eq!(event_count(&app).await, 0);
 }
 
@@ -520,6 +527,65 @@ async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_flagged() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 5000);
 }
 
+/// The MAC is computed once per secret whatever the header holds, and a header with more entries
+/// than any sender sends is refused before it is computed at all: even with the right signature
+/// among them.
+#[api_test]
+async fn a_signature_header_over_the_cap_is_refused_with_400_even_with_the_right_signature_in_it() {
+    let (app, secret) = spawn().await;
+    let body = envelope("unknown.type", &json!({}));
+    let now = chrono::Utc::now().timestamp();
+    let good = secret.sign("evt_many", now, &body).unwrap();
+    let with_decoys = |decoys: usize| format!("{} {good}", vec!["v1,AAAA"; decoys].join(" "));
+
+    for decoys in [MAX_SIGNATURES, 3_500] {
+        let refused = post(
+            &app,
+            "evt_many",
+            now,
+            Some(&with_decoys(decoys)),
+            body.clone(),
+        )
+        .await;
+        let problem = refused.assert_problem(400, "invalid-request");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("more than"), "{decoys} decoys: {detail}");
+    }
+    assert_eq!(event_count(&app).await, 0);
+    let at_cap = post(
+        &app,
+        "evt_many",
+        now,
+        Some(&with_decoys(MAX_SIGNATURES - 1)),
+        body,
+    )
+    .await;
+    assert_eq!(at_cap.json()["outcome"], "ignored");
+}
+
+/// While a secret is rotated, `IDEMPAY_WEBHOOK_SECRET` lists both: a delivery signed with either
+/// is accepted, one signed with neither is not.
+#[api_test]
+async fn a_delivery_signed_with_any_listed_secret_is_accepted_and_with_neither_refused() {
+    let (new, old) = (WebhookSecrets::generate(), WebhookSecrets::generate());
+    let both = WebhookSecrets::parse(&format!("{} {}", new.expose(), old.expose())).unwrap();
+    let app = TestApp::spawn_with(Settings {
+        webhook_secrets: Some(both),
+        ..Settings::default()
+    })
+    .await;
+
+    let by_old = deliver(&app, &old, "evt_old", "unknown.type", &json!({})).await;
+    let by_new = deliver(&app, &new, "evt_new", "unknown.type", &json!({})).await;
+    let stranger = WebhookSecrets::generate();
+    let by_neither = deliver(&app, &stranger, "evt_x", "unknown.type", &json!({})).await;
+
+    assert_eq!(by_old.json()["outcome"], "ignored");
+    assert_eq!(by_new.json()["outcome"], "ignored");
+    by_neither.assert_problem(401, "webhook-signature-invalid");
+    assert_eq!(event_count(&app).await, 2);
+}
+
 /// The event id is the primary key of the processed events: bounded, so it always fits the index
 /// (a 20 000-character id would not).
 #[api_test]
@@ -538,10 +604,10 @@ async fn a_webhook_id_over_255_bytes_is_refused_with_400() {
     assert_eq!(accepted.status, 200);
 }
 
-async fn spawn() -> (TestApp, WebhookSecret) {
-    let secret = WebhookSecret::generate();
+async fn spawn() -> (TestApp, WebhookSecrets) {
+    let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;
@@ -560,7 +626,7 @@ fn envelope_at(kind: &str, data: &Value, at: chrono::DateTime<chrono::Utc>) -> V
 /// Delivers an event created now, signed now with `secret`.
 async fn deliver(
     app: &TestApp,
-    secret: &WebhookSecret,
+    secret: &WebhookSecrets,
     id: &str,
     kind: &str,
     data: &Value,
@@ -571,7 +637,7 @@ async fn deliver(
 /// Delivers now, signed now, an event created `at`: a redelivery of an older event.
 async fn deliver_at(
     app: &TestApp,
-    secret: &WebhookSecret,
+    secret: &WebhookSecrets,
     id: &str,
     kind: &str,
     data: &Value,
@@ -579,7 +645,14 @@ async fn deliver_at(
 ) -> TestResponse {
     let body = envelope_at(kind, data, at);
     let now = chrono::Utc::now().timestamp();
-    post(app, id, now, Some(&secret.sign(id, now, &body)), body).await
+    post(
+        app,
+        id,
+        now,
+        Some(&secret.sign(id, now, &body).unwrap()),
+        body,
+    )
+    .await
 }
 
 async fn post(

@@ -7,7 +7,8 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use crate::support::helpers::{
-    TestApp, new_key, payment, retry_while_in_flight, slow_payment, wait_until, with_slow_charge,
+    TestApp, new_key, payment, reserve_as_a_dead_process, retry_while_in_flight, slow_payment,
+    wait_until, with_slow_charge,
 };
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
 use crate::support::raw_http::socket_address;
@@ -491,27 +492,4 @@ async fn the_work_of_a_request_answered_503_at_its_timeout_goes_on_and_its_retry
     assert_eq!(retry.json()["id"], id.as_str());
     assert_eq!(key_status(&app).await, "completed");
     assert_exactly_once(&app.db).await;
-}
-
-/// Inserts the reservation a crashed instance would leave, with the fingerprint the service
-/// computes for `body` (SHA-256 of the path and the canonical JSON).
-async fn reserve_as_a_dead_process(
-    app: &TestApp,
-    key: &str,
-    body: &serde_json::Value,
-    locked_until: &str,
-) {
-    let fingerprint = idempay::idempotency::Fingerprint::of_request("/v1/payments", body);
-    sqlx::query(&format!(
-        "INSERT INTO idempotency_keys
-             (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-         VALUES ($1, $2, $3, 'in_progress', gen_random_uuid(), {locked_until},
-                 now() + interval '1 day')"
-    ))
-    .bind(format!("{}:POST /v1/payments", app.account_id))
-    .bind(key)
-    .bind(fingerprint.as_bytes().as_slice())
-    .execute(&app.db)
-    .await
-    .unwrap();
 }

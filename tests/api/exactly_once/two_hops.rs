@@ -13,7 +13,7 @@ use futures::StreamExt;
 use idempay::client::{Client, NewPayment};
 use idempay::config::{ProcessorLink, Settings};
 use idempay::processor::{Fraction, ProcessorSettings};
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -665,16 +665,16 @@ async fn three_instances_under_a_retry_storm_through_a_lossy_processor_charge_on
 
 #[api_test]
 async fn events_delivered_while_idempay_is_down_are_redelivered_and_applied_once() {
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     // The port idempay's intake will listen on; nothing listens there yet.
     let intake = free_port();
     let mut settings = processor::settings();
     settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.webhook_secret = Some(secret.clone());
+    settings.webhook_secrets = Some(secret.clone());
     settings.webhook_retry_base = Duration::from_millis(50);
     settings.webhook_retry_cap = Duration::from_millis(200);
     let with_secret = Settings {
-        webhook_secret: Some(secret),
+        webhook_secrets: Some(secret),
         ..Settings::default()
     };
     let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
@@ -816,14 +816,14 @@ async fn reconcile_names_every_difference_of_a_broken_ledger_and_exits_1() {
 /// The ledgers agree at each step.
 #[api_test]
 async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_agree() {
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let intake = free_port();
     let mut settings = processor::settings();
     settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.webhook_secret = Some(secret.clone());
+    settings.webhook_secrets = Some(secret.clone());
     settings.webhook_retry_base = Duration::from_millis(50);
     let with_secret = Settings {
-        webhook_secret: Some(secret),
+        webhook_secrets: Some(secret),
         ..Settings::default()
     };
     let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
@@ -1086,10 +1086,10 @@ async fn the_recovery_jobs_of_three_instances_record_a_backlog_of_suspended_keys
 /// (the money may leave twice).
 #[api_test]
 async fn a_refund_recorded_after_a_dispute_took_its_room_flags_the_dispute_for_review() {
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let (app, _processor) = idempay_and_processor(
         Settings {
-            webhook_secret: Some(secret.clone()),
+            webhook_secrets: Some(secret.clone()),
             ..Settings::default()
         },
         // Every charge and refund takes this long at the processor.

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::WebhookSecrets;
 use idempay::webhooks::delivery::{self, Backoff, Deliverer};
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
@@ -75,10 +75,10 @@ async fn receive(State(inbox): State<Inbox>, headers: HeaderMap, body: Bytes) ->
 }
 
 /// A processor that delivers its events to `url`, signed with `secret`, retrying fast.
-async fn delivering_to(url: &str, secret: &WebhookSecret) -> TestProcessor {
+async fn delivering_to(url: &str, secret: &WebhookSecrets) -> TestProcessor {
     let mut settings = settings();
     settings.webhook_url = Some(url.to_owned());
-    settings.webhook_secret = Some(secret.clone());
+    settings.webhook_secrets = Some(secret.clone());
     settings.webhook_retry_base = Duration::from_millis(50);
     settings.webhook_retry_cap = Duration::from_millis(200);
     settings.webhook_timeout = Duration::from_secs(2);
@@ -88,7 +88,7 @@ async fn delivering_to(url: &str, secret: &WebhookSecret) -> TestProcessor {
 #[api_test]
 async fn each_change_is_delivered_once_signed_per_standard_webhooks() {
     let receiver = Receiver::start(0).await;
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let processor = delivering_to(&receiver.url, &secret).await;
 
     let paid = processor
@@ -145,10 +145,33 @@ async fn each_change_is_delivered_once_signed_per_standard_webhooks() {
     assert_eq!(receiver.count(), 4, "each delivered once");
 }
 
+/// Given two secrets (the new one first, during a rotation), the processor signs with the first:
+/// the crate verifies its deliveries with it alone, not with the second.
+#[api_test]
+async fn the_processor_signs_its_events_with_the_first_listed_secret() {
+    let receiver = Receiver::start(0).await;
+    let (first, second) = (WebhookSecrets::generate(), WebhookSecrets::generate());
+    let both = WebhookSecrets::parse(&format!("{} {}", first.expose(), second.expose())).unwrap();
+    let processor = delivering_to(&receiver.url, &both).await;
+
+    processor
+        .charge(&new_key(), &charge(5000, "pm_card_visa"))
+        .await;
+    wait_until("the event is delivered", || async { receiver.count() >= 1 }).await;
+
+    let (headers, body) = receiver.deliveries().remove(0);
+    let with =
+        |secrets: &WebhookSecrets| standardwebhooks::Webhook::new(&secrets.expose()).unwrap();
+    with(&first)
+        .verify(&body, &headers)
+        .expect("signed with the first secret");
+    assert!(with(&second).verify(&body, &headers).is_err());
+}
+
 #[api_test]
 async fn a_delivery_is_retried_with_the_same_webhook_id_until_answered_2xx() {
     let receiver = Receiver::start(3).await;
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let processor = delivering_to(&receiver.url, &secret).await;
 
     processor
@@ -184,7 +207,7 @@ async fn an_unreachable_receiver_is_retried_and_the_charge_is_unaffected() {
         "http://127.0.0.1:{}/hooks",
         crate::support::instance::free_port()
     );
-    let processor = delivering_to(&url, &WebhookSecret::generate()).await;
+    let processor = delivering_to(&url, &WebhookSecrets::generate()).await;
 
     let paid = processor
         .charge(&new_key(), &charge(5000, "pm_card_visa"))
@@ -211,7 +234,7 @@ async fn an_unreachable_receiver_is_retried_and_the_charge_is_unaffected() {
 #[api_test]
 async fn two_delivery_loops_send_each_attempt_once() {
     let receiver = Receiver::start(0).await;
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     // No loop of the processor's own: its outbox is filled by hand, for two loops to race on.
     let processor = TestProcessor::spawn().await;
     let mut conn = processor.db.acquire().await.unwrap();
@@ -266,9 +289,9 @@ async fn two_delivery_loops_send_each_attempt_once() {
 
 #[api_test]
 async fn a_delivery_verifies_at_idempay_s_own_intake() {
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let idempay = TestApp::spawn_with(Settings {
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;

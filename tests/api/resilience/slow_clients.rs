@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use idempay::config::Settings;
 use idempay::http::server::MAX_HEADER_BYTES;
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use tokio::io::AsyncWriteExt;
 
@@ -159,7 +159,7 @@ async fn a_body_that_stalls_halfway_is_answered_408_and_nothing_is_recorded() {
 #[api_test]
 async fn a_stalled_webhook_body_is_answered_408() {
     let app = TestApp::spawn_with(Settings {
-        webhook_secret: Some(WebhookSecret::generate()),
+        webhook_secrets: Some(WebhookSecrets::generate()),
         ..limits()
     })
     .await;

@@ -430,3 +430,26 @@ impl TestApp {
         (watched, task)
     }
 }
+
+/// Inserts the reservation a crashed instance would leave, with the fingerprint the service
+/// computes for `body` (SHA-256 of the path and the canonical JSON).
+pub async fn reserve_as_a_dead_process(
+    app: &TestApp,
+    key: &str,
+    body: &serde_json::Value,
+    locked_until: &str,
+) {
+    let fingerprint = idempay::idempotency::Fingerprint::of_request("/v1/payments", body);
+    sqlx::query(&format!(
+        "INSERT INTO idempotency_keys
+             (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+         VALUES ($1, $2, $3, 'in_progress', gen_random_uuid(), {locked_until},
+                 now() + interval '1 day')"
+    ))
+    .bind(format!("{}:POST /v1/payments", app.account_id))
+    .bind(key)
+    .bind(fingerprint.as_bytes().as_slice())
+    .execute(&app.db)
+    .await
+    .unwrap();
+}

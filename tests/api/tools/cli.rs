@@ -2,9 +2,10 @@
 
 use idempay_test_macros::api_test;
 use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
-use crate::support::helpers::{TestApp, new_key};
-use crate::support::instance::idempay;
+use crate::support::helpers::{TestApp, new_key, payment, reserve_as_a_dead_process};
+use crate::support::instance::{free_port, idempay};
 
 #[api_test]
 async fn account_create_prints_a_key_that_authenticates_and_stores_only_its_hash() {
@@ -148,6 +149,126 @@ async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
         stderr.contains("attempt 1: HTTP 402") && !stderr.contains("attempt 2"),
         "{stderr}"
     );
+}
+
+/// A key held by an instance that died answers 409 until its lease ends. The lease here ends
+/// only once `pay` has been answered 409 nine times: the first attempt and the eight retries the
+/// client used to allow before it gave up. `pay` keeps retrying with the same key until its
+/// deadline, takes the key over once the lease has ended, and pays once.
+#[api_test]
+async fn pay_retries_a_dead_instance_s_key_with_the_same_key_until_its_lease_ends_and_pays_once() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '1 hour'").await;
+    let mut pay = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
+        .args(pay_args(&key, "60s"))
+        .envs(env(&app))
+        .env("RUST_LOG", "off")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = pay.stdout.take().unwrap();
+    let mut lines = BufReader::new(pay.stderr.take().unwrap()).lines();
+
+    let mut stderr = String::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        stderr.push_str(&line);
+        stderr.push('\n');
+        if line.starts_with("attempt 9: HTTP 409") {
+            // The dead instance's lease runs out now.
+            sqlx::query("UPDATE idempotency_keys SET locked_until = now() WHERE idem_key = $1")
+                .bind(&key)
+                .execute(&app.db)
+                .await
+                .unwrap();
+        }
+    }
+    let status = pay.wait().await.unwrap();
+
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("attempt 9: HTTP 409"), "{stderr}");
+    let mut paid = Vec::new();
+    BufReader::new(stdout).read_to_end(&mut paid).await.unwrap();
+    let paid: serde_json::Value = serde_json::from_slice(&paid).unwrap();
+    assert_eq!(paid["amount"], 4200);
+    assert_eq!(app.payment_count().await, 1);
+    let replay = app.post_payment(&key, &payment(4200)).await;
+    assert!(
+        replay.replayed(),
+        "the key it paid with is the one it was given"
+    );
+}
+
+/// When the deadline runs out before the key's holder is known to be done, the outcome is
+/// unknown: `pay` says so with an exit code of its own and prints the key to retry with.
+#[api_test]
+async fn pay_whose_deadline_runs_out_exits_with_outcome_unknown_and_prints_the_key() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '1 minute'").await;
+
+    let output = idempay(&pay_args(&key, "3s"), &env(&app)).await;
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(idempay::dev::cli::EXIT_OUTCOME_UNKNOWN)),
+        "{stderr}"
+    );
+    let last_line = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last_line.contains("outcome unknown") && last_line.contains(&key),
+        "{stderr}"
+    );
+    assert_eq!(app.payment_count().await, 0);
+}
+
+/// A payment that could never be sent (nothing listens) is told apart from an unknown outcome.
+#[api_test]
+async fn pay_that_cannot_connect_exits_with_not_sent() {
+    let address = format!("http://127.0.0.1:{}", free_port());
+    let key = new_key();
+    let env = [
+        ("IDEMPAY_BASE_URL", address.as_str()),
+        ("IDEMPAY_API_KEY", "sk_test"),
+    ];
+
+    let output = idempay(&pay_args(&key, "1s"), &env).await;
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(idempay::dev::cli::EXIT_NOT_SENT)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("not sent"), "{stderr}");
+}
+
+/// `idempay pay` of the test payment (`payment(4200)`) with `key`, within `deadline`.
+fn pay_args<'a>(key: &'a str, deadline: &'a str) -> Vec<&'a str> {
+    vec![
+        "pay",
+        "--amount",
+        "4200",
+        "--currency",
+        "eur",
+        "--order",
+        "cmd_9182",
+        "--idempotency-key",
+        key,
+        "--deadline",
+        deadline,
+    ]
+}
+
+/// Where `idempay pay` finds the app, and who it pays as.
+fn env(app: &TestApp) -> [(&str, &str); 2] {
+    [
+        ("IDEMPAY_BASE_URL", app.address.as_str()),
+        ("IDEMPAY_API_KEY", app.api_key.as_str()),
+    ]
 }
 
 #[api_test]

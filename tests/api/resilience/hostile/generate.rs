@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::WebhookSecrets;
 use rand::Rng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -18,7 +18,7 @@ pub struct Target {
     pub other_api_key: String,
     pub paid: Vec<String>,
     pub keys: Vec<String>,
-    pub secret: WebhookSecret,
+    pub secret: WebhookSecrets,
 }
 
 /// One request as bytes, with what may rightly happen to it.
@@ -572,26 +572,32 @@ impl Target {
                 .header("webhook-timestamp", (now - 3600).to_string())
                 .header(
                     "webhook-signature",
-                    self.secret.sign(&id, now - 3600, &body),
+                    self.secret.sign(&id, now - 3600, &body).unwrap(),
                 ),
             3 => request
                 .header("webhook-timestamp", "99999999999999999999")
                 .header("webhook-signature", "v1,!!!! v2,x v1,"),
-            _ => request
-                .header("webhook-timestamp", now.to_string())
-                .header("webhook-signature", self.secret.sign(&id, now, &body)),
+            _ => request.header("webhook-timestamp", now.to_string()).header(
+                "webhook-signature",
+                self.secret.sign(&id, now, &body).unwrap(),
+            ),
         }
     }
 
-    /// A webhook correctly signed now.
+    /// A webhook correctly signed now. Standard Webhooks signs text: a body that is not UTF-8
+    /// carries the signature of its lossy decoding, the text its sender meant.
     pub fn signed_webhook(&self, body: &[u8]) -> Hostile {
         let now = chrono::Utc::now().timestamp();
         let id = new_key();
+        let signature = self
+            .secret
+            .sign(&id, now, String::from_utf8_lossy(body).as_bytes())
+            .unwrap();
         Hostile::new("webhook")
             .post("/v1/webhooks/processor")
             .header("webhook-id", &id)
             .header("webhook-timestamp", now.to_string())
-            .header("webhook-signature", self.secret.sign(&id, now, body))
+            .header("webhook-signature", signature)
             .json(body)
     }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecret;
+use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -55,10 +55,10 @@ async fn a_bounded_storm_of_hostile_requests_gets_no_5xx_and_leaves_payments_exa
     let started = Instant::now();
     let seed = seed();
     eprintln!("hostile: seed {seed} (HOSTILE_SEED={seed} reproduces this run)");
-    let secret = WebhookSecret::generate();
+    let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
         slow_charge: Duration::from_millis(50),
-        webhook_secret: Some(secret.clone()),
+        webhook_secrets: Some(secret.clone()),
         ..Settings::default()
     })
     .await;
