@@ -39,7 +39,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::accounts::AccountCache;
+use crate::accounts::{self, AccountCache};
 use crate::config::Settings;
 use crate::idempotency::Resumers;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
@@ -248,7 +248,8 @@ async fn method_not_allowed(request: Request) -> Response {
 }
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
-/// recovery job and, when no processor URL is configured, the embedded processor.
+/// recovery job, the listener that tells the account cache of API key changes and, when no
+/// processor URL is configured, the embedded processor.
 ///
 /// Taking a bound listener lets a test bind port 0 and learn the address before serving.
 pub struct Application {
@@ -307,6 +308,7 @@ impl Application {
                 self.settings.recovery_interval,
                 stop.clone(),
             ),
+            accounts::listen(self.state.accounts.clone(), stop.clone()),
         ];
         // The embedded processor stops last: requests finishing now may still be calling it.
         if let Some(processor) = self.embedded {
