@@ -3,6 +3,7 @@
 
 mod api_key;
 mod cache;
+mod rate_limit;
 
 use std::fmt;
 
@@ -16,6 +17,7 @@ use crate::ids;
 
 pub use api_key::ApiKey;
 pub use cache::{ACCOUNT_TTL, AccountCache, CHANNEL, UNKNOWN_TTL, listen};
+pub use rate_limit::RateLimit;
 
 /// An account id, `acct_` followed by random characters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -149,13 +151,16 @@ fn no_such_key() -> anyhow::Error {
     anyhow::anyhow!("no account has this API key (it was rotated, revoked, or never issued)")
 }
 
-/// The account of a request, from its bearer key; 401 without a valid one.
+/// The account of a request, from its bearer key; 401 without a valid one, 429 when the account is
+/// over its rate limit.
 ///
 /// The lookup is by the key's hash, so no comparison ever runs over the secret itself. The account
-/// is kept in the request's extensions, so extracting it again costs no second lookup.
+/// is kept in the request's extensions, so extracting it again costs no second lookup, and counts
+/// the request against the rate limit once.
 impl<S> FromRequestParts<S> for Account
 where
     AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = ApiError;
@@ -176,6 +181,7 @@ where
             .await?
             .ok_or_else(unauthorized)?;
         tracing::Span::current().record("account", account.id.as_str());
+        RateLimit::from_ref(state).check(&account.id)?;
         parts.extensions.insert(account.clone());
         Ok(account)
     }

@@ -1,6 +1,6 @@
 //! Prometheus metrics at `GET /metrics`: requests by route and status with their latency, the
-//! idempotency outcomes, the expiry job, the connection pool and API key lookups. The names are
-//! listed in the README; every one starts with `idempay_`.
+//! idempotency outcomes, the expiry job, the connection pool, API key lookups and the requests
+//! refused by the rate limit. The names are listed in the README; every one starts with `idempay_`.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -26,6 +26,7 @@ const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
 const ACCOUNT_LOOKUPS: &str = "idempay_account_lookups_total";
 const API_KEY_LISTENER: &str = "idempay_api_key_listener_connected";
+const THROTTLED: &str = "idempay_rate_limited_requests_total";
 
 /// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
 const BUCKETS: [f64; 14] = [
@@ -153,6 +154,10 @@ fn describe() {
         "1 while the instance listens for API key changes; at 0 its account cache is off and every \
          request looks its key up."
     );
+    describe_counter!(
+        THROTTLED,
+        "Requests refused with 429 because their account was over its rate limit."
+    );
 }
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -212,6 +217,11 @@ pub fn account_lookup(found: bool) {
 /// Records whether the API key listener is connected.
 pub fn api_key_listener(connected: bool) {
     gauge!(API_KEY_LISTENER).set(if connected { 1.0 } else { 0.0 });
+}
+
+/// Counts a request refused by its account's rate limit.
+pub fn throttled() {
+    counter!(THROTTLED).increment(1);
 }
 
 /// Records one run of the expiry job.

@@ -39,7 +39,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::accounts::{self, AccountCache};
+use crate::accounts::{self, AccountCache, RateLimit};
 use crate::config::Settings;
 use crate::idempotency::Resumers;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
@@ -64,6 +64,8 @@ pub struct AppState(Arc<Shared>);
 pub struct Shared {
     pub pool: PgPool,
     pub accounts: AccountCache,
+    /// Each account's requests per second, checked as it authenticates.
+    pub rate_limit: RateLimit,
     pub idempotency: Idempotency,
     /// Charges and refunds go through it, each call with a downstream key of its own.
     pub processor: ProcessorClient,
@@ -82,6 +84,12 @@ pub struct Shared {
 impl FromRef<AppState> for AccountCache {
     fn from_ref(state: &AppState) -> Self {
         state.accounts.clone()
+    }
+}
+
+impl FromRef<AppState> for RateLimit {
+    fn from_ref(state: &AppState) -> Self {
+        state.rate_limit.clone()
     }
 }
 
@@ -107,6 +115,7 @@ impl AppState {
         };
         Self(Arc::new(Shared {
             accounts: AccountCache::new(pool.clone()),
+            rate_limit: RateLimit::per_second(settings.rate_limit),
             idempotency: Idempotency::new(Service::Api, pool.clone(), policy),
             processor,
             webhook_secret: settings.webhook_secret.clone(),
@@ -129,6 +138,7 @@ impl Figures {
             body_read_timeout: settings.body_read_timeout,
             webhook_tolerance: webhooks::TOLERANCE,
             max_key_len: MAX_KEY_LEN,
+            rate_limit: settings.rate_limit,
         }
     }
 }

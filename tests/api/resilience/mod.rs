@@ -7,5 +7,6 @@ mod faults;
 mod hostile;
 mod lock_timeout;
 mod outage;
+mod rate_limits;
 mod security;
 mod slow_clients;
