@@ -128,7 +128,10 @@ pub fn listen(cache: AccountCache, shutdown: CancellationToken) -> JoinHandle<()
                 connected = connected => match connected {
                     Ok(listener) => listener,
                     Err(error) => {
-                        tracing::warn!(%error, "cannot listen for API key changes; the account cache is off meanwhile");
+                        tracing::warn!(
+                            %error,
+                            "cannot listen for API key changes; the account cache is off meanwhile"
+                        );
                         tokio::select! {
                             () = shutdown.cancelled() => break,
                             () = tokio::time::sleep(RECONNECT_AFTER) => continue,
