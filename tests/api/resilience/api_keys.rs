@@ -24,24 +24,6 @@ async fn list(instance: &Instance, api_key: &str) -> TestResponse {
     .await
 }
 
-/// Waits until `instance` listens for API key changes: until then its cache is off, and a test of
-/// what the cache keeps would prove nothing.
-async fn listening(instance: &Instance) {
-    let started = Instant::now();
-    while instance
-        .metrics()
-        .await
-        .value("idempay_api_key_listener_connected")
-        != Some(1.0)
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the instance never listened for API key changes"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Asserts that `api_key` is refused by `instance` within [`TOLD_WITHIN`].
 async fn refused_soon(instance: &Instance, api_key: &str) {
     let started = Instant::now();
@@ -88,7 +70,7 @@ async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_w
         Instance::start(&database_url, &[]).await,
     ];
     for instance in &instances {
-        listening(instance).await;
+        instance.listening_for_key_changes().await;
         // The old key is now in the instance's cache.
         assert_eq!(list(instance, &app.api_key).await.status, 200);
     }
@@ -107,7 +89,7 @@ async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_w
 async fn a_revoked_key_stops_working_on_a_running_instance_until_the_account_gets_a_new_one() {
     let app = TestApp::spawn().await;
     let instance = Instance::start(&app.database_url(), &[]).await;
-    listening(&instance).await;
+    instance.listening_for_key_changes().await;
     assert_eq!(list(&instance, &app.api_key).await.status, 200);
 
     let revoked = account_command(&app, &["revoke-key", "--api-key", &app.api_key]).await;
@@ -130,7 +112,7 @@ async fn a_revoked_key_stops_working_on_a_running_instance_until_the_account_get
 async fn a_key_changed_after_the_listener_lost_its_connection_is_not_trusted_from_the_cache() {
     let app = TestApp::spawn().await;
     let instance = Instance::start(&app.database_url(), &[]).await;
-    listening(&instance).await;
+    instance.listening_for_key_changes().await;
     assert_eq!(list(&instance, &app.api_key).await.status, 200);
 
     // Every listener on this database loses its connection (the in-process app's too).
@@ -148,14 +130,14 @@ async fn a_key_changed_after_the_listener_lost_its_connection_is_not_trusted_fro
     refused_soon(&instance, &app.api_key).await;
     assert_eq!(list(&instance, &new_key).await.status, 200);
     // It listens again.
-    listening(&instance).await;
+    instance.listening_for_key_changes().await;
 }
 
 #[api_test]
 async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account_has_it() {
     let app = TestApp::spawn().await;
     let instance = Instance::start(&app.database_url(), &[]).await;
-    listening(&instance).await;
+    instance.listening_for_key_changes().await;
     let lookups = |metrics: &crate::support::instance::Metrics| {
         metrics
             .value(r#"idempay_account_lookups_total{result="unknown"}"#)
