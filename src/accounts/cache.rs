@@ -39,11 +39,6 @@ const CACHED_ACCOUNTS: usize = 10_000;
 /// Unknown hashes kept at most. A flood of distinct random keys cycles through them, each costing
 /// its one query; the bound keeps the memory they take fixed.
 const CACHED_UNKNOWN: usize = 10_000;
-/// Queries for keys the cache cannot answer, at most at once. A flood of random keys (which no
-/// cache can answer) then holds at most this many of the pool's connections: requests with keys
-/// the cache knows need no connection to authenticate and go on being served. Honest new keys wait
-/// their turn behind the flood, a wait of one indexed lookup per query ahead.
-const LOOKUPS_AT_ONCE: usize = 2;
 /// How long the listener waits before connecting again after it failed to.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
@@ -54,16 +49,22 @@ pub struct AccountCache(Arc<Shared>);
 struct Shared {
     pool: PgPool,
     entries: Entries,
+    /// Lookups of keys the cache cannot answer, at most half the pool's connections at once. A
+    /// flood of random keys (which no cache can answer) then leaves the other half to requests
+    /// whose keys the cache knows, which need none to authenticate; honest new keys wait their
+    /// turn behind the flood, one indexed lookup per query ahead. While the cache is off, every key
+    /// is looked up and none waits here: the pool alone bounds them, as it bounds all work.
     lookups: Semaphore,
 }
 
 impl AccountCache {
     /// A cache that trusts nothing until [`listen`] connects.
     pub fn new(pool: PgPool) -> Self {
+        let half_the_pool = (pool.options().get_max_connections() / 2).max(1);
         Self(Arc::new(Shared {
             pool,
             entries: Entries::new(),
-            lookups: Semaphore::new(LOOKUPS_AT_ONCE),
+            lookups: Semaphore::new(usize::try_from(half_the_pool).unwrap_or(1)),
         }))
     }
 
@@ -73,7 +74,11 @@ impl AccountCache {
             return Ok(account);
         }
         // Released when the lookup is done; the semaphore is never closed.
-        let _turn = self.0.lookups.acquire().await;
+        let _turn = if self.0.entries.is_on() {
+            Some(self.0.lookups.acquire().await)
+        } else {
+            None
+        };
         // While this request waited its turn, another may have looked the same hash up: a flood
         // of one bad key costs one query, not one per request in flight.
         if let Remembered::Yes(account) = self.0.entries.get(&hash) {
@@ -194,8 +199,13 @@ impl Entries {
         }
     }
 
+    /// Whether the cache answers at all: only while the listener is connected.
+    fn is_on(&self) -> bool {
+        self.listening.load(Ordering::Acquire)
+    }
+
     fn get(&self, hash: &[u8; 32]) -> Remembered {
-        if !self.listening.load(Ordering::Acquire) {
+        if !self.is_on() {
             return Remembered::No;
         }
         if let Some((account, fetched)) = self.known.get(hash) {

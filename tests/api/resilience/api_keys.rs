@@ -157,13 +157,14 @@ async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account
         1.0,
         "20 requests with one unknown key looked it up"
     );
-    // A flood of one unknown key at once costs a query per lookup allowed at once (2), at most.
+    // A flood of one unknown key at once costs a query per lookup allowed at once, at most: half
+    // the pool's 8 connections.
     let flood = format!("sk_{}", "y".repeat(40));
     let before = lookups(&instance.metrics().await);
     let answers = futures::future::join_all((0..20).map(|_| list(&instance, &flood))).await;
     assert!(answers.iter().all(|answer| answer.status == 401));
     let flooded = lookups(&instance.metrics().await) - before;
-    assert!((1.0..=2.0).contains(&flooded), "{flooded} lookups");
+    assert!((1.0..=4.0).contains(&flooded), "{flooded} lookups");
 
     // The key is given to an account (as `account create` would, with a key of the test's
     // choosing): the notification of the change evicts its hash, and it works at once.
