@@ -227,6 +227,8 @@ start_server() {
     "DATABASE_URL=$DATABASE_URL"
     "IDEMPAY_LISTEN=127.0.0.1:$port"
     "IDEMPAY_EXPIRY_INTERVAL=$interval"
+    # The bench measures the mechanism, not the per-account rate limit (one account sends it all).
+    "IDEMPAY_RATE_LIMIT=0"
     "RUST_LOG=${BENCH_RUST_LOG:-warn,idempay::expiry=info}"
   )
   if [ -n "$PROCESSOR_URL" ]; then

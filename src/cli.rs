@@ -1,6 +1,6 @@
 //! The command line of the service: `serve`, `processor` (the simulated card processor),
-//! `migrate`, `account create` and `openapi`, each setting also readable from the environment.
-//! With the `dev` feature (on by default) the dev tools join them: `dev`, `pay`, `demo` and
+//! `migrate`, `account create`, `account rotate-key`, `account revoke-key` and `openapi`, each
+//! setting also readable from the environment. With the `dev` feature (on by default) the dev tools join them: `dev`, `pay`, `demo` and
 //! `webhook send` (see [`crate::dev`]).
 
 use clap::{Parser, Subcommand};
@@ -78,6 +78,35 @@ pub enum AccountCommand {
         #[command(flatten)]
         database: DatabaseArgs,
     },
+    /// Gives an account a new secret API key, printed as the last line, which replaces its key at
+    /// once: the old one stops working on every serving instance within a second.
+    #[command(group(clap::ArgGroup::new("holder").required(true)))]
+    RotateKey {
+        /// The key to replace (`sk_…`).
+        #[arg(long, group = "holder")]
+        api_key: Option<String>,
+        /// The account, for one without a key (its key was revoked).
+        #[arg(long, group = "holder")]
+        account: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Revokes a secret API key: it stops working on every serving instance within a second, and
+    /// its account has no key until `rotate-key --account` gives it one.
+    RevokeKey {
+        /// The key to revoke (`sk_…`).
+        #[arg(long)]
+        api_key: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+/// The key a command names, refused with a clear message when it does not have the shape of one.
+fn api_key(raw: &str) -> anyhow::Result<accounts::ApiKey> {
+    accounts::ApiKey::parse(raw.trim()).ok_or_else(|| {
+        anyhow::anyhow!("that is not an API key: a key is `sk_` followed by 40 letters and digits")
+    })
 }
 
 /// A failure with an exit code of its own, for a command whose callers must tell its failures
@@ -130,6 +159,46 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let (account, key) = accounts::create(&pool, &name).await?;
             eprintln!("created account {} ({})", account.id(), account.name());
             println!("{}", key.expose());
+        }
+        Command::Account {
+            command:
+                AccountCommand::RotateKey {
+                    api_key: key,
+                    account,
+                    database,
+                },
+        } => {
+            let holder = match (key, account) {
+                (Some(key), _) => accounts::KeyHolder::Key(api_key(&key)?),
+                (None, Some(account)) => accounts::KeyHolder::Account(account),
+                (None, None) => anyhow::bail!("name the key to rotate: --api-key or --account"),
+            };
+            let pool = db::pool_with(&database.database_url, database.pool)?;
+            let (account, key) = accounts::rotate_key(&pool, &holder).await?;
+            eprintln!(
+                "new key for account {} ({}); the old one no longer works",
+                account.id(),
+                account.name()
+            );
+            println!("{}", key.expose());
+        }
+        Command::Account {
+            command:
+                AccountCommand::RevokeKey {
+                    api_key: key,
+                    database,
+                },
+        } => {
+            let key = api_key(&key)?;
+            let pool = db::pool_with(&database.database_url, database.pool)?;
+            let account = accounts::revoke_key(&pool, &key).await?;
+            eprintln!(
+                "revoked the key of account {} ({}); `idempay account rotate-key --account {}` \
+                 gives it a new one",
+                account.id(),
+                account.name(),
+                account.id()
+            );
         }
         Command::Reconcile {
             database,

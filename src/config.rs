@@ -61,6 +61,12 @@ pub struct Settings {
     /// 408. Shorter than the request timeout, so that a stalled body is told apart from slow work.
     #[arg(long, env = "IDEMPAY_BODY_READ_TIMEOUT", default_value = "5s", value_parser = parse_timeout)]
     pub body_read_timeout: Duration,
+
+    /// Requests per second each account may send to this instance, with a burst of as many; over
+    /// it, a request is answered 429 with `Retry-After` before anything of it runs. 0 turns the
+    /// limit off.
+    #[arg(long, env = "IDEMPAY_RATE_LIMIT", default_value_t = 1000)]
+    pub rate_limit: u32,
 }
 
 impl Default for Settings {
@@ -77,6 +83,7 @@ impl Default for Settings {
             webhook_secrets: None,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(5),
+            rate_limit: 1000,
         }
     }
 }

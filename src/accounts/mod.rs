@@ -2,21 +2,22 @@
 //! (`Authorization: Bearer sk_…`); only its SHA-256 hash is stored.
 
 mod api_key;
+mod cache;
+mod rate_limit;
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::header;
 use axum::http::request::Parts;
-use quick_cache::sync::Cache;
 use sqlx::PgPool;
 
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::ids;
 
 pub use api_key::ApiKey;
+pub use cache::{ACCOUNT_TTL, AccountCache, CHANNEL, UNKNOWN_TTL, listen};
+pub use rate_limit::RateLimit;
 
 /// An account id, `acct_` followed by random characters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -39,7 +40,7 @@ impl fmt::Display for AccountId {
     }
 }
 
-/// The authenticated account of a request, put into its extensions by [`authenticate`].
+/// The authenticated account of a request, kept in its extensions once extracted.
 #[derive(Clone, Debug)]
 pub struct Account {
     id: AccountId,
@@ -81,64 +82,85 @@ pub async fn create(pool: &PgPool, name: &str) -> Result<(Account, ApiKey), anyh
     Ok((account, key))
 }
 
-/// Accounts by the hash of their API key, kept for a short while so that a key in use costs no
-/// query per request. Bounded in entries and in age: a key removed from the database stops working
-/// within [`ACCOUNT_TTL`]. Only keys that authenticated are kept, so a new account works at once.
-#[derive(Clone)]
-pub struct AccountCache {
-    pool: PgPool,
-    cached: Arc<Cache<[u8; 32], (Account, Instant)>>,
+/// Whose API key a command changes.
+#[derive(Debug)]
+pub enum KeyHolder {
+    /// The account this key authenticates.
+    Key(ApiKey),
+    /// An account by its id (`acct_…`): how an account whose key was revoked gets a new one.
+    Account(String),
 }
 
-/// How long a looked-up account is trusted without asking the database again.
-pub const ACCOUNT_TTL: Duration = Duration::from_secs(60);
-/// Accounts kept at most; the least recently useful ones make room for others.
-const CACHED_ACCOUNTS: usize = 10_000;
-
-impl AccountCache {
-    pub fn new(pool: PgPool) -> Self {
-        Self {
-            pool,
-            cached: Arc::new(Cache::new(CACHED_ACCOUNTS)),
+/// Gives the holder's account a new key, which replaces its key at once: the old one (if it has
+/// one) stops authenticating on every instance as soon as this commits. One key per account keeps
+/// the model simple; a client rolls over by deploying the new key right after the rotation (Stripe
+/// can let a rolled key live on for a while, which needs several keys per account).
+pub async fn rotate_key(pool: &PgPool, holder: &KeyHolder) -> anyhow::Result<(Account, ApiKey)> {
+    let key = ApiKey::generate();
+    let hash = key.hash();
+    // One statement: the trigger on `accounts` tells every instance in its transaction, so the
+    // notification goes out only if the change committed.
+    let account = match holder {
+        KeyHolder::Key(old) => {
+            let old = old.hash();
+            sqlx::query_as!(
+                Account,
+                r#"UPDATE accounts SET api_key_hash = $2 WHERE api_key_hash = $1
+                   RETURNING id AS "id: _", name"#,
+                old.as_slice(),
+                hash.as_slice(),
+            )
+            .fetch_optional(pool)
+            .await?
         }
-    }
-
-    /// The account whose key hashes to `hash`, if any.
-    async fn find(&self, hash: [u8; 32]) -> Result<Option<Account>, sqlx::Error> {
-        if let Some((account, fetched)) = self.cached.get(&hash) {
-            if fetched.elapsed() < ACCOUNT_TTL {
-                return Ok(Some(account));
-            }
+        KeyHolder::Account(id) => {
+            sqlx::query_as!(
+                Account,
+                r#"UPDATE accounts SET api_key_hash = $2 WHERE id = $1
+                   RETURNING id AS "id: _", name"#,
+                id,
+                hash.as_slice(),
+            )
+            .fetch_optional(pool)
+            .await?
         }
-        let account = sqlx::query_as!(
-            Account,
-            r#"SELECT id AS "id: _", name FROM accounts WHERE api_key_hash = $1"#,
-            hash.as_slice(),
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        if let Some(account) = &account {
-            self.cached.insert(hash, (account.clone(), Instant::now()));
-        }
-        Ok(account)
-    }
+    };
+    let account = account.ok_or_else(|| match holder {
+        KeyHolder::Key(_) => no_such_key(),
+        KeyHolder::Account(id) => anyhow::anyhow!("no account has the id {id:?}"),
+    })?;
+    Ok((account, key))
 }
 
-impl fmt::Debug for AccountCache {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AccountCache")
-            .field("cached", &self.cached.len())
-            .finish_non_exhaustive()
-    }
+/// Revokes an API key: it stops authenticating on every instance as soon as this commits, and
+/// its account has no key until [`rotate_key`] gives it one. The account and its payments stay.
+pub async fn revoke_key(pool: &PgPool, key: &ApiKey) -> anyhow::Result<Account> {
+    let hash = key.hash();
+    sqlx::query_as!(
+        Account,
+        r#"UPDATE accounts SET api_key_hash = NULL WHERE api_key_hash = $1
+           RETURNING id AS "id: _", name"#,
+        hash.as_slice(),
+    )
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(no_such_key)
 }
 
-/// The account of a request, from its bearer key; 401 without a valid one.
+fn no_such_key() -> anyhow::Error {
+    anyhow::anyhow!("no account has this API key (it was rotated, revoked, or never issued)")
+}
+
+/// The account of a request, from its bearer key; 401 without a valid one, 429 when the account is
+/// over its rate limit.
 ///
 /// The lookup is by the key's hash, so no comparison ever runs over the secret itself. The account
-/// is kept in the request's extensions, so extracting it again costs no second lookup.
+/// is kept in the request's extensions, so extracting it again costs no second lookup, and counts
+/// the request against the rate limit once.
 impl<S> FromRequestParts<S> for Account
 where
     AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = ApiError;
@@ -159,6 +181,7 @@ where
             .await?
             .ok_or_else(unauthorized)?;
         tracing::Span::current().record("account", account.id.as_str());
+        RateLimit::from_ref(state).check(&account.id)?;
         parts.extensions.insert(account.clone());
         Ok(account)
     }

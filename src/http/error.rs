@@ -195,6 +195,15 @@ problem_catalogue! {
             on it, so nothing was charged or refunded and the key was released. Retry with the \
             same key after `Retry-After` seconds.",
     }
+    RateLimited {
+        slug: "rate-limited",
+        status: TOO_MANY_REQUESTS,
+        title: "Too many requests",
+        explanation: "The account sent more requests than its rate limit allows ({rate_limit}). \
+            Nothing was done, and an Idempotency-Key sent with the request was not used: retry \
+            after `Retry-After` seconds with the same key, and the request runs as if for the \
+            first time.",
+    }
     ServiceUnavailable {
         slug: "service-unavailable",
         status: SERVICE_UNAVAILABLE,
@@ -293,6 +302,14 @@ pub enum AuthenticatedProblems {
         headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"idempay\"`"))
     )]
     Unauthorized(Problem),
+    /// The account is over its rate limit (`rate-limited`). Nothing was done and the key, if the
+    /// request carried one, was not used: retry after `Retry-After` seconds with the same key.
+    #[response(
+        status = 429,
+        content_type = "application/problem+json",
+        headers(("Retry-After" = i64, description = "Seconds to wait before retrying."))
+    )]
+    RateLimited(Problem),
     /// A fault of ours (`internal`). Nothing was recorded: retry, a POST with the same key.
     #[response(status = 500, content_type = "application/problem+json")]
     Internal(Problem),

@@ -1,6 +1,7 @@
 //! Prometheus metrics at `GET /metrics`: requests by route and status with their latency, the
-//! idempotency outcomes, the webhook events, the expiry job and the connection pool. The names are listed in the
-//! README; every one starts with `idempay_`.
+//! idempotency outcomes, the webhook events, the expiry job, the connection pool, API key lookups
+//! and the requests refused by the rate limit. The names are listed in the README; every one
+//! starts with `idempay_`.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -25,6 +26,9 @@ const EXPIRY_DELETED: &str = "idempay_expiry_deleted_rows_total";
 const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
 const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
+const ACCOUNT_LOOKUPS: &str = "idempay_account_lookups_total";
+const API_KEY_LISTENER: &str = "idempay_api_key_listener_connected";
+const THROTTLED: &str = "idempay_rate_limited_requests_total";
 
 /// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
 const BUCKETS: [f64; 14] = [
@@ -146,6 +150,20 @@ fn describe() {
         POOL_CONNECTIONS,
         "Database connections of this instance, by state (in_use, idle)."
     );
+    describe_counter!(
+        ACCOUNT_LOOKUPS,
+        "API keys looked up in the database, the account cache unable to answer, by result \
+         (found, unknown)."
+    );
+    describe_gauge!(
+        API_KEY_LISTENER,
+        "1 while the instance listens for API key changes; at 0 its account cache is off and every \
+         request looks its key up."
+    );
+    describe_counter!(
+        THROTTLED,
+        "Requests refused with 429 because their account was over its rate limit."
+    );
 }
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -194,6 +212,22 @@ pub async fn track(request: Request, next: Next) -> Response {
     )
     .increment(1);
     response
+}
+
+/// Counts a lookup of an API key in the database.
+pub fn account_lookup(found: bool) {
+    let result = if found { "found" } else { "unknown" };
+    counter!(ACCOUNT_LOOKUPS, "result" => result).increment(1);
+}
+
+/// Records whether the API key listener is connected.
+pub fn api_key_listener(connected: bool) {
+    gauge!(API_KEY_LISTENER).set(if connected { 1.0 } else { 0.0 });
+}
+
+/// Counts a request refused by its account's rate limit.
+pub fn throttled() {
+    counter!(THROTTLED).increment(1);
 }
 
 /// Records one run of the expiry job.

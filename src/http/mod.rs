@@ -39,7 +39,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::accounts::AccountCache;
+use crate::accounts::{self, AccountCache, RateLimit};
 use crate::config::Settings;
 use crate::idempotency::Resumers;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
@@ -64,6 +64,8 @@ pub struct AppState(Arc<Shared>);
 pub struct Shared {
     pub pool: PgPool,
     pub accounts: AccountCache,
+    /// Each account's requests per second, checked as it authenticates.
+    pub rate_limit: RateLimit,
     pub idempotency: Idempotency,
     /// Charges and refunds go through it, each call with a downstream key of its own.
     pub processor: ProcessorClient,
@@ -82,6 +84,12 @@ pub struct Shared {
 impl FromRef<AppState> for AccountCache {
     fn from_ref(state: &AppState) -> Self {
         state.accounts.clone()
+    }
+}
+
+impl FromRef<AppState> for RateLimit {
+    fn from_ref(state: &AppState) -> Self {
+        state.rate_limit.clone()
     }
 }
 
@@ -107,6 +115,7 @@ impl AppState {
         };
         Self(Arc::new(Shared {
             accounts: AccountCache::new(pool.clone()),
+            rate_limit: RateLimit::per_second(settings.rate_limit),
             idempotency: Idempotency::new(Service::Api, pool.clone(), policy),
             processor,
             webhook_secrets: settings.webhook_secrets.clone(),
@@ -131,6 +140,7 @@ impl Figures {
             webhook_tolerance: webhooks::TOLERANCE,
             max_signatures: webhooks::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
+            rate_limit: settings.rate_limit,
         }
     }
 }
@@ -250,7 +260,8 @@ async fn method_not_allowed(request: Request) -> Response {
 }
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
-/// recovery job and, when no processor URL is configured, the embedded processor.
+/// recovery job, the listener that tells the account cache of API key changes and, when no
+/// processor URL is configured, the embedded processor.
 ///
 /// Taking a bound listener lets a test bind port 0 and learn the address before serving.
 pub struct Application {
@@ -309,6 +320,7 @@ impl Application {
                 self.settings.recovery_interval,
                 stop.clone(),
             ),
+            accounts::listen(self.state.accounts.clone(), stop.clone()),
         ];
         // The embedded processor stops last: requests finishing now may still be calling it.
         if let Some(processor) = self.embedded {

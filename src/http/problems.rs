@@ -25,6 +25,8 @@ pub struct Figures {
     pub webhook_tolerance: Duration,
     pub max_signatures: usize,
     pub max_key_len: usize,
+    /// Requests per second per account; 0 for no limit.
+    pub rate_limit: u32,
 }
 
 impl Figures {
@@ -35,7 +37,7 @@ impl Figures {
 
     /// `text` with each placeholder (`{key_ttl}`, `{event_ttl}`, `{lease}`, `{body_limit}`,
     /// `{body_read_timeout}`, `{webhook_tolerance}`, `{max_signatures}`, `{max_key_len}`,
-    /// `{problem_kinds}`) replaced by its figure.
+    /// `{rate_limit}`, `{problem_kinds}`) replaced by its figure.
     pub fn fill(&self, text: &str) -> String {
         text.replace("{key_ttl}", &in_words(self.key_ttl))
             .replace("{event_ttl}", &in_words(self.event_ttl))
@@ -48,6 +50,7 @@ impl Figures {
             .replace("{webhook_tolerance}", &in_words(self.webhook_tolerance))
             .replace("{max_signatures}", &self.max_signatures.to_string())
             .replace("{max_key_len}", &self.max_key_len.to_string())
+            .replace("{rate_limit}", &rate_in_words(self.rate_limit))
             .replace("{problem_kinds}", &problem_kinds())
     }
 }
@@ -62,6 +65,15 @@ fn problem_kinds() -> String {
         Some((last, [])) => last.clone(),
         Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
         None => String::new(),
+    }
+}
+
+/// The rate limit as a person says it.
+fn rate_in_words(per_second: u32) -> String {
+    match per_second {
+        0 => "no limit is set".to_owned(),
+        1 => "1 request a second, with a burst of 1".to_owned(),
+        n => format!("{n} requests a second, with a burst of {n}"),
     }
 }
 
@@ -152,6 +164,7 @@ mod tests {
             webhook_tolerance: Duration::from_secs(300),
             max_signatures: 8,
             max_key_len: 255,
+            rate_limit: 1000,
         }
     }
 

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::{Fingerprint, IdempotencyKey, KeyError};
-use crate::accounts::{Account, AccountCache, AccountId};
+use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
 /// The header that carries the key.
@@ -71,7 +71,8 @@ impl KeyedRequest {
 }
 
 /// A JSON body of type `T` that arrived with a valid `Idempotency-Key`, from an authenticated
-/// account. Rejections are problem documents: 401 without a valid API key, 400 for the key or the
+/// account. Rejections are problem documents: 401 without a valid API key, 429 over the account's
+/// rate limit (checked first, so a throttled request reserves nothing), 400 for the key or the
 /// body, 415 for a body that is not JSON, 413 for one over the size limit, 408 for one that stopped
 /// arriving.
 #[derive(Debug)]
@@ -89,6 +90,7 @@ const INLINE_BODY_BYTES: usize = 8 * 1024;
 impl<S, T> FromRequest<S> for Idempotent<T>
 where
     AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
     S: Send + Sync,
     T: DeserializeOwned + Send + 'static,
 {

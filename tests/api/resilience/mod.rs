@@ -1,10 +1,12 @@
 //! Exactly once when things go wrong: processes crash or are killed, the database stops or
 //! stalls, clients are slow or send hostile bytes, and another account tries what it may not.
 
+mod api_keys;
 mod connections;
 mod faults;
 mod hostile;
 mod lock_timeout;
 mod outage;
+mod rate_limits;
 mod security;
 mod slow_clients;

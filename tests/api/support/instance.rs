@@ -82,6 +82,24 @@ impl Instance {
             .to_owned()
     }
 
+    /// Waits until the instance listens for API key changes: until then its account cache is off
+    /// (every request looks its key up), and a test of what the cache keeps would prove nothing.
+    pub async fn listening_for_key_changes(&self) {
+        let started = std::time::Instant::now();
+        while self
+            .metrics()
+            .await
+            .value("idempay_api_key_listener_connected")
+            != Some(1.0)
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the instance never listened for API key changes"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The instance's metrics, as `GET /metrics` serves them now.
     pub async fn metrics(&self) -> Metrics {
         Metrics::new(self.get("/metrics").await.body)

@@ -40,6 +40,55 @@ async fn account_create_prints_a_key_that_authenticates_and_stores_only_its_hash
     assert!(found.is_empty(), "the secret itself is stored in {found:?}");
 }
 
+#[api_test]
+async fn key_commands_refuse_malformed_and_unknown_keys_with_a_clear_message() {
+    let app = TestApp::spawn().await;
+    let database_url = app.database_url();
+    let env = [("DATABASE_URL", database_url.as_str())];
+    let unknown = format!("sk_{}", "a".repeat(40));
+    let cases = [
+        (
+            vec!["rotate-key", "--api-key", "sk_short"],
+            "not an API key",
+        ),
+        (vec!["revoke-key", "--api-key", "pk_test"], "not an API key"),
+        (
+            vec!["rotate-key", "--api-key", unknown.as_str()],
+            "no account has this API key",
+        ),
+        (
+            vec!["revoke-key", "--api-key", unknown.as_str()],
+            "no account has this API key",
+        ),
+        (
+            vec!["rotate-key", "--account", "acct_nobody"],
+            "no account has the id",
+        ),
+        (vec!["rotate-key"], "--api-key"),
+    ];
+
+    for (args, message) in cases {
+        let output = idempay(&[&["account"], args.as_slice()].concat(), &env).await;
+
+        assert!(!output.status.success(), "{args:?}: {output:?}");
+        assert!(
+            output.stdout.is_empty(),
+            "{args:?} printed a key: {output:?}"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+    // Nothing changed: the account's key still works.
+    let listed = app
+        .send(
+            app.client()
+                .get(app.url("/v1/payments"))
+                .bearer_auth(&app.api_key),
+        )
+        .await;
+    assert_eq!(listed.status, 200);
+}
+
 /// The columns of the database's tables (`table.column`) that hold `needle` in some row: every
 /// column of a character or JSON type, searched as text, and every `bytea` column, searched for the
 /// needle's UTF-8 bytes.

@@ -23,6 +23,8 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
     let proxy = CountingProxy::start(&app.database_url()).await;
     // The expiry job runs once at start, then not again during the test.
     let instance = Instance::start(&proxy.url, &[("IDEMPAY_EXPIRY_INTERVAL", "1h")]).await;
+    // The account cache is off until the instance listens for API key changes.
+    instance.listening_for_key_changes().await;
     proxy.wait_until_quiet().await;
 
     let key = new_key();

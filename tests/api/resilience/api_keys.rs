@@ -1,0 +1,187 @@
+//! API keys that change while instances serve: a rotated or revoked key stops working on every
+//! running instance, which had it in its account cache, as soon as the change commits; a key that
+//! matches no account costs one query, not one per request.
+
+use std::time::{Duration, Instant};
+
+use idempay_test_macros::api_test;
+use sha2::{Digest, Sha256};
+
+use crate::support::helpers::{TestApp, TestResponse, new_key as idempotency_key, payment, send};
+use crate::support::instance::{Instance, idempay};
+
+/// How long a changed key may go on working. Far more than a notification takes, far less than the
+/// account cache's own expiry (60 s), after which a key would stop working even unnotified.
+const TOLD_WITHIN: Duration = Duration::from_secs(5);
+
+/// `GET /v1/payments` on `instance` with `api_key`.
+async fn list(instance: &Instance, api_key: &str) -> TestResponse {
+    send(
+        reqwest::Client::new()
+            .get(format!("{}/v1/payments", instance.address))
+            .bearer_auth(api_key),
+    )
+    .await
+}
+
+/// Asserts that `api_key` is refused by `instance` within [`TOLD_WITHIN`].
+async fn refused_soon(instance: &Instance, api_key: &str) {
+    let started = Instant::now();
+    loop {
+        let answer = list(instance, api_key).await;
+        if answer.status == 401 {
+            answer.assert_problem(401, "unauthorized");
+            return;
+        }
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert!(
+            started.elapsed() < TOLD_WITHIN,
+            "the changed key still works on {} after {TOLD_WITHIN:?}",
+            instance.address
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `idempay account SUBCOMMAND ARGS` on the app's database.
+async fn account_command(app: &TestApp, args: &[&str]) -> std::process::Output {
+    let database_url = app.database_url();
+    let args = [&["account"], args].concat();
+    idempay(&args, &[("DATABASE_URL", database_url.as_str())]).await
+}
+
+/// The key a command printed as its last line.
+fn printed_key(output: &std::process::Output) -> String {
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .last()
+        .expect("the key on the last line")
+        .trim()
+        .to_owned()
+}
+
+#[api_test]
+async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_works() {
+    let app = TestApp::spawn().await;
+    let database_url = app.database_url();
+    let instances = [
+        Instance::start(&database_url, &[]).await,
+        Instance::start(&database_url, &[]).await,
+    ];
+    for instance in &instances {
+        instance.listening_for_key_changes().await;
+        // The old key is now in the instance's cache.
+        assert_eq!(list(instance, &app.api_key).await.status, 200);
+    }
+
+    let rotated = account_command(&app, &["rotate-key", "--api-key", &app.api_key]).await;
+
+    let new_key = printed_key(&rotated);
+    assert_ne!(new_key, app.api_key);
+    for instance in &instances {
+        refused_soon(instance, &app.api_key).await;
+        assert_eq!(list(instance, &new_key).await.status, 200);
+    }
+}
+
+#[api_test]
+async fn a_revoked_key_stops_working_on_a_running_instance_until_the_account_gets_a_new_one() {
+    let app = TestApp::spawn().await;
+    let instance = Instance::start(&app.database_url(), &[]).await;
+    instance.listening_for_key_changes().await;
+    assert_eq!(list(&instance, &app.api_key).await.status, 200);
+
+    let revoked = account_command(&app, &["revoke-key", "--api-key", &app.api_key]).await;
+
+    assert!(revoked.status.success(), "{revoked:?}");
+    refused_soon(&instance, &app.api_key).await;
+    let again = account_command(&app, &["revoke-key", "--api-key", &app.api_key]).await;
+    assert!(!again.status.success(), "{again:?}");
+    let issued = account_command(&app, &["rotate-key", "--account", &app.account_id]).await;
+    let new_key = printed_key(&issued);
+    assert_eq!(list(&instance, &new_key).await.status, 200);
+    // The account keeps its payments through it all.
+    let paid = instance
+        .post_payment(&new_key, &idempotency_key(), &payment(100))
+        .await;
+    assert_eq!(paid.status, 201, "{paid:?}");
+}
+
+#[api_test]
+async fn a_key_changed_after_the_listener_lost_its_connection_is_not_trusted_from_the_cache() {
+    let app = TestApp::spawn().await;
+    let instance = Instance::start(&app.database_url(), &[]).await;
+    instance.listening_for_key_changes().await;
+    assert_eq!(list(&instance, &app.api_key).await.status, 200);
+
+    // Every listener on this database loses its connection (the in-process app's too).
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert!(!terminated.is_empty(), "no listener found");
+    let rotated = account_command(&app, &["rotate-key", "--api-key", &app.api_key]).await;
+
+    let new_key = printed_key(&rotated);
+    refused_soon(&instance, &app.api_key).await;
+    assert_eq!(list(&instance, &new_key).await.status, 200);
+    // It listens again.
+    instance.listening_for_key_changes().await;
+}
+
+#[api_test]
+async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account_has_it() {
+    let app = TestApp::spawn().await;
+    let instance = Instance::start(&app.database_url(), &[]).await;
+    instance.listening_for_key_changes().await;
+    let lookups = |metrics: &crate::support::instance::Metrics| {
+        metrics
+            .value(r#"idempay_account_lookups_total{result="unknown"}"#)
+            .unwrap_or(0.0)
+    };
+    let unknown = format!("sk_{}", "x".repeat(40));
+    let before = lookups(&instance.metrics().await);
+
+    for _ in 0..20 {
+        list(&instance, &unknown)
+            .await
+            .assert_problem(401, "unauthorized");
+    }
+
+    assert_eq!(
+        lookups(&instance.metrics().await) - before,
+        1.0,
+        "20 requests with one unknown key looked it up"
+    );
+    // A flood of one unknown key at once costs a query per lookup allowed at once, at most: half
+    // the pool's 8 connections.
+    let flood = format!("sk_{}", "y".repeat(40));
+    let before = lookups(&instance.metrics().await);
+    let answers = futures::future::join_all((0..20).map(|_| list(&instance, &flood))).await;
+    assert!(answers.iter().all(|answer| answer.status == 401));
+    let flooded = lookups(&instance.metrics().await) - before;
+    assert!((1.0..=4.0).contains(&flooded), "{flooded} lookups");
+
+    // The key is given to an account (as `account create` would, with a key of the test's
+    // choosing): the notification of the change evicts its hash, and it works at once.
+    let hash: [u8; 32] = Sha256::digest(unknown.as_bytes()).into();
+    sqlx::query(
+        "INSERT INTO accounts (id, name, api_key_hash) VALUES ('acct_chosen', 'chosen', $1)",
+    )
+    .bind(hash.as_slice())
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let started = Instant::now();
+    while list(&instance, &unknown).await.status != 200 {
+        assert!(
+            started.elapsed() < TOLD_WITHIN,
+            "a key given to an account still refused after {TOLD_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
