@@ -218,16 +218,10 @@ async fn a_payment_committed_after_a_newer_one_sorts_behind_the_polling_cursor()
     .unwrap();
     let late = app.start_payment(&new_key(), &payment(300)).await;
     // Its `created_at` is taken once it reaches the insert, which then waits.
-    wait_until("the payment of 300 waits to be inserted", || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT FROM pg_stat_activity
-                            WHERE datname = current_database() AND wait_event = 'advisory'
-                              AND query LIKE '%INSERT INTO payments%')",
-        )
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-    })
+    app.until_a_statement_waits(
+        "the payment of 300 waits to be inserted",
+        "%INSERT INTO payments%",
+    )
     .await;
     let newer = app.paid(200).await;
     let polled = app.get("/v1/payments").await.json();

@@ -1,7 +1,6 @@
 //! Refunds: exactly once per key, never more than was paid, replayed refusals.
 
 use futures::future::join_all;
-use idempay::config::Settings;
 use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -329,7 +328,7 @@ async fn refunds_are_listed_newest_first_and_readable_at_their_location() {
 /// What remains refundable is `amount − amount_refunded − amount_disputed`.
 #[api_test]
 async fn a_disputed_amount_is_not_refundable() {
-    let (app, secret) = with_webhooks().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let whole = app.paid(100).await;
     let part = app.paid(100).await;
     dispute(&app, &secret, &whole, "dp_whole", 100).await;
@@ -411,16 +410,6 @@ async fn the_database_refuses_refunds_beyond_the_undisputed_amount_and_across_ac
             .contains("refunds_payment_account_fkey"),
         "{elsewhere}"
     );
-}
-
-async fn with_webhooks() -> (TestApp, WebhookSecrets) {
-    let secret = WebhookSecrets::generate();
-    let app = TestApp::spawn_with(Settings {
-        webhook_secrets: Some(secret.clone()),
-        ..Settings::default()
-    })
-    .await;
-    (app, secret)
 }
 
 /// Delivers idempay's own `dispute.created` event, as the processor would, and checks it applied.

@@ -13,7 +13,7 @@ use crate::support::instance::Instance;
 
 #[api_test]
 async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let data = json!({ "payment": paid, "dispute": "dp_1", "amount": 1500 });
 
@@ -45,7 +45,7 @@ async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
 
 #[api_test]
 async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let data = json!({ "payment": paid, "dispute": "dp_storm", "amount": 100 });
 
@@ -73,7 +73,7 @@ async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
 
 #[api_test]
 async fn a_bad_or_missing_signature_is_refused_with_401() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let body = envelope(
         "dispute.created",
@@ -105,7 +105,7 @@ async fn a_bad_or_missing_signature_is_refused_with_401() {
 
 #[api_test]
 async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let body = envelope(
         "dispute.created",
@@ -125,7 +125,7 @@ async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
 
 #[api_test]
 async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let cases = [
         ("evt_a", "customer.created", json!({ "customer": "cus_1" })),
         (
@@ -152,7 +152,7 @@ async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
 
 #[api_test]
 async fn payment_events_sync_the_status() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
 
     deliver(
@@ -180,7 +180,7 @@ async fn payment_events_sync_the_status() {
 
 #[api_test]
 async fn a_failed_refund_makes_its_amount_refundable_again() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let refund = app.post_refund(&paid, &new_key(), &json!({})).await.json();
     assert_eq!(app.get_payment(&paid).await.json()["status"], "refunded");
@@ -218,7 +218,7 @@ async fn a_failed_refund_makes_its_amount_refundable_again() {
 /// The payment's disputed amount takes only what fits: the dispute itself is recorded in full.
 #[api_test]
 async fn the_disputed_amount_never_exceeds_the_payment() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(1000).await;
 
     let too_much = deliver(
@@ -307,7 +307,7 @@ async fn a_dispute_redelivered_after_its_event_id_expired_changes_nothing() {
 /// id: whichever arrives second, under whatever event id, is a duplicate.
 #[api_test]
 async fn the_same_dispute_under_two_event_ids_counts_once() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let charge = app.get_payment(&paid).await.json()["charge"].clone();
 
@@ -342,7 +342,7 @@ async fn the_same_dispute_under_two_event_ids_counts_once() {
 /// retry), must not make the failed payment refundable: it is recorded as stale.
 #[api_test]
 async fn a_late_success_older_than_the_failure_is_stale_and_the_payment_stays_failed() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let now = chrono::Utc::now();
     let data = json!({ "payment": paid });
@@ -372,7 +372,7 @@ async fn a_late_success_older_than_the_failure_is_stale_and_the_payment_stays_fa
 /// A declined charge is the processor's final answer: no event moves the payment.
 #[api_test]
 async fn a_declined_payment_stays_declined_whatever_event_arrives() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let declined = app
         .post_payment(
             &new_key(),
@@ -450,7 +450,7 @@ async fn without_a_secret_webhooks_are_refused_with_503() {
 
 #[api_test]
 async fn the_send_command_delivers_what_the_service_accepts() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let url = app.url("/v1/webhooks/processor");
     let data = json!({ "payment": paid, "dispute": "dp_cli", "amount": 250 });
@@ -470,7 +470,7 @@ async fn the_send_command_delivers_what_the_service_accepts() {
 
 #[api_test]
 async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let body = br#"{"kind": "nothing"}"#.to_vec();
     let now = chrono::Utc::now().timestamp();
     let answer = post(
@@ -499,7 +499,7 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
 /// recorded and flagged, not a 500 that the processor would redeliver for ever.
 #[api_test]
 async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_flagged() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let dispute =
         |id: &str, amount: i64| json!({ "payment": paid, "dispute": id, "amount": amount });
@@ -532,7 +532,7 @@ async fn a_dispute_so_large_it_would_overflow_the_disputed_amount_is_flagged() {
 /// among them.
 #[api_test]
 async fn a_signature_header_over_the_cap_is_refused_with_400_even_with_the_right_signature_in_it() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let body = envelope("unknown.type", &json!({}));
     let now = chrono::Utc::now().timestamp();
     let good = secret.sign("evt_many", now, &body).unwrap();
@@ -590,7 +590,7 @@ async fn a_delivery_signed_with_any_listed_secret_is_accepted_and_with_neither_r
 /// (a 20 000-character id would not).
 #[api_test]
 async fn a_webhook_id_over_255_bytes_is_refused_with_400() {
-    let (app, secret) = spawn().await;
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
     let data = json!({});
     let too_long: String = (0..625)
         .map(|_| uuid::Uuid::new_v4().simple().to_string())
@@ -602,16 +602,6 @@ async fn a_webhook_id_over_255_bytes_is_refused_with_400() {
     let longest = "e".repeat(255);
     let accepted = deliver(&app, &secret, &longest, "unknown.type", &data).await;
     assert_eq!(accepted.status, 200);
-}
-
-async fn spawn() -> (TestApp, WebhookSecrets) {
-    let secret = WebhookSecrets::generate();
-    let app = TestApp::spawn_with(Settings {
-        webhook_secrets: Some(secret.clone()),
-        ..Settings::default()
-    })
-    .await;
-    (app, secret)
 }
 
 fn envelope(kind: &str, data: &Value) -> Vec<u8> {

@@ -14,7 +14,7 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::support::helpers::{TestApp, wait_until};
+use crate::support::helpers::TestApp;
 use crate::support::instance::ANSWER_WITHIN;
 
 const POLICY: Policy = Policy {
@@ -115,16 +115,10 @@ async fn the_work_goes_on_while_a_renewal_of_its_lease_waits_for_the_key_row() {
         .fetch_one(&mut *holder)
         .await
         .unwrap();
-    wait_until("a renewal waits for the locked key row", || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT FROM pg_stat_activity
-                            WHERE datname = current_database() AND wait_event_type = 'Lock'
-                              AND query LIKE '%UPDATE idempotency_keys%locked_until%')",
-        )
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-    })
+    app.until_a_statement_waits(
+        "a renewal waits for the locked key row",
+        "%UPDATE idempotency_keys%locked_until%",
+    )
     .await;
 
     go_tx.send(()).unwrap();

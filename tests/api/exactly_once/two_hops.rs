@@ -541,19 +541,9 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
             .bearer_auth(&app.api_key)
             .send(),
     );
-    wait_until(
+    app.until_a_statement_waits(
         "the read waits on the lock, holding the connection",
-        || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND query LIKE '%refunds%'",
-            )
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-                == 1
-        },
+        "%refunds%",
     )
     .await;
     // The connection was taken before the charge could be recorded: the failure comes after it.

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use idempay::config::Settings;
 use idempay::http::Application;
+use idempay::webhooks::WebhookSecrets;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection, PgPool};
@@ -382,6 +383,37 @@ where
             "{what}: not within 10 s"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl TestApp {
+    /// Waits until a statement of this test's database whose text is `LIKE` `query` waits for a
+    /// lock (a row's, a table's or an advisory one): how a test knows a request reached the window
+    /// it aims at, and is held there.
+    pub async fn until_a_statement_waits(&self, what: &str, query: &str) {
+        wait_until(what, || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity
+                                WHERE datname = current_database() AND wait_event_type = 'Lock'
+                                  AND query LIKE $1)",
+            )
+            .bind(query)
+            .fetch_one(&self.db)
+            .await
+            .unwrap()
+        })
+        .await;
+    }
+
+    /// A server that accepts webhooks signed with a new secret, and the secret.
+    pub async fn spawn_with_webhooks() -> (Self, WebhookSecrets) {
+        let secret = WebhookSecrets::generate();
+        let app = Self::spawn_with(Settings {
+            webhook_secrets: Some(secret.clone()),
+            ..Settings::default()
+        })
+        .await;
+        (app, secret)
     }
 }
 
