@@ -281,6 +281,14 @@ pub struct Problem {
     /// For `card-declined`: why the processor declined.
     #[serde(skip_serializing_if = "Option::is_none")]
     decline_code: Option<Box<str>>,
+    /// For `idempotency-key-mismatch`: the JSON pointers (RFC 6901) of the request body's
+    /// top-level members that differ from the request the key was first used with (one present
+    /// in only one of them included), sorted. Never their values. Left out when the key predates
+    /// this list, or when the bodies are equal and the request went to another resource under the
+    /// same route (a refund of another payment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(["/amount"]))]
+    mismatched_fields: Option<Box<[String]>>,
     #[serde(skip)]
     /// Whole seconds, already rounded up: half the size of a `Duration`, which keeps the problem
     /// (carried by every `Result` of the HTTP layer) under clippy's large-error bound.
@@ -365,6 +373,7 @@ impl Problem {
             payment: None,
             charge: None,
             decline_code: None,
+            mismatched_fields: None,
             retry_after: None,
         }
     }
@@ -394,6 +403,12 @@ impl Problem {
     }
 
     /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
+    /// Names the members of the body that differ from the key's first request, if known.
+    pub fn mismatched_fields(mut self, fields: Option<Vec<String>>) -> Self {
+        self.mismatched_fields = fields.map(Vec::into_boxed_slice);
+        self
+    }
+
     pub fn retry_after(mut self, after: Duration) -> Self {
         let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
         self.retry_after = NonZeroU64::new(seconds.max(1));
