@@ -271,7 +271,7 @@ pub struct Problem {
     detail: String,
     /// For `card-declined`: the payment that was recorded as declined.
     #[serde(skip_serializing_if = "Option::is_none")]
-    payment: Option<String>,
+    payment: Option<Box<str>>,
     /// For `card-declined` at the simulated processor: the charge recorded as declined. Left out
     /// of idempay's API description, whose problems never carry it. Boxed, as `retry_after` is
     /// kept small, so that a problem stays under clippy's large-error bound.
@@ -287,13 +287,18 @@ pub struct Problem {
     /// this list, or when the bodies are equal and the request went to another resource under the
     /// same route (a refund of another payment).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = json!(["/amount"]))]
-    mismatched_fields: Option<Box<[String]>>,
+    #[schema(value_type = Option<Vec<String>>, example = json!(["/amount"]))]
+    mismatched_fields: Option<Box<FieldPointers>>,
     #[serde(skip)]
     /// Whole seconds, already rounded up: half the size of a `Duration`, which keeps the problem
     /// (carried by every `Result` of the HTTP layer) under clippy's large-error bound.
     retry_after: Option<NonZeroU64>,
 }
+
+/// The JSON pointers of a mismatch, boxed in the problem for the same reason as `charge`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+struct FieldPointers(Vec<String>);
 
 /// The id of a charge at the simulated processor, as a `card-declined` problem of its names it.
 #[derive(Debug, Clone, Serialize)]
@@ -381,7 +386,7 @@ impl Problem {
     /// A declined charge: names the payment recorded as declined and the processor's reason.
     pub fn card_declined(payment: &str, decline_code: &str) -> Self {
         Self {
-            payment: Some(payment.to_owned()),
+            payment: Some(payment.into()),
             decline_code: Some(decline_code.into()),
             ..Self::new(
                 ProblemKind::CardDeclined,
@@ -405,7 +410,7 @@ impl Problem {
     /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
     /// Names the members of the body that differ from the key's first request, if known.
     pub fn mismatched_fields(mut self, fields: Option<Vec<String>>) -> Self {
-        self.mismatched_fields = fields.map(Vec::into_boxed_slice);
+        self.mismatched_fields = fields.map(|fields| Box::new(FieldPointers(fields)));
         self
     }
 

@@ -254,18 +254,22 @@ mod tests {
         let sent = fields(r#"{"order":"x","currency":"usd","amount":42e2,"a/b":2,"m~n":2}"#);
         assert_eq!(stored.mismatched(&sent), ["/a~1b", "/currency", "/m~0n"]);
         // A member present in one body and absent from the other differs, whichever has it.
-        let added = fields(r#"{"amount":4200,"currency":"eur","a/b":1,"m~n":1,"order":"x","z":null}"#);
+        let added =
+            fields(r#"{"amount":4200,"currency":"eur","a/b":1,"m~n":1,"order":"x","z":null}"#);
         assert_eq!(stored.mismatched(&added), ["/z"]);
         assert_eq!(added.mismatched(&stored), ["/z"]);
         // The same value in another notation, key order or spacing is the same member.
-        assert!(fields(r#"{"amount":4200,"n":{"b":1,"a":2}}"#)
-            .mismatched(&fields(r#"{ "n": {"a":2.0,"b":1}, "amount": 42e2 }"#))
-            .is_empty());
+        assert!(
+            fields(r#"{"amount":4200,"n":{"b":1,"a":2}}"#)
+                .mismatched(&fields(r#"{ "n": {"a":2.0,"b":1}, "amount": 42e2 }"#))
+                .is_empty()
+        );
         assert_eq!(fields("[1,2]"), FieldDigests::default());
     }
 
     #[test]
-    fn a_field_digest_is_the_sha256_of_the_members_canonical_text_and_the_fingerprint_is_unchanged() {
+    fn a_field_digest_is_the_sha256_of_the_members_canonical_text_and_the_fingerprint_is_unchanged()
+    {
         let (whole, digests) =
             Fingerprint::with_fields("/v1/payments", br#"{"b":{"y":1e1,"x":1},"a":1}"#).unwrap();
         assert_eq!(whole, fingerprint(r#"{"a":1,"b":{"x":1,"y":10}}"#));

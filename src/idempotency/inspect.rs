@@ -10,8 +10,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::store::KeyStatus;
 use super::IdempotencyKey;
+use super::store::KeyStatus;
 use crate::accounts::Account;
 use crate::http::AppState;
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
@@ -205,7 +205,9 @@ mod tests {
         for (path, item) in description["paths"].as_object().unwrap() {
             for (method, operation) in item.as_object().unwrap() {
                 let takes_key = operation["parameters"].as_array().is_some_and(|params| {
-                    params.iter().any(|param| param["name"] == "Idempotency-Key")
+                    params
+                        .iter()
+                        .any(|param| param["name"] == "Idempotency-Key")
                 });
                 if takes_key {
                     keyed.push(format!("{} {path}", method.to_uppercase()));

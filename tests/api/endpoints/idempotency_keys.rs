@@ -6,13 +6,20 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use crate::support::helpers::{
-    TestApp, new_key, payment, reserve_as_a_dead_process, slow_payment, with_slow_charge,
+    TestApp, TestResponse, new_key, payment, reserve_as_a_dead_process, slow_payment,
+    with_slow_charge,
 };
 
 impl TestApp {
     /// `GET /v1/idempotency_keys/{key}` with this app's account; `key` goes into the path as is.
-    async fn inspect(&self, key: &str) -> crate::support::helpers::TestResponse {
+    async fn inspect(&self, key: &str) -> TestResponse {
         self.get(&format!("/v1/idempotency_keys/{key}")).await
+    }
+
+    /// `GET path` with another account's API key.
+    async fn get_as(&self, api_key: &str, path: &str) -> TestResponse {
+        self.send(self.client().get(self.url(path)).bearer_auth(api_key))
+            .await
     }
 }
 
@@ -38,12 +45,13 @@ async fn a_completed_key_shows_its_response_status_location_and_fingerprint() {
     assert_eq!(used["takeovers"], 0);
     assert!(used["completed_at"].as_str().is_some(), "{used}");
     assert!(used["downstream_key"].as_str().is_some(), "{used}");
-    let fingerprint: String =
-        sqlx::query_scalar("SELECT encode(request_hash, 'hex') FROM idempotency_keys WHERE idem_key = $1")
-            .bind(&key)
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
+    let fingerprint: String = sqlx::query_scalar(
+        "SELECT encode(request_hash, 'hex') FROM idempotency_keys WHERE idem_key = $1",
+    )
+    .bind(&key)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
     assert_eq!(used["fingerprint"], fingerprint);
 }
 
@@ -64,7 +72,10 @@ async fn a_key_in_progress_shows_its_lease_and_recovery_point() {
     assert_eq!(used["response_status"], json!(null));
     assert_eq!(used["completed_at"], json!(null));
     assert_eq!(running.await.unwrap().status, 201);
-    assert_eq!(app.inspect(&key).await.json()["uses"][0]["state"], "completed");
+    assert_eq!(
+        app.inspect(&key).await.json()["uses"][0]["state"],
+        "completed"
+    );
 }
 
 #[api_test]
@@ -113,7 +124,9 @@ async fn another_account_s_key_is_not_found_exactly_like_an_unknown_key() {
     let app = TestApp::spawn().await;
     let (_, other_api_key) = app.create_account("another merchant").await;
     let key = new_key();
-    let theirs = app.post_payment_as(&other_api_key, &key, &payment(4200)).await;
+    let theirs = app
+        .post_payment_as(&other_api_key, &key, &payment(4200))
+        .await;
     assert_eq!(theirs.status, 201);
 
     let hidden = app.inspect(&key).await;
@@ -122,22 +135,31 @@ async fn another_account_s_key_is_not_found_exactly_like_an_unknown_key() {
     hidden.assert_problem(404, "not-found");
     unknown.assert_problem(404, "not-found");
     assert_eq!(hidden.body, unknown.body, "nothing tells the two apart");
+    // Its own account sees it.
+    let own = app
+        .get_as(&other_api_key, &format!("/v1/idempotency_keys/{key}"))
+        .await;
+    assert_eq!(own.status, 200);
 }
 
 #[api_test]
 async fn the_processor_s_own_keys_are_never_shown() {
     let app = TestApp::spawn().await;
-    app.post_payment(&new_key(), &payment(4200)).await;
-    let downstream: String = sqlx::query_scalar(
-        "SELECT idem_key FROM idempotency_keys WHERE scope LIKE 'processor:%'",
-    )
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
+    let key = new_key();
+    app.post_payment(&key, &payment(4200)).await;
+    let downstream: String =
+        sqlx::query_scalar("SELECT idem_key FROM idempotency_keys WHERE scope LIKE 'processor:%'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
 
     app.inspect(&downstream)
         .await
         .assert_problem(404, "not-found");
+    // The account's own key, whose downstream key that is, is shown with it.
+    let own = app.inspect(&key).await;
+    assert_eq!(own.status, 200);
+    assert_eq!(own.json()["uses"][0]["downstream_key"], downstream.as_str());
 }
 
 #[api_test]
@@ -149,7 +171,10 @@ async fn a_malformed_key_is_refused_with_400() {
             .inspect(malformed)
             .await
             .assert_problem(400, "invalid-idempotency-key");
-        assert!(!problem["detail"].as_str().unwrap().contains("header"), "{problem}");
+        assert!(
+            !problem["detail"].as_str().unwrap().contains("header"),
+            "{problem}"
+        );
     }
 }
 

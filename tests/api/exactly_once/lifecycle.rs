@@ -140,15 +140,24 @@ async fn a_mismatch_lists_every_changed_field_sorted_and_an_added_one() {
     app.post_payment(&key, &payment(4200)).await;
 
     let two = app
-        .post_payment(&key, &json!({ "amount": 4300, "currency": "usd", "order": "cmd_9182" }))
+        .post_payment(
+            &key,
+            &json!({ "amount": 4300, "currency": "usd", "order": "cmd_9182" }),
+        )
         .await;
     let added = app
-        .post_payment(&key, &json!({ "amount": 4200, "currency": "eur", "order": "cmd_9182",
-                                     "description": "more" }))
+        .post_payment(
+            &key,
+            &json!({ "amount": 4200, "currency": "eur", "order": "cmd_9182",
+                                     "description": "more" }),
+        )
         .await;
     // Another notation of the same amount is the same field: only the real change is named.
     let renoted = app
-        .post_payment(&key, &json!({ "amount": 4.2e3, "currency": "eur", "order": "cmd_1" }))
+        .post_payment(
+            &key,
+            &json!({ "amount": 4.2e3, "currency": "eur", "order": "cmd_1" }),
+        )
         .await;
 
     let two = two.assert_problem(422, "idempotency-key-mismatch");

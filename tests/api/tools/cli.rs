@@ -345,12 +345,24 @@ async fn keys_show_prints_each_route_s_block_and_refuses_an_unknown_key() {
 
     assert!(shown.status.success(), "{shown:?}");
     let text = String::from_utf8_lossy(&shown.stdout);
-    assert!(text.starts_with(&format!("POST /v1/payments {key}\n")), "{text}");
+    assert!(
+        text.starts_with(&format!("POST /v1/payments {key}\n")),
+        "{text}"
+    );
     assert!(text.contains("  state           completed\n"), "{text}");
     assert!(text.contains("  response        201\n"), "{text}");
     let location = paid.header("location").unwrap();
-    assert!(text.contains(&format!("  location        {location}\n")), "{text}");
-    assert!(!text.contains("locked until"), "absent fields are left out: {text}");
+    assert!(
+        text.contains(&format!("  location        {location}\n")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("locked until"),
+        "absent fields are left out: {text}"
+    );
     assert_eq!(unknown.status.code(), Some(1), "{unknown:?}");
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"), "{unknown:?}");
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("404"),
+        "{unknown:?}"
+    );
 }
