@@ -240,6 +240,12 @@ impl Client {
             .await
     }
 
+    /// What became of an idempotency key of the account, on every route it was used on.
+    pub async fn get_idempotency_key(&self, key: &str) -> Result<Answer<Value>, ClientError> {
+        let path = format!("/v1/idempotency_keys/{}", path_segment(key));
+        self.call(Method::GET, &path, None, None).await
+    }
+
     /// A page of payments, newest first, after `starting_after` when given.
     pub async fn list_payments(
         &self,
@@ -444,4 +450,17 @@ fn describe(error: &reqwest::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// `text` as one path segment: every byte but RFC 3986's unreserved characters percent-encoded,
+/// so a key holding `/`, `?`, `%` or `#` names itself.
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(byte).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
 }

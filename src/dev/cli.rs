@@ -1,6 +1,6 @@
 //! The dev tools' commands: `dev` (the service with a throwaway database), `pay` (the retrying
-//! client), `demo` (intents through a lossy network) and `webhook send` (events signed as the
-//! processor signs them). They join the service's commands in [`crate::cli`].
+//! client), `keys show` (what became of a key), `demo` (intents through a lossy network) and
+//! `webhook send` (events signed as the processor signs them). They join the service's commands in [`crate::cli`].
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -38,6 +38,11 @@ pub enum DevCommand {
     /// Pays through the retrying client: one key for the intent, reused on every retry.
     #[command(after_help = PAY_EXIT_CODES)]
     Pay(PayArgs),
+    /// The account's idempotency keys, as the API shows them.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Payment intents through a lossy network: the key turns retries into exactly one charge.
     Demo(DemoArgs),
     /// Sends signed events to a webhook endpoint, as the payment processor does.
@@ -129,6 +134,17 @@ pub struct DemoArgs {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Prints what became of a key: one block per route it was used on.
+    Show {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The key, as sent in `Idempotency-Key`.
+        key: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum WebhookCommand {
     /// Signs an event with the webhook secret and delivers it; prints the answer.
     Send {
@@ -153,6 +169,9 @@ pub enum WebhookCommand {
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
     match command {
         DevCommand::Pay(args) => pay(args).await,
+        DevCommand::Keys {
+            command: KeysCommand::Show { api, key },
+        } => show_key(api, &key).await,
         DevCommand::Demo(args) => demo(args).await,
         DevCommand::Webhook {
             command:
@@ -243,6 +262,67 @@ async fn pay(args: PayArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Prints a key for a person: one block per route, its fields aligned, absent ones left out.
+async fn show_key(api: ApiArgs, key: &str) -> anyhow::Result<()> {
+    let client = Client::new(&api.base_url, &api.api_key);
+    match client.get_idempotency_key(key).await {
+        Ok(answer) => {
+            print!("{}", key_blocks(&answer.value));
+            Ok(())
+        }
+        Err(ClientError::Api { problem, .. }) => Err(Exit {
+            code: EXIT_REFUSED,
+            message: format!("{} ({}): {}", problem.title, problem.status, problem.detail),
+        }
+        .into()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The fields of a key's use, in the order a person reads them, with their labels.
+const KEY_FIELDS: [(&str, &str); 11] = [
+    ("state", "state"),
+    ("created_at", "created"),
+    ("completed_at", "completed"),
+    ("expires_at", "expires"),
+    ("locked_until", "locked until"),
+    ("recovery_point", "recovery point"),
+    ("downstream_key", "downstream key"),
+    ("response_status", "response"),
+    ("response_location", "location"),
+    ("fingerprint", "fingerprint"),
+    ("takeovers", "takeovers"),
+];
+
+fn key_blocks(inspection: &serde_json::Value) -> String {
+    let width = KEY_FIELDS
+        .iter()
+        .map(|(_, label)| label.len())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    let uses = inspection["uses"].as_array().map_or(&[][..], Vec::as_slice);
+    for (index, used) in uses.iter().enumerate() {
+        if index > 0 {
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "{} {}\n",
+            used["route"].as_str().unwrap_or("?"),
+            inspection["key"].as_str().unwrap_or("?")
+        ));
+        for (field, label) in KEY_FIELDS {
+            let value = match &used[field] {
+                serde_json::Value::Null => continue,
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            out.push_str(&format!("  {label:<width$}  {value}\n"));
+        }
+    }
+    out
+}
+
 async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let options = lossy::Options {
         intents: args.intents,
@@ -309,6 +389,31 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_printed_one_aligned_block_per_route_without_absent_fields() {
+        let inspection = serde_json::json!({
+            "key": "k1",
+            "uses": [
+                { "route": "POST /v1/payments", "state": "completed", "response_status": 201,
+                  "locked_until": null, "takeovers": 0 },
+                { "route": "POST /v1/payments/{id}/refunds", "state": "in_progress",
+                  "locked_until": "2026-12-01T10:00:00Z", "takeovers": 1 },
+            ]
+        });
+        assert_eq!(
+            key_blocks(&inspection),
+            "POST /v1/payments k1\n\
+             \x20 state           completed\n\
+             \x20 response        201\n\
+             \x20 takeovers       0\n\
+             \n\
+             POST /v1/payments/{id}/refunds k1\n\
+             \x20 state           in_progress\n\
+             \x20 locked until    2026-12-01T10:00:00Z\n\
+             \x20 takeovers       1\n"
+        );
+    }
 
     #[test]
     fn pay_s_help_lists_each_exit_code() {

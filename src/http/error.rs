@@ -271,7 +271,7 @@ pub struct Problem {
     detail: String,
     /// For `card-declined`: the payment that was recorded as declined.
     #[serde(skip_serializing_if = "Option::is_none")]
-    payment: Option<String>,
+    payment: Option<Box<str>>,
     /// For `card-declined` at the simulated processor: the charge recorded as declined. Left out
     /// of idempay's API description, whose problems never carry it. Boxed, as `retry_after` is
     /// kept small, so that a problem stays under clippy's large-error bound.
@@ -281,11 +281,24 @@ pub struct Problem {
     /// For `card-declined`: why the processor declined.
     #[serde(skip_serializing_if = "Option::is_none")]
     decline_code: Option<Box<str>>,
+    /// For `idempotency-key-mismatch`: the JSON pointers (RFC 6901) of the request body's
+    /// top-level members that differ from the request the key was first used with (one present
+    /// in only one of them included), sorted. Never their values. Left out when the key predates
+    /// this list, or when the bodies are equal and the request went to another resource under the
+    /// same route (a refund of another payment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<String>>, example = json!(["/amount"]))]
+    mismatched_fields: Option<Box<FieldPointers>>,
     #[serde(skip)]
     /// Whole seconds, already rounded up: half the size of a `Duration`, which keeps the problem
     /// (carried by every `Result` of the HTTP layer) under clippy's large-error bound.
     retry_after: Option<NonZeroU64>,
 }
+
+/// The JSON pointers of a mismatch, boxed in the problem for the same reason as `charge`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+struct FieldPointers(Vec<String>);
 
 /// The id of a charge at the simulated processor, as a `card-declined` problem of its names it.
 #[derive(Debug, Clone, Serialize)]
@@ -365,6 +378,7 @@ impl Problem {
             payment: None,
             charge: None,
             decline_code: None,
+            mismatched_fields: None,
             retry_after: None,
         }
     }
@@ -372,7 +386,7 @@ impl Problem {
     /// A declined charge: names the payment recorded as declined and the processor's reason.
     pub fn card_declined(payment: &str, decline_code: &str) -> Self {
         Self {
-            payment: Some(payment.to_owned()),
+            payment: Some(payment.into()),
             decline_code: Some(decline_code.into()),
             ..Self::new(
                 ProblemKind::CardDeclined,
@@ -394,6 +408,12 @@ impl Problem {
     }
 
     /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
+    /// Names the members of the body that differ from the key's first request, if known.
+    pub fn mismatched_fields(mut self, fields: Option<Vec<String>>) -> Self {
+        self.mismatched_fields = fields.map(|fields| Box::new(FieldPointers(fields)));
+        self
+    }
+
     pub fn retry_after(mut self, after: Duration) -> Self {
         let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
         self.retry_after = NonZeroU64::new(seconds.max(1));

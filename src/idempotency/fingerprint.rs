@@ -1,7 +1,9 @@
 //! The fingerprint of a request: SHA-256 over its target and a canonical form of its JSON body, so
 //! the same key with a different payload (or sent to another resource under the same route, such as
 //! a refund of another payment) is recognised, while a retry that serialises the same object
-//! differently (key order, whitespace, `4200` or `42e2`) is the same request.
+//! differently (key order, whitespace, `4200` or `42e2`) is the same request. Beside it, one digest
+//! per top-level member ([`FieldDigests`]) lets a mismatch name the members that changed without
+//! the request itself being stored.
 
 use std::collections::BTreeMap;
 
@@ -25,9 +27,28 @@ impl Fingerprint {
     /// per value, read from its decimal text (`4200`, `4200.0` and `42e2` are all `4200`), so a
     /// retry from another JSON library is the same request. Fails on text that is not JSON.
     pub fn of_json(target: &str, body: &[u8]) -> Result<Self, serde_json::Error> {
+        Self::digest(target, body, None)
+    }
+
+    /// Fingerprints a request as [`Fingerprint::of_json`] does, and digests each top-level member
+    /// of its body on the way, from the same canonical text: no second walk of the document.
+    pub fn with_fields(
+        target: &str,
+        body: &[u8],
+    ) -> Result<(Self, FieldDigests), serde_json::Error> {
+        let mut fields = FieldDigests::default();
+        let fingerprint = Self::digest(target, body, Some(&mut fields))?;
+        Ok((fingerprint, fields))
+    }
+
+    fn digest(
+        target: &str,
+        body: &[u8],
+        fields: Option<&mut FieldDigests>,
+    ) -> Result<Self, serde_json::Error> {
         let document: &RawValue = serde_json::from_slice(body)?;
         let mut canonical = Vec::with_capacity(body.len());
-        write_canonical(document, &mut canonical, 0)?;
+        write_canonical(document, &mut canonical, 0, fields)?;
         let mut hash = Sha256::new();
         hash.update(target.as_bytes());
         hash.update(b"\n");
@@ -51,12 +72,44 @@ impl Fingerprint {
     }
 }
 
+/// The digest of each top-level member of a request body: member name → hex SHA-256 of the
+/// member's canonical value. Two requests whose fingerprints differ differ in the members whose
+/// digests differ (or that only one of them has); a body that is not an object has none. The
+/// values themselves are never kept, only their digests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct FieldDigests(BTreeMap<String, String>);
+
+impl FieldDigests {
+    /// The JSON pointers (RFC 6901) of the members that differ between two bodies, a member
+    /// present in one and absent from the other included, sorted.
+    pub fn mismatched(&self, other: &Self) -> Vec<String> {
+        let mut names: Vec<&String> = self
+            .0
+            .iter()
+            .filter(|(name, digest)| other.0.get(*name) != Some(*digest))
+            .map(|(name, _)| name)
+            .chain(other.0.keys().filter(|name| !self.0.contains_key(*name)))
+            .collect();
+        names.sort();
+        names.into_iter().map(|name| pointer(name)).collect()
+    }
+}
+
+/// The JSON pointer of a top-level member: `/` and its name, with `~` written `~0` and `/` written
+/// `~1` (RFC 6901, section 3).
+fn pointer(name: &str) -> String {
+    format!("/{}", name.replace('~', "~0").replace('/', "~1"))
+}
+
 /// Writes `value` in its canonical form. Each level is read from the text of its parent, as
-/// [`RawValue`]s that keep every number's digits as they were sent.
+/// [`RawValue`]s that keep every number's digits as they were sent. When `fields` is given and
+/// `value` is an object, each member's canonical text is digested into it as it is written.
 fn write_canonical(
     value: &RawValue,
     out: &mut Vec<u8>,
     depth: usize,
+    mut fields: Option<&mut FieldDigests>,
 ) -> Result<(), serde_json::Error> {
     if depth > MAX_DEPTH {
         return Err(serde::de::Error::custom(
@@ -74,7 +127,12 @@ fn write_canonical(
                 }
                 serde_json::to_writer(&mut *out, key)?;
                 out.push(b':');
-                write_canonical(member, out, depth + 1)?;
+                let start = out.len();
+                write_canonical(member, out, depth + 1, None)?;
+                if let Some(fields) = fields.as_deref_mut() {
+                    let digest = Sha256::digest(&out[start..]);
+                    fields.0.insert(key.clone(), hex::encode(digest));
+                }
             }
             out.push(b'}');
         }
@@ -85,7 +143,7 @@ fn write_canonical(
                 if index > 0 {
                     out.push(b',');
                 }
-                write_canonical(item, out, depth + 1)?;
+                write_canonical(item, out, depth + 1, None)?;
             }
             out.push(b']');
         }
@@ -182,6 +240,43 @@ mod tests {
         }
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         assert!(Fingerprint::of_json("/v1/payments", deep.as_bytes()).is_err());
+    }
+
+    fn fields(json: &str) -> FieldDigests {
+        Fingerprint::with_fields("/v1/payments", json.as_bytes())
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn field_digests_name_the_members_that_differ_as_sorted_escaped_pointers() {
+        let stored = fields(r#"{"amount":4200,"currency":"eur","a/b":1,"m~n":1,"order":"x"}"#);
+        let sent = fields(r#"{"order":"x","currency":"usd","amount":42e2,"a/b":2,"m~n":2}"#);
+        assert_eq!(stored.mismatched(&sent), ["/a~1b", "/currency", "/m~0n"]);
+        // A member present in one body and absent from the other differs, whichever has it.
+        let added =
+            fields(r#"{"amount":4200,"currency":"eur","a/b":1,"m~n":1,"order":"x","z":null}"#);
+        assert_eq!(stored.mismatched(&added), ["/z"]);
+        assert_eq!(added.mismatched(&stored), ["/z"]);
+        // The same value in another notation, key order or spacing is the same member.
+        assert!(
+            fields(r#"{"amount":4200,"n":{"b":1,"a":2}}"#)
+                .mismatched(&fields(r#"{ "n": {"a":2.0,"b":1}, "amount": 42e2 }"#))
+                .is_empty()
+        );
+        assert_eq!(fields("[1,2]"), FieldDigests::default());
+    }
+
+    #[test]
+    fn a_field_digest_is_the_sha256_of_the_members_canonical_text_and_the_fingerprint_is_unchanged()
+    {
+        let (whole, digests) =
+            Fingerprint::with_fields("/v1/payments", br#"{"b":{"y":1e1,"x":1},"a":1}"#).unwrap();
+        assert_eq!(whole, fingerprint(r#"{"a":1,"b":{"x":1,"y":10}}"#));
+        let expected = hex::encode(Sha256::digest(br#"{"x":1,"y":10}"#));
+        assert_eq!(digests.0.get("b"), Some(&expected));
+        // Values are never stored: only names and digests.
+        assert!(!serde_json::to_string(&digests).unwrap().contains("\"x\""));
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! decides between concurrent requests, and every clock reading is the database's `now()`.
 
 mod fingerprint;
+mod inspect;
 mod key;
 mod request;
 mod response;
@@ -42,7 +43,8 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::metrics::KeyOutcome;
 use store::Reservation;
 
-pub use fingerprint::Fingerprint;
+pub use fingerprint::{FieldDigests, Fingerprint};
+pub use inspect::router;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use request::{Idempotent, KeyedRequest, Scope};
 pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
@@ -172,8 +174,10 @@ enum Answer {
     Replay(StoredResponse),
     /// Another request holds a live lease on the key.
     InFlight { retry_after: Duration },
-    /// The key was used with a different payload.
-    Mismatch,
+    /// The key was used with a different payload: the pointers of the body's top-level members
+    /// that differ, when the key's row has their digests (keys reserved before they were
+    /// recorded have none, and the 422 then omits the list).
+    Mismatch(Option<Vec<String>>),
 }
 
 impl Answer {
@@ -188,9 +192,9 @@ impl Answer {
                 KeyOutcome::ConflictInFlight.record(service);
                 Err(in_flight(retry_after).into())
             }
-            Answer::Mismatch => {
+            Answer::Mismatch(fields) => {
                 KeyOutcome::Mismatch.record(service);
-                Err(mismatch().into())
+                Err(mismatch(fields).into())
             }
         }
     }
@@ -200,6 +204,9 @@ impl Answer {
 struct ExistingKey {
     key_id: i64,
     fingerprint: Option<Fingerprint>,
+    /// The digests of the stored request's top-level members; `None` for keys reserved before
+    /// they were recorded.
+    fields: Option<FieldDigests>,
     expired: bool,
     /// How long until the key expires, as the database saw it; `None` when it has.
     expires_in: Option<Duration>,
@@ -278,7 +285,8 @@ impl Idempotency {
         }
         // A different payload is refused whatever the key's state, before anything is replayed.
         if existing.fingerprint != Some(request.fingerprint) {
-            return Ok(Some(Decision::Answer(Answer::Mismatch)));
+            let fields = mismatched_fields(existing.fields.as_ref(), request.fields.as_ref());
+            return Ok(Some(Decision::Answer(Answer::Mismatch(fields))));
         }
         Ok(match existing.state {
             // Replay: "the original response is returned unchanged, status code included".
@@ -310,6 +318,7 @@ const CACHED_REPLAYS: usize = 10_000;
 #[derive(Clone)]
 struct CachedReplay {
     fingerprint: Fingerprint,
+    fields: Option<FieldDigests>,
     response: StoredResponse,
     /// No later than the key's `expires_at`, on this instance's monotonic clock.
     until: Instant,
@@ -328,7 +337,8 @@ impl Idempotency {
         Some(if cached.fingerprint == request.fingerprint {
             Answer::Replay(cached.response)
         } else {
-            Answer::Mismatch
+            let fields = mismatched_fields(cached.fields.as_ref(), request.fields.as_ref());
+            Answer::Mismatch(fields)
         })
     }
 
@@ -337,6 +347,8 @@ impl Idempotency {
             cache_key(request),
             CachedReplay {
                 fingerprint: request.fingerprint,
+                // The request's digests are the stored ones: its fingerprint is the stored one.
+                fields: request.fields.clone(),
                 response: response.clone(),
                 until,
             },
@@ -396,7 +408,7 @@ impl Idempotency {
         let recycled = store::recycle(
             &self.pool,
             key_id,
-            &request.fingerprint,
+            request,
             token,
             self.policy.lease,
             self.policy.key_ttl,
@@ -966,10 +978,23 @@ fn in_flight(retry_after: Duration) -> Problem {
     .retry_after(retry_after)
 }
 
-fn mismatch() -> Problem {
+fn mismatch(fields: Option<Vec<String>>) -> Problem {
     Problem::new(
         ProblemKind::IdempotencyKeyMismatch,
         "This Idempotency-Key was already used with a different request body. Use a new key for a \
          new request.",
     )
+    .mismatched_fields(fields)
+}
+
+/// The pointers of the top-level members in which a request differs from the stored one. `None`
+/// when either side has no digests (a key reserved before they were recorded), or when no member
+/// differs: then the request went to another resource under the same route (a refund of another
+/// payment), which the list cannot name.
+fn mismatched_fields(
+    stored: Option<&FieldDigests>,
+    sent: Option<&FieldDigests>,
+) -> Option<Vec<String>> {
+    let fields = stored?.mismatched(sent?);
+    (!fields.is_empty()).then_some(fields)
 }

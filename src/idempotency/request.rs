@@ -6,7 +6,7 @@ use axum::http::{HeaderMap, Method, header};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::{Fingerprint, IdempotencyKey, KeyError};
+use super::{FieldDigests, Fingerprint, IdempotencyKey, KeyError};
 use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
@@ -45,6 +45,9 @@ pub struct KeyedRequest {
     pub(super) scope: Scope,
     pub(super) key: IdempotencyKey,
     pub(super) fingerprint: Fingerprint,
+    /// The digests of the body's top-level members, stored with a new key so that a mismatch can
+    /// name the members that changed; `None` when the caller has none (a key rebuilt from its row).
+    pub(super) fields: Option<FieldDigests>,
     /// The recovery point the reservation records with a new key, if the work starts at one.
     pub(super) first_point: Option<(&'static str, serde_json::Value)>,
 }
@@ -55,8 +58,16 @@ impl KeyedRequest {
             scope,
             key,
             fingerprint,
+            fields: None,
             first_point: None,
         }
+    }
+
+    /// The request's body digested member by member (see [`Fingerprint::with_fields`]).
+    #[must_use]
+    pub fn with_fields(mut self, fields: FieldDigests) -> Self {
+        self.fields = Some(fields);
+        self
     }
 
     /// Work whose first step is a call to another system starts at a recovery point: the
@@ -126,12 +137,12 @@ where
         let bytes_len = bytes.len();
         // Typed parsing straight from the bytes refuses what a generic parse would let through,
         // such as a field given twice.
-        let parse = move || -> Result<(T, Fingerprint), ApiError> {
+        let parse = move || -> Result<(T, (Fingerprint, FieldDigests)), ApiError> {
             let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
-            let fingerprint = Fingerprint::of_json(&target, &bytes).map_err(invalid_body)?;
-            Ok((body, fingerprint))
+            let digests = Fingerprint::with_fields(&target, &bytes).map_err(invalid_body)?;
+            Ok((body, digests))
         };
-        let (body, fingerprint) = if bytes_len <= INLINE_BODY_BYTES {
+        let (body, (fingerprint, fields)) = if bytes_len <= INLINE_BODY_BYTES {
             parse()?
         } else {
             tokio::task::spawn_blocking(parse)
@@ -139,7 +150,7 @@ where
                 .map_err(|error| ApiError::Internal(error.into()))??
         };
         Ok(Self {
-            request: KeyedRequest::new(scope, key, fingerprint),
+            request: KeyedRequest::new(scope, key, fingerprint).with_fields(fields),
             body,
         })
     }

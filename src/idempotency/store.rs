@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{
-    ExistingKey, Fence, Fingerprint, KeyState, KeyedRequest, RecoveryPoint, StoredResponse,
+    ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest, RecoveryPoint,
+    StoredResponse,
 };
 use crate::http::error::ApiError;
 
@@ -50,11 +52,11 @@ pub(super) async fn reserve(
         WITH reserved AS (
             INSERT INTO idempotency_keys
                 (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at,
-                 recovery_point, recovery_state, downstream_key)
+                 recovery_point, recovery_state, downstream_key, field_digests)
             VALUES ($1, $2, $3, 'in_progress', $4,
                     now() + $5::bigint * interval '1 millisecond',
                     now() + $6::bigint * interval '1 millisecond',
-                    $7, $8, $9)
+                    $7, $8, $9, $10)
             ON CONFLICT (scope, idem_key) DO NOTHING
             RETURNING id
         )
@@ -63,14 +65,14 @@ pub(super) async fn reserve(
                NULL::smallint AS response_code, NULL::jsonb AS response_headers,
                NULL::bytea AS response_body, FALSE AS "expired!",
                NULL::bigint AS lease_left_ms, NULL::bigint AS expires_in_ms,
-               now() AS "now!"
+               NULL::jsonb AS "field_digests: Json<FieldDigests>", now() AS "now!"
         FROM reserved
         UNION ALL
         SELECT id, FALSE, request_hash, status, response_code, response_headers,
                response_body, expires_at <= now(),
                (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
                (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint,
-               now()
+               field_digests, now()
         FROM idempotency_keys
         WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM reserved)
         "#,
@@ -83,6 +85,7 @@ pub(super) async fn reserve(
         first_point.map(|point| point.name.as_str()),
         first_point.map(|point| &point.state),
         first_point.map(|point| point.downstream_key.as_str()),
+        request.fields.as_ref().map(Json) as Option<Json<&FieldDigests>>,
     )
     .fetch_optional(pool)
     .await?;
@@ -111,6 +114,7 @@ pub(super) async fn reserve(
             .request_hash
             .as_deref()
             .and_then(Fingerprint::from_slice),
+        fields: row.field_digests.map(|Json(fields)| fields),
         expired: row.expired,
         expires_in: positive(row.expires_in_ms),
         state,
@@ -143,6 +147,7 @@ pub(super) async fn take_over(
         r#"
         UPDATE idempotency_keys
         SET lock_token = $2, locked_until = now() + $3::bigint * interval '1 millisecond',
+            takeovers = takeovers + 1,
             recovery_point = COALESCE(recovery_point, $5),
             recovery_state = CASE WHEN recovery_point IS NULL THEN $6 ELSE recovery_state END,
             downstream_key = COALESCE(downstream_key, $7)
@@ -175,7 +180,7 @@ pub(super) async fn take_over(
 pub(super) async fn recycle(
     pool: &PgPool,
     key_id: i64,
-    fingerprint: &Fingerprint,
+    request: &KeyedRequest,
     token: Uuid,
     lease: Duration,
     key_ttl: Duration,
@@ -188,19 +193,21 @@ pub(super) async fn recycle(
             locked_until = now() + $4::bigint * interval '1 millisecond',
             response_code = NULL, response_headers = NULL, response_body = NULL,
             recovery_point = $6, recovery_state = $7, downstream_key = $8,
+            field_digests = $9, takeovers = 0, completed_at = NULL,
             created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
         WHERE id = $1 AND expires_at <= now()
           AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL))
         RETURNING now() AS "now!"
         "#,
         key_id,
-        fingerprint.as_bytes().as_slice(),
+        request.fingerprint.as_bytes().as_slice(),
         token,
         millis(lease),
         millis(key_ttl),
         first_point.map(|point| point.name.as_str()),
         first_point.map(|point| &point.state),
         first_point.map(|point| point.downstream_key.as_str()),
+        request.fields.as_ref().map(Json) as Option<Json<&FieldDigests>>,
     )
     .fetch_optional(pool)
     .await
@@ -438,7 +445,8 @@ pub(super) async fn claim_recoverable(
         r#"
         UPDATE idempotency_keys
         SET lock_token = gen_random_uuid(),
-            locked_until = now() + $2::bigint * interval '1 millisecond'
+            locked_until = now() + $2::bigint * interval '1 millisecond',
+            takeovers = takeovers + 1
         WHERE id IN (
             SELECT id FROM idempotency_keys
             WHERE status = 'in_progress' AND recovery_point IS NOT NULL

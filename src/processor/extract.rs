@@ -78,9 +78,10 @@ where
             bytes
         };
         let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
-        let fingerprint = Fingerprint::of_json(&target, &bytes).map_err(invalid_body)?;
+        let (fingerprint, fields) =
+            Fingerprint::with_fields(&target, &bytes).map_err(invalid_body)?;
         Ok(Self {
-            request: KeyedRequest::new(scope, key, fingerprint),
+            request: KeyedRequest::new(scope, key, fingerprint).with_fields(fields),
             body,
         })
     }

@@ -3,6 +3,7 @@
 
 mod docs;
 mod errors;
+mod idempotency_keys;
 mod listing;
 mod payments;
 mod refunds;

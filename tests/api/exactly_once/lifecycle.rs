@@ -120,6 +120,68 @@ async fn the_same_key_with_another_payload_is_refused_and_nothing_executes() {
 }
 
 #[api_test]
+async fn a_mismatch_names_the_changed_field_and_never_its_values() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    app.post_payment(&key, &payment(4217)).await;
+
+    let other = app.post_payment(&key, &payment(9931)).await;
+
+    let problem = other.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(problem["mismatched_fields"], json!(["/amount"]));
+    let text = String::from_utf8_lossy(&other.body);
+    assert!(!text.contains("4217") && !text.contains("9931"), "{text}");
+}
+
+#[api_test]
+async fn a_mismatch_lists_every_changed_field_sorted_and_an_added_one() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    app.post_payment(&key, &payment(4200)).await;
+
+    let two = app
+        .post_payment(
+            &key,
+            &json!({ "amount": 4300, "currency": "usd", "order": "cmd_9182" }),
+        )
+        .await;
+    let added = app
+        .post_payment(
+            &key,
+            &json!({ "amount": 4200, "currency": "eur", "order": "cmd_9182",
+                                     "description": "more" }),
+        )
+        .await;
+    // Another notation of the same amount is the same field: only the real change is named.
+    let renoted = app
+        .post_payment(
+            &key,
+            &json!({ "amount": 4.2e3, "currency": "eur", "order": "cmd_1" }),
+        )
+        .await;
+
+    let two = two.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(two["mismatched_fields"], json!(["/amount", "/currency"]));
+    let added = added.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(added["mismatched_fields"], json!(["/description"]));
+    let renoted = renoted.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(renoted["mismatched_fields"], json!(["/order"]));
+}
+
+#[api_test]
+async fn a_mismatch_on_a_key_reserved_without_field_digests_omits_the_list() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    // Such a row is what a key reserved before the digests were recorded looks like.
+    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '1 minute'").await;
+
+    let other = app.post_payment(&key, &payment(9900)).await;
+
+    let problem = other.assert_problem(422, "idempotency-key-mismatch");
+    assert!(problem.get("mismatched_fields").is_none(), "{problem}");
+}
+
+#[api_test]
 async fn a_mismatch_is_refused_even_while_the_first_request_runs() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let key = new_key();
@@ -128,7 +190,12 @@ async fn a_mismatch_is_refused_even_while_the_first_request_runs() {
 
     let other = app.post_payment(&key, &payment(100)).await;
 
-    other.assert_problem(422, "idempotency-key-mismatch");
+    let problem = other.assert_problem(422, "idempotency-key-mismatch");
+    // Read from the key's row (the first request has not completed, so nothing is cached).
+    assert_eq!(
+        problem["mismatched_fields"],
+        json!(["/order", "/payment_method"])
+    );
     assert_eq!(first.await.unwrap().status, 201);
     assert_eq!(app.payment_count().await, 1);
     assert_exactly_once(&app.db).await;

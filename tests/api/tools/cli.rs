@@ -329,3 +329,40 @@ async fn openapi_prints_the_committed_description() {
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
     );
 }
+
+#[api_test]
+async fn keys_show_prints_each_route_s_block_and_refuses_an_unknown_key() {
+    let app = TestApp::spawn().await;
+    let key = format!("order/{}", new_key());
+    let paid = app.post_payment(&key, &payment(4200)).await;
+    let env = [
+        ("IDEMPAY_BASE_URL", app.address.as_str()),
+        ("IDEMPAY_API_KEY", app.api_key.as_str()),
+    ];
+
+    let shown = idempay(&["keys", "show", &key], &env).await;
+    let unknown = idempay(&["keys", "show", &new_key()], &env).await;
+
+    assert!(shown.status.success(), "{shown:?}");
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        text.starts_with(&format!("POST /v1/payments {key}\n")),
+        "{text}"
+    );
+    assert!(text.contains("  state           completed\n"), "{text}");
+    assert!(text.contains("  response        201\n"), "{text}");
+    let location = paid.header("location").unwrap();
+    assert!(
+        text.contains(&format!("  location        {location}\n")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("locked until"),
+        "absent fields are left out: {text}"
+    );
+    assert_eq!(unknown.status.code(), Some(1), "{unknown:?}");
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("404"),
+        "{unknown:?}"
+    );
+}
