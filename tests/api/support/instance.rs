@@ -48,12 +48,17 @@ impl Instance {
         for (name, value) in env {
             command.env(name, value);
         }
-        let instance = Self {
+        let mut instance = Self {
             child: command.spawn().expect("idempay serve starts"),
             address: format!("http://127.0.0.1:{port}"),
         };
         // Up to 30 s: on a loaded machine a debug build starts slowly.
         for _ in 0..600 {
+            // An instance that exited (its port taken meanwhile, a setting refused) will never
+            // answer: say so now, with how it ended (IDEMPAY_TEST_LOGS=1 shows why).
+            if let Ok(Some(status)) = instance.child.try_wait() {
+                panic!("idempay serve exited before it was ready: {status}");
+            }
             if reqwest::get(format!("{}/readyz", instance.address))
                 .await
                 .is_ok_and(|response| response.status().is_success())
