@@ -24,6 +24,32 @@ use crate::http::extract::Path;
 pub(crate) const IDEMPOTENT_ROUTES: [&str; 2] =
     ["POST /v1/payments", "POST /v1/payments/{id}/refunds"];
 
+/// The key in the path, described by the same schema as the `Idempotency-Key` header, so that
+/// what the description allows is what the route accepts.
+#[derive(serde::Deserialize)]
+struct KeyInPath {
+    key: String,
+}
+
+impl utoipa::IntoParams for KeyInPath {
+    fn into_params(
+        _parameter_in_provider: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        use utoipa::openapi::Required;
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+
+        vec![
+            ParameterBuilder::new()
+                .name("key")
+                .parameter_in(ParameterIn::Path)
+                .required(Required::True)
+                .description(Some("The key, as sent in `Idempotency-Key`."))
+                .schema(Some(super::request::key_schema()))
+                .build(),
+        ]
+    }
+}
+
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_idempotency_key))
 }
@@ -110,8 +136,7 @@ pub struct KeyUse {
     path = "/v1/idempotency_keys/{key}",
     operation_id = "getIdempotencyKey",
     tag = "idempotency",
-    params(("key" = String, Path, description = "The key, as sent in `Idempotency-Key`.",
-        example = "5f0c8b1e-2a3d-4c6f-9b21-7d0e4a9c1f88")),
+    params(KeyInPath),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "The key on every route it was used on.", body = KeyInspection,
@@ -126,7 +151,7 @@ pub struct KeyUse {
 async fn get_idempotency_key(
     State(state): State<AppState>,
     account: Account,
-    Path(raw): Path<String>,
+    Path(KeyInPath { key: raw }): Path<KeyInPath>,
 ) -> Result<Response, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|error| {
         let reason = error.to_string().replace("the Idempotency-Key", "the key");

@@ -230,22 +230,26 @@ impl utoipa::IntoParams for IdempotencyKey {
     ) -> Vec<utoipa::openapi::path::Parameter> {
         use utoipa::openapi::Required;
         use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
-        use utoipa::openapi::schema::{ObjectBuilder, Type};
-
         vec![
             ParameterBuilder::new()
                 .name("Idempotency-Key")
                 .parameter_in(ParameterIn::Header)
                 .required(Required::True)
                 .description(Some(KEY_DOCUMENTATION))
-                .schema(Some(
-                    ObjectBuilder::new()
-                        .schema_type(Type::String)
-                        .min_length(Some(1))
-                        .pattern(Some(KEY_PATTERN))
-                        .examples([serde_json::json!("5f0c8b1e-2a3d-4c6f-9b21-7d0e4a9c1f88")]),
-                ))
+                .schema(Some(key_schema()))
                 .build(),
         ]
     }
+}
+
+/// The schema of a key wherever the API description names one: the header, and the path of
+/// `GET /v1/idempotency_keys/{key}`.
+pub(super) fn key_schema() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .pattern(Some(KEY_PATTERN))
+        .examples([serde_json::json!("5f0c8b1e-2a3d-4c6f-9b21-7d0e4a9c1f88")])
 }
