@@ -8,8 +8,8 @@ CREATE TABLE events (
     id         TEXT        PRIMARY KEY,
     account_id TEXT        NOT NULL REFERENCES accounts (id),
     type       TEXT        NOT NULL CHECK (type IN (
-                   'payment.succeeded', 'payment.declined', 'payment.refunded', 'payment.disputed',
-                   'refund.created', 'refund.failed')),
+                   'payment.succeeded', 'payment.declined', 'payment.failed', 'payment.refunded',
+                   'payment.disputed', 'refund.created', 'refund.failed')),
     -- The writing transaction's id, then the order within it: the feed's order. A transaction may
     -- take its id before another and commit after it, so the feed shows only events of
     -- transactions older than every transaction still running (`pg_snapshot_xmin`): whatever
