@@ -39,7 +39,7 @@ def main(base, api_key, out):
         f"--user-data-dir={out}/checkout-profile",
         # As for /docs: an asset fetched from anywhere but the server would fail to load.
         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-        "--window-size=1280,1100",
+        "--window-size=1280,1250",
     ):
         options.add_argument(argument)
     driver = webdriver.Chrome(
@@ -50,7 +50,7 @@ def main(base, api_key, out):
     try:
         driver.get(f"{base}/demo/checkout")
         wait = WebDriverWait(driver, WAIT_SECONDS)
-        wait.until(lambda d: d.find_element(By.ID, "key").text)
+        wait.until(lambda d: d.find_element(By.ID, "key").text, "the page made no key")
 
         # The session: HttpOnly (no script reads it), and the page shows no API key.
         cookies = {c["name"]: c for c in driver.get_cookies()}
@@ -81,7 +81,10 @@ def main(base, api_key, out):
         if not replayed:
             problems.append(f"the second click was not answered from the same key: {answers}")
         # The timeline: the server's view of the key, completed with the stored 201.
-        wait.until(lambda d: timeline_state(d) == ("completed", "201"))
+        wait.until(
+            lambda d: timeline_state(d) == ("completed", "201"),
+            "the timeline never showed one key completed with 201",
+        )
         timeline = driver.find_element(By.ID, "timeline").text
         for needle in ("reserved by the first request", "completed: 201", "answers to this page"):
             if needle not in timeline:
@@ -90,7 +93,10 @@ def main(base, api_key, out):
         print(f"checkout: order {order}: {len(payments)} payment(s) through the API")
         if len(payments) != 1:
             problems.append(f"order {order} has {len(payments)} payments, not one")
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#payments tr.this-order")) == 1)
+        wait.until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#payments tr.this-order")) == 1,
+            "the page's payment list never showed the order's one payment",
+        )
         driver.save_screenshot(f"{out}/checkout.png")
 
         # The naive page: a key per click, so the same double click pays twice.
@@ -105,7 +111,10 @@ def main(base, api_key, out):
         )
         if len(created) != 2 or len(payments) != 2:
             problems.append(f"the naive double click made {len(payments)} payments, not two")
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#payments tr.this-order")) == 2)
+        wait.until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#payments tr.this-order")) == 2,
+            "the page's payment list never showed the order's two payments",
+        )
         driver.save_screenshot(f"{out}/checkout-naive.png")
     except Exception as error:  # a wait that ran out, a missing element: the check fails, with why
         problems.append(f"{type(error).__name__}: {error}".strip())
@@ -121,7 +130,10 @@ def double_click_and_wait(driver, wait, expected_successes):
     """Double-clicks Pay; waits until the page shows `expected_successes` 2xx answers."""
     order = driver.find_element(By.ID, "order-ref").text
     ActionChains(driver).double_click(driver.find_element(By.ID, "pay")).perform()
-    wait.until(lambda d: len(successes(answers_of(d))) >= expected_successes)
+    wait.until(
+        lambda d: len(successes(answers_of(d))) >= expected_successes,
+        f"fewer than {expected_successes} successful answers",
+    )
     return order, answers_of(driver)
 
 
