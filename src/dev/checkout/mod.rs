@@ -33,8 +33,7 @@ const STYLE: &str = include_str!("checkout.css");
 
 /// The page's own scripts and styles only, nothing inline and nothing from elsewhere; no site
 /// may frame it (a framed "Pay" button could be clicked on the user's behalf).
-const CONTENT_SECURITY_POLICY: &str =
-    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
      img-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 /// Where the page's calls arrive, and the API route each becomes: `/demo/api/...` → `/v1/...`.
@@ -140,10 +139,7 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
         [
             (header::CONTENT_TYPE, content_type),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                CONTENT_SECURITY_POLICY,
-            ),
+            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
         body,
@@ -189,9 +185,15 @@ async fn forward(State(demo): State<Demo>, request: Request) -> Response {
     let key = match demo.checkout.account.key().await {
         Ok(key) => key,
         Err(error) => {
-            tracing::error!(error = format!("{error:#}"), "cannot create the demo account");
-            return Problem::new(ProblemKind::Internal, "The demo account could not be created.")
-                .into_response();
+            tracing::error!(
+                error = format!("{error:#}"),
+                "cannot create the demo account"
+            );
+            return Problem::new(
+                ProblemKind::Internal,
+                "The demo account could not be created.",
+            )
+            .into_response();
         }
     };
     let (parts, body) = request.into_parts();
@@ -215,7 +217,9 @@ async fn forward(State(demo): State<Demo>, request: Request) -> Response {
 /// path starts with the demo prefix.
 fn api_uri(uri: &axum::http::Uri) -> axum::http::Uri {
     let path_and_query = uri.path_and_query().map_or("", PathAndQuery::as_str);
-    let rest = path_and_query.strip_prefix(DEMO_API).unwrap_or(path_and_query);
+    let rest = path_and_query
+        .strip_prefix(DEMO_API)
+        .unwrap_or(path_and_query);
     format!("{API}{rest}")
         .parse()
         .expect("a valid path with another valid prefix is valid")

@@ -71,7 +71,9 @@ impl Sessions {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
         // The map is consistent after any panic (each change is one call), so a poisoned lock
         // is still usable.
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

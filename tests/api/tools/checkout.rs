@@ -28,7 +28,10 @@ async fn open_checkout(app: &TestApp) -> (TestResponse, String) {
     assert_eq!(page.status, 200, "{}", String::from_utf8_lossy(&page.body));
     let set_cookie = page.header("set-cookie").expect("a session cookie");
     let pair = set_cookie.split(';').next().unwrap().trim().to_owned();
-    assert!(pair.starts_with(&format!("{SESSION_COOKIE}=")), "{set_cookie}");
+    assert!(
+        pair.starts_with(&format!("{SESSION_COOKIE}=")),
+        "{set_cookie}"
+    );
     (page, pair)
 }
 
@@ -83,7 +86,10 @@ async fn the_demo_session_is_an_httponly_strict_cookie_that_lasts_minutes() {
         .parse()
         .unwrap();
     assert_eq!(max_age, SESSION_TTL.as_secs());
-    assert!((60..=3600).contains(&max_age), "minutes, not hours: {max_age}");
+    assert!(
+        (60..=3600).contains(&max_age),
+        "minutes, not hours: {max_age}"
+    );
     assert_eq!(page.header("cache-control"), Some("no-store"));
 
     // A session per load: two loads, two sessions.
