@@ -271,7 +271,8 @@ async fn method_not_allowed(request: Request) -> Response {
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
 /// recovery job, the listener that tells the account cache of API key changes and, when no
-/// processor URL is configured, the embedded processor.
+/// processor URL is configured, the embedded processor. With `IDEMPAY_DEMO_UI` (and the `dev`
+/// feature), the checkout page is served beside the API too.
 ///
 /// Taking a bound listener lets a test bind port 0 and learn the address before serving.
 pub struct Application {
