@@ -16,7 +16,8 @@ run:
 test:
 	$(CARGO) test --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
 
-## Fuzz the live service from its OpenAPI description (schemathesis) and render /docs in Chromium.
+## Fuzz the live service from its OpenAPI description (schemathesis), render /docs in Chromium and
+## double-click "Pay" on the checkout page there (Selenium).
 contract:
 	bash scripts/contract.sh
 

@@ -4,16 +4,21 @@
 #      the server cannot drift apart (no 5xx; documented status codes, content types, headers
 #      and bodies);
 #   2. a headless chromium renders /docs with every host but 127.0.0.1 unresolvable, so the
-#      Swagger UI must work from the binary's vendored assets alone.
+#      Swagger UI must work from the binary's vendored assets alone;
+#   3. the same chromium, driven by Selenium (scripts/checkout-browser.py), double-clicks "Pay" on
+#      the checkout page (/demo/checkout) with the slow test card: one payment, the second click
+#      answered from the same key; then, in the page's naive mode (a key per click), two.
 # The last line is `contract: N passed, M failed`; the exit status is non-zero when M > 0.
-# Everything it writes (server output, reports, screenshot, the schemathesis venv) is under
-# target/contract/.
+# Everything it writes (server output, reports, screenshots, the venv of schemathesis and
+# Selenium) is under target/contract/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly OUT=$PWD/target/contract
 # Pinned: a new schemathesis release can add checks or change its CLI and so break CI unasked.
 readonly SCHEMATHESIS_VERSION=4.32.5
+# Pinned too; newer releases want a certifi newer than some mirrors carry.
+readonly SELENIUM_VERSION=4.38.0
 readonly VENV=$OUT/venv
 readonly STARTUP_TIMEOUT=120
 # Ceilings only: a normal run takes well under a minute for each.
@@ -23,7 +28,7 @@ readonly BROWSER_TIMEOUT=120
 log() { printf 'contract: %s\n' "$*" >&2; }
 
 # --- bookkeeping: each check counts once in the summary line -----------------------------------
-readonly CHECK_COUNT=2 # schemathesis, docs
+readonly CHECK_COUNT=3 # schemathesis, docs, checkout
 passed=0
 failed=0
 pass() { passed=$((passed + 1)); log "PASS $1"; }
@@ -88,7 +93,7 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 base=http://127.0.0.1:$port
 
 log "starting idempay dev on $base (banner in $OUT/server.out, logs in $OUT/server.log)"
-IDEMPAY_SLOW_CHARGE=50ms target/debug/idempay dev --listen "127.0.0.1:$port" \
+IDEMPAY_SLOW_CHARGE=50ms "${CARGO_TARGET_DIR:-target}/debug/idempay" dev --listen "127.0.0.1:$port" \
   >"$OUT/server.out" 2>"$OUT/server.log" &
 server_pid=$!
 
@@ -198,10 +203,11 @@ else
 fi
 
 # --- 2. the docs in a real browser, offline ----------------------------------------------------
-if ! command -v chromium >/dev/null; then
-  log "installing chromium"
+# chromium-driver lets Selenium drive the same chromium in check 3; Debian's matches its version.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  log "installing chromium and chromium-driver"
   export DEBIAN_FRONTEND=noninteractive
-  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; } >"$OUT/apt.log" 2>&1 ||
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver; } >"$OUT/apt.log" 2>&1 ||
     { tail -n 20 "$OUT/apt.log" >&2; die "could not install chromium"; }
 fi
 
@@ -238,4 +244,29 @@ if ((${#problems[@]} == 0)); then
   pass "docs (both payment operations render with no host but 127.0.0.1 reachable)"
 else
   fail docs "$(IFS=';'; echo "${problems[*]}")"
+fi
+
+# --- 3. the checkout page in a real browser: a double click charges once ----------------------
+if [[ $("$VENV/bin/python" -c 'import selenium; print(selenium.__version__)' 2>/dev/null) != "$SELENIUM_VERSION" ]]; then
+  log "installing selenium $SELENIUM_VERSION into $VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "selenium==$SELENIUM_VERSION" ||
+    die "could not install selenium"
+fi
+
+kill -0 "$server_pid" 2>/dev/null || die "the server stopped (see $OUT/server.log)"
+log "double-clicking Pay on $base/demo/checkout (output in $OUT/checkout.txt, screenshots in $OUT/checkout.png and $OUT/checkout-naive.png)"
+rm -f "$OUT"/checkout*.png
+: >"$OUT/checkout.txt"
+checkout_status=0
+run_step "$OUT/checkout.txt" "$OUT/checkout.txt" \
+  timeout --foreground --kill-after=10 "$BROWSER_TIMEOUT" \
+  "$VENV/bin/python" scripts/checkout-browser.py "$base" "$key" "$OUT" || checkout_status=$?
+cat "$OUT/checkout.txt" >&2
+((checkout_status != 130)) || die interrupted
+if ((checkout_status == 0)); then
+  pass "checkout (a double click pays once with one key; the naive page, a key per click, twice)"
+elif ((checkout_status == 124)); then
+  fail checkout "no result within ${BROWSER_TIMEOUT}s (see $OUT/checkout.txt)"
+else
+  fail checkout "exit status $checkout_status (see $OUT/checkout.txt)"
 fi

@@ -67,6 +67,13 @@ pub struct Settings {
     /// limit off.
     #[arg(long, env = "IDEMPAY_RATE_LIMIT", default_value_t = 1000)]
     pub rate_limit: u32,
+
+    /// For the demo only: serves the checkout page at `/demo/checkout`, which pays as a demo
+    /// account of its own through a short-lived session cookie. Whoever reaches the listener can
+    /// pay as that account, so never in production; off, the page's routes do not exist. `idempay
+    /// dev` turns it on; a build without the `dev` feature refuses it.
+    #[arg(long, env = "IDEMPAY_DEMO_UI", default_value_t = false)]
+    pub demo_ui: bool,
 }
 
 impl Default for Settings {
@@ -84,6 +91,7 @@ impl Default for Settings {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(5),
             rate_limit: 1000,
+            demo_ui: false,
         }
     }
 }

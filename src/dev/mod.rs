@@ -6,7 +6,10 @@
 //!   container ([`postgres`]), the card processor and the API as two services, a demo account
 //!   and ready-to-paste `curl` examples, until Ctrl-C.
 //! - [`demo`]: payment intents through a lossy network; [`cli`]: the dev commands.
+//! - [`checkout`]: the checkout page `idempay dev` serves at `/demo/checkout`
+//!   (`IDEMPAY_DEMO_UI`), where a double click charges once.
 
+pub mod checkout;
 pub mod cli;
 pub mod demo;
 pub mod postgres;
@@ -74,8 +77,12 @@ async fn serve(
     settings.processor.url = Some(processor_url.clone());
     settings.processor.api_key = Some(processor_key.clone());
 
-    let app = Application::build(settings, pool, listener)?;
-    println!("{}", banner(&base, account.id().as_str(), key.expose()));
+    // The checkout page pays as the account the banner shows, so the banner's key sees its
+    // payments too.
+    settings.demo_ui = true;
+    let banner = banner(&base, account.id().as_str(), key.expose());
+    let app = Application::build(settings, pool, listener)?.with_demo_account(key);
+    println!("{banner}");
     println!(
         "{}",
         processor_banner(&base, &processor_url, &processor_key)
@@ -96,6 +103,7 @@ async fn serve(
 fn processor_banner(base: &str, processor_url: &str, processor_key: &str) -> String {
     format!(
         "# The API's docs: {base}/docs\n\
+         # A checkout page where a double click charges once: {base}/demo/checkout\n\
          # The card processor runs at {processor_url}; idempay authenticates to it with\n\n  \
          {processor_key}\n\n\
          # Every charge idempay makes carries an Idempotency-Key of idempay's own. The processor's ledger:\n\

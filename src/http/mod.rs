@@ -160,6 +160,13 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// The whole HTTP API, its description at `/openapi.json` and the browsable docs at `/docs`.
 /// Everything answers errors as problem documents, including unknown routes and methods.
 pub fn router(state: AppState) -> Router {
+    router_beside(state, |_| Router::new())
+}
+
+/// [`router`], with more routes `beside` it, made from the API's routes: the checkout page, which
+/// calls them in process. They pass through the same outer layers as the API (request id, logs,
+/// body limits) but are not part of its description.
+fn router_beside(state: AppState, beside: impl FnOnce(Router) -> Router) -> Router {
     let body_read_timeout = state.body_read_timeout;
     let request_timeout = state.request_timeout;
     let (api, description) = routes().split_for_parts();
@@ -173,7 +180,10 @@ pub fn router(state: AppState) -> Router {
                 answer_within(request_timeout, request, next)
             })),
     );
+    let api = api.with_state(state);
+    let beside = beside(api.clone().layer(DefaultBodyLimit::max(MAX_BODY_BYTES)));
     api.merge(SwaggerUi::new("/docs").url("/openapi.json", description))
+        .merge(beside)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(
@@ -194,7 +204,6 @@ pub fn router(state: AppState) -> Router {
                 .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
                 .layer(RequestBodyTimeoutLayer::new(body_read_timeout)),
         )
-        .with_state(state)
 }
 
 /// Every request's span carries its id; the account, the key's scope and what became of the key are
@@ -262,7 +271,8 @@ async fn method_not_allowed(request: Request) -> Response {
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
 /// recovery job, the listener that tells the account cache of API key changes and, when no
-/// processor URL is configured, the embedded processor.
+/// processor URL is configured, the embedded processor. With `IDEMPAY_DEMO_UI` (and the `dev`
+/// feature), the checkout page is served beside the API too.
 ///
 /// Taking a bound listener lets a test bind port 0 and learn the address before serving.
 pub struct Application {
@@ -270,6 +280,10 @@ pub struct Application {
     state: AppState,
     settings: Settings,
     embedded: Option<Processor>,
+    /// The checkout page, when `IDEMPAY_DEMO_UI` is on: a dev tool, absent from a build without
+    /// the `dev` feature.
+    #[cfg(feature = "dev")]
+    checkout: Option<crate::dev::checkout::Checkout>,
 }
 
 impl Application {
@@ -290,12 +304,36 @@ impl Application {
                 (client, Some(embedded))
             }
         };
+        #[cfg(feature = "dev")]
+        let checkout = settings
+            .demo_ui
+            .then(|| crate::dev::checkout::Checkout::new(pool.clone()));
+        #[cfg(not(feature = "dev"))]
+        anyhow::ensure!(
+            !settings.demo_ui,
+            "IDEMPAY_DEMO_UI needs the dev tools, and this binary was built without the `dev` feature"
+        );
         Ok(Self {
             state: AppState::new(pool, &settings, client),
             listener,
             settings,
             embedded,
+            #[cfg(feature = "dev")]
+            checkout,
         })
+    }
+
+    /// Makes the checkout page, if `IDEMPAY_DEMO_UI` is on, pay as the account of `key` rather
+    /// than as an account of its own (`idempay dev`: the account its banner shows).
+    #[cfg(feature = "dev")]
+    pub fn with_demo_account(mut self, key: crate::accounts::ApiKey) -> Self {
+        if self.checkout.is_some() {
+            self.checkout = Some(crate::dev::checkout::Checkout::paying_as(
+                self.state.pool.clone(),
+                key,
+            ));
+        }
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -333,9 +371,16 @@ impl Application {
                 }
             }));
         }
+        #[cfg(feature = "dev")]
+        let router = match self.checkout {
+            Some(checkout) => router_beside(self.state, |api| checkout.router(api)),
+            None => router(self.state),
+        };
+        #[cfg(not(feature = "dev"))]
+        let router = router(self.state);
         let served = server::serve(
             self.listener,
-            router(self.state),
+            router,
             self.settings.header_read_timeout,
             async move {
                 shutdown.await;

@@ -22,11 +22,18 @@ static SEEN: LazyLock<Mutex<BTreeMap<(String, String), usize>>> = LazyLock::new(
 /// Responses from routes outside the description (unknown routes, the docs themselves).
 static OUTSIDE: Mutex<usize> = Mutex::new(0);
 
-/// Routes that serve the description itself rather than the API it describes.
-const DOCUMENTATION_ROUTES: [&str; 2] = ["/openapi.json", "/docs"];
+/// Routes that serve pages rather than the API: the description itself, the docs, and the
+/// checkout page with its assets (`IDEMPAY_DEMO_UI`).
+const DOCUMENTATION_ROUTES: [&str; 3] = ["/openapi.json", "/docs", "/demo/checkout"];
+
+/// The checkout page's calls, each answered by the API route of the same name under `/v1`.
+const DEMO_API: &str = "/demo/api/";
 
 /// Checks one response to `method path` against the description; panics on a violation.
 pub fn check(method: &Method, path: &str, response: &TestResponse) {
+    if let Some(route) = path.strip_prefix(DEMO_API) {
+        return check(method, &format!("/v1/{route}"), response);
+    }
     let Some((template, operation)) = operation(method, path) else {
         check_outside(path, response);
         return;
