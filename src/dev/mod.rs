@@ -6,9 +6,11 @@
 //!   container ([`postgres`]), the card processor and the API as two services, a demo account
 //!   and ready-to-paste `curl` examples, until Ctrl-C.
 //! - [`demo`]: payment intents through a lossy network; [`cli`]: the dev commands.
+//! - [`fixture`]: `idempay fixture`, the conformance suite's fixture routes behind the mechanism.
 
 pub mod cli;
 pub mod demo;
+pub mod fixture;
 pub mod postgres;
 
 use std::net::{Ipv4Addr, SocketAddr};
