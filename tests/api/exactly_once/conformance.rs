@@ -3,15 +3,18 @@
 //! behind `idempotency::guard`, with handlers that know nothing of keys. The fixture's counter
 //! says how many times its handlers really ran. Each test cites the draft's section it checks.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use idempay::idempotency::Policy;
 use idempay_test_macros::api_test;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::net::TcpListener;
+use tokio::process::Command;
 
 use crate::support::harness::{TEMPLATE, admin_url, database_url};
 use crate::support::helpers::{TestResponse, new_key, wait_until};
+use crate::support::instance::{ANSWER_WITHIN, free_port};
 
 /// The fixture as `idempay fixture` serves it, on a fresh database and a free loopback port.
 struct Fixture {
@@ -30,14 +33,7 @@ impl Fixture {
     }
 
     async fn spawn_with(policy: Policy) -> Self {
-        let database = format!("test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(admin_url()).await.expect("admin");
-        sqlx::query(&format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}"))
-            .execute(&mut admin)
-            .await
-            .expect("create the test database");
-        admin.close().await.ok();
-        let url = database_url(&database);
+        let url = fresh_database().await;
         let pool = idempay::db::pool(&url).expect("pool");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("address"));
@@ -102,6 +98,18 @@ impl Fixture {
         .await
         .expect("count keys")
     }
+}
+
+/// A database of its own, migrated; its URL.
+async fn fresh_database() -> String {
+    let database = format!("test_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(admin_url()).await.expect("admin");
+    sqlx::query(&format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}"))
+        .execute(&mut admin)
+        .await
+        .expect("create the test database");
+    admin.close().await.ok();
+    database_url(&database)
 }
 
 async fn read(response: reqwest::Response) -> TestResponse {
@@ -351,4 +359,64 @@ async fn a_fixture_parameter_out_of_bounds_is_400_problem_json_and_leaves_the_ke
     assert_eq!(large.status, 200);
     assert_eq!(large.body, vec![b'x'; 100_000]);
     assert_eq!(large.header("content-type"), Some("application/octet-stream"));
+}
+
+#[api_test]
+async fn idempay_fixture_serves_the_contract_on_its_listen_address_with_the_key_ttl_it_is_given() {
+    // The command a runner is pointed at, as a process of its own, set from its environment.
+    let url = fresh_database().await;
+    let port = free_port();
+    let mut process = Command::new(env!("CARGO_BIN_EXE_idempay"))
+        .arg("fixture")
+        .env("DATABASE_URL", &url)
+        .env("IDEMPAY_FIXTURE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IDEMPAY_KEY_TTL", "90s")
+        .env("RUST_LOG", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("idempay fixture starts");
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::builder()
+        .timeout(ANSWER_WITHIN)
+        .build()
+        .expect("client");
+    // Up to 30 s: on a loaded machine a debug build starts slowly.
+    for attempt in 0.. {
+        if let Ok(Some(status)) = process.try_wait() {
+            panic!("idempay fixture exited before it was ready: {status}");
+        }
+        if client.get(format!("{base}/counter")).send().await.is_ok() {
+            break;
+        }
+        assert!(attempt < 600, "idempay fixture never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let echo = || {
+        client
+            .post(format!("{base}/echo"))
+            .header("idempotency-key", "k-process-1")
+            .body("from a process")
+    };
+
+    let first = read(echo().send().await.expect("an answer")).await;
+    let retry = read(echo().send().await.expect("an answer")).await;
+    let reset = client.post(format!("{base}/reset")).send().await.expect("an answer");
+    let counter = read(client.get(format!("{base}/counter")).send().await.expect("an answer")).await;
+
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("content-type"), Some("application/octet-stream"));
+    assert!(retry.replayed());
+    assert_eq!(reset.status(), 204, "the reset takes no key");
+    assert_eq!(counter.json(), serde_json::json!({ "count": 0 }));
+    let db = PgPool::connect(&url).await.expect("assertion pool");
+    let lives: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - completed_at)::float8 FROM idempotency_keys \
+         WHERE scope = 'acct_fixture:POST /echo'",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("the key's row");
+    assert!((lives - 90.0).abs() < 1.0, "the key lives IDEMPAY_KEY_TTL: {lives} s");
 }
