@@ -215,11 +215,7 @@ async fn large(
     };
     fixture.ran();
     let body = vec![b'x'; usize::try_from(bytes).unwrap_or(MAX_BYTES)];
-    (
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        body,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response()
 }
 
 async fn counter(State(fixture): State<Fixture>) -> Response {
@@ -246,7 +242,8 @@ fn text(status: StatusCode, body: String) -> Response {
 /// A 400 for input the handler refuses before running: not a result, so the key stays free for
 /// the corrected request.
 fn refused(detail: String) -> Response {
-    let mut response = ApiError::from(Problem::new(ProblemKind::InvalidRequest, detail)).into_response();
+    let mut response =
+        ApiError::from(Problem::new(ProblemKind::InvalidRequest, detail)).into_response();
     response.extensions_mut().insert(NotStored);
     response
 }

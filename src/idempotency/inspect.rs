@@ -10,8 +10,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{IdempotencyKey, Owner};
 use super::store::KeyStatus;
+use super::{IdempotencyKey, Owner};
 use crate::http::AppState;
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;

@@ -116,9 +116,14 @@ where
     let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), &state)
         .await
         .map_err(Problem::from)?;
-    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |target| target.as_str());
     let keyed = fingerprint(target, &parts.headers, &bytes).map(|digests| match digests {
-        (fingerprint, Some(fields)) => KeyedRequest::new(scope, key, fingerprint).with_fields(fields),
+        (fingerprint, Some(fields)) => {
+            KeyedRequest::new(scope, key, fingerprint).with_fields(fields)
+        }
         (fingerprint, None) => KeyedRequest::new(scope, key, fingerprint),
     })?;
 
@@ -171,7 +176,11 @@ async fn complete(lease: Lease, response: Response) -> Result<Completion, ApiErr
         .map_err(|error| anyhow::anyhow!("the handler's response could not be read: {error}"))?;
     let mut stored = super::StoredResponse::raw(parts.status, body);
     for name in KEPT_HEADERS {
-        if let Some(value) = parts.headers.get(&name).and_then(|value| value.to_str().ok()) {
+        if let Some(value) = parts
+            .headers
+            .get(&name)
+            .and_then(|value| value.to_str().ok())
+        {
             stored = stored.with_header(name, value);
         }
     }

@@ -231,7 +231,8 @@ pub(super) fn is_json(content_type: &str) -> bool {
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 fn not_json() -> Problem {

@@ -219,13 +219,14 @@ async fn a_request_without_a_key_is_400_problem_json_and_runs_nothing() {
     // code", in a problem document.
     let fixture = Fixture::spawn().await;
 
-    let missing = fixture
-        .post("/echo", None, "text/plain", b"no key")
-        .await;
+    let missing = fixture.post("/echo", None, "text/plain", b"no key").await;
 
     missing.assert_problem(400, "invalid-idempotency-key");
     assert_eq!(fixture.count().await, 0);
-    assert_eq!(fixture.keys("in_progress").await + fixture.keys("completed").await, 0);
+    assert_eq!(
+        fixture.keys("in_progress").await + fixture.keys("completed").await,
+        0
+    );
 }
 
 #[api_test]
@@ -256,7 +257,11 @@ async fn a_key_on_a_get_is_ignored() {
     assert_eq!(fixture.count_with(Some(&key)).await, 0);
     fixture.echo(&new_key(), "x").await;
 
-    assert_eq!(fixture.count_with(Some(&key)).await, 1, "not a replay of the first GET");
+    assert_eq!(
+        fixture.count_with(Some(&key)).await,
+        1,
+        "not a replay of the first GET"
+    );
     assert_eq!(fixture.keys("completed").await, 1, "only the POST's key");
 }
 
@@ -301,8 +306,12 @@ async fn a_5xx_from_the_handler_is_passed_through_stored_nowhere_and_the_retry_r
     let fixture = Fixture::spawn().await;
     let key = new_key();
 
-    let failed = fixture.post("/status/503", Some(&key), "text/plain", b"").await;
-    let retried = fixture.post("/status/503", Some(&key), "text/plain", b"").await;
+    let failed = fixture
+        .post("/status/503", Some(&key), "text/plain", b"")
+        .await;
+    let retried = fixture
+        .post("/status/503", Some(&key), "text/plain", b"")
+        .await;
 
     for answer in [&failed, &retried] {
         assert_eq!(answer.status, 503);
@@ -310,11 +319,18 @@ async fn a_5xx_from_the_handler_is_passed_through_stored_nowhere_and_the_retry_r
         assert!(!answer.replayed());
     }
     assert_eq!(fixture.count().await, 2);
-    assert_eq!(fixture.keys("in_progress").await + fixture.keys("completed").await, 0);
+    assert_eq!(
+        fixture.keys("in_progress").await + fixture.keys("completed").await,
+        0
+    );
 
     let key = new_key();
-    let refused = fixture.post("/status/404", Some(&key), "text/plain", b"").await;
-    let replayed = fixture.post("/status/404", Some(&key), "text/plain", b"").await;
+    let refused = fixture
+        .post("/status/404", Some(&key), "text/plain", b"")
+        .await;
+    let replayed = fixture
+        .post("/status/404", Some(&key), "text/plain", b"")
+        .await;
     assert_eq!((refused.status, replayed.status), (404, 404));
     assert_eq!(replayed.body, b"status:404");
     assert!(replayed.replayed());
@@ -328,17 +344,31 @@ async fn a_json_body_keeps_its_canonical_fingerprint_and_other_bytes_their_media
     let fixture = Fixture::spawn().await;
     let key = new_key();
     let first = fixture
-        .post("/echo", Some(&key), "application/json", br#"{"a":1,"b":[2]}"#)
+        .post(
+            "/echo",
+            Some(&key),
+            "application/json",
+            br#"{"a":1,"b":[2]}"#,
+        )
         .await;
     let reordered = fixture
-        .post("/echo", Some(&key), "application/json", br#"{ "b": [2], "a": 1 }"#)
+        .post(
+            "/echo",
+            Some(&key),
+            "application/json",
+            br#"{ "b": [2], "a": 1 }"#,
+        )
         .await;
     assert!(reordered.replayed());
     assert_eq!(reordered.body, first.body);
 
     let key = new_key();
-    fixture.post("/echo", Some(&key), "text/plain", b"same bytes").await;
-    let retyped = fixture.post("/echo", Some(&key), "text/csv", b"same bytes").await;
+    fixture
+        .post("/echo", Some(&key), "text/plain", b"same bytes")
+        .await;
+    let retyped = fixture
+        .post("/echo", Some(&key), "text/csv", b"same bytes")
+        .await;
     retyped.assert_problem(422, "idempotency-key-mismatch");
     assert_eq!(fixture.count().await, 2);
 }
@@ -348,17 +378,30 @@ async fn a_fixture_parameter_out_of_bounds_is_400_problem_json_and_leaves_the_ke
     // draft §2.7 asks for clear errors; a refusal before the handler acted is no result.
     let fixture = Fixture::spawn().await;
     let key = new_key();
-    for path in ["/slow?ms=60001", "/large?bytes=-1", "/status/700", "/status/101"] {
+    for path in [
+        "/slow?ms=60001",
+        "/large?bytes=-1",
+        "/status/700",
+        "/status/101",
+    ] {
         let refused = fixture.post(path, Some(&key), "text/plain", b"").await;
         refused.assert_problem(400, "invalid-request");
     }
     assert_eq!(fixture.count().await, 0);
-    assert_eq!(fixture.keys("in_progress").await + fixture.keys("completed").await, 0);
+    assert_eq!(
+        fixture.keys("in_progress").await + fixture.keys("completed").await,
+        0
+    );
 
-    let large = fixture.post("/large?bytes=100000", Some(&key), "text/plain", b"").await;
+    let large = fixture
+        .post("/large?bytes=100000", Some(&key), "text/plain", b"")
+        .await;
     assert_eq!(large.status, 200);
     assert_eq!(large.body, vec![b'x'; 100_000]);
-    assert_eq!(large.header("content-type"), Some("application/octet-stream"));
+    assert_eq!(
+        large.header("content-type"),
+        Some("application/octet-stream")
+    );
 }
 
 #[api_test]
@@ -402,11 +445,25 @@ async fn idempay_fixture_serves_the_contract_on_its_listen_address_with_the_key_
 
     let first = read(echo().send().await.expect("an answer")).await;
     let retry = read(echo().send().await.expect("an answer")).await;
-    let reset = client.post(format!("{base}/reset")).send().await.expect("an answer");
-    let counter = read(client.get(format!("{base}/counter")).send().await.expect("an answer")).await;
+    let reset = client
+        .post(format!("{base}/reset"))
+        .send()
+        .await
+        .expect("an answer");
+    let counter = read(
+        client
+            .get(format!("{base}/counter"))
+            .send()
+            .await
+            .expect("an answer"),
+    )
+    .await;
 
     assert_eq!(first.status, 201);
-    assert_eq!(first.header("content-type"), Some("application/octet-stream"));
+    assert_eq!(
+        first.header("content-type"),
+        Some("application/octet-stream")
+    );
     assert!(retry.replayed());
     assert_eq!(reset.status(), 204, "the reset takes no key");
     assert_eq!(counter.json(), serde_json::json!({ "count": 0 }));
@@ -418,5 +475,8 @@ async fn idempay_fixture_serves_the_contract_on_its_listen_address_with_the_key_
     .fetch_one(&db)
     .await
     .expect("the key's row");
-    assert!((lives - 90.0).abs() < 1.0, "the key lives IDEMPAY_KEY_TTL: {lives} s");
+    assert!(
+        (lives - 90.0).abs() < 1.0,
+        "the key lives IDEMPAY_KEY_TTL: {lives} s"
+    );
 }
