@@ -1,12 +1,14 @@
 //! idempay: a reference payment API in which idempotency keys turn "at least once" delivery into
 //! "exactly once" effects.
 //!
-//! - [`idempotency`]: the mechanism, one entry point for every mutating route.
+//! - [`idempotency`]: the mechanism, one entry point for every mutating route; it knows no accounts,
+//!   and any axum service can adopt it (the service names each request's owner).
 //! - [`payments`], [`refunds`], [`webhooks`], [`accounts`]: the domains, each with its router.
 //! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
 //! - [`http`]: the plumbing that owns the state: router, accept loop, errors, docs, metrics.
 //! - [`client`]: the retrying client that keeps one key per intent.
-//! - `dev` (the `dev` feature): `idempay dev`, the demo and the dev commands, apart from the service.
+//! - `dev` (the `dev` feature): `idempay dev`, the demo, `idempay fixture` (the conformance suite's
+//!   fixture behind the mechanism) and the dev commands, apart from the service.
 
 pub mod accounts;
 pub mod cli;

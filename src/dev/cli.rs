@@ -1,6 +1,7 @@
 //! The dev tools' commands: `dev` (the service with a throwaway database), `pay` (the retrying
-//! client), `keys show` (what became of a key), `demo` (intents through a lossy network) and
-//! `webhook send` (events signed as the processor signs them). They join the service's commands in [`crate::cli`].
+//! client), `keys show` (what became of a key), `demo` (intents through a lossy network),
+//! `webhook send` (events signed as the processor signs them) and `fixture` (the conformance
+//! suite's fixture behind the mechanism). They join the service's commands in [`crate::cli`].
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -50,6 +51,9 @@ pub enum DevCommand {
         #[command(subcommand)]
         command: WebhookCommand,
     },
+    /// Serves the fixture routes of the IETF draft's conformance suite (anyonce) behind the
+    /// idempotency mechanism, for its runner or ours; applies pending migrations at start.
+    Fixture(super::fixture::FixtureArgs),
     /// Starts a throwaway PostgreSQL container, creates a demo account and serves until Ctrl-C.
     Dev {
         #[command(flatten)]
@@ -191,6 +195,7 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
             anyhow::ensure!((200..300).contains(&status), "the delivery was refused");
             Ok(())
         }
+        DevCommand::Fixture(args) => super::fixture::run(args).await,
         DevCommand::Dev { listen, settings } => super::run(listen.listen, settings).await,
     }
 }

@@ -8,10 +8,12 @@
 //! - [`demo`]: payment intents through a lossy network; [`cli`]: the dev commands.
 //! - [`checkout`]: the checkout page `idempay dev` serves at `/demo/checkout`
 //!   (`IDEMPAY_DEMO_UI`), where a double click charges once.
+//! - [`fixture`]: `idempay fixture`, the conformance suite's fixture routes behind the mechanism.
 
 pub mod checkout;
 pub mod cli;
 pub mod demo;
+pub mod fixture;
 pub mod postgres;
 
 use std::net::{Ipv4Addr, SocketAddr};

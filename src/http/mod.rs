@@ -93,6 +93,18 @@ impl FromRef<AppState> for RateLimit {
     }
 }
 
+/// idempay's requests are owned by the account that authenticates them: every key is scoped to it.
+impl idempotency::Owners for AppState {
+    async fn owner(
+        &self,
+        parts: &mut axum::http::request::Parts,
+    ) -> Result<String, error::ApiError> {
+        use axum::extract::FromRequestParts;
+        let account = accounts::Account::from_request_parts(parts, self).await?;
+        Ok(account.id().to_string())
+    }
+}
+
 impl FromRef<AppState> for PgPool {
     fn from_ref(state: &AppState) -> Self {
         state.pool.clone()

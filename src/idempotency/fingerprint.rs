@@ -56,6 +56,22 @@ impl Fingerprint {
         Ok(Self(hash.finalize().into()))
     }
 
+    /// Fingerprints a request whose body is not JSON: its raw bytes, together with its media type
+    /// (`None` when it came without one), so the same bytes sent as another type are another
+    /// request. The media type is compared in its normal form: type, subtype and parameter names
+    /// in lower case, no whitespace around `;` (`Text/Plain; charset=utf-8` is
+    /// `text/plain;charset=utf-8`). A leading zero byte keeps these digests apart from those of
+    /// JSON bodies, whose canonical text never starts with one.
+    pub fn of_bytes(target: &str, content_type: Option<&str>, body: &[u8]) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(target.as_bytes());
+        hash.update(b"\n\0");
+        hash.update(content_type.map(media_type).unwrap_or_default().as_bytes());
+        hash.update(b"\n");
+        hash.update(body);
+        Self(hash.finalize().into())
+    }
+
     /// Fingerprints a parsed body, as [`Fingerprint::of_json`] does its text.
     pub fn of_request(target: &str, body: &Value) -> Self {
         let text = serde_json::to_vec(body).expect("a JSON value always serializes");
@@ -70,6 +86,20 @@ impl Fingerprint {
     pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(Self)
     }
+}
+
+/// A `Content-Type` in its normal form, for [`Fingerprint::of_bytes`].
+fn media_type(content_type: &str) -> String {
+    let mut parts = content_type.split(';').map(str::trim);
+    let mut normal = parts.next().unwrap_or_default().to_ascii_lowercase();
+    for parameter in parts.filter(|parameter| !parameter.is_empty()) {
+        let (name, value) = parameter.split_once('=').unwrap_or((parameter, ""));
+        normal.push(';');
+        normal.push_str(&name.trim().to_ascii_lowercase());
+        normal.push('=');
+        normal.push_str(value.trim());
+    }
+    normal
 }
 
 /// The digest of each top-level member of a request body: member name → hex SHA-256 of the
@@ -169,6 +199,23 @@ mod tests {
 
     fn fingerprint(json: &str) -> Fingerprint {
         Fingerprint::of_json("/v1/payments", json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn raw_bytes_are_fingerprinted_with_their_media_type_in_its_normal_form() {
+        let raw = |content_type: Option<&str>, body: &str| {
+            Fingerprint::of_bytes("/echo", content_type, body.as_bytes())
+        };
+        let plain = raw(Some("text/plain; charset=utf-8"), "hello");
+        assert_eq!(plain, raw(Some("Text/Plain;Charset=utf-8"), "hello"));
+        assert_ne!(plain, raw(Some("text/plain; charset=utf-8"), "hello!"));
+        assert_ne!(plain, raw(Some("text/csv; charset=utf-8"), "hello"));
+        assert_ne!(plain, raw(None, "hello"));
+        // The same text as JSON is another request.
+        assert_ne!(
+            Fingerprint::of_bytes("/echo", Some("text/plain"), b"{}"),
+            Fingerprint::of_json("/echo", b"{}").unwrap()
+        );
     }
 
     #[test]

@@ -10,9 +10,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::IdempotencyKey;
 use super::store::KeyStatus;
-use crate::accounts::Account;
+use super::{IdempotencyKey, Owner};
 use crate::http::AppState;
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
@@ -150,7 +149,7 @@ pub struct KeyUse {
 )]
 async fn get_idempotency_key(
     State(state): State<AppState>,
-    account: Account,
+    Owner(owner): Owner,
     Path(KeyInPath { key: raw }): Path<KeyInPath>,
 ) -> Result<Response, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|error| {
@@ -162,7 +161,7 @@ async fn get_idempotency_key(
     })?;
     let scopes: Vec<String> = IDEMPOTENT_ROUTES
         .iter()
-        .map(|route| format!("{}:{route}", account.id()))
+        .map(|route| format!("{owner}:{route}"))
         .collect();
     let rows = sqlx::query!(
         r#"
@@ -185,7 +184,7 @@ async fn get_idempotency_key(
         )
         .into());
     }
-    let prefix = format!("{}:", account.id());
+    let prefix = format!("{owner}:");
     let uses = rows
         .into_iter()
         .map(|row| KeyUse {

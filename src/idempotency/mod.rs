@@ -1,6 +1,14 @@
 //! Idempotency keys: one `Idempotency-Key` per business intent turns a client's "at least once"
 //! into "exactly once" effects. [`Idempotency::run`] is the single entry point every mutating route
-//! uses. This file tells the lifecycle of a key in order, each step with its types:
+//! uses.
+//!
+//! The mechanism knows no accounts: a service adopts it by telling it who owns a request
+//! ([`Owners`], implemented by its state), then either puts its routes behind [`guard`], an axum
+//! middleware that needs no code in the handlers, or, for an effect that must commit with the key
+//! in one transaction (a payment), takes the [`Idempotent`] extractor and calls
+//! [`Idempotency::run`] with its unit of work.
+//!
+//! This file tells the lifecycle of a key in order, each step with its types:
 //!
 //! 1. **Decide**: reserve the key, or read the row that holds it, and decide (execute, replay,
 //!    409, 422).
@@ -18,6 +26,7 @@
 mod fingerprint;
 mod inspect;
 mod key;
+mod layer;
 mod request;
 mod response;
 mod store;
@@ -46,7 +55,8 @@ use store::Reservation;
 pub use fingerprint::{FieldDigests, Fingerprint};
 pub use inspect::router;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use request::{Idempotent, KeyedRequest, Scope};
+pub use layer::{MAX_STORED_BODY, NotStored, guard};
+pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope};
 pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
 
 /// How long keys live and how long a request may hold one without renewing it.

@@ -1,37 +1,88 @@
-//! The extractor every idempotent route takes: it checks the key and the body **before** anything
-//! is reserved, so a rejected request leaves nothing behind and does not burn its key.
+//! What the mechanism reads of a request: who owns it (told by the adopting service, see
+//! [`Owners`]), its scope, its key, and the extractor every idempotent JSON route takes, which
+//! checks the key and the body **before** anything is reserved, so a rejected request leaves
+//! nothing behind and does not burn its key.
 
-use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
+use std::future::Future;
+
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::{FieldDigests, Fingerprint, IdempotencyKey, KeyError};
-use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
 /// The header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-/// Where a key is valid: account + method + route template, e.g. `acct_42:POST /v1/payments`.
-/// A key shared by two accounts, or sent to two endpoints, names two separate keys.
+/// How a service that adopts the mechanism tells it who owns a request: the first part of every
+/// key's scope (`acct_42` in `acct_42:POST /v1/payments`). The mechanism knows no accounts; the
+/// service's state implements this trait, usually by authenticating the request, and the
+/// [`Owner`] extractor, [`Idempotent`] and [`guard`](super::guard) ask it.
+///
+/// Keys are never shared between owners, so two owners must never have the same name: idempay
+/// names an account by its id (`acct_…`), the simulated processor is `processor`.
+///
+/// ```
+/// use axum::http::request::Parts;
+/// use idempay::http::error::{ApiError, Problem, ProblemKind};
+/// use idempay::idempotency::Owners;
+///
+/// #[derive(Clone)]
+/// struct Shop;
+///
+/// impl Owners for Shop {
+///     async fn owner(&self, parts: &mut Parts) -> Result<String, ApiError> {
+///         // A real service checks a credential here; the owner is whoever it names.
+///         match parts.headers.get("x-tenant").and_then(|value| value.to_str().ok()) {
+///             Some(tenant) => Ok(format!("tenant_{tenant}")),
+///             None => Err(Problem::new(ProblemKind::Unauthorized, "Send X-Tenant.").into()),
+///         }
+///     }
+/// }
+/// ```
+pub trait Owners: Send + Sync {
+    /// The owner of the request, or the refusal (401, 429…) that ends it before anything is
+    /// reserved.
+    fn owner(&self, parts: &mut Parts) -> impl Future<Output = Result<String, ApiError>> + Send;
+}
+
+/// The owner of a request, as the state's [`Owners`] names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner(pub String);
+
+impl<S: Owners> FromRequestParts<S> for Owner {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        state.owner(parts).await.map(Self)
+    }
+}
+
+/// Where a key is valid: owner + method + route template, e.g. `acct_42:POST /v1/payments`.
+/// A key shared by two owners, or sent to two endpoints, names two separate keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scope(String);
 
 impl Scope {
-    pub fn new(account: &AccountId, method: &Method, route: &str) -> Self {
-        Self(format!("{account}:{method} {route}"))
+    pub fn new(owner: &str, method: &Method, route: &str) -> Self {
+        Self(format!("{owner}:{method} {route}"))
+    }
+
+    /// The scope of a request: its owner, its method and the template of the route it matched.
+    pub(super) fn of(owner: &str, parts: &Parts) -> Self {
+        let route = parts.extensions.get::<MatchedPath>().map_or_else(
+            || parts.uri.path().to_owned(),
+            |path| path.as_str().to_owned(),
+        );
+        Self::new(owner, &parts.method, &route)
     }
 
     /// A scope as a key row stores it, for the recovery job that resumes the key.
     pub(super) fn stored(scope: String) -> Self {
         Self(scope)
-    }
-
-    /// A scope for an owner that is no idempay account, such as the simulated processor
-    /// (`processor:POST /v1/charges`): its keys share the table and never meet an account's.
-    pub fn for_owner(owner: &str, method: &Method, route: &str) -> Self {
-        Self(format!("{owner}:{method} {route}"))
     }
 
     pub fn as_str(&self) -> &str {
@@ -81,11 +132,11 @@ impl KeyedRequest {
     }
 }
 
-/// A JSON body of type `T` that arrived with a valid `Idempotency-Key`, from an authenticated
-/// account. Rejections are problem documents: 401 without a valid API key, 429 over the account's
-/// rate limit (checked first, so a throttled request reserves nothing), 400 for the key or the
-/// body, 415 for a body that is not JSON, 413 for one over the size limit, 408 for one that stopped
-/// arriving.
+/// A JSON body of type `T` that arrived with a valid `Idempotency-Key`, from the owner the state
+/// names ([`Owners`]). Rejections are problem documents: the owner's own first (idempay's: 401
+/// without a valid API key, 429 over the account's rate limit, so a throttled request reserves
+/// nothing), then 400 for the key or the body, 415 for a body that is not JSON, 413 for one over
+/// the size limit, 408 for one that stopped arriving.
 #[derive(Debug)]
 pub struct Idempotent<T> {
     pub request: KeyedRequest,
@@ -100,21 +151,15 @@ const INLINE_BODY_BYTES: usize = 8 * 1024;
 
 impl<S, T> FromRequest<S> for Idempotent<T>
 where
-    AccountCache: FromRef<S>,
-    RateLimit: FromRef<S>,
-    S: Send + Sync,
+    S: Owners,
     T: DeserializeOwned + Send + 'static,
 {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (mut parts, body) = req.into_parts();
-        let account = Account::from_request_parts(&mut parts, state).await?;
-        let route = parts.extensions.get::<MatchedPath>().map_or_else(
-            || parts.uri.path().to_owned(),
-            |path| path.as_str().to_owned(),
-        );
-        let scope = Scope::new(account.id(), &parts.method, &route);
+        let owner = state.owner(&mut parts).await?;
+        let scope = Scope::of(&owner, &parts);
         let target = parts.uri.path().to_owned();
         let req = Request::from_parts(parts, body);
         let key = key_from(req.headers())
@@ -156,7 +201,8 @@ where
     }
 }
 
-fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
+/// The request's one `Idempotency-Key`.
+pub(super) fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     let value = values.next().ok_or(KeyError::Missing)?;
     if values.next().is_some() {
@@ -167,20 +213,26 @@ fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
 
 /// Accepts `application/json` and `application/*+json`, with parameters such as `charset`.
 fn require_json(headers: &HeaderMap) -> Result<(), Problem> {
-    let essence = headers
+    let content_type = headers
         .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .map(|essence| essence.trim().to_ascii_lowercase());
-    match essence.as_deref() {
-        Some(essence)
-            if essence == "application/json"
-                || (essence.starts_with("application/") && essence.ends_with("+json")) =>
-        {
-            Ok(())
-        }
-        _ => Err(not_json()),
+        .and_then(|value| value.to_str().ok());
+    if content_type.is_some_and(is_json) {
+        Ok(())
+    } else {
+        Err(not_json())
     }
+}
+
+/// Whether a `Content-Type` names JSON: `application/json` or `application/*+json`.
+pub(super) fn is_json(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 fn not_json() -> Problem {
@@ -190,7 +242,7 @@ fn not_json() -> Problem {
     )
 }
 
-fn invalid_body(error: serde_json::Error) -> Problem {
+pub(super) fn invalid_body(error: serde_json::Error) -> Problem {
     Problem::new(
         ProblemKind::InvalidRequest,
         format!("The request body is invalid: {error}."),

@@ -42,6 +42,17 @@ impl StoredResponse {
         stored
     }
 
+    /// A response of any media type: its status and body bytes, with no header yet; add its
+    /// `Content-Type` (and any other header that is part of the result) with
+    /// [`StoredResponse::with_header`].
+    pub fn raw(status: StatusCode, body: Bytes) -> Self {
+        Self {
+            status,
+            headers: BTreeMap::new(),
+            body,
+        }
+    }
+
     fn new(status: StatusCode, content_type: &str, body: Vec<u8>) -> Self {
         Self {
             status,

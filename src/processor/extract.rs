@@ -65,7 +65,7 @@ where
             || parts.uri.path().to_owned(),
             |path| path.as_str().to_owned(),
         );
-        let scope = Scope::for_owner(SCOPE_OWNER, &parts.method, &route);
+        let scope = Scope::new(SCOPE_OWNER, &parts.method, &route);
         let target = parts.uri.path().to_owned();
         let key = key_from(&parts.headers)
             .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;

@@ -151,7 +151,7 @@ async fn mechanism_on_a_fresh_database() -> (TestApp, Idempotency, Account) {
 /// The same key and payload for `route`, in `account`.
 fn keyed(account: &Account, route: &str) -> KeyedRequest {
     KeyedRequest::new(
-        Scope::new(account.id(), &axum::http::Method::POST, route),
+        Scope::new(account.id().as_str(), &axum::http::Method::POST, route),
         IdempotencyKey::parse(b"the-key").unwrap(),
         Fingerprint::of_request(route, &json!({ "thing": 1 })),
     )

@@ -1,8 +1,10 @@
 //! The idempotency-key mechanism: one key, one effect. Replays byte for byte, mismatches and keys
 //! in flight refused, leases taken over, simultaneous requests, and keys that expire; and one
-//! effect across two hops, idempay and the processor it charges at, whatever the processor does.
+//! effect across two hops, idempay and the processor it charges at, whatever the processor does;
+//! and the mechanism as a layer, case by case against the IETF draft, through `idempay fixture`.
 
 mod concurrency;
+mod conformance;
 mod expiry;
 mod lifecycle;
 mod mechanism;
