@@ -12,8 +12,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecrets;
-use idempay::webhooks::delivery::{self, Backoff, Deliverer};
+use idempay::webhooks::delivery::{self, Deliverer};
+use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -79,9 +79,8 @@ async fn delivering_to(url: &str, secret: &WebhookSecrets) -> TestProcessor {
     let mut settings = settings();
     settings.webhook_url = Some(url.to_owned());
     settings.webhook_secrets = Some(secret.clone());
-    settings.webhook_retry_base = Duration::from_millis(50);
-    settings.webhook_retry_cap = Duration::from_millis(200);
-    settings.webhook_timeout = Duration::from_secs(2);
+    settings.webhook_retry_schedule = RetrySchedule::parse("50ms,100ms,200ms,200ms,200ms,200ms").unwrap();
+    settings.webhook_delivery_timeout = Duration::from_secs(2);
     TestProcessor::spawn_with(settings).await
 }
 
@@ -246,16 +245,13 @@ async fn two_delivery_loops_send_each_attempt_once() {
             .unwrap();
     }
     drop(conn);
-    let backoff = Backoff {
-        base: Duration::from_millis(50),
-        cap: Duration::from_secs(1),
-    };
+    let schedule = RetrySchedule::parse("50ms,100ms,200ms,400ms,800ms,1s").unwrap();
     let loops: Vec<Deliverer> = (0..2)
         .map(|_| {
-            Deliverer::new(
+            Deliverer::processor(
                 idempay::db::pool(&processor.database_url()).unwrap(),
                 &secret,
-                backoff,
+                schedule.clone(),
                 Duration::from_secs(5),
             )
             .unwrap()
