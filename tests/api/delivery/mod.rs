@@ -6,7 +6,7 @@
 //! Events are written here as the payment and refund routes write them: a row in `events`, whose
 //! trigger queues a delivery for every subscribed endpoint.
 
-mod endpoints;
+mod webhook_endpoints;
 mod listen;
 mod retries;
 
