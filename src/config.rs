@@ -64,11 +64,7 @@ pub struct Settings {
     /// Lets merchant endpoints point at loopback, private, link-local and other non-public
     /// addresses. For development and tests only (`idempay dev` sets it): in production it would
     /// let anyone with an API key make idempay call into its own network.
-    #[arg(
-        long,
-        env = "IDEMPAY_WEBHOOK_ALLOW_PRIVATE",
-        default_value_t = false
-    )]
+    #[arg(long, env = "IDEMPAY_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
     pub webhook_allow_private: bool,
 
     /// How long a client may take to send a request's headers, counted from the connection's

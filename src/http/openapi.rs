@@ -80,12 +80,10 @@ pub fn spec() -> utoipa::openapi::OpenApi {
 pub fn with_default_figures(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     let text = serde_json::to_string(&description).expect("the API description serializes");
     let settings = Settings::default();
-    let filled = Figures::of(&settings)
-        .fill(&text)
-        .replace(
-            "{webhook_retry_schedule}",
-            &settings.webhook_retry_schedule.to_string(),
-        );
+    let filled = Figures::of(&settings).fill(&text).replace(
+        "{webhook_retry_schedule}",
+        &settings.webhook_retry_schedule.to_string(),
+    );
     serde_json::from_str(&filled).expect("filling in figures keeps the description valid")
 }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::faults::Faults;
-use crate::webhooks::WebhookSecrets;
 use crate::webhooks::RetrySchedule;
+use crate::webhooks::WebhookSecrets;
 
 /// Where `idempay processor` listens.
 #[derive(Args, Clone, Debug)]

@@ -136,9 +136,8 @@ impl Resolve for PublicOnly {
         Box::pin(async move {
             let host = name.as_str().to_owned();
             let resolved = tokio::net::lookup_host((host.as_str(), 0)).await?;
-            let public: Vec<SocketAddr> = resolved
-                .filter(|address| is_public(address.ip()))
-                .collect();
+            let public: Vec<SocketAddr> =
+                resolved.filter(|address| is_public(address.ip())).collect();
             if public.is_empty() {
                 return Err(format!("{host} resolves to no public address").into());
             }

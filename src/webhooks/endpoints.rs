@@ -474,7 +474,12 @@ mod tests {
     use super::*;
 
     fn events(types: &[&str]) -> Result<EnabledEvents, String> {
-        EnabledEvents::try_from(types.iter().map(|kind| (*kind).to_owned()).collect::<Vec<_>>())
+        EnabledEvents::try_from(
+            types
+                .iter()
+                .map(|kind| (*kind).to_owned())
+                .collect::<Vec<_>>(),
+        )
     }
 
     #[test]
@@ -486,6 +491,9 @@ mod tests {
         assert!(events(&["*", "payment.succeeded"]).is_err());
         assert!(events(&["payment.succeeded", "payment.succeeded"]).is_err());
         let unknown = events(&["charge.succeeded"]).unwrap_err();
-        assert!(unknown.contains("`charge.succeeded` is no event type"), "{unknown}");
+        assert!(
+            unknown.contains("`charge.succeeded` is no event type"),
+            "{unknown}"
+        );
     }
 }

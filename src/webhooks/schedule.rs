@@ -59,7 +59,11 @@ impl RetrySchedule {
 
     /// The shortest delay: a loop that polls at least this often misses no retry by much.
     pub fn shortest(&self) -> Duration {
-        self.0.iter().copied().min().unwrap_or(Duration::from_secs(1))
+        self.0
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(Duration::from_secs(1))
     }
 }
 
@@ -110,7 +114,11 @@ mod tests {
     fn each_delay_moves_by_at_most_the_jitter() {
         let schedule = RetrySchedule::parse("1s").unwrap();
         let waits: Vec<Duration> = (0..200).map(|_| schedule.after(1).unwrap()).collect();
-        assert!(waits.iter().all(|wait| (900..=1100).contains(&wait.as_millis())));
+        assert!(
+            waits
+                .iter()
+                .all(|wait| (900..=1100).contains(&wait.as_millis()))
+        );
         assert!(waits.iter().any(|wait| *wait != waits[0]), "jittered");
     }
 

@@ -51,7 +51,11 @@ async fn the_local_receiver_prints_an_event_once_notes_its_duplicate_and_refuses
         deliver(&secret).await.unwrap().status().as_u16(),
         deliver(&secret).await.unwrap().status().as_u16(),
         deliver(&secret).await.unwrap().status().as_u16(),
-        deliver(&WebhookSecrets::generate()).await.unwrap().status().as_u16(),
+        deliver(&WebhookSecrets::generate())
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
     ];
 
     assert_eq!(statuses, [500, 200, 200, 401]);
@@ -59,7 +63,10 @@ async fn the_local_receiver_prints_an_event_once_notes_its_duplicate_and_refuses
     for _ in 0..4 {
         printed.push(next_line(&mut lines).await);
     }
-    assert!(printed[0].starts_with("failed on purpose: evt_1"), "{printed:?}");
+    assert!(
+        printed[0].starts_with("failed on purpose: evt_1"),
+        "{printed:?}"
+    );
     assert_eq!(printed[1], "received: evt_1 payment.succeeded");
     assert!(printed[2].starts_with("duplicate: evt_1"), "{printed:?}");
     assert!(printed[3].starts_with("refused: "), "{printed:?}");

@@ -6,9 +6,9 @@
 //! Events are written here as the payment and refund routes write them: a row in `events`, whose
 //! trigger queues a delivery for every subscribed endpoint.
 
-mod webhook_endpoints;
 mod listen;
 mod retries;
+mod webhook_endpoints;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -116,7 +116,12 @@ pub async fn endpoint_for_all(app: &TestApp, url: &str) -> (String, String) {
         &json!({ "url": url, "enabled_events": ["*"] }),
     )
     .await;
-    assert_eq!(created.status, 201, "{}", String::from_utf8_lossy(&created.body));
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
     let created = created.json();
     (
         created["id"].as_str().unwrap().to_owned(),

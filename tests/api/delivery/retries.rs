@@ -30,9 +30,11 @@ async fn an_endpoint_that_fails_three_deliveries_gets_the_fourth_with_the_same_i
     let (endpoint, secret) = endpoint_for_all(&app, &receiver.url).await;
 
     let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
-    wait_for("the fourth attempt is acknowledged", Duration::from_secs(20), || {
-        delivered(&app, &event)
-    })
+    wait_for(
+        "the fourth attempt is acknowledged",
+        Duration::from_secs(20),
+        || delivered(&app, &event),
+    )
     .await;
 
     let deliveries = receiver.deliveries();
@@ -44,7 +46,10 @@ async fn an_endpoint_that_fails_three_deliveries_gets_the_fourth_with_the_same_i
             .verify(body, headers)
             .expect("signed with the secret given at creation");
         let sent: Value = serde_json::from_slice(body).unwrap();
-        assert_eq!((sent["id"].as_str(), sent["type"].as_str()), (Some(event.as_str()), Some("payment.succeeded")));
+        assert_eq!(
+            (sent["id"].as_str(), sent["type"].as_str()),
+            (Some(event.as_str()), Some("payment.succeeded"))
+        );
     }
 
     let attempts = app.get(&format!("/v1/events/{event}/attempts")).await;
@@ -86,8 +91,9 @@ async fn an_endpoint_that_fails_three_deliveries_gets_the_fourth_with_the_same_i
 
     let metrics = Metrics::new(app.get("/metrics").await.body);
     for outcome in ["retried", "delivered"] {
-        let series =
-            format!("idempay_webhook_deliveries_total{{sender=\"endpoints\",outcome=\"{outcome}\"}}");
+        let series = format!(
+            "idempay_webhook_deliveries_total{{sender=\"endpoints\",outcome=\"{outcome}\"}}"
+        );
         assert!(metrics.value(&series).is_some_and(|n| n >= 1.0), "{series}");
     }
     assert!(
@@ -104,15 +110,19 @@ async fn when_the_schedule_runs_out_the_delivery_fails_and_the_endpoint_is_disab
     let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
 
     let event = write_event(&app.db, &app.account_id, "refund.created").await;
-    wait_for("the delivery is given up", Duration::from_secs(20), || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
-        )
-        .bind(&event)
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-    })
+    wait_for(
+        "the delivery is given up",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
+            )
+            .bind(&event)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+        },
+    )
     .await;
 
     let (attempts, recorded, delivered): (i32, i64, bool) = sqlx::query_as(
@@ -124,7 +134,11 @@ async fn when_the_schedule_runs_out_the_delivery_fails_and_the_endpoint_is_disab
     .fetch_one(&app.db)
     .await
     .unwrap();
-    assert_eq!((attempts, recorded, delivered), (3, 3, false), "the first and two retries");
+    assert_eq!(
+        (attempts, recorded, delivered),
+        (3, 3, false),
+        "the first and two retries"
+    );
     assert_eq!(receiver.deliveries().len(), 3);
     let read = app.get(&format!("/v1/webhook_endpoints/{endpoint}")).await;
     assert_eq!(read.json()["status"], "disabled");
@@ -171,15 +185,19 @@ async fn three_instances_deliver_every_event_once() {
     .execute(&app.db)
     .await
     .unwrap();
-    wait_for("every event is delivered", Duration::from_secs(120), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM webhook_deliveries WHERE delivered_at IS NOT NULL",
-        )
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-            == EVENTS
-    })
+    wait_for(
+        "every event is delivered",
+        Duration::from_secs(120),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM webhook_deliveries WHERE delivered_at IS NOT NULL",
+            )
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+                == EVENTS
+        },
+    )
     .await;
 
     let arrivals = receiver.arrivals();
@@ -193,7 +211,10 @@ async fn three_instances_deliver_every_event_once() {
     .fetch_one(&app.db)
     .await
     .unwrap();
-    assert_eq!((deliveries, attempted_once, attempts), (EVENTS, EVENTS, EVENTS));
+    assert_eq!(
+        (deliveries, attempted_once, attempts),
+        (EVENTS, EVENTS, EVENTS)
+    );
 }
 
 /// An endpoint that was registered while private addresses were allowed (or whose name now
@@ -204,23 +225,37 @@ async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
     let registering = TestApp::spawn_with(local("1h")).await;
     let receiver = Receiver::start(0).await;
     let by_address = endpoint_for_all(&registering, &receiver.url).await;
-    let by_name = endpoint_for_all(&registering, &receiver.url.replace("127.0.0.1", "localhost")).await;
+    let by_name = endpoint_for_all(
+        &registering,
+        &receiver.url.replace("127.0.0.1", "localhost"),
+    )
+    .await;
     registering.stop();
     let sending = registering.another_instance(Settings::default()).await;
 
     let event = write_event(&sending.db, &sending.account_id, "payment.succeeded").await;
-    wait_for("both attempts are recorded", Duration::from_secs(20), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
-            .fetch_one(&sending.db)
-            .await
-            .unwrap()
-            == 2
-    })
+    wait_for(
+        "both attempts are recorded",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
+                .fetch_one(&sending.db)
+                .await
+                .unwrap()
+                == 2
+        },
+    )
     .await;
 
     assert!(receiver.deliveries().is_empty(), "nothing was sent");
-    let attempts = sending.get(&format!("/v1/events/{event}/attempts")).await.json();
-    for (endpoint, needle) in [(&by_address.0, "not a public address"), (&by_name.0, "no public address")] {
+    let attempts = sending
+        .get(&format!("/v1/events/{event}/attempts"))
+        .await
+        .json();
+    for (endpoint, needle) in [
+        (&by_address.0, "not a public address"),
+        (&by_name.0, "no public address"),
+    ] {
         let attempt = attempts["data"]
             .as_array()
             .unwrap()

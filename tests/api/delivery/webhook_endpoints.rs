@@ -20,7 +20,12 @@ async fn a_replayed_registration_returns_the_same_endpoint_and_secret_which_get_
     let first = post_endpoint(&app, &app.api_key, &key, &body).await;
     let again = post_endpoint(&app, &app.api_key, &key, &body).await;
 
-    assert_eq!(first.status, 201, "{}", String::from_utf8_lossy(&first.body));
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
     assert_eq!(again.status, 201);
     assert!(!first.replayed());
     assert!(again.replayed());
@@ -89,7 +94,11 @@ async fn another_account_s_endpoint_is_not_found_and_a_deleted_one_is_gone() {
     assert_eq!(listed.json()["data"], json!([]));
 
     let deleted = app
-        .send(app.client().delete(app.url(&path)).bearer_auth(&app.api_key))
+        .send(
+            app.client()
+                .delete(app.url(&path))
+                .bearer_auth(&app.api_key),
+        )
         .await;
     assert_eq!(deleted.status, 200);
     assert_eq!(
@@ -136,7 +145,10 @@ async fn a_private_url_is_refused_unless_private_addresses_are_allowed() {
         let refused = post_endpoint(&production, &production.api_key, &new_key(), &body).await;
         let problem = refused.assert_problem(400, "invalid-request");
         assert!(
-            problem["detail"].as_str().unwrap().contains("not a public address"),
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("not a public address"),
             "{url}: {problem}"
         );
         let accepted = post_endpoint(&development, &development.api_key, &new_key(), &body).await;

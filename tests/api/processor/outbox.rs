@@ -79,7 +79,8 @@ async fn delivering_to(url: &str, secret: &WebhookSecrets) -> TestProcessor {
     let mut settings = settings();
     settings.webhook_url = Some(url.to_owned());
     settings.webhook_secrets = Some(secret.clone());
-    settings.webhook_retry_schedule = RetrySchedule::parse("50ms,100ms,200ms,200ms,200ms,200ms").unwrap();
+    settings.webhook_retry_schedule =
+        RetrySchedule::parse("50ms,100ms,200ms,200ms,200ms,200ms").unwrap();
     settings.webhook_delivery_timeout = Duration::from_secs(2);
     TestProcessor::spawn_with(settings).await
 }
