@@ -200,7 +200,8 @@ mod tests {
             "ftp://example.com/",
             "example.com/hooks",
             "https://user:pw@example.com/",
-            "http:///nohost",
+            "http://",
+            "mailto:someone@example.com",
             "",
         ] {
             assert!(
