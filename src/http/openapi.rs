@@ -80,10 +80,17 @@ pub fn spec() -> utoipa::openapi::OpenApi {
 pub fn with_default_figures(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     let text = serde_json::to_string(&description).expect("the API description serializes");
     let settings = Settings::default();
-    let filled = Figures::of(&settings).fill(&text).replace(
-        "{webhook_retry_schedule}",
-        &settings.webhook_retry_schedule.to_string(),
-    );
+    // The retry schedule is not `Copy`, as `Figures` is: filled in here, from the same settings.
+    let filled = Figures::of(&settings)
+        .fill(&text)
+        .replace(
+            "{webhook_retry_schedule}",
+            &settings.webhook_retry_schedule.to_string(),
+        )
+        .replace(
+            "{webhook_jitter}",
+            &format!("±{}%", crate::webhooks::JITTER * 100.0),
+        );
     serde_json::from_str(&filled).expect("filling in figures keeps the description valid")
 }
 

@@ -201,14 +201,15 @@ impl From<EndpointRow> for WebhookEndpoint {
 /// Standard Webhooks with that secret, at least once. What the receiver must do:
 ///
 /// - **verify** the signature (`webhook-signature`, over `"{webhook-id}.{webhook-timestamp}.{body}"`)
-///   with the secret, on the raw body, and refuse a timestamp more than five minutes away;
+///   with the secret, on the raw body, and refuse a timestamp too far from your clock (idempay's
+///   own intake allows {webhook_tolerance});
 /// - **deduplicate** on `webhook-id`, the event's id, the same on every delivery of it: a
 ///   delivery may come more than once, and events may arrive out of order;
 /// - **answer 2xx fast**, within {webhook_delivery_timeout}, and do slow work afterwards.
 ///
 /// Anything else (another status, a timeout, a refused connection, a redirect) is a failed
 /// attempt, tried again after each delay of the retry schedule ({webhook_retry_schedule}, each
-/// ±10%); then the delivery is given up, and an endpoint that acknowledged nothing for that whole
+/// moved by up to {webhook_jitter}); then the delivery is given up, and an endpoint that acknowledged nothing for that whole
 /// time is disabled. Each attempt is listed at `GET /v1/events/{id}/attempts`.
 ///
 /// The URL must be `http` or `https`, and its host a public address or a name that resolves only

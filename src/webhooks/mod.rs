@@ -37,7 +37,7 @@ use crate::http::AppState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
 pub use events::{Envelope, Outcome};
-pub use schedule::RetrySchedule;
+pub use schedule::{JITTER, RetrySchedule};
 pub use signature::{
     MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,
 };
