@@ -267,3 +267,53 @@ async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
         assert!(error.contains(needle), "{endpoint}: {error}");
     }
 }
+
+/// A redirect could lead anywhere, a private address included: it is not followed, and counts as
+/// a failed attempt.
+#[api_test]
+async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
+    let app = TestApp::spawn_with(local("1h")).await;
+    let target = Receiver::start(0).await;
+    let location = target.url.clone();
+    let redirecting = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move || {
+            let location = location.clone();
+            async move {
+                (
+                    axum::http::StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, location)],
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, redirecting).await });
+    endpoint_for_all(&app, &url).await;
+
+    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+    wait_for(
+        "the attempt is recorded",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
+                .fetch_one(&app.db)
+                .await
+                .unwrap()
+                == 1
+        },
+    )
+    .await;
+
+    let attempts = app
+        .get(&format!("/v1/events/{event}/attempts"))
+        .await
+        .json();
+    assert_eq!(attempts["data"][0]["status_code"], 307);
+    assert!(!delivered(&app, &event).await);
+    assert!(
+        target.deliveries().is_empty(),
+        "the redirect was not followed"
+    );
+}
