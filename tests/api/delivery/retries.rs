@@ -317,3 +317,110 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
         "the redirect was not followed"
     );
 }
+
+/// An endpoint slower than the delivery timeout has failed the attempt, with no status.
+#[api_test]
+async fn an_answer_later_than_the_delivery_timeout_is_a_failed_attempt() {
+    let app = TestApp::spawn_with(Settings {
+        webhook_delivery_timeout: Duration::from_millis(300),
+        ..local("1h")
+    })
+    .await;
+    let slow = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(|| async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            axum::http::StatusCode::OK
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, slow).await });
+    endpoint_for_all(&app, &url).await;
+
+    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+    wait_for(
+        "the attempt is recorded",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
+                .fetch_one(&app.db)
+                .await
+                .unwrap()
+                == 1
+        },
+    )
+    .await;
+
+    let attempts = app
+        .get(&format!("/v1/events/{event}/attempts"))
+        .await
+        .json();
+    let attempt = &attempts["data"][0];
+    assert_eq!(attempt["status_code"], Value::Null);
+    assert!(attempt["latency_ms"].as_i64().unwrap() < 3000, "{attempt}");
+    assert!(
+        attempt["error"].as_str().unwrap().contains("timed out"),
+        "{attempt}"
+    );
+    assert!(!delivered(&app, &event).await);
+}
+
+/// An endpoint is disabled only when it acknowledged nothing since the event it gave up on: one
+/// that acknowledged a later event keeps receiving, though that one delivery was given up.
+#[api_test]
+async fn an_endpoint_that_acknowledged_a_later_event_stays_enabled_when_one_delivery_fails() {
+    let app = TestApp::spawn_with(local("200ms,200ms")).await;
+    let refused = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let refusing = refused.clone();
+    let picky = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let refused = refusing.lock().unwrap().clone();
+            async move {
+                if headers["webhook-id"] == refused.as_str() {
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, picky).await });
+    let (endpoint, _) = endpoint_for_all(&app, &url).await;
+
+    // The first event is refused; it is written before the second, which is acknowledged.
+    let first = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
+    *refused.lock().unwrap() = first.clone();
+    sqlx::query(
+        "INSERT INTO events (id, account_id, type, body) VALUES ($1, $2, 'payment.succeeded', $3)",
+    )
+    .bind(&first)
+    .bind(&app.account_id)
+    .bind(format!(r#"{{"id":"{first}","object":"event","type":"payment.succeeded"}}"#).into_bytes())
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let second = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+
+    wait_for(
+        "the first delivery is given up",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
+            )
+            .bind(&first)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+
+    assert!(delivered(&app, &second).await);
+    let read = app.get(&format!("/v1/webhook_endpoints/{endpoint}")).await;
+    assert_eq!(read.json()["status"], "enabled");
+}

@@ -231,6 +231,36 @@ async fn an_unreachable_receiver_is_retried_and_the_charge_is_unaffected() {
     assert!(error.is_some_and(|error| !error.is_empty()));
 }
 
+/// The processor's deliveries follow the same schedule as idempay's: after its last delay, the
+/// delivery is given up.
+#[api_test]
+async fn the_processor_gives_a_delivery_up_when_the_schedule_runs_out() {
+    let url = format!(
+        "http://127.0.0.1:{}/hooks",
+        crate::support::instance::free_port()
+    );
+    let processor = delivering_to(&url, &WebhookSecrets::generate()).await;
+
+    processor
+        .charge(&new_key(), &charge(5000, "pm_card_visa"))
+        .await;
+    wait_until("the delivery is given up", || async {
+        sqlx::query_scalar::<_, bool>("SELECT failed_at IS NOT NULL FROM webhook_deliveries")
+            .fetch_one(&processor.db)
+            .await
+            .unwrap()
+    })
+    .await;
+    let (attempts, recorded): (i32, i64) = sqlx::query_as(
+        "SELECT attempts, (SELECT count(*) FROM webhook_attempts) FROM webhook_deliveries",
+    )
+    .fetch_one(&processor.db)
+    .await
+    .unwrap();
+    // The first attempt and one per delay of `delivering_to`'s schedule.
+    assert_eq!((attempts, recorded), (7, 7));
+}
+
 #[api_test]
 async fn two_delivery_loops_send_each_attempt_once() {
     let receiver = Receiver::start(0).await;
