@@ -51,6 +51,9 @@ async fn a_replayed_registration_returns_the_same_endpoint_and_secret_which_get_
         .await
         .unwrap();
     assert_eq!(count, 1, "one endpoint for one key");
+    let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await.json();
+    assert_eq!(inspected["uses"][0]["route"], "POST /v1/webhook_endpoints");
+    assert_eq!(inspected["uses"][0]["response_status"], 201);
 
     let read = app.get(&format!("/v1/webhook_endpoints/{id}")).await;
     let listed = app.get("/v1/webhook_endpoints").await;
