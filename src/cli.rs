@@ -1,7 +1,8 @@
 //! The command line of the service: `serve`, `processor` (the simulated card processor),
 //! `migrate`, `account create`, `account rotate-key`, `account revoke-key` and `openapi`, each
-//! setting also readable from the environment. With the `dev` feature (on by default) the dev tools join them: `dev`, `pay`, `demo` and
-//! `webhook send` and `fixture` (see [`crate::dev`]).
+//! setting also readable from the environment. With the `dev` feature (on by default) the dev
+//! tools join them: `dev`, `pay`, `demo`, `webhook send`, `webhook listen` and `fixture` (see
+//! [`crate::dev`]).
 
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;

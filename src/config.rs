@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::webhooks::WebhookSecrets;
+use crate::webhooks::{RetrySchedule, WebhookSecrets};
 
 /// How the service behaves, independent of where its database and listener are.
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
@@ -51,6 +51,22 @@ pub struct Settings {
     #[arg(long = "webhook-secret", env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
     pub webhook_secrets: Option<WebhookSecrets>,
 
+    /// The delays between attempts to deliver an event to a merchant endpoint, comma separated,
+    /// each jittered by ±10%: after the last one the delivery is given up, and an endpoint that
+    /// acknowledged nothing for that whole time is disabled.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = RetrySchedule::parse)]
+    pub webhook_retry_schedule: RetrySchedule,
+
+    /// How long a merchant endpoint has to answer a delivery 2xx; later is a failed attempt.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
+    pub webhook_delivery_timeout: Duration,
+
+    /// Lets merchant endpoints point at loopback, private, link-local and other non-public
+    /// addresses. For development and tests only (`idempay dev` sets it): in production it would
+    /// let anyone with an API key make idempay call into its own network.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
+    pub webhook_allow_private: bool,
+
     /// How long a client may take to send a request's headers, counted from the connection's
     /// accept for its first request; an idle keep-alive connection is closed after it too. A
     /// client that sends its headers a byte at a time, or nothing, is cut off without an answer.
@@ -88,6 +104,9 @@ impl Default for Settings {
             recovery_interval: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
             webhook_secrets: None,
+            webhook_retry_schedule: RetrySchedule::default(),
+            webhook_delivery_timeout: Duration::from_secs(10),
+            webhook_allow_private: false,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(5),
             rate_limit: 1000,
@@ -262,7 +281,7 @@ pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
 }
 
 /// A timeout of zero would cut every client off.
-fn parse_timeout(raw: &str) -> Result<Duration, String> {
+pub(crate) fn parse_timeout(raw: &str) -> Result<Duration, String> {
     let timeout = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
     if timeout.is_zero() {
         return Err("a timeout must be longer than zero".to_owned());

@@ -1,7 +1,8 @@
 //! The dev tools' commands: `dev` (the service with a throwaway database), `pay` (the retrying
 //! client), `keys show` (what became of a key), `demo` (intents through a lossy network),
-//! `webhook send` (events signed as the processor signs them) and `fixture` (the conformance
-//! suite's fixture behind the mechanism). They join the service's commands in [`crate::cli`].
+//! `webhook send` (events signed as the processor signs them), `webhook listen` (a receiver for a
+//! merchant endpoint's events) and `fixture` (the conformance suite's fixture behind the
+//! mechanism). They join the service's commands in [`crate::cli`].
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -46,7 +47,8 @@ pub enum DevCommand {
     },
     /// Payment intents through a lossy network: the key turns retries into exactly one charge.
     Demo(DemoArgs),
-    /// Sends signed events to a webhook endpoint, as the payment processor does.
+    /// Sends signed events to a webhook endpoint, as the payment processor does, or receives a
+    /// merchant endpoint's events.
     Webhook {
         #[command(subcommand)]
         command: WebhookCommand,
@@ -168,6 +170,22 @@ pub enum WebhookCommand {
         #[arg(long)]
         id: Option<String>,
     },
+    /// Receives a webhook endpoint's events on 127.0.0.1: verifies each signature, deduplicates
+    /// by `webhook-id` and prints each event once, until Ctrl-C. Register
+    /// `http://127.0.0.1:PORT/` as an endpoint first (idempay must run with
+    /// `IDEMPAY_WEBHOOK_ALLOW_PRIVATE`, as `idempay dev` does), and pass the secret it answered.
+    Listen {
+        /// The port to listen on, on 127.0.0.1; 0 for any free one (the first line says which).
+        #[arg(long, default_value_t = 4242)]
+        port: u16,
+        /// The endpoint's secret (`whsec_…`), from the answer to its creation; several, space
+        /// separated, while one is rotated.
+        #[arg(long, value_parser = WebhookSecrets::parse)]
+        secret: WebhookSecrets,
+        /// Answers 500 to the first N deliveries, to watch them come again.
+        #[arg(long, default_value_t = 0)]
+        fail_first: usize,
+    },
 }
 
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
@@ -196,6 +214,14 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
             Ok(())
         }
         DevCommand::Fixture(args) => super::fixture::run(args).await,
+        DevCommand::Webhook {
+            command:
+                WebhookCommand::Listen {
+                    port,
+                    secret,
+                    fail_first,
+                },
+        } => super::listen::run(port, secret, fail_first).await,
         DevCommand::Dev { listen, settings } => super::run(listen.listen, settings).await,
     }
 }

@@ -5,7 +5,8 @@
 //! - `idempay dev` (this file), the zero-set-up mode behind `make run`: a throwaway PostgreSQL
 //!   container ([`postgres`]), the card processor and the API as two services, a demo account
 //!   and ready-to-paste `curl` examples, until Ctrl-C.
-//! - [`demo`]: payment intents through a lossy network; [`cli`]: the dev commands.
+//! - [`demo`]: payment intents through a lossy network; [`listen`]: a receiver of a merchant
+//!   endpoint's events; [`cli`]: the dev commands.
 //! - [`checkout`]: the checkout page `idempay dev` serves at `/demo/checkout`
 //!   (`IDEMPAY_DEMO_UI`), where a double click charges once.
 //! - [`fixture`]: `idempay fixture`, the conformance suite's fixture routes behind the mechanism.
@@ -14,6 +15,7 @@ pub mod checkout;
 pub mod cli;
 pub mod demo;
 pub mod fixture;
+pub mod listen;
 pub mod postgres;
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -38,6 +40,8 @@ pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<(
     settings
         .webhook_secrets
         .get_or_insert_with(WebhookSecrets::generate);
+    // The endpoints a developer registers are on this machine: `idempay webhook listen`.
+    settings.webhook_allow_private = true;
     eprintln!("Starting a throwaway PostgreSQL container…");
     let postgres = Postgres::start().await?;
     let served = serve(&postgres, listen, settings).await;
@@ -90,6 +94,7 @@ async fn serve(
         processor_banner(&base, &processor_url, &processor_key)
     );
     println!("{}", webhook_banner(&base, &webhook_secrets.expose()));
+    println!("{}", endpoint_banner(&base, key.expose()));
     // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then
     // the processor.
     let stop = CancellationToken::new();
@@ -153,5 +158,18 @@ fn webhook_banner(base: &str, secret: &str) -> String {
          IDEMPAY_WEBHOOK_SECRET='{secret}' target/debug/idempay webhook send \\\n  \
          --url {base}/v1/webhooks/processor --id evt_demo_1 \\\n  \
          --type dispute.created --data '{{\"payment\": \"pay_…\", \"amount\": 500}}'\n"
+    )
+}
+
+/// How to receive the demo account's events on this machine.
+fn endpoint_banner(base: &str, key: &str) -> String {
+    format!(
+        "# Receive the account's events: register an endpoint on this machine…\n\
+         curl -s {base}/v1/webhook_endpoints \\\n  -H 'Authorization: Bearer {key}' \\\n  \
+         -H 'Content-Type: application/json' \\\n  -H 'Idempotency-Key: {}' \\\n  \
+         -d '{{\"url\": \"http://127.0.0.1:4242/\", \"enabled_events\": [\"*\"]}}'\n\n\
+         # …then run a receiver with the secret it answered (`--fail-first 2` to watch retries):\n\
+         target/debug/idempay webhook listen --port 4242 --secret whsec_…\n",
+        uuid::Uuid::new_v4()
     )
 }

@@ -26,6 +26,8 @@ const EXPIRY_DELETED: &str = "idempay_expiry_deleted_rows_total";
 const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
 const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
+const WEBHOOK_DELIVERIES: &str = "idempay_webhook_deliveries_total";
+const WEBHOOK_OLDEST_PENDING: &str = "idempay_webhook_oldest_pending_seconds";
 const ACCOUNT_LOOKUPS: &str = "idempay_account_lookups_total";
 const API_KEY_LISTENER: &str = "idempay_api_key_listener_connected";
 const THROTTLED: &str = "idempay_rate_limited_requests_total";
@@ -146,6 +148,17 @@ fn describe() {
         WEBHOOK_EVENTS,
         "Webhook events received, by outcome (applied, ignored, duplicate, stale, needs_review)."
     );
+    describe_counter!(
+        WEBHOOK_DELIVERIES,
+        "Webhook delivery attempts sent, by sender (processor, endpoints) and what became of the \
+         delivery (delivered, retried, failed: given up after the whole retry schedule)."
+    );
+    describe_gauge!(
+        WEBHOOK_OLDEST_PENDING,
+        metrics::Unit::Seconds,
+        "Age of the oldest event delivery neither acknowledged nor given up, read at the scrape; 0 \
+         when none is pending. A steady rise means the delivery loops are stuck or behind."
+    );
     describe_gauge!(
         POOL_CONNECTIONS,
         "Database connections of this instance, by state (in_use, idle)."
@@ -185,6 +198,11 @@ async fn scrape(State(pool): State<PgPool>) -> Response {
     let idle = u32::try_from(pool.num_idle()).unwrap_or(u32::MAX);
     gauge!(POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
     gauge!(POOL_CONNECTIONS, "state" => "in_use").set(f64::from(pool.size().saturating_sub(idle)));
+    // A scrape while the database is down still answers, with the last age it read.
+    match crate::webhooks::delivery::oldest_pending_age(&pool).await {
+        Ok(age) => gauge!(WEBHOOK_OLDEST_PENDING).set(age.as_secs_f64()),
+        Err(error) => tracing::warn!(%error, "cannot read the oldest pending webhook delivery"),
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         handle().render(),
@@ -235,6 +253,11 @@ pub fn expiry_run(keys: u64, events: u64, took: Duration) {
     counter!(EXPIRY_DELETED, "table" => "idempotency_keys").increment(keys);
     counter!(EXPIRY_DELETED, "table" => "processed_events").increment(events);
     histogram!(EXPIRY_DURATION).record(took.as_secs_f64());
+}
+
+/// Counts one delivery attempt by what became of its delivery.
+pub fn webhook_delivery(sender: &'static str, outcome: crate::webhooks::delivery::Outcome) {
+    counter!(WEBHOOK_DELIVERIES, "sender" => sender, "outcome" => outcome.as_str()).increment(1);
 }
 
 /// Counts one webhook event by what became of it: a rising `needs_review` is disputes the ledger

@@ -45,6 +45,7 @@ use crate::idempotency::Resumers;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecrets;
+use crate::webhooks::delivery::{Deliverer, Sender};
 use crate::{expiry, idempotency, ids, payments, recovery, refunds, webhooks};
 use error::{Problem, ProblemKind};
 use openapi::ApiDoc;
@@ -73,6 +74,8 @@ pub struct Shared {
     pub webhook_secrets: Option<WebhookSecrets>,
     /// How long processed webhook event ids are remembered.
     pub event_ttl: Duration,
+    /// Whether merchant endpoints may point at non-public addresses (development only).
+    pub webhook_allow_private: bool,
     /// How long a request body may stall before the request is answered with 408.
     pub body_read_timeout: Duration,
     /// How long a request may take before it is answered with 503.
@@ -132,6 +135,7 @@ impl AppState {
             processor,
             webhook_secrets: settings.webhook_secrets.clone(),
             event_ttl: settings.event_ttl,
+            webhook_allow_private: settings.webhook_allow_private,
             body_read_timeout: settings.body_read_timeout,
             request_timeout: settings.request_timeout,
             figures: Figures::of(settings),
@@ -150,6 +154,7 @@ impl Figures {
             body_limit_bytes: MAX_BODY_BYTES,
             body_read_timeout: settings.body_read_timeout,
             webhook_tolerance: webhooks::TOLERANCE,
+            webhook_delivery_timeout: settings.webhook_delivery_timeout,
             max_signatures: webhooks::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
             rate_limit: settings.rate_limit,
@@ -282,9 +287,10 @@ async fn method_not_allowed(request: Request) -> Response {
 }
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
-/// recovery job, the listener that tells the account cache of API key changes and, when no
-/// processor URL is configured, the embedded processor. With `IDEMPAY_DEMO_UI` (and the `dev`
-/// feature), the checkout page is served beside the API too.
+/// recovery job, the listener that tells the account cache of API key changes, the loop that
+/// delivers events to merchant endpoints and, when no processor URL is configured, the embedded
+/// processor. With `IDEMPAY_DEMO_UI` (and the `dev` feature), the checkout page is served beside
+/// the API too.
 ///
 /// Taking a bound listener lets a test bind port 0 and learn the address before serving.
 pub struct Application {
@@ -292,6 +298,7 @@ pub struct Application {
     state: AppState,
     settings: Settings,
     embedded: Option<Processor>,
+    deliverer: Deliverer,
     /// The checkout page, when `IDEMPAY_DEMO_UI` is on: a dev tool, absent from a build without
     /// the `dev` feature.
     #[cfg(feature = "dev")]
@@ -325,8 +332,17 @@ impl Application {
             !settings.demo_ui,
             "IDEMPAY_DEMO_UI needs the dev tools, and this binary was built without the `dev` feature"
         );
+        let deliverer = Deliverer::new(
+            pool.clone(),
+            Sender::Endpoints {
+                allow_private: settings.webhook_allow_private,
+            },
+            settings.webhook_retry_schedule.clone(),
+            settings.webhook_delivery_timeout,
+        )?;
         Ok(Self {
             state: AppState::new(pool, &settings, client),
+            deliverer,
             listener,
             settings,
             embedded,
@@ -372,6 +388,7 @@ impl Application {
                 stop.clone(),
             ),
             accounts::listen(self.state.accounts.clone(), stop.clone()),
+            self.deliverer.spawn(stop.clone()),
         ];
         // The embedded processor stops last: requests finishing now may still be calling it.
         if let Some(processor) = self.embedded {

@@ -39,6 +39,7 @@ Test payment methods decide the outcome as Stripe's test cards do: `pm_card_visa
         (name = "refunds", description = "Money given back, at most once per key and never more than was paid."),
         (name = "idempotency", description = "The keys themselves: what became of each."),
         (name = "webhooks", description = "The processor's events, applied exactly once."),
+        (name = "webhook endpoints", description = "Where a merchant's events are delivered, signed, at least once."),
         (name = "problems", description = "The kinds of problem the API answers with."),
         (name = "operations", description = "Liveness and readiness probes."),
     ),
@@ -78,7 +79,18 @@ pub fn spec() -> utoipa::openapi::OpenApi {
 /// string, and parsing the text back keeps the order of every member.
 pub fn with_default_figures(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     let text = serde_json::to_string(&description).expect("the API description serializes");
-    let filled = Figures::of(&Settings::default()).fill(&text);
+    let settings = Settings::default();
+    // The retry schedule is not `Copy`, as `Figures` is: filled in here, from the same settings.
+    let filled = Figures::of(&settings)
+        .fill(&text)
+        .replace(
+            "{webhook_retry_schedule}",
+            &settings.webhook_retry_schedule.to_string(),
+        )
+        .replace(
+            "{webhook_jitter}",
+            &format!("±{}%", crate::webhooks::JITTER * 100.0),
+        );
     serde_json::from_str(&filled).expect("filling in figures keeps the description valid")
 }
 

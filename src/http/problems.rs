@@ -23,6 +23,8 @@ pub struct Figures {
     pub body_limit_bytes: usize,
     pub body_read_timeout: Duration,
     pub webhook_tolerance: Duration,
+    /// How long a merchant endpoint has to answer a delivery.
+    pub webhook_delivery_timeout: Duration,
     pub max_signatures: usize,
     pub max_key_len: usize,
     /// Requests per second per account; 0 for no limit.
@@ -36,7 +38,8 @@ impl Figures {
     }
 
     /// `text` with each placeholder (`{key_ttl}`, `{event_ttl}`, `{lease}`, `{body_limit}`,
-    /// `{body_read_timeout}`, `{webhook_tolerance}`, `{max_signatures}`, `{max_key_len}`,
+    /// `{body_read_timeout}`, `{webhook_tolerance}`, `{webhook_delivery_timeout}`,
+    /// `{max_signatures}`, `{max_key_len}`,
     /// `{rate_limit}`, `{problem_kinds}`) replaced by its figure.
     pub fn fill(&self, text: &str) -> String {
         text.replace("{key_ttl}", &in_words(self.key_ttl))
@@ -48,6 +51,10 @@ impl Figures {
             )
             .replace("{body_read_timeout}", &in_words(self.body_read_timeout))
             .replace("{webhook_tolerance}", &in_words(self.webhook_tolerance))
+            .replace(
+                "{webhook_delivery_timeout}",
+                &in_words(self.webhook_delivery_timeout),
+            )
             .replace("{max_signatures}", &self.max_signatures.to_string())
             .replace("{max_key_len}", &self.max_key_len.to_string())
             .replace("{rate_limit}", &rate_in_words(self.rate_limit))
@@ -162,6 +169,7 @@ mod tests {
             body_limit_bytes: 64 * 1024,
             body_read_timeout: Duration::from_secs(5),
             webhook_tolerance: Duration::from_secs(300),
+            webhook_delivery_timeout: Duration::from_secs(10),
             max_signatures: 8,
             max_key_len: 255,
             rate_limit: 1000,

@@ -20,8 +20,11 @@ use crate::http::extract::Path;
 /// template). The inspection reads exactly these scopes of the account: each an index lookup on
 /// `(scope, idem_key)`, and never the processor's own keys, which share the table under scopes of
 /// their own. A unit test checks the list against the API description.
-pub(crate) const IDEMPOTENT_ROUTES: [&str; 2] =
-    ["POST /v1/payments", "POST /v1/payments/{id}/refunds"];
+pub(crate) const IDEMPOTENT_ROUTES: [&str; 3] = [
+    "POST /v1/payments",
+    "POST /v1/payments/{id}/refunds",
+    "POST /v1/webhook_endpoints",
+];
 
 /// The key in the path, described by the same schema as the `Idempotency-Key` header, so that
 /// what the description allows is what the route accepts.

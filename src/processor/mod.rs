@@ -54,9 +54,6 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// may run on one database).
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The longest pause between two looks at the outbox; shorter when the retry base is.
-const MAX_DELIVERY_POLL: Duration = Duration::from_secs(1);
-
 /// What the processor's handlers share: one pointer, cloned per request.
 #[derive(Clone, Debug)]
 pub struct ProcessorState(Arc<Shared>);
@@ -132,7 +129,7 @@ async fn not_found(request: Request) -> Response {
 pub struct Processor {
     listener: TcpListener,
     state: ProcessorState,
-    deliveries: Option<(Deliverer, Duration)>,
+    deliveries: Option<Deliverer>,
     runs_expiry: bool,
 }
 
@@ -150,15 +147,12 @@ impl Processor {
                 "IDEMPAY_PROCESSOR_WEBHOOK_URL is set but IDEMPAY_WEBHOOK_SECRET is not: events \
                  could not be signed"
             ),
-            (Some(_), Some(secrets)) => Some((
-                Deliverer::new(
-                    pool.clone(),
-                    secrets,
-                    settings.backoff(),
-                    settings.webhook_timeout,
-                )?,
-                settings.webhook_retry_base.min(MAX_DELIVERY_POLL),
-            )),
+            (Some(_), Some(secrets)) => Some(Deliverer::processor(
+                pool.clone(),
+                secrets,
+                settings.webhook_retry_schedule.clone(),
+                settings.webhook_delivery_timeout,
+            )?),
         };
         let state = ProcessorState(Arc::new(Shared {
             idempotency: Idempotency::new(
@@ -207,7 +201,7 @@ impl Processor {
             .then(|| expiry::spawn(self.state.pool.clone(), EXPIRY_INTERVAL, stop.clone()));
         let deliveries = self
             .deliveries
-            .map(|(deliverer, poll)| deliverer.spawn(poll, stop.clone()));
+            .map(|deliverer| deliverer.spawn(stop.clone()));
         let served = server::serve(
             self.listener,
             router(self.state),

@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::faults::Faults;
+use crate::webhooks::RetrySchedule;
 use crate::webhooks::WebhookSecrets;
-use crate::webhooks::delivery::Backoff;
 
 /// Where `idempay processor` listens.
 #[derive(Args, Clone, Debug)]
@@ -43,17 +43,14 @@ pub struct ProcessorSettings {
     #[arg(long, env = "IDEMPAY_PROCESSOR_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
 
-    /// How long after a failed delivery the first retry comes; each next one waits twice as long.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub webhook_retry_base: Duration,
-
-    /// The longest wait between two delivery attempts.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_CAP", default_value = "1h", value_parser = humantime::parse_duration)]
-    pub webhook_retry_cap: Duration,
+    /// The delays between delivery attempts, comma separated, each jittered by ±10%; after the
+    /// last one a delivery is given up. The same setting as idempay's, for its merchant endpoints.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = RetrySchedule::parse)]
+    pub webhook_retry_schedule: RetrySchedule,
 
     /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub webhook_timeout: Duration,
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = crate::config::parse_timeout)]
+    pub webhook_delivery_timeout: Duration,
 
     /// How long an in-progress key of the processor blocks retries before one may take it over;
     /// embedded, the processor takes idempay's.
@@ -72,18 +69,10 @@ impl ProcessorSettings {
             slow_charge: Duration::from_secs(2),
             webhook_secrets: None,
             webhook_url: None,
-            webhook_retry_base: Duration::from_secs(1),
-            webhook_retry_cap: Duration::from_secs(60 * 60),
-            webhook_timeout: Duration::from_secs(10),
+            webhook_retry_schedule: RetrySchedule::default(),
+            webhook_delivery_timeout: Duration::from_secs(10),
             lease: Duration::from_secs(30),
             faults: Faults::default(),
-        }
-    }
-
-    pub fn backoff(&self) -> Backoff {
-        Backoff {
-            base: self.webhook_retry_base,
-            cap: self.webhook_retry_cap,
         }
     }
 }
@@ -140,8 +129,11 @@ mod tests {
         let parsed = Cli::parse_from(["processor", "--api-key", "pk_test"]).settings;
         let new = ProcessorSettings::new(ProcessorApiKey::parse("pk_test").unwrap());
         assert_eq!(parsed.slow_charge, new.slow_charge);
-        assert_eq!(parsed.backoff(), new.backoff());
-        assert_eq!(parsed.webhook_timeout, new.webhook_timeout);
+        assert_eq!(parsed.webhook_retry_schedule, new.webhook_retry_schedule);
+        assert_eq!(
+            parsed.webhook_delivery_timeout,
+            new.webhook_delivery_timeout
+        );
         assert_eq!(parsed.faults, new.faults);
         assert!(parsed.api_key == new.api_key);
     }

@@ -2,11 +2,16 @@
 //! transaction of the change it announces ([`enqueue`]), and a [`Deliverer`] loop sends it
 //! afterwards, signed per Standard Webhooks, at least once, until the receiver answers 2xx.
 //!
+//! One implementation serves both senders ([`Sender`]): the processor's events and the events
+//! delivered to merchant endpoints. Failed attempts are retried on a [`RetrySchedule`]; after its
+//! last delay the delivery is given up (`failed_at`), and an endpoint that acknowledged nothing
+//! for that whole time is disabled. Every attempt is recorded in `webhook_attempts`.
+//!
 //! Several loops (instances) may run on one database: each claims due rows with `FOR UPDATE SKIP
 //! LOCKED` and moves their next attempt past the delivery timeout in the same statement, so an
 //! attempt is sent by one loop only, and a loop that dies mid-attempt leaves the row due again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
@@ -14,12 +19,19 @@ use sqlx::{PgConnection, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{WebhookSecret, WebhookSecrets};
+use super::schedule::RetrySchedule;
+use super::{WebhookSecret, WebhookSecrets, address};
 use crate::ids;
 
 /// How many deliveries one tick claims at most: a backlog drains in bounded bites, and the claim
 /// lock is held for one short statement.
 pub const BATCH: i64 = 50;
+
+/// The longest a loop sleeps between two looks for due rows.
+const MAX_POLL: Duration = Duration::from_secs(1);
+
+/// Who is calling, for the receiver's logs.
+const USER_AGENT: &str = concat!("idempay/", env!("CARGO_PKG_VERSION"), " (+webhooks)");
 
 /// A new event id, `evt_…`: the `webhook-id` of every attempt to deliver it.
 pub fn event_id() -> String {
@@ -66,23 +78,28 @@ pub async fn enqueue(
     Ok(())
 }
 
-/// How failed attempts are spaced: `base`, then doubling, never more than `cap`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub base: Duration,
-    pub cap: Duration,
+/// Whose deliveries a [`Deliverer`] sends: the two senders share the outbox and this code, and
+/// differ in their rows and their secret.
+#[derive(Clone)]
+pub enum Sender {
+    /// The processor's own events (`endpoint_id` NULL), signed with its secret, to the URL its
+    /// operator configured.
+    Processor(WebhookSecret),
+    /// Merchant endpoints' deliveries, each signed with its endpoint's secret, to a URL a merchant
+    /// chose: only to public addresses unless `allow_private` (see [`super::address`]).
+    Endpoints { allow_private: bool },
 }
 
-impl Backoff {
-    /// The wait after the `attempts`-th failed attempt (1 for the first).
-    pub fn after(self, attempts: i32) -> Duration {
-        let doublings = u32::try_from(attempts.saturating_sub(1))
-            .unwrap_or(0)
-            .min(31);
-        self.base
-            .checked_mul(1 << doublings)
-            .unwrap_or(self.cap)
-            .min(self.cap)
+impl Sender {
+    fn is_endpoints(&self) -> bool {
+        matches!(self, Self::Endpoints { .. })
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Processor(_) => "processor",
+            Self::Endpoints { .. } => "endpoints",
+        }
     }
 }
 
@@ -93,6 +110,10 @@ struct Due {
     url: String,
     body: Vec<u8>,
     attempts: i32,
+    endpoint_id: Option<String>,
+    /// The endpoint's `whsec_…`; `None` for the processor's rows.
+    secret: Option<String>,
+    created_at: DateTime<Utc>,
 }
 
 /// What became of an attempt.
@@ -101,42 +122,94 @@ enum Attempt {
     Failed { status: Option<u16>, error: String },
 }
 
+/// What a delivery became after an attempt, as counted in `idempay_webhook_deliveries_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered 2xx: done.
+    Delivered,
+    /// Failed; tried again after the schedule's next delay.
+    Retried,
+    /// Failed after the schedule's last delay: given up.
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retried => "retried",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// Sends due deliveries. Cheap to clone; clones share the HTTP client.
 #[derive(Clone)]
 pub struct Deliverer {
     pool: PgPool,
     client: reqwest::Client,
-    /// The first of the secrets: receivers accept it, whichever others they also accept.
-    signer: WebhookSecret,
-    backoff: Backoff,
+    sender: Sender,
+    schedule: RetrySchedule,
     timeout: Duration,
 }
 
 impl std::fmt::Debug for Deliverer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Deliverer")
-            .field("backoff", &self.backoff)
+            .field("sender", &self.sender.label())
+            .field("schedule", &self.schedule)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
 
 impl Deliverer {
-    /// A deliverer that signs with the first of `secrets` and gives each attempt `timeout` to be
-    /// answered 2xx.
+    /// A deliverer of `sender`'s rows that gives each attempt `timeout` to be answered 2xx and
+    /// retries on `schedule`. It follows no redirect: a 3xx is a failed attempt, as Stripe and
+    /// Standard Webhooks treat it, and a redirect could lead to an address the URL check refused.
     pub fn new(
         pool: PgPool,
-        secrets: &WebhookSecrets,
-        backoff: Backoff,
+        sender: Sender,
+        schedule: RetrySchedule,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
+        let mut client = reqwest::Client::builder()
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none());
+        if let Sender::Endpoints {
+            allow_private: false,
+        } = sender
+        {
+            client = client.dns_resolver(std::sync::Arc::new(address::PublicOnly));
+        }
         Ok(Self {
             pool,
-            client: reqwest::Client::builder().timeout(timeout).build()?,
-            signer: secrets.signing().clone(),
-            backoff,
+            client: client.build()?,
+            sender,
+            schedule,
             timeout,
         })
+    }
+
+    /// The processor's deliverer: its rows, signed with the first of `secrets`.
+    pub fn processor(
+        pool: PgPool,
+        secrets: &WebhookSecrets,
+        schedule: RetrySchedule,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        Self::new(
+            pool,
+            Sender::Processor(secrets.signing().clone()),
+            schedule,
+            timeout,
+        )
+    }
+
+    /// How often the loop looks for due rows: as often as the shortest retry delay, and at least
+    /// every second, so a new event waits at most that long.
+    pub fn poll_interval(&self) -> Duration {
+        self.schedule.shortest().min(MAX_POLL)
     }
 
     /// Claims up to [`BATCH`] due deliveries, sends them at once and records each outcome.
@@ -145,8 +218,9 @@ impl Deliverer {
         let due = self.claim().await?;
         let attempted = due.len();
         let sends = due.into_iter().map(|due| async move {
+            let started = Instant::now();
             let attempt = self.send(&due).await;
-            self.record(&due, attempt).await
+            self.record(&due, attempt, started.elapsed()).await
         });
         for recorded in futures_util::future::join_all(sends).await {
             recorded?;
@@ -154,15 +228,16 @@ impl Deliverer {
         Ok(attempted)
     }
 
-    /// Runs [`Deliverer::deliver_due`] every `interval` (at once again while a batch came back
-    /// full) until `stop` is cancelled.
-    pub fn spawn(self, interval: Duration, stop: CancellationToken) -> JoinHandle<()> {
+    /// Runs [`Deliverer::deliver_due`] every [`Deliverer::poll_interval`] (at once again while a
+    /// batch came back full) until `stop` is cancelled.
+    pub fn spawn(self, stop: CancellationToken) -> JoinHandle<()> {
+        let interval = self.poll_interval();
         tokio::spawn(async move {
             loop {
                 let full = match self.deliver_due().await {
                     Ok(attempted) => attempted == usize::try_from(BATCH).unwrap_or(usize::MAX),
                     Err(error) => {
-                        tracing::warn!(%error, "could not deliver webhooks");
+                        tracing::warn!(%error, sender = self.sender.label(), "could not deliver webhooks");
                         false
                     }
                 };
@@ -177,48 +252,76 @@ impl Deliverer {
         })
     }
 
-    /// Takes the due rows nobody else is taking, and makes them due again only after this
-    /// attempt's timeout (twice over, for the time to record it): one statement, one short lock.
+    /// Takes the due rows of this sender that nobody else is taking, and makes them due again
+    /// only after this attempt's timeout (twice over, for the time to record it): one statement,
+    /// one short lock.
     async fn claim(&self) -> Result<Vec<Due>, sqlx::Error> {
         let in_flight_ms =
             i64::try_from(self.timeout.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
         sqlx::query_as!(
             Due,
             r#"
-            UPDATE webhook_deliveries
-            SET attempts = attempts + 1,
-                next_attempt_at = now() + $1::bigint * interval '1 millisecond'
-            WHERE id IN (
-                SELECT id FROM webhook_deliveries
-                WHERE delivered_at IS NULL AND next_attempt_at <= now()
-                ORDER BY next_attempt_at
-                LIMIT $2
-                FOR UPDATE SKIP LOCKED
+            WITH claimed AS (
+                UPDATE webhook_deliveries
+                SET attempts = attempts + 1,
+                    next_attempt_at = now() + $1::bigint * interval '1 millisecond'
+                WHERE id IN (
+                    SELECT id FROM webhook_deliveries
+                    WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
+                      AND (endpoint_id IS NOT NULL) = $3
+                    ORDER BY next_attempt_at
+                    LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+                )
+                RETURNING id, event_id, url, body, attempts, endpoint_id, created_at
             )
-            RETURNING id, event_id, url, body, attempts
+            SELECT claimed.id AS "id!", claimed.event_id AS "event_id!", claimed.url AS "url!",
+                   claimed.body AS "body!", claimed.attempts AS "attempts!",
+                   claimed.endpoint_id, endpoint.secret AS "secret?",
+                   claimed.created_at AS "created_at!"
+            FROM claimed
+            LEFT JOIN webhook_endpoints endpoint ON endpoint.id = claimed.endpoint_id
             "#,
             in_flight_ms,
             BATCH,
+            self.sender.is_endpoints(),
         )
         .fetch_all(&self.pool)
         .await
     }
 
     async fn send(&self, due: &Due) -> Attempt {
-        let timestamp = Utc::now().timestamp();
-        let signature = match self.signer.sign(&due.event_id, timestamp, &due.body) {
-            Ok(signature) => signature,
-            Err(error) => {
-                return Attempt::Failed {
-                    status: None,
-                    error: format!("cannot sign: {error}"),
-                };
+        let failed = |error: String| Attempt::Failed {
+            status: None,
+            error,
+        };
+        let signer = match (&self.sender, &due.secret) {
+            (Sender::Processor(secret), _) => secret.clone(),
+            (Sender::Endpoints { allow_private }, Some(secret)) => {
+                // The address of a URL that names one is checked here; a name is checked by the
+                // client's resolver as it connects.
+                if let Err(refused) = address::parse(&due.url, *allow_private) {
+                    return failed(format!("not sent: {refused}"));
+                }
+                match WebhookSecret::parse(secret) {
+                    Ok(secret) => secret,
+                    Err(error) => return failed(format!("cannot sign: {error}")),
+                }
             }
+            (Sender::Endpoints { .. }, None) => {
+                return failed("cannot sign: the endpoint has no secret".to_owned());
+            }
+        };
+        let timestamp = Utc::now().timestamp();
+        let signature = match signer.sign(&due.event_id, timestamp, &due.body) {
+            Ok(signature) => signature,
+            Err(error) => return failed(format!("cannot sign: {error}")),
         };
         let sent = self
             .client
             .post(&due.url)
             .header("content-type", "application/json")
+            .header("user-agent", USER_AGENT)
             .header("webhook-id", &due.event_id)
             .header("webhook-timestamp", timestamp)
             .header("webhook-signature", signature)
@@ -233,71 +336,156 @@ impl Deliverer {
                 status: Some(response.status().as_u16()),
                 error: format!("answered {}", response.status()),
             },
-            Err(error) => Attempt::Failed {
-                status: None,
-                // The chain: "error sending request" alone says nothing of why.
-                error: format!("{:#}", anyhow::Error::from(error)),
-            },
+            // The chain: "error sending request" alone says nothing of why.
+            Err(error) => failed(format!("{:#}", anyhow::Error::from(error))),
         }
     }
 
-    /// Records the attempt, unless the row was claimed again meanwhile (this attempt outlived its
-    /// claim): `attempts` fences the update, as a lock token fences a key's completion.
-    async fn record(&self, due: &Due, attempt: Attempt) -> Result<(), sqlx::Error> {
-        match attempt {
-            Attempt::Acknowledged(status) => {
-                sqlx::query!(
-                    r#"
-                    UPDATE webhook_deliveries
-                    SET delivered_at = now(), last_status = $3, last_error = NULL
-                    WHERE id = $1 AND attempts = $2
-                    "#,
-                    due.id,
-                    due.attempts,
-                    i16::try_from(status).unwrap_or(i16::MAX),
-                )
-                .execute(&self.pool)
-                .await?;
+    /// Records the attempt in `webhook_attempts` (its primary key, the delivery and the attempt
+    /// number, lets it be recorded once), and its outcome on the delivery unless the row was
+    /// claimed again meanwhile (this attempt outlived its claim): `attempts` fences that update,
+    /// as a lock token fences a key's completion.
+    async fn record(
+        &self,
+        due: &Due,
+        attempt: Attempt,
+        latency: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let latency_ms = i32::try_from(latency.as_millis()).unwrap_or(i32::MAX);
+        let (status, error) = match &attempt {
+            Attempt::Acknowledged(status) => (Some(*status), None),
+            Attempt::Failed { status, error } => (*status, Some(error.as_str())),
+        };
+        let status = status.map(|status| i16::try_from(status).unwrap_or(i16::MAX));
+        let retry_in = match attempt {
+            Attempt::Acknowledged(_) => None,
+            Attempt::Failed { .. } => self.schedule.after(due.attempts),
+        };
+        let outcome = match (&attempt, retry_in) {
+            (Attempt::Acknowledged(_), _) => Outcome::Delivered,
+            (Attempt::Failed { .. }, Some(_)) => Outcome::Retried,
+            (Attempt::Failed { .. }, None) => Outcome::Failed,
+        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query!(
+            r#"
+            INSERT INTO webhook_attempts (delivery_id, attempt, status_code, latency_ms, error)
+            SELECT id, $2, $3, $4, $5 FROM webhook_deliveries WHERE id = $1
+            ON CONFLICT (delivery_id, attempt) DO NOTHING
+            "#,
+            due.id,
+            due.attempts,
+            status,
+            latency_ms,
+            error,
+        )
+        .execute(&mut *tx)
+        .await?;
+        let updated = sqlx::query!(
+            r#"
+            UPDATE webhook_deliveries
+            SET delivered_at = CASE WHEN $3 = 'delivered' THEN now() END,
+                failed_at = CASE WHEN $3 = 'failed' THEN now() END,
+                next_attempt_at = CASE WHEN $3 = 'retried'
+                    THEN now() + $4::bigint * interval '1 millisecond'
+                    ELSE next_attempt_at END,
+                last_status = $5, last_error = $6
+            WHERE id = $1 AND attempts = $2
+            "#,
+            due.id,
+            due.attempts,
+            outcome.as_str(),
+            retry_in.map(|wait| i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
+            status,
+            error,
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            // Claimed again meanwhile: the later claim records the delivery's state.
+            tx.commit().await?;
+            return Ok(());
+        }
+        if let (Outcome::Failed, Some(endpoint)) = (outcome, &due.endpoint_id) {
+            disable_if_dead(&mut tx, endpoint, due.created_at).await?;
+        }
+        tx.commit().await?;
+        crate::http::metrics::webhook_delivery(self.sender.label(), outcome);
+        match outcome {
+            Outcome::Delivered => {}
+            Outcome::Retried => {
+                tracing::info!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?retry_in, ?error, "webhook delivery failed; will retry");
             }
-            Attempt::Failed { status, error } => {
-                let wait = self.backoff.after(due.attempts);
-                tracing::info!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?wait, %error, "webhook delivery failed; will retry");
-                sqlx::query!(
-                    r#"
-                    UPDATE webhook_deliveries
-                    SET next_attempt_at = now() + $3::bigint * interval '1 millisecond',
-                        last_status = $4, last_error = $5
-                    WHERE id = $1 AND attempts = $2
-                    "#,
-                    due.id,
-                    due.attempts,
-                    i64::try_from(wait.as_millis()).unwrap_or(i64::MAX),
-                    status.map(|status| i16::try_from(status).unwrap_or(i16::MAX)),
-                    error,
-                )
-                .execute(&self.pool)
-                .await?;
+            Outcome::Failed => {
+                tracing::warn!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?error, "webhook delivery failed for the whole schedule; given up");
             }
         }
         Ok(())
     }
 }
 
+/// Disables an endpoint that acknowledged nothing since `since`, when its delivery created then
+/// was given up: it failed for the whole retry schedule. Its other pending deliveries are given
+/// up with it (they would fail the same way), and it receives no new ones.
+async fn disable_if_dead(
+    conn: &mut PgConnection,
+    endpoint: &str,
+    since: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    let disabled = sqlx::query_scalar!(
+        r#"
+        UPDATE webhook_endpoints SET status = 'disabled'
+        WHERE id = $1 AND status = 'enabled'
+          AND NOT EXISTS (
+              SELECT 1 FROM webhook_deliveries
+              WHERE endpoint_id = $1 AND delivered_at >= $2
+          )
+        RETURNING id
+        "#,
+        endpoint,
+        since,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if disabled.is_some() {
+        let given_up = sqlx::query!(
+            r#"
+            UPDATE webhook_deliveries SET failed_at = now()
+            WHERE endpoint_id = $1 AND delivered_at IS NULL AND failed_at IS NULL
+            "#,
+            endpoint,
+        )
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        tracing::warn!(
+            endpoint,
+            given_up,
+            "webhook endpoint disabled: it acknowledged nothing for the whole retry schedule"
+        );
+    }
+    Ok(())
+}
+
+/// The age of the oldest delivery not yet acknowledged nor given up, of either sender; zero when
+/// there is none. Read at every scrape of `/metrics`.
+pub async fn oldest_pending_age(pool: &PgPool) -> Result<Duration, sqlx::Error> {
+    let seconds = sqlx::query_scalar!(
+        r#"
+        SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0) AS "seconds!"
+        FROM webhook_deliveries
+        WHERE delivered_at IS NULL AND failed_at IS NULL
+        "#,
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Duration::from_secs_f64(seconds.max(0.0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_backoff_doubles_from_its_base_up_to_its_cap() {
-        let backoff = Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(60 * 60),
-        };
-        let waits: Vec<u64> = (1..=4).map(|n| backoff.after(n).as_secs()).collect();
-        assert_eq!(waits, [1, 2, 4, 8]);
-        assert_eq!(backoff.after(13), Duration::from_secs(3600));
-        assert_eq!(backoff.after(i32::MAX), Duration::from_secs(3600));
-    }
 
     #[test]
     fn an_envelope_has_the_type_an_rfc3339_timestamp_and_the_data() {

@@ -8,11 +8,17 @@
 //! it applied (an older one is `stale`), so a late redelivery cannot undo a later change. See
 //! `events.rs` for each event's rule.
 //!
-//! [`delivery`] is the other way: the outbox any sender (the simulated processor today) writes
-//! its events to, and the loop that delivers them, signed, until they are acknowledged.
+//! [`delivery`] is the other way: the outbox any sender writes its events to (the simulated
+//! processor, and idempay itself for the merchants' [`endpoints`]), and the loop that delivers
+//! them, signed, until they are acknowledged or the retry schedule runs out. The delivery
+//! contract a merchant's receiver must keep is in `README.md` beside this file.
 
+pub mod address;
+mod attempts;
 pub mod delivery;
+pub mod endpoints;
 mod events;
+mod schedule;
 mod signature;
 
 use std::time::Duration;
@@ -31,12 +37,16 @@ use crate::http::AppState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
 pub use events::{Envelope, Outcome};
+pub use schedule::{JITTER, RetrySchedule};
 pub use signature::{
     MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(receive))
+    OpenApiRouter::new()
+        .routes(routes!(receive))
+        .merge(endpoints::router())
+        .merge(attempts::router())
 }
 
 /// The answer to a delivery.

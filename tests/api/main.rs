@@ -11,11 +11,14 @@
 //!   clients, another account.
 //! - [`processor`]: the simulated card processor idempay calls: its routes, its client's three
 //!   outcomes under each fault, its signed webhooks.
+//! - [`delivery`]: idempay's own events delivered to merchant endpoints: registration, no
+//!   private URLs, signed retries on the schedule, many instances, the local receiver.
 //! - [`tools`]: what ships around the API: the command line, the client and its demo, metrics
 //!   and logs.
 //!
 //! [`support`] holds what they share.
 
+mod delivery;
 mod endpoints;
 mod exactly_once;
 mod processor;

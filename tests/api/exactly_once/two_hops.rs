@@ -13,7 +13,7 @@ use futures::StreamExt;
 use idempay::client::{Client, NewPayment};
 use idempay::config::{ProcessorLink, Settings};
 use idempay::processor::{Fraction, ProcessorSettings};
-use idempay::webhooks::WebhookSecrets;
+use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -661,8 +661,9 @@ async fn events_delivered_while_idempay_is_down_are_redelivered_and_applied_once
     let mut settings = processor::settings();
     settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
     settings.webhook_secrets = Some(secret.clone());
-    settings.webhook_retry_base = Duration::from_millis(50);
-    settings.webhook_retry_cap = Duration::from_millis(200);
+    // Retried every 200 ms for 20 s: longer than idempay is down.
+    settings.webhook_retry_schedule =
+        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
     let with_secret = Settings {
         webhook_secrets: Some(secret),
         ..Settings::default()
@@ -811,7 +812,8 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
     let mut settings = processor::settings();
     settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
     settings.webhook_secrets = Some(secret.clone());
-    settings.webhook_retry_base = Duration::from_millis(50);
+    settings.webhook_retry_schedule =
+        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
     let with_secret = Settings {
         webhook_secrets: Some(secret),
         ..Settings::default()

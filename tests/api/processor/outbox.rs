@@ -12,8 +12,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecrets;
-use idempay::webhooks::delivery::{self, Backoff, Deliverer};
+use idempay::webhooks::delivery::{self, Deliverer};
+use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -79,9 +79,9 @@ async fn delivering_to(url: &str, secret: &WebhookSecrets) -> TestProcessor {
     let mut settings = settings();
     settings.webhook_url = Some(url.to_owned());
     settings.webhook_secrets = Some(secret.clone());
-    settings.webhook_retry_base = Duration::from_millis(50);
-    settings.webhook_retry_cap = Duration::from_millis(200);
-    settings.webhook_timeout = Duration::from_secs(2);
+    settings.webhook_retry_schedule =
+        RetrySchedule::parse("50ms,100ms,200ms,200ms,200ms,200ms").unwrap();
+    settings.webhook_delivery_timeout = Duration::from_secs(2);
     TestProcessor::spawn_with(settings).await
 }
 
@@ -231,6 +231,36 @@ async fn an_unreachable_receiver_is_retried_and_the_charge_is_unaffected() {
     assert!(error.is_some_and(|error| !error.is_empty()));
 }
 
+/// The processor's deliveries follow the same schedule as idempay's: after its last delay, the
+/// delivery is given up.
+#[api_test]
+async fn the_processor_gives_a_delivery_up_when_the_schedule_runs_out() {
+    let url = format!(
+        "http://127.0.0.1:{}/hooks",
+        crate::support::instance::free_port()
+    );
+    let processor = delivering_to(&url, &WebhookSecrets::generate()).await;
+
+    processor
+        .charge(&new_key(), &charge(5000, "pm_card_visa"))
+        .await;
+    wait_until("the delivery is given up", || async {
+        sqlx::query_scalar::<_, bool>("SELECT failed_at IS NOT NULL FROM webhook_deliveries")
+            .fetch_one(&processor.db)
+            .await
+            .unwrap()
+    })
+    .await;
+    let (attempts, recorded): (i32, i64) = sqlx::query_as(
+        "SELECT attempts, (SELECT count(*) FROM webhook_attempts) FROM webhook_deliveries",
+    )
+    .fetch_one(&processor.db)
+    .await
+    .unwrap();
+    // The first attempt and one per delay of `delivering_to`'s schedule.
+    assert_eq!((attempts, recorded), (7, 7));
+}
+
 #[api_test]
 async fn two_delivery_loops_send_each_attempt_once() {
     let receiver = Receiver::start(0).await;
@@ -246,16 +276,13 @@ async fn two_delivery_loops_send_each_attempt_once() {
             .unwrap();
     }
     drop(conn);
-    let backoff = Backoff {
-        base: Duration::from_millis(50),
-        cap: Duration::from_secs(1),
-    };
+    let schedule = RetrySchedule::parse("50ms,100ms,200ms,400ms,800ms,1s").unwrap();
     let loops: Vec<Deliverer> = (0..2)
         .map(|_| {
-            Deliverer::new(
+            Deliverer::processor(
                 idempay::db::pool(&processor.database_url()).unwrap(),
                 &secret,
-                backoff,
+                schedule.clone(),
                 Duration::from_secs(5),
             )
             .unwrap()

@@ -1,0 +1,500 @@
+//! Webhook endpoints: where a merchant wants its events sent. `POST /v1/webhook_endpoints`
+//! registers one, once per idempotency key, and answers with the `whsec_…` secret its deliveries
+//! are signed with; the secret is shown in that answer (and its replays) only. Every event of a
+//! subscribed type is then queued for it by the `events` trigger and sent by the delivery loop
+//! (`delivery.rs`).
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{WebhookSecret, address};
+use crate::accounts::{Account, AccountId};
+use crate::http::AppState;
+use crate::http::error::{
+    ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
+};
+use crate::http::extract::Path;
+use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use crate::idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
+use crate::ids;
+
+/// The event types an endpoint may subscribe to, as the `events` table admits them.
+pub const EVENT_TYPES: [&str; 7] = [
+    "payment.succeeded",
+    "payment.declined",
+    "payment.failed",
+    "payment.refunded",
+    "payment.disputed",
+    "refund.created",
+    "refund.failed",
+];
+
+/// The longest URL an endpoint may have, as the table's CHECK bounds it.
+const MAX_URL_LEN: usize = 2048;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_webhook_endpoint, list_webhook_endpoints))
+        .routes(routes!(get_webhook_endpoint, delete_webhook_endpoint))
+}
+
+/// An endpoint to register. Unknown fields are refused.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "url": "https://example.com/idempay/events",
+    "enabled_events": ["payment.succeeded", "refund.created"]
+}))]
+pub struct NewWebhookEndpoint {
+    /// Where to send the events: an `http` or `https` URL whose host is a public address, or a
+    /// name that resolves only to public addresses.
+    #[schema(value_type = String, max_length = 2048, example = "https://example.com/idempay/events")]
+    pub url: EndpointUrl,
+    /// The event types to send, or `["*"]` for all of them.
+    #[schema(value_type = Vec<String>, min_items = 1, example = json!(["payment.succeeded"]))]
+    pub enabled_events: EnabledEvents,
+}
+
+/// An endpoint's URL, of the right shape: absolute, `http` or `https`, with a host, without
+/// credentials, at most 2048 characters. Whether its host is public is checked apart, since that
+/// depends on a setting and a lookup.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct EndpointUrl(String);
+
+impl TryFrom<String> for EndpointUrl {
+    type Error = String;
+
+    fn try_from(url: String) -> Result<Self, Self::Error> {
+        crate::payments::reject_nul("url", &url)?;
+        if url.len() > MAX_URL_LEN {
+            return Err(format!("url must be at most {MAX_URL_LEN} characters"));
+        }
+        address::parse(&url, true).map_err(|refused| refused.to_string())?;
+        Ok(Self(url))
+    }
+}
+
+/// The event types an endpoint subscribes to: at least one, each known, without repeats; or `*`
+/// alone, for all.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "Vec<String>")]
+pub struct EnabledEvents(Vec<String>);
+
+impl TryFrom<Vec<String>> for EnabledEvents {
+    type Error = String;
+
+    fn try_from(types: Vec<String>) -> Result<Self, Self::Error> {
+        if types.is_empty() {
+            return Err("enabled_events lists at least one event type, or `*`".to_owned());
+        }
+        if types.iter().any(|kind| kind == "*") && types.len() > 1 {
+            return Err("`*` in enabled_events stands alone: it means every type".to_owned());
+        }
+        for (index, kind) in types.iter().enumerate() {
+            if kind != "*" && !EVENT_TYPES.contains(&kind.as_str()) {
+                return Err(format!(
+                    "`{kind}` is no event type; the types are {}, or `*` for all",
+                    EVENT_TYPES.join(", ")
+                ));
+            }
+            if types[..index].contains(kind) {
+                return Err(format!("`{kind}` is listed twice in enabled_events"));
+            }
+        }
+        Ok(Self(types))
+    }
+}
+
+/// Whether an endpoint is sent events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointStatus {
+    /// Its events are delivered.
+    Enabled,
+    /// It acknowledged no delivery for the whole retry schedule: it is sent nothing more.
+    Disabled,
+}
+
+/// A webhook endpoint, as the API returns it.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "id": "we_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
+    "object": "webhook_endpoint",
+    "url": "https://example.com/idempay/events",
+    "enabled_events": ["payment.succeeded"],
+    "status": "enabled",
+    "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwdGVzdA==",
+    "created_at": "2026-12-01T02:05:12.118230Z"
+}))]
+pub struct WebhookEndpoint {
+    /// The endpoint's id, `we_` followed by 24 characters.
+    #[schema(pattern = "^we_[0-9A-Za-z]{24}$")]
+    pub id: String,
+    /// Always `webhook_endpoint`.
+    #[schema(value_type = String, pattern = "^webhook_endpoint$")]
+    pub object: &'static str,
+    pub url: String,
+    /// The event types sent to it, or `["*"]` for all.
+    pub enabled_events: Vec<String>,
+    #[schema(inline)]
+    pub status: EndpointStatus,
+    /// The `whsec_…` secret its deliveries are signed with (Standard Webhooks). In the answer to
+    /// its creation only (and that answer's replays): keep it then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^whsec_")]
+    pub secret: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The answer to a deletion, as Stripe gives it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeletedWebhookEndpoint {
+    #[schema(pattern = "^we_[0-9A-Za-z]{24}$")]
+    pub id: String,
+    /// Always `webhook_endpoint`.
+    #[schema(value_type = String, pattern = "^webhook_endpoint$")]
+    pub object: &'static str,
+    /// Always `true`.
+    pub deleted: bool,
+}
+
+struct EndpointRow {
+    id: String,
+    url: String,
+    enabled_events: Vec<String>,
+    status: String,
+    created_at: DateTime<Utc>,
+}
+
+impl From<EndpointRow> for WebhookEndpoint {
+    fn from(row: EndpointRow) -> Self {
+        Self {
+            id: row.id,
+            object: "webhook_endpoint",
+            url: row.url,
+            enabled_events: row.enabled_events,
+            status: if row.status == "disabled" {
+                EndpointStatus::Disabled
+            } else {
+                EndpointStatus::Enabled
+            },
+            secret: None,
+            created_at: row.created_at,
+        }
+    }
+}
+
+/// Register a webhook endpoint
+///
+/// Registers a URL to receive the account's events of the given types, once per
+/// `Idempotency-Key`, and answers with the endpoint and its `whsec_…` secret. The secret is in
+/// this answer only (a replay of it returns the same secret): `GET` never shows it.
+///
+/// Every event of a subscribed type committed from then on is delivered to it, signed per
+/// Standard Webhooks with that secret, at least once. What the receiver must do:
+///
+/// - **verify** the signature (`webhook-signature`, over `"{webhook-id}.{webhook-timestamp}.{body}"`)
+///   with the secret, on the raw body, and refuse a timestamp too far from your clock (idempay's
+///   own intake allows {webhook_tolerance});
+/// - **deduplicate** on `webhook-id`, the event's id, the same on every delivery of it: a
+///   delivery may come more than once, and events may arrive out of order;
+/// - **answer 2xx fast**, within {webhook_delivery_timeout}, and do slow work afterwards.
+///
+/// Anything else (another status, a timeout, a refused connection, a redirect) is a failed
+/// attempt, tried again after each delay of the retry schedule ({webhook_retry_schedule}, each
+/// moved by up to {webhook_jitter}); then the delivery is given up, and an endpoint that acknowledged nothing for that whole
+/// time is disabled. Each attempt is listed at `GET /v1/events/{id}/attempts`.
+///
+/// The URL must be `http` or `https`, and its host a public address or a name that resolves only
+/// to public ones: loopback, private, link-local (the cloud metadata service), shared (CGNAT) and
+/// other non-public addresses are refused, at registration and again at every delivery.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook_endpoints",
+    operation_id = "createWebhookEndpoint",
+    tag = "webhook endpoints",
+    params(IdempotencyKey),
+    request_body(content = NewWebhookEndpoint, content_type = "application/json"),
+    security(("api_key" = [])),
+    responses(
+        (status = 201, description = "The endpoint was registered, or this is the replay of the request that registered it. The only answer that shows its secret.",
+            body = WebhookEndpoint, content_type = "application/json",
+            headers(
+                ("Location" = String, description = "Where the endpoint can be read: `/v1/webhook_endpoints/{id}`."),
+                ("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."),
+            )),
+        (status = 400, description = "The body or the key is invalid: a URL that is not `http(s)` with a host, whose host is or resolves to a non-public address, or does not resolve; an unknown event type (`invalid-request`, `invalid-idempotency-key`).",
+            body = Problem, content_type = "application/problem+json"),
+        IdempotencyProblems,
+        AuthenticatedProblems,
+    )
+)]
+async fn create_webhook_endpoint(
+    State(state): State<AppState>,
+    account: Account,
+    Idempotent { request, body }: Idempotent<NewWebhookEndpoint>,
+) -> Result<Response, ApiError> {
+    // Checked before the key is reserved: a lookup that fails now may succeed on a retry.
+    address::check(&body.url.0, state.webhook_allow_private)
+        .await
+        .map_err(|refused| Problem::new(ProblemKind::InvalidRequest, format!("{refused}.")))?;
+    let account = account.id().clone();
+    state
+        .idempotency
+        .run(request, move |lease| register(lease, account, body))
+        .await
+}
+
+/// Writes the endpoint with its new secret and completes the key in one transaction: the stored
+/// response, replayed to a retry, carries the same secret.
+async fn register(
+    lease: Lease,
+    account: AccountId,
+    endpoint: NewWebhookEndpoint,
+) -> Result<Completion, ApiError> {
+    let secret = WebhookSecret::generate().expose();
+    let mut tx = lease.begin().await?;
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"
+        INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret)
+        VALUES ($1, $2, $3, $4, $5)
+        RETURNING id, url, enabled_events, status, created_at
+        "#,
+        ids::generate("we", 24),
+        account.as_str(),
+        endpoint.url.0,
+        &endpoint.enabled_events.0,
+        secret,
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let mut created = WebhookEndpoint::from(row);
+    created.secret = Some(secret);
+    let response = StoredResponse::json(StatusCode::CREATED, &created)
+        .map_err(anyhow::Error::from)?
+        .with_header(
+            header::LOCATION,
+            format!("/v1/webhook_endpoints/{}", created.id),
+        );
+    Ok(lease.complete(tx, response).await?)
+}
+
+/// List webhook endpoints
+///
+/// The account's endpoints, newest first, paginated like the payments list. Secrets are not
+/// shown.
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints",
+    operation_id = "listWebhookEndpoints",
+    tag = "webhook endpoints",
+    params(ListParams),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of endpoints.", body = List<WebhookEndpoint>, content_type = "application/json"),
+        (status = 400, description = "A bad `limit`, or both cursors at once (`invalid-request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The cursor names none of the account's endpoints (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        AuthenticatedProblems,
+    )
+)]
+async fn list_webhook_endpoints(
+    State(state): State<AppState>,
+    account: Account,
+    page: PageRequest,
+) -> Result<Response, ApiError> {
+    let account = account.id().as_str();
+    let position = match &page.cursor {
+        Cursor::First => None,
+        Cursor::After(cursor) | Cursor::Before(cursor) if !is_endpoint_id(cursor) => {
+            return Err(unknown_cursor(cursor).into());
+        }
+        Cursor::After(cursor) | Cursor::Before(cursor) => Some(
+            sqlx::query_as!(
+                Position,
+                "SELECT created_at, id FROM webhook_endpoints WHERE id = $1 AND account_id = $2",
+                cursor,
+                account,
+            )
+            .fetch_optional(&state.pool)
+            .await?
+            .ok_or_else(|| unknown_cursor(cursor))?,
+        ),
+    };
+    let rows = match (&page.cursor, position) {
+        (Cursor::Before(_), Some(after)) => {
+            sqlx::query_as!(
+                EndpointRow,
+                r#"
+                SELECT id, url, enabled_events, status, created_at
+                FROM webhook_endpoints
+                WHERE account_id = $1 AND (created_at, id) > ($2, $3)
+                ORDER BY created_at, id
+                LIMIT $4
+                "#,
+                account,
+                after.created_at,
+                after.id,
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+        (_, before) => {
+            sqlx::query_as!(
+                EndpointRow,
+                r#"
+                SELECT id, url, enabled_events, status, created_at
+                FROM webhook_endpoints
+                WHERE account_id = $1
+                  AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
+                ORDER BY created_at DESC, id DESC
+                LIMIT $4
+                "#,
+                account,
+                before.as_ref().map(|position| position.created_at),
+                before.as_ref().map(|position| position.id.as_str()),
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+    };
+    let rows = rows.into_iter().map(WebhookEndpoint::from).collect();
+    Ok(axum::Json(List::from_rows(rows, &page)).into_response())
+}
+
+/// Retrieve a webhook endpoint
+///
+/// One of the account's endpoints, without its secret.
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints/{id}",
+    operation_id = "getWebhookEndpoint",
+    tag = "webhook endpoints",
+    params(("id" = String, Path, description = "The endpoint's id, `we_…`.")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The endpoint.", body = WebhookEndpoint, content_type = "application/json"),
+        (status = 404, description = "No such endpoint for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        AuthenticatedProblems,
+    )
+)]
+async fn get_webhook_endpoint(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !is_endpoint_id(&id) {
+        return Err(endpoint_not_found(&id).into());
+    }
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"
+        SELECT id, url, enabled_events, status, created_at
+        FROM webhook_endpoints
+        WHERE id = $1 AND account_id = $2
+        "#,
+        id,
+        account.id().as_str(),
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or_else(|| endpoint_not_found(&id))?;
+    Ok(axum::Json(WebhookEndpoint::from(row)).into_response())
+}
+
+/// Delete a webhook endpoint
+///
+/// Deletes one of the account's endpoints: it is sent nothing more, and its pending deliveries
+/// and their attempts are deleted with it.
+#[utoipa::path(
+    delete,
+    path = "/v1/webhook_endpoints/{id}",
+    operation_id = "deleteWebhookEndpoint",
+    tag = "webhook endpoints",
+    params(("id" = String, Path, description = "The endpoint's id, `we_…`.")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The endpoint was deleted.", body = DeletedWebhookEndpoint, content_type = "application/json"),
+        (status = 404, description = "No such endpoint for this account, or it was already deleted (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        AuthenticatedProblems,
+    )
+)]
+async fn delete_webhook_endpoint(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !is_endpoint_id(&id) {
+        return Err(endpoint_not_found(&id).into());
+    }
+    let deleted = sqlx::query_scalar!(
+        "DELETE FROM webhook_endpoints WHERE id = $1 AND account_id = $2 RETURNING id",
+        id,
+        account.id().as_str(),
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or_else(|| endpoint_not_found(&id))?;
+    Ok(axum::Json(DeletedWebhookEndpoint {
+        id: deleted,
+        object: "webhook_endpoint",
+        deleted: true,
+    })
+    .into_response())
+}
+
+/// Whether `id` has the shape of an endpoint id, `we_` and 24 base62 characters.
+fn is_endpoint_id(id: &str) -> bool {
+    id.strip_prefix("we_").is_some_and(|random| {
+        random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+fn endpoint_not_found(id: &str) -> Problem {
+    Problem::new(
+        ProblemKind::NotFound,
+        format!("No webhook endpoint `{id}`."),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(types: &[&str]) -> Result<EnabledEvents, String> {
+        EnabledEvents::try_from(
+            types
+                .iter()
+                .map(|kind| (*kind).to_owned())
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn enabled_events_are_known_types_once_each_or_a_lone_star() {
+        assert!(events(&["*"]).is_ok());
+        assert!(events(&["payment.succeeded", "refund.created"]).is_ok());
+        assert!(events(&EVENT_TYPES).is_ok());
+        assert!(events(&[]).is_err());
+        assert!(events(&["*", "payment.succeeded"]).is_err());
+        assert!(events(&["payment.succeeded", "payment.succeeded"]).is_err());
+        let unknown = events(&["charge.succeeded"]).unwrap_err();
+        assert!(
+            unknown.contains("`charge.succeeded` is no event type"),
+            "{unknown}"
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! When a failed delivery is tried again: a fixed list of delays, each jittered, after which the
+//! delivery is given up. One type for every sender, the processor's and the merchant endpoints'.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How much a delay may move either way, as a fraction of it: loops that failed together (a
+/// receiver that was down) do not all come back at the same instant.
+pub const JITTER: f64 = 0.1;
+
+/// The delays between attempts, `5s,5m,30m,2h,5h,10h,10h` by default: the first retry comes 5
+/// seconds after the first failure, and after the last delay's attempt fails the delivery is
+/// given up. As `IDEMPAY_WEBHOOK_RETRY_SCHEDULE` takes it: comma-separated human durations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetrySchedule(Vec<Duration>);
+
+impl RetrySchedule {
+    /// The default schedule, about a day and a half in all, as Stripe retries for days and
+    /// Standard Webhooks for about 28 hours.
+    pub const DEFAULT: &'static str = "5s,5m,30m,2h,5h,10h,10h";
+
+    /// A schedule of these delays; at least one, none zero.
+    pub fn new(delays: Vec<Duration>) -> Result<Self, String> {
+        if delays.is_empty() {
+            return Err("a retry schedule lists at least one delay".to_owned());
+        }
+        if delays.iter().any(Duration::is_zero) {
+            return Err("a retry delay must be longer than zero".to_owned());
+        }
+        Ok(Self(delays))
+    }
+
+    /// Parses `5s,5m,30m`: comma-separated human durations.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let delays = raw
+            .split(',')
+            .map(|delay| {
+                humantime::parse_duration(delay.trim())
+                    .map_err(|error| format!("retry delay `{}`: {error}", delay.trim()))
+            })
+            .collect::<Result<_, _>>()?;
+        Self::new(delays)
+    }
+
+    /// The wait after the `attempts`-th failed attempt (1 for the first), jittered by up to
+    /// ±[`JITTER`]; `None` once the schedule is exhausted: the delivery is given up.
+    pub fn after(&self, attempts: i32) -> Option<Duration> {
+        let index = usize::try_from(attempts.checked_sub(1)?).ok()?;
+        let delay = *self.0.get(index)?;
+        let factor = 1.0 + JITTER * (2.0 * rand::random::<f64>() - 1.0);
+        Some(delay.mul_f64(factor))
+    }
+
+    /// How many attempts a delivery gets in all: the first and one per delay.
+    pub fn attempts(&self) -> usize {
+        self.0.len() + 1
+    }
+
+    /// The shortest delay: a loop that polls at least this often misses no retry by much.
+    pub fn shortest(&self) -> Duration {
+        self.0
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+    }
+}
+
+impl Default for RetrySchedule {
+    fn default() -> Self {
+        Self::parse(Self::DEFAULT).expect("the default schedule parses")
+    }
+}
+
+impl FromStr for RetrySchedule {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, String> {
+        Self::parse(raw)
+    }
+}
+
+impl fmt::Display for RetrySchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let delays: Vec<String> = self
+            .0
+            .iter()
+            .map(|delay| humantime::format_duration(*delay).to_string())
+            .collect();
+        f.write_str(&delays.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_schedule_waits_five_seconds_then_longer_and_gives_up_after_eight_attempts() {
+        let schedule = RetrySchedule::default();
+        assert_eq!(schedule.attempts(), 8);
+        assert_eq!(schedule.to_string(), "5s,5m,30m,2h,5h,10h,10h");
+        let first = schedule.after(1).unwrap();
+        assert!((4500..=5500).contains(&first.as_millis()), "{first:?}");
+        let last = schedule.after(7).unwrap();
+        assert!(last >= Duration::from_secs(9 * 3600), "{last:?}");
+        assert_eq!(schedule.after(8), None);
+        assert_eq!(schedule.after(0), None);
+        assert_eq!(schedule.after(i32::MIN), None);
+    }
+
+    #[test]
+    fn each_delay_moves_by_at_most_the_jitter() {
+        let schedule = RetrySchedule::parse("1s").unwrap();
+        let waits: Vec<Duration> = (0..200).map(|_| schedule.after(1).unwrap()).collect();
+        assert!(
+            waits
+                .iter()
+                .all(|wait| (900..=1100).contains(&wait.as_millis()))
+        );
+        assert!(waits.iter().any(|wait| *wait != waits[0]), "jittered");
+    }
+
+    #[test]
+    fn a_schedule_needs_delays_longer_than_zero() {
+        assert!(RetrySchedule::parse("").is_err());
+        assert!(RetrySchedule::parse("5s,,5m").is_err());
+        assert!(RetrySchedule::parse("5s,0s").is_err());
+        assert!(RetrySchedule::parse("soon").is_err());
+        let parsed = RetrySchedule::parse(" 100ms, 2s ").unwrap();
+        assert_eq!(parsed.shortest(), Duration::from_millis(100));
+        assert_eq!(parsed.to_string(), "100ms,2s");
+    }
+}

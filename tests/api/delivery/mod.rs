@@ -1,0 +1,166 @@
+//! idempay as a provider: merchants register webhook endpoints, and every event of theirs is
+//! delivered, signed with the endpoint's secret, at least once, retried on the schedule, given up
+//! and the endpoint disabled when the schedule runs out; never to a private address; once per
+//! attempt however many instances deliver. And the local receiver a developer runs.
+//!
+//! Events are written here as the payment and refund routes write them: a row in `events`, whose
+//! trigger queues a delivery for every subscribed endpoint.
+
+mod listen;
+mod retries;
+mod webhook_endpoints;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use idempay::config::Settings;
+use idempay::webhooks::RetrySchedule;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+use crate::support::helpers::{TestApp, TestResponse, new_key};
+
+/// A receiver on a free port of 127.0.0.1 that answers 500 to its first `failures` deliveries,
+/// then 200, and keeps every delivery it received.
+pub struct Receiver {
+    pub url: String,
+    inbox: Inbox,
+}
+
+#[derive(Clone)]
+struct Inbox {
+    received: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
+    failures: Arc<AtomicUsize>,
+}
+
+impl Receiver {
+    pub async fn start(failures: usize) -> Self {
+        let inbox = Inbox {
+            received: Arc::default(),
+            failures: Arc::new(AtomicUsize::new(failures)),
+        };
+        let app = Router::new()
+            .route("/hooks", post(receive))
+            .with_state(inbox.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, inbox }
+    }
+
+    pub fn deliveries(&self) -> Vec<(HeaderMap, Bytes)> {
+        self.inbox.received.lock().unwrap().clone()
+    }
+
+    /// How many deliveries arrived for each `webhook-id`.
+    pub fn arrivals(&self) -> HashMap<String, usize> {
+        let mut arrivals = HashMap::new();
+        for (headers, _) in self.deliveries() {
+            let id = headers["webhook-id"].to_str().unwrap().to_owned();
+            *arrivals.entry(id).or_default() += 1;
+        }
+        arrivals
+    }
+}
+
+async fn receive(State(inbox): State<Inbox>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    inbox.received.lock().unwrap().push((headers, body));
+    let failing = inbox
+        .failures
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+            left.checked_sub(1)
+        })
+        .is_ok();
+    if failing {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    }
+}
+
+/// Settings for endpoints on this machine, retried on `schedule`.
+pub fn local(schedule: &str) -> Settings {
+    Settings {
+        webhook_allow_private: true,
+        webhook_retry_schedule: RetrySchedule::parse(schedule).unwrap(),
+        ..Settings::default()
+    }
+}
+
+/// `POST /v1/webhook_endpoints` as `api_key`.
+pub async fn post_endpoint(app: &TestApp, api_key: &str, key: &str, body: &Value) -> TestResponse {
+    app.send(
+        app.client()
+            .post(app.url("/v1/webhook_endpoints"))
+            .bearer_auth(api_key)
+            .header("idempotency-key", key)
+            .json(body),
+    )
+    .await
+}
+
+/// Registers an endpoint for every event at `url`; returns its id and secret.
+pub async fn endpoint_for_all(app: &TestApp, url: &str) -> (String, String) {
+    let created = post_endpoint(
+        app,
+        &app.api_key,
+        &new_key(),
+        &json!({ "url": url, "enabled_events": ["*"] }),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let created = created.json();
+    (
+        created["id"].as_str().unwrap().to_owned(),
+        created["secret"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Writes an event of the account, shaped as the real ones, as a change's transaction does;
+/// returns its id.
+pub async fn write_event(db: &PgPool, account: &str, kind: &str) -> String {
+    let id = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
+    let body = json!({
+        "id": id,
+        "object": "event",
+        "type": kind,
+        "created_at": chrono::Utc::now(),
+        "data": { "object": { "id": "pay_U5PgTqA02dYsv3cLANIGkqIs", "object": "payment" } },
+    });
+    sqlx::query("INSERT INTO events (id, account_id, type, body) VALUES ($1, $2, $3, $4)")
+        .bind(&id)
+        .bind(account)
+        .bind(kind)
+        .bind(serde_json::to_vec(&body).unwrap())
+        .execute(db)
+        .await
+        .unwrap();
+    id
+}
+
+/// Waits until `condition` holds, checking every 20 ms; panics after `within`, saying `what`
+/// never happened.
+pub async fn wait_for<F, Fut>(what: &str, within: Duration, condition: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

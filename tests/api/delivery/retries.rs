@@ -1,0 +1,426 @@
+//! Delivery: signed with the endpoint's secret under the event's id, retried on the schedule,
+//! recorded attempt by attempt, given up when the schedule runs out, sent once per attempt however
+//! many instances run, and never to a private address without the setting.
+
+use std::time::Duration;
+
+use idempay::config::Settings;
+use idempay_test_macros::api_test;
+use serde_json::Value;
+
+use super::{Receiver, endpoint_for_all, local, wait_for, write_event};
+use crate::support::helpers::TestApp;
+use crate::support::instance::{Instance, Metrics};
+
+async fn delivered(app: &TestApp, event: &str) -> bool {
+    sqlx::query_scalar::<_, bool>(
+        "SELECT delivered_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
+    )
+    .bind(event)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+#[api_test]
+async fn an_endpoint_that_fails_three_deliveries_gets_the_fourth_with_the_same_id_and_its_own_signature()
+ {
+    let app = TestApp::spawn_with(local("100ms,100ms,100ms,100ms")).await;
+    let receiver = Receiver::start(3).await;
+    let (endpoint, secret) = endpoint_for_all(&app, &receiver.url).await;
+
+    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+    wait_for(
+        "the fourth attempt is acknowledged",
+        Duration::from_secs(20),
+        || delivered(&app, &event),
+    )
+    .await;
+
+    let deliveries = receiver.deliveries();
+    assert_eq!(deliveries.len(), 4);
+    let verifier = standardwebhooks::Webhook::new(&secret).unwrap();
+    for (headers, body) in &deliveries {
+        assert_eq!(headers["webhook-id"], event.as_str());
+        verifier
+            .verify(body, headers)
+            .expect("signed with the secret given at creation");
+        let sent: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(
+            (sent["id"].as_str(), sent["type"].as_str()),
+            (Some(event.as_str()), Some("payment.succeeded"))
+        );
+    }
+
+    let attempts = app.get(&format!("/v1/events/{event}/attempts")).await;
+    assert_eq!(attempts.status, 200);
+    let attempts = attempts.json();
+    let listed: Vec<(i64, Option<i64>, &str)> = attempts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| {
+            (
+                attempt["attempt"].as_i64().unwrap(),
+                attempt["status_code"].as_i64(),
+                attempt["endpoint"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let endpoint = endpoint.as_str();
+    assert_eq!(
+        listed,
+        [
+            (1, Some(500), endpoint),
+            (2, Some(500), endpoint),
+            (3, Some(500), endpoint),
+            (4, Some(200), endpoint),
+        ]
+    );
+    assert_eq!(attempts["has_more"], false);
+
+    // Another account's event is not found, its attempts with it.
+    let (_, stranger) = app.create_account("stranger").await;
+    app.send(
+        app.client()
+            .get(app.url(&format!("/v1/events/{event}/attempts")))
+            .bearer_auth(&stranger),
+    )
+    .await
+    .assert_problem(404, "not-found");
+
+    let metrics = Metrics::new(app.get("/metrics").await.body);
+    for outcome in ["retried", "delivered"] {
+        let series = format!(
+            "idempay_webhook_deliveries_total{{sender=\"endpoints\",outcome=\"{outcome}\"}}"
+        );
+        assert!(metrics.value(&series).is_some_and(|n| n >= 1.0), "{series}");
+    }
+    assert!(
+        metrics
+            .value("idempay_webhook_oldest_pending_seconds")
+            .is_some()
+    );
+}
+
+#[api_test]
+async fn when_the_schedule_runs_out_the_delivery_fails_and_the_endpoint_is_disabled() {
+    let app = TestApp::spawn_with(local("100ms,100ms")).await;
+    let receiver = Receiver::start(usize::MAX).await;
+    let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
+
+    let event = write_event(&app.db, &app.account_id, "refund.created").await;
+    wait_for(
+        "the delivery is given up",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
+            )
+            .bind(&event)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+
+    let (attempts, recorded, delivered): (i32, i64, bool) = sqlx::query_as(
+        "SELECT d.attempts, (SELECT count(*) FROM webhook_attempts a WHERE a.delivery_id = d.id),
+                d.delivered_at IS NOT NULL
+         FROM webhook_deliveries d WHERE d.event_id = $1",
+    )
+    .bind(&event)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        (attempts, recorded, delivered),
+        (3, 3, false),
+        "the first and two retries"
+    );
+    assert_eq!(receiver.deliveries().len(), 3);
+    let read = app.get(&format!("/v1/webhook_endpoints/{endpoint}")).await;
+    assert_eq!(read.json()["status"], "disabled");
+
+    // A disabled endpoint is sent nothing more.
+    let later = write_event(&app.db, &app.account_id, "refund.created").await;
+    let queued: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries WHERE event_id = $1")
+            .bind(&later)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(queued, 0);
+}
+
+/// Three `idempay serve` processes deliver 500 events to one endpoint that always answers 2xx:
+/// each event arrives exactly once, and each delivery was attempted once.
+#[api_test]
+async fn three_instances_deliver_every_event_once() {
+    const EVENTS: i64 = 500;
+    let app = TestApp::spawn_with(local("100ms")).await;
+    let receiver = Receiver::start(0).await;
+    endpoint_for_all(&app, &receiver.url).await;
+    // Only the three processes deliver.
+    app.stop();
+    let env = [
+        ("IDEMPAY_WEBHOOK_ALLOW_PRIVATE", "true"),
+        ("IDEMPAY_WEBHOOK_RETRY_SCHEDULE", "100ms"),
+    ];
+    let database_url = app.database_url();
+    let _instances =
+        futures::future::join_all((0..3).map(|_| Instance::start(&database_url, &env))).await;
+
+    sqlx::query(
+        "INSERT INTO events (id, account_id, type, body)
+         SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'payment.succeeded',
+                convert_to(json_build_object('id', 'evt_' || lpad(n::text, 24, '0'),
+                    'object', 'event', 'type', 'payment.succeeded', 'created_at', now(),
+                    'data', json_build_object('object', json_build_object('id', n)))::text, 'UTF8')
+         FROM generate_series(1, $2) n",
+    )
+    .bind(&app.account_id)
+    .bind(EVENTS)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    wait_for(
+        "every event is delivered",
+        Duration::from_secs(120),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM webhook_deliveries WHERE delivered_at IS NOT NULL",
+            )
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+                == EVENTS
+        },
+    )
+    .await;
+
+    let arrivals = receiver.arrivals();
+    assert_eq!(arrivals.len(), 500, "every event arrived");
+    assert!(arrivals.values().all(|&n| n == 1), "each exactly once");
+    let (deliveries, attempted_once, attempts): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE attempts = 1),
+                (SELECT count(*) FROM webhook_attempts)
+         FROM webhook_deliveries",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        (deliveries, attempted_once, attempts),
+        (EVENTS, EVENTS, EVENTS)
+    );
+}
+
+/// An endpoint that was registered while private addresses were allowed (or whose name now
+/// resolves to one) is not sent to by an instance that does not allow them: the attempt fails
+/// and says why.
+#[api_test]
+async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
+    let registering = TestApp::spawn_with(local("1h")).await;
+    let receiver = Receiver::start(0).await;
+    let by_address = endpoint_for_all(&registering, &receiver.url).await;
+    let by_name = endpoint_for_all(
+        &registering,
+        &receiver.url.replace("127.0.0.1", "localhost"),
+    )
+    .await;
+    registering.stop();
+    let sending = registering.another_instance(Settings::default()).await;
+
+    let event = write_event(&sending.db, &sending.account_id, "payment.succeeded").await;
+    wait_for(
+        "both attempts are recorded",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
+                .fetch_one(&sending.db)
+                .await
+                .unwrap()
+                == 2
+        },
+    )
+    .await;
+
+    assert!(receiver.deliveries().is_empty(), "nothing was sent");
+    let attempts = sending
+        .get(&format!("/v1/events/{event}/attempts"))
+        .await
+        .json();
+    for (endpoint, needle) in [
+        (&by_address.0, "not a public address"),
+        (&by_name.0, "no public address"),
+    ] {
+        let attempt = attempts["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|attempt| attempt["endpoint"] == endpoint.as_str())
+            .unwrap();
+        assert_eq!(attempt["status_code"], Value::Null);
+        let error = attempt["error"].as_str().unwrap();
+        assert!(error.contains(needle), "{endpoint}: {error}");
+    }
+}
+
+/// A redirect could lead anywhere, a private address included: it is not followed, and counts as
+/// a failed attempt.
+#[api_test]
+async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
+    let app = TestApp::spawn_with(local("1h")).await;
+    let target = Receiver::start(0).await;
+    let location = target.url.clone();
+    let redirecting = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move || {
+            let location = location.clone();
+            async move {
+                (
+                    axum::http::StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, location)],
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, redirecting).await });
+    endpoint_for_all(&app, &url).await;
+
+    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+    wait_for(
+        "the attempt is recorded",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
+                .fetch_one(&app.db)
+                .await
+                .unwrap()
+                == 1
+        },
+    )
+    .await;
+
+    let attempts = app
+        .get(&format!("/v1/events/{event}/attempts"))
+        .await
+        .json();
+    assert_eq!(attempts["data"][0]["status_code"], 307);
+    assert!(!delivered(&app, &event).await);
+    assert!(
+        target.deliveries().is_empty(),
+        "the redirect was not followed"
+    );
+}
+
+/// An endpoint slower than the delivery timeout has failed the attempt, with no status.
+#[api_test]
+async fn an_answer_later_than_the_delivery_timeout_is_a_failed_attempt() {
+    let app = TestApp::spawn_with(Settings {
+        webhook_delivery_timeout: Duration::from_millis(300),
+        ..local("1h")
+    })
+    .await;
+    let slow = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(|| async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            axum::http::StatusCode::OK
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, slow).await });
+    endpoint_for_all(&app, &url).await;
+
+    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+    wait_for(
+        "the attempt is recorded",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
+                .fetch_one(&app.db)
+                .await
+                .unwrap()
+                == 1
+        },
+    )
+    .await;
+
+    let attempts = app
+        .get(&format!("/v1/events/{event}/attempts"))
+        .await
+        .json();
+    let attempt = &attempts["data"][0];
+    assert_eq!(attempt["status_code"], Value::Null);
+    assert!(attempt["latency_ms"].as_i64().unwrap() < 3000, "{attempt}");
+    assert!(
+        attempt["error"].as_str().unwrap().contains("timed out"),
+        "{attempt}"
+    );
+    assert!(!delivered(&app, &event).await);
+}
+
+/// An endpoint is disabled only when it acknowledged nothing since the event it gave up on: one
+/// that acknowledged a later event keeps receiving, though that one delivery was given up.
+#[api_test]
+async fn an_endpoint_that_acknowledged_a_later_event_stays_enabled_when_one_delivery_fails() {
+    let app = TestApp::spawn_with(local("200ms,200ms")).await;
+    let refused = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let refusing = refused.clone();
+    let picky = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let refused = refusing.lock().unwrap().clone();
+            async move {
+                if headers["webhook-id"] == refused.as_str() {
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, picky).await });
+    let (endpoint, _) = endpoint_for_all(&app, &url).await;
+
+    // The first event is refused; it is written before the second, which is acknowledged.
+    let first = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
+    *refused.lock().unwrap() = first.clone();
+    sqlx::query(
+        "INSERT INTO events (id, account_id, type, body) VALUES ($1, $2, 'payment.succeeded', $3)",
+    )
+    .bind(&first)
+    .bind(&app.account_id)
+    .bind(format!(r#"{{"id":"{first}","object":"event","type":"payment.succeeded"}}"#).into_bytes())
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let second = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+
+    wait_for(
+        "the first delivery is given up",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
+            )
+            .bind(&first)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+
+    assert!(delivered(&app, &second).await);
+    let read = app.get(&format!("/v1/webhook_endpoints/{endpoint}")).await;
+    assert_eq!(read.json()["status"], "enabled");
+}

@@ -1,0 +1,160 @@
+//! The endpoint routes: registration once per key with a secret shown once, the account's own
+//! endpoints only, and no URL into a private network.
+
+use idempay::config::Settings;
+use idempay_test_macros::api_test;
+use serde_json::json;
+
+use super::{local, post_endpoint};
+use crate::support::helpers::{TestApp, new_key};
+
+#[api_test]
+async fn a_replayed_registration_returns_the_same_endpoint_and_secret_which_get_never_shows() {
+    let app = TestApp::spawn_with(local("1s")).await;
+    let key = new_key();
+    let body = json!({
+        "url": "http://127.0.0.1:9/hooks",
+        "enabled_events": ["payment.succeeded", "refund.created"],
+    });
+
+    let first = post_endpoint(&app, &app.api_key, &key, &body).await;
+    let again = post_endpoint(&app, &app.api_key, &key, &body).await;
+
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(again.status, 201);
+    assert!(!first.replayed());
+    assert!(again.replayed());
+    assert_eq!(first.body, again.body, "byte for byte, the secret included");
+    let endpoint = first.json();
+    let (id, secret) = (
+        endpoint["id"].as_str().unwrap(),
+        endpoint["secret"].as_str().unwrap(),
+    );
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    assert_eq!(endpoint["object"], "webhook_endpoint");
+    assert_eq!(endpoint["status"], "enabled");
+    assert_eq!(
+        endpoint["enabled_events"],
+        json!(["payment.succeeded", "refund.created"])
+    );
+    assert_eq!(
+        first.header("location"),
+        Some(format!("/v1/webhook_endpoints/{id}").as_str())
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_endpoints")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(count, 1, "one endpoint for one key");
+    let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await.json();
+    assert_eq!(inspected["uses"][0]["route"], "POST /v1/webhook_endpoints");
+    assert_eq!(inspected["uses"][0]["response_status"], 201);
+
+    let read = app.get(&format!("/v1/webhook_endpoints/{id}")).await;
+    let listed = app.get("/v1/webhook_endpoints").await;
+    assert_eq!(read.status, 200);
+    assert_eq!(listed.status, 200);
+    for answer in [&read, &listed] {
+        let text = String::from_utf8_lossy(&answer.body);
+        assert!(!text.contains(secret), "{text}");
+        assert!(!text.contains("\"secret\""), "{text}");
+    }
+    assert_eq!(read.json()["id"], id);
+    assert_eq!(listed.json()["object"], "list");
+    assert_eq!(listed.json()["data"][0]["id"], id);
+}
+
+#[api_test]
+async fn another_account_s_endpoint_is_not_found_and_a_deleted_one_is_gone() {
+    let app = TestApp::spawn_with(local("1s")).await;
+    let (id, _) = super::endpoint_for_all(&app, "http://127.0.0.1:9/hooks").await;
+    let (_, stranger) = app.create_account("stranger").await;
+    let path = format!("/v1/webhook_endpoints/{id}");
+
+    let as_stranger = |method: reqwest::Method| {
+        app.client()
+            .request(method, app.url(&path))
+            .bearer_auth(&stranger)
+    };
+    app.send(as_stranger(reqwest::Method::GET))
+        .await
+        .assert_problem(404, "not-found");
+    app.send(as_stranger(reqwest::Method::DELETE))
+        .await
+        .assert_problem(404, "not-found");
+    let listed = app
+        .send(
+            app.client()
+                .get(app.url("/v1/webhook_endpoints"))
+                .bearer_auth(&stranger),
+        )
+        .await;
+    assert_eq!(listed.json()["data"], json!([]));
+
+    let deleted = app
+        .send(
+            app.client()
+                .delete(app.url(&path))
+                .bearer_auth(&app.api_key),
+        )
+        .await;
+    assert_eq!(deleted.status, 200);
+    assert_eq!(
+        deleted.json(),
+        json!({ "id": id, "object": "webhook_endpoint", "deleted": true })
+    );
+    app.get(&path).await.assert_problem(404, "not-found");
+}
+
+#[api_test]
+async fn unknown_event_types_and_urls_that_are_not_http_are_refused() {
+    let app = TestApp::spawn_with(local("1s")).await;
+    for body in [
+        json!({ "url": "https://example.com/", "enabled_events": ["charge.succeeded"] }),
+        json!({ "url": "https://example.com/", "enabled_events": [] }),
+        json!({ "url": "https://example.com/", "enabled_events": ["*", "payment.succeeded"] }),
+        json!({ "url": "ftp://example.com/", "enabled_events": ["*"] }),
+        json!({ "url": "https://user:pw@example.com/", "enabled_events": ["*"] }),
+        json!({ "url": "/hooks", "enabled_events": ["*"] }),
+        json!({ "url": "https://example.com/", "enabled_events": ["*"], "extra": 1 }),
+    ] {
+        post_endpoint(&app, &app.api_key, &new_key(), &body)
+            .await
+            .assert_problem(400, "invalid-request");
+    }
+}
+
+/// Without `IDEMPAY_WEBHOOK_ALLOW_PRIVATE`, no URL whose host is or resolves to a non-public
+/// address is accepted; with it, the same URLs are.
+#[api_test]
+async fn a_private_url_is_refused_unless_private_addresses_are_allowed() {
+    let production = TestApp::spawn_with(Settings::default()).await;
+    let development = production.another_instance(local("1s")).await;
+    let private = [
+        "http://127.0.0.1:8080/hooks",
+        "http://10.1.2.3/hooks",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]:8080/hooks",
+        "http://100.64.0.1/hooks",
+        "http://localhost:8080/hooks",
+    ];
+    for url in private {
+        let body = json!({ "url": url, "enabled_events": ["*"] });
+        let refused = post_endpoint(&production, &production.api_key, &new_key(), &body).await;
+        let problem = refused.assert_problem(400, "invalid-request");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("not a public address"),
+            "{url}: {problem}"
+        );
+        let accepted = post_endpoint(&development, &development.api_key, &new_key(), &body).await;
+        assert_eq!(accepted.status, 201, "{url}");
+    }
+}
