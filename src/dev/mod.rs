@@ -87,6 +87,7 @@ async fn serve(
     // payments too.
     settings.demo_ui = true;
     let banner = banner(&base, account.id().as_str(), key.expose());
+    let endpoint_banner = endpoint_banner(&base, key.expose());
     let app = Application::build(settings, pool, listener)?.with_demo_account(key);
     println!("{banner}");
     println!(
@@ -94,7 +95,7 @@ async fn serve(
         processor_banner(&base, &processor_url, &processor_key)
     );
     println!("{}", webhook_banner(&base, &webhook_secrets.expose()));
-    println!("{}", endpoint_banner(&base, key.expose()));
+    println!("{endpoint_banner}");
     // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then
     // the processor.
     let stop = CancellationToken::new();
