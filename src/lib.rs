@@ -2,7 +2,8 @@
 //! "exactly once" effects.
 //!
 //! - [`idempotency`]: the mechanism, one entry point for every mutating route.
-//! - [`payments`], [`refunds`], [`webhooks`], [`accounts`]: the domains, each with its router.
+//! - [`payments`], [`refunds`], [`events`], [`webhooks`], [`accounts`]: the domains, each with its
+//!   router.
 //! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
 //! - [`http`]: the plumbing that owns the state: router, accept loop, errors, docs, metrics.
 //! - [`client`]: the retrying client that keeps one key per intent.
@@ -14,6 +15,7 @@ pub mod client;
 pub mod config;
 pub mod db;
 mod decimal;
+pub mod events;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod expiry;

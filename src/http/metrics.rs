@@ -1,6 +1,6 @@
 //! Prometheus metrics at `GET /metrics`: requests by route and status with their latency, the
 //! idempotency outcomes, the webhook events, the expiry job, the connection pool, API key lookups
-//! and the requests refused by the rate limit. The names are listed in the README; every one
+//! the requests refused by the rate limit and the events written. The names are listed in the README; every one
 //! starts with `idempay_`.
 
 use std::sync::OnceLock;
@@ -29,6 +29,7 @@ const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
 const ACCOUNT_LOOKUPS: &str = "idempay_account_lookups_total";
 const API_KEY_LISTENER: &str = "idempay_api_key_listener_connected";
 const THROTTLED: &str = "idempay_rate_limited_requests_total";
+const EVENTS_WRITTEN: &str = "idempay_events_written_total";
 
 /// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
 const BUCKETS: [f64; 14] = [
@@ -161,6 +162,10 @@ fn describe() {
          request looks its key up."
     );
     describe_counter!(
+        EVENTS_WRITTEN,
+        "Events written (their change committed), by type."
+    );
+    describe_counter!(
         THROTTLED,
         "Requests refused with 429 because their account was over its rate limit."
     );
@@ -241,4 +246,9 @@ pub fn expiry_run(keys: u64, events: u64, took: Duration) {
 /// could not take in full, a rising `stale` events arriving out of order.
 pub fn webhook_event(outcome: crate::webhooks::Outcome) {
     counter!(WEBHOOK_EVENTS, "outcome" => outcome.as_str()).increment(1);
+}
+
+/// Counts one event whose change committed.
+pub fn event_written(kind: crate::events::EventType) {
+    counter!(EVENTS_WRITTEN, "type" => kind.as_str()).increment(1);
 }

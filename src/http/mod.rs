@@ -45,7 +45,7 @@ use crate::idempotency::Resumers;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecrets;
-use crate::{expiry, idempotency, ids, payments, recovery, refunds, webhooks};
+use crate::{events, expiry, idempotency, ids, payments, recovery, refunds, webhooks};
 use error::{Problem, ProblemKind};
 use openapi::ApiDoc;
 
@@ -150,6 +150,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(payments::router())
         .merge(refunds::router())
+        .merge(events::router())
         .merge(idempotency::router())
         .merge(webhooks::router())
         .merge(problems::router())
