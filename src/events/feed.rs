@@ -74,9 +74,13 @@ struct FeedRow {
 /// and ask again from its first event; `has_more` says whether newer events already wait. Without
 /// a cursor the page holds the newest events; `starting_after` pages back to older ones.
 ///
+/// The cursor must be an event the feed lists: one it does not list yet (read by its id, or
+/// received by a webhook, before the feed caught up) is refused with 404, since an event of an
+/// older transaction may still commit behind it.
+///
 /// The cost of that guarantee: an event appears only when every transaction that started before
-/// its own has ended, so one long transaction on the database (a slow migration, an idle session
-/// left in a transaction) holds the feed back until it ends. Read one event at
+/// its own has ended, anywhere on the database server, so one long transaction (a slow migration,
+/// a session left idle in a transaction) holds the feed back until it ends. Read one event at
 /// `GET /v1/events/{id}` as soon as it committed.
 #[utoipa::path(
     get,
