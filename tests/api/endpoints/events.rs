@@ -310,6 +310,31 @@ async fn a_consumer_polling_forward_never_skips_nor_repeats_an_event_committed_o
     assert_eq!(consumer.seen, in_commit_order, "an event was skipped");
 }
 
+/// An event the feed does not list yet (an older transaction is still running) can be read by its
+/// id, but is no cursor: an event of that older transaction may still commit behind it.
+#[api_test]
+async fn an_event_the_feed_does_not_list_yet_is_readable_but_no_cursor() {
+    let app = TestApp::spawn().await;
+    let template = app.get_payment(&app.paid(1).await).await.json();
+    feed(&app, 1).await;
+    let (held, _) = hold_an_event(&app, &template).await;
+    app.paid(2).await;
+    let newest: String = sqlx::query_scalar("SELECT id FROM events ORDER BY seq DESC LIMIT 1")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+
+    let read = app.get(&format!("/v1/events/{newest}")).await;
+    let paged = app.get(&format!("/v1/events?ending_before={newest}")).await;
+
+    assert_eq!(read.status, 200);
+    paged.assert_problem(404, "not-found");
+    held.commit().await.unwrap();
+    feed(&app, 3).await;
+    let paged = app.get(&format!("/v1/events?ending_before={newest}")).await;
+    assert_eq!(paged.status, 200);
+}
+
 /// A consumer of the feed: the ids it read, oldest first, and the newest as its cursor.
 #[derive(Clone, Default)]
 struct Consumer {
