@@ -15,9 +15,9 @@ pub mod client;
 pub mod config;
 pub mod db;
 mod decimal;
-pub mod events;
 #[cfg(feature = "dev")]
 pub mod dev;
+pub mod events;
 pub mod expiry;
 pub mod failpoint;
 pub mod http;

@@ -203,8 +203,9 @@ pub fn written<'a>(events: impl IntoIterator<Item = &'a NewEvent>) {
 
 /// Whether `id` has the shape of an event id, before any query sees it.
 pub fn is_event_id(id: &str) -> bool {
-    id.strip_prefix("evt_")
-        .is_some_and(|random| random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric()))
+    id.strip_prefix("evt_").is_some_and(|random| {
+        random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
 }
 
 #[cfg(test)]

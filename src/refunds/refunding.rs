@@ -9,10 +9,10 @@ use sqlx::PgPool;
 
 use super::{Refund, RefundRow, payment_not_found};
 use crate::accounts::AccountId;
+use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::idempotency::{Completion, Lease, StoredResponse};
 use crate::ids;
-use crate::events::{self, EventType, NewEvent};
 use crate::payments::{Payment, PaymentId, PaymentRow};
 use crate::processor::client;
 use crate::processor::{Outcome, ProcessorClient, ProcessorRefund};

@@ -83,7 +83,10 @@ async fn a_partial_and_a_full_refund_write_refund_created_then_the_payment_after
     assert_eq!(after_partial["id"], paid);
     assert_eq!(after_partial["amount_refunded"], 2000);
     assert_eq!(after_partial["status"], "succeeded");
-    assert_eq!(events[0]["data"]["object"], app.get_payment(&paid).await.json());
+    assert_eq!(
+        events[0]["data"]["object"],
+        app.get_payment(&paid).await.json()
+    );
     assert_eq!(events[0]["data"]["object"]["status"], "refunded");
     assert_eq!(events[0]["data"]["object"]["amount_refunded"], 5000);
 }
@@ -119,8 +122,14 @@ async fn intake_events_write_payment_failed_payment_disputed_and_refund_failed()
         .json();
     let before = event_count(&app).await;
 
-    let failed = deliver(&app, &secret, "evt_f", "payment.failed", &json!({ "payment": failing }))
-        .await;
+    let failed = deliver(
+        &app,
+        &secret,
+        "evt_f",
+        "payment.failed",
+        &json!({ "payment": failing }),
+    )
+    .await;
     let dispute = json!({ "payment": disputed, "dispute": "dp_1", "amount": 1500 });
     let opened = deliver(&app, &secret, "evt_d", "dispute.created", &dispute).await;
     let gave_back = json!({ "refund": refund["id"] });
@@ -214,9 +223,7 @@ async fn the_feed_is_the_accounts_own_filtered_by_type_and_refuses_bad_parameter
     app.post_refund(&paid, &new_key(), &json!({})).await;
     let events = feed(&app, 3).await;
     let (_, other) = app.create_account("someone else").await;
-    let as_other = |path: &str| {
-        app.send(app.client().get(app.url(path)).bearer_auth(&other))
-    };
+    let as_other = |path: &str| app.send(app.client().get(app.url(path)).bearer_auth(&other));
 
     let theirs = as_other("/v1/events").await;
     let one = as_other(&format!("/v1/events/{}", events[0]["id"].as_str().unwrap())).await;
@@ -224,7 +231,10 @@ async fn the_feed_is_the_accounts_own_filtered_by_type_and_refuses_bad_parameter
 
     assert_eq!(theirs.json()["data"], json!([]));
     one.assert_problem(404, "not-found");
-    assert_eq!(types(refunds["data"].as_array().unwrap()), ["refund.created"]);
+    assert_eq!(
+        types(refunds["data"].as_array().unwrap()),
+        ["refund.created"]
+    );
     for bad in [
         "/v1/events?type=payment.created",
         "/v1/events?limit=0",
@@ -300,13 +310,12 @@ async fn a_consumer_polling_forward_never_skips_nor_repeats_an_event_committed_o
 
     let unique: HashSet<&String> = consumer.seen.iter().collect();
     assert_eq!(unique.len(), consumer.seen.len(), "an event was repeated");
-    let in_commit_order: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM events WHERE account_id = $1 ORDER BY txid, seq",
-    )
-    .bind(&app.account_id)
-    .fetch_all(&app.db)
-    .await
-    .unwrap();
+    let in_commit_order: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM events WHERE account_id = $1 ORDER BY txid, seq")
+            .bind(&app.account_id)
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
     assert_eq!(consumer.seen, in_commit_order, "an event was skipped");
 }
 
@@ -353,7 +362,10 @@ impl Consumer {
             assert_eq!(page.status, 200, "{}", String::from_utf8_lossy(&page.body));
             let page = page.json();
             let data = page["data"].as_array().unwrap();
-            let ids = data.iter().rev().map(|event| event["id"].as_str().unwrap().to_owned());
+            let ids = data
+                .iter()
+                .rev()
+                .map(|event| event["id"].as_str().unwrap().to_owned());
             let first_page = self.seen.is_empty();
             self.seen.extend(ids);
             // Without a cursor the page is the newest events: the consumer starts from the
@@ -376,11 +388,17 @@ impl Consumer {
         loop {
             let page = app.get(&path).await.json();
             let data = page["data"].as_array().unwrap();
-            newest_first.extend(data.iter().map(|event| event["id"].as_str().unwrap().to_owned()));
+            newest_first.extend(
+                data.iter()
+                    .map(|event| event["id"].as_str().unwrap().to_owned()),
+            );
             if page["has_more"] != true {
                 break;
             }
-            path = format!("/v1/events?limit=7&starting_after={}", newest_first.last().unwrap());
+            path = format!(
+                "/v1/events?limit=7&starting_after={}",
+                newest_first.last().unwrap()
+            );
         }
         newest_first.reverse();
         self.seen = newest_first;
