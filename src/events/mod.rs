@@ -134,16 +134,28 @@ pub struct NewEvent {
 
 impl NewEvent {
     /// The event `kind` about a payment, as it is after the change made at `created_at`.
-    pub fn payment(kind: EventType, payment: Payment, created_at: DateTime<Utc>) -> Self {
+    pub fn payment(
+        kind: EventType,
+        payment: Payment,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
         Self::new(kind, EventObject::Payment(payment), created_at)
     }
 
     /// The event `kind` about a refund, as it is after the change made at `created_at`.
-    pub fn refund(kind: EventType, refund: Refund, created_at: DateTime<Utc>) -> Self {
+    pub fn refund(
+        kind: EventType,
+        refund: Refund,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
         Self::new(kind, EventObject::Refund(refund), created_at)
     }
 
-    fn new(kind: EventType, object: EventObject, created_at: DateTime<Utc>) -> Self {
+    fn new(
+        kind: EventType,
+        object: EventObject,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
         let event = Event {
             id: ids::generate("evt", 24),
             object: "event",
@@ -151,14 +163,13 @@ impl NewEvent {
             created_at,
             data: EventData { object },
         };
-        // Serializing these types cannot fail: no map has non-string keys, no value is a float.
-        let body = serde_json::to_vec(&event).unwrap_or_default();
-        Self {
+        let body = serde_json::to_vec(&event)?;
+        Ok(Self {
             id: event.id,
             kind,
             created_at,
             body,
-        }
+        })
     }
 }
 

@@ -113,7 +113,8 @@ async fn record(
             charge.decline_code.as_deref().unwrap_or("generic_decline"),
         )),
     };
-    let event = NewEvent::payment(kind, payment.clone(), payment.created_at);
+    let event = NewEvent::payment(kind, payment.clone(), payment.created_at)
+        .map_err(anyhow::Error::from)?;
     let key = lease.key().clone();
     let account = intent.account;
     let completion = lease.complete_with(response, |pool, fence| async move {

@@ -251,8 +251,9 @@ async fn record(
     // The refund's `created_at` is its transaction's `now()`: the time of both events.
     let at = refund.created_at;
     let written = [
-        NewEvent::refund(EventType::RefundCreated, refund.clone(), at),
-        NewEvent::payment(EventType::PaymentRefunded, payment, at),
+        NewEvent::refund(EventType::RefundCreated, refund.clone(), at)
+            .map_err(anyhow::Error::from)?,
+        NewEvent::payment(EventType::PaymentRefunded, payment, at).map_err(anyhow::Error::from)?,
     ];
     events::write(&mut tx, intent.account.as_str(), &written).await?;
     let response = StoredResponse::json(StatusCode::CREATED, &refund)

@@ -206,11 +206,12 @@ impl Envelope {
         };
         match event {
             Event::PaymentSucceeded { payment } => {
-                self.set_status(conn, &payment, PaymentStatus::Succeeded)
-                    .await
+                let (status, kind) = (PaymentStatus::Succeeded, EventType::PaymentSucceeded);
+                self.set_status(conn, &payment, status, kind).await
             }
             Event::PaymentFailed { payment } => {
-                self.set_status(conn, &payment, PaymentStatus::Failed).await
+                let (status, kind) = (PaymentStatus::Failed, EventType::PaymentFailed);
+                self.set_status(conn, &payment, status, kind).await
             }
             Event::DisputeCreated {
                 payment,
@@ -224,7 +225,7 @@ impl Envelope {
         }
     }
 
-    /// Moves the payment to `status` (`succeeded` or `failed`). `declined` is the processor's
+    /// Moves the payment to `status` (`succeeded` or `failed`), announced as `kind`. `declined` is the processor's
     /// final answer and `refunded` a fact of ours: neither moves. The comparison with the last
     /// applied event is in the UPDATE itself, so two events of one payment cannot both pass it:
     /// the second waits on the row lock, then sees the first one's time. A move writes its event
@@ -235,6 +236,7 @@ impl Envelope {
         conn: &mut PgConnection,
         payment: &Target,
         status: PaymentStatus,
+        kind: EventType,
     ) -> Result<Applied, sqlx::Error> {
         let (id, charge) = payment.columns();
         // `prior` reads the row under its lock, so it is the status this UPDATE moves from.
@@ -262,10 +264,6 @@ impl Envelope {
         let event = if updated.prior_status == status.as_str() {
             None
         } else {
-            let kind = match status {
-                PaymentStatus::Failed => EventType::PaymentFailed,
-                _ => EventType::PaymentSucceeded,
-            };
             let row = PaymentRow {
                 id: updated.id,
                 amount: updated.amount,
@@ -279,7 +277,8 @@ impl Envelope {
                 charge: updated.charge,
                 created_at: updated.created_at,
             };
-            let event = NewEvent::payment(kind, Payment::from(row), updated.now);
+            let event =
+                NewEvent::payment(kind, Payment::from(row), updated.now).map_err(unencodable)?;
             events::write(conn, &updated.account_id, std::slice::from_ref(&event)).await?;
             Some(event)
         };
@@ -332,7 +331,8 @@ impl Envelope {
             processor_refund: failed.processor_refund,
             created_at: failed.created_at,
         };
-        let event = NewEvent::refund(EventType::RefundFailed, Refund::from(row), failed.now);
+        let event = NewEvent::refund(EventType::RefundFailed, Refund::from(row), failed.now)
+            .map_err(unencodable)?;
         events::write(conn, &failed.account_id, std::slice::from_ref(&event)).await?;
         Ok(Applied {
             outcome: Outcome::Applied,
@@ -448,7 +448,8 @@ impl Envelope {
             charge: disputed.charge,
             created_at: disputed.created_at,
         };
-        let event = NewEvent::payment(EventType::PaymentDisputed, Payment::from(row), disputed.now);
+        let event = NewEvent::payment(EventType::PaymentDisputed, Payment::from(row), disputed.now)
+            .map_err(unencodable)?;
         events::write(conn, &paid.account_id, std::slice::from_ref(&event)).await?;
         let outcome = if fits {
             Outcome::Applied
@@ -511,6 +512,11 @@ fn is_processor_id(id: &str) -> bool {
             && (1..=64).contains(&random.len())
             && random.bytes().all(|b| b.is_ascii_alphanumeric())
     })
+}
+
+/// An event whose body could not be serialized fails the transaction, as a failed write would.
+fn unencodable(error: serde_json::Error) -> sqlx::Error {
+    sqlx::Error::Encode(error.into())
 }
 
 fn ignored(reason: &str) -> Outcome {
