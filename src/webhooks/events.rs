@@ -225,12 +225,12 @@ impl Envelope {
         }
     }
 
-    /// Moves the payment to `status` (`succeeded` or `failed`), announced as `kind`. `declined` is the processor's
-    /// final answer and `refunded` a fact of ours: neither moves. The comparison with the last
-    /// applied event is in the UPDATE itself, so two events of one payment cannot both pass it:
-    /// the second waits on the row lock, then sees the first one's time. A move writes its event
-    /// (`payment.failed`, or `payment.succeeded` back from failed); an event that confirms the
-    /// status the payment has changes nothing a client sees, and writes none.
+    /// Moves the payment to `status` (`succeeded` or `failed`), announced as `kind`. `declined` is
+    /// the processor's final answer and `refunded` a fact of ours: neither moves. The comparison
+    /// with the last applied event is in the UPDATE itself, so two events of one payment cannot
+    /// both pass it: the second waits on the row lock, then sees the first one's time. A move
+    /// writes its event (`payment.failed`, or `payment.succeeded` back from failed); an event that
+    /// confirms the status the payment has changes nothing a client sees, and writes none.
     async fn set_status(
         &self,
         conn: &mut PgConnection,
