@@ -1,6 +1,6 @@
 //! Prometheus metrics at `GET /metrics`: requests by route and status with their latency, the
 //! idempotency outcomes, the webhook events, the expiry job, the connection pool, API key lookups
-//! and the requests refused by the rate limit. The names are listed in the README; every one
+//! the requests refused by the rate limit and the events written. The names are listed in the README; every one
 //! starts with `idempay_`.
 
 use std::sync::OnceLock;
@@ -31,6 +31,7 @@ const WEBHOOK_OLDEST_PENDING: &str = "idempay_webhook_oldest_pending_seconds";
 const ACCOUNT_LOOKUPS: &str = "idempay_account_lookups_total";
 const API_KEY_LISTENER: &str = "idempay_api_key_listener_connected";
 const THROTTLED: &str = "idempay_rate_limited_requests_total";
+const EVENTS_WRITTEN: &str = "idempay_events_written_total";
 
 /// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
 const BUCKETS: [f64; 14] = [
@@ -174,6 +175,10 @@ fn describe() {
          request looks its key up."
     );
     describe_counter!(
+        EVENTS_WRITTEN,
+        "Events written (their change committed), by type."
+    );
+    describe_counter!(
         THROTTLED,
         "Requests refused with 429 because their account was over its rate limit."
     );
@@ -264,4 +269,9 @@ pub fn webhook_delivery(sender: &'static str, outcome: crate::webhooks::delivery
 /// could not take in full, a rising `stale` events arriving out of order.
 pub fn webhook_event(outcome: crate::webhooks::Outcome) {
     counter!(WEBHOOK_EVENTS, "outcome" => outcome.as_str()).increment(1);
+}
+
+/// Counts one event whose change committed.
+pub fn event_written(kind: crate::events::EventType) {
+    counter!(EVENTS_WRITTEN, "type" => kind.as_str()).increment(1);
 }

@@ -46,7 +46,7 @@ use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecrets;
 use crate::webhooks::delivery::{Deliverer, Sender};
-use crate::{expiry, idempotency, ids, payments, recovery, refunds, webhooks};
+use crate::{events, expiry, idempotency, ids, payments, recovery, refunds, webhooks};
 use error::{Problem, ProblemKind};
 use openapi::ApiDoc;
 
@@ -167,6 +167,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(payments::router())
         .merge(refunds::router())
+        .merge(events::router())
         .merge(idempotency::router())
         .merge(webhooks::router())
         .merge(problems::router())

@@ -13,8 +13,9 @@
 //!   object commits: the older one then commits later but sorts behind it. A client that polls
 //!   for new objects with `ending_before` the newest it saw never sees such an object.
 //!
-//! Following every change reliably needs a feed of events in commit order, which the API does not
-//! offer yet; reading the whole list again finds every object.
+//! Following every change reliably needs the feed of events, `GET /v1/events` (`src/events/`),
+//! which pages by commit order instead: an event is listed only once every transaction older than
+//! its own has ended, so polling it forward with `ending_before` never misses one.
 
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
@@ -39,6 +40,21 @@ pub struct ListParams {
     starting_after: Option<String>,
     /// An object id: return the objects listed before it (newer ones). Not with `starting_after`.
     ending_before: Option<String>,
+}
+
+impl ListParams {
+    /// The parameters of a list whose query has more (a filter), parsed with them.
+    pub fn new(
+        limit: Option<i64>,
+        starting_after: Option<String>,
+        ending_before: Option<String>,
+    ) -> Self {
+        Self {
+            limit,
+            starting_after,
+            ending_before,
+        }
+    }
 }
 
 /// Which slice of the list a request asks for.

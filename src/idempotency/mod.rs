@@ -699,6 +699,14 @@ impl Lease {
 #[derive(Debug)]
 pub struct Completion(Completed);
 
+impl Completion {
+    /// Whether the effect committed with the key; `false` when another request had taken the key
+    /// over and the effect rolled back.
+    pub fn committed(&self) -> bool {
+        matches!(self.0, Completed::Stored(_))
+    }
+}
+
 #[derive(Debug)]
 enum Completed {
     /// The effect and the response were committed with the key.

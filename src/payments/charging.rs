@@ -7,8 +7,8 @@
 //!    the downstream key it is sent with. Whoever picks the key up later resumes from here.
 //! 2. **The charge**, sent with the downstream key as its `Idempotency-Key`, so every attempt of
 //!    every holder of this key names one charge at the processor, which answers repeats with it.
-//! 3. **Three outcomes**: a charge (succeeded or declined) is recorded with the key's completion
-//!    in one statement; a definite "nothing was charged" forgets the point and releases the key;
+//! 3. **Three outcomes**: a charge (succeeded or declined) is recorded with its event
+//!    (`payment.succeeded`, `payment.declined`) and the key's completion in one statement; a definite "nothing was charged" forgets the point and releases the key;
 //!    an unknown outcome (timeout, lost answer, 5xx) keeps the key for the next attempt.
 
 use axum::http::{StatusCode, header};
@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::model::{Payment, PaymentId, PaymentStatus};
 use super::{NewPayment, insert_and_complete};
 use crate::accounts::AccountId;
+use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
 use crate::idempotency::{Completion, Lease, StoredResponse};
 use crate::processor::client;
@@ -85,15 +86,16 @@ pub async fn charge_and_record(
     }
 }
 
-/// Records the processor's charge as the payment and completes the key, in one statement.
+/// Records the processor's charge as the payment, with its event, and completes the key, in one
+/// statement.
 async fn record(
     lease: Lease,
     intent: ChargeRequested,
     charge: Charge,
 ) -> Result<Completion, ApiError> {
-    let status = match charge.status {
-        ChargeStatus::Succeeded => PaymentStatus::Succeeded,
-        ChargeStatus::Declined => PaymentStatus::Declined,
+    let (status, kind) = match charge.status {
+        ChargeStatus::Succeeded => (PaymentStatus::Succeeded, EventType::PaymentSucceeded),
+        ChargeStatus::Declined => (PaymentStatus::Declined, EventType::PaymentDeclined),
     };
     let payment = Payment::new(
         intent.payment,
@@ -111,10 +113,14 @@ async fn record(
             charge.decline_code.as_deref().unwrap_or("generic_decline"),
         )),
     };
+    let event = NewEvent::payment(kind, payment.clone(), payment.created_at)
+        .map_err(anyhow::Error::from)?;
     let key = lease.key().clone();
     let account = intent.account;
     let completion = lease.complete_with(response, |pool, fence| async move {
-        insert_and_complete(&pool, &account, &payment, &key, fence).await
+        insert_and_complete(&pool, &account, &payment, &event, &key, fence).await?;
+        events::written([&event]);
+        Ok(())
     });
     Ok(completion.await?)
 }

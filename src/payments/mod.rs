@@ -12,6 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountId};
+use crate::events::NewEvent;
 use crate::http::AppState;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
@@ -24,7 +25,7 @@ pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 pub use currency::Currency;
 pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus, reject_nul};
 
-use model::PaymentRow;
+pub(crate) use model::PaymentRow;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -231,12 +232,14 @@ async fn position_of(
     .await
 }
 
-/// Records the payment and completes its key with `fence` in one statement: both commit, or,
-/// when another request took the key over, neither.
+/// Records the payment and its event and completes its key with `fence` in one statement: all
+/// three commit, or, when another request took the key over, none. The event costs no round trip:
+/// it is one more row (and its webhook deliveries, queued by a trigger) in the same statement.
 async fn insert_and_complete(
     pool: &PgPool,
     account: &AccountId,
     payment: &Payment,
+    event: &NewEvent,
     key: &IdempotencyKey,
     fence: Fence,
 ) -> Result<(), sqlx::Error> {
@@ -248,6 +251,9 @@ async fn insert_and_complete(
                  idempotency_key, charge, created_at)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
             RETURNING id
+        ), event AS (
+            INSERT INTO events (id, account_id, type, body, created_at)
+            VALUES ($18, $2, $19, $20, $11)
         )
         SELECT idempotency_complete($12, $13, $14, $15, $16, $17) AS "key_id!" FROM payment
         "#,
@@ -268,6 +274,9 @@ async fn insert_and_complete(
         fence.response_headers,
         &fence.response_body[..],
         fence.ttl_ms,
+        event.id,
+        event.kind.as_str(),
+        &event.body,
     )
     .fetch_one(pool)
     .await?;

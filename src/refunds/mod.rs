@@ -78,7 +78,7 @@ pub enum RefundStatus {
 pub use refunding::{REFUND_REQUESTED, RefundAsked, refund_and_record};
 
 /// A refund, as the API returns it.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 #[schema(example = json!({
     "id": "re_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
     "object": "refund",
@@ -116,14 +116,15 @@ impl Refund {
     }
 }
 
-struct RefundRow {
-    id: String,
-    payment_id: String,
-    amount: i64,
-    reason: Option<String>,
-    status: String,
-    processor_refund: Option<String>,
-    created_at: DateTime<Utc>,
+/// A `refunds` row, as the queries read it.
+pub(crate) struct RefundRow {
+    pub id: String,
+    pub payment_id: String,
+    pub amount: i64,
+    pub reason: Option<String>,
+    pub status: String,
+    pub processor_refund: Option<String>,
+    pub created_at: DateTime<Utc>,
 }
 
 impl From<RefundRow> for Refund {

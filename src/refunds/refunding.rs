@@ -9,10 +9,11 @@ use sqlx::PgPool;
 
 use super::{Refund, RefundRow, payment_not_found};
 use crate::accounts::AccountId;
+use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::idempotency::{Completion, Lease, StoredResponse};
 use crate::ids;
-use crate::payments::PaymentId;
+use crate::payments::{Payment, PaymentId, PaymentRow};
 use crate::processor::client;
 use crate::processor::{Outcome, ProcessorClient, ProcessorRefund};
 
@@ -164,8 +165,11 @@ async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError>
     Ok(lease.complete(tx, StoredResponse::problem(refusal)).await?)
 }
 
-/// Records the processor's refund and the payment's new totals, and completes the key, in one
-/// transaction. The payment's row lock makes concurrent refunds of one payment take turns.
+/// Records the processor's refund and the payment's new totals, with their events
+/// (`refund.created`, then `payment.refunded` with the payment after the refund), and completes the
+/// key, in one transaction. The events cost one statement more in it (both rows in one INSERT):
+/// their bodies hold the payment as the UPDATE left it, which only its answer tells. The
+/// payment's row lock makes concurrent refunds of one payment take turns.
 ///
 /// The refund is a fact by now (the processor made it), so it is recorded in full even when a
 /// dispute arrived since the check (or the key is resumed long after it): the disputed amount
@@ -200,7 +204,7 @@ async fn record(
     // since this statement began), so the UPDATE can say whether it squeezed the disputed amount.
     // NO KEY UPDATE, the lock the UPDATE takes anyway: a full FOR UPDATE would wait on the key
     // share lock each concurrent refund's insert (its foreign key) holds, and they deadlock.
-    let squeezed = sqlx::query_scalar!(
+    let paid = sqlx::query!(
         r#"
         UPDATE payments p
         SET amount_refunded = p.amount_refunded + $2,
@@ -208,14 +212,16 @@ async fn record(
             status = CASE WHEN p.amount_refunded + $2 = p.amount THEN 'refunded' ELSE p.status END
         FROM (SELECT id, amount_disputed FROM payments WHERE id = $1 FOR NO KEY UPDATE) locked
         WHERE p.id = locked.id
-        RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!"
+        RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!",
+                  p.id, p.amount, p.currency, p.status, p.payment_method, p.order_ref,
+                  p.description, p.amount_refunded, p.amount_disputed, p.charge, p.created_at
         "#,
         intent.payment.as_str(),
         refunded.amount,
     )
     .fetch_one(&mut *tx)
     .await?;
-    if squeezed {
+    if paid.squeezed {
         tracing::warn!(
             payment = %intent.payment,
             refund = intent.refund,
@@ -229,8 +235,33 @@ async fn record(
         .await?;
     }
     let refund = Refund::from(row);
+    let payment = Payment::from(PaymentRow {
+        id: paid.id,
+        amount: paid.amount,
+        currency: paid.currency,
+        status: paid.status,
+        payment_method: paid.payment_method,
+        order_ref: paid.order_ref,
+        description: paid.description,
+        amount_refunded: paid.amount_refunded,
+        amount_disputed: paid.amount_disputed,
+        charge: paid.charge,
+        created_at: paid.created_at,
+    });
+    // The refund's `created_at` is its transaction's `now()`: the time of both events.
+    let at = refund.created_at;
+    let written = [
+        NewEvent::refund(EventType::RefundCreated, refund.clone(), at)
+            .map_err(anyhow::Error::from)?,
+        NewEvent::payment(EventType::PaymentRefunded, payment, at).map_err(anyhow::Error::from)?,
+    ];
+    events::write(&mut tx, intent.account.as_str(), &written).await?;
     let response = StoredResponse::json(StatusCode::CREATED, &refund)
         .map_err(anyhow::Error::from)?
         .with_header(header::LOCATION, refund.location());
-    Ok(lease.complete(tx, response).await?)
+    let completion = lease.complete(tx, response).await?;
+    if completion.committed() {
+        events::written(&written);
+    }
+    Ok(completion)
 }

@@ -1,11 +1,16 @@
 //! The processor's events and their effects on payments and refunds. Each effect runs in the
-//! transaction that records the event as processed.
+//! transaction that records the event as processed, and writes idempay's own event about the
+//! change (`payment.failed`, `payment.disputed`, `refund.failed`) in it.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
 use utoipa::ToSchema;
+
+use crate::events::{self, EventType, NewEvent};
+use crate::payments::{Payment, PaymentRow, PaymentStatus};
+use crate::refunds::{Refund, RefundRow};
 
 /// A delivery's body: the Standard Webhooks envelope.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -131,6 +136,23 @@ impl Outcome {
     }
 }
 
+/// What applying an event did: its outcome, and the event it wrote about the change, if any.
+#[derive(Debug)]
+pub struct Applied {
+    pub outcome: Outcome,
+    /// Written in the caller's transaction: count it with [`events::written`] once it committed.
+    pub event: Option<NewEvent>,
+}
+
+impl Applied {
+    fn without_event(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            event: None,
+        }
+    }
+}
+
 impl Envelope {
     /// The event this envelope carries; `Err` says why it has no effect.
     fn event(&self) -> Result<Event, String> {
@@ -172,106 +194,160 @@ impl Envelope {
     }
 
     /// Applies the event's effect, recorded as processed under `event_id`; `Ignored` when it has
-    /// none.
+    /// none. A change of a payment or a refund writes its event in the same transaction.
     pub async fn apply(
         &self,
         conn: &mut PgConnection,
         event_id: &str,
-    ) -> Result<Outcome, sqlx::Error> {
+    ) -> Result<Applied, sqlx::Error> {
         let event = match self.event() {
             Ok(event) => event,
-            Err(reason) => return Ok(ignored(&reason)),
+            Err(reason) => return Ok(Applied::without_event(ignored(&reason))),
         };
-        let applied = match event {
+        match event {
             Event::PaymentSucceeded { payment } => {
-                let (id, charge) = payment.columns();
-                // `declined` is the processor's final answer and `refunded` a fact of ours: neither
-                // moves. The comparison with the last applied event is in the UPDATE itself, so two
-                // events of one payment cannot both pass it: the second waits on the row lock,
-                // then sees the first one's time.
-                let updated = sqlx::query!(
-                    r#"
-                    UPDATE payments SET status = 'succeeded', last_event_at = $3
-                    WHERE (id = $1 OR charge = $2) AND status IN ('succeeded', 'failed')
-                      AND (last_event_at IS NULL OR last_event_at < $3)
-                    "#,
-                    id,
-                    charge,
-                    self.timestamp,
-                )
-                .execute(&mut *conn)
-                .await?;
-                return self
-                    .status_outcome(conn, &payment, updated.rows_affected())
-                    .await;
+                let (status, kind) = (PaymentStatus::Succeeded, EventType::PaymentSucceeded);
+                self.set_status(conn, &payment, status, kind).await
             }
             Event::PaymentFailed { payment } => {
-                let (id, charge) = payment.columns();
-                let updated = sqlx::query!(
-                    r#"
-                    UPDATE payments SET status = 'failed', last_event_at = $3
-                    WHERE (id = $1 OR charge = $2) AND status IN ('succeeded', 'failed')
-                      AND (last_event_at IS NULL OR last_event_at < $3)
-                    "#,
-                    id,
-                    charge,
-                    self.timestamp,
-                )
-                .execute(&mut *conn)
-                .await?;
-                return self
-                    .status_outcome(conn, &payment, updated.rows_affected())
-                    .await;
+                let (status, kind) = (PaymentStatus::Failed, EventType::PaymentFailed);
+                self.set_status(conn, &payment, status, kind).await
             }
             Event::DisputeCreated {
                 payment,
                 dispute,
                 amount,
             } => {
-                return self
-                    .dispute(conn, event_id, &payment, &dispute, amount)
-                    .await;
+                self.dispute(conn, event_id, &payment, &dispute, amount)
+                    .await
             }
-            Event::RefundFailed { refund } => {
-                // The money did not go back: the amount is refundable again.
-                sqlx::query!(
-                    r#"
-                    WITH failed AS (
-                        UPDATE refunds SET status = 'failed'
-                        WHERE (id = $1 OR processor_refund = $1) AND status = 'succeeded'
-                        RETURNING payment_id, amount
-                    )
-                    UPDATE payments p
-                    SET amount_refunded = p.amount_refunded - failed.amount,
-                        status = CASE WHEN p.status = 'refunded' THEN 'succeeded' ELSE p.status END
-                    FROM failed
-                    WHERE p.id = failed.payment_id
-                    "#,
-                    refund,
-                )
-                .execute(&mut *conn)
-                .await?
-            }
+            Event::RefundFailed { refund } => self.refund_failed(conn, &refund).await,
+        }
+    }
+
+    /// Moves the payment to `status` (`succeeded` or `failed`), announced as `kind`. `declined` is
+    /// the processor's final answer and `refunded` a fact of ours: neither moves. The comparison
+    /// with the last applied event is in the UPDATE itself, so two events of one payment cannot
+    /// both pass it: the second waits on the row lock, then sees the first one's time. A move
+    /// writes its event (`payment.failed`, or `payment.succeeded` back from failed); an event that
+    /// confirms the status the payment has changes nothing a client sees, and writes none.
+    async fn set_status(
+        &self,
+        conn: &mut PgConnection,
+        payment: &Target,
+        status: PaymentStatus,
+        kind: EventType,
+    ) -> Result<Applied, sqlx::Error> {
+        let (id, charge) = payment.columns();
+        // `prior` reads the row under its lock, so it is the status this UPDATE moves from.
+        let updated = sqlx::query!(
+            r#"
+            UPDATE payments p SET status = $4, last_event_at = $3
+            FROM (SELECT id, status FROM payments WHERE id = $1 OR charge = $2 FOR NO KEY UPDATE) prior
+            WHERE p.id = prior.id AND p.status IN ('succeeded', 'failed')
+              AND (p.last_event_at IS NULL OR p.last_event_at < $3)
+            RETURNING prior.status AS prior_status, p.account_id, p.id, p.amount, p.currency,
+                      p.status, p.payment_method, p.order_ref, p.description, p.amount_refunded,
+                      p.amount_disputed, p.charge, p.created_at, now() AS "now!"
+            "#,
+            id,
+            charge,
+            self.timestamp,
+            status.as_str(),
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(updated) = updated else {
+            let outcome = self.status_outcome(conn, payment).await?;
+            return Ok(Applied::without_event(outcome));
         };
-        Ok(if applied.rows_affected() > 0 {
-            Outcome::Applied
+        let event = if updated.prior_status == status.as_str() {
+            None
         } else {
-            ignored(&format!("{} matched no object it can apply to", self.kind))
+            let row = PaymentRow {
+                id: updated.id,
+                amount: updated.amount,
+                currency: updated.currency,
+                status: updated.status,
+                payment_method: updated.payment_method,
+                order_ref: updated.order_ref,
+                description: updated.description,
+                amount_refunded: updated.amount_refunded,
+                amount_disputed: updated.amount_disputed,
+                charge: updated.charge,
+                created_at: updated.created_at,
+            };
+            let event =
+                NewEvent::payment(kind, Payment::from(row), updated.now).map_err(unencodable)?;
+            events::write(conn, &updated.account_id, std::slice::from_ref(&event)).await?;
+            Some(event)
+        };
+        Ok(Applied {
+            outcome: Outcome::Applied,
+            event,
         })
     }
 
-    /// What became of a status event that changed `updated` rows. Nothing changed: `Stale` if the
-    /// payment has applied an event at least as new, `Ignored` otherwise. The decision was the
-    /// UPDATE's; this read only names it for the answer.
+    /// The money of a refund did not go back: the amount is refundable again, and the refund's
+    /// `refund.failed` is written.
+    async fn refund_failed(
+        &self,
+        conn: &mut PgConnection,
+        refund: &str,
+    ) -> Result<Applied, sqlx::Error> {
+        let failed = sqlx::query!(
+            r#"
+            WITH failed AS (
+                UPDATE refunds SET status = 'failed'
+                WHERE (id = $1 OR processor_refund = $1) AND status = 'succeeded'
+                RETURNING id, payment_id, account_id, amount, reason, status, processor_refund,
+                          created_at
+            )
+            UPDATE payments p
+            SET amount_refunded = p.amount_refunded - failed.amount,
+                status = CASE WHEN p.status = 'refunded' THEN 'succeeded' ELSE p.status END
+            FROM failed
+            WHERE p.id = failed.payment_id
+            RETURNING failed.id AS "id!", failed.payment_id AS "payment_id!",
+                      failed.account_id AS "account_id!", failed.amount AS "amount!",
+                      failed.reason AS "reason?", failed.status AS "status!",
+                      failed.processor_refund AS "processor_refund?",
+                      failed.created_at AS "created_at!", now() AS "now!"
+            "#,
+            refund,
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(failed) = failed else {
+            let reason = format!("{} matched no object it can apply to", self.kind);
+            return Ok(Applied::without_event(ignored(&reason)));
+        };
+        let row = RefundRow {
+            id: failed.id,
+            payment_id: failed.payment_id,
+            amount: failed.amount,
+            reason: failed.reason,
+            status: failed.status,
+            processor_refund: failed.processor_refund,
+            created_at: failed.created_at,
+        };
+        let event = NewEvent::refund(EventType::RefundFailed, Refund::from(row), failed.now)
+            .map_err(unencodable)?;
+        events::write(conn, &failed.account_id, std::slice::from_ref(&event)).await?;
+        Ok(Applied {
+            outcome: Outcome::Applied,
+            event: Some(event),
+        })
+    }
+
+    /// What became of a status event that changed nothing: `Stale` if the payment has applied an
+    /// event at least as new, `Ignored` otherwise. The decision was the UPDATE's; this read only
+    /// names it for the answer.
     async fn status_outcome(
         &self,
         conn: &mut PgConnection,
         payment: &Target,
-        updated: u64,
     ) -> Result<Outcome, sqlx::Error> {
-        if updated > 0 {
-            return Ok(Outcome::Applied);
-        }
         let (id, charge) = payment.columns();
         let newer = sqlx::query_scalar!(
             r#"
@@ -306,7 +382,7 @@ impl Envelope {
         payment: &Target,
         dispute: &str,
         amount: i64,
-    ) -> Result<Outcome, sqlx::Error> {
+    ) -> Result<Applied, sqlx::Error> {
         let (id, charge) = payment.columns();
         // The row lock orders this dispute with refunds and other disputes of the payment; the
         // lock of an UPDATE, so that it does not deadlock with a refund whose insert holds the key
@@ -324,7 +400,8 @@ impl Envelope {
         .fetch_optional(&mut *conn)
         .await?
         else {
-            return Ok(ignored(&format!("{} names no payment of ours", self.kind)));
+            let reason = format!("{} names no payment of ours", self.kind);
+            return Ok(Applied::without_event(ignored(&reason)));
         };
         let fits = amount <= paid.remaining;
         let recorded = sqlx::query_scalar!(
@@ -345,17 +422,37 @@ impl Envelope {
         .await?;
         if recorded.is_none() {
             tracing::info!(dispute, event = event_id, "dispute already recorded");
-            return Ok(Outcome::Duplicate);
+            return Ok(Applied::without_event(Outcome::Duplicate));
         }
-        sqlx::query!(
-            "UPDATE payments SET amount_disputed = amount_disputed + $2 WHERE id = $1",
+        let disputed = sqlx::query!(
+            r#"
+            UPDATE payments SET amount_disputed = amount_disputed + $2 WHERE id = $1
+            RETURNING id, amount, currency, status, payment_method, order_ref, description,
+                      amount_refunded, amount_disputed, charge, created_at, now() AS "now!"
+            "#,
             paid.id,
             amount.min(paid.remaining),
         )
-        .execute(&mut *conn)
+        .fetch_one(&mut *conn)
         .await?;
-        if fits {
-            Ok(Outcome::Applied)
+        let row = PaymentRow {
+            id: disputed.id,
+            amount: disputed.amount,
+            currency: disputed.currency,
+            status: disputed.status,
+            payment_method: disputed.payment_method,
+            order_ref: disputed.order_ref,
+            description: disputed.description,
+            amount_refunded: disputed.amount_refunded,
+            amount_disputed: disputed.amount_disputed,
+            charge: disputed.charge,
+            created_at: disputed.created_at,
+        };
+        let event = NewEvent::payment(EventType::PaymentDisputed, Payment::from(row), disputed.now)
+            .map_err(unencodable)?;
+        events::write(conn, &paid.account_id, std::slice::from_ref(&event)).await?;
+        let outcome = if fits {
+            Outcome::Applied
         } else {
             tracing::warn!(
                 dispute,
@@ -364,8 +461,12 @@ impl Envelope {
                 remaining = paid.remaining,
                 "a dispute over what remains of the payment needs review"
             );
-            Ok(Outcome::NeedsReview)
-        }
+            Outcome::NeedsReview
+        };
+        Ok(Applied {
+            outcome,
+            event: Some(event),
+        })
     }
 }
 
@@ -411,6 +512,11 @@ fn is_processor_id(id: &str) -> bool {
             && (1..=64).contains(&random.len())
             && random.bytes().all(|b| b.is_ascii_alphanumeric())
     })
+}
+
+/// An event whose body could not be serialized fails the transaction, as a failed write would.
+fn unencodable(error: serde_json::Error) -> sqlx::Error {
+    sqlx::Error::Encode(error.into())
 }
 
 fn ignored(reason: &str) -> Outcome {

@@ -177,7 +177,8 @@ async fn process(
     if recorded.is_none() {
         return Ok(Outcome::Duplicate);
     }
-    let outcome = envelope.apply(&mut tx, id).await?;
+    let applied = envelope.apply(&mut tx, id).await?;
+    let outcome = applied.outcome;
     if outcome != Outcome::Applied {
         sqlx::query!(
             "UPDATE processed_events SET outcome = $2 WHERE id = $1",
@@ -188,6 +189,7 @@ async fn process(
         .await?;
     }
     tx.commit().await?;
+    crate::events::written(&applied.event);
     Ok(outcome)
 }
 

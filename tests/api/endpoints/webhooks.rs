@@ -614,7 +614,7 @@ fn envelope_at(kind: &str, data: &Value, at: chrono::DateTime<chrono::Utc>) -> V
 }
 
 /// Delivers an event created now, signed now with `secret`.
-async fn deliver(
+pub(super) async fn deliver(
     app: &TestApp,
     secret: &WebhookSecrets,
     id: &str,
@@ -625,7 +625,7 @@ async fn deliver(
 }
 
 /// Delivers now, signed now, an event created `at`: a redelivery of an older event.
-async fn deliver_at(
+pub(super) async fn deliver_at(
     app: &TestApp,
     secret: &WebhookSecrets,
     id: &str,

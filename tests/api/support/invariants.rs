@@ -7,7 +7,10 @@ use sqlx::PgPool;
 ///   with the id its stored response names;
 /// - every payment belongs to a key that is completed: the payment and the key's completion
 ///   commit together, so a payment never exists beside a key still in progress;
-/// - no two payments share an account and a key.
+/// - no two payments share an account and a key;
+/// - every payment has exactly one creation event, every refund one `refund.created`, and every
+///   event names a payment or refund of its account: an event exists if and only if its change
+///   committed.
 pub async fn assert_exactly_once(db: &PgPool) {
     let without_one_payment: Vec<(String, i64)> = sqlx::query_as(
         "SELECT k.idem_key, count(p.id)
@@ -74,6 +77,61 @@ pub async fn assert_exactly_once(db: &PgPool) {
     assert!(
         shared.is_empty(),
         "payments sharing an account and key: {shared:?}"
+    );
+    assert_one_event_per_change(db).await;
+}
+
+/// The events are written in the transaction of their change: a payment's creation event (at the
+/// payment's own `created_at`; a later `payment.succeeded` may follow a failure) and a refund's
+/// `refund.created` exist once each, and no event outlives a change that rolled back.
+async fn assert_one_event_per_change(db: &PgPool) {
+    let without_one_event: Vec<(String, i64)> = sqlx::query_as(
+        "WITH created AS (
+             SELECT account_id, type, created_at,
+                    convert_from(body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id' AS object
+             FROM events
+             WHERE type IN ('payment.succeeded', 'payment.declined', 'refund.created')
+         )
+         SELECT p.id, count(c.object)
+         FROM payments p
+         LEFT JOIN created c
+           ON c.object = p.id AND c.account_id = p.account_id AND c.created_at = p.created_at
+          AND c.type <> 'refund.created'
+         GROUP BY p.id HAVING count(c.object) <> 1
+         UNION ALL
+         SELECT r.id, count(c.object)
+         FROM refunds r
+         LEFT JOIN created c
+           ON c.object = r.id AND c.account_id = r.account_id AND c.type = 'refund.created'
+         GROUP BY r.id HAVING count(c.object) <> 1",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    assert!(
+        without_one_event.is_empty(),
+        "payments and refunds without exactly one creation event (object, events): \
+         {without_one_event:?}"
+    );
+
+    let about_nothing: Vec<String> = sqlx::query_scalar(
+        "SELECT e.id
+         FROM events e
+         CROSS JOIN LATERAL (
+             SELECT convert_from(e.body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id' AS id
+         ) object
+         WHERE NOT EXISTS (SELECT FROM payments p
+                           WHERE p.id = object.id AND p.account_id = e.account_id)
+           AND NOT EXISTS (SELECT FROM refunds r
+                           WHERE r.id = object.id AND r.account_id = e.account_id)
+         ORDER BY e.id",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    assert!(
+        about_nothing.is_empty(),
+        "events about no payment or refund: {about_nothing:?}"
     );
 }
 

@@ -1,0 +1,230 @@
+//! The feed: `GET /v1/events` lists an account's events in commit order, and
+//! `GET /v1/events/{id}` reads one. Both serve the bytes written with the event.
+
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{Event, EventType, is_event_id};
+use crate::accounts::Account;
+use crate::http::AppState;
+use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
+use crate::http::extract::Path;
+use crate::http::pagination::{Cursor, List, ListParams, PageRequest, unknown_cursor};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_events))
+        .routes(routes!(get_event))
+}
+
+/// An event type, as the `type` filter accepts it.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "String")]
+struct EventTypeParam(EventType);
+
+impl TryFrom<String> for EventTypeParam {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        EventType::parse(&name).map(Self).ok_or_else(|| {
+            let known: Vec<&str> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
+            format!("unknown event type `{name}`; one of {}", known.join(", "))
+        })
+    }
+}
+
+/// The page's parameters: the list's and the filter, one query string.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeedQuery {
+    limit: Option<i64>,
+    starting_after: Option<String>,
+    ending_before: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<EventTypeParam>,
+}
+
+impl FeedQuery {
+    fn parse(self) -> Result<(PageRequest, Option<EventType>), Problem> {
+        let page = PageRequest::try_from(ListParams::new(
+            self.limit,
+            self.starting_after,
+            self.ending_before,
+        ))?;
+        Ok((page, self.kind.map(|kind| kind.0)))
+    }
+}
+
+/// One row of the feed: the event's stored bytes.
+struct FeedRow {
+    body: Vec<u8>,
+}
+
+/// List events
+///
+/// The account's events, newest first, a page at a time, ordered by commit: an event is listed
+/// once the transaction that wrote it is older than every transaction still running, and sorts
+/// after every event listed before it. So a consumer that polls forward never misses one: ask
+/// with `ending_before` set to the newest event seen (the first of the last page), take the page,
+/// and ask again from its first event; `has_more` says whether newer events already wait. Without
+/// a cursor the page holds the newest events; `starting_after` pages back to older ones.
+///
+/// The cursor must be an event the feed lists: one it does not list yet (read by its id, or
+/// received by a webhook, before the feed caught up) is refused with 404, since an event of an
+/// older transaction may still commit behind it.
+///
+/// The cost of that guarantee: an event appears only when every transaction that started before
+/// its own has ended, anywhere on the database server, so one long transaction (a slow migration,
+/// a session left idle in a transaction) holds the feed back until it ends. Read one event at
+/// `GET /v1/events/{id}` as soon as it committed.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    operation_id = "listEvents",
+    tag = "events",
+    params(ListParams, ("type" = Option<EventType>, Query, description = "Only events of this type.")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of events.", body = List<Event>, content_type = "application/json"),
+        (status = 400, description = "A bad `limit` or `type`, an unknown parameter, or both cursors at once (`invalid-request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The cursor names no event of this account that the feed lists yet (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        AuthenticatedProblems,
+    )
+)]
+async fn list_events(
+    State(state): State<AppState>,
+    account: Account,
+    query: Result<Query<FeedQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query
+        .map_err(|rejection| Problem::new(ProblemKind::InvalidRequest, rejection.body_text()))?;
+    let (page, kind) = query.parse()?;
+    let account = account.id().as_str();
+    let kind = kind.map(EventType::as_str);
+    let cursor = match &page.cursor {
+        Cursor::First => None,
+        Cursor::After(id) | Cursor::Before(id) => {
+            // A cursor the feed does not list yet would let an event that commits later, with an
+            // older transaction, slip behind the consumer: only a listed event is a place to
+            // page from.
+            let listed = is_event_id(id)
+                && sqlx::query_scalar!(
+                    r#"
+                    SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS "listed!"
+                    FROM events
+                    WHERE id = $1 AND account_id = $2
+                    "#,
+                    id,
+                    account,
+                )
+                .fetch_optional(&state.pool)
+                .await?
+                .unwrap_or(false);
+            if !listed {
+                return Err(unknown_cursor(id).into());
+            }
+            Some(id.as_str())
+        }
+    };
+    // One snapshot for the bound and the rows: the statement's.
+    let rows = match page.cursor {
+        Cursor::Before(_) => {
+            sqlx::query_as!(
+                FeedRow,
+                r#"
+                SELECT body
+                FROM events
+                WHERE account_id = $1
+                  AND txid < pg_snapshot_xmin(pg_current_snapshot())
+                  AND ($2::text IS NULL OR type = $2)
+                  AND (txid, seq) > (SELECT txid, seq FROM events WHERE id = $3)
+                ORDER BY txid, seq
+                LIMIT $4
+                "#,
+                account,
+                kind,
+                cursor,
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+        Cursor::First | Cursor::After(_) => {
+            sqlx::query_as!(
+                FeedRow,
+                r#"
+                SELECT body
+                FROM events
+                WHERE account_id = $1
+                  AND txid < pg_snapshot_xmin(pg_current_snapshot())
+                  AND ($2::text IS NULL OR type = $2)
+                  AND ($3::text IS NULL OR (txid, seq) < (SELECT txid, seq FROM events WHERE id = $3))
+                ORDER BY txid DESC, seq DESC
+                LIMIT $4
+                "#,
+                account,
+                kind,
+                cursor,
+                page.fetch(),
+            )
+            .fetch_all(&state.pool)
+            .await?
+        }
+    };
+    let events = rows
+        .into_iter()
+        .map(|row| raw(row.body))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(axum::Json(List::from_rows(events, &page)).into_response())
+}
+
+/// Retrieve an event
+///
+/// One of the account's events, as soon as its transaction committed (the feed may list it only
+/// later, see `GET /v1/events`). Another account's event is not found.
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}",
+    operation_id = "getEvent",
+    tag = "events",
+    params(("id" = String, Path, description = "The event's id, `evt_…`.", example = "evt_Hq2Lm8Rt0VbX4nWc6Zp1KsYd")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The event.", body = Event, content_type = "application/json"),
+        (status = 404, description = "No such event for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        AuthenticatedProblems,
+    )
+)]
+async fn get_event(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let not_found = || Problem::new(ProblemKind::NotFound, format!("No event `{id}`."));
+    if !is_event_id(&id) {
+        return Err(not_found().into());
+    }
+    let body = sqlx::query_scalar!(
+        "SELECT body FROM events WHERE id = $1 AND account_id = $2",
+        id,
+        account.id().as_str(),
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or_else(not_found)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// An event's stored bytes, to be embedded in a list as they are.
+fn raw(body: Vec<u8>) -> Result<Box<RawValue>, ApiError> {
+    let text = String::from_utf8(body).map_err(anyhow::Error::from)?;
+    Ok(RawValue::from_string(text).map_err(anyhow::Error::from)?)
+}

@@ -1,0 +1,244 @@
+//! Events: what happened to a merchant's payments and refunds, each written in the transaction of
+//! the change it describes (a transactional outbox), so an event exists if and only if its change
+//! committed. The feed (`GET /v1/events`) serves them in commit order; a trigger queues each one
+//! for the account's webhook endpoints. How the order is kept is in `src/events/README.md`.
+
+mod feed;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use utoipa::ToSchema;
+
+use crate::ids;
+use crate::payments::Payment;
+use crate::refunds::Refund;
+
+pub use feed::router;
+
+/// What happened: the event's `type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub enum EventType {
+    /// A payment was created and its charge succeeded; or the processor's success event moved a
+    /// failed payment back to succeeded.
+    #[serde(rename = "payment.succeeded")]
+    PaymentSucceeded,
+    /// A payment was created and its charge was declined.
+    #[serde(rename = "payment.declined")]
+    PaymentDeclined,
+    /// The processor's failure event moved a payment to failed.
+    #[serde(rename = "payment.failed")]
+    PaymentFailed,
+    /// A payment was refunded, partially or fully: the payment after the refund.
+    #[serde(rename = "payment.refunded")]
+    PaymentRefunded,
+    /// A new dispute of the payment was recorded: the payment with its disputed amount.
+    #[serde(rename = "payment.disputed")]
+    PaymentDisputed,
+    /// A refund was made.
+    #[serde(rename = "refund.created")]
+    RefundCreated,
+    /// The processor reported a refund failed: its amount is refundable again.
+    #[serde(rename = "refund.failed")]
+    RefundFailed,
+}
+
+impl EventType {
+    /// Every type, in the order the documentation lists them.
+    pub const ALL: [Self; 7] = [
+        Self::PaymentSucceeded,
+        Self::PaymentDeclined,
+        Self::PaymentFailed,
+        Self::PaymentRefunded,
+        Self::PaymentDisputed,
+        Self::RefundCreated,
+        Self::RefundFailed,
+    ];
+
+    /// The type's name, as the API, the `events.type` column and the metrics spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PaymentSucceeded => "payment.succeeded",
+            Self::PaymentDeclined => "payment.declined",
+            Self::PaymentFailed => "payment.failed",
+            Self::PaymentRefunded => "payment.refunded",
+            Self::PaymentDisputed => "payment.disputed",
+            Self::RefundCreated => "refund.created",
+            Self::RefundFailed => "refund.failed",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+/// An event, as the feed serves it and endpoints receive it.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "id": "evt_Hq2Lm8Rt0VbX4nWc6Zp1KsYd",
+    "object": "event",
+    "type": "refund.created",
+    "created_at": "2026-11-29T19:05:12.118230Z",
+    "data": { "object": {
+        "id": "re_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
+        "object": "refund",
+        "payment": "pay_U5PgTqA02dYsv3cLANIGkqIs",
+        "amount": 1000,
+        "reason": "requested_by_customer",
+        "status": "succeeded",
+        "processor_refund": "pyr_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
+        "created_at": "2026-11-29T19:05:12.118230Z"
+    } }
+}))]
+pub struct Event {
+    /// The event's id, `evt_` followed by 24 characters: the `webhook-id` of its deliveries,
+    /// which receivers deduplicate on.
+    #[schema(pattern = "^evt_[0-9A-Za-z]{24}$")]
+    pub id: String,
+    /// Always `event`.
+    #[schema(value_type = String, pattern = "^event$")]
+    pub object: &'static str,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// When the change happened, on the database's clock.
+    pub created_at: DateTime<Utc>,
+    pub data: EventData,
+}
+
+/// What the event is about.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventData {
+    /// The object as it was right after the change: a payment for `payment.*` events, a refund
+    /// for `refund.*` ones.
+    pub object: EventObject,
+}
+
+/// The object of an event, as the API represents it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum EventObject {
+    Payment(Payment),
+    Refund(Refund),
+}
+
+/// An event to write, its body serialized once: the feed serves these bytes and every delivery
+/// sends them.
+#[derive(Debug)]
+pub struct NewEvent {
+    pub id: String,
+    pub kind: EventType,
+    pub created_at: DateTime<Utc>,
+    pub body: Vec<u8>,
+}
+
+impl NewEvent {
+    /// The event `kind` about a payment, as it is after the change made at `created_at`.
+    pub fn payment(
+        kind: EventType,
+        payment: Payment,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
+        Self::new(kind, EventObject::Payment(payment), created_at)
+    }
+
+    /// The event `kind` about a refund, as it is after the change made at `created_at`.
+    pub fn refund(
+        kind: EventType,
+        refund: Refund,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
+        Self::new(kind, EventObject::Refund(refund), created_at)
+    }
+
+    fn new(
+        kind: EventType,
+        object: EventObject,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
+        let event = Event {
+            id: ids::generate("evt", 24),
+            object: "event",
+            kind,
+            created_at,
+            data: EventData { object },
+        };
+        let body = serde_json::to_vec(&event)?;
+        Ok(Self {
+            id: event.id,
+            kind,
+            created_at,
+            body,
+        })
+    }
+}
+
+/// Writes `events` of `account` in the caller's transaction, in this order, with one statement.
+/// Count them with [`written`] once that transaction committed.
+pub async fn write(
+    conn: &mut PgConnection,
+    account: &str,
+    events: &[NewEvent],
+) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = events.iter().map(|event| event.id.as_str()).collect();
+    let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
+    let bodies: Vec<&[u8]> = events.iter().map(|event| event.body.as_slice()).collect();
+    let times: Vec<DateTime<Utc>> = events.iter().map(|event| event.created_at).collect();
+    // `seq` is taken in the order the rows are produced: ORDER BY the arrays' ordinality keeps
+    // the caller's order (a refund's `refund.created` before its `payment.refunded`).
+    sqlx::query!(
+        r#"
+        INSERT INTO events (id, account_id, type, body, created_at)
+        SELECT event.id, $1, event.type, event.body, event.created_at
+        FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[])
+            WITH ORDINALITY AS event (id, type, body, created_at, n)
+        ORDER BY event.n
+        "#,
+        account,
+        &ids as &[&str],
+        &kinds as &[&str],
+        &bodies as &[&[u8]],
+        &times,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Counts events whose transaction committed.
+pub fn written<'a>(events: impl IntoIterator<Item = &'a NewEvent>) {
+    for event in events {
+        crate::http::metrics::event_written(event.kind);
+    }
+}
+
+/// Whether `id` has the shape of an event id, before any query sees it.
+pub fn is_event_id(id: &str) -> bool {
+    id.strip_prefix("evt_").is_some_and(|random| {
+        random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_parses_back_from_its_name() {
+        for kind in EventType::ALL {
+            assert_eq!(EventType::parse(kind.as_str()), Some(kind));
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::Value::from(kind.as_str())
+            );
+        }
+        assert_eq!(EventType::parse("payment.created"), None);
+    }
+
+    #[test]
+    fn event_ids_have_their_shape() {
+        assert!(is_event_id(&ids::generate("evt", 24)));
+        assert!(!is_event_id("evt_short"));
+        assert!(!is_event_id("pay_U5PgTqA02dYsv3cLANIGkqIs"));
+    }
+}
