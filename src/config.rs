@@ -61,6 +61,12 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
     pub webhook_delivery_timeout: Duration,
 
+    /// How often each instance looks for deliveries due to merchant endpoints: a new event waits
+    /// at most this long for its first attempt, and an idle instance sends the database one
+    /// statement this often.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_POLL_INTERVAL", default_value = "1s", value_parser = parse_timeout)]
+    pub webhook_poll_interval: Duration,
+
     /// Lets merchant endpoints point at loopback, private, link-local and other non-public
     /// addresses. For development and tests only (`idempay dev` sets it): in production it would
     /// let anyone with an API key make idempay call into its own network.
@@ -106,6 +112,7 @@ impl Default for Settings {
             webhook_secrets: None,
             webhook_retry_schedule: RetrySchedule::default(),
             webhook_delivery_timeout: Duration::from_secs(10),
+            webhook_poll_interval: Duration::from_secs(1),
             webhook_allow_private: false,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(5),

@@ -340,7 +340,8 @@ impl Application {
             },
             settings.webhook_retry_schedule.clone(),
             settings.webhook_delivery_timeout,
-        )?;
+        )?
+        .with_poll_interval(settings.webhook_poll_interval);
         Ok(Self {
             state: AppState::new(pool, &settings, client),
             deliverer,

@@ -151,6 +151,7 @@ pub struct Deliverer {
     sender: Sender,
     schedule: RetrySchedule,
     timeout: Duration,
+    poll: Duration,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -186,9 +187,17 @@ impl Deliverer {
             pool,
             client: client.build()?,
             sender,
+            poll: schedule.shortest().min(MAX_POLL),
             schedule,
             timeout,
         })
+    }
+
+    /// Looks for due rows every `poll` instead of as often as the shortest retry delay.
+    #[must_use]
+    pub fn with_poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
     }
 
     /// The processor's deliverer: its rows, signed with the first of `secrets`.
@@ -206,10 +215,10 @@ impl Deliverer {
         )
     }
 
-    /// How often the loop looks for due rows: as often as the shortest retry delay, and at least
-    /// every second, so a new event waits at most that long.
+    /// How often the loop looks for due rows: unless told otherwise, as often as the shortest
+    /// retry delay, and at least every second, so a new event waits at most that long.
     pub fn poll_interval(&self) -> Duration {
-        self.schedule.shortest().min(MAX_POLL)
+        self.poll
     }
 
     /// Claims up to [`BATCH`] due deliveries, sends them at once and records each outcome.

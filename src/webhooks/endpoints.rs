@@ -22,18 +22,8 @@ use crate::http::error::{
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
+use crate::events::EventType;
 use crate::ids;
-
-/// The event types an endpoint may subscribe to, as the `events` table admits them.
-pub const EVENT_TYPES: [&str; 7] = [
-    "payment.succeeded",
-    "payment.declined",
-    "payment.failed",
-    "payment.refunded",
-    "payment.disputed",
-    "refund.created",
-    "refund.failed",
-];
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
 const MAX_URL_LEN: usize = 2048;
@@ -98,10 +88,11 @@ impl TryFrom<Vec<String>> for EnabledEvents {
             return Err("`*` in enabled_events stands alone: it means every type".to_owned());
         }
         for (index, kind) in types.iter().enumerate() {
-            if kind != "*" && !EVENT_TYPES.contains(&kind.as_str()) {
+            if kind != "*" && EventType::parse(kind).is_none() {
+                let types: Vec<&str> = EventType::ALL.into_iter().map(EventType::as_str).collect();
                 return Err(format!(
                     "`{kind}` is no event type; the types are {}, or `*` for all",
-                    EVENT_TYPES.join(", ")
+                    types.join(", ")
                 ));
             }
             if types[..index].contains(kind) {
@@ -487,7 +478,7 @@ mod tests {
     fn enabled_events_are_known_types_once_each_or_a_lone_star() {
         assert!(events(&["*"]).is_ok());
         assert!(events(&["payment.succeeded", "refund.created"]).is_ok());
-        assert!(events(&EVENT_TYPES).is_ok());
+        assert!(events(&EventType::ALL.map(EventType::as_str)).is_ok());
         assert!(events(&[]).is_err());
         assert!(events(&["*", "payment.succeeded"]).is_err());
         assert!(events(&["payment.succeeded", "payment.succeeded"]).is_err());

@@ -6,6 +6,7 @@
 //! Events are written here as the payment and refund routes write them: a row in `events`, whose
 //! trigger queues a delivery for every subscribed endpoint.
 
+mod end_to_end;
 mod listen;
 mod retries;
 mod webhook_endpoints;

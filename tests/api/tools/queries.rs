@@ -21,8 +21,16 @@ use crate::support::instance::Instance;
 async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
     let app = TestApp::spawn().await;
     let proxy = CountingProxy::start(&app.database_url()).await;
-    // The expiry job runs once at start, then not again during the test.
-    let instance = Instance::start(&proxy.url, &[("IDEMPAY_EXPIRY_INTERVAL", "1h")]).await;
+    // The expiry job and the webhook delivery loop run once at start, then not again during the
+    // test.
+    let instance = Instance::start(
+        &proxy.url,
+        &[
+            ("IDEMPAY_EXPIRY_INTERVAL", "1h"),
+            ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "1h"),
+        ],
+    )
+    .await;
     // The account cache is off until the instance listens for API key changes.
     instance.listening_for_key_changes().await;
     proxy.wait_until_quiet().await;
