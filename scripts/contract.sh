@@ -141,6 +141,9 @@ fi
 #   every generated delivery is rightly refused. The other checks still run there;
 # - a list refuses `starting_after` and `ending_before` together with 400: OpenAPI cannot say
 #   that two query parameters exclude each other;
+# - a webhook endpoint's URL is refused with 400 unless it is an absolute http(s) URL without
+#   credentials whose host resolves (even with private addresses allowed, as `idempay dev`
+#   allows them), and `*` must stand alone in `enabled_events`: rules no schema expresses;
 # - a refund may also be refused with 400 when the payment's state forbids it (declined, already
 #   refunded, less left than asked): a stored business outcome that depends on earlier requests,
 #   which no schema can express. Refund bodies are also checked by the integration suite's
@@ -167,6 +170,18 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401",
 [[operations]]
 include-operation-id = "listRefunds"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
+
+[[operations]]
+include-operation-id = "listEvents"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
+
+[[operations]]
+include-operation-id = "listWebhookEndpoints"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
+
+[[operations]]
+include-operation-id = "createWebhookEndpoint"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "409", "422", "429", "5xx"]
 EOF
 
 log "schemathesis against $base/openapi.json (output in $OUT/schemathesis.txt)"

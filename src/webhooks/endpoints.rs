@@ -15,6 +15,7 @@ use utoipa_axum::routes;
 
 use super::{WebhookSecret, address};
 use crate::accounts::{Account, AccountId};
+use crate::events::EventType;
 use crate::http::AppState;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
@@ -22,7 +23,6 @@ use crate::http::error::{
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
-use crate::events::EventType;
 use crate::ids;
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
@@ -46,8 +46,8 @@ pub struct NewWebhookEndpoint {
     /// name that resolves only to public addresses.
     #[schema(value_type = String, max_length = 2048, example = "https://example.com/idempay/events")]
     pub url: EndpointUrl,
-    /// The event types to send, or `["*"]` for all of them.
-    #[schema(value_type = Vec<String>, min_items = 1, example = json!(["payment.succeeded"]))]
+    // Described by its own schema: a description here would wrap it in an `allOf`.
+    #[schema(inline)]
     pub enabled_events: EnabledEvents,
 }
 
@@ -102,6 +102,33 @@ impl TryFrom<Vec<String>> for EnabledEvents {
         Ok(Self(types))
     }
 }
+
+/// Described as what it admits: at least one of the event types or `*`, without repeats. That `*`
+/// stands alone is the one rule a schema cannot say.
+impl utoipa::PartialSchema for EnabledEvents {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+        let names = EventType::ALL
+            .into_iter()
+            .map(EventType::as_str)
+            .chain(["*"]);
+        ArrayBuilder::new()
+            .description(Some(
+                "The event types to send, each once, or `[\"*\"]` alone for all of them.",
+            ))
+            .examples([serde_json::json!(["payment.succeeded"])])
+            .items(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(names)),
+            )
+            .min_items(Some(1))
+            .unique_items(true)
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for EnabledEvents {}
 
 /// Whether an endpoint is sent events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]

@@ -38,7 +38,11 @@ async fn a_payment_and_its_refund_reach_the_endpoint_signed_as_the_feed_serves_t
             .expect("signed with the endpoint's secret");
         let event: Value = serde_json::from_slice(&body).unwrap();
         let id = event["id"].as_str().unwrap().to_owned();
-        assert_eq!(headers["webhook-id"], id.as_str(), "webhook-id is the event id");
+        assert_eq!(
+            headers["webhook-id"],
+            id.as_str(),
+            "webhook-id is the event id"
+        );
         // The endpoint receives the very bytes the feed serves.
         let served = app.get(&format!("/v1/events/{id}")).await;
         assert_eq!(served.status, 200);
@@ -85,7 +89,11 @@ async fn an_event_committed_by_a_process_that_died_at_once_is_delivered_after_th
         .await
         .expect("the process exits")
         .unwrap();
-    assert_eq!(exit.signal(), Some(6), "it aborted at its failpoint: {exit}");
+    assert_eq!(
+        exit.signal(),
+        Some(6),
+        "it aborted at its failpoint: {exit}"
+    );
 
     // The crash hit the window between the commit and any delivery: the payment, its event and
     // the event's delivery are committed, and nothing was sent.
