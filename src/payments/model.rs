@@ -172,11 +172,11 @@ pub struct NewPayment {
     pub currency: Currency,
     /// The merchant's reference for the order being paid.
     #[serde(default)]
-    #[schema(value_type = Option<String>, max_length = 255, example = "cmd_9182")]
+    #[schema(value_type = Option<String>, max_length = 255, pattern = "^[^\\u0000]*$", example = "cmd_9182")]
     pub order: Option<OrderRef>,
     /// A free-text description.
     #[serde(default)]
-    #[schema(value_type = Option<String>, max_length = 1000)]
+    #[schema(value_type = Option<String>, max_length = 1000, pattern = "^[^\\u0000]*$")]
     pub description: Option<Description>,
     // `pm_card_visa` when absent.
     #[serde(default)]

@@ -42,7 +42,7 @@ pub struct NewRefund {
     pub amount: Option<Amount>,
     /// Why the money goes back, for the merchant's records.
     #[serde(default)]
-    #[schema(value_type = Option<String>, max_length = 500, example = "requested_by_customer")]
+    #[schema(value_type = Option<String>, max_length = 500, pattern = "^[^\\u0000]*$", example = "requested_by_customer")]
     pub reason: Option<Reason>,
 }
 
