@@ -19,8 +19,7 @@ CREATE TABLE events (
     -- The event as served by the feed and sent to endpoints, `{"id", "object": "event", "type",
     -- "created_at", "data": {"object": …}}`: the same bytes every time.
     body       BYTEA       NOT NULL,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    UNIQUE (id, account_id)
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 
 CREATE INDEX events_feed ON events (account_id, txid, seq);
@@ -37,8 +36,7 @@ CREATE TABLE webhook_endpoints (
     secret         TEXT        NOT NULL,
     -- 'disabled' once its deliveries failed for the whole retry schedule.
     status         TEXT        NOT NULL DEFAULT 'enabled' CHECK (status IN ('enabled', 'disabled')),
-    created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-    UNIQUE (id, account_id)
+    created_at     TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 
 CREATE INDEX webhook_endpoints_account_id ON webhook_endpoints (account_id, created_at DESC, id DESC);

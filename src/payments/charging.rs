@@ -8,8 +8,9 @@
 //! 2. **The charge**, sent with the downstream key as its `Idempotency-Key`, so every attempt of
 //!    every holder of this key names one charge at the processor, which answers repeats with it.
 //! 3. **Three outcomes**: a charge (succeeded or declined) is recorded with its event
-//!    (`payment.succeeded`, `payment.declined`) and the key's completion in one statement; a definite "nothing was charged" forgets the point and releases the key;
-//!    an unknown outcome (timeout, lost answer, 5xx) keeps the key for the next attempt.
+//!    (`payment.succeeded`, `payment.declined`) and the key's completion in one statement; a
+//!    definite "nothing was charged" forgets the point and releases the key; an unknown outcome
+//!    (timeout, lost answer, 5xx) keeps the key for the next attempt.
 
 use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};

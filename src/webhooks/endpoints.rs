@@ -227,8 +227,8 @@ impl From<EndpointRow> for WebhookEndpoint {
 ///
 /// Anything else (another status, a timeout, a refused connection, a redirect) is a failed
 /// attempt, tried again after each delay of the retry schedule ({webhook_retry_schedule}, each
-/// moved by up to {webhook_jitter}); then the delivery is given up, and an endpoint that acknowledged nothing for that whole
-/// time is disabled. Each attempt is listed at `GET /v1/events/{id}/attempts`.
+/// moved by up to {webhook_jitter}); then the delivery is given up, and an endpoint that
+/// acknowledged nothing for that whole time is disabled. Each attempt is listed at `GET /v1/events/{id}/attempts`.
 ///
 /// The URL must be `http` or `https`, and its host a public address or a name that resolves only
 /// to public ones: loopback, private, link-local (the cloud metadata service), shared (CGNAT) and
