@@ -185,3 +185,68 @@ async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Lookups of keys the cache cannot answer take at most half the pool's connections: while a flood
+/// of random keys waits on its lookups (the test holds the accounts table), the other half still
+/// serves a key the cache knows.
+#[api_test]
+async fn a_flood_of_random_keys_looks_up_on_half_the_pool_and_known_keys_are_still_served() {
+    let app = TestApp::spawn().await;
+    // The default pool: 8 connections, so at most 4 lookups at once.
+    let instance = Instance::start(&app.database_url(), &[]).await;
+    instance.listening_for_key_changes().await;
+    assert_eq!(
+        list(&instance, &app.api_key).await.status,
+        200,
+        "now cached"
+    );
+
+    let mut holder = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let flood: Vec<_> = (0..20)
+        .map(|_| {
+            let url = format!("{}/v1/payments", instance.address);
+            // An API key's shape (40 letters and digits), matching no account.
+            let random = uuid::Uuid::new_v4().simple().to_string();
+            let random = format!("sk_{random}{}", &random[..8]);
+            tokio::spawn(
+                async move { send(reqwest::Client::new().get(url).bearer_auth(random)).await },
+            )
+        })
+        .collect();
+
+    let waiting = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%FROM accounts WHERE api_key_hash%'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    };
+    let started = Instant::now();
+    while waiting().await < 4 {
+        assert!(
+            started.elapsed() < TOLD_WITHIN,
+            "the flood never reached the database"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The other 16 requests had every chance to take a connection too: they wait their turn.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(waiting().await, 4, "lookups at once, of a pool of 8");
+    let known = list(&instance, &app.api_key).await;
+    assert_eq!(
+        known.status, 200,
+        "a known key is served beside the flood: {known:?}"
+    );
+
+    holder.commit().await.unwrap();
+    for answer in futures::future::join_all(flood).await {
+        answer.unwrap().assert_problem(401, "unauthorized");
+    }
+}
