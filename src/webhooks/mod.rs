@@ -188,6 +188,9 @@ async fn process(
         .execute(&mut *tx)
         .await?;
     }
+    // A process that dies here has applied the event, written its event for merchants and
+    // recorded it as processed, all uncommitted: none of it stays, and the redelivery applies it.
+    crate::failpoint::hit("webhook-before-commit");
     tx.commit().await?;
     crate::events::written(&applied.event);
     Ok(outcome)

@@ -695,3 +695,76 @@ async fn event_outcomes(app: &TestApp) -> Vec<String> {
         .await
         .unwrap()
 }
+
+/// An intake that dies before its commit leaves nothing: not the dispute, not the merchant's
+/// `payment.disputed` event, not the record that the event was processed; the processor's
+/// redelivery then applies it once, with one event.
+#[cfg(feature = "failpoints")]
+#[api_test]
+async fn an_intake_that_dies_before_its_commit_leaves_nothing_and_its_redelivery_applies_once() {
+    use std::os::unix::process::ExitStatusExt;
+
+    use crate::support::instance::{ANSWER_WITHIN, LogFile};
+
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
+    let paid = app.paid(5000).await;
+    let (logs, log_file) = LogFile::create();
+    let secrets = secret.expose();
+    let mut crashing = Instance::start_logging_to(
+        log_file,
+        &app.database_url(),
+        &[
+            ("IDEMPAY_FAILPOINT", "webhook-before-commit"),
+            ("IDEMPAY_WEBHOOK_SECRET", secrets.as_str()),
+        ],
+    )
+    .await;
+    let data = json!({ "payment": paid, "dispute": "dp_crash", "amount": 1200 });
+    let body = envelope("dispute.created", &data);
+    let now = chrono::Utc::now().timestamp();
+    let sent = reqwest::Client::new()
+        .post(format!("{}/v1/webhooks/processor", crashing.address))
+        .header("content-type", "application/json")
+        .header("webhook-id", "evt_crash")
+        .header("webhook-timestamp", now)
+        .header(
+            "webhook-signature",
+            secret.sign("evt_crash", now, &body).unwrap(),
+        )
+        .body(body)
+        .send()
+        .await;
+    assert!(sent.is_err(), "the process died before it answered");
+    let exit = tokio::time::timeout(ANSWER_WITHIN, crashing.child.wait())
+        .await
+        .expect("the process exits")
+        .unwrap();
+    let logs = logs.read();
+    assert_eq!(
+        exit.signal(),
+        Some(6),
+        "it aborted ({exit}); its logs:\n{logs}"
+    );
+    assert_eq!(
+        logs.lines().last(),
+        Some("failpoint webhook-before-commit: aborting"),
+        "it died at the intake's commit, after applying the event"
+    );
+
+    let events = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM events WHERE type = 'payment.disputed'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    assert_eq!(event_count(&app).await, 0, "not recorded as processed");
+    assert!(disputes(&app).await.is_empty(), "no dispute");
+    assert_eq!(events().await, 0, "no event for the merchant");
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 0);
+
+    let redelivered = deliver(&app, &secret, "evt_crash", "dispute.created", &data).await;
+    assert_eq!(redelivered.json()["outcome"], "applied");
+    assert_eq!(disputes(&app).await.len(), 1);
+    assert_eq!(events().await, 1);
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1200);
+}
