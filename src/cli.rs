@@ -278,9 +278,9 @@ mod tests {
     fn the_readme_configuration_table_gives_every_setting_with_its_default() {
         let mut expected = BTreeMap::new();
         settings(&Cli::command(), &mut expected);
-        // The README's table, and the processor's own beside its code.
+        // The settings table beside config.rs, and the processor's own beside its code.
         let tables = [
-            include_str!("../README.md"),
+            include_str!("config.md"),
             include_str!("processor/README.md"),
         ];
         let documented: BTreeMap<String, String> = tables
@@ -298,7 +298,7 @@ mod tests {
             assert_eq!(
                 documented.get(name),
                 Some(default),
-                "README's configuration table on {name}"
+                "src/config.md's settings table on {name}"
             );
         }
     }

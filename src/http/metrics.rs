@@ -1,7 +1,7 @@
 //! Prometheus metrics at `GET /metrics`: requests by route and status with their latency, the
 //! idempotency outcomes, the webhook events received, the events written and delivered, the expiry
 //! job, the connection pool, API key lookups and the requests refused by the rate limit. The names
-//! are listed in the README; every one starts with `idempay_`.
+//! and what each says are in `src/http/README.md`; every one starts with `idempay_`.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
