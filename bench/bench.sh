@@ -11,6 +11,10 @@
 #   BENCH_QUICK=1           2 s per measurement, at most 100k rows: to try it out
 #   BENCH_POOL=N            idempay's pool size (default: the service's own default)
 #   BENCH_CONCURRENCY, BENCH_WORKLOADS, BENCH_PG_OPTS  narrow the matrix, change the server
+#   BENCH_PROCESSOR="http embedded"  where idempay's charges are made, each mode measured after
+#                           the same limit: `idempay processor` over HTTP, or embedded in idempay
+#   BENCH_BASELINE_BIN=PATH another build (e.g. of the commit before a change) measured side by
+#                           side, in modes base-http and base-embedded, after the same limit
 #   BENCH_IDEMPAY_BIN, BENCH_LABEL  run a binary built elsewhere (another revision), named so
 #
 # Results: target/bench/bench.json and bench.md (the printed table), raw runs in target/bench/raw.
@@ -28,6 +32,11 @@ else
 fi
 read -ra CONCURRENCY <<<"${BENCH_CONCURRENCY:-1 16 64}"
 read -ra WORKLOADS <<<"${BENCH_WORKLOADS:-new replay mix}"
+if [ -n "${BENCH_BASELINE_BIN:-}" ]; then
+  read -ra MODES <<<"${BENCH_PROCESSOR:-base-http http base-embedded embedded}"
+else
+  read -ra MODES <<<"${BENCH_PROCESSOR:-http embedded}"
+fi
 SIZES=()
 for rows in 10000 100000 1000000 5000000; do
   [ "$rows" -le "$MAX_ROWS" ] && SIZES+=("$rows")
@@ -63,21 +72,30 @@ seed_replay_sets() {
   seed_replay_keys "$API_REPLAY_KEYS" "$OUT_DIR/replay-keys.txt"
 }
 
+# The file name of one idempay measurement: the processor over HTTP keeps the name it always had.
+idempay_run() { # NAME MODE
+  case "$2" in http) echo "$1-idempay" ;; *) echo "$1-idempay-$2" ;; esac
+}
+
+# The limit, then idempay in each processor mode, one after the other.
 measure_pair() { # NAME WORKLOAD CONNECTIONS SECONDS
-  local name=$1 workload=$2 conns=$3 secs=$4
+  local name=$1 workload=$2 conns=$3 secs=$4 mode
+  settle
   # shellcheck disable=SC2046  # one word per script
-  settle
   run_pgbench "$name-limit" "$conns" "$secs" $(pgbench_scripts "$workload")
-  settle
-  run_wrk "$name-idempay" "$workload" "$conns" "$secs"
-  python3 - "$OUT_DIR/raw/$name-limit.json" "$OUT_DIR/raw/$name-idempay.json" <<'PY' >&2
+  for mode in "${MODES[@]}"; do
+    settle
+    use_server "$mode"
+    run_wrk "$(idempay_run "$name" "$mode")" "$workload" "$conns" "$secs"
+    python3 - "$OUT_DIR/raw/$name-limit.json" "$OUT_DIR/raw/$(idempay_run "$name" "$mode").json" "$mode" <<'PY' >&2
 import json, sys
-l, i = (json.load(open(p)) for p in sys.argv[1:])
+l, i = (json.load(open(p)) for p in sys.argv[1:3])
 errors = i.get("non_2xx", 0) + sum(i.get("socket_errors", {}).values())
 print(f"    limit {l['rps']:9.0f} req/s p50 {l['p50_ms']:7.2f} p99 {l['p99_ms']:7.2f} ms | "
-      f"idempay {i['rps']:9.0f} req/s p50 {i['p50_ms']:7.2f} p99 {i['p99_ms']:7.2f} ms"
-      f" | errors {errors}{' (' + i['first_error'][:120] + ')' if errors else ''}")
+      f"idempay ({sys.argv[3]:>8}) {i['rps']:9.0f} req/s p50 {i['p50_ms']:7.2f} p99 {i['p99_ms']:7.2f} ms"
+      f" ({i['rps'] / l['rps']:.2f}x) | errors {errors}{' (' + i['first_error'][:120] + ')' if errors else ''}")
 PY
+  done
 }
 
 main() {
@@ -93,20 +111,26 @@ main() {
   $POOL_CONFIGURABLE ||
     log "this build has no IDEMPAY_DATABASE_MAX_CONNECTIONS: the pool is its fixed 16 connections"
   measure_select1
-  start_server 1000h
-  local idle_rss
+  local mode idle_rss
+  "$IDEMPAY" processor --help >/dev/null 2>&1 || MODES=(http) # an older binary charges in-process
+  for mode in "${MODES[@]}"; do start_server 1000h "$mode"; done
+  use_server "${MODES[0]}"
   idle_rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
   seed_replay_sets
 
   log "warming up"
   run_pgbench warmup-limit 16 2 new_key.sql@1 replay.sql@1
-  run_wrk warmup-idempay mix 16 2
+  for mode in "${MODES[@]}"; do
+    use_server "$mode"
+    run_wrk "warmup-idempay-$mode" mix 16 2
+  done
 
   local workload conns
   for workload in "${WORKLOADS[@]}"; do
     for conns in "${CONCURRENCY[@]}"; do
       log "$workload keys, c=$conns, ${SECONDS_PER_RUN}s each side"
       if [ "$conns" = 64 ]; then
+        use_server "${MODES[0]}" # the memory of the first mode's server, idle while the other runs
         start_rss_sampler "$OUT_DIR/raw/rss.txt"
         measure_pair "main-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
         stop_rss_sampler
@@ -122,6 +146,8 @@ main() {
   if [ "${#SIZES[@]}" -gt 0 ]; then
     log "table-size sweep: ${SIZES[*]} rows, c=16, ${SIZE_SECONDS}s each"
     sql -c "TRUNCATE idempotency_keys" >/dev/null
+    local MODES=("${MODES[0]}") # the first processor mode only, from here on
+    use_server "${MODES[0]}"
     seed_replay_sets
     for rows in "${SIZES[@]}"; do
       log "seeding the key table to $rows rows"
@@ -154,7 +180,10 @@ json.dump({
     "pool_configurable": "$POOL_CONFIGURABLE" == "true",
     "pg_opts": "$BENCH_PG_OPTS",
     "pg_transport": "$PG_TRANSPORT",
-    "two_hop": "$PROCESSOR_URL" != "",
+    "two_hop": "${PROCESSOR_URLS[$IDEMPAY]:-}" != "",
+    "baseline_bin": "${BENCH_BASELINE_BIN:-}",
+    "baseline_label": "${BENCH_BASELINE_LABEL:-}",
+    "processor_modes": "${MODES[*]}".split(),
     "select1_tps": float("$SELECT1_TPS"),
     "workloads": "${WORKLOADS[*]}".split(),
     "concurrency": [int(c) for c in "${CONCURRENCY[*]}".split()],

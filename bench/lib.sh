@@ -53,7 +53,7 @@ bench_cleanup() {
   set +e
   [ -z "$SAMPLER_PID" ] || kill "$SAMPLER_PID" 2>/dev/null
   stop_server
-  [ -z "${PROCESSOR_PID:-}" ] || { kill -TERM "$PROCESSOR_PID"; wait "$PROCESSOR_PID"; } 2>/dev/null
+  stop_processors
   if [ -n "$PG_CONTAINER" ]; then
     docker rm -f "$PG_CONTAINER" >/dev/null 2>&1
   fi
@@ -198,29 +198,61 @@ PY
   die "$what did not become ready"
 }
 
-# start_processor: `idempay processor` on a free loopback port, its ledger in the bench database,
-# as production runs the second hop: a process of its own. Sets PROCESSOR_PID and PROCESSOR_URL.
-# A binary without the processor (an older revision) charges in-process: PROCESSOR_URL stays empty.
+# start_processor [BINARY]: `idempay processor` on a free loopback port, its ledger in the bench
+# database, as production runs the second hop: a process of its own. Records its pid and URL for
+# the binary (PROCESSOR_PIDS, PROCESSOR_URLS); a binary without the processor (an older revision)
+# charges in-process, and its URL stays empty.
 PROCESSOR_API_KEY=sk_bench_processor
+declare -A PROCESSOR_PIDS=() PROCESSOR_URLS=()
 start_processor() {
-  PROCESSOR_URL=""
-  "$IDEMPAY" processor --help >/dev/null 2>&1 || return 0
-  local port
+  local bin=${1:-$IDEMPAY} port logfile
+  PROCESSOR_URLS[$bin]=""
+  "$bin" processor --help >/dev/null 2>&1 || return 0
   port=$(free_port)
-  PROCESSOR_LOG="$OUT_DIR/raw/processor-$port.log"
+  logfile="$OUT_DIR/raw/processor-$port.log"
   env "DATABASE_URL=$DATABASE_URL" "IDEMPAY_PROCESSOR_LISTEN=127.0.0.1:$port" \
     "IDEMPAY_PROCESSOR_API_KEY=$PROCESSOR_API_KEY" "RUST_LOG=${BENCH_RUST_LOG:-warn}" \
-    "$IDEMPAY" processor >"$PROCESSOR_LOG" 2>&1 &
-  PROCESSOR_PID=$!
-  PROCESSOR_URL="http://127.0.0.1:$port"
-  wait_listening "$port" "$PROCESSOR_PID" "$PROCESSOR_LOG" "idempay processor"
-  log "processor serving on $PROCESSOR_URL (pid $PROCESSOR_PID)"
+    "$bin" processor >"$logfile" 2>&1 &
+  PROCESSOR_PIDS[$bin]=$!
+  PROCESSOR_URLS[$bin]="http://127.0.0.1:$port"
+  wait_listening "$port" "${PROCESSOR_PIDS[$bin]}" "$logfile" "idempay processor"
+  log "processor ($bin) serving on ${PROCESSOR_URLS[$bin]} (pid ${PROCESSOR_PIDS[$bin]})"
 }
 
-# start_server EXPIRY_INTERVAL: serves on a free loopback port; sets SERVER_PID and BASE_URL.
+# Stops every processor started.
+stop_processors() {
+  local bin
+  for bin in "${!PROCESSOR_PIDS[@]}"; do
+    kill -TERM "${PROCESSOR_PIDS[$bin]}" 2>/dev/null && wait "${PROCESSOR_PIDS[$bin]}" 2>/dev/null
+  done
+  PROCESSOR_PIDS=()
+}
+
+# The servers running, by mode, and the one run_wrk measures (see use_server).
+declare -A SERVER_PIDS=() SERVER_URLS=() SERVER_PROCESSOR_PIDS=()
+
+# start_server EXPIRY_INTERVAL [MODE]: serves on a free loopback port and makes it the server
+# measured (SERVER_PID, BASE_URL). MODE says where the charge is made:
+#   http      `idempay processor`, a process of its own (IDEMPAY_PROCESSOR_URL), as production runs
+#             a second service; the default
+#   embedded  the processor's code in idempay's own process (no IDEMPAY_PROCESSOR_URL), still
+#             called over loopback HTTP with the same key, as `idempay dev` runs it
+#   base-http, base-embedded  the same with the binary BENCH_BASELINE_BIN (its own processor too),
+#             to measure a change side by side with what it changed
+# A binary without the processor (an older revision) charges in-process in either mode.
 start_server() {
-  local interval=${1:-1000h} port
-  [ -n "${PROCESSOR_PID:-}" ] || start_processor
+  local interval=${1:-1000h} mode=${2:-http} port bin=$IDEMPAY
+  case "$mode" in
+    base-*)
+      bin=${BENCH_BASELINE_BIN:?mode $mode needs BENCH_BASELINE_BIN}
+      [ -x "$bin" ] || die "BENCH_BASELINE_BIN=$bin is not executable"
+      ;;
+  esac
+  case "${mode#base-}" in
+    http) [ -n "${PROCESSOR_PIDS[$bin]:-}" ] || start_processor "$bin" ;;
+    embedded) ;;
+    *) die "a server's mode is http, embedded, base-http or base-embedded, not $mode" ;;
+  esac
   port=$(free_port)
   SERVER_LOG="$OUT_DIR/raw/server-$port.log"
   local env=(
@@ -231,22 +263,25 @@ start_server() {
     "IDEMPAY_RATE_LIMIT=0"
     "RUST_LOG=${BENCH_RUST_LOG:-warn,idempay::expiry=info}"
   )
-  if [ -n "$PROCESSOR_URL" ]; then
-    env+=("IDEMPAY_PROCESSOR_URL=$PROCESSOR_URL" "IDEMPAY_PROCESSOR_API_KEY=$PROCESSOR_API_KEY")
+  SERVER_PROCESSOR_PIDS[$mode]=""
+  if [ "${mode#base-}" = http ] && [ -n "${PROCESSOR_URLS[$bin]}" ]; then
+    env+=("IDEMPAY_PROCESSOR_URL=${PROCESSOR_URLS[$bin]}" "IDEMPAY_PROCESSOR_API_KEY=$PROCESSOR_API_KEY")
+    SERVER_PROCESSOR_PIDS[$mode]=${PROCESSOR_PIDS[$bin]}
   fi
   if $POOL_CONFIGURABLE; then
     env+=("IDEMPAY_DATABASE_MAX_CONNECTIONS=$POOL_SIZE")
   fi
-  env "${env[@]}" "$IDEMPAY" serve >"$SERVER_LOG" 2>&1 &
-  SERVER_PID=$!
-  BASE_URL="http://127.0.0.1:$port"
+  env -u IDEMPAY_PROCESSOR_URL "${env[@]}" "$bin" serve >"$SERVER_LOG" 2>&1 &
+  SERVER_PIDS[$mode]=$!
+  SERVER_URLS[$mode]="http://127.0.0.1:$port"
+  use_server "$mode"
   local i
   for i in $(seq 1 200); do
     if python3 - "$BASE_URL/readyz" <<'PY' 2>/dev/null; then
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1], timeout=1).read()
 PY
-      log "idempay serving on $BASE_URL (pid $SERVER_PID, pool $POOL_SIZE, expiry every $interval)"
+      log "idempay ($bin) serving on $BASE_URL (pid $SERVER_PID, mode $mode, pool $POOL_SIZE, expiry every $interval)"
       return 0
     fi
     kill -0 "$SERVER_PID" 2>/dev/null || { cat "$SERVER_LOG" >&2; die "idempay serve exited"; }
@@ -255,10 +290,23 @@ PY
   die "idempay did not become ready"
 }
 
+# use_server MODE: the server started in MODE is the one measured from now on (SERVER_PID,
+# BASE_URL, and PROCESSOR_PID, the processor it calls, if a process of its own).
+use_server() {
+  SERVER_PID=${SERVER_PIDS[$1]:?no server runs in mode $1}
+  BASE_URL=${SERVER_URLS[$1]}
+  PROCESSOR_PID=${SERVER_PROCESSOR_PIDS[$1]}
+}
+
+# Stops every server started.
 stop_server() {
-  [ -n "$SERVER_PID" ] || return 0
-  kill -TERM "$SERVER_PID" 2>/dev/null || true
-  wait "$SERVER_PID" 2>/dev/null || true
+  local mode
+  for mode in "${!SERVER_PIDS[@]}"; do
+    kill -TERM "${SERVER_PIDS[$mode]}" 2>/dev/null || true
+    wait "${SERVER_PIDS[$mode]}" 2>/dev/null || true
+  done
+  SERVER_PIDS=()
+  SERVER_URLS=()
   SERVER_PID=""
 }
 
@@ -268,6 +316,17 @@ cpu_seconds() {
 import os, sys
 fields = open(f"/proc/{sys.argv[1]}/stat").read().rsplit(")", 1)[1].split()
 print((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+PY
+}
+
+# CPU seconds the whole machine has been busy so far (every process, the kernel's interrupts
+# included): what a request costs the machine, whoever spends it (load generator, idempay, the
+# processor, PostgreSQL).
+machine_cpu_seconds() {
+  python3 - <<'PY'
+import os
+user, nice, system, idle, iowait, irq, softirq, steal = map(int, open("/proc/stat").readline().split()[1:9])
+print((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"))
 PY
 }
 
@@ -301,19 +360,26 @@ seed_replay_keys() {
 run_wrk() {
   local name=$1 mode=$2 conns=$3 secs=$4 threads=2
   [ "$conns" -ge "$threads" ] || threads=$conns
-  local out="$OUT_DIR/raw/$name.json" cpu0 cpu1
+  local out="$OUT_DIR/raw/$name.json" cpu0 cpu1 machine0 machine1 processor0=0 processor1=0
   cpu0=$(cpu_seconds "$SERVER_PID")
+  [ -z "${PROCESSOR_PID:-}" ] || processor0=$(cpu_seconds "$PROCESSOR_PID")
+  machine0=$(machine_cpu_seconds)
   BENCH_API_KEY="$API_KEY" BENCH_MODE="$mode" BENCH_KEYS_FILE="$OUT_DIR/replay-keys.txt" \
     wrk -t"$threads" -c"$conns" -d"${secs}s" --latency --timeout 10s \
     -s "$BENCH_DIR/wrk/payments.lua" "$BASE_URL/v1/payments" >"$OUT_DIR/raw/$name.wrk.txt" 2>&1 ||
     { cat "$OUT_DIR/raw/$name.wrk.txt" >&2; die "wrk failed ($name)"; }
+  machine1=$(machine_cpu_seconds)
   cpu1=$(cpu_seconds "$SERVER_PID")
-  python3 - "$OUT_DIR/raw/$name.wrk.txt" "$out" "$cpu0" "$cpu1" "$conns" "$mode" <<'PY'
+  [ -z "${PROCESSOR_PID:-}" ] || processor1=$(cpu_seconds "$PROCESSOR_PID")
+  python3 - "$OUT_DIR/raw/$name.wrk.txt" "$out" "$cpu0" "$cpu1" "$conns" "$mode" \
+    "$machine0" "$machine1" "$processor0" "$processor1" <<'PY'
 import json, sys
-text, out, cpu0, cpu1, conns, mode = sys.argv[1:]
+text, out, cpu0, cpu1, conns, mode, machine0, machine1, processor0, processor1 = sys.argv[1:]
 line = next(l for l in open(text) if l.startswith("BENCH_JSON "))
 result = json.loads(line[len("BENCH_JSON "):])
 result.update(server_cpu_s=float(cpu1) - float(cpu0), connections=int(conns), mode=mode,
+              machine_cpu_s=float(machine1) - float(machine0),
+              processor_cpu_s=float(processor1) - float(processor0),
               loadavg=float(open("/proc/loadavg").read().split()[0]))
 json.dump(result, open(out, "w"), indent=1)
 PY
@@ -327,6 +393,8 @@ run_pgbench() {
   for s in "$@"; do scripts+=(-f "$BENCH_DIR/pgbench/$s"); done
   mkdir -p "$OUT_DIR/raw/pgbench"
   rm -f "$OUT_DIR/raw/pgbench/$name".*
+  local machine0 machine1
+  machine0=$(machine_cpu_seconds)
   pgbench -n -M prepared -T "$secs" -c "$conns" -j "$threads" \
     -l --log-prefix="$OUT_DIR/raw/pgbench/$name" \
     -D "account_id=$ACCOUNT_ID" -D "scope=$SCOPE" -D "processor_scope=processor:POST /v1/charges" \
@@ -336,7 +404,9 @@ run_pgbench() {
     -D "currency=eur" -D "payment_method=pm_card_visa" -D "payment_status=succeeded" \
     "${scripts[@]}" >"$OUT_DIR/raw/$name.pgbench.txt" 2>&1 ||
     { cat "$OUT_DIR/raw/$name.pgbench.txt" >&2; die "pgbench failed ($name)"; }
+  machine1=$(machine_cpu_seconds)
   python3 "$BENCH_DIR/report.py" pgbench-summary --name "$name" --connections "$conns" \
+    --machine-cpu-s "$(python3 -c "print($machine1 - $machine0)")" \
     --stdout "$OUT_DIR/raw/$name.pgbench.txt" --log-prefix "$OUT_DIR/raw/pgbench/$name" \
     --out "$OUT_DIR/raw/$name.json"
   rm -f "$OUT_DIR/raw/pgbench/$name".*

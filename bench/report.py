@@ -67,6 +67,7 @@ def pgbench_summary(args):
         "rps": float(tps.group(1)) if tps else None,
         "failed": (int(failed.group(1)) if failed else 0) + failures,
         "non_2xx": (int(failed.group(1)) if failed else 0) + failures,
+        "machine_cpu_s": args.machine_cpu_s,
     }
     result.update(latency_summary(latencies))
     if len(per_script) > 1:
@@ -108,27 +109,37 @@ def bench(args):
     raw = os.path.join(args.dir, "raw")
     meta = load(os.path.join(raw, "meta.json"))
     results = []
+    modes = meta.get("processor_modes", ["http"])
     for workload in meta["workloads"]:
         for conns in meta["concurrency"]:
             limit = load(os.path.join(raw, f"main-{workload}-c{conns}-limit.json"))
-            idem = load(os.path.join(raw, f"main-{workload}-c{conns}-idempay.json"))
-            if idem.get("requests"):
-                idem["server_cpu_us_per_request"] = round(
-                    idem["server_cpu_s"] / idem["requests"] * 1e6, 1
+            for mode in modes:
+                suffix = "" if mode == "http" else f"-{mode}"
+                idem = load(os.path.join(raw, f"main-{workload}-c{conns}-idempay{suffix}.json"))
+                if idem.get("requests"):
+                    for part in ("server", "processor", "machine"):
+                        if idem.get(f"{part}_cpu_s") is not None:
+                            idem[f"{part}_cpu_us_per_request"] = round(
+                                idem[f"{part}_cpu_s"] / idem["requests"] * 1e6, 1
+                            )
+                if limit.get("requests") and limit.get("machine_cpu_s") is not None:
+                    limit["machine_cpu_us_per_request"] = round(
+                        limit["machine_cpu_s"] / limit["requests"] * 1e6, 1
+                    )
+                results.append(
+                    {
+                        "workload": workload,
+                        "concurrency": conns,
+                        "processor": mode,
+                        "limit": limit,
+                        "idempay": idem,
+                        "ratio": {
+                            "rps": ratio(idem["rps"], limit["rps"]),
+                            "p50": ratio(idem["p50_ms"], limit["p50_ms"]),
+                            "p99": ratio(idem["p99_ms"], limit["p99_ms"]),
+                        },
+                    }
                 )
-            results.append(
-                {
-                    "workload": workload,
-                    "concurrency": conns,
-                    "limit": limit,
-                    "idempay": idem,
-                    "ratio": {
-                        "rps": ratio(idem["rps"], limit["rps"]),
-                        "p50": ratio(idem["p50_ms"], limit["p50_ms"]),
-                        "p99": ratio(idem["p99_ms"], limit["p99_ms"]),
-                    },
-                }
-            )
     rss = []
     rss_path = os.path.join(raw, "rss.txt")
     if os.path.exists(rss_path):
@@ -179,9 +190,20 @@ def bench(args):
     md.append("")
     if meta.get("two_hop"):
         md.append(
-            "Path: **two hops**. idempay calls `idempay processor`, a process of its own on loopback, "
-            "for every new key; the new-key limit runs both services' SQL for one payment (the "
-            "processor's five statements for the charge, then idempay's five), nothing in between."
+            "Path: **two hops**. For every new key idempay calls the processor over loopback HTTP "
+            "with its own key: `http` is `idempay processor`, a process of its own, as production "
+            "runs a second service; `embedded` is the same processor inside idempay's process (as "
+            "`idempay dev` runs it). Both are measured after the same limit, which runs both "
+            "services' SQL for one payment (the processor's five statements for the charge, then "
+            "idempay's five), nothing in between. idempay's CPU is its own process's: in `http` "
+            "mode the processor's is not in it, in `embedded` mode it is."
+        )
+        md.append("")
+    if meta.get("baseline_bin"):
+        md.append(
+            f"Side by side: the modes `base-http` and `base-embedded` run "
+            f"{meta.get('baseline_label') or meta['baseline_bin']} (idempay and its processor), "
+            f"right after the same limit as this build's `http` and `embedded`."
         )
         md.append("")
     md.append(
@@ -197,6 +219,7 @@ def bench(args):
             [
                 r["workload"],
                 r["concurrency"],
+                r.get("processor", "http"),
                 fmt(lim["rps"], 0),
                 fmt(lim["p50_ms"]),
                 fmt(lim["p99_ms"]),
@@ -207,6 +230,8 @@ def bench(args):
                 fmt(rat["p50"]),
                 fmt(rat["p99"]),
                 fmt(idem.get("server_cpu_us_per_request"), 0),
+                f"{fmt(lim.get('machine_cpu_us_per_request'), 0)} / "
+                f"{fmt(idem.get('machine_cpu_us_per_request'), 0)}",
                 f"{100 * idem.get('replayed', 0) / max(idem.get('answers', 0), 1):.0f} %",
                 f"{errors} / {lim.get('failed', 0)}",
             ]
@@ -216,6 +241,7 @@ def bench(args):
             [
                 "workload",
                 "c",
+                "processor",
                 "limit req/s",
                 "limit p50 ms",
                 "limit p99 ms",
@@ -226,6 +252,7 @@ def bench(args):
                 "p50 ratio",
                 "p99 ratio",
                 "idempay CPU µs/req",
+                "machine CPU µs/req limit / idempay",
                 "replayed",
                 "errors idempay / limit",
             ],
@@ -422,7 +449,7 @@ def check(args):
     """Fails the run if idempay answered a run with errors; the report is written before."""
     raw = os.path.join(args.dir, "raw")
     problems = []
-    for path in sorted(glob.glob(os.path.join(raw, "*-idempay.json"))):
+    for path in sorted(glob.glob(os.path.join(raw, "*-idempay*.json"))):
         name = os.path.basename(path)[: -len(".json")]
         problems += [f"{name}: {error}" for error in run_errors(load(path))]
     meta_path = os.path.join(raw, "meta.json")
@@ -450,6 +477,7 @@ def main():
     p.add_argument("--stdout", required=True)
     p.add_argument("--log-prefix", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--machine-cpu-s", type=float, default=None)
     p.set_defaults(func=pgbench_summary)
     p = sub.add_parser("bench")
     p.add_argument("--dir", required=True)
