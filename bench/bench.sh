@@ -113,6 +113,7 @@ main() {
   measure_select1
   local mode idle_rss
   "$IDEMPAY" processor --help >/dev/null 2>&1 || MODES=(http) # an older binary charges in-process
+  MEASURED_MODES=("${MODES[@]}") # the sweep below narrows MODES; the report names them all
   for mode in "${MODES[@]}"; do start_server 1000h "$mode"; done
   for mode in "${MODES[@]}"; do [[ $mode == base-* ]] || break; done
   use_server "$mode"
@@ -189,7 +190,7 @@ json.dump({
     "two_hop": "${PROCESSOR_URLS[$IDEMPAY]:-}" != "",
     "baseline_bin": "${BENCH_BASELINE_BIN:-}",
     "baseline_label": "${BENCH_BASELINE_LABEL:-}",
-    "processor_modes": "${MODES[*]}".split(),
+    "processor_modes": "${MEASURED_MODES[*]}".split(),
     "select1_tps": float("$SELECT1_TPS"),
     "workloads": "${WORKLOADS[*]}".split(),
     "concurrency": [int(c) for c in "${CONCURRENCY[*]}".split()],
