@@ -115,8 +115,7 @@ main() {
   "$IDEMPAY" processor --help >/dev/null 2>&1 || MODES=(http) # an older binary charges in-process
   MEASURED_MODES=("${MODES[@]}") # the sweep below narrows MODES; the report names them all
   for mode in "${MODES[@]}"; do start_server 1000h "$mode"; done
-  for mode in "${MODES[@]}"; do [[ $mode == base-* ]] || break; done
-  use_server "$mode"
+  use_server "${MODES[0]}"
   idle_rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
   seed_replay_sets
 
@@ -132,9 +131,7 @@ main() {
     for conns in "${CONCURRENCY[@]}"; do
       log "$workload keys, c=$conns, ${SECONDS_PER_RUN}s each side"
       if [ "$conns" = 64 ]; then
-        # The memory of this build's first server, measured all along (idle while the others run).
-        for mode in "${MODES[@]}"; do [[ $mode == base-* ]] || break; done
-        use_server "$mode"
+        use_server "${MODES[0]}" # the memory of the first mode's server, idle while the other runs
         start_rss_sampler "$OUT_DIR/raw/rss.txt"
         measure_pair "main-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
         stop_rss_sampler
@@ -150,11 +147,8 @@ main() {
   if [ "${#SIZES[@]}" -gt 0 ]; then
     log "table-size sweep: ${SIZES[*]} rows, c=16, ${SIZE_SECONDS}s each"
     sql -c "TRUNCATE idempotency_keys" >/dev/null
-    # This build's first mode only, from here on.
-    local mode_now
-    for mode_now in "${MODES[@]}"; do [[ $mode_now == base-* ]] || break; done
-    local MODES=("$mode_now")
-    use_server "$mode_now"
+    local MODES=("${MODES[0]}") # the first processor mode only, from here on
+    use_server "${MODES[0]}"
     seed_replay_sets
     for rows in "${SIZES[@]}"; do
       log "seeding the key table to $rows rows"
