@@ -114,8 +114,11 @@ main() {
   local mode idle_rss
   "$IDEMPAY" processor --help >/dev/null 2>&1 || MODES=(http) # an older binary charges in-process
   MEASURED_MODES=("${MODES[@]}") # the sweep below narrows MODES; the report names them all
+  # This build's first mode: its server's memory is sampled, and the table-size sweep uses it.
+  local own_mode=${MODES[0]}
+  for mode in "${MODES[@]}"; do [[ $mode == base-* ]] || { own_mode=$mode; break; }; done
   for mode in "${MODES[@]}"; do start_server 1000h "$mode"; done
-  use_server "${MODES[0]}"
+  use_server "$own_mode"
   idle_rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
   seed_replay_sets
 
@@ -131,7 +134,7 @@ main() {
     for conns in "${CONCURRENCY[@]}"; do
       log "$workload keys, c=$conns, ${SECONDS_PER_RUN}s each side"
       if [ "$conns" = 64 ]; then
-        use_server "${MODES[0]}" # the memory of the first mode's server, idle while the other runs
+        use_server "$own_mode" # sampled all along, idle while the other modes run
         start_rss_sampler "$OUT_DIR/raw/rss.txt"
         measure_pair "main-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
         stop_rss_sampler
@@ -147,8 +150,8 @@ main() {
   if [ "${#SIZES[@]}" -gt 0 ]; then
     log "table-size sweep: ${SIZES[*]} rows, c=16, ${SIZE_SECONDS}s each"
     sql -c "TRUNCATE idempotency_keys" >/dev/null
-    local MODES=("${MODES[0]}") # the first processor mode only, from here on
-    use_server "${MODES[0]}"
+    local MODES=("$own_mode") # this build's first mode only, from here on
+    use_server "$own_mode"
     seed_replay_sets
     for rows in "${SIZES[@]}"; do
       log "seeding the key table to $rows rows"

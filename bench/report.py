@@ -113,6 +113,10 @@ def bench(args):
     for workload in meta["workloads"]:
         for conns in meta["concurrency"]:
             limit = load(os.path.join(raw, f"main-{workload}-c{conns}-limit.json"))
+            if limit.get("requests") and limit.get("machine_cpu_s") is not None:
+                limit["machine_cpu_us_per_request"] = round(
+                    limit["machine_cpu_s"] / limit["requests"] * 1e6, 1
+                )
             for mode in modes:
                 suffix = "" if mode == "http" else f"-{mode}"
                 idem = load(os.path.join(raw, f"main-{workload}-c{conns}-idempay{suffix}.json"))
@@ -122,10 +126,6 @@ def bench(args):
                             idem[f"{part}_cpu_us_per_request"] = round(
                                 idem[f"{part}_cpu_s"] / idem["requests"] * 1e6, 1
                             )
-                if limit.get("requests") and limit.get("machine_cpu_s") is not None:
-                    limit["machine_cpu_us_per_request"] = round(
-                        limit["machine_cpu_s"] / limit["requests"] * 1e6, 1
-                    )
                 results.append(
                     {
                         "workload": workload,
