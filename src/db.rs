@@ -1,9 +1,14 @@
-//! The connection pool and the schema migrations.
+//! The connection pool, the lot of connections the key lifecycle's single statements run on, and
+//! the schema migrations.
 
+use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::PoolLimits;
 
@@ -33,6 +38,148 @@ pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx:
         // query instead, which is answered 503 like any outage and retried with the same key.
         .test_before_acquire(false)
         .connect_lazy_with(options))
+}
+
+/// How long the lot uses one connection before it closes it and opens another, as sqlx's pool
+/// does by default: nothing a session accumulated on the server lives forever.
+const LOT_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// Connections for the statements a new key cannot do without (its reservation; the statement
+/// that writes the effect and completes the key), taken back without a round trip.
+///
+/// sqlx's pool pings every connection it gets back (a `Sync` message and its answer), in a task
+/// of its own: it cannot know whether the statement on it finished or was cut short, and a
+/// future dropped mid-statement leaves a connection mid-protocol. A new key returns four
+/// connections (two at idempay, two at the processor), so the pings were four more round trips
+/// and eight more wake-ups for PostgreSQL and the services to pay after every answer: `make
+/// bench` measured 16 % more new keys per second, and 16 % less PostgreSQL CPU for each, without
+/// them. Whoever holds a [`Lent`] connection does know: a statement that returned, with rows or
+/// with the database's refusal, left the connection idle and ready (as between the statements of
+/// a transaction, which sqlx does not ping either), and [`Lent::settle`] keeps it for the next
+/// one. A connection dropped unsettled (the request's future was cut short) or settled after an
+/// I/O or protocol error is closed.
+///
+/// The lot has as many connections as the pool, opened as they are first needed and apart from
+/// it, so the pool's other users (transactions, lists, the background jobs, lease renewals) never
+/// wait for a connection the lot holds. A request waits for one at most the pool's acquire
+/// timeout, as for the pool's.
+#[derive(Clone)]
+pub struct Lot(Arc<LotShared>);
+
+struct LotShared {
+    options: PgConnectOptions,
+    permits: Arc<Semaphore>,
+    idle: Mutex<Vec<Parked>>,
+    acquire_timeout: Duration,
+}
+
+/// A connection at rest in the lot, and when it was opened.
+struct Parked {
+    connection: PgConnection,
+    opened: Instant,
+}
+
+impl std::fmt::Debug for Lot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lot")
+            .field("available", &self.0.permits.available_permits())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lot {
+    /// A lot the size of `pool`, whose connections have its settings and session limits.
+    pub fn beside(pool: &PgPool) -> Self {
+        let options = pool.options();
+        Self(Arc::new(LotShared {
+            options: pool.connect_options().as_ref().clone(),
+            permits: Arc::new(Semaphore::new(options.get_max_connections() as usize)),
+            idle: Mutex::new(Vec::new()),
+            acquire_timeout: options.get_acquire_timeout(),
+        }))
+    }
+
+    /// A connection for one statement: one at rest, or a new one while the lot has fewer than
+    /// its size. Fails with [`sqlx::Error::PoolTimedOut`] after the acquire timeout, as the pool.
+    pub async fn lend(&self) -> Result<Lent, sqlx::Error> {
+        let shared = &self.0;
+        let lend = async {
+            let permit = Arc::clone(&shared.permits)
+                .acquire_owned()
+                .await
+                .map_err(|_| sqlx::Error::PoolClosed)?;
+            let at_rest = shared
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            let parked = match at_rest {
+                Some(parked) => parked,
+                None => Parked {
+                    connection: PgConnection::connect_with(&shared.options).await?,
+                    opened: Instant::now(),
+                },
+            };
+            Ok(Lent {
+                parked: Some(parked),
+                lot: Arc::clone(shared),
+                _permit: permit,
+            })
+        };
+        tokio::time::timeout(shared.acquire_timeout, lend)
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+}
+
+/// A connection of the [`Lot`], for one statement; hand it back with [`Lent::settle`].
+pub struct Lent {
+    parked: Option<Parked>,
+    lot: Arc<LotShared>,
+    // Released after the connection is back at rest, so the next borrower finds it.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Lent {
+    /// Hands the connection back with the result of its statement, which it returns: at rest in
+    /// the lot when the statement returned, rows or the database's refusal (a constraint, a
+    /// raised exception: the server ended the statement and is ready); closed after any other
+    /// error, which may have left it mid-protocol, and after [`LOT_LIFETIME`].
+    pub fn settle<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        let reusable = matches!(result, Ok(_) | Err(sqlx::Error::Database(_)));
+        if let Some(parked) = self.parked.take() {
+            if reusable && parked.opened.elapsed() < LOT_LIFETIME {
+                self.lot
+                    .idle
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(parked);
+            }
+        }
+        result
+    }
+}
+
+impl Deref for Lent {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self
+            .parked
+            .as_ref()
+            .expect("a lent connection until settled")
+            .connection
+    }
+}
+
+impl DerefMut for Lent {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self
+            .parked
+            .as_mut()
+            .expect("a lent connection until settled")
+            .connection
+    }
 }
 
 /// Applies the migrations under `migrations/` that have not run yet.

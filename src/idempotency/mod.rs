@@ -41,12 +41,14 @@ use std::time::{Duration, Instant};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SubsecRound, Utc};
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use quick_cache::sync::Cache;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::db::Lot;
 use crate::failpoint;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::metrics::KeyOutcome;
@@ -94,6 +96,9 @@ impl Service {
 pub struct Idempotency {
     service: Service,
     pool: PgPool,
+    /// Where the reservation and the completion run: connections taken back without sqlx's
+    /// release ping (see [`Lot`]); the pool serves the rest.
+    lot: Lot,
     policy: Policy,
     replays: Arc<Cache<String, CachedReplay>>,
 }
@@ -111,6 +116,7 @@ impl Idempotency {
     pub fn new(service: Service, pool: PgPool, policy: Policy) -> Self {
         Self {
             service,
+            lot: Lot::beside(&pool),
             pool,
             policy,
             replays: Arc::new(Cache::new(CACHED_REPLAYS)),
@@ -252,7 +258,7 @@ impl Idempotency {
             let asked = Instant::now();
             let first_point = RecoveryPoint::first(request);
             let reservation = store::reserve(
-                &self.pool,
+                &self.lot,
                 request,
                 token,
                 self.policy.lease,
@@ -443,6 +449,7 @@ impl Idempotency {
         Lease {
             service: self.service,
             pool: self.pool.clone(),
+            lot: self.lot.clone(),
             outcome,
             granted: Instant::now(),
             granted_at: now,
@@ -466,6 +473,7 @@ impl Idempotency {
 pub struct Lease {
     service: Service,
     pool: PgPool,
+    lot: Lot,
     /// How this request came to hold the key: a fresh or recycled one, or a takeover.
     outcome: KeyOutcome,
     /// When this instance was granted the lease, on its monotonic clock and on the database's.
@@ -754,25 +762,26 @@ impl Lease {
     }
 
     /// Writes the effect and completes the key in one statement: one round trip, atomic as every
-    /// statement is. `effect` runs that statement on the pool; it must call
+    /// statement is. `effect` runs that statement on the connection it is given; it must call
     /// `idempotency_complete(…)` with the [`Fence`]'s values, for example
     /// `WITH payment AS (INSERT … RETURNING id) SELECT idempotency_complete($9, …) FROM payment`.
     ///
     /// If another request took the key over, the call fails, the statement rolls back (the effect
     /// with it) and the completion says so.
-    pub async fn complete_with<E, F>(
+    pub async fn complete_with<E>(
         self,
         response: StoredResponse,
         effect: E,
     ) -> Result<Completion, sqlx::Error>
     where
-        E: FnOnce(PgPool, Fence) -> F,
-        F: Future<Output = Result<(), sqlx::Error>>,
+        E: for<'c> FnOnce(&'c mut PgConnection, Fence) -> BoxFuture<'c, Result<(), sqlx::Error>>,
     {
         let fence = self.fence(&response);
         // The statement is the commit: before it, nothing of this request is in the database.
         self.service.crash_point("before-commit");
-        match effect(self.pool.clone(), fence).await {
+        let mut connection = self.lot.lend().await?;
+        let written = effect(&mut connection, fence).await;
+        match connection.settle(written) {
             Ok(()) => {}
             Err(error) if store::is_lease_lost(&error) => return Ok(self.lost()),
             Err(error) => return Err(error),

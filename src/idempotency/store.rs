@@ -13,6 +13,7 @@ use super::{
     ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest, RecoveryPoint,
     StoredResponse,
 };
+use crate::db::Lot;
 use crate::http::error::ApiError;
 
 /// A key's `status` column: a request is working on it, or its response is stored.
@@ -40,13 +41,14 @@ pub(super) enum Reservation {
 // -------------------------------------------------------------------------------------------
 
 pub(super) async fn reserve(
-    pool: &PgPool,
+    lot: &Lot,
     request: &KeyedRequest,
     token: Uuid,
     lease: Duration,
     key_ttl: Duration,
     first_point: Option<&RecoveryPoint>,
 ) -> Result<Reservation, ApiError> {
+    let mut connection = lot.lend().await?;
     let row = sqlx::query!(
         r#"
         WITH reserved AS (
@@ -87,9 +89,9 @@ pub(super) async fn reserve(
         first_point.map(|point| point.downstream_key.as_str()),
         request.fields.as_ref().map(Json) as Option<Json<&FieldDigests>>,
     )
-    .fetch_optional(pool)
-    .await?;
-    let Some(row) = row else {
+    .fetch_optional(&mut *connection)
+    .await;
+    let Some(row) = connection.settle(row)? else {
         return Ok(Reservation::Unsettled);
     };
     if row.reserved {

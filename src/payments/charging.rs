@@ -118,10 +118,12 @@ async fn record(
         .map_err(anyhow::Error::from)?;
     let key = lease.key().clone();
     let account = intent.account;
-    let completion = lease.complete_with(response, |pool, fence| async move {
-        insert_and_complete(&pool, &account, &payment, &event, &key, fence).await?;
-        events::written([&event]);
-        Ok(())
+    let completion = lease.complete_with(response, move |connection, fence| {
+        Box::pin(async move {
+            insert_and_complete(connection, &account, &payment, &event, &key, fence).await?;
+            events::written([&event]);
+            Ok(())
+        })
     });
     Ok(completion.await?)
 }

@@ -7,7 +7,7 @@ mod model;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -236,7 +236,7 @@ async fn position_of(
 /// three commit, or, when another request took the key over, none. The event costs no round trip:
 /// it is one more row (and its webhook deliveries, queued by a trigger) in the same statement.
 async fn insert_and_complete(
-    pool: &PgPool,
+    connection: &mut PgConnection,
     account: &AccountId,
     payment: &Payment,
     event: &NewEvent,
@@ -278,7 +278,7 @@ async fn insert_and_complete(
         event.kind.as_str(),
         &event.body,
     )
-    .fetch_one(pool)
+    .fetch_one(connection)
     .await?;
     Ok(())
 }

@@ -172,8 +172,8 @@ async fn charge(
         None => None,
     };
     let key = lease.key().clone();
-    let completion = lease.complete_with(response, |pool, fence| async move {
-        record_charge(&pool, &charge, &key, event, fence).await
+    let completion = lease.complete_with(response, move |connection, fence| {
+        Box::pin(async move { record_charge(connection, &charge, &key, event, fence).await })
     });
     Ok(completion.await?)
 }
@@ -181,7 +181,7 @@ async fn charge(
 /// The charge, its event (if any) and the key's completion, in one statement: one round trip,
 /// all or nothing, as idempay records a payment.
 async fn record_charge(
-    pool: &sqlx::PgPool,
+    connection: &mut PgConnection,
     charge: &Charge,
     key: &IdempotencyKey,
     event: Option<(String, String, Vec<u8>)>,
@@ -223,7 +223,7 @@ async fn record_charge(
         &fence.response_body[..],
         fence.ttl_ms,
     )
-    .fetch_one(pool)
+    .fetch_one(connection)
     .await?;
     Ok(())
 }

@@ -489,8 +489,10 @@ async fn a_request_that_loses_its_lease_during_the_charge_and_its_takeover_name_
 // ---------------------------------------------------------------------------------------------
 
 /// The trigger that refuses the payment's insert is `lifecycle`'s; here the charge cannot be
-/// recorded because the instance's only connection is taken: another request holds it, waiting on
-/// a table the test keeps locked. The key is kept, and the retry records the same charge.
+/// recorded because the instance's only connection for it is taken: the completion runs on the
+/// lot (`db::Lot`, as many connections as the pool: one here), and another request's reservation
+/// holds it, waiting on a key the test keeps uncommitted. The key is kept, and the retry records
+/// the same charge.
 #[api_test]
 async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_without_a_second_charge()
  {
@@ -525,36 +527,51 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
     })
     .await;
 
-    // A read of a refund takes the only connection and waits on the table the test holds locked
-    // (for up to the session's lock timeout, longer than the charge has left).
+    // A refund's reservation takes the lot's only connection and waits there: the test's own
+    // transaction inserted the same key under the same scope and keeps it uncommitted, so the
+    // reservation's insert waits to learn whether that row will exist. The processor's statements
+    // are not held up. The refund names no payment, so it makes nothing once it runs.
+    let held = new_key();
     let mut lock = app.db.begin().await.unwrap();
-    sqlx::query("LOCK TABLE refunds IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_keys
+             (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+         VALUES ($1, $2, sha256('held'), 'in_progress', gen_random_uuid(),
+                 now() + interval '1 minute', now() + interval '1 day')",
+    )
+    .bind(format!(
+        "{}:POST /v1/payments/{{id}}/refunds",
+        app.account_id
+    ))
+    .bind(&held)
+    .execute(&mut *lock)
+    .await
+    .unwrap();
     let holding = tokio::spawn(
         reqwest::Client::new()
-            .get(format!(
-                "{}/v1/refunds/re_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
+            .post(format!(
+                "{}/v1/payments/pay_Jx8bq2LkR5Vn0Ww3Zt7YcA1d/refunds",
                 instance.address
             ))
             .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", held.as_str())
+            .header("Content-Type", "application/json")
+            .body("{}")
             .send(),
     );
     app.until_a_statement_waits(
-        "the read waits on the lock, holding the connection",
-        "%refunds%",
+        "the refund's reservation waits on the uncommitted key, holding the lot's connection",
+        "%ON CONFLICT (scope, idem_key) DO NOTHING%",
     )
     .await;
     // The connection was taken before the charge could be recorded: the failure comes after it.
     assert_eq!(app.payment_count().await, 0, "the window was hit");
 
     let failed = charging.await.unwrap().expect("an answer");
-    lock.commit().await.unwrap();
+    lock.rollback().await.unwrap();
     holding.await.unwrap().ok();
 
-    // 503, as any wait for a connection past the acquire timeout: the key could not even be
-    // suspended, so it waits for its lease to run out.
+    // 503, as any wait for a connection past the acquire timeout; the key is kept.
     assert_eq!(failed.status(), 503, "the charge could not be recorded");
     assert_eq!(app.charge_count().await, 1, "the processor charged");
     assert_eq!(app.payment_count().await, 0);

@@ -41,8 +41,7 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
         .post_payment(&app.api_key, &key, &payment(4200))
         .await;
     assert_eq!(first.status, 201);
-    // sqlx takes each connection back in a task of its own, after the answer, and pings it then
-    // (a Sync message): that belongs to the first request, so it is awaited before counting.
+    // Whatever the first request sends after its answer belongs to it: awaited before counting.
     proxy.wait_until_quiet().await;
     let executed = proxy.sent() - before;
     assert!(
@@ -72,12 +71,62 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
     );
 }
 
-/// What the instance sent to PostgreSQL: bytes, and the statements among them (simple queries and
-/// executions of prepared ones).
+/// A new key costs each service two statements and nothing more: its reservation, then the one
+/// statement that writes the effect and completes the key (the instance embeds the processor, so
+/// both services talk to PostgreSQL through the proxy). Every exchange is one of them: the
+/// connections are taken back without sqlx's release ping, a `Sync` message with no statement
+/// before it, which was one round trip more for each statement.
+#[api_test]
+async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
+    let app = TestApp::spawn().await;
+    let proxy = CountingProxy::start(&app.database_url()).await;
+    let instance = Instance::start(
+        &proxy.url,
+        &[
+            ("IDEMPAY_EXPIRY_INTERVAL", "1h"),
+            ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "1h"),
+        ],
+    )
+    .await;
+    instance.listening_for_key_changes().await;
+    // The first keys prepare the statements on the connections they use.
+    for _ in 0..2 {
+        let warm = instance
+            .post_payment(&app.api_key, &new_key(), &payment(4200))
+            .await;
+        assert_eq!(warm.status, 201, "{warm:?}");
+    }
+    proxy.wait_until_quiet().await;
+
+    let before = proxy.sent();
+    for _ in 0..5 {
+        let paid = instance
+            .post_payment(&app.api_key, &new_key(), &payment(4200))
+            .await;
+        assert_eq!(paid.status, 201, "{paid:?}");
+    }
+    // A ping would come after the answer, from a task of its own: wait for it before counting.
+    proxy.wait_until_quiet().await;
+    let sent = proxy.sent() - before;
+    assert_eq!(
+        sent.statements,
+        5 * 4,
+        "five new keys, each two statements at idempay and two at the processor: {sent:?}"
+    );
+    assert_eq!(
+        sent.exchanges, sent.statements,
+        "every exchange with PostgreSQL is a statement, none a ping: {sent:?}"
+    );
+}
+
+/// What the instance sent to PostgreSQL: bytes, the statements among them (simple queries and
+/// executions of prepared ones), and the exchanges (each `Sync` or simple query asks for an answer:
+/// one round trip).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Sent {
     bytes: u64,
     statements: u64,
+    exchanges: u64,
 }
 
 impl std::ops::Sub for Sent {
@@ -87,6 +136,7 @@ impl std::ops::Sub for Sent {
         Self {
             bytes: self.bytes - earlier.bytes,
             statements: self.statements - earlier.statements,
+            exchanges: self.exchanges - earlier.exchanges,
         }
     }
 }
@@ -95,6 +145,7 @@ impl std::ops::Sub for Sent {
 struct Counters {
     bytes: AtomicU64,
     statements: AtomicU64,
+    exchanges: AtomicU64,
 }
 
 /// A TCP proxy to the test's PostgreSQL that counts what clients send it.
@@ -135,6 +186,7 @@ impl CountingProxy {
         Sent {
             bytes: self.counters.bytes.load(Ordering::SeqCst),
             statements: self.counters.statements.load(Ordering::SeqCst),
+            exchanges: self.counters.exchanges.load(Ordering::SeqCst),
         }
     }
 
@@ -172,8 +224,9 @@ async fn relay(client: TcpStream, server: TcpStream, counters: Arc<Counters>) {
                 Ok(read) => read,
             };
             counters.bytes.fetch_add(read as u64, Ordering::SeqCst);
-            let statements = messages.statements_in(&chunk[..read]);
+            let (statements, exchanges) = messages.count(&chunk[..read]);
             counters.statements.fetch_add(statements, Ordering::SeqCst);
+            counters.exchanges.fetch_add(exchanges, Ordering::SeqCst);
             if server_write.write_all(&chunk[..read]).await.is_err() {
                 break;
             }
@@ -196,10 +249,11 @@ struct Messages {
 }
 
 impl Messages {
-    /// The statements among the messages `bytes` complete: `Query` (`Q`) and `Execute` (`E`).
-    fn statements_in(&mut self, bytes: &[u8]) -> u64 {
+    /// The statements among the messages `bytes` complete, `Query` (`Q`) and `Execute` (`E`), and
+    /// the exchanges, `Query` and `Sync` (`S`).
+    fn count(&mut self, bytes: &[u8]) -> (u64, u64) {
         self.pending.extend_from_slice(bytes);
-        let mut statements = 0;
+        let (mut statements, mut exchanges) = (0, 0);
         loop {
             let (header, typed) = if self.started { (5, true) } else { (8, false) };
             if self.pending.len() < header {
@@ -213,6 +267,7 @@ impl Messages {
             }
             if typed {
                 statements += u64::from(matches!(self.pending[0], b'Q' | b'E'));
+                exchanges += u64::from(matches!(self.pending[0], b'Q' | b'S'));
             } else {
                 let code = u32::from_be_bytes(self.pending[4..8].try_into().unwrap());
                 // SSLRequest and GSSENCRequest come before the startup message.
@@ -220,6 +275,6 @@ impl Messages {
             }
             self.pending.drain(..whole);
         }
-        statements
+        (statements, exchanges)
     }
 }
