@@ -145,16 +145,17 @@ impl Lent {
     /// the lot when the statement returned, rows or the database's refusal (a constraint, a
     /// raised exception: the server ended the statement and is ready); closed after any other
     /// error, which may have left it mid-protocol, and after [`LOT_LIFETIME`].
+    ///
+    /// Any other error closes the connections at rest too: an I/O error mostly means the server
+    /// went away (a restart, a failover), and each of them would fail a request of its own before
+    /// the lot opened a live one. The next statements open new connections.
     pub fn settle<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
         let reusable = matches!(result, Ok(_) | Err(sqlx::Error::Database(_)));
-        if let Some(parked) = self.parked.take() {
-            if reusable && parked.opened.elapsed() < LOT_LIFETIME {
-                self.lot
-                    .idle
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(parked);
-            }
+        let mut idle = self.lot.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.parked.take() {
+            Some(parked) if reusable && parked.opened.elapsed() < LOT_LIFETIME => idle.push(parked),
+            _ if !reusable => idle.clear(),
+            _ => {}
         }
         result
     }
