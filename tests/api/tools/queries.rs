@@ -20,20 +20,7 @@ use crate::support::instance::Instance;
 #[api_test]
 async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
     let app = TestApp::spawn().await;
-    let proxy = CountingProxy::start(&app.database_url()).await;
-    // The expiry job and the webhook delivery loop run once at start, then not again during the
-    // test.
-    let instance = Instance::start(
-        &proxy.url,
-        &[
-            ("IDEMPAY_EXPIRY_INTERVAL", "1h"),
-            ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "1h"),
-        ],
-    )
-    .await;
-    // The account cache is off until the instance listens for API key changes.
-    instance.listening_for_key_changes().await;
-    proxy.wait_until_quiet().await;
+    let (proxy, instance) = counted_instance(&app).await;
 
     let key = new_key();
     let before = proxy.sent();
@@ -79,16 +66,7 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
 #[api_test]
 async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
     let app = TestApp::spawn().await;
-    let proxy = CountingProxy::start(&app.database_url()).await;
-    let instance = Instance::start(
-        &proxy.url,
-        &[
-            ("IDEMPAY_EXPIRY_INTERVAL", "1h"),
-            ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "1h"),
-        ],
-    )
-    .await;
-    instance.listening_for_key_changes().await;
+    let (proxy, instance) = counted_instance(&app).await;
     // The first keys prepare the statements on the connections they use.
     for _ in 0..2 {
         let warm = instance
@@ -117,6 +95,26 @@ async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
         sent.exchanges, sent.statements,
         "every exchange with PostgreSQL is a statement, none a ping: {sent:?}"
     );
+}
+
+/// An `idempay serve` process that reaches the test's database through a counting proxy, once it
+/// has gone quiet: what it sends from then on is the requests' own.
+async fn counted_instance(app: &TestApp) -> (CountingProxy, Instance) {
+    let proxy = CountingProxy::start(&app.database_url()).await;
+    // The expiry job and the webhook delivery loop run once at start, then not again during the
+    // test.
+    let instance = Instance::start(
+        &proxy.url,
+        &[
+            ("IDEMPAY_EXPIRY_INTERVAL", "1h"),
+            ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "1h"),
+        ],
+    )
+    .await;
+    // The account cache is off until the instance listens for API key changes.
+    instance.listening_for_key_changes().await;
+    proxy.wait_until_quiet().await;
+    (proxy, instance)
 }
 
 /// What the instance sent to PostgreSQL: bytes, the statements among them (simple queries and
