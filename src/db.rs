@@ -116,7 +116,7 @@ impl Lot {
             let parked = match at_rest {
                 Some(parked) => parked,
                 None => Parked {
-                    connection: PgConnection::connect_with(&shared.options).await?,
+                    connection: connect(&shared.options).await?,
                     opened: Instant::now(),
                 },
             };
@@ -144,13 +144,18 @@ impl Lent {
     /// Hands the connection back with the result of its statement, which it returns: at rest in
     /// the lot when the statement returned, rows or the database's refusal (a constraint, a
     /// raised exception: the server ended the statement and is ready); closed after any other
-    /// error, which may have left it mid-protocol, and after [`LOT_LIFETIME`].
+    /// error, which may have left it mid-protocol or ended the session (an I/O error, the server
+    /// terminating its backends), and after [`LOT_LIFETIME`].
     ///
-    /// Any other error closes the connections at rest too: an I/O error mostly means the server
-    /// went away (a restart, a failover), and each of them would fail a request of its own before
-    /// the lot opened a live one. The next statements open new connections.
+    /// Such an error closes the connections at rest too: it mostly means the server went away (a
+    /// restart, a failover), and each of them would fail a request of its own before the lot
+    /// opened a live one. The next statements open new connections.
     pub fn settle<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        let reusable = matches!(result, Ok(_) | Err(sqlx::Error::Database(_)));
+        let reusable = match &result {
+            Ok(_) => true,
+            Err(sqlx::Error::Database(error)) => !ends_the_session(error.code().as_deref()),
+            Err(_) => false,
+        };
         let mut idle = self.lot.idle.lock().unwrap_or_else(PoisonError::into_inner);
         match self.parked.take() {
             Some(parked) if reusable && parked.opened.elapsed() < LOT_LIFETIME => idle.push(parked),
@@ -159,6 +164,32 @@ impl Lent {
         }
         result
     }
+}
+
+/// Opens a connection, trying again while the server refuses connections or says it cannot take
+/// one yet (starting up, too many connections), as sqlx's pool does: the caller's acquire timeout
+/// bounds the attempts. A restarted database is then met as the pool meets it, not failed at its
+/// first moment.
+async fn connect(options: &PgConnectOptions) -> Result<PgConnection, sqlx::Error> {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match PgConnection::connect_with(options).await {
+            Err(sqlx::Error::Io(error))
+                if error.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(sqlx::Error::Database(error))
+                if matches!(error.code().as_deref(), Some("57P03" | "53300")) => {}
+            connected => return connected,
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Whether a database error with SQLSTATE `code` ended the session rather than the statement: a
+/// connection exception (class 08), or the server terminating its backends (57P01 admin shutdown,
+/// 57P02 crash shutdown, 57P03 cannot connect now). Such a connection is closed, never reused.
+fn ends_the_session(code: Option<&str>) -> bool {
+    matches!(code, Some(code) if code.starts_with("08") || code.starts_with("57P"))
 }
 
 impl Deref for Lent {
