@@ -217,8 +217,9 @@ pub struct DatabaseArgs {
 /// The connection pool's bounds: a request never waits long for a connection.
 #[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolLimits {
-    /// Connections per instance. Slow work holds none, so a few serve many requests; more
-    /// connections than the database has cores to run them only queue inside PostgreSQL.
+    /// Connections of the pool. Slow work holds none, so a few serve many requests; more
+    /// connections than the database has cores to run them only queue inside PostgreSQL. The
+    /// lot a new key's statements run on (`db::Lot`) has as many again, opened as needed.
     #[arg(
         long = "database-max-connections",
         env = "IDEMPAY_DATABASE_MAX_CONNECTIONS",
