@@ -330,6 +330,23 @@ print((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"))
 PY
 }
 
+# CPU seconds PostgreSQL has used so far, every process of its container (backends, the WAL
+# writer, the checkpointer…), from the container's cgroup (v1 cpuacct or v2 cpu.stat); empty where
+# neither can be read. Tells how much of a request's machine CPU is the database's.
+postgres_cpu_seconds() {
+  local id file
+  id=$(docker inspect -f '{{.Id}}' "$PG_CONTAINER" 2>/dev/null) || return 0
+  for file in "/sys/fs/cgroup/cpuacct/docker/$id/cpuacct.usage" \
+    "/sys/fs/cgroup/system.slice/docker-$id.scope/cpu.stat" "/sys/fs/cgroup/docker/$id/cpu.stat"; do
+    [ -r "$file" ] || continue
+    case "$file" in
+      *cpuacct.usage) awk '{ printf "%.6f\n", $1 / 1e9 }' "$file" ;;
+      *) awk '$1 == "usage_usec" { printf "%.6f\n", $2 / 1e6 }' "$file" ;;
+    esac
+    return 0
+  done
+}
+
 # Samples VmRSS and VmHWM (kB) of the server every 200 ms into FILE until stopped.
 start_rss_sampler() {
   local file=$1 pid=$SERVER_PID
@@ -361,25 +378,30 @@ run_wrk() {
   local name=$1 mode=$2 conns=$3 secs=$4 threads=2
   [ "$conns" -ge "$threads" ] || threads=$conns
   local out="$OUT_DIR/raw/$name.json" cpu0 cpu1 machine0 machine1 processor0=0 processor1=0
+  local postgres0 postgres1
   cpu0=$(cpu_seconds "$SERVER_PID")
   [ -z "${PROCESSOR_PID:-}" ] || processor0=$(cpu_seconds "$PROCESSOR_PID")
+  postgres0=$(postgres_cpu_seconds)
   machine0=$(machine_cpu_seconds)
   BENCH_API_KEY="$API_KEY" BENCH_MODE="$mode" BENCH_KEYS_FILE="$OUT_DIR/replay-keys.txt" \
     wrk -t"$threads" -c"$conns" -d"${secs}s" --latency --timeout 10s \
     -s "$BENCH_DIR/wrk/payments.lua" "$BASE_URL/v1/payments" >"$OUT_DIR/raw/$name.wrk.txt" 2>&1 ||
     { cat "$OUT_DIR/raw/$name.wrk.txt" >&2; die "wrk failed ($name)"; }
   machine1=$(machine_cpu_seconds)
+  postgres1=$(postgres_cpu_seconds)
   cpu1=$(cpu_seconds "$SERVER_PID")
   [ -z "${PROCESSOR_PID:-}" ] || processor1=$(cpu_seconds "$PROCESSOR_PID")
   python3 - "$OUT_DIR/raw/$name.wrk.txt" "$out" "$cpu0" "$cpu1" "$conns" "$mode" \
-    "$machine0" "$machine1" "$processor0" "$processor1" <<'PY'
+    "$machine0" "$machine1" "$processor0" "$processor1" "$postgres0" "$postgres1" <<'PY'
 import json, sys
-text, out, cpu0, cpu1, conns, mode, machine0, machine1, processor0, processor1 = sys.argv[1:]
+(text, out, cpu0, cpu1, conns, mode, machine0, machine1, processor0, processor1, postgres0,
+ postgres1) = sys.argv[1:]
 line = next(l for l in open(text) if l.startswith("BENCH_JSON "))
 result = json.loads(line[len("BENCH_JSON "):])
 result.update(server_cpu_s=float(cpu1) - float(cpu0), connections=int(conns), mode=mode,
               machine_cpu_s=float(machine1) - float(machine0),
               processor_cpu_s=float(processor1) - float(processor0),
+              postgres_cpu_s=float(postgres1) - float(postgres0) if postgres0 and postgres1 else None,
               loadavg=float(open("/proc/loadavg").read().split()[0]))
 json.dump(result, open(out, "w"), indent=1)
 PY
@@ -393,7 +415,8 @@ run_pgbench() {
   for s in "$@"; do scripts+=(-f "$BENCH_DIR/pgbench/$s"); done
   mkdir -p "$OUT_DIR/raw/pgbench"
   rm -f "$OUT_DIR/raw/pgbench/$name".*
-  local machine0 machine1
+  local machine0 machine1 postgres0 postgres1
+  postgres0=$(postgres_cpu_seconds)
   machine0=$(machine_cpu_seconds)
   pgbench -n -M prepared -T "$secs" -c "$conns" -j "$threads" \
     -l --log-prefix="$OUT_DIR/raw/pgbench/$name" \
@@ -405,8 +428,10 @@ run_pgbench() {
     "${scripts[@]}" >"$OUT_DIR/raw/$name.pgbench.txt" 2>&1 ||
     { cat "$OUT_DIR/raw/$name.pgbench.txt" >&2; die "pgbench failed ($name)"; }
   machine1=$(machine_cpu_seconds)
+  postgres1=$(postgres_cpu_seconds)
   python3 "$BENCH_DIR/report.py" pgbench-summary --name "$name" --connections "$conns" \
     --machine-cpu-s "$(python3 -c "print($machine1 - $machine0)")" \
+    ${postgres0:+${postgres1:+--postgres-cpu-s "$(python3 -c "print($postgres1 - $postgres0)")"}} \
     --stdout "$OUT_DIR/raw/$name.pgbench.txt" --log-prefix "$OUT_DIR/raw/pgbench/$name" \
     --out "$OUT_DIR/raw/$name.json"
   rm -f "$OUT_DIR/raw/pgbench/$name".*

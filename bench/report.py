@@ -68,6 +68,7 @@ def pgbench_summary(args):
         "failed": (int(failed.group(1)) if failed else 0) + failures,
         "non_2xx": (int(failed.group(1)) if failed else 0) + failures,
         "machine_cpu_s": args.machine_cpu_s,
+        "postgres_cpu_s": args.postgres_cpu_s,
     }
     result.update(latency_summary(latencies))
     if len(per_script) > 1:
@@ -113,15 +114,16 @@ def bench(args):
     for workload in meta["workloads"]:
         for conns in meta["concurrency"]:
             limit = load(os.path.join(raw, f"main-{workload}-c{conns}-limit.json"))
-            if limit.get("requests") and limit.get("machine_cpu_s") is not None:
-                limit["machine_cpu_us_per_request"] = round(
-                    limit["machine_cpu_s"] / limit["requests"] * 1e6, 1
-                )
+            for part in ("machine", "postgres"):
+                if limit.get("requests") and limit.get(f"{part}_cpu_s") is not None:
+                    limit[f"{part}_cpu_us_per_request"] = round(
+                        limit[f"{part}_cpu_s"] / limit["requests"] * 1e6, 1
+                    )
             for mode in modes:
                 suffix = "" if mode == "http" else f"-{mode}"
                 idem = load(os.path.join(raw, f"main-{workload}-c{conns}-idempay{suffix}.json"))
                 if idem.get("requests"):
-                    for part in ("server", "processor", "machine"):
+                    for part in ("server", "processor", "machine", "postgres"):
                         if idem.get(f"{part}_cpu_s") is not None:
                             idem[f"{part}_cpu_us_per_request"] = round(
                                 idem[f"{part}_cpu_s"] / idem["requests"] * 1e6, 1
@@ -232,6 +234,8 @@ def bench(args):
                 fmt(idem.get("server_cpu_us_per_request"), 0),
                 f"{fmt(lim.get('machine_cpu_us_per_request'), 0)} / "
                 f"{fmt(idem.get('machine_cpu_us_per_request'), 0)}",
+                f"{fmt(lim.get('postgres_cpu_us_per_request'), 0)} / "
+                f"{fmt(idem.get('postgres_cpu_us_per_request'), 0)}",
                 f"{100 * idem.get('replayed', 0) / max(idem.get('answers', 0), 1):.0f} %",
                 f"{errors} / {lim.get('failed', 0)}",
             ]
@@ -253,6 +257,7 @@ def bench(args):
                 "p99 ratio",
                 "idempay CPU µs/req",
                 "machine CPU µs/req limit / idempay",
+                "PostgreSQL CPU µs/req limit / idempay",
                 "replayed",
                 "errors idempay / limit",
             ],
@@ -478,6 +483,7 @@ def main():
     p.add_argument("--log-prefix", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--machine-cpu-s", type=float, default=None)
+    p.add_argument("--postgres-cpu-s", type=float, default=None)
     p.set_defaults(func=pgbench_summary)
     p = sub.add_parser("bench")
     p.add_argument("--dir", required=True)
