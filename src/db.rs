@@ -40,6 +40,9 @@ pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx:
         .connect_lazy_with(options))
 }
 
+/// The `application_name` of the lot's connections when the database URL sets none.
+pub const LOT_APPLICATION_NAME: &str = "idempay lot";
+
 /// How long the lot uses one connection before it closes it and opens another, as sqlx's pool
 /// does by default: nothing a session accumulated on the server lives forever.
 const LOT_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -88,11 +91,18 @@ impl std::fmt::Debug for Lot {
 }
 
 impl Lot {
-    /// A lot the size of `pool`, whose connections have its settings and session limits.
+    /// A lot the size of `pool`, whose connections have its settings and session limits. They
+    /// name themselves `LOT_APPLICATION_NAME` (or the pool's application name with ` (lot)`), so
+    /// that `pg_stat_activity` tells them from the pool's.
     pub fn beside(pool: &PgPool) -> Self {
         let options = pool.options();
+        let connect = pool.connect_options();
+        let name = connect.get_application_name().map_or_else(
+            || LOT_APPLICATION_NAME.to_owned(),
+            |name| format!("{name} (lot)"),
+        );
         Self(Arc::new(LotShared {
-            options: pool.connect_options().as_ref().clone(),
+            options: connect.as_ref().clone().application_name(&name),
             permits: Arc::new(Semaphore::new(options.get_max_connections() as usize)),
             idle: Mutex::new(Vec::new()),
             acquire_timeout: options.get_acquire_timeout(),

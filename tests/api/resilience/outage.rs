@@ -301,6 +301,75 @@ async fn an_exhausted_pool_answers_503_at_once_and_recovers() {
     assert_exactly_once(&app.db).await;
 }
 
+/// The database ends the sessions a new key's statements run on (the lot's, at idempay and at
+/// its embedded processor), as `pg_terminate_backend` does, while several of them are at rest.
+/// Each service meets it on one statement, which closes every connection at rest with its own:
+/// the first payment after it may be refused with a 503, and every later one is made on fresh
+/// connections. (A pool that closes only the connection that failed hands the next dead one to
+/// the next request, and so on for each connection it holds, as sqlx's does.)
+#[api_test]
+async fn sessions_the_database_ended_are_met_once_and_the_next_payments_go_through() {
+    let app = TestApp::spawn().await;
+    let instance = Instance::start(&app.database_url(), &[]).await;
+    // Payments side by side, so that both services leave several connections at rest.
+    let keys: Vec<String> = (0..6).map(|_| new_key()).collect();
+    let body = payment(500);
+    for answer in join_all(
+        keys.iter()
+            .map(|key| instance.post_payment(&app.api_key, key, &body)),
+    )
+    .await
+    {
+        assert_eq!(answer.status, 201);
+    }
+
+    let mut admin = PgConnection::connect(&app.database_url()).await.unwrap();
+    let ended: i64 = sqlx::query_scalar(
+        "WITH others AS MATERIALIZED (
+             SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND application_name = 'idempay lot'
+         )
+         SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM others",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(ended >= 4, "sessions ended: {ended}");
+
+    let mut answers = Vec::new();
+    for amount in 600..604 {
+        let key = new_key();
+        let answer = instance
+            .post_payment(&app.api_key, &key, &payment(amount))
+            .await;
+        answers.push((key, amount, answer));
+    }
+    let (first, later) = answers.split_first().unwrap();
+    if first.2.status != 201 {
+        first.2.assert_problem(503, "service-unavailable");
+    }
+    for (key, _, answer) in later {
+        assert_eq!(
+            answer.status,
+            201,
+            "{key} after {ended} sessions ended: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    // The refused one, if any, is retried to its payment like any other.
+    let (key, amount, _) = first;
+    let body = payment(*amount);
+    let retry = retry_while_in_flight(|| instance.post_payment(&app.api_key, key, &body)).await;
+    assert_eq!(retry.status, 201);
+    let counted: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(counted, 10);
+    assert_exactly_once(&app.db).await;
+}
+
 /// A PostgreSQL container of this test's own, so that stopping or pausing it touches no other
 /// test. Its port is fixed when it starts, so it stays the same across a stop and a start.
 struct OwnPostgres {
