@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# A Citus cluster on this machine: a coordinator and two workers (IDEMPAY_CITUS_WORKERS), each a
+# container of the image scripts/citus-image.sh finds or builds, the workers registered with the
+# coordinator.
+#
+#   scripts/citus-cluster.sh up     starts the cluster (or finds it running); prints the
+#                                   coordinator's database URL as the last line of stdout
+#   scripts/citus-cluster.sh url    prints the URL of the running cluster
+#   scripts/citus-cluster.sh down   removes its containers
+#
+# The nodes share the host's network and listen on free ports of 127.0.0.1, as the bench's
+# PostgreSQL does: a published port would put Docker's userland proxy between the coordinator and
+# its workers, on every statement it routes. Every node has the same password; the coordinator
+# and the workers reach each other with it from a password file (PGPASSFILE), as libpq in each
+# server reads it. HOME is the postgres user's: the server inherits the entrypoint's (root's),
+# where libpq would look for client certificates it may not read, and fail the connection. IDEMPAY_CITUS_CLUSTER names the cluster (several can run side by side);
+# IDEMPAY_CITUS_PG_OPTS adds server settings to every node.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readonly CLUSTER=${IDEMPAY_CITUS_CLUSTER:-idempay-citus}
+readonly WORKERS=${IDEMPAY_CITUS_WORKERS:-2}
+readonly PASSWORD=postgres
+readonly PASSFILE=/var/lib/postgresql/.pgpass
+readonly LABEL=org.idempay.citus-cluster
+# Test and bench settings: commits need not reach this machine's disk, and a node takes the
+# connections of several instances' pools.
+readonly PG_OPTS=${IDEMPAY_CITUS_PG_OPTS:-"-c fsync=off -c synchronous_commit=off -c max_connections=300"}
+
+log() { printf 'citus-cluster: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# The containers of the cluster, coordinator first.
+nodes() {
+  local node
+  for node in coordinator $(seq -f 'worker-%g' 1 "$WORKERS"); do printf '%s-%s\n' "$CLUSTER" "$node"; done
+}
+
+port_of() { docker inspect -f "{{index .Config.Labels \"$LABEL.port\"}}" "$1" 2>/dev/null; }
+
+url() {
+  local port
+  port=$(port_of "$CLUSTER-coordinator") || die "no cluster $CLUSTER is running (scripts/citus-cluster.sh up)"
+  printf 'postgres://postgres:%s@127.0.0.1:%s/postgres\n' "$PASSWORD" "$port"
+}
+
+# psql against the node listening on PORT, as the cluster's superuser; errors are fatal.
+node_sql() {
+  local port=$1; shift
+  PGPASSWORD=$PASSWORD psql -qAtX -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres "$@"
+}
+
+start_node() { # NAME PORT IMAGE
+  local name=$1 port=$2 image=$3
+  # shellcheck disable=SC2086  # the options are words on purpose
+  docker run -d --name "$name" --label "$LABEL=$CLUSTER" --label "$LABEL.port=$port" \
+    --network host --shm-size=1g \
+    -e POSTGRES_PASSWORD="$PASSWORD" -e PGPASSFILE="$PASSFILE" -e HOME=/var/lib/postgresql \
+    "$image" postgres -c shared_preload_libraries=citus -c listen_addresses=127.0.0.1 \
+    -c port="$port" $PG_OPTS >/dev/null
+}
+
+wait_ready() { # NAME PORT
+  local name=$1 port=$2 i
+  for i in $(seq 1 300); do
+    node_sql "$port" -c 'SELECT 1' >/dev/null 2>&1 && return 0
+    [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ] ||
+      { docker logs "$name" >&2 || true; die "$name exited"; }
+    sleep 0.2
+  done
+  docker logs "$name" >&2 || true
+  die "$name did not accept connections"
+}
+
+up() {
+  if docker inspect "$CLUSTER-coordinator" >/dev/null 2>&1; then
+    log "$CLUSTER is running"
+    url
+    return 0
+  fi
+  command -v psql >/dev/null || die "psql is needed (the PostgreSQL 15 client)"
+  local image name port coordinator_port
+  image=$(bash scripts/citus-image.sh | tail -n 1)
+  # A cluster that did not come up whole is removed, not left half-registered.
+  trap '[ "$?" = 0 ] || down >/dev/null 2>&1' EXIT
+  declare -A ports=()
+  for name in $(nodes); do
+    port=$(free_port)
+    ports[$name]=$port
+    start_node "$name" "$port" "$image"
+  done
+  for name in $(nodes); do
+    wait_ready "$name" "${ports[$name]}"
+    # The server's own libpq (a coordinator routing to a worker, a worker syncing metadata back)
+    # reads the password from here.
+    docker exec -u postgres "$name" sh -c \
+      "printf '127.0.0.1:*:*:postgres:$PASSWORD\n' >$PASSFILE && chmod 600 $PASSFILE"
+    node_sql "${ports[$name]}" -c 'CREATE EXTENSION IF NOT EXISTS citus'
+  done
+  coordinator_port=${ports[$CLUSTER-coordinator]}
+  node_sql "$coordinator_port" -c "SELECT citus_set_coordinator_host('127.0.0.1', $coordinator_port)" >/dev/null
+  for name in $(nodes | tail -n +2); do
+    node_sql "$coordinator_port" -c "SELECT citus_add_node('127.0.0.1', ${ports[$name]})" >/dev/null
+  done
+  local registered
+  registered=$(node_sql "$coordinator_port" -c "SELECT count(*) FROM citus_get_active_worker_nodes()")
+  [ "$registered" = "$WORKERS" ] || die "the coordinator lists $registered active workers, not $WORKERS"
+  log "$CLUSTER: a coordinator on 127.0.0.1:$coordinator_port and $WORKERS workers ($image)"
+  url
+}
+
+down() {
+  local ids
+  ids=$(docker ps -aq --filter "label=$LABEL=$CLUSTER")
+  [ -z "$ids" ] || docker rm -f $ids >/dev/null
+  log "$CLUSTER removed"
+}
+
+case "${1:-}" in
+  up) up ;;
+  url) url ;;
+  down) down ;;
+  *) die "usage: scripts/citus-cluster.sh up|url|down" ;;
+esac
