@@ -371,7 +371,9 @@ async fn sessions_the_database_ended_are_met_once_and_the_next_payments_go_throu
 }
 
 /// A PostgreSQL container of this test's own, so that stopping or pausing it touches no other
-/// test. Its port is fixed when it starts, so it stays the same across a stop and a start.
+/// test. It shares the host's network and listens on a port of 127.0.0.1 fixed when it starts, as
+/// the suite's shared server does: no userland proxy in between, and the same port across a stop
+/// and a start.
 struct OwnPostgres {
     id: String,
     port: u16,
@@ -388,13 +390,17 @@ impl OwnPostgres {
             "--detach",
             "--label",
             "org.testcontainers.managed-by=testcontainers",
-            "--publish",
-            &format!("127.0.0.1:{port}:5432"),
+            "--network",
+            "host",
             "--env",
             "POSTGRES_PASSWORD=postgres",
             &image,
             "-c",
             "fsync=off",
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            &format!("port={port}"),
         ])
         .await;
         let postgres = Self {
