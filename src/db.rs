@@ -41,7 +41,7 @@ pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx:
 }
 
 /// The `application_name` of the lot's connections when the database URL sets none.
-pub const LOT_APPLICATION_NAME: &str = "idempay lot";
+const LOT_APPLICATION_NAME: &str = "idempay lot";
 
 /// How long the lot uses one connection before it closes it and opens another, as sqlx's pool
 /// does by default: nothing a session accumulated on the server lives forever.
@@ -55,8 +55,8 @@ const LOT_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// future dropped mid-statement leaves a connection mid-protocol. A new key returns four
 /// connections (two at idempay, two at the processor), so the pings were four more round trips
 /// and eight more wake-ups for PostgreSQL and the services to pay after every answer: `make
-/// bench` measured 16 % more new keys per second, and 16 % less PostgreSQL CPU for each, without
-/// them. Whoever holds a [`Lent`] connection does know: a statement that returned, with rows or
+/// bench` measured 10–14 % more new keys per second with the lot, and 7–8 % less PostgreSQL CPU
+/// for each (bench/README.md). Whoever holds a [`Lent`] connection does know: a statement that returned, with rows or
 /// with the database's refusal, left the connection idle and ready (as between the statements of
 /// a transaction, which sqlx does not ping either), and [`Lent::settle`] keeps it for the next
 /// one. A connection dropped unsettled (the request's future was cut short) or settled after an
@@ -92,7 +92,7 @@ impl std::fmt::Debug for Lot {
 
 impl Lot {
     /// A lot the size of `pool`, whose connections have its settings and session limits. They
-    /// name themselves `LOT_APPLICATION_NAME` (or the pool's application name with ` (lot)`), so
+    /// name themselves `idempay lot` (or the pool's application name with ` (lot)`), so
     /// that `pg_stat_activity` tells them from the pool's.
     pub fn beside(pool: &PgPool) -> Self {
         let options = pool.options();
