@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry profile
+.PHONY: run test test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry bench-citus profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -15,6 +15,14 @@ run:
 ## Unit and integration tests; PostgreSQL runs in a container started by the tests.
 test:
 	$(CARGO) test --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
+
+## The cluster suite: the tests marked #[api_test(citus)] on a Citus coordinator and two workers
+## (scripts/citus-cluster.sh), started for the run and removed after it. Two tests at a time: the
+## three nodes share this machine's two cores with every test's instances, and with four at a time
+## requests waited past their timeouts.
+CITUS_TEST_THREADS ?= 2
+test-citus:
+	IDEMPAY_TEST_CITUS=1 $(CARGO) test --features failpoints --test api -- --test-threads $(CITUS_TEST_THREADS)
 
 ## Fuzz the live service from its OpenAPI description (schemathesis), render /docs in Chromium and
 ## double-click "Pay" on the checkout page there (Selenium).
@@ -58,6 +66,11 @@ bench:
 ## Results in target/bench/expiry.{json,md}.
 bench-expiry:
 	bash bench/expiry.sh
+
+## The same build on a Citus cluster (a coordinator, two workers) against one server, side by side.
+## Results in target/bench/citus.{json,md}.
+bench-citus:
+	bash bench/citus.sh
 
 ## Where a new-key request's CPU goes: perf samples of idempay under load, in target/bench/profile.md.
 profile:

@@ -58,9 +58,9 @@ seed_pgbench_replay_keys() {
   sql -v scope="$SCOPE" -v n="$PGBENCH_REPLAY_KEYS" -v hash="\\x$REQUEST_HASH_HEX" \
     -v headers="$RESPONSE_HEADERS" -v body="$RESPONSE_BODY" <<'SQL'
 INSERT INTO idempotency_keys
-    (scope, idem_key, request_hash, status, response_code, response_headers, response_body,
+    (account_id, scope, idem_key, request_hash, status, response_code, response_headers, response_body,
      expires_at)
-SELECT :'scope', i::text, :'hash'::bytea, 'completed', 201, :'headers'::jsonb,
+SELECT split_part(:'scope', ':', 1), :'scope', i::text, :'hash'::bytea, 'completed', 201, :'headers'::jsonb,
        convert_to(:'body', 'UTF8'), now() + interval '24 hours'
 FROM generate_series(1, :n) AS i;
 SQL

@@ -155,7 +155,8 @@ sql() { psql -qAtX -v ON_ERROR_STOP=1 "$@"; }
 # Applies the migrations and creates the bench account; sets API_KEY, ACCOUNT_ID, SCOPE, KEY_HASH.
 prepare_database() {
   log "migrating and creating the bench account"
-  "$IDEMPAY" migrate 2>/dev/null
+  # shellcheck disable=SC2086  # BENCH_MIGRATE_ARGS (`--citus`) is words on purpose
+  "$IDEMPAY" migrate ${BENCH_MIGRATE_ARGS:-} 2>/dev/null
   API_KEY=$("$IDEMPAY" account create --name bench 2>/dev/null | tail -n 1)
   [ -n "$API_KEY" ] || die "account create printed no key"
   ACCOUNT_ID=$(sql -c "SELECT id FROM accounts WHERE name = 'bench' ORDER BY created_at DESC LIMIT 1")
@@ -455,9 +456,9 @@ seed_keys() {
     sql -v scope="$SCOPE" -v n="$n" -v start="$have" -v total="$target" -v expired="$expired" \
       -v headers="$RESPONSE_HEADERS" -v body="$RESPONSE_BODY" <<'SQL'
 INSERT INTO idempotency_keys
-    (scope, idem_key, request_hash, status, response_code, response_headers, response_body,
+    (account_id, scope, idem_key, request_hash, status, response_code, response_headers, response_body,
      created_at, expires_at)
-SELECT :'scope', gen_random_uuid()::text, sha256(int8send(i)), 'completed', 201,
+SELECT split_part(:'scope', ':', 1), :'scope', gen_random_uuid()::text, sha256(int8send(i)), 'completed', 201,
        :'headers'::jsonb, convert_to(:'body', 'UTF8'), t.created_at, t.created_at + interval '24 hours'
 FROM generate_series(:start + 1, :start + :n) AS i,
      LATERAL (SELECT CASE WHEN :expired > 0

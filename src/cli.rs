@@ -48,6 +48,10 @@ pub enum Command {
     Migrate {
         #[command(flatten)]
         database: DatabaseArgs,
+        /// Then distributes the tables by account on the Citus cluster DATABASE_URL names (its
+        /// coordinator, with the workers registered); tables already distributed are left alone.
+        #[arg(long)]
+        citus: bool,
     },
     /// Manages accounts.
     Account {
@@ -148,10 +152,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(address = %processor.local_addr()?, "processor serving");
             processor.run_until_stopped(shutdown_signal()).await?;
         }
-        Command::Migrate { database } => {
+        Command::Migrate { database, citus } => {
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             eprintln!("migrations applied");
+            if citus {
+                let distribution = db::distribute(&pool).await?;
+                eprintln!(
+                    "distributed by account on Citus: {}",
+                    if distribution.tables.is_empty() {
+                        "every table already was".to_owned()
+                    } else {
+                        distribution.tables.join(", ")
+                    }
+                );
+            }
         }
         Command::Account {
             command: AccountCommand::Create { name, database },

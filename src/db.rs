@@ -1,5 +1,9 @@
-//! The connection pool, the lot of connections the key lifecycle's single statements run on, and
-//! the schema migrations.
+//! The connection pool, the lot of connections the key lifecycle's single statements run on, the
+//! schema migrations, and their distribution on Citus ([`citus`]).
+
+pub mod citus;
+
+pub use citus::{Engine, KnownEngine, distribute, engine};
 
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;

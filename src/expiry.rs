@@ -7,6 +7,7 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::db::KnownEngine;
 use crate::http::metrics;
 use crate::idempotency::Idempotency;
 use crate::webhooks;
@@ -19,6 +20,7 @@ pub const BATCH: u64 = 1_000;
 /// Safe to run on every instance at once: batches skip rows another instance has locked.
 pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let engine = KnownEngine::default();
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -27,7 +29,13 @@ pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> J
                 _ = ticks.tick() => {}
             }
             let started = Instant::now();
-            let keys = drain(&shutdown, || Idempotency::expire_batch(&pool)).await;
+            let keys = match engine.get(&pool).await {
+                Ok(engine) => drain(&shutdown, || Idempotency::expire_batch(&pool, engine)).await,
+                Err(error) => {
+                    tracing::warn!(%error, "expiry failed; it runs again next interval");
+                    0
+                }
+            };
             let events = drain(&shutdown, || webhooks::expire_batch(&pool)).await;
             metrics::expiry_run(keys, events, started.elapsed());
             if keys + events > 0 {

@@ -19,11 +19,11 @@
 \set n random(1, 9000000000000000000)
 WITH reserved AS (
     INSERT INTO idempotency_keys
-        (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-    VALUES (:scope, 'k' || :n, :request_hash, 'in_progress', md5(:n::text)::uuid,
+        (account_id, scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+    VALUES (:account_id, :scope, 'k' || :n, :request_hash, 'in_progress', md5(:n::text)::uuid,
             now() + :lease_ms::bigint * interval '1 millisecond',
             now() + :ttl_ms::bigint * interval '1 millisecond')
-    ON CONFLICT (scope, idem_key) DO NOTHING
+    ON CONFLICT (account_id, scope, idem_key) DO NOTHING
     RETURNING id
 )
 SELECT id AS key_id, TRUE AS reserved,
@@ -40,17 +40,17 @@ SELECT id, FALSE, request_hash, status, response_code, response_headers,
        (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint,
        now()
 FROM idempotency_keys
-WHERE scope = :scope AND idem_key = 'k' || :n AND NOT EXISTS (SELECT 1 FROM reserved)
+WHERE account_id = :account_id AND scope = :scope AND idem_key = 'k' || :n AND NOT EXISTS (SELECT 1 FROM reserved)
 \gset k_
 -- The processor: its own key for the charge, under its own scope, then the charge.
 WITH reserved AS (
     INSERT INTO idempotency_keys
-        (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-    VALUES (:processor_scope, 'idk_' || :n::text, :request_hash, 'in_progress',
+        (account_id, scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+    VALUES ('processor', :processor_scope, 'idk_' || :n::text, :request_hash, 'in_progress',
             md5(:n::text)::uuid,
             now() + :lease_ms::bigint * interval '1 millisecond',
             now() + :ttl_ms::bigint * interval '1 millisecond')
-    ON CONFLICT (scope, idem_key) DO NOTHING
+    ON CONFLICT (account_id, scope, idem_key) DO NOTHING
     RETURNING id
 )
 SELECT id AS key_id, TRUE AS reserved,
@@ -67,7 +67,7 @@ SELECT id, FALSE, request_hash, status, response_code, response_headers,
        (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint,
        now()
 FROM idempotency_keys
-WHERE scope = :processor_scope AND idem_key = 'idk_' || :n::text
+WHERE account_id = 'processor' AND scope = :processor_scope AND idem_key = 'idk_' || :n::text
   AND NOT EXISTS (SELECT 1 FROM reserved)
 \gset c_
 BEGIN;
@@ -79,7 +79,7 @@ UPDATE idempotency_keys
 SET status = 'completed', lock_token = NULL, locked_until = NULL,
     response_code = :response_code, response_headers = :response_headers, response_body = :response_body,
     expires_at = now() + :ttl_ms::bigint * interval '1 millisecond'
-WHERE id = :c_key_id AND lock_token = md5(:n::text)::uuid AND status = 'in_progress';
+WHERE account_id = 'processor' AND id = :c_key_id AND lock_token = md5(:n::text)::uuid AND status = 'in_progress';
 COMMIT;
 -- idempay: the payment that records the charge.
 BEGIN;
@@ -95,5 +95,5 @@ UPDATE idempotency_keys
 SET status = 'completed', lock_token = NULL, locked_until = NULL,
     response_code = :response_code, response_headers = :response_headers, response_body = :response_body,
     expires_at = now() + :ttl_ms::bigint * interval '1 millisecond'
-WHERE id = :k_key_id AND lock_token = md5(:n::text)::uuid AND status = 'in_progress';
+WHERE account_id = :account_id AND id = :k_key_id AND lock_token = md5(:n::text)::uuid AND status = 'in_progress';
 COMMIT;

@@ -6,11 +6,11 @@
 \set key random(1, :replay_keys)
 WITH reserved AS (
     INSERT INTO idempotency_keys
-        (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-    VALUES (:scope, :key, :request_hash, 'in_progress', gen_random_uuid(),
+        (account_id, scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
+    VALUES (:account_id, :scope, :key, :request_hash, 'in_progress', gen_random_uuid(),
             now() + :lease_ms::bigint * interval '1 millisecond',
             now() + :ttl_ms::bigint * interval '1 millisecond')
-    ON CONFLICT (scope, idem_key) DO NOTHING
+    ON CONFLICT (account_id, scope, idem_key) DO NOTHING
     RETURNING id
 )
 SELECT id AS key_id, TRUE AS reserved,
@@ -27,5 +27,5 @@ SELECT id, FALSE, request_hash, status, response_code, response_headers,
        (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint,
        now()
 FROM idempotency_keys
-WHERE scope = :scope AND idem_key = :key AND NOT EXISTS (SELECT 1 FROM reserved)
+WHERE account_id = :account_id AND scope = :scope AND idem_key = :key AND NOT EXISTS (SELECT 1 FROM reserved)
 \gset r_

@@ -108,6 +108,15 @@ async fn list_events(
     let (page, kind) = query.parse()?;
     let account = account.id().as_str();
     let kind = kind.map(EventType::as_str);
+    // The bound: every transaction older than it has ended. Read by a statement of its own, on
+    // the server the service talks to: on Citus that is the coordinator, whose transaction ids
+    // the events carry (Citus evaluates their column's default there), while a statement routed
+    // to a worker would read the worker's snapshot, of other ids. Read before the rows, it is no
+    // newer than their snapshot, so every event below it is committed and visible to them.
+    let bound =
+        sqlx::query_scalar!(r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS "bound!""#)
+            .fetch_one(&state.pool)
+            .await?;
     let cursor = match &page.cursor {
         Cursor::First => None,
         Cursor::After(id) | Cursor::Before(id) => {
@@ -117,12 +126,13 @@ async fn list_events(
             let listed = is_event_id(id)
                 && sqlx::query_scalar!(
                     r#"
-                    SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS "listed!"
+                    SELECT txid < $3::text::xid8 AS "listed!"
                     FROM events
                     WHERE id = $1 AND account_id = $2
                     "#,
                     id,
                     account,
+                    bound,
                 )
                 .fetch_optional(&state.pool)
                 .await?
@@ -133,7 +143,6 @@ async fn list_events(
             Some(id.as_str())
         }
     };
-    // One snapshot for the bound and the rows: the statement's.
     let rows = match page.cursor {
         Cursor::Before(_) => {
             sqlx::query_as!(
@@ -142,9 +151,9 @@ async fn list_events(
                 SELECT body
                 FROM events
                 WHERE account_id = $1
-                  AND txid < pg_snapshot_xmin(pg_current_snapshot())
+                  AND txid < $5::text::xid8
                   AND ($2::text IS NULL OR type = $2)
-                  AND (txid, seq) > (SELECT txid, seq FROM events WHERE id = $3)
+                  AND (txid, seq) > (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $3)
                 ORDER BY txid, seq
                 LIMIT $4
                 "#,
@@ -152,6 +161,7 @@ async fn list_events(
                 kind,
                 cursor,
                 page.fetch(),
+                bound,
             )
             .fetch_all(&state.pool)
             .await?
@@ -163,9 +173,9 @@ async fn list_events(
                 SELECT body
                 FROM events
                 WHERE account_id = $1
-                  AND txid < pg_snapshot_xmin(pg_current_snapshot())
+                  AND txid < $5::text::xid8
                   AND ($2::text IS NULL OR type = $2)
-                  AND ($3::text IS NULL OR (txid, seq) < (SELECT txid, seq FROM events WHERE id = $3))
+                  AND ($3::text IS NULL OR (txid, seq) < (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $3))
                 ORDER BY txid DESC, seq DESC
                 LIMIT $4
                 "#,
@@ -173,6 +183,7 @@ async fn list_events(
                 kind,
                 cursor,
                 page.fetch(),
+                bound,
             )
             .fetch_all(&state.pool)
             .await?

@@ -1,7 +1,7 @@
 //! Events: what happened to a merchant's payments and refunds, each written in the transaction of
 //! the change it describes (a transactional outbox), so an event exists if and only if its change
-//! committed. The feed (`GET /v1/events`) serves them in commit order; a trigger queues each one
-//! for the account's webhook endpoints. How the order is kept is in `src/events/README.md`.
+//! committed. The feed (`GET /v1/events`) serves them in commit order; the statement that writes an
+//! event also queues it for the account's webhook endpoints. How the order is kept is in `src/events/README.md`.
 
 mod feed;
 
@@ -10,6 +10,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use utoipa::ToSchema;
 
+use crate::db::Engine;
 use crate::ids;
 use crate::payments::Payment;
 use crate::refunds::Refund;
@@ -173,26 +174,50 @@ impl NewEvent {
     }
 }
 
-/// Writes `events` of `account` in the caller's transaction, in this order, with one statement.
-/// Count them with [`written`] once that transaction committed.
+/// Writes `events` of `account` in the caller's transaction, in this order, and queues each for
+/// every enabled endpoint of the account that subscribes to its type, with one statement: no event
+/// commits without its deliveries. Count them with [`written`] once that transaction committed.
+///
+/// On Citus each event is a few statements that name the account, which Citus routes to its node:
+/// a statement that modifies in a CTE, or inserts what a function returns, it plans in steps
+/// whose results it sends to every node, and the transaction then commits by two-phase commit on
+/// all of them.
 pub async fn write(
     conn: &mut PgConnection,
+    engine: Engine,
     account: &str,
     events: &[NewEvent],
 ) -> Result<(), sqlx::Error> {
+    if engine == Engine::Citus {
+        for event in events {
+            write_routed(conn, account, event).await?;
+        }
+        return Ok(());
+    }
     let ids: Vec<&str> = events.iter().map(|event| event.id.as_str()).collect();
     let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
     let bodies: Vec<&[u8]> = events.iter().map(|event| event.body.as_slice()).collect();
     let times: Vec<DateTime<Utc>> = events.iter().map(|event| event.created_at).collect();
     // `seq` is taken in the order the rows are produced: ORDER BY the arrays' ordinality keeps
     // the caller's order (a refund's `refund.created` before its `payment.refunded`).
+    // The endpoints are read by the account, not through the inserted rows: on Citus that keeps
+    // the read on the account's shard.
     sqlx::query!(
         r#"
-        INSERT INTO events (id, account_id, type, body, created_at)
-        SELECT event.id, $1, event.type, event.body, event.created_at
-        FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[])
-            WITH ORDINALITY AS event (id, type, body, created_at, n)
-        ORDER BY event.n
+        WITH event AS (
+            INSERT INTO events (id, account_id, type, body, created_at)
+            SELECT event.id, $1, event.type, event.body, event.created_at
+            FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[])
+                WITH ORDINALITY AS event (id, type, body, created_at, n)
+            ORDER BY event.n
+            RETURNING id, type, body
+        )
+        INSERT INTO webhook_deliveries (account_id, event_id, url, body, endpoint_id)
+        SELECT endpoint.account_id, event.id, endpoint.url, event.body, endpoint.id
+        FROM event
+        JOIN webhook_endpoints AS endpoint
+            ON event.type = ANY (endpoint.enabled_events) OR '*' = ANY (endpoint.enabled_events)
+        WHERE endpoint.account_id = $1 AND endpoint.status = 'enabled'
         "#,
         account,
         &ids as &[&str],
@@ -202,6 +227,58 @@ pub async fn write(
     )
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// One event and its deliveries, each statement routed by Citus to the account's node.
+async fn write_routed(
+    conn: &mut PgConnection,
+    account: &str,
+    event: &NewEvent,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        r#"
+        INSERT INTO events (id, account_id, type, body, created_at)
+        VALUES ($1, $2, $3, $4, $5)
+        "#,
+        event.id,
+        account,
+        event.kind.as_str(),
+        &event.body,
+        event.created_at,
+    )
+    .execute(&mut *conn)
+    .await?;
+    // The endpoints are read, then each delivery inserted with its values: an `INSERT … SELECT`
+    // into this table (its id comes from a sequence) is run through the coordinator on a
+    // connection of its own, and the transaction then commits by two-phase commit.
+    let endpoints = sqlx::query!(
+        r#"
+        SELECT id, url FROM webhook_endpoints
+        WHERE account_id = $1 AND status = 'enabled'
+          AND ($2 = ANY (enabled_events) OR '*' = ANY (enabled_events))
+        ORDER BY id
+        "#,
+        account,
+        event.kind.as_str(),
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for endpoint in endpoints {
+        sqlx::query!(
+            r#"
+            INSERT INTO webhook_deliveries (account_id, event_id, url, body, endpoint_id)
+            VALUES ($1, $2, $3, $4, $5)
+            "#,
+            account,
+            event.id,
+            endpoint.url,
+            &event.body,
+            endpoint.id,
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
     Ok(())
 }
 

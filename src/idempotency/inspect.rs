@@ -18,7 +18,7 @@ use crate::http::extract::Path;
 
 /// The routes that take an `Idempotency-Key`, as their scopes name them (method and route
 /// template). The inspection reads exactly these scopes of the account: each an index lookup on
-/// `(scope, idem_key)`, and never the processor's own keys, which share the table under scopes of
+/// `(account_id, scope, idem_key)`, and never the processor's own keys, which share the table under scopes of
 /// their own. A unit test checks the list against the API description.
 pub(crate) const IDEMPOTENT_ROUTES: [&str; 3] = [
     "POST /v1/payments",
@@ -172,11 +172,12 @@ async fn get_idempotency_key(
                locked_until, recovery_point, downstream_key, response_code,
                response_headers ->> 'location' AS response_location, request_hash, takeovers
         FROM idempotency_keys
-        WHERE scope = ANY($1) AND idem_key = $2 AND expires_at > now()
+        WHERE account_id = $3 AND scope = ANY($1) AND idem_key = $2 AND expires_at > now()
         ORDER BY scope
         "#,
         &scopes,
         key.as_str(),
+        owner,
     )
     .fetch_all(&state.pool)
     .await?;

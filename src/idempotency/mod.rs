@@ -20,8 +20,9 @@
 //! 5. **Expire**: a background job deletes old keys.
 //! 6. **Recover**: a background job resumes suspended keys no client came back for.
 //!
-//! The SQL of each step is in [`store`]. The PostgreSQL unique constraint on `(scope, idem_key)`
-//! decides between concurrent requests, and every clock reading is the database's `now()`.
+//! The SQL of each step is in [`store`]. The PostgreSQL unique constraint on
+//! `(account_id, scope, idem_key)` decides between concurrent requests, and every clock reading
+//! is the database's `now()`.
 
 mod fingerprint;
 mod inspect;
@@ -48,7 +49,7 @@ use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::db::Lot;
+use crate::db::{Engine, KnownEngine, Lot};
 use crate::failpoint;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::metrics::KeyOutcome;
@@ -99,6 +100,8 @@ pub struct Idempotency {
     /// Where the reservation and the completion run: connections taken back without sqlx's
     /// release ping (see [`Lot`]); the pool serves the rest.
     lot: Lot,
+    /// The kind of database, asked once (see [`Lease::engine`]).
+    engine: KnownEngine,
     policy: Policy,
     replays: Arc<Cache<String, CachedReplay>>,
 }
@@ -117,10 +120,17 @@ impl Idempotency {
         Self {
             service,
             lot: Lot::beside(&pool),
+            engine: KnownEngine::default(),
             pool,
             policy,
             replays: Arc::new(Cache::new(CACHED_REPLAYS)),
         }
+    }
+
+    /// The database the keys live in, asked once per instance: the engine [`Lease::engine`] tells
+    /// the work, and what other parts of the service that share this instance's pool ask.
+    pub async fn engine(&self) -> Result<Engine, sqlx::Error> {
+        self.engine.get(&self.pool).await
     }
 
     /// Runs `work` at most once for the request's scope and key and answers with its response, or
@@ -257,8 +267,10 @@ impl Idempotency {
             // database's `expires_at`.
             let asked = Instant::now();
             let first_point = RecoveryPoint::first(request);
+            let engine = self.engine().await?;
             let reservation = store::reserve(
                 &self.lot,
+                engine,
                 request,
                 token,
                 self.policy.lease,
@@ -393,6 +405,7 @@ impl Idempotency {
         let token = Uuid::new_v4();
         let taken = store::take_over(
             &self.pool,
+            request.scope.owner(),
             key_id,
             &request.fingerprint,
             token,
@@ -450,9 +463,11 @@ impl Idempotency {
             service: self.service,
             pool: self.pool.clone(),
             lot: self.lot.clone(),
+            engine: self.engine.clone(),
             outcome,
             granted: Instant::now(),
             granted_at: now,
+            owner: request.scope.owner().into(),
             key_id,
             token,
             key: request.key.clone(),
@@ -474,11 +489,14 @@ pub struct Lease {
     service: Service,
     pool: PgPool,
     lot: Lot,
+    engine: KnownEngine,
     /// How this request came to hold the key: a fresh or recycled one, or a takeover.
     outcome: KeyOutcome,
     /// When this instance was granted the lease, on its monotonic clock and on the database's.
     granted: Instant,
     granted_at: DateTime<Utc>,
+    /// The key's row: its owner (the scope's first part) and id.
+    owner: Arc<str>,
     key_id: i64,
     token: Uuid,
     key: IdempotencyKey,
@@ -488,8 +506,9 @@ pub struct Lease {
 }
 
 /// What the mechanism keeps of a lease it handed to the work: enough to renew and release it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct HeldLease {
+    owner: Arc<str>,
     key_id: i64,
     token: Uuid,
     /// When the lease was granted: earlier than the completing transaction's `now()`, so
@@ -500,6 +519,7 @@ struct HeldLease {
 impl From<&Lease> for HeldLease {
     fn from(lease: &Lease) -> Self {
         Self {
+            owner: lease.owner.clone(),
             key_id: lease.key_id,
             token: lease.token,
             reserved: lease.granted,
@@ -586,7 +606,15 @@ impl Idempotency {
 
     /// Renews the lease once. A request that lost its lease finds out when it tries to complete.
     async fn renew(&self, held: &HeldLease) {
-        match store::renew(&self.pool, held.key_id, held.token, self.policy.lease).await {
+        match store::renew(
+            &self.pool,
+            &held.owner,
+            held.key_id,
+            held.token,
+            self.policy.lease,
+        )
+        .await
+        {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
                 key_id = held.key_id,
@@ -675,6 +703,7 @@ impl Lease {
     ) -> Result<Option<&RecoveryPoint>, sqlx::Error> {
         let recorded = store::record_recovery_point(
             &self.pool,
+            &self.owner,
             self.key_id,
             self.token,
             name,
@@ -691,7 +720,8 @@ impl Lease {
     /// (it refused the call before acting on it): a failure then releases the key as before, and
     /// the client's retry starts afresh. `false` when another request took the key over.
     pub async fn clear_recovery_point(&mut self) -> Result<bool, sqlx::Error> {
-        let cleared = store::clear_recovery_point(&self.pool, self.key_id, self.token).await?;
+        let cleared =
+            store::clear_recovery_point(&self.pool, &self.owner, self.key_id, self.token).await?;
         if cleared {
             self.recovery = None;
         }
@@ -724,10 +754,11 @@ enum Completed {
 }
 
 /// What the completion needs to know, bound as the parameters of `idempotency_complete($1, $2, $3,
-/// $4, $5, $6)`, in this order: the key, the lease's token, the response (status, headers, body)
-/// and how long the key lives from now.
+/// $4, $5, $6, $7)`, in this order: the key (its owner and id), the lease's token, the response
+/// (status, headers, body) and how long the key lives from now.
 #[derive(Debug)]
 pub struct Fence {
+    pub owner: Arc<str>,
     pub key_id: i64,
     pub token: Uuid,
     pub response_code: i16,
@@ -752,6 +783,7 @@ impl Lease {
 
     fn fence(&self, response: &StoredResponse) -> Fence {
         Fence {
+            owner: self.owner.clone(),
             key_id: self.key_id,
             token: self.token,
             response_code: i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
@@ -759,6 +791,15 @@ impl Lease {
             response_body: response.body_bytes(),
             ttl_ms: store::millis(self.key_ttl),
         }
+    }
+
+    /// The database the key lives in. On [`Engine::Citus`] the work must write its effect in the
+    /// transaction of [`Lease::begin`] and [`Lease::complete`], not with [`Lease::complete_with`]:
+    /// Citus may run a function called inside a distributed statement on another node than the
+    /// rows that statement writes, so there the key is completed by a statement of its own, in the
+    /// same transaction, which stays on the account's node. Asked once per instance.
+    pub async fn engine(&self) -> Result<Engine, sqlx::Error> {
+        self.engine.get(&self.pool).await
     }
 
     /// Writes the effect and completes the key in one statement: one round trip, atomic as every
@@ -840,7 +881,7 @@ impl Idempotency {
     /// system may have taken effect, so the next attempt must resume, not start over.
     /// Says what became of the key; `None` when the database could not be asked.
     async fn release(&self, held: &HeldLease) -> Option<store::Released> {
-        match store::release(&self.pool, held.key_id, held.token).await {
+        match store::release(&self.pool, &held.owner, held.key_id, held.token).await {
             Ok(released) => {
                 match released {
                     store::Released::Deleted => KeyOutcome::Released.record(self.service),
@@ -874,8 +915,15 @@ impl Idempotency {
     /// deleted. `SKIP LOCKED` keeps locks short and lets several instances run this at once
     /// without waiting on each other; the index on `expires_at` keeps each batch an index scan. A
     /// key whose request still holds a live lease is left alone.
-    pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
-        store::expire_batch(pool).await
+    ///
+    /// On Citus, which locks rows (`FOR UPDATE`) only in a statement on one shard, the batch is
+    /// chosen without locks and its rows deleted with the conditions checked again: instances
+    /// running it at once may wait on each other's rows instead of skipping them.
+    pub async fn expire_batch(pool: &PgPool, engine: Engine) -> Result<u64, sqlx::Error> {
+        match engine {
+            Engine::Postgres => store::expire_batch(pool).await,
+            Engine::Citus => store::expire_batch_unlocked(pool).await,
+        }
     }
 }
 
@@ -934,8 +982,15 @@ impl Idempotency {
     /// client's retry will replay, suspended again if it still cannot finish. Returns how many it
     /// claimed. Safe on several instances at once: each key is claimed by one.
     pub async fn recover_batch(&self, resumers: &Resumers) -> Result<usize, sqlx::Error> {
-        let claimed =
-            store::claim_recoverable(&self.pool, &resumers.names(), self.policy.lease).await?;
+        let claimed = match self.engine().await? {
+            Engine::Postgres => {
+                store::claim_recoverable(&self.pool, &resumers.names(), self.policy.lease).await?
+            }
+            Engine::Citus => {
+                store::claim_recoverable_unlocked(&self.pool, &resumers.names(), self.policy.lease)
+                    .await?
+            }
+        };
         let count = claimed.len();
         let mut resumed = Vec::with_capacity(count);
         for key in claimed {
@@ -968,17 +1023,16 @@ impl Idempotency {
             lease.recovery = Some(key.recovery);
             lease.outcome.record(self.service);
             let held = HeldLease::from(&lease);
+            let key_id = held.key_id;
             let mechanism = self.clone();
             resumed.push(tokio::spawn(async move {
                 let answer = mechanism.execute(&request, held, resume(lease)).await;
                 match answer {
-                    Ok(response) => tracing::info!(
-                        key_id = held.key_id,
-                        status = response.status().as_u16(),
-                        "recovered"
-                    ),
+                    Ok(response) => {
+                        tracing::info!(key_id, status = response.status().as_u16(), "recovered")
+                    }
                     Err(error) => tracing::warn!(
-                        key_id = held.key_id,
+                        key_id,
                         error = %error,
                         "recovery did not finish; the key waits for the next run"
                     ),

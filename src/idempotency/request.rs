@@ -23,7 +23,9 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// [`Owner`] extractor, [`Idempotent`] and [`guard`](super::guard) ask it.
 ///
 /// Keys are never shared between owners, so two owners must never have the same name: idempay
-/// names an account by its id (`acct_…`), the simulated processor is `processor`.
+/// names an account by its id (`acct_…`), the simulated processor is `processor`. A name has no
+/// `:` (the scope's separator), and it is what a key row is found by first: on Citus, the value
+/// that decides which node holds the key.
 ///
 /// ```
 /// use axum::http::request::Parts;
@@ -87,6 +89,14 @@ impl Scope {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The owner the scope starts with: the key row's `account_id`, the value its table is
+    /// partitioned by on a distributed database (an owner's name has no `:`).
+    pub fn owner(&self) -> &str {
+        self.0
+            .split_once(':')
+            .map_or(self.0.as_str(), |(owner, _)| owner)
     }
 }
 

@@ -16,8 +16,9 @@ use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
 
 use super::model::{Payment, PaymentId, PaymentStatus};
-use super::{NewPayment, insert_and_complete};
+use super::{NewPayment, insert, insert_and_complete};
 use crate::accounts::AccountId;
+use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
 use crate::idempotency::{Completion, Lease, StoredResponse};
@@ -118,6 +119,24 @@ async fn record(
         .map_err(anyhow::Error::from)?;
     let key = lease.key().clone();
     let account = intent.account;
+    if lease.engine().await? == Engine::Citus {
+        // The same three writes as separate statements of one transaction, all routed to the
+        // account's node, the completion last (see `Lease::engine`).
+        let mut tx = lease.begin().await?;
+        insert(&mut tx, &account, &payment, &key).await?;
+        events::write(
+            &mut tx,
+            Engine::Citus,
+            account.as_str(),
+            std::slice::from_ref(&event),
+        )
+        .await?;
+        let completion = lease.complete(tx, response).await?;
+        if completion.committed() {
+            events::written([&event]);
+        }
+        return Ok(completion);
+    }
     let completion = lease.complete_with(response, move |connection, fence| {
         Box::pin(async move {
             insert_and_complete(connection, &account, &payment, &event, &key, fence).await?;

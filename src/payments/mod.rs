@@ -232,9 +232,41 @@ async fn position_of(
     .await
 }
 
+/// Records the payment alone, in the work's transaction: the form for a distributed database.
+async fn insert(
+    connection: &mut PgConnection,
+    account: &AccountId,
+    payment: &Payment,
+    key: &IdempotencyKey,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        r#"
+        INSERT INTO payments
+            (id, account_id, amount, currency, status, payment_method, order_ref, description,
+             idempotency_key, charge, created_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+        "#,
+        payment.id.as_str(),
+        account.as_str(),
+        payment.amount,
+        payment.currency,
+        payment.status.as_str(),
+        payment.payment_method.as_str(),
+        payment.order.as_deref(),
+        payment.description.as_deref(),
+        key.as_str(),
+        payment.charge.as_deref(),
+        payment.created_at,
+    )
+    .execute(connection)
+    .await?;
+    Ok(())
+}
+
 /// Records the payment and its event and completes its key with `fence` in one statement: all
 /// three commit, or, when another request took the key over, none. The event costs no round trip:
-/// it is one more row (and its webhook deliveries, queued by a trigger) in the same statement.
+/// it is one more row (and its webhook deliveries, one per subscribed endpoint) in the same
+/// statement.
 async fn insert_and_complete(
     connection: &mut PgConnection,
     account: &AccountId,
@@ -254,8 +286,14 @@ async fn insert_and_complete(
         ), event AS (
             INSERT INTO events (id, account_id, type, body, created_at)
             VALUES ($18, $2, $19, $20, $11)
+        ), deliveries AS (
+            INSERT INTO webhook_deliveries (account_id, event_id, url, body, endpoint_id)
+            SELECT endpoint.account_id, $18, endpoint.url, $20, endpoint.id
+            FROM webhook_endpoints AS endpoint
+            WHERE endpoint.account_id = $2 AND endpoint.status = 'enabled'
+              AND ($19 = ANY (endpoint.enabled_events) OR '*' = ANY (endpoint.enabled_events))
         )
-        SELECT idempotency_complete($12, $13, $14, $15, $16, $17) AS "key_id!" FROM payment
+        SELECT idempotency_complete($21, $12, $13, $14, $15, $16, $17) AS "key_id!" FROM payment
         "#,
         payment.id.as_str(),
         account.as_str(),
@@ -277,6 +315,7 @@ async fn insert_and_complete(
         event.id,
         event.kind.as_str(),
         &event.body,
+        &*fence.owner,
     )
     .fetch_one(connection)
     .await?;

@@ -24,6 +24,7 @@ use super::model::{
     Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
     ProcessorRefund, RefundRow, tagged,
 };
+use crate::db::Engine;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
@@ -101,7 +102,14 @@ impl ProcessorState {
             return Ok(());
         };
         let body = delivery::envelope(kind, at, data).map_err(anyhow::Error::from)?;
-        delivery::enqueue(conn, &delivery::event_id(), url, &body).await?;
+        delivery::enqueue(
+            conn,
+            super::extract::SCOPE_OWNER,
+            &delivery::event_id(),
+            url,
+            &body,
+        )
+        .await?;
         Ok(())
     }
 }
@@ -172,10 +180,47 @@ async fn charge(
         None => None,
     };
     let key = lease.key().clone();
+    if lease.engine().await? == Engine::Citus {
+        // The charge, its event and the completion as statements of one transaction (see
+        // `Lease::engine`).
+        let mut tx = lease.begin().await?;
+        insert_charge(&mut tx, &charge, &key).await?;
+        if let Some((id, url, body)) = &event {
+            delivery::enqueue(&mut tx, super::extract::SCOPE_OWNER, id, url, body).await?;
+        }
+        return Ok(lease.complete(tx, response).await?);
+    }
     let completion = lease.complete_with(response, move |connection, fence| {
         Box::pin(async move { record_charge(connection, &charge, &key, event, fence).await })
     });
     Ok(completion.await?)
+}
+
+/// The charge alone, in the work's transaction: the form for a distributed database.
+async fn insert_charge(
+    connection: &mut PgConnection,
+    charge: &Charge,
+    key: &IdempotencyKey,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        r#"
+        INSERT INTO processor_charges
+            (id, amount, currency, status, payment_method, decline_code, idempotency_key,
+             created_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "#,
+        charge.id,
+        charge.amount,
+        charge.currency,
+        charge.status.as_str(),
+        charge.payment_method,
+        charge.decline_code,
+        key.as_str(),
+        charge.created_at,
+    )
+    .execute(connection)
+    .await?;
+    Ok(())
 }
 
 /// The charge, its event (if any) and the key's completion, in one statement: one round trip,
@@ -200,10 +245,10 @@ async fn record_charge(
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
             RETURNING id
         ), event AS (
-            INSERT INTO webhook_deliveries (event_id, url, body)
-            SELECT $9, $10, $11 FROM charge WHERE $9::text IS NOT NULL
+            INSERT INTO webhook_deliveries (account_id, event_id, url, body)
+            SELECT $18, $9, $10, $11 FROM charge WHERE $9::text IS NOT NULL
         )
-        SELECT idempotency_complete($12, $13, $14, $15, $16, $17) AS "key_id!" FROM charge
+        SELECT idempotency_complete($18, $12, $13, $14, $15, $16, $17) AS "key_id!" FROM charge
         "#,
         charge.id,
         charge.amount,
@@ -222,6 +267,7 @@ async fn record_charge(
         fence.response_headers,
         &fence.response_body[..],
         fence.ttl_ms,
+        &*fence.owner,
     )
     .fetch_one(connection)
     .await?;

@@ -254,9 +254,13 @@ async fn list_refunds(
         Cursor::After(cursor) | Cursor::Before(cursor) => Some(
             sqlx::query_as!(
                 Position,
-                "SELECT created_at, id FROM refunds WHERE id = $1 AND payment_id = $2",
+                r#"
+                SELECT created_at, id FROM refunds
+                WHERE account_id = $3 AND id = $1 AND payment_id = $2
+                "#,
                 cursor,
                 payment,
+                account.id().as_str(),
             )
             .fetch_optional(&state.pool)
             .await?
@@ -270,7 +274,7 @@ async fn list_refunds(
                 r#"
             SELECT id, payment_id, amount, reason, status, processor_refund, created_at
             FROM refunds
-            WHERE payment_id = $1 AND (created_at, id) > ($2, $3)
+            WHERE account_id = $5 AND payment_id = $1 AND (created_at, id) > ($2, $3)
             ORDER BY created_at, id
             LIMIT $4
             "#,
@@ -278,6 +282,7 @@ async fn list_refunds(
                 after.created_at,
                 after.id,
                 page.fetch(),
+                account.id().as_str(),
             )
             .fetch_all(&state.pool)
             .await?
@@ -288,7 +293,7 @@ async fn list_refunds(
                 r#"
             SELECT id, payment_id, amount, reason, status, processor_refund, created_at
             FROM refunds
-            WHERE payment_id = $1
+            WHERE account_id = $5 AND payment_id = $1
               AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
             ORDER BY created_at DESC, id DESC
             LIMIT $4
@@ -297,6 +302,7 @@ async fn list_refunds(
                 before.as_ref().map(|position| position.created_at),
                 before.as_ref().map(|position| position.id.as_str()),
                 page.fetch(),
+                account.id().as_str(),
             )
             .fetch_all(&state.pool)
             .await?

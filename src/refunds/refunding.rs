@@ -210,14 +210,19 @@ async fn record(
         SET amount_refunded = p.amount_refunded + $2,
             amount_disputed = GREATEST(0, LEAST(p.amount_disputed, p.amount - p.amount_refunded - $2)),
             status = CASE WHEN p.amount_refunded + $2 = p.amount THEN 'refunded' ELSE p.status END
-        FROM (SELECT id, amount_disputed FROM payments WHERE id = $1 FOR NO KEY UPDATE) locked
-        WHERE p.id = locked.id
+        FROM (
+            SELECT account_id, id, amount_disputed FROM payments
+            WHERE account_id = $3 AND id = $1
+            FOR NO KEY UPDATE
+        ) locked
+        WHERE p.account_id = $3 AND p.account_id = locked.account_id AND p.id = locked.id
         RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!",
                   p.id, p.amount, p.currency, p.status, p.payment_method, p.order_ref,
                   p.description, p.amount_refunded, p.amount_disputed, p.charge, p.created_at
         "#,
         intent.payment.as_str(),
         refunded.amount,
+        intent.account.as_str(),
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -228,8 +233,12 @@ async fn record(
             "a refund recorded beside a dispute: the payment's disputes need review"
         );
         sqlx::query!(
-            "UPDATE disputes SET status = 'needs_review' WHERE payment_id = $1 AND status = 'open'",
+            r#"
+            UPDATE disputes SET status = 'needs_review'
+            WHERE account_id = $2 AND payment_id = $1 AND status = 'open'
+            "#,
             intent.payment.as_str(),
+            intent.account.as_str(),
         )
         .execute(&mut *tx)
         .await?;
@@ -255,7 +264,8 @@ async fn record(
             .map_err(anyhow::Error::from)?,
         NewEvent::payment(EventType::PaymentRefunded, payment, at).map_err(anyhow::Error::from)?,
     ];
-    events::write(&mut tx, intent.account.as_str(), &written).await?;
+    let engine = lease.engine().await?;
+    events::write(&mut tx, engine, intent.account.as_str(), &written).await?;
     let response = StoredResponse::json(StatusCode::CREATED, &refund)
         .map_err(anyhow::Error::from)?
         .with_header(header::LOCATION, refund.location());

@@ -92,13 +92,16 @@ async fn list_event_attempts(
         SELECT delivery.endpoint_id AS "endpoint!", attempt.attempt, attempt.status_code,
                attempt.latency_ms, attempt.error, attempt.attempted_at
         FROM webhook_deliveries delivery
-        JOIN webhook_attempts attempt ON attempt.delivery_id = delivery.id
-        WHERE delivery.event_id = $1 AND delivery.endpoint_id IS NOT NULL
+        JOIN webhook_attempts attempt
+            ON attempt.account_id = delivery.account_id AND attempt.delivery_id = delivery.id
+        WHERE delivery.account_id = $3 AND delivery.event_id = $1
+          AND delivery.endpoint_id IS NOT NULL
         ORDER BY attempt.attempted_at, delivery.endpoint_id, attempt.attempt
         LIMIT $2
         "#,
         id,
         MAX_ATTEMPTS + 1,
+        account,
     )
     .fetch_all(&state.pool)
     .await?

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::schedule::RetrySchedule;
 use super::{WebhookSecret, WebhookSecrets, address};
+use crate::db::{Engine, KnownEngine};
 use crate::ids;
 
 /// How many deliveries one tick claims at most: a backlog drains in bounded bites, and the claim
@@ -59,16 +60,18 @@ pub fn envelope(
     })
 }
 
-/// Puts an event in the outbox, in the caller's transaction: it is delivered if and only if that
-/// transaction commits.
+/// Puts an event of `owner` (whose rows it sits with: an account, or the processor) in the outbox,
+/// in the caller's transaction: it is delivered if and only if that transaction commits.
 pub async fn enqueue(
     conn: &mut PgConnection,
+    owner: &str,
     event_id: &str,
     url: &str,
     body: &[u8],
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "INSERT INTO webhook_deliveries (event_id, url, body) VALUES ($1, $2, $3)",
+        "INSERT INTO webhook_deliveries (account_id, event_id, url, body) VALUES ($1, $2, $3, $4)",
+        owner,
         event_id,
         url,
         body,
@@ -105,6 +108,7 @@ impl Sender {
 
 /// One claimed attempt.
 struct Due {
+    account_id: String,
     id: i64,
     event_id: String,
     url: String,
@@ -147,6 +151,8 @@ impl Outcome {
 #[derive(Clone)]
 pub struct Deliverer {
     pool: PgPool,
+    /// The kind of database, asked at the first claim.
+    engine: KnownEngine,
     client: reqwest::Client,
     sender: Sender,
     schedule: RetrySchedule,
@@ -185,6 +191,7 @@ impl Deliverer {
         }
         Ok(Self {
             pool,
+            engine: KnownEngine::default(),
             client: client.build()?,
             sender,
             poll: schedule.shortest().min(MAX_POLL),
@@ -263,10 +270,15 @@ impl Deliverer {
 
     /// Takes the due rows of this sender that nobody else is taking, and makes them due again
     /// only after this attempt's timeout (twice over, for the time to record it): one statement,
-    /// one short lock.
+    /// one short lock. The batch is locked once, in `ARRAY(…)`, as the expiry's is (see
+    /// `Idempotency::expire_batch`): a sub-select in `IN (…)` may be run again for every row
+    /// compared and then claims past its limit.
     async fn claim(&self) -> Result<Vec<Due>, sqlx::Error> {
         let in_flight_ms =
             i64::try_from(self.timeout.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
+        if self.engine.get(&self.pool).await? == Engine::Citus {
+            return self.claim_unlocked(in_flight_ms).await;
+        }
         sqlx::query_as!(
             Due,
             r#"
@@ -274,22 +286,23 @@ impl Deliverer {
                 UPDATE webhook_deliveries
                 SET attempts = attempts + 1,
                     next_attempt_at = now() + $1::bigint * interval '1 millisecond'
-                WHERE id IN (
-                    SELECT id FROM webhook_deliveries
+                WHERE ctid = ANY(ARRAY(
+                    SELECT ctid FROM webhook_deliveries
                     WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
                       AND (endpoint_id IS NOT NULL) = $3
                     ORDER BY next_attempt_at
                     LIMIT $2
                     FOR UPDATE SKIP LOCKED
-                )
-                RETURNING id, event_id, url, body, attempts, endpoint_id, created_at
+                ))
+                RETURNING account_id, id, event_id, url, body, attempts, endpoint_id, created_at
             )
-            SELECT claimed.id AS "id!", claimed.event_id AS "event_id!", claimed.url AS "url!",
+            SELECT claimed.account_id AS "account_id!", claimed.id AS "id!", claimed.event_id AS "event_id!", claimed.url AS "url!",
                    claimed.body AS "body!", claimed.attempts AS "attempts!",
                    claimed.endpoint_id, endpoint.secret AS "secret?",
                    claimed.created_at AS "created_at!"
             FROM claimed
-            LEFT JOIN webhook_endpoints endpoint ON endpoint.id = claimed.endpoint_id
+            LEFT JOIN webhook_endpoints endpoint
+                ON endpoint.account_id = claimed.account_id AND endpoint.id = claimed.endpoint_id
             "#,
             in_flight_ms,
             BATCH,
@@ -297,6 +310,76 @@ impl Deliverer {
         )
         .fetch_all(&self.pool)
         .await
+    }
+
+    /// [`Deliverer::claim`] on Citus, which locks rows only in a statement on one shard: the due
+    /// rows are read without locks, and the update claims those still due when it reaches them.
+    /// Of two loops claiming one row, the second waits on the first's lock, then finds it due
+    /// later and leaves it. The read alone runs while nothing is due: a write to every shard would
+    /// commit by two-phase commit at every poll.
+    async fn claim_unlocked(&self, in_flight_ms: i64) -> Result<Vec<Due>, sqlx::Error> {
+        let batch = sqlx::query!(
+            r#"
+            SELECT account_id, id FROM webhook_deliveries
+            WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
+              AND (endpoint_id IS NOT NULL) = $2
+            ORDER BY next_attempt_at
+            LIMIT $1
+            "#,
+            BATCH,
+            self.sender.is_endpoints(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (owners, ids): (Vec<String>, Vec<i64>) = batch
+            .into_iter()
+            .map(|row| (row.account_id, row.id))
+            .unzip();
+        let claimed = sqlx::query!(
+            r#"
+            UPDATE webhook_deliveries
+            SET attempts = attempts + 1,
+                next_attempt_at = now() + $3::bigint * interval '1 millisecond'
+            WHERE (account_id, id) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))
+              AND delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
+            RETURNING account_id, id, event_id, url, body, attempts, endpoint_id, created_at
+            "#,
+            &owners,
+            &ids,
+            in_flight_ms,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        // The endpoints' secrets, read by account: a join in the update would not be routed.
+        let mut due = Vec::with_capacity(claimed.len());
+        for row in claimed {
+            let secret =
+                match &row.endpoint_id {
+                    Some(endpoint) => sqlx::query_scalar!(
+                        "SELECT secret FROM webhook_endpoints WHERE account_id = $1 AND id = $2",
+                        row.account_id,
+                        endpoint,
+                    )
+                    .fetch_optional(&self.pool)
+                    .await?,
+                    None => None,
+                };
+            due.push(Due {
+                account_id: row.account_id,
+                id: row.id,
+                event_id: row.event_id,
+                url: row.url,
+                body: row.body,
+                attempts: row.attempts,
+                endpoint_id: row.endpoint_id,
+                secret,
+                created_at: row.created_at,
+            });
+        }
+        Ok(due)
     }
 
     async fn send(&self, due: &Due) -> Attempt {
@@ -378,38 +461,75 @@ impl Deliverer {
         let mut tx = self.pool.begin().await?;
         sqlx::query!(
             r#"
-            INSERT INTO webhook_attempts (delivery_id, attempt, status_code, latency_ms, error)
-            SELECT id, $2, $3, $4, $5 FROM webhook_deliveries WHERE id = $1
-            ON CONFLICT (delivery_id, attempt) DO NOTHING
+            INSERT INTO webhook_attempts
+                (account_id, delivery_id, attempt, status_code, latency_ms, error)
+            SELECT account_id, id, $2, $3, $4, $5 FROM webhook_deliveries
+            WHERE account_id = $6 AND id = $1
+            ON CONFLICT (account_id, delivery_id, attempt) DO NOTHING
             "#,
             due.id,
             due.attempts,
             status,
             latency_ms,
             error,
+            due.account_id,
         )
         .execute(&mut *tx)
         .await?;
-        let updated = sqlx::query!(
-            r#"
-            UPDATE webhook_deliveries
-            SET delivered_at = CASE WHEN $3 = 'delivered' THEN now() END,
-                failed_at = CASE WHEN $3 = 'failed' THEN now() END,
-                next_attempt_at = CASE WHEN $3 = 'retried'
-                    THEN now() + $4::bigint * interval '1 millisecond'
-                    ELSE next_attempt_at END,
-                last_status = $5, last_error = $6
-            WHERE id = $1 AND attempts = $2
-            "#,
-            due.id,
-            due.attempts,
-            outcome.as_str(),
-            retry_in.map(|wait| i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
-            status,
-            error,
-        )
-        .execute(&mut *tx)
-        .await?
+        // One statement per outcome rather than a CASE on it: Citus evaluates `now()` on the
+        // coordinator, and refuses it inside a CASE.
+        let updated = match outcome {
+            Outcome::Delivered => {
+                sqlx::query!(
+                    r#"
+                UPDATE webhook_deliveries
+                SET delivered_at = now(), last_status = $3, last_error = $4
+                WHERE account_id = $5 AND id = $1 AND attempts = $2
+                "#,
+                    due.id,
+                    due.attempts,
+                    status,
+                    error,
+                    due.account_id,
+                )
+                .execute(&mut *tx)
+                .await?
+            }
+            Outcome::Failed => {
+                sqlx::query!(
+                    r#"
+                UPDATE webhook_deliveries
+                SET failed_at = now(), last_status = $3, last_error = $4
+                WHERE account_id = $5 AND id = $1 AND attempts = $2
+                "#,
+                    due.id,
+                    due.attempts,
+                    status,
+                    error,
+                    due.account_id,
+                )
+                .execute(&mut *tx)
+                .await?
+            }
+            Outcome::Retried => {
+                sqlx::query!(
+                    r#"
+                UPDATE webhook_deliveries
+                SET next_attempt_at = now() + $3::bigint * interval '1 millisecond',
+                    last_status = $4, last_error = $5
+                WHERE account_id = $6 AND id = $1 AND attempts = $2
+                "#,
+                    due.id,
+                    due.attempts,
+                    retry_in.map(|wait| i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
+                    status,
+                    error,
+                    due.account_id,
+                )
+                .execute(&mut *tx)
+                .await?
+            }
+        }
         .rows_affected();
         if updated == 0 {
             // Claimed again meanwhile: the later claim records the delivery's state.
@@ -417,7 +537,7 @@ impl Deliverer {
             return Ok(());
         }
         if let (Outcome::Failed, Some(endpoint)) = (outcome, &due.endpoint_id) {
-            disable_if_dead(&mut tx, endpoint, due.created_at).await?;
+            disable_if_dead(&mut tx, &due.account_id, endpoint, due.created_at).await?;
         }
         tx.commit().await?;
         crate::http::metrics::webhook_delivery(self.sender.label(), outcome);
@@ -439,21 +559,23 @@ impl Deliverer {
 /// up with it (they would fail the same way), and it receives no new ones.
 async fn disable_if_dead(
     conn: &mut PgConnection,
+    account: &str,
     endpoint: &str,
     since: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     let disabled = sqlx::query_scalar!(
         r#"
         UPDATE webhook_endpoints SET status = 'disabled'
-        WHERE id = $1 AND status = 'enabled'
+        WHERE account_id = $3 AND id = $1 AND status = 'enabled'
           AND NOT EXISTS (
               SELECT 1 FROM webhook_deliveries
-              WHERE endpoint_id = $1 AND delivered_at >= $2
+              WHERE account_id = $3 AND endpoint_id = $1 AND delivered_at >= $2
           )
         RETURNING id
         "#,
         endpoint,
         since,
+        account,
     )
     .fetch_optional(&mut *conn)
     .await?;
@@ -461,9 +583,11 @@ async fn disable_if_dead(
         let given_up = sqlx::query!(
             r#"
             UPDATE webhook_deliveries SET failed_at = now()
-            WHERE endpoint_id = $1 AND delivered_at IS NULL AND failed_at IS NULL
+            WHERE account_id = $2 AND endpoint_id = $1 AND delivered_at IS NULL
+              AND failed_at IS NULL
             "#,
             endpoint,
+            account,
         )
         .execute(&mut *conn)
         .await?

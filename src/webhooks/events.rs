@@ -8,6 +8,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use utoipa::ToSchema;
 
+use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::payments::{Payment, PaymentRow, PaymentStatus};
 use crate::refunds::{Refund, RefundRow};
@@ -71,6 +72,21 @@ impl Target {
             Self::Payment(id) => (Some(id), None),
             Self::Charge(charge) => (None, Some(charge)),
         }
+    }
+
+    /// The account of the payment this names, if it names one of ours. An event of the processor
+    /// is not per account; this read, which takes no lock (the account of a payment never
+    /// changes), is the one statement of intake that looks in every account's rows: the others
+    /// name the account, so on Citus they run on its node.
+    async fn account(&self, conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
+        let (id, charge) = self.columns();
+        sqlx::query_scalar!(
+            "SELECT account_id FROM payments WHERE id = $1 OR charge = $2 LIMIT 1",
+            id,
+            charge,
+        )
+        .fetch_optional(conn)
+        .await
     }
 }
 
@@ -198,6 +214,7 @@ impl Envelope {
     pub async fn apply(
         &self,
         conn: &mut PgConnection,
+        engine: Engine,
         event_id: &str,
     ) -> Result<Applied, sqlx::Error> {
         let event = match self.event() {
@@ -207,21 +224,21 @@ impl Envelope {
         match event {
             Event::PaymentSucceeded { payment } => {
                 let (status, kind) = (PaymentStatus::Succeeded, EventType::PaymentSucceeded);
-                self.set_status(conn, &payment, status, kind).await
+                self.set_status(conn, engine, &payment, status, kind).await
             }
             Event::PaymentFailed { payment } => {
                 let (status, kind) = (PaymentStatus::Failed, EventType::PaymentFailed);
-                self.set_status(conn, &payment, status, kind).await
+                self.set_status(conn, engine, &payment, status, kind).await
             }
             Event::DisputeCreated {
                 payment,
                 dispute,
                 amount,
             } => {
-                self.dispute(conn, event_id, &payment, &dispute, amount)
+                self.dispute(conn, engine, event_id, &payment, &dispute, amount)
                     .await
             }
-            Event::RefundFailed { refund } => self.refund_failed(conn, &refund).await,
+            Event::RefundFailed { refund } => self.refund_failed(conn, engine, &refund).await,
         }
     }
 
@@ -234,31 +251,42 @@ impl Envelope {
     async fn set_status(
         &self,
         conn: &mut PgConnection,
+        engine: Engine,
         payment: &Target,
         status: PaymentStatus,
         kind: EventType,
     ) -> Result<Applied, sqlx::Error> {
+        let Some(account) = payment.account(conn).await? else {
+            let reason = format!("{} matched no payment it can apply to", self.kind);
+            return Ok(Applied::without_event(ignored(&reason)));
+        };
         let (id, charge) = payment.columns();
         // `prior` reads the row under its lock, so it is the status this UPDATE moves from.
         let updated = sqlx::query!(
             r#"
             UPDATE payments p SET status = $4, last_event_at = $3
-            FROM (SELECT id, status FROM payments WHERE id = $1 OR charge = $2 FOR NO KEY UPDATE) prior
-            WHERE p.id = prior.id AND p.status IN ('succeeded', 'failed')
+            FROM (
+                SELECT account_id, id, status FROM payments
+                WHERE account_id = $5 AND (id = $1 OR charge = $2)
+                FOR NO KEY UPDATE
+            ) prior
+            WHERE p.account_id = $5 AND p.account_id = prior.account_id AND p.id = prior.id
+              AND p.status IN ('succeeded', 'failed')
               AND (p.last_event_at IS NULL OR p.last_event_at < $3)
             RETURNING prior.status AS prior_status, p.account_id, p.id, p.amount, p.currency,
                       p.status, p.payment_method, p.order_ref, p.description, p.amount_refunded,
-                      p.amount_disputed, p.charge, p.created_at, now() AS "now!"
+                      p.amount_disputed, p.charge, p.created_at
             "#,
             id,
             charge,
             self.timestamp,
             status.as_str(),
+            account,
         )
         .fetch_optional(&mut *conn)
         .await?;
         let Some(updated) = updated else {
-            let outcome = self.status_outcome(conn, payment).await?;
+            let outcome = self.status_outcome(conn, &account, payment).await?;
             return Ok(Applied::without_event(outcome));
         };
         let event = if updated.prior_status == status.as_str() {
@@ -277,9 +305,15 @@ impl Envelope {
                 charge: updated.charge,
                 created_at: updated.created_at,
             };
-            let event =
-                NewEvent::payment(kind, Payment::from(row), updated.now).map_err(unencodable)?;
-            events::write(conn, &updated.account_id, std::slice::from_ref(&event)).await?;
+            let event = NewEvent::payment(kind, Payment::from(row), now(conn).await?)
+                .map_err(unencodable)?;
+            events::write(
+                conn,
+                engine,
+                &updated.account_id,
+                std::slice::from_ref(&event),
+            )
+            .await?;
             Some(event)
         };
         Ok(Applied {
@@ -293,13 +327,26 @@ impl Envelope {
     async fn refund_failed(
         &self,
         conn: &mut PgConnection,
+        engine: Engine,
         refund: &str,
     ) -> Result<Applied, sqlx::Error> {
+        // The refund's account first, read without a lock, as for a payment (`Target::account`).
+        let account = sqlx::query_scalar!(
+            "SELECT account_id FROM refunds WHERE id = $1 OR processor_refund = $1 LIMIT 1",
+            refund,
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(account) = account else {
+            let reason = format!("{} matched no object it can apply to", self.kind);
+            return Ok(Applied::without_event(ignored(&reason)));
+        };
         let failed = sqlx::query!(
             r#"
             WITH failed AS (
                 UPDATE refunds SET status = 'failed'
-                WHERE (id = $1 OR processor_refund = $1) AND status = 'succeeded'
+                WHERE account_id = $2 AND (id = $1 OR processor_refund = $1)
+                  AND status = 'succeeded'
                 RETURNING id, payment_id, account_id, amount, reason, status, processor_refund,
                           created_at
             )
@@ -307,14 +354,16 @@ impl Envelope {
             SET amount_refunded = p.amount_refunded - failed.amount,
                 status = CASE WHEN p.status = 'refunded' THEN 'succeeded' ELSE p.status END
             FROM failed
-            WHERE p.id = failed.payment_id
+            WHERE p.account_id = $2 AND p.account_id = failed.account_id
+              AND p.id = failed.payment_id
             RETURNING failed.id AS "id!", failed.payment_id AS "payment_id!",
                       failed.account_id AS "account_id!", failed.amount AS "amount!",
                       failed.reason AS "reason?", failed.status AS "status!",
                       failed.processor_refund AS "processor_refund?",
-                      failed.created_at AS "created_at!", now() AS "now!"
+                      failed.created_at AS "created_at!"
             "#,
             refund,
+            account,
         )
         .fetch_optional(&mut *conn)
         .await?;
@@ -331,9 +380,15 @@ impl Envelope {
             processor_refund: failed.processor_refund,
             created_at: failed.created_at,
         };
-        let event = NewEvent::refund(EventType::RefundFailed, Refund::from(row), failed.now)
+        let event = NewEvent::refund(EventType::RefundFailed, Refund::from(row), now(conn).await?)
             .map_err(unencodable)?;
-        events::write(conn, &failed.account_id, std::slice::from_ref(&event)).await?;
+        events::write(
+            conn,
+            engine,
+            &failed.account_id,
+            std::slice::from_ref(&event),
+        )
+        .await?;
         Ok(Applied {
             outcome: Outcome::Applied,
             event: Some(event),
@@ -346,6 +401,7 @@ impl Envelope {
     async fn status_outcome(
         &self,
         conn: &mut PgConnection,
+        account: &str,
         payment: &Target,
     ) -> Result<Outcome, sqlx::Error> {
         let (id, charge) = payment.columns();
@@ -353,12 +409,13 @@ impl Envelope {
             r#"
             SELECT EXISTS (
                 SELECT 1 FROM payments
-                WHERE (id = $1 OR charge = $2) AND last_event_at >= $3
+                WHERE account_id = $4 AND (id = $1 OR charge = $2) AND last_event_at >= $3
             ) AS "newer!"
             "#,
             id,
             charge,
             self.timestamp,
+            account,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -378,11 +435,16 @@ impl Envelope {
     async fn dispute(
         &self,
         conn: &mut PgConnection,
+        engine: Engine,
         event_id: &str,
         payment: &Target,
         dispute: &str,
         amount: i64,
     ) -> Result<Applied, sqlx::Error> {
+        let Some(account) = payment.account(conn).await? else {
+            let reason = format!("{} names no payment of ours", self.kind);
+            return Ok(Applied::without_event(ignored(&reason)));
+        };
         let (id, charge) = payment.columns();
         // The row lock orders this dispute with refunds and other disputes of the payment; the
         // lock of an UPDATE, so that it does not deadlock with a refund whose insert holds the key
@@ -391,11 +453,12 @@ impl Envelope {
             r#"
             SELECT id, account_id, amount - amount_refunded - amount_disputed AS "remaining!"
             FROM payments
-            WHERE id = $1 OR charge = $2
+            WHERE account_id = $3 AND (id = $1 OR charge = $2)
             FOR NO KEY UPDATE
             "#,
             id,
             charge,
+            account,
         )
         .fetch_optional(&mut *conn)
         .await?
@@ -408,7 +471,7 @@ impl Envelope {
             r#"
             INSERT INTO disputes (id, payment_id, account_id, amount, status, event_id)
             VALUES ($1, $2, $3, $4, $5, $6)
-            ON CONFLICT (id) DO NOTHING
+            ON CONFLICT (account_id, id) DO NOTHING
             RETURNING id
             "#,
             dispute,
@@ -426,12 +489,14 @@ impl Envelope {
         }
         let disputed = sqlx::query!(
             r#"
-            UPDATE payments SET amount_disputed = amount_disputed + $2 WHERE id = $1
+            UPDATE payments SET amount_disputed = amount_disputed + $2
+            WHERE account_id = $3 AND id = $1
             RETURNING id, amount, currency, status, payment_method, order_ref, description,
-                      amount_refunded, amount_disputed, charge, created_at, now() AS "now!"
+                      amount_refunded, amount_disputed, charge, created_at
             "#,
             paid.id,
             amount.min(paid.remaining),
+            paid.account_id,
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -448,9 +513,13 @@ impl Envelope {
             charge: disputed.charge,
             created_at: disputed.created_at,
         };
-        let event = NewEvent::payment(EventType::PaymentDisputed, Payment::from(row), disputed.now)
-            .map_err(unencodable)?;
-        events::write(conn, &paid.account_id, std::slice::from_ref(&event)).await?;
+        let event = NewEvent::payment(
+            EventType::PaymentDisputed,
+            Payment::from(row),
+            now(conn).await?,
+        )
+        .map_err(unencodable)?;
+        events::write(conn, engine, &paid.account_id, std::slice::from_ref(&event)).await?;
         let outcome = if fits {
             Outcome::Applied
         } else {
@@ -522,4 +591,13 @@ fn unencodable(error: serde_json::Error) -> sqlx::Error {
 fn ignored(reason: &str) -> Outcome {
     tracing::warn!(reason, "webhook event acknowledged without effect");
     Outcome::Ignored
+}
+
+/// The transaction's `now()`, the time of the change it applies: read on its own, since Citus
+/// allows no such function in a distributed statement's `RETURNING` (it evaluates `now()` on the
+/// coordinator, where this reads it too).
+async fn now(conn: &mut PgConnection) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
+        .fetch_one(conn)
+        .await
 }

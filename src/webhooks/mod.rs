@@ -33,6 +33,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::db::Engine;
 use crate::http::AppState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
@@ -146,7 +147,8 @@ async fn receive(
         )
         .into());
     }
-    let outcome = process(&state.pool, &id, &envelope, state.event_ttl).await?;
+    let engine = state.idempotency.engine().await?;
+    let outcome = process(&state.pool, engine, &id, &envelope, state.event_ttl).await?;
     crate::http::metrics::webhook_event(outcome);
     tracing::info!(event = %id, kind = %envelope.kind, ?outcome, "webhook processed");
     Ok(axum::Json(Acknowledgement { event: id, outcome }).into_response())
@@ -156,6 +158,7 @@ async fn receive(
 /// redelivery waits on its primary key until this transaction ends, then finds the event recorded.
 async fn process(
     pool: &PgPool,
+    engine: Engine,
     id: &str,
     envelope: &Envelope,
     ttl: Duration,
@@ -177,7 +180,7 @@ async fn process(
     if recorded.is_none() {
         return Ok(Outcome::Duplicate);
     }
-    let applied = envelope.apply(&mut tx, id).await?;
+    let applied = envelope.apply(&mut tx, engine, id).await?;
     let outcome = applied.outcome;
     if outcome != Outcome::Applied {
         sqlx::query!(
@@ -198,17 +201,17 @@ async fn process(
 
 /// Deletes up to [`BATCH`](crate::expiry::BATCH) expired event records, as
 /// [`Idempotency::expire_batch`](crate::idempotency::Idempotency::expire_batch) does for keys
-/// (where the literal batch size is explained).
+/// (where the literal batch size and the batch locked once in `ARRAY(…)` are explained).
 pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
     let deleted = sqlx::query!(
         r#"
         DELETE FROM processed_events
-        WHERE id IN (
-            SELECT id FROM processed_events
+        WHERE ctid = ANY(ARRAY(
+            SELECT ctid FROM processed_events
             WHERE expires_at <= now()
             LIMIT 1000
             FOR UPDATE SKIP LOCKED
-        )
+        ))
         "#,
     )
     .execute(pool)

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{Receiver, endpoint_for_all, local, wait_for};
 use crate::support::helpers::{TestApp, new_key, payment};
 
-#[api_test]
+#[api_test(citus)]
 async fn a_payment_and_its_refund_reach_the_endpoint_signed_as_the_feed_serves_them() {
     let app = TestApp::spawn_with(local("100ms,100ms")).await;
     let receiver = Receiver::start(0).await;

@@ -130,6 +130,15 @@ pub async fn endpoint_for_all(app: &TestApp, url: &str) -> (String, String) {
     )
 }
 
+/// The rest of a statement that writes events in a CTE `event` (`id, account_id, type, body`) and
+/// queues each for the enabled endpoints of its account that subscribe to its type.
+pub const FAN_OUT: &str = "
+     INSERT INTO webhook_deliveries (account_id, event_id, url, body, endpoint_id)
+     SELECT endpoint.account_id, event.id, endpoint.url, event.body, endpoint.id
+     FROM event JOIN webhook_endpoints endpoint ON endpoint.account_id = event.account_id
+     WHERE endpoint.status = 'enabled'
+       AND (event.type = ANY (endpoint.enabled_events) OR '*' = ANY (endpoint.enabled_events))";
+
 /// Writes an event of the account, shaped as the real ones, as a change's transaction does;
 /// returns its id.
 pub async fn write_event(db: &PgPool, account: &str, kind: &str) -> String {
@@ -141,14 +150,20 @@ pub async fn write_event(db: &PgPool, account: &str, kind: &str) -> String {
         "created_at": chrono::Utc::now(),
         "data": { "object": { "id": "pay_U5PgTqA02dYsv3cLANIGkqIs", "object": "payment" } },
     });
-    sqlx::query("INSERT INTO events (id, account_id, type, body) VALUES ($1, $2, $3, $4)")
-        .bind(&id)
-        .bind(account)
-        .bind(kind)
-        .bind(serde_json::to_vec(&body).unwrap())
-        .execute(db)
-        .await
-        .unwrap();
+    // Queued for the account's endpoints as idempay queues its own events (src/events/mod.rs).
+    sqlx::query(&format!(
+        "WITH event AS (
+             INSERT INTO events (id, account_id, type, body) VALUES ($1, $2, $3, $4)
+             RETURNING id, account_id, type, body
+         ) {FAN_OUT}"
+    ))
+    .bind(&id)
+    .bind(account)
+    .bind(kind)
+    .bind(serde_json::to_vec(&body).unwrap())
+    .execute(db)
+    .await
+    .unwrap();
     id
 }
 

@@ -8,8 +8,8 @@ use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::Value;
 
-use super::{Receiver, endpoint_for_all, local, wait_for, write_event};
-use crate::support::helpers::TestApp;
+use super::{FAN_OUT, Receiver, endpoint_for_all, local, wait_for, write_event};
+use crate::support::helpers::{TestApp, one_storm_at_a_time};
 use crate::support::instance::{Instance, Metrics};
 
 async fn delivered(app: &TestApp, event: &str) -> bool {
@@ -22,7 +22,7 @@ async fn delivered(app: &TestApp, event: &str) -> bool {
     .unwrap()
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn an_endpoint_that_fails_three_deliveries_gets_the_fourth_with_the_same_id_and_its_own_signature()
  {
     let app = TestApp::spawn_with(local("100ms,100ms,100ms,100ms")).await;
@@ -158,6 +158,7 @@ async fn when_the_schedule_runs_out_the_delivery_fails_and_the_endpoint_is_disab
 /// each event arrives exactly once, and each delivery was attempted once.
 #[api_test]
 async fn three_instances_deliver_every_event_once() {
+    let _alone = one_storm_at_a_time().await;
     const EVENTS: i64 = 500;
     let app = TestApp::spawn_with(local("100ms")).await;
     let receiver = Receiver::start(0).await;
@@ -172,14 +173,18 @@ async fn three_instances_deliver_every_event_once() {
     let _instances =
         futures::future::join_all((0..3).map(|_| Instance::start(&database_url, &env))).await;
 
-    sqlx::query(
-        "INSERT INTO events (id, account_id, type, body)
-         SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'payment.succeeded',
-                convert_to(json_build_object('id', 'evt_' || lpad(n::text, 24, '0'),
-                    'object', 'event', 'type', 'payment.succeeded', 'created_at', now(),
-                    'data', json_build_object('object', json_build_object('id', n)))::text, 'UTF8')
-         FROM generate_series(1, $2) n",
-    )
+    sqlx::query(&format!(
+        "WITH event AS (
+             INSERT INTO events (id, account_id, type, body)
+             SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'payment.succeeded',
+                    convert_to(json_build_object('id', 'evt_' || lpad(n::text, 24, '0'),
+                        'object', 'event', 'type', 'payment.succeeded', 'created_at', now(),
+                        'data', json_build_object('object', json_build_object('id', n)))::text,
+                        'UTF8')
+             FROM generate_series(1, $2) n
+             RETURNING id, account_id, type, body
+         ) {FAN_OUT}",
+    ))
     .bind(&app.account_id)
     .bind(EVENTS)
     .execute(&app.db)
@@ -394,9 +399,13 @@ async fn an_endpoint_that_acknowledged_a_later_event_stays_enabled_when_one_deli
     // The first event is refused; it is written before the second, which is acknowledged.
     let first = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
     *refused.lock().unwrap() = first.clone();
-    sqlx::query(
-        "INSERT INTO events (id, account_id, type, body) VALUES ($1, $2, 'payment.succeeded', $3)",
-    )
+    sqlx::query(&format!(
+        "WITH event AS (
+             INSERT INTO events (id, account_id, type, body)
+             VALUES ($1, $2, 'payment.succeeded', $3)
+             RETURNING id, account_id, type, body
+         ) {FAN_OUT}",
+    ))
     .bind(&first)
     .bind(&app.account_id)
     .bind(format!(r#"{{"id":"{first}","object":"event","type":"payment.succeeded"}}"#).into_bytes())

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::webhooks::{deliver, deliver_at};
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 
-#[api_test]
+#[api_test(citus)]
 async fn a_payment_writes_its_event_with_the_payment_as_it_was_created() {
     let app = TestApp::spawn().await;
     let key = new_key();

@@ -78,7 +78,7 @@ async fn a_key_in_progress_shows_its_lease_and_recovery_point() {
     );
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_key_taken_over_once_counts_one_takeover() {
     let app = TestApp::spawn().await;
     let key = new_key();

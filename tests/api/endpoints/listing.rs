@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 
-#[api_test]
+#[api_test(citus)]
 async fn payments_are_listed_newest_first_a_page_at_a_time() {
     let app = TestApp::spawn().await;
     let mut created = Vec::new();
@@ -67,7 +67,7 @@ async fn payments_are_listed_newest_first_a_page_at_a_time() {
     );
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn only_the_callers_payments_are_listed() {
     let app = TestApp::spawn().await;
     let mine = app.paid(100).await;

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::support::helpers::{TestApp, new_key, payment};
 
-#[api_test]
+#[api_test(citus)]
 async fn a_payment_is_created_with_201_and_its_location() {
     let app = TestApp::spawn().await;
     let response = app.post_payment(&new_key(), &payment(4200)).await;
@@ -30,7 +30,7 @@ async fn a_payment_is_created_with_201_and_its_location() {
     assert_eq!(app.payment_count().await, 1);
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_payment_can_be_read_back_in_the_same_representation() {
     let app = TestApp::spawn().await;
     let created = app.post_payment(&new_key(), &payment(4200)).await.json();

@@ -56,7 +56,7 @@ async fn a_refund_without_amount_refunds_what_remains_and_marks_the_payment_refu
     again.assert_problem(400, "payment-not-refundable");
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_refund_is_replayed_byte_for_byte_and_made_once() {
     let app = TestApp::spawn().await;
     let paid = app.paid(5000).await;
@@ -77,7 +77,7 @@ async fn a_refund_is_replayed_byte_for_byte_and_made_once() {
     assert_eq!(refund_count(&app).await, 1);
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five() {
     let app = TestApp::spawn().await;
     let paid = app.paid(50).await;
@@ -104,7 +104,7 @@ async fn twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five(
     assert_eq!(payment["status"], "refunded");
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_refund_beyond_what_remains_is_refused_and_the_refusal_is_replayed() {
     let app = TestApp::spawn().await;
     let paid = app.paid(1000).await;

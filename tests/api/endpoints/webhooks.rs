@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::support::helpers::{TestApp, TestResponse, new_key, wait_until};
 use crate::support::instance::Instance;
 
-#[api_test]
+#[api_test(citus)]
 async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
@@ -43,7 +43,7 @@ async fn a_dispute_is_applied_once_and_its_redelivery_is_a_duplicate() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1600);
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
@@ -123,7 +123,7 @@ async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
     assert_eq!(event_count(&app).await, 0);
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let cases = [
@@ -150,7 +150,7 @@ async fn unknown_types_and_unknown_payments_are_acknowledged_and_recorded() {
     assert_eq!(again.json()["outcome"], "duplicate");
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn payment_events_sync_the_status() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
@@ -178,7 +178,7 @@ async fn payment_events_sync_the_status() {
     assert_eq!(app.get_payment(&paid).await.json()["status"], "succeeded");
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_failed_refund_makes_its_amount_refundable_again() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;

@@ -17,7 +17,7 @@ const STORM: usize = 50;
 /// the same moment, arrive while it does, even on a loaded machine.
 const SLOW_CHARGE: Duration = Duration::from_secs(1);
 
-#[api_test]
+#[api_test(citus)]
 async fn fifty_simultaneous_identical_requests_make_exactly_one_payment() {
     let app = TestApp::spawn_with(with_slow_charge(SLOW_CHARGE)).await;
     let (key, body) = (new_key(), slow_payment(4200));
@@ -32,7 +32,7 @@ async fn fifty_simultaneous_identical_requests_make_exactly_one_payment() {
     );
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn fifty_simultaneous_identical_requests_across_two_instances_make_exactly_one_payment() {
     let first = TestApp::spawn_with(with_slow_charge(SLOW_CHARGE)).await;
     let second = first.another_instance(with_slow_charge(SLOW_CHARGE)).await;
@@ -62,7 +62,7 @@ async fn fifty_simultaneous_identical_requests_across_two_instances_make_exactly
     );
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn simultaneous_requests_with_different_keys_each_make_their_own_payment() {
     let app = TestApp::spawn().await;
     let keys: Vec<String> = (0..STORM).map(|_| new_key()).collect();

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use idempay::idempotency::Policy;
 use idempay_test_macros::api_test;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::process::Command;
 
-use crate::support::harness::{TEMPLATE, admin_url, database_url};
+use crate::support::harness::{create_database, database_url};
 use crate::support::helpers::{TestResponse, new_key, wait_until};
 use crate::support::instance::{ANSWER_WITHIN, free_port};
 
@@ -103,12 +103,9 @@ impl Fixture {
 /// A database of its own, migrated; its URL.
 async fn fresh_database() -> String {
     let database = format!("test_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(admin_url()).await.expect("admin");
-    sqlx::query(&format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}"))
-        .execute(&mut admin)
+    create_database(&database)
         .await
         .expect("create the test database");
-    admin.close().await.ok();
     database_url(&database)
 }
 

@@ -4,11 +4,15 @@
 use std::time::Duration;
 
 use idempay::config::Settings;
+use idempay::db::Engine;
+use idempay::idempotency::Idempotency;
 use idempay_test_macros::api_test;
 
-use crate::support::helpers::{TestApp, new_key, payment, wait_until};
+use crate::support::helpers::{
+    TestApp, new_key, one_connection_planning_for_empty, payment, wait_until,
+};
 
-#[api_test]
+#[api_test(citus)]
 async fn an_expired_key_is_deleted_by_the_job_and_can_be_used_again() {
     let app = TestApp::spawn_with(keys_living_one_second(Duration::from_millis(200))).await;
     let key = new_key();
@@ -27,7 +31,7 @@ async fn an_expired_key_is_deleted_by_the_job_and_can_be_used_again() {
     assert_eq!(app.payment_count().await, 2);
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn an_expired_key_not_yet_deleted_is_new_again() {
     // The job does not run: the key expires but its row stays.
     let app = TestApp::spawn_with(keys_living_one_second(Duration::from_secs(3600))).await;
@@ -72,7 +76,7 @@ async fn a_replay_kept_in_memory_ends_when_its_key_expires() {
     assert_eq!(app.payment_count().await, 2);
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
     let app = TestApp::spawn_with(Settings {
         expiry_interval: Duration::from_millis(200),
@@ -82,19 +86,19 @@ async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
     // More than one batch of expired keys, some live ones, and an expired key whose request is
     // still running: it keeps its row until its lease ends.
     sqlx::raw_sql(
-        "INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, response_code,
+        "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
                                        response_headers, response_body, expires_at)
-         SELECT 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
+         SELECT 'acct_x', 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
                 201, '{}', '\\x7b7d', now() - interval '1 minute'
          FROM generate_series(1, 2500) AS i;
-         INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, response_code,
+         INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
                                        response_headers, response_body, expires_at)
-         SELECT 'acct_x:POST /v1/payments', 'live-' || i, sha256(i::text::bytea), 'completed',
+         SELECT 'acct_x', 'acct_x:POST /v1/payments', 'live-' || i, sha256(i::text::bytea), 'completed',
                 201, '{}', '\\x7b7d', now() + interval '1 hour'
          FROM generate_series(1, 10) AS i;
-         INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, lock_token,
+         INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, lock_token,
                                        locked_until, expires_at)
-         VALUES ('acct_x:POST /v1/payments', 'running', sha256('r'), 'in_progress',
+         VALUES ('acct_x', 'acct_x:POST /v1/payments', 'running', sha256('r'), 'in_progress',
                  gen_random_uuid(), now() + interval '1 hour', now() - interval '1 minute');",
     )
     .execute(&app.db)
@@ -150,9 +154,9 @@ async fn the_job_deletes_at_most_1000_keys_per_statement() {
          BEGIN INSERT INTO deletes (rows) SELECT count(*) FROM deleted; RETURN NULL; END $$;
          CREATE TRIGGER count_deleted AFTER DELETE ON idempotency_keys
          REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION count_deleted();
-         INSERT INTO idempotency_keys (scope, idem_key, request_hash, status, response_code,
+         INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
                                        response_headers, response_body, expires_at)
-         SELECT 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
+         SELECT 'acct_x', 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
                 201, '{}', '\\x7b7d', now() - interval '1 minute'
          FROM generate_series(1, 2500) AS i;",
     )
@@ -176,4 +180,56 @@ async fn the_job_deletes_at_most_1000_keys_per_statement() {
         "a delete took more than 1,000 rows: {deletes:?}"
     );
     assert_eq!(deletes.len(), 3, "full batches: {deletes:?}");
+}
+
+/// The bound holds whatever plan the statement got. Here the plan is made while the tables'
+/// statistics say they are empty (analyzed empty, autovacuum off so nothing corrects them), on a
+/// connection that keeps it; then a backlog of 2,500 expired rows appears at once. Locked in
+/// `IN (SELECT … LIMIT 1000 FOR UPDATE SKIP LOCKED)`, that plan ran the sub-select again for every
+/// row it compared, and the first statement deleted the whole backlog (in seconds, not
+/// milliseconds): the keys' batch and the processed events' batch each take 1,000 rows now.
+#[api_test]
+async fn a_batch_planned_while_the_table_was_empty_still_deletes_at_most_1000_rows() {
+    let app = TestApp::spawn_with(Settings {
+        expiry_interval: Duration::from_secs(86_400),
+        ..Settings::default()
+    })
+    .await;
+    let pool = one_connection_planning_for_empty(
+        &app.database_url(),
+        &["idempotency_keys", "processed_events"],
+    )
+    .await;
+    let expire_keys = || Idempotency::expire_batch(&pool, Engine::Postgres);
+    let expire_events = || idempay::webhooks::expire_batch(&pool);
+    assert_eq!(expire_keys().await.unwrap(), 0, "nothing to expire yet");
+    assert_eq!(expire_events().await.unwrap(), 0, "nothing to expire yet");
+
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
+                                       response_headers, response_body, expires_at)
+         SELECT 'acct_x', 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
+                201, '{}', '\\x7b7d', now() - interval '1 minute'
+         FROM generate_series(1, 2500) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO processed_events (id, type, outcome, expires_at)
+         SELECT 'evt_' || i, 'charge.succeeded', 'applied', now() - interval '1 minute'
+         FROM generate_series(1, 2500) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let mut keys = Vec::new();
+    let mut events = Vec::new();
+    for _ in 0..3 {
+        keys.push(expire_keys().await.unwrap());
+        events.push(expire_events().await.unwrap());
+    }
+    assert_eq!(keys, [1000, 1000, 500], "the keys' batches");
+    assert_eq!(events, [1000, 1000, 500], "the processed events' batches");
 }

@@ -13,7 +13,7 @@ use crate::support::helpers::{
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
 use crate::support::raw_http::socket_address;
 
-#[api_test]
+#[api_test(citus)]
 async fn replay_returns_the_original_status_and_body_byte_for_byte() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -32,7 +32,7 @@ async fn replay_returns_the_original_status_and_body_byte_for_byte() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_retry_that_serialises_the_same_body_differently_is_a_replay() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -80,7 +80,7 @@ async fn a_retry_that_writes_the_amount_in_another_notation_is_a_replay() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_declined_charge_is_replayed_byte_for_byte() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -102,7 +102,7 @@ async fn a_declined_charge_is_replayed_byte_for_byte() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn the_same_key_with_another_payload_is_refused_and_nothing_executes() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -181,7 +181,7 @@ async fn a_mismatch_on_a_key_reserved_without_field_digests_omits_the_list() {
     assert!(problem.get("mismatched_fields").is_none(), "{problem}");
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_mismatch_is_refused_even_while_the_first_request_runs() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let key = new_key();
@@ -218,7 +218,7 @@ async fn bare_and_quoted_keys_are_the_same_key() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
     let key = new_key();
@@ -238,7 +238,7 @@ async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
     // The charge outlasts the lease twice over; only the heartbeat keeps the key held.
     let settings = Settings {
@@ -273,7 +273,7 @@ async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_key_whose_process_died_is_taken_over_after_its_lease() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -297,7 +297,7 @@ async fn a_key_whose_process_died_is_taken_over_after_its_lease() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_key_with_a_live_lease_is_not_taken_over() {
     let app = TestApp::spawn().await;
     let key = new_key();
@@ -315,7 +315,7 @@ async fn a_key_with_a_live_lease_is_not_taken_over() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
     // Long enough for the takeover below to land while the charge runs, even on a loaded machine.
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_secs(3))).await;
@@ -349,7 +349,7 @@ async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn the_same_key_from_another_account_is_a_separate_key() {
     let app = TestApp::spawn().await;
     let (_, other_api_key) = app.create_account("another merchant").await;
@@ -379,7 +379,7 @@ async fn the_same_key_from_another_account_is_a_separate_key() {
 /// A failure after the charge (here the database refuses the payment's insert) does not release
 /// the key: the charge may have happened (here it did), so the key is kept at its recovery point
 /// and the retry records the same charge instead of making a second one.
-#[api_test]
+#[api_test(citus)]
 async fn a_failure_after_the_charge_keeps_the_key_and_the_retry_records_the_same_charge() {
     let app = TestApp::spawn().await;
     app.refuse_payments().await;
@@ -422,7 +422,7 @@ async fn a_failure_after_the_charge_keeps_the_key_and_the_retry_records_the_same
     assert_every_charge_recorded_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_request_whose_client_hangs_up_still_completes() {
     let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(800))).await;
     let key = new_key();

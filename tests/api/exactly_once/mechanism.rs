@@ -8,13 +8,14 @@ use axum::http::StatusCode;
 use idempay::accounts::Account;
 use idempay::http::error::{ApiError, ProblemKind};
 use idempay::idempotency::{
-    Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Scope, Service, StoredResponse,
+    Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Resumers, Scope, Service,
+    StoredResponse,
 };
 use idempay_test_macros::api_test;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::support::helpers::TestApp;
+use crate::support::helpers::{TestApp, jobs_off, one_connection_planning_for_empty};
 use crate::support::instance::ANSWER_WITHIN;
 
 const POLICY: Policy = Policy {
@@ -61,7 +62,7 @@ async fn a_failing_unit_of_work_stores_nothing_and_passes_its_error_on() {
     assert_eq!(app.key_count().await, 0);
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn the_same_key_on_another_route_is_a_separate_key() {
     let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
 
@@ -136,6 +137,54 @@ async fn the_work_goes_on_while_a_renewal_of_its_lease_waits_for_the_key_row() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(app.key_count().await, 1);
+}
+
+/// The recovery job's claim takes at most 20 keys a batch (each is a call to another system) even
+/// when its statement was planned while no key was recoverable, on a connection that keeps that
+/// plan. Locked in `IN (SELECT … LIMIT 20 FOR UPDATE SKIP LOCKED)`, such a plan joined every key to
+/// a sub-select run again for each of them, and the first batch claimed all 50 (tried on this
+/// schema); locked once in `ARRAY(…)`, the batches are 20, 20 and 10.
+#[api_test]
+async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_most_20_keys() {
+    const POINT: &str = "stale-plan-test";
+    // The test's server runs no recovery job of its own (it would not know POINT anyway).
+    let app = TestApp::spawn_with(jobs_off()).await;
+    let (account, _) = idempay::accounts::create(&app.db, "recovery")
+        .await
+        .unwrap();
+    let pool = one_connection_planning_for_empty(&app.database_url(), &["idempotency_keys"]).await;
+    let idempotency = Idempotency::new(Service::Api, pool, POLICY);
+    let resumers = Resumers::default().on(POINT, complete_with_201);
+    assert_eq!(idempotency.recover_batch(&resumers).await.unwrap(), 0);
+
+    // 50 keys whose request stopped at POINT and whose lease is dead.
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, lock_token,
+                                       locked_until, expires_at, recovery_point, recovery_state,
+                                       downstream_key)
+         SELECT $1, $1 || ':POST /v1/things', 'suspended-' || i, sha256(i::text::bytea),
+                'in_progress', gen_random_uuid(), now() - interval '1 minute',
+                now() + interval '1 day', $2, '{}', 'downstream-' || i
+         FROM generate_series(1, 50) AS i",
+    )
+    .bind(account.id().as_str())
+    .bind(POINT)
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        batches.push(idempotency.recover_batch(&resumers).await.unwrap());
+    }
+    assert_eq!(batches, [20, 20, 10], "the recovery job's batches");
+    let completed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_code = 201",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(completed, 50, "every claimed key was resumed and completed");
 }
 
 /// The mechanism on its own, on a fresh database with one account.

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use idempay::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use serde_json::Value;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::harness::{TEMPLATE, admin_url, database_url};
+use crate::support::harness::{create_database, database_url};
 use crate::support::helpers::{TestApp, TestResponse};
 
 /// The key every test processor takes.
@@ -154,14 +154,9 @@ async fn bind_any() -> TcpListener {
 /// A database cloned from the migrated template.
 pub async fn fresh_database() -> String {
     let database = format!("test_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(admin_url())
-        .await
-        .expect("admin connection");
-    sqlx::query(&format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}"))
-        .execute(&mut admin)
+    create_database(&database)
         .await
         .expect("create the test database");
-    admin.close().await.ok();
     database
 }
 

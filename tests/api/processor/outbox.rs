@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use super::{TestProcessor, charge, settings};
-use crate::support::helpers::{TestApp, new_key, wait_until};
+use crate::support::helpers::{TestApp, new_key, one_connection_planning_for_empty, wait_until};
 
 /// A receiver on a free port of 127.0.0.1 that answers 500 to its first `failures` deliveries,
 /// then 200, and keeps every delivery it received.
@@ -56,6 +56,14 @@ impl Receiver {
 
     fn count(&self) -> usize {
         self.received.lock().unwrap().len()
+    }
+
+    /// The `webhook-id` of every delivery received, in the order they came.
+    fn webhook_ids(&self) -> Vec<String> {
+        self.deliveries()
+            .iter()
+            .map(|(headers, _)| headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect()
     }
 }
 
@@ -261,21 +269,26 @@ async fn the_processor_gives_a_delivery_up_when_the_schedule_runs_out() {
     assert_eq!((attempts, recorded), (7, 7));
 }
 
+/// Puts `count` deliveries to `url` in the processor's outbox by hand, each a `charge.succeeded`
+/// of its own event id, due now.
+async fn fill_outbox(processor: &TestProcessor, url: &str, count: u32) {
+    let mut conn = processor.db.acquire().await.unwrap();
+    for n in 0..count {
+        let body =
+            delivery::envelope("charge.succeeded", chrono::Utc::now(), &json!({ "n": n })).unwrap();
+        delivery::enqueue(&mut conn, "processor", &delivery::event_id(), url, &body)
+            .await
+            .unwrap();
+    }
+}
+
 #[api_test]
 async fn two_delivery_loops_send_each_attempt_once() {
     let receiver = Receiver::start(0).await;
     let secret = WebhookSecrets::generate();
     // No loop of the processor's own: its outbox is filled by hand, for two loops to race on.
     let processor = TestProcessor::spawn().await;
-    let mut conn = processor.db.acquire().await.unwrap();
-    for n in 0..60 {
-        let body =
-            delivery::envelope("charge.succeeded", chrono::Utc::now(), &json!({ "n": n })).unwrap();
-        delivery::enqueue(&mut conn, &delivery::event_id(), &receiver.url, &body)
-            .await
-            .unwrap();
-    }
-    drop(conn);
+    fill_outbox(&processor, &receiver.url, 60).await;
     let schedule = RetrySchedule::parse("50ms,100ms,200ms,400ms,800ms,1s").unwrap();
     let loops: Vec<Deliverer> = (0..2)
         .map(|_| {
@@ -296,11 +309,7 @@ async fn two_delivery_loops_send_each_attempt_once() {
         b.unwrap();
     }
 
-    let mut ids: Vec<String> = receiver
-        .deliveries()
-        .iter()
-        .map(|(headers, _)| headers["webhook-id"].to_str().unwrap().to_owned())
-        .collect();
+    let mut ids = receiver.webhook_ids();
     assert_eq!(ids.len(), 60, "one attempt each");
     ids.sort_unstable();
     ids.dedup();
@@ -312,6 +321,47 @@ async fn two_delivery_loops_send_each_attempt_once() {
     .await
     .unwrap();
     assert_eq!(undelivered, 0);
+}
+
+/// A delivery loop claims at most [`delivery::BATCH`] rows a batch even when its statement was
+/// planned while the outbox was empty, on a connection that keeps that plan: a loop polls a quiet
+/// outbox every second, and from the sixth run of a prepared statement on PostgreSQL may keep a
+/// generic plan of it, made without the parameters' values.
+/// Locked in `IN (SELECT … LIMIT $2 FOR UPDATE SKIP LOCKED)`, that plan ran the sub-select again
+/// for every row it compared, and the first batch claimed all 120 rows (tried; after one empty
+/// poll it did not); locked once in `ARRAY(…)`, the batches are 50, 50 and 20, each row sent once.
+#[api_test]
+async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_most_50_rows() {
+    let receiver = Receiver::start(0).await;
+    // No loop of the processor's own: its outbox is filled by hand.
+    let processor = TestProcessor::spawn().await;
+    let pool =
+        one_connection_planning_for_empty(&processor.database_url(), &["webhook_deliveries"]).await;
+    let deliverer = Deliverer::processor(
+        pool,
+        &WebhookSecrets::generate(),
+        RetrySchedule::parse("1h").unwrap(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    // Six polls of the empty outbox: five custom plans, then the generic one.
+    for _ in 0..6 {
+        assert_eq!(deliverer.deliver_due().await.unwrap(), 0, "nothing due yet");
+    }
+
+    fill_outbox(&processor, &receiver.url, 120).await;
+
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        batches.push(deliverer.deliver_due().await.unwrap());
+    }
+    assert_eq!(batches, [50, 50, 20], "the delivery loop's batches");
+    assert_eq!(delivery::BATCH, 50);
+    let mut ids = receiver.webhook_ids();
+    assert_eq!(ids.len(), 120);
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 120, "each row sent once");
 }
 
 #[api_test]

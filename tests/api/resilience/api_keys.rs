@@ -61,7 +61,7 @@ fn printed_key(output: &std::process::Output) -> String {
         .to_owned()
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_works() {
     let app = TestApp::spawn().await;
     let database_url = app.database_url();
@@ -85,7 +85,7 @@ async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_w
     }
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_revoked_key_stops_working_on_a_running_instance_until_the_account_gets_a_new_one() {
     let app = TestApp::spawn().await;
     let instance = Instance::start(&app.database_url(), &[]).await;

@@ -9,7 +9,8 @@ use futures::future::join_all;
 use idempay_test_macros::api_test;
 
 use crate::support::helpers::{
-    TestApp, TestResponse, new_key, payment, retry_while_in_flight, slow_payment, wait_until,
+    TestApp, TestResponse, jobs_off, new_key, one_storm_at_a_time, payment, retry_while_in_flight,
+    slow_payment, wait_until,
 };
 use crate::support::instance::{ANSWER_WITHIN, Instance, LogFile};
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
@@ -28,7 +29,8 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
 
     // Only after the commit are the payment and the completed key in the database.
     let committed = failpoint == "after-commit";
-    let app = TestApp::spawn().await;
+    // The healthy instance's retry must be what takes the key over.
+    let app = TestApp::spawn_with(jobs_off()).await;
     let (logs, log_file) = LogFile::create();
     let mut crashing = Instance::start_logging_to(
         log_file,
@@ -129,7 +131,7 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
 }
 
 #[cfg(feature = "failpoints")]
-#[api_test]
+#[api_test(citus)]
 async fn a_crash_right_after_the_reservation_is_taken_over_and_charged_once() {
     let (_, retry) = crash_at("after-reserve").await;
     assert!(
@@ -139,7 +141,7 @@ async fn a_crash_right_after_the_reservation_is_taken_over_and_charged_once() {
 }
 
 #[cfg(feature = "failpoints")]
-#[api_test]
+#[api_test(citus)]
 async fn a_crash_between_the_charge_and_its_commit_leaves_nothing_and_is_charged_once() {
     let (_, retry) = crash_at("before-commit").await;
     assert!(
@@ -149,7 +151,7 @@ async fn a_crash_between_the_charge_and_its_commit_leaves_nothing_and_is_charged
 }
 
 #[cfg(feature = "failpoints")]
-#[api_test]
+#[api_test(citus)]
 async fn a_crash_after_the_commit_is_answered_by_a_replay() {
     let (_, retry) = crash_at("after-commit").await;
     assert!(
@@ -158,9 +160,11 @@ async fn a_crash_after_the_commit_is_answered_by_a_replay() {
     );
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
-    let app = TestApp::spawn().await;
+    // No recovery job: the retry is what must take the key over here (the recovery job's own
+    // takeover is proven in two_hops), and on a slow run the job could come first.
+    let app = TestApp::spawn_with(jobs_off()).await;
     let mut doomed = Instance::start(
         &app.database_url(),
         // The lease outlasts the early retry below even on a loaded machine.
@@ -203,7 +207,14 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
     assert_eq!(app.payment_count().await, 0);
 
     // Once the lease has run out, a retry takes the key over and charges exactly once.
-    let survivor = Instance::start(&app.database_url(), &[("IDEMPAY_SLOW_CHARGE", "100ms")]).await;
+    let survivor = Instance::start(
+        &app.database_url(),
+        &[
+            ("IDEMPAY_SLOW_CHARGE", "100ms"),
+            ("IDEMPAY_RECOVERY_INTERVAL", "1h"),
+        ],
+    )
+    .await;
     let taken_over =
         retry_while_in_flight(|| survivor.post_payment(&app.api_key, &key, &slow)).await;
     assert_eq!(taken_over.status, 201);
@@ -225,8 +236,9 @@ async fn a_killed_instance_leaves_its_key_to_a_retry_that_takes_over_once() {
 
 /// Every key sent COPIES times at once, the copies spread over three processes: they race on the
 /// key (the slow card keeps it in progress while its copies arrive), and still make one payment.
-#[api_test]
+#[api_test(citus)]
 async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
+    let _alone = one_storm_at_a_time().await;
     const KEYS: usize = 200;
     const COPIES: usize = 5;
     /// Keys per wave: a wave sends every copy of its keys at once, and ends when all are answered.
@@ -282,11 +294,20 @@ async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
             .filter(|(_, r)| !r.replayed())
             .map(|(instance, _)| *instance)
             .collect();
-        assert_eq!(executed.len(), 1, "{key}: executed once");
-        if responses
-            .iter()
-            .any(|(instance, r)| r.status == 409 && *instance != executed[0])
-        {
+        // The copy that executed may itself have been answered 503 (its instance too loaded to
+        // answer within the request timeout, its work committed all the same): then no copy shows
+        // the execution, and the payment count above is what proves it happened once.
+        let timed_out = responses.iter().any(|(_, r)| r.status == 503);
+        if timed_out {
+            assert!(executed.len() <= 1, "{key}: executed at most once");
+        } else {
+            assert_eq!(executed.len(), 1, "{key}: executed once");
+        }
+        if executed.first().is_some_and(|executor| {
+            responses
+                .iter()
+                .any(|(instance, r)| r.status == 409 && instance != executor)
+        }) {
             raced += 1;
         }
     }
@@ -335,11 +356,13 @@ async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
 /// deletions their metrics count add up to the backlog, and more than one of them deleted some: the
 /// jobs really met on the backlog), leave every live key, and never deadlock (neither PostgreSQL's
 /// count nor any instance's logs show one).
-#[api_test]
+#[api_test(citus)]
 async fn three_instances_drain_expired_keys_together_each_row_once_without_deadlocks() {
+    let _alone = one_storm_at_a_time().await;
     const EXPIRED: i64 = 30_000;
     const LIVE: i64 = 1_000;
-    let app = TestApp::spawn().await;
+    // The test's own server must not be a fourth deleter, uncounted by the instances' metrics.
+    let app = TestApp::spawn_with(jobs_off()).await;
     // Each instance logs to a file of its own, with the expiry job's runs (info) and any failure.
     let env = [
         ("IDEMPAY_EXPIRY_INTERVAL", "50ms"),
@@ -365,9 +388,9 @@ async fn three_instances_drain_expired_keys_together_each_row_once_without_deadl
     // One statement, so the whole backlog appears at once for the three jobs.
     sqlx::query(
         "INSERT INTO idempotency_keys
-             (scope, idem_key, request_hash, status, response_code, response_headers,
-              response_body, expires_at)
-         SELECT 'acct_seeded:POST /v1/payments', 'k' || i, sha256(i::text::bytea), 'completed',
+             (account_id, scope, idem_key, request_hash, status, response_code,
+              response_headers, response_body, expires_at)
+         SELECT 'acct_seeded', 'acct_seeded:POST /v1/payments', 'k' || i, sha256(i::text::bytea), 'completed',
                 201, '{}'::jsonb, '{}'::bytea,
                 CASE WHEN i <= $1 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END
          FROM generate_series(1, $1 + $2) AS i",
@@ -377,7 +400,8 @@ async fn three_instances_drain_expired_keys_together_each_row_once_without_deadl
     .execute(&app.db)
     .await
     .unwrap();
-    for _ in 0..600 {
+    // Generous: on a loaded machine (CI runs eight tests at once) the drain takes seconds.
+    for _ in 0..1_800 {
         if app.key_count().await == LIVE {
             break;
         }
@@ -402,10 +426,15 @@ async fn three_instances_drain_expired_keys_together_each_row_once_without_deadl
     }
     eprintln!("expiry on three instances: {EXPIRED} expired keys deleted as {shares:?}");
     assert_eq!(shares.iter().sum::<i64>(), EXPIRED, "each row deleted once");
-    assert!(
-        shares.iter().filter(|&&deleted| deleted > 0).count() >= 2,
-        "the jobs drained the backlog together, not one of them alone: {shares:?}"
-    );
+    // On one server the batches skip each other's locked rows, so the jobs share the backlog. On
+    // Citus they are read without locks (see `Idempotency::expire_batch`): the jobs pick the same
+    // rows, and those that come second find them gone, so one job may well take them all.
+    if !crate::support::citus::enabled() {
+        assert!(
+            shares.iter().filter(|&&deleted| deleted > 0).count() >= 2,
+            "the jobs drained the backlog together, not one of them alone: {shares:?}"
+        );
+    }
     assert_eq!(deadlocks().await, deadlocks_before, "no deadlock");
     for (instance, (log, deleted)) in logs.iter().zip(&shares).enumerate() {
         // The logs are read: an instance that deleted rows said so (after counting them).

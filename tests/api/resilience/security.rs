@@ -103,9 +103,11 @@ fn id(response: &TestResponse) -> String {
         .to_owned()
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn another_account_is_not_blocked_by_a_key_in_flight_for_this_one() {
-    let app = TestApp::spawn_with(with_slow_charge(Duration::from_millis(1500))).await;
+    // Long enough for another account to be made and to pay while A's charge runs, on a loaded
+    // cluster too.
+    let app = TestApp::spawn_with(with_slow_charge(Duration::from_secs(4))).await;
     let (a, b) = two_accounts(&app).await;
     let key = new_key();
     let slow = slow_payment(4200);
@@ -174,7 +176,7 @@ async fn another_account_is_not_blocked_by_a_key_in_flight_for_this_one() {
     assert_exactly_once(&app.db).await;
 }
 
-#[api_test]
+#[api_test(citus)]
 async fn a_shared_key_replays_each_account_its_own_answer_only() {
     let app = TestApp::spawn().await;
     let (a, b) = two_accounts(&app).await;

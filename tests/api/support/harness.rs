@@ -1,11 +1,17 @@
 //! Runs async tests on one shared runtime with one PostgreSQL container for the whole run, and
 //! removes the container when the run ends.
+//!
+//! With `IDEMPAY_TEST_CITUS=1` it is the cluster suite instead: only the tests marked
+//! `#[api_test(citus)]`, on a Citus cluster (a coordinator and two workers, [`super::citus`])
+//! started for the run and removed when it ends; every test's database exists on every node, and
+//! the tests connect to the coordinator.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use idempay::dev::postgres::Postgres;
 use libtest_mimic::{Arguments, Trial};
@@ -13,28 +19,98 @@ use linkme::distributed_slice;
 use sqlx::{Connection, PgConnection};
 use tokio::runtime::{Handle, Runtime};
 
+use crate::support::citus::{self, Cluster};
+
 /// The name of the migrated database every test database is cloned from.
 pub const TEMPLATE: &str = "idempay_template";
 
-/// No test may run longer than this; a hang is a failure, not a stuck CI.
-const TEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// No test may run longer than this; a hang is a failure, not a stuck CI. It counts the wait of a
+/// test queued behind another storm (`helpers::one_storm_at_a_time`).
+const TEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long a finished test's databases stay open on the cluster before they are closed: the
+/// test's servers and pools, stopped when it ended, may still be closing.
+const CLOSE_AFTER: Duration = Duration::from_secs(5);
 
 struct Shared {
     runtime: Handle,
-    admin_url: String,
-    url_base: String,
+    /// Every node's connection string without the database, the one tests connect to first: the
+    /// server alone, or the cluster's coordinator then its workers.
+    node_url_bases: Vec<String>,
+    /// Whether this run is the cluster suite.
+    citus: bool,
 }
 
 static SHARED: OnceLock<Shared> = OnceLock::new();
 
-/// Connection string of `database` in the shared server.
+/// Connection string of `database` in the shared server (on the cluster, the coordinator).
 pub fn database_url(database: &str) -> String {
-    format!("{}/{database}", shared().url_base)
+    format!("{}/{database}", shared().node_url_bases[0])
 }
 
-/// Connection string of the server's maintenance database, for `CREATE DATABASE`.
-pub fn admin_url() -> &'static str {
-    &shared().admin_url
+/// Connection strings of `database` on every node, the one tests connect to first: the server's
+/// alone, or the coordinator's then each worker's.
+pub fn node_database_urls(database: &str) -> Vec<String> {
+    shared()
+        .node_url_bases
+        .iter()
+        .map(|base| format!("{base}/{database}"))
+        .collect()
+}
+
+tokio::task_local! {
+    /// The databases the running test created, closed on the cluster once it ended.
+    static CREATED: Arc<Mutex<Vec<String>>>;
+}
+
+/// Test databases created on the cluster, and the time they took in all, for the run's summary.
+static CLUSTER_DATABASES: AtomicU64 = AtomicU64::new(0);
+static CLUSTER_DATABASE_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// Creates `database` as a copy of the migrated template: on the server, or on every node of the
+/// cluster at once, each node copying its own template (the coordinator then finds the shards in
+/// the workers' copies of the same name). Citus's own propagation of `CREATE DATABASE` is kept
+/// off: it would create the database empty on the workers first.
+pub async fn create_database(database: &str) -> Result<(), sqlx::Error> {
+    let shared = shared();
+    let started = Instant::now();
+    let statement = format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}");
+    futures::future::try_join_all(shared.node_url_bases.iter().map(|base| {
+        let statement = &statement;
+        async move {
+            let mut admin = PgConnection::connect(&format!("{base}/postgres")).await?;
+            if shared.citus {
+                citus::no_database_propagation(&mut admin).await?;
+            }
+            sqlx::query(statement).execute(&mut admin).await?;
+            admin.close().await
+        }
+    }))
+    .await?;
+    if shared.citus {
+        CLUSTER_DATABASES.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        CLUSTER_DATABASE_MICROS.fetch_add(micros, Ordering::Relaxed);
+        let _ = CREATED.try_with(|created| created.lock().unwrap().push(database.to_owned()));
+    }
+    Ok(())
+}
+
+/// Closes a finished test's databases on every node, coordinator first: no connection is allowed
+/// and those left are ended. Each database with the extension holds, on every node, a maintenance
+/// daemon (a background worker) and connections cached between the nodes: kept for the whole run
+/// they would outnumber what the nodes allow. Dropping the databases would free their disk too,
+/// but `DROP DATABASE` forces a checkpoint on each node, which made the suite half as slow again
+/// (each database's creation then took twice as long); closed, they stay until the cluster goes.
+/// Failures are left: the cluster is removed at the end of the run anyway.
+async fn close_later(databases: Vec<String>) {
+    tokio::time::sleep(CLOSE_AFTER).await;
+    let shared = shared();
+    for database in databases {
+        for base in &shared.node_url_bases {
+            let _ = citus::close_to_connections(base, &database).await;
+        }
+    }
 }
 
 fn shared() -> &'static Shared {
@@ -49,6 +125,10 @@ pub struct Test {
     pub module: &'static str,
     /// The test function's name.
     pub name: &'static str,
+    /// Part of the cluster suite (`#[api_test(citus)]`), which `IDEMPAY_TEST_CITUS=1` runs.
+    pub citus: bool,
+    /// Meaningful on the cluster only (`#[api_test(citus_only)]`): ignored on a single server.
+    pub citus_only: bool,
     pub run: fn() -> Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
@@ -65,12 +145,24 @@ impl Test {
     }
 
     /// A trial that runs this test on the shared runtime.
-    fn trial(&self) -> Trial {
+    fn trial(&self, citus: bool) -> Trial {
         let run = self.run;
         Trial::test(self.full_name(), move || {
-            let outcome = shared().runtime.block_on(async move {
-                tokio::time::timeout(TEST_TIMEOUT, tokio::spawn(run())).await
+            let shared = shared();
+            let created = Arc::new(Mutex::new(Vec::new()));
+            let scope = created.clone();
+            let outcome = shared.runtime.block_on(async move {
+                let mut test = tokio::spawn(CREATED.scope(scope, run()));
+                let outcome = tokio::time::timeout(TEST_TIMEOUT, &mut test).await;
+                // A test that ran out of time stops here, its processes with it (they are killed
+                // when dropped), before its databases are closed under it.
+                test.abort();
+                outcome
             });
+            if shared.citus {
+                let databases = std::mem::take(&mut *created.lock().unwrap());
+                shared.runtime.spawn(close_later(databases));
+            }
             match outcome {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(join_error)) => match join_error.try_into_panic() {
@@ -80,24 +172,29 @@ impl Test {
                 Err(_) => Err(format!("test timed out after {TEST_TIMEOUT:?}").into()),
             }
         })
+        .with_ignored_flag(self.citus_only && !citus)
     }
 }
 
-/// Every registered test as a trial, by name.
-fn trials() -> Vec<Trial> {
-    let mut tests: Vec<&Test> = TESTS.iter().collect();
+/// Every registered test as a trial, by name; on the cluster, only the cluster suite's.
+fn trials(citus: bool) -> Vec<Trial> {
+    let mut tests: Vec<&Test> = TESTS.iter().filter(|test| test.citus || !citus).collect();
     tests.sort_by_key(|test| test.full_name());
-    tests.into_iter().map(Test::trial).collect()
+    tests.into_iter().map(|test| test.trial(citus)).collect()
 }
 
 /// Runs the suite: starts PostgreSQL (unless only listing), runs the trials the arguments select,
 /// prints what the contract covered and removes the container.
 pub fn run(args: Arguments) -> ExitCode {
-    let trials = trials();
+    let citus = citus::enabled();
+    let trials = trials(citus);
     if args.list {
         return libtest_mimic::run(&args, trials).exit_code();
     }
     let runtime = Runtime::new().expect("a tokio runtime");
+    if citus {
+        return run_on_cluster(&args, trials, &runtime);
+    }
     let postgres = match runtime.block_on(start()) {
         Ok(postgres) => postgres,
         Err(error) => {
@@ -131,8 +228,72 @@ async fn start() -> anyhow::Result<Postgres> {
         .unwrap_or_default();
     let _ = SHARED.set(Shared {
         runtime: Handle::current(),
-        admin_url,
-        url_base,
+        node_url_bases: vec![url_base],
+        citus: false,
     });
     Ok(postgres)
+}
+
+/// The cluster suite: starts the cluster and its template, runs the trials, prints what the
+/// contract covered and what the databases cost, and removes the cluster (on failure and on
+/// Ctrl-C too).
+fn run_on_cluster(args: &Arguments, trials: Vec<Trial>, runtime: &Runtime) -> ExitCode {
+    let cluster = match Cluster::up() {
+        Ok(cluster) => cluster,
+        Err(error) => {
+            eprintln!("cannot start the Citus cluster for the tests: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("citus: interrupted; removing the cluster");
+            citus::down_now();
+            std::process::exit(130);
+        }
+    });
+    if let Err(error) = runtime.block_on(start_on_cluster(&cluster)) {
+        eprintln!("cannot make the template database on the Citus cluster: {error:#}");
+        return ExitCode::FAILURE;
+    }
+    let conclusion = libtest_mimic::run(args, trials);
+    println!("\n{}", crate::support::contract::report());
+    let databases = CLUSTER_DATABASES.load(Ordering::Relaxed);
+    if let Some(micros) = CLUSTER_DATABASE_MICROS
+        .load(Ordering::Relaxed)
+        .checked_div(databases)
+    {
+        println!(
+            "citus: {databases} test databases, each made on the {} nodes in {} ms on average",
+            cluster.ports().len(),
+            micros / 1000
+        );
+    }
+    let crashes = cluster.crashes();
+    if !crashes.is_empty() {
+        println!("citus: server processes of the cluster crashed during the run:");
+        for crash in &crashes {
+            println!("  {crash}");
+        }
+    }
+    drop(cluster);
+    conclusion.exit_code()
+}
+
+async fn start_on_cluster(cluster: &Cluster) -> anyhow::Result<()> {
+    let took = cluster.create_template(TEMPLATE).await?;
+    let ports = cluster.ports();
+    eprintln!(
+        "citus: {TEMPLATE} made on the {} nodes (coordinator on 127.0.0.1:{}) in {:.1} s",
+        ports.len(),
+        ports[0],
+        took.as_secs_f64()
+    );
+    let node_url_bases: Vec<String> = ports.iter().map(|&port| Cluster::url_base(port)).collect();
+    let _ = SHARED.set(Shared {
+        runtime: Handle::current(),
+        node_url_bases,
+        citus: true,
+    });
+    Ok(())
 }

@@ -7,11 +7,11 @@ use idempay::http::Application;
 use idempay::webhooks::WebhookSecrets;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::harness::{TEMPLATE, admin_url, database_url};
+use crate::support::harness::{create_database, database_url};
 
 /// The key every test sends unless it needs another.
 pub fn new_key() -> String {
@@ -95,14 +95,9 @@ impl TestApp {
 
     pub async fn spawn_with(settings: Settings) -> Self {
         let database = format!("test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(admin_url())
-            .await
-            .expect("admin connection");
-        sqlx::query(&format!("CREATE DATABASE {database} TEMPLATE {TEMPLATE}"))
-            .execute(&mut admin)
+        create_database(&database)
             .await
             .expect("create the test database");
-        admin.close().await.ok();
         let mut app = Self::serve(&database, settings, bind_any().await).await;
         let (account_id, api_key) = app.create_account("test merchant").await;
         app.account_id = account_id;
@@ -271,25 +266,43 @@ impl TestApp {
     /// From now on the database refuses every payment insert (a trigger raises): the unit of work
     /// fails after its key was reserved.
     pub async fn refuse_payments(&self) {
-        sqlx::raw_sql(
+        // On Citus the trigger is created on every shard of the table, which it allows when told
+        // (this one touches no other table), one statement at a time.
+        let mut tx = self.db.begin().await.expect("a transaction");
+        if crate::support::citus::enabled() {
+            sqlx::query("SET LOCAL citus.enable_unsafe_triggers = on")
+                .execute(&mut *tx)
+                .await
+                .expect("allow the trigger");
+        }
+        sqlx::query(
             "CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN RAISE EXCEPTION 'the ledger is unavailable'; END $$;
-             CREATE TRIGGER refuse_payment BEFORE INSERT ON payments
-             FOR EACH ROW EXECUTE FUNCTION refuse_payment();",
+             BEGIN RAISE EXCEPTION 'the ledger is unavailable'; END $$",
         )
-        .execute(&self.db)
+        .execute(&mut *tx)
+        .await
+        .expect("install the refusing function");
+        sqlx::query(
+            "CREATE TRIGGER refuse_payment BEFORE INSERT ON payments
+             FOR EACH ROW EXECUTE FUNCTION refuse_payment()",
+        )
+        .execute(&mut *tx)
         .await
         .expect("install the refusing trigger");
+        tx.commit().await.expect("commit the trigger");
     }
 
     /// Another request takes the key in progress over, as a retry would once its lease ran out:
     /// a new token is installed, so the request holding the old one loses its lease.
     pub async fn take_over_the_key_in_progress(&self) {
+        // The token is made here: Citus refuses a volatile function in an update of a
+        // distributed table.
         let taken = sqlx::query(
-            "UPDATE idempotency_keys SET lock_token = gen_random_uuid(), \
+            "UPDATE idempotency_keys SET lock_token = $1, \
              locked_until = now() + interval '20 seconds' \
              WHERE status = 'in_progress' AND scope NOT LIKE 'processor:%'",
         )
+        .bind(uuid::Uuid::new_v4())
         .execute(&self.db)
         .await
         .expect("take the key over");
@@ -427,6 +440,52 @@ pub fn slow_payment(amount: i64) -> Value {
     serde_json::json!({ "amount": amount, "currency": "eur", "payment_method": "pm_card_slow" })
 }
 
+/// Held for the whole run of a test that loads three `idempay serve` processes at once (a retry
+/// storm, a backlog drained by three jobs): two such tests at once, with the cluster's three nodes
+/// on this machine's two cores, answered requests past the 10 s request timeout, which they rightly
+/// count as failures. Other tests run beside them as before.
+pub async fn one_storm_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static STORMS: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
+    STORMS
+        .get_or_init(|| tokio::sync::Mutex::new(()))
+        .lock()
+        .await
+}
+
+/// Settings for the test's own server when the test starts `idempay serve` processes that must be
+/// the only ones taking over or deleting keys: its expiry and recovery jobs run at start (with
+/// nothing to do yet), then not for a day. With the defaults, on a slow run its recovery job
+/// (every 10 s) took over a crashed key before the test's retry could, and its expiry job (every
+/// 60 s) deleted keys no instance's metrics counted.
+pub fn jobs_off() -> Settings {
+    Settings {
+        expiry_interval: Duration::from_secs(86_400),
+        recovery_interval: Duration::from_secs(86_400),
+        ..Settings::default()
+    }
+}
+
+/// A pool of one connection to `database_url`, where `tables` were analyzed while empty and keep
+/// those statistics (autovacuum off for them): every statement of a batch job run on it is
+/// planned as if nothing were to be done, and that connection keeps its prepared statements, so
+/// a test can make a backlog appear under a plan made for an empty table.
+pub async fn one_connection_planning_for_empty(database_url: &str, tables: &[&str]) -> PgPool {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await
+        .unwrap();
+    for table in tables {
+        sqlx::raw_sql(&format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false); ANALYZE {table}"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pool
+}
+
 /// Settings with a short slow charge, so in-flight tests are quick.
 pub fn with_slow_charge(slow_charge: Duration) -> Settings {
     Settings {
@@ -474,9 +533,10 @@ pub async fn reserve_as_a_dead_process(
     let fingerprint = idempay::idempotency::Fingerprint::of_request("/v1/payments", body);
     sqlx::query(&format!(
         "INSERT INTO idempotency_keys
-             (scope, idem_key, request_hash, status, lock_token, locked_until, expires_at)
-         VALUES ($1, $2, $3, 'in_progress', gen_random_uuid(), {locked_until},
-                 now() + interval '1 day')"
+             (account_id, scope, idem_key, request_hash, status, lock_token, locked_until,
+              expires_at)
+         VALUES (split_part($1, ':', 1), $1, $2, $3, 'in_progress', gen_random_uuid(),
+                 {locked_until}, now() + interval '1 day')"
     ))
     .bind(format!("{}:POST /v1/payments", app.account_id))
     .bind(key)

@@ -16,7 +16,7 @@ pub async fn assert_exactly_once(db: &PgPool) {
         "SELECT k.idem_key, count(p.id)
          FROM idempotency_keys k
          LEFT JOIN payments p
-           ON p.account_id = split_part(k.scope, ':', 1) AND p.idempotency_key = k.idem_key
+           ON p.account_id = k.account_id AND p.idempotency_key = k.idem_key
          WHERE k.scope LIKE '%:POST /v1/payments' AND k.status = 'completed'
            AND k.response_code IN (201, 402)
          GROUP BY k.scope, k.idem_key
@@ -34,7 +34,7 @@ pub async fn assert_exactly_once(db: &PgPool) {
         "SELECT k.idem_key
          FROM idempotency_keys k
          JOIN payments p
-           ON p.account_id = split_part(k.scope, ':', 1) AND p.idempotency_key = k.idem_key
+           ON p.account_id = k.account_id AND p.idempotency_key = k.idem_key
          WHERE k.scope LIKE '%:POST /v1/payments' AND k.status = 'completed'
            AND k.response_code IN (201, 402)
            AND p.id <> coalesce(convert_from(k.response_body, 'UTF8')::jsonb ->> 'id',
@@ -54,7 +54,8 @@ pub async fn assert_exactly_once(db: &PgPool) {
         "SELECT p.id, k.status::text
          FROM payments p
          LEFT JOIN idempotency_keys k
-           ON k.scope = p.account_id || ':POST /v1/payments' AND k.idem_key = p.idempotency_key
+           ON k.account_id = p.account_id AND k.scope = p.account_id || ':POST /v1/payments'
+          AND k.idem_key = p.idempotency_key
          WHERE k.status IS DISTINCT FROM 'completed'
          ORDER BY p.id",
     )
@@ -117,13 +118,14 @@ async fn assert_one_event_per_change(db: &PgPool) {
     let about_nothing: Vec<String> = sqlx::query_scalar(
         "SELECT e.id
          FROM events e
-         CROSS JOIN LATERAL (
-             SELECT convert_from(e.body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id' AS id
-         ) object
-         WHERE NOT EXISTS (SELECT FROM payments p
-                           WHERE p.id = object.id AND p.account_id = e.account_id)
-           AND NOT EXISTS (SELECT FROM refunds r
-                           WHERE r.id = object.id AND r.account_id = e.account_id)
+         WHERE NOT EXISTS (
+                 SELECT FROM payments p
+                 WHERE p.account_id = e.account_id
+                   AND p.id = convert_from(e.body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id')
+           AND NOT EXISTS (
+                 SELECT FROM refunds r
+                 WHERE r.account_id = e.account_id
+                   AND r.id = convert_from(e.body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id')
          ORDER BY e.id",
     )
     .fetch_all(db)

@@ -101,12 +101,14 @@ async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
 /// has gone quiet: what it sends from then on is the requests' own.
 async fn counted_instance(app: &TestApp) -> (CountingProxy, Instance) {
     let proxy = CountingProxy::start(&app.database_url()).await;
-    // The expiry job and the webhook delivery loop run once at start, then not again during the
-    // test.
+    // The expiry and recovery jobs and the webhook delivery loop run once at start, then not
+    // again during the test (the recovery job's default 10 s once added its claim to a slow run's
+    // count).
     let instance = Instance::start(
         &proxy.url,
         &[
             ("IDEMPAY_EXPIRY_INTERVAL", "1h"),
+            ("IDEMPAY_RECOVERY_INTERVAL", "1h"),
             ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "1h"),
         ],
     )

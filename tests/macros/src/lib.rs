@@ -17,20 +17,29 @@
 //!     static TEST: crate::support::harness::Test = crate::support::harness::Test {
 //!         module: module_path!(),
 //!         name: "a_payment_is_created_with_201_and_its_location",
+//!         citus: false,
+//!         citus_only: false,
 //!         run: || Box::pin(a_payment_is_created_with_201_and_its_location()),
 //!     };
 //! };
 //! ```
 //!
 //! A `#[cfg(...)]` on the function applies to its entry too.
+//!
+//! `#[api_test(citus)]` also puts the test in the cluster suite (`IDEMPAY_TEST_CITUS=1`, which
+//! runs only those tests, on a Citus cluster); `#[api_test(citus_only)]` puts it there alone: a
+//! test of the cluster itself, ignored on a single server.
 
 use proc_macro::{Delimiter, TokenStream, TokenTree};
 
 #[proc_macro_attribute]
 pub fn api_test(arguments: TokenStream, function: TokenStream) -> TokenStream {
-    if !arguments.is_empty() {
-        return error("#[api_test] takes no arguments");
-    }
+    let (citus, citus_only) = match arguments.to_string().trim() {
+        "" => (false, false),
+        "citus" => (true, false),
+        "citus_only" => (true, true),
+        _ => return error("#[api_test] takes no argument, `citus` or `citus_only`"),
+    };
     let tokens: Vec<TokenTree> = function.clone().into_iter().collect();
     let Some(name) = name_of(&tokens) else {
         return error("#[api_test] goes on an `async fn` with no arguments");
@@ -42,6 +51,8 @@ pub fn api_test(arguments: TokenStream, function: TokenStream) -> TokenStream {
             static TEST: crate::support::harness::Test = crate::support::harness::Test {{
                 module: ::core::module_path!(),
                 name: \"{name}\",
+                citus: {citus},
+                citus_only: {citus_only},
                 run: || ::std::boxed::Box::pin({name}()),
             }};
         }};"
