@@ -15,6 +15,7 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use crate::support::harness::EXPECTED_PANIC;
 use crate::support::helpers::{TestApp, jobs_off, one_connection_planning_for_empty};
 use crate::support::instance::ANSWER_WITHIN;
 
@@ -30,7 +31,7 @@ async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
 
     let panicked = idempotency
         .run(request.clone(), |_lease| async {
-            panic!("a deliberate panic inside the unit of work")
+            std::panic::panic_any(EXPECTED_PANIC)
         })
         .await;
 

@@ -9,11 +9,16 @@ use futures::future::join_all;
 use idempay_test_macros::api_test;
 
 use crate::support::helpers::{
-    TestApp, TestResponse, jobs_off, new_key, one_storm_at_a_time, payment, retry_while_in_flight,
+    TestApp, TestResponse, jobs_off, new_key, one_storm_at_a_time, retry_while_in_flight,
     slow_payment, wait_until,
 };
-use crate::support::instance::{ANSWER_WITHIN, Instance, LogFile};
-use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
+use crate::support::instance::{Instance, LogFile};
+use crate::support::invariants::assert_exactly_once;
+// What only the crash tests use, which need the failpoints.
+#[cfg(feature = "failpoints")]
+use crate::support::{
+    helpers::payment, instance::ANSWER_WITHIN, invariants::assert_every_charge_recorded_once,
+};
 
 /// SIGABRT, the signal `std::process::abort()` raises (6 on every Unix the service runs on).
 #[cfg(feature = "failpoints")]

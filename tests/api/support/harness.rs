@@ -10,7 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use idempay::dev::postgres::Postgres;
@@ -66,6 +66,51 @@ tokio::task_local! {
 /// Test databases created on the cluster, and the time they took in all, for the run's summary.
 static CLUSTER_DATABASES: AtomicU64 = AtomicU64::new(0);
 static CLUSTER_DATABASE_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// The tests that failed, with why, printed again as the run's last lines: a CI log cut to its
+/// beginning and its end then still says what failed, after the contract's long report.
+static FAILURES: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+/// What a test's panic said: its message, or a placeholder for a payload that is not text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The message of a panic a test causes on purpose (it checks how the code under test survives
+/// one). The panic hook does not report it: the first "panicked at" of a run's output is then a
+/// failure.
+pub const EXPECTED_PANIC: &str = "expected by the test: a panic inside the unit of work";
+
+/// Installs a panic hook that reports every panic as the default hook does, except
+/// [`EXPECTED_PANIC`].
+fn quiet_expected_panics() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if panic_message(info.payload()) != EXPECTED_PANIC {
+            report(info);
+        }
+    }));
+}
+
+/// Prints the failed tests and why, last, and returns the run's exit code.
+fn conclude(conclusion: &libtest_mimic::Conclusion) -> ExitCode {
+    let failures = FAILURES.lock().unwrap_or_else(PoisonError::into_inner);
+    if !failures.is_empty() {
+        eprintln!(
+            "\nfailed, {} of {}:",
+            failures.len(),
+            conclusion.num_passed + conclusion.num_failed
+        );
+        for (name, why) in failures.iter() {
+            eprintln!("  {name}: {}", why.replace('\n', "\n    "));
+        }
+    }
+    conclusion.exit_code()
+}
 
 /// Creates `database` as a copy of the migrated template: on the server, or on every node of the
 /// cluster at once, each node copying its own template (the coordinator then finds the shards in
@@ -147,7 +192,8 @@ impl Test {
     /// A trial that runs this test on the shared runtime.
     fn trial(&self, citus: bool) -> Trial {
         let run = self.run;
-        Trial::test(self.full_name(), move || {
+        let name = self.full_name();
+        Trial::test(name.clone(), move || {
             let shared = shared();
             let created = Arc::new(Mutex::new(Vec::new()));
             let scope = created.clone();
@@ -163,14 +209,19 @@ impl Test {
                 let databases = std::mem::take(&mut *created.lock().unwrap());
                 shared.runtime.spawn(close_later(databases));
             }
-            match outcome {
-                Ok(Ok(())) => Ok(()),
+            let failure = match outcome {
+                Ok(Ok(())) => return Ok(()),
                 Ok(Err(join_error)) => match join_error.try_into_panic() {
-                    Ok(panic) => std::panic::resume_unwind(panic),
-                    Err(error) => Err(format!("test task failed: {error}").into()),
+                    Ok(panic) => panic_message(panic.as_ref()),
+                    Err(error) => format!("test task failed: {error}"),
                 },
-                Err(_) => Err(format!("test timed out after {TEST_TIMEOUT:?}").into()),
-            }
+                Err(_) => format!("test timed out after {TEST_TIMEOUT:?}"),
+            };
+            FAILURES
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((name.clone(), failure.clone()));
+            Err(failure.into())
         })
         .with_ignored_flag(self.citus_only && !citus)
     }
@@ -191,6 +242,7 @@ pub fn run(args: Arguments) -> ExitCode {
     if args.list {
         return libtest_mimic::run(&args, trials).exit_code();
     }
+    quiet_expected_panics();
     let runtime = Runtime::new().expect("a tokio runtime");
     if citus {
         return run_on_cluster(&args, trials, &runtime);
@@ -207,7 +259,7 @@ pub fn run(args: Arguments) -> ExitCode {
     if let Err(error) = runtime.block_on(postgres.remove()) {
         eprintln!("could not remove the PostgreSQL container: {error:#}");
     }
-    conclusion.exit_code()
+    conclude(&conclusion)
 }
 
 async fn start() -> anyhow::Result<Postgres> {
@@ -277,7 +329,7 @@ fn run_on_cluster(args: &Arguments, trials: Vec<Trial>, runtime: &Runtime) -> Ex
         }
     }
     drop(cluster);
-    conclusion.exit_code()
+    conclude(&conclusion)
 }
 
 async fn start_on_cluster(cluster: &Cluster) -> anyhow::Result<()> {
