@@ -101,12 +101,20 @@ impl RetryPolicy {
         }
     }
 
-    /// Whether a retry after waiting `delay`, with `elapsed` already spent, starts before the
-    /// deadline. However many attempts came before: only the deadline ends a call. A `Retry-After`
-    /// past the deadline ends it too, rather than retrying sooner than the server asked.
+    /// Whether a retry after waiting `delay`, with `elapsed` already spent, starts at least
+    /// [`Self::LEAST_ATTEMPT`] before the deadline. However many attempts came before: only the
+    /// deadline ends a call. A `Retry-After` past the deadline ends it too, rather than retrying
+    /// sooner than the server asked.
     pub fn allows(&self, elapsed: Duration, delay: Duration) -> bool {
-        elapsed + delay < self.deadline
+        elapsed + delay + Self::LEAST_ATTEMPT <= self.deadline
     }
+
+    /// The least time a retry is started with. An attempt the deadline cuts short while it is
+    /// still connecting cannot be told from one cut short after its request was sent: both are a
+    /// timeout. One started with milliseconds left would turn a call that was never sent into one
+    /// whose outcome is unknown; a quarter of a second connects and is answered on any network
+    /// the client is meant for.
+    pub const LEAST_ATTEMPT: Duration = Duration::from_millis(250);
 
     /// How long the next attempt may take, `elapsed` into the call: its timeout, or what is left
     /// of the deadline when that is less.
@@ -201,6 +209,10 @@ mod tests {
         assert!(policy.allows(Duration::ZERO, second));
         assert!(policy.allows(Duration::from_secs(8), second));
         assert!(!policy.allows(Duration::from_secs(9), second));
+        // A retry needs time to connect and be answered: none starts in the deadline's last
+        // quarter of a second.
+        assert!(policy.allows(Duration::from_millis(8_750), second));
+        assert!(!policy.allows(Duration::from_millis(8_751), second));
         // A Retry-After beyond the deadline ends the call: never a retry sooner than asked.
         assert!(!policy.allows(Duration::from_secs(2), Duration::from_secs(8)));
         // The last attempt ends with the deadline, not an attempt timeout later.

@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use idempay_test_macros::api_test;
 use sqlx::{Connection, PgConnection, PgPool};
-use tokio::sync::Mutex;
-use tokio_util::sync::CancellationToken;
 
-use crate::support::helpers::{TestApp, TestResponse, new_key, payment, retry_while_in_flight};
+use crate::support::helpers::{TestApp, new_key, payment, retry_while_in_flight};
 use crate::support::instance::{Instance, free_port};
 use crate::support::invariants::assert_exactly_once;
+use crate::support::stream::{PaymentStream, Sent};
 
 /// The request timeout of the instances under test: a paused database holds its connections open
 /// without a word, and only this bounds how long a client waits.
@@ -32,8 +31,6 @@ const SLACK: Duration = Duration::from_secs(1);
 /// Clients sending new payments side by side, each at most one request per `PACE`.
 const CLIENTS: usize = 4;
 const PACE: Duration = Duration::from_millis(40);
-/// Requests per scenario, at most: far more than the scenario's ten seconds or so take.
-const MAX_SENDS: usize = 2_000;
 
 const SETTINGS: [(&str, &str); 3] = [
     ("IDEMPAY_REQUEST_TIMEOUT", "2s"),
@@ -91,18 +88,7 @@ async fn survive(outage: Outage) {
     let api_key = Instance::create_account(&postgres.url()).await;
     let instance = Arc::new(instance);
 
-    let stop = CancellationToken::new();
-    let sent = Arc::new(Mutex::new(Vec::new()));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            tokio::spawn(stream_payments(
-                instance.clone(),
-                api_key.clone(),
-                sent.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let stream = PaymentStream::start(&instance, &api_key, CLIENTS, PACE);
 
     tokio::time::sleep(Duration::from_secs(1)).await;
     postgres.docker(outage.begin()).await;
@@ -125,13 +111,11 @@ async fn survive(outage: Outage) {
     }
     let recovered_after = recovery.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.cancel();
-    join_all(clients).await;
-    let sent = std::mem::take(&mut *sent.lock().await);
+    let sent = stream.stop().await;
 
     let created = sent.iter().filter(|s| s.answer.status == 201).count();
     let refused: Vec<&Sent> = sent.iter().filter(|s| s.answer.status != 201).collect();
-    let slowest = sent.iter().map(|s| s.elapsed).max().unwrap_or_default();
+    let slowest = sent.iter().map(Sent::elapsed).max().unwrap_or_default();
     eprintln!(
         "outage {outage:?}: {} payments sent by {CLIENTS} clients, {created} answered 201, {} \
          answered 503; outage {outage_lasted:.1?}, ready again {recovered_after:.1?} after it \
@@ -221,39 +205,6 @@ async fn answered_within(instance: &Instance, bound: &str) -> (f64, f64) {
         value(format!(r#"{series}_bucket{{{labels},le="{bound}"}}"#)),
         value(format!("{series}_count{{{labels}}}")),
     )
-}
-
-/// One payment as its client saw it.
-struct Sent {
-    key: String,
-    amount: i64,
-    answer: TestResponse,
-    elapsed: Duration,
-}
-
-/// Sends new payments, one at a time and at most one per `PACE`, until `stop`.
-async fn stream_payments(
-    instance: Arc<Instance>,
-    api_key: String,
-    sent: Arc<Mutex<Vec<Sent>>>,
-    stop: CancellationToken,
-) {
-    let mut pace = tokio::time::interval(PACE);
-    while !stop.is_cancelled() && sent.lock().await.len() < MAX_SENDS {
-        pace.tick().await;
-        let key = new_key();
-        let amount = 100 + i64::try_from(sent.lock().await.len()).unwrap_or_default();
-        let started = Instant::now();
-        let answer = instance
-            .post_payment(&api_key, &key, &payment(amount))
-            .await;
-        sent.lock().await.push(Sent {
-            key,
-            amount,
-            answer,
-            elapsed: started.elapsed(),
-        });
-    }
 }
 
 /// Another session holds the key table locked, as a stuck transaction would: the requests that

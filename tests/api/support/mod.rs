@@ -11,3 +11,4 @@ pub mod helpers;
 pub mod instance;
 pub mod invariants;
 pub mod raw_http;
+pub mod stream;

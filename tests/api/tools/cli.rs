@@ -5,7 +5,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use crate::support::helpers::{TestApp, new_key, payment, reserve_as_a_dead_process};
-use crate::support::instance::{free_port, idempay};
+use crate::support::instance::idempay;
 
 #[api_test]
 async fn account_create_prints_a_key_that_authenticates_and_stores_only_its_hash() {
@@ -277,7 +277,11 @@ async fn pay_whose_deadline_runs_out_exits_with_outcome_unknown_and_prints_the_k
 /// A payment that could never be sent (nothing listens) is told apart from an unknown outcome.
 #[api_test]
 async fn pay_that_cannot_connect_exits_with_not_sent() {
-    let address = format!("http://127.0.0.1:{}", free_port());
+    // A port bound and never listened on refuses every connection, and no other test's server can
+    // take it meanwhile, as it could a port merely found free.
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let address = format!("http://{}", closed.local_addr().unwrap());
     let key = new_key();
     let env = [
         ("IDEMPAY_BASE_URL", address.as_str()),
