@@ -121,9 +121,10 @@ up() {
   for name in $(nodes); do
     wait_ready "$name" "${ports[$name]}"
     # The server's own libpq (a coordinator routing to a worker, a worker syncing metadata back)
-    # reads the password from here.
+    # reads the password from here. A node moving a shard also connects to itself, by the name
+    # `citus.local_hostname` gives, localhost.
     docker exec -u postgres "$name" sh -c \
-      "printf '127.0.0.1:*:*:postgres:$PASSWORD\n' >$PASSFILE && chmod 600 $PASSFILE"
+      "printf '127.0.0.1:*:*:postgres:$PASSWORD\nlocalhost:*:*:postgres:$PASSWORD\n' >$PASSFILE && chmod 600 $PASSFILE"
     node_sql "${ports[$name]}" -c 'CREATE EXTENSION IF NOT EXISTS citus'
   done
   coordinator_port=${ports[$CLUSTER-coordinator]}

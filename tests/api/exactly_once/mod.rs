@@ -9,4 +9,5 @@ mod conformance;
 mod expiry;
 mod lifecycle;
 mod mechanism;
+mod rebalance;
 mod two_hops;
