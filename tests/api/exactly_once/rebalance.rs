@@ -31,9 +31,9 @@ async fn on_citus_payments_made_while_their_shards_move_to_another_worker_are_ea
         stream.answered().await >= AROUND_THE_MOVE
     })
     .await;
-    // `block_writes`: the shard stays readable during the copy and its writes wait for the
-    // switch. (The default mode would copy by logical replication, which these nodes do not
-    // run: `wal_level` is `replica`.)
+    // `block_writes`: the shards stay readable while they are copied, and writes to them wait
+    // until the move is over. (The default mode would copy by logical replication, which these
+    // nodes do not run: `wal_level` is `replica`.)
     let began = Instant::now();
     let mover = {
         let db = app.db.clone();
