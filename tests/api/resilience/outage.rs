@@ -17,15 +17,16 @@ use crate::support::stream::{PaymentStream, Sent};
 
 /// The request timeout of the instances under test: a paused database holds its connections open
 /// without a word, and only this bounds how long a client waits.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// The largest latency bucket of the service's histogram an answer must fall into: the request
-/// timeout, and the moment to write the 503.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
+/// The latency bucket of the service's histogram every answer must fall into, as the service
+/// measures it: the request timeout and the same room as the client's [`SLACK`]. (Half a second
+/// of room, with a timeout of 2 s, was as little as 0.3 s more than a loaded run took.)
 const SERVER_BOUND: &str = "2.5";
 /// What a client may see beyond the request timeout, the README's promise. The service writes its
 /// 503 at the timeout; past it, the client waits only for that small answer to be written and read
 /// across loopback, and for two processes to be scheduled on two cores the whole suite shares:
-/// milliseconds, and under load a few hundred. One second covers that with room, and is half the
-/// request timeout: an answer that waited for anything else (a statement, a lock, a second
+/// milliseconds, and under load a few hundred. One second covers that with room, and is less than
+/// the request timeout: an answer that waited for anything else (a statement, a lock, a second
 /// timeout) is caught.
 const SLACK: Duration = Duration::from_secs(1);
 /// Clients sending new payments side by side, each at most one request per `PACE`.
@@ -33,7 +34,8 @@ const CLIENTS: usize = 4;
 const PACE: Duration = Duration::from_millis(40);
 
 const SETTINGS: [(&str, &str); 3] = [
-    ("IDEMPAY_REQUEST_TIMEOUT", "2s"),
+    ("IDEMPAY_REQUEST_TIMEOUT", "1500ms"),
+    // Under the request timeout: a request that waits for a connection is answered 503 first.
     ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
     // Keys stranded in progress by the outage are taken over soon after (start-up requires at
     // least three acquire timeouts).
@@ -220,7 +222,7 @@ async fn an_exhausted_pool_answers_503_at_once_and_recovers() {
             // Still under the request timeout; 500 ms once failed the start-up's own connection
             // on a loaded run (the process exited before it was ready).
             ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
-            ("IDEMPAY_REQUEST_TIMEOUT", "2s"),
+            ("IDEMPAY_REQUEST_TIMEOUT", "1500ms"),
         ],
     )
     .await;
