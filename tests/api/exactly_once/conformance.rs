@@ -12,8 +12,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::process::Command;
 
-use crate::support::harness::{create_database, database_url};
-use crate::support::helpers::{TestResponse, new_key, wait_until};
+use crate::support::helpers::{TestResponse, bare_database, new_key, wait_until};
 use crate::support::instance::{ANSWER_WITHIN, free_port};
 
 /// The fixture as `idempay fixture` serves it, on a fresh database and a free loopback port.
@@ -33,7 +32,7 @@ impl Fixture {
     }
 
     async fn spawn_with(policy: Policy) -> Self {
-        let url = fresh_database().await;
+        let url = bare_database().await;
         let pool = idempay::db::pool(&url).expect("pool");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("address"));
@@ -98,15 +97,6 @@ impl Fixture {
         .await
         .expect("count keys")
     }
-}
-
-/// A database of its own, migrated; its URL.
-async fn fresh_database() -> String {
-    let database = format!("test_{}", uuid::Uuid::new_v4().simple());
-    create_database(&database)
-        .await
-        .expect("create the test database");
-    database_url(&database)
 }
 
 async fn read(response: reqwest::Response) -> TestResponse {
@@ -404,7 +394,7 @@ async fn a_fixture_parameter_out_of_bounds_is_400_problem_json_and_leaves_the_ke
 #[api_test]
 async fn idempay_fixture_serves_the_contract_on_its_listen_address_with_the_key_ttl_it_is_given() {
     // The command a runner is pointed at, as a process of its own, set from its environment.
-    let url = fresh_database().await;
+    let url = bare_database().await;
     let port = free_port();
     let mut process = Command::new(env!("CARGO_BIN_EXE_idempay"))
         .arg("fixture")

@@ -9,7 +9,7 @@ use idempay::idempotency::Idempotency;
 use idempay_test_macros::api_test;
 
 use crate::support::helpers::{
-    TestApp, new_key, one_connection_planning_for_empty, payment, wait_until,
+    TestApp, bare_database, new_key, one_connection_planning_for_empty, payment, wait_until,
 };
 
 #[api_test(citus)]
@@ -190,16 +190,11 @@ async fn the_job_deletes_at_most_1000_keys_per_statement() {
 /// milliseconds): the keys' batch and the processed events' batch each take 1,000 rows now.
 #[api_test]
 async fn a_batch_planned_while_the_table_was_empty_still_deletes_at_most_1000_rows() {
-    let app = TestApp::spawn_with(Settings {
-        expiry_interval: Duration::from_secs(86_400),
-        ..Settings::default()
-    })
-    .await;
-    let pool = one_connection_planning_for_empty(
-        &app.database_url(),
-        &["idempotency_keys", "processed_events"],
-    )
-    .await;
+    // No server: the batches below are the only ones.
+    let database_url = bare_database().await;
+    let pool =
+        one_connection_planning_for_empty(&database_url, &["idempotency_keys", "processed_events"])
+            .await;
     let expire_keys = || Idempotency::expire_batch(&pool, Engine::Postgres);
     let expire_events = || idempay::webhooks::expire_batch(&pool);
     assert_eq!(expire_keys().await.unwrap(), 0, "nothing to expire yet");

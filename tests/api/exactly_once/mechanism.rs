@@ -13,10 +13,11 @@ use idempay::idempotency::{
 };
 use idempay_test_macros::api_test;
 use serde_json::json;
+use sqlx::PgPool;
 use tokio::sync::oneshot;
 
 use crate::support::harness::EXPECTED_PANIC;
-use crate::support::helpers::{TestApp, jobs_off, one_connection_planning_for_empty};
+use crate::support::helpers::{TestApp, bare_database, one_connection_planning_for_empty};
 use crate::support::instance::ANSWER_WITHIN;
 
 const POLICY: Policy = Policy {
@@ -148,12 +149,11 @@ async fn the_work_goes_on_while_a_renewal_of_its_lease_waits_for_the_key_row() {
 #[api_test]
 async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_most_20_keys() {
     const POINT: &str = "stale-plan-test";
-    // The test's server runs no recovery job of its own (it would not know POINT anyway).
-    let app = TestApp::spawn_with(jobs_off()).await;
-    let (account, _) = idempay::accounts::create(&app.db, "recovery")
-        .await
-        .unwrap();
-    let pool = one_connection_planning_for_empty(&app.database_url(), &["idempotency_keys"]).await;
+    // No server, so no recovery job but the batches below (a server's would not know POINT).
+    let database_url = bare_database().await;
+    let db = PgPool::connect(&database_url).await.unwrap();
+    let (account, _) = idempay::accounts::create(&db, "recovery").await.unwrap();
+    let pool = one_connection_planning_for_empty(&database_url, &["idempotency_keys"]).await;
     let idempotency = Idempotency::new(Service::Api, pool, POLICY);
     let resumers = Resumers::default().on(POINT, complete_with_201);
     assert_eq!(idempotency.recover_batch(&resumers).await.unwrap(), 0);
@@ -170,7 +170,7 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     )
     .bind(account.id().as_str())
     .bind(POINT)
-    .execute(&app.db)
+    .execute(&db)
     .await
     .unwrap();
 
@@ -182,7 +182,7 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     let completed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_code = 201",
     )
-    .fetch_one(&app.db)
+    .fetch_one(&db)
     .await
     .unwrap();
     assert_eq!(completed, 50, "every claimed key was resumed and completed");

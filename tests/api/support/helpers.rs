@@ -465,6 +465,17 @@ pub fn jobs_off() -> Settings {
     }
 }
 
+/// A migrated database of the test's own with no server on it, and its URL: no background job
+/// runs there but what the test calls. (A server's jobs run once at its start, and on a loaded run
+/// that first run came after the test had made its rows, and took them.)
+pub async fn bare_database() -> String {
+    let database = format!("test_{}", uuid::Uuid::new_v4().simple());
+    create_database(&database)
+        .await
+        .expect("create the test database");
+    database_url(&database)
+}
+
 /// A pool of one connection to `database_url`, where `tables` were analyzed while empty and keep
 /// those statistics (autovacuum off for them): every statement of a batch job run on it is
 /// planned as if nothing were to be done, and that connection keeps its prepared statements, so
