@@ -3,13 +3,14 @@
 //! consumer polling forward never skips or repeats one.
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
 use super::webhooks::{deliver, deliver_at};
-use crate::support::helpers::{TestApp, new_key, payment, wait_until};
+use crate::support::helpers::{TestApp, new_key, payment};
 
 #[api_test(citus)]
 async fn a_payment_writes_its_event_with_the_payment_as_it_was_created() {
@@ -451,13 +452,33 @@ async fn write_while_polling(
 
 /// The account's events the feed lists, newest first, once it lists `count` of them: the feed
 /// lists an event once every transaction older than its own has ended, anywhere on the database
-/// server, so it may lag the change a moment.
+/// server, so it may lag the change a moment. Here that server is the whole suite's, where other
+/// tests hold transactions open on purpose (a lock for a request to wait on), for seconds on a
+/// loaded run: the wait allows 30 s, the longest a service session may sit idle in a transaction,
+/// and a feed still short by then names the oldest transactions that held it back.
 async fn feed(app: &TestApp, count: i64) -> Vec<Value> {
-    wait_until("the feed lists every event", || async {
-        let page = app.get("/v1/events?limit=100").await.json();
-        page["data"].as_array().unwrap().len() >= usize::try_from(count).unwrap()
-    })
-    .await;
+    let wanted = usize::try_from(count).unwrap();
+    let started = Instant::now();
+    while app.get("/v1/events?limit=100").await.json()["data"]
+        .as_array()
+        .unwrap()
+        .len()
+        < wanted
+    {
+        if started.elapsed() > Duration::from_secs(30) {
+            let oldest: Vec<(Option<String>, Option<String>, f64, String)> = sqlx::query_as(
+                "SELECT datname::text, application_name,
+                        extract(epoch FROM now() - xact_start)::float8, left(query, 100)
+                 FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+                 ORDER BY xact_start LIMIT 3",
+            )
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+            panic!("the feed does not list {count} events within 30 s; oldest writers: {oldest:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let page = app.get("/v1/events?limit=100").await.json();
     assert_eq!(page["has_more"], false);
     page["data"].as_array().unwrap().clone()
