@@ -3,14 +3,14 @@
 //! consumer polling forward never skips or repeats one.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::join_all;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
 use super::webhooks::{deliver, deliver_at};
-use crate::support::helpers::{TestApp, new_key, payment};
+use crate::support::helpers::{TestApp, holds_within, new_key, payment};
 
 #[api_test(citus)]
 async fn a_payment_writes_its_event_with_the_payment_as_it_was_created() {
@@ -458,26 +458,22 @@ async fn write_while_polling(
 /// and a feed still short by then names the oldest transactions that held it back.
 async fn feed(app: &TestApp, count: i64) -> Vec<Value> {
     let wanted = usize::try_from(count).unwrap();
-    let started = Instant::now();
-    while app.get("/v1/events?limit=100").await.json()["data"]
-        .as_array()
-        .unwrap()
-        .len()
-        < wanted
-    {
-        if started.elapsed() > Duration::from_secs(30) {
-            let oldest: Vec<(Option<String>, Option<String>, f64, String)> = sqlx::query_as(
-                "SELECT datname::text, application_name,
-                        extract(epoch FROM now() - xact_start)::float8, left(query, 100)
-                 FROM pg_stat_activity WHERE backend_xid IS NOT NULL
-                 ORDER BY xact_start LIMIT 3",
-            )
-            .fetch_all(&app.db)
-            .await
-            .unwrap();
-            panic!("the feed does not list {count} events within 30 s; oldest writers: {oldest:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let listed = holds_within(Duration::from_secs(30), || async {
+        let page = app.get("/v1/events?limit=100").await.json();
+        page["data"].as_array().unwrap().len() >= wanted
+    })
+    .await;
+    if !listed {
+        let oldest: Vec<(Option<String>, Option<String>, f64, String)> = sqlx::query_as(
+            "SELECT datname::text, application_name,
+                    extract(epoch FROM now() - xact_start)::float8, left(query, 100)
+             FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+             ORDER BY xact_start LIMIT 3",
+        )
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+        panic!("the feed does not list {count} events within 30 s; oldest writers: {oldest:?}");
     }
     let page = app.get("/v1/events?limit=100").await.json();
     assert_eq!(page["has_more"], false);

@@ -17,8 +17,8 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::harness::{create_database, database_url};
-use crate::support::helpers::{TestApp, TestResponse};
+use crate::support::harness::database_url;
+use crate::support::helpers::{TestApp, TestResponse, fresh_database};
 
 /// The key every test processor takes.
 pub const API_KEY: &str = "pk_test_processor";
@@ -149,15 +149,6 @@ pub fn charge(amount: i64, payment_method: &str) -> Value {
 
 async fn bind_any() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").await.expect("bind")
-}
-
-/// A database cloned from the migrated template.
-pub async fn fresh_database() -> String {
-    let database = format!("test_{}", uuid::Uuid::new_v4().simple());
-    create_database(&database)
-        .await
-        .expect("create the test database");
-    database
 }
 
 async fn read(request: reqwest::RequestBuilder) -> TestResponse {

@@ -10,7 +10,7 @@ use idempay::processor::{
 use idempay_test_macros::api_test;
 
 use super::{API_KEY, TestProcessor, settings};
-use crate::support::helpers::new_key;
+use crate::support::helpers::{fresh_database, new_key};
 use crate::support::instance::free_port;
 
 fn visa(amount: i64) -> ChargeRequest {
@@ -256,7 +256,7 @@ async fn a_wrong_api_key_is_not_done() {
 
 #[api_test]
 async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
-    let database = super::fresh_database().await;
+    let database = fresh_database().await;
     let port = free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
         .arg("processor")

@@ -94,10 +94,7 @@ impl TestApp {
     }
 
     pub async fn spawn_with(settings: Settings) -> Self {
-        let database = format!("test_{}", uuid::Uuid::new_v4().simple());
-        create_database(&database)
-            .await
-            .expect("create the test database");
+        let database = fresh_database().await;
         let mut app = Self::serve(&database, settings, bind_any().await).await;
         let (account_id, api_key) = app.create_account("test merchant").await;
         app.account_id = account_id;
@@ -389,14 +386,27 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    assert!(
+        holds_within(Duration::from_secs(10), condition).await,
+        "{what}: not within 10 s"
+    );
+}
+
+/// Whether `condition` comes to hold within `limit`, checking every 10 ms: for a wait whose
+/// failure says more than [`wait_until`]'s.
+pub async fn holds_within<F, Fut>(limit: Duration, condition: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let started = std::time::Instant::now();
     while !condition().await {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{what}: not within 10 s"
-        );
+        if started.elapsed() >= limit {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    true
 }
 
 impl TestApp {
@@ -465,15 +475,20 @@ pub fn jobs_off() -> Settings {
     }
 }
 
-/// A migrated database of the test's own with no server on it, and its URL: no background job
-/// runs there but what the test calls. (A server's jobs run once at its start, and on a loaded run
-/// that first run came after the test had made its rows, and took them.)
-pub async fn bare_database() -> String {
+/// A database of the test's own, cloned from the migrated template; its name.
+pub async fn fresh_database() -> String {
     let database = format!("test_{}", uuid::Uuid::new_v4().simple());
     create_database(&database)
         .await
         .expect("create the test database");
-    database_url(&database)
+    database
+}
+
+/// A [`fresh_database`] with no server on it, and its URL: no background job runs there but what
+/// the test calls. (A server's jobs run once at its start, and on a loaded run that first run came
+/// after the test had made its rows, and took them.)
+pub async fn bare_database() -> String {
+    database_url(&fresh_database().await)
 }
 
 /// A pool of one connection to `database_url`, where `tables` were analyzed while empty and keep
