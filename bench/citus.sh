@@ -23,8 +23,9 @@ read -ra CONCURRENCY <<<"${BENCH_CONCURRENCY:-16}"
 read -ra WORKLOADS <<<"${BENCH_WORKLOADS:-new replay}"
 API_REPLAY_KEYS=1000
 CLUSTER=idempay-bench-citus
-# The cluster's nodes run with the one server's settings (and the background workers Citus needs).
-CITUS_OPTS="$BENCH_PG_OPTS -c max_worker_processes=64 -c fsync=off"
+# The cluster's nodes run with the one server's settings (and the background workers Citus needs):
+# the same durability on both sides, so neither is measured with writes the other must make.
+CITUS_OPTS="$BENCH_PG_OPTS -c max_worker_processes=64"
 
 # measure TARGET: every workload and concurrency against the server now running.
 measure() {
