@@ -649,6 +649,36 @@ pub struct RecoveryPoint {
     /// The key to send downstream as the call's `Idempotency-Key`: the same for every attempt,
     /// takeover and restart of this key, so the other system answers them all with one result.
     pub downstream_key: String,
+    /// Whether a call with that key may already have reached the other system.
+    pub earlier_calls: EarlierCalls,
+}
+
+/// Whether a call with a recovery point's downstream key may have reached the other system before
+/// this lease: what decides if a "nothing happened" answer can be believed. A refused connection
+/// or a 4xx speaks of the attempt it answers, not of the downstream key: after an earlier attempt
+/// that may have gone through, it proves nothing, and forgetting the key then lets the retry
+/// charge a second time under a new one. The downstream key is forever once it may have been sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarlierCalls {
+    /// This lease recorded the point and its downstream key (the reservation, a recycled key, or a
+    /// first point recorded by the work): no call has used the key yet.
+    None,
+    /// An earlier holder of the key recorded it (a request that answered 503, one whose process
+    /// died, the recovery job): a call with the key may have reached the other system.
+    Possible,
+}
+
+impl EarlierCalls {
+    /// For a point holding `recorded` as its downstream key, where this lease offered `made_here`:
+    /// a key this lease made is new; one the row already held was made, and maybe sent, by an
+    /// earlier holder (the statements keep a row's downstream key over the one offered).
+    fn of(recorded: &str, made_here: Option<&str>) -> Self {
+        if made_here == Some(recorded) {
+            Self::None
+        } else {
+            Self::Possible
+        }
+    }
 }
 
 impl RecoveryPoint {
@@ -660,18 +690,23 @@ impl RecoveryPoint {
             name: (*name).to_owned(),
             state: state.clone(),
             downstream_key: new_downstream_key(),
+            earlier_calls: EarlierCalls::None,
         })
     }
 
+    /// The point as a statement that may have installed `made_here`'s downstream key returned it.
     fn from_columns(
         name: Option<String>,
         state: Option<serde_json::Value>,
         downstream_key: Option<String>,
+        made_here: Option<&str>,
     ) -> Option<Self> {
+        let downstream_key = downstream_key?;
         Some(Self {
             name: name?,
             state: state?,
-            downstream_key: downstream_key?,
+            earlier_calls: EarlierCalls::of(&downstream_key, made_here),
+            downstream_key,
         })
     }
 }

@@ -10,8 +10,8 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{
-    ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest, RecoveryPoint,
-    StoredResponse,
+    EarlierCalls, ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest,
+    RecoveryPoint, StoredResponse,
 };
 use crate::db::{Engine, Lot};
 use crate::http::error::ApiError;
@@ -295,6 +295,7 @@ pub(super) async fn take_over(
             row.recovery_point,
             row.recovery_state,
             row.downstream_key,
+            first_point.map(|point| point.downstream_key.as_str()),
         ),
     }))
 }
@@ -533,6 +534,7 @@ pub(super) async fn record_recovery_point(
     .fetch_optional(pool)
     .await?;
     Ok(row.map(|row| RecoveryPoint {
+        earlier_calls: EarlierCalls::of(&row.downstream_key, Some(downstream_key)),
         name: row.recovery_point,
         state: row.recovery_state,
         downstream_key: row.downstream_key,
@@ -620,6 +622,8 @@ pub(super) async fn claim_recoverable(
                 name: row.recovery_point,
                 state: row.recovery_state,
                 downstream_key: row.downstream_key,
+                // Claimed from a suspended key: its holder may have called.
+                earlier_calls: EarlierCalls::Possible,
             },
         })
         .collect())
@@ -756,6 +760,7 @@ pub(super) async fn claim_recoverable_unlocked(
                     name: row.recovery_point,
                     state: row.recovery_state,
                     downstream_key: row.downstream_key,
+                    earlier_calls: EarlierCalls::Possible,
                 },
             });
         }

@@ -62,20 +62,25 @@ pub async fn charge_and_record(
     processor: ProcessorClient,
     mut lease: Lease,
 ) -> Result<Completion, ApiError> {
-    let (intent, downstream_key) = match lease.recovery_point() {
+    let (intent, downstream_key, earlier) = match lease.recovery_point() {
         Some(point) if point.name == CHARGE_REQUESTED => (
             serde_json::from_value::<ChargeRequested>(point.state.clone())
                 .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
             point.downstream_key.clone(),
+            point.earlier_calls,
         ),
         _ => return Err(anyhow::anyhow!("a payment's key without its recovery point").into()),
     };
     let request = intent.charge_request();
-    let charged = client::until_known("charge", || processor.charge(&downstream_key, &request));
+    let charged = client::until_known("charge", earlier, || {
+        processor.charge(&downstream_key, &request)
+    });
     match charged.await {
         Outcome::Done(charge) => record(lease, intent, charge).await,
         Outcome::NotDone(refusal) => {
-            // Nothing was charged: the retry may start afresh, as after any failure of ours.
+            // Nothing was charged, and no call with the downstream key can have been made
+            // (`until_known` says unknown otherwise): the retry may start afresh, as after any
+            // failure of ours.
             if !lease.clear_recovery_point().await? {
                 return Ok(lease.lost());
             }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{Charge, ProcessorRefund};
 use crate::http::error::{Problem, ProblemKind};
+use crate::idempotency::EarlierCalls;
 
 /// The largest page the processor serves.
 const PAGE: usize = 100;
@@ -80,21 +81,37 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Makes one request's attempts at a call, `what` (`charge`, `refund`): an unknown outcome is asked
-/// again with the same key (the call itself holds it), done or not done is final.
-pub async fn until_known<T, F, Fut>(what: &str, mut call: F) -> Outcome<T>
+/// again with the same key (the call itself holds it), done is final.
+///
+/// "Not done" is final only while no attempt with the downstream key may have reached the
+/// processor: `earlier` says whether one before this request may have (an earlier holder of the
+/// key), and every unknown outcome of this request's own attempts says so too. After that, a
+/// refused connection or a 4xx says nothing about the earlier attempt, which may have charged: the
+/// outcome stays unknown and the key keeps its downstream key. Only the processor's answer about
+/// the key itself (a refund it refused, which it would have answered with the first result had
+/// that one been made) is final whatever came before.
+pub async fn until_known<T, F, Fut>(what: &str, earlier: EarlierCalls, mut call: F) -> Outcome<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Outcome<T>>,
 {
+    let mut maybe_sent = earlier == EarlierCalls::Possible;
     let mut pause = FIRST_PAUSE;
     let mut attempt = 1;
     loop {
         match call().await {
             Outcome::Unknown(reason) if attempt < ATTEMPTS => {
                 tracing::info!(%reason, attempt, "{what} outcome unknown; asking again");
+                maybe_sent = true;
                 tokio::time::sleep(pause).await;
                 pause *= 2;
                 attempt += 1;
+            }
+            Outcome::NotDone(refusal) if maybe_sent && !refusal.is_refund_refused() => {
+                return Outcome::Unknown(format!(
+                    "{refusal}, after an earlier attempt with the same key that may have reached \
+                     the processor"
+                ));
             }
             outcome => return outcome,
         }
@@ -416,6 +433,60 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    /// Runs `until_known` over scripted answers, one per attempt.
+    async fn known_after(earlier: EarlierCalls, answers: Vec<Outcome<()>>) -> Outcome<()> {
+        let answers = std::sync::Mutex::new(answers.into_iter());
+        until_known("charge", earlier, || {
+            let next = answers
+                .lock()
+                .unwrap()
+                .next()
+                .expect("an answer per attempt");
+            async move { next }
+        })
+        .await
+    }
+
+    fn refused(problem_type: Option<&str>) -> Outcome<()> {
+        Outcome::NotDone(Refusal {
+            reason: "connection refused".into(),
+            status: None,
+            problem_type: problem_type.map(str::to_owned),
+        })
+    }
+
+    #[tokio::test]
+    async fn not_done_is_final_only_when_no_attempt_with_the_key_may_have_reached_the_processor() {
+        let unknown = || Outcome::Unknown("timed out".into());
+        // The first attempt with a key this request made: a refusal is believed.
+        assert!(matches!(
+            known_after(EarlierCalls::None, vec![refused(None)]).await,
+            Outcome::NotDone(_)
+        ));
+        // After this request's own attempt timed out, or an earlier holder's: it is not.
+        assert!(matches!(
+            known_after(EarlierCalls::None, vec![unknown(), refused(None)]).await,
+            Outcome::Unknown(reason) if reason.contains("earlier attempt")
+        ));
+        assert!(matches!(
+            known_after(EarlierCalls::Possible, vec![refused(None)]).await,
+            Outcome::Unknown(_)
+        ));
+        // The processor's own answer about the key is final whatever came before.
+        assert!(matches!(
+            known_after(
+                EarlierCalls::Possible,
+                vec![refused(Some("/problems/refund-exceeds-payment"))]
+            )
+            .await,
+            Outcome::NotDone(_)
+        ));
+        assert!(matches!(
+            known_after(EarlierCalls::Possible, vec![Outcome::Done(())]).await,
+            Outcome::Done(())
+        ));
     }
 
     #[tokio::test]

@@ -51,11 +51,12 @@ pub async fn refund_and_record(
     mut lease: Lease,
     fresh: Option<RefundAsked>,
 ) -> Result<Completion, ApiError> {
-    let (intent, downstream_key) = match lease.recovery_point() {
+    let (intent, downstream_key, earlier) = match lease.recovery_point() {
         Some(point) if point.name == REFUND_REQUESTED => (
             serde_json::from_value::<RefundRequested>(point.state.clone())
                 .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
             point.downstream_key.clone(),
+            point.earlier_calls,
         ),
         _ => {
             let asked = fresh.ok_or_else(|| anyhow::anyhow!("no refund to resume"))?;
@@ -65,12 +66,12 @@ pub async fn refund_and_record(
             };
             let state = serde_json::to_value(&intent).map_err(anyhow::Error::from)?;
             match lease.record_recovery_point(REFUND_REQUESTED, state).await? {
-                Some(point) => (intent, point.downstream_key.clone()),
+                Some(point) => (intent, point.downstream_key.clone(), point.earlier_calls),
                 None => return Ok(lease.lost()),
             }
         }
     };
-    let refunded = client::until_known("refund", || {
+    let refunded = client::until_known("refund", earlier, || {
         processor.refund(&downstream_key, &intent.charge, Some(intent.amount))
     });
     match refunded.await {

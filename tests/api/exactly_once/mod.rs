@@ -7,6 +7,7 @@ mod cluster;
 mod concurrency;
 mod conformance;
 mod expiry;
+mod forever;
 mod lifecycle;
 mod mechanism;
 mod rebalance;
