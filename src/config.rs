@@ -41,6 +41,13 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_RECOVERY_INTERVAL", default_value = "10s", value_parser = parse_timeout)]
     pub recovery_interval: Duration,
 
+    /// How long after its creation a key whose charge or refund at the processor is unsettled is
+    /// still resumed (by a retry or the recovery job), with the same downstream key. Shorter than
+    /// the processor remembers keys (24 h): a resume after that would charge again. Past it, the
+    /// key is held for an operator (409 `idempotency-key-held`, `idempay reconcile`).
+    #[arg(long, env = "IDEMPAY_RECOVERY_WINDOW", default_value = "12h", value_parser = parse_recovery_window)]
+    pub recovery_window: Duration,
+
     /// How long a request may take before it is answered with 503. Whatever the request started
     /// goes on: a payment that completes later is replayed to a retry with the same key.
     #[arg(long, env = "IDEMPAY_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -108,6 +115,7 @@ impl Default for Settings {
             slow_charge: Duration::from_secs(2),
             processor: ProcessorLink::default(),
             recovery_interval: Duration::from_secs(10),
+            recovery_window: Duration::from_secs(12 * 60 * 60),
             request_timeout: Duration::from_secs(10),
             webhook_secrets: None,
             webhook_retry_schedule: RetrySchedule::default(),
@@ -288,6 +296,22 @@ pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
     Ok(())
 }
 
+/// The recovery window must end before the processor forgets the downstream key, or a resume
+/// after that would be a new charge under the old key.
+fn parse_recovery_window(raw: &str) -> Result<Duration, String> {
+    let window = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
+    let remembered = crate::processor::KEY_TTL;
+    if window.is_zero() || window >= remembered {
+        return Err(format!(
+            "the recovery window must be longer than zero and shorter than the time the processor \
+             remembers its idempotency keys ({}): a key resumed after the processor forgot it \
+             would be charged again",
+            humantime::format_duration(remembered)
+        ));
+    }
+    Ok(window)
+}
+
 /// A timeout of zero would cut every client off.
 pub(crate) fn parse_timeout(raw: &str) -> Result<Duration, String> {
     let timeout = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
@@ -348,6 +372,20 @@ mod tests {
             ..pool
         };
         assert_eq!(check_lease(Duration::from_secs(1), &short), Ok(()));
+    }
+
+    #[test]
+    fn a_recovery_window_as_long_as_the_processor_remembers_keys_is_refused() {
+        for refused in ["24h", "2days", "0s"] {
+            let error = parse_recovery_window(refused).unwrap_err();
+            assert!(error.contains("24h"), "{refused}: {error}");
+        }
+        assert_eq!(
+            parse_recovery_window("23h 59m"),
+            Ok(Duration::from_secs(24 * 60 * 60 - 60))
+        );
+        let parsed = Cli::try_parse_from(["idempay", "--recovery-window", "25h"]);
+        assert!(parsed.is_err());
     }
 
     #[test]

@@ -30,9 +30,20 @@ pub fn spawn(
                 () = shutdown.cancelled() => break,
                 _ = ticks.tick() => {}
             }
+            // Keys past the recovery window go to an operator first, so no batch resumes them.
+            loop {
+                match idempotency.hold_overdue().await {
+                    Ok(100..) => continue,
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "holding overdue keys failed; tried again next interval");
+                        break;
+                    }
+                }
+            }
             // A full batch may mean more are waiting; a short one, or a failure, waits a tick.
             while !shutdown.is_cancelled() {
-                match idempotency.recover_batch(&resumers).await {
+                match idempotency.recover_batch(&resumers, interval).await {
                     Ok(claimed) if claimed > 0 => {
                         tracing::info!(claimed, "recovery job resumed keys");
                         if claimed < 20 {

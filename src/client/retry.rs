@@ -62,8 +62,15 @@ impl AttemptResult {
     pub fn is_retryable(self) -> bool {
         match self {
             Self::NotSent | Self::NoAnswer => true,
-            Self::Status { status, .. } => {
-                status == 409 || status == 429 || (500..600).contains(&status)
+            // A 409 with `Retry-After` is a key still in progress; without it, a key held for an
+            // operator, which no retry settles.
+            Self::Status {
+                status,
+                retry_after,
+            } => {
+                (status == 409 && retry_after.is_some())
+                    || status == 429
+                    || (500..600).contains(&status)
             }
         }
     }
@@ -142,9 +149,19 @@ mod tests {
     fn connection_failures_conflicts_and_server_errors_are_retried() {
         assert!(AttemptResult::NotSent.is_retryable());
         assert!(AttemptResult::NoAnswer.is_retryable());
-        for retried in [409, 429, 500, 502, 503, 504] {
+        for retried in [429, 500, 502, 503, 504] {
             assert!(status(retried).is_retryable(), "{retried}");
         }
+        let in_progress = AttemptResult::Status {
+            status: 409,
+            retry_after: Some(Duration::from_secs(1)),
+        };
+        assert!(in_progress.is_retryable());
+    }
+
+    #[test]
+    fn a_409_without_retry_after_a_key_held_for_an_operator_is_final() {
+        assert!(!status(409).is_retryable());
     }
 
     #[test]

@@ -86,6 +86,8 @@ pub async fn run(args: FixtureArgs) -> anyhow::Result<()> {
     let policy = Policy {
         key_ttl: args.key_ttl,
         lease: args.lease,
+        // The fixture calls no other system: its keys never reach a recovery point.
+        recovery_window: args.key_ttl,
     };
     let stop = CancellationToken::new();
     let expiry = expiry::spawn(pool.clone(), args.expiry_interval, stop.clone());

@@ -119,6 +119,17 @@ problem_catalogue! {
             `Retry-After` seconds with the same key and body to receive its result. If the \
             process handling it died, a retry takes over once its lease runs out.",
     }
+    IdempotencyKeyHeld {
+        slug: "idempotency-key-held",
+        status: CONFLICT,
+        title: "This Idempotency-Key's request is held for an operator",
+        explanation: "The request's call to the card processor never got a known outcome, and \
+            the time within which idempay resumes such a call with the same key of its own \
+            (`IDEMPAY_RECOVERY_WINDOW`, shorter than the processor remembers keys) passed. The \
+            charge or refund may or may not have been made, so nothing resumes it by itself: an \
+            operator settles it, and this key then answers with the result. Do not retry the \
+            intent under a new key, which could charge twice; there is no `Retry-After`.",
+    }
     PayloadTooLarge {
         slug: "payload-too-large",
         status: PAYLOAD_TOO_LARGE,
@@ -344,7 +355,9 @@ pub enum AuthenticatedProblems {
 #[derive(IntoResponses)]
 pub enum IdempotencyProblems {
     /// A request with this key is still being processed (`idempotency-key-in-use`). Retry after
-    /// `Retry-After` seconds with the same key and body to receive its result.
+    /// `Retry-After` seconds with the same key and body to receive its result. Or, without
+    /// `Retry-After`, its call to the processor stayed unsettled past the recovery window and
+    /// waits for an operator (`idempotency-key-held`): do not retry under a new key.
     #[response(
         status = 409,
         content_type = "application/problem+json",

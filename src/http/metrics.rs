@@ -63,6 +63,9 @@ pub enum KeyOutcome {
     Recovered,
     /// The lease was lost before completion; the effect was rolled back.
     LeaseLost,
+    /// A suspended key passed the recovery window and was held for an operator, or a request
+    /// met a key so held (409 `idempotency-key-held`).
+    Held,
 }
 
 impl KeyOutcome {
@@ -77,6 +80,7 @@ impl KeyOutcome {
             Self::Suspended => "suspended",
             Self::Recovered => "recovered",
             Self::LeaseLost => "lease_lost",
+            Self::Held => "held",
         }
     }
 

@@ -127,6 +127,7 @@ impl AppState {
         let policy = Policy {
             key_ttl: settings.key_ttl,
             lease: settings.lease,
+            recovery_window: settings.recovery_window,
         };
         Self(Arc::new(Shared {
             accounts: AccountCache::new(pool.clone()),

@@ -91,6 +91,9 @@ pub enum KeyUseState {
     InProgress,
     /// The response is stored: every repeat with the same body receives it.
     Completed,
+    /// The work's call to the processor stayed unsettled past the recovery window: nothing
+    /// resumes it by itself, and an operator settles it (`idempotency-key-held`).
+    Held,
 }
 
 /// The key on one route.
@@ -114,6 +117,8 @@ pub struct KeyUse {
     recovery_point: Option<String>,
     /// The key idempay sends to the processor for this key's work, the same on every attempt.
     downstream_key: Option<String>,
+    /// When the key was held for an operator; `null` unless `state` is `held`.
+    held_at: Option<DateTime<Utc>>,
     /// The stored response's status code, once completed.
     response_status: Option<u16>,
     /// The stored response's `Location`, if it has one.
@@ -169,10 +174,15 @@ async fn get_idempotency_key(
     let rows = sqlx::query!(
         r#"
         SELECT scope, status AS "status: KeyStatus", created_at, completed_at, expires_at,
-               locked_until, recovery_point, downstream_key, response_code,
+               locked_until, recovery_point, downstream_key, held_at, response_code,
                response_headers ->> 'location' AS response_location, request_hash, takeovers
         FROM idempotency_keys
-        WHERE account_id = $3 AND scope = ANY($1) AND idem_key = $2 AND expires_at > now()
+        WHERE account_id = $3 AND scope = ANY($1) AND idem_key = $2
+          -- What the reservation treats as expired (new again) is not shown; a key whose call
+          -- to the processor is unsettled is, past its expires_at too.
+          AND NOT (expires_at <= now()
+                   AND (status = 'completed'
+                        OR (locked_until <= now() AND recovery_point IS NULL)))
         ORDER BY scope
         "#,
         &scopes,
@@ -200,6 +210,7 @@ async fn get_idempotency_key(
             state: match row.status {
                 KeyStatus::InProgress => KeyUseState::InProgress,
                 KeyStatus::Completed => KeyUseState::Completed,
+                KeyStatus::Held => KeyUseState::Held,
             },
             created_at: row.created_at,
             completed_at: row.completed_at,
@@ -207,6 +218,7 @@ async fn get_idempotency_key(
             locked_until: row.locked_until,
             recovery_point: row.recovery_point,
             downstream_key: row.downstream_key,
+            held_at: row.held_at,
             response_status: row.response_code.and_then(|code| u16::try_from(code).ok()),
             response_location: row.response_location,
             fingerprint: hex::encode(row.request_hash),

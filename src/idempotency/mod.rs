@@ -69,7 +69,23 @@ pub struct Policy {
     pub key_ttl: Duration,
     /// How long an in-progress key blocks retries before a retry may take it over.
     pub lease: Duration,
+    /// How long after its creation a key suspended at a recovery point is still resumed (by a
+    /// retry, a takeover, the recovery job). It must end before the other system forgets the
+    /// downstream key; after it, the key is held for an operator.
+    pub recovery_window: Duration,
 }
+
+/// The recovery job's bounds: the window above, and the wait between its tries at one key, from
+/// `first_backoff` doubling up to `longest_backoff`.
+#[derive(Clone, Copy, Debug)]
+struct RecoveryBounds {
+    window: Duration,
+    first_backoff: Duration,
+    longest_backoff: Duration,
+}
+
+/// The longest wait between two of the recovery job's tries at one key.
+pub const LONGEST_RECOVERY_BACKOFF: Duration = Duration::from_secs(15 * 60);
 
 /// Which service a mechanism serves: its outcomes are counted apart, and its crash points are
 /// named apart (the processor's with a `processor:` prefix), so one service's fault tests never
@@ -200,6 +216,9 @@ enum Answer {
     Replay(StoredResponse),
     /// Another request holds a live lease on the key.
     InFlight { retry_after: Duration },
+    /// The key's call to another system stayed unsettled past the recovery window: it waits for
+    /// an operator, and no request resumes it.
+    Held,
     /// The key was used with a different payload: the pointers of the body's top-level members
     /// that differ, when the key's row has their digests (keys reserved before they were
     /// recorded have none, and the 422 then omits the list).
@@ -222,6 +241,10 @@ impl Answer {
                 KeyOutcome::Mismatch.record(service);
                 Err(mismatch(fields).into())
             }
+            Answer::Held => {
+                KeyOutcome::Held.record(service);
+                Err(held().into())
+            }
         }
     }
 }
@@ -233,6 +256,9 @@ struct ExistingKey {
     /// The digests of the stored request's top-level members; `None` for keys reserved before
     /// they were recorded.
     fields: Option<FieldDigests>,
+    /// Whether the key expired and may be recycled: completed, or abandoned before any recovery
+    /// point. A key whose call downstream is unsettled does not expire with its `expires_at`: its
+    /// retry still resumes it, and its result then lives a whole key TTL from completion.
     expired: bool,
     /// How long until the key expires, as the database saw it; `None` when it has.
     expires_in: Option<Duration>,
@@ -246,6 +272,8 @@ enum KeyState {
     InProgress { lease_left: Option<Duration> },
     /// Its response is stored: every repeat gets it.
     Completed(StoredResponse),
+    /// Its work stayed unsettled past the recovery window; an operator settles it.
+    Held,
 }
 
 /// The longest `Retry-After` a 409 suggests. A live request usually finishes within it, and a
@@ -330,10 +358,29 @@ impl Idempotency {
             } => Some(Decision::Answer(Answer::InFlight {
                 retry_after: left.min(IN_FLIGHT_RETRY_HINT),
             })),
-            KeyState::InProgress { lease_left: None } => self
-                .take_over(existing.key_id, request)
-                .await?
-                .map(Decision::Execute),
+            KeyState::Held => Some(Decision::Answer(Answer::Held)),
+            KeyState::InProgress { lease_left: None } => {
+                match self.take_over(existing.key_id, request).await? {
+                    Some(lease) => Some(Decision::Execute(lease)),
+                    // Not taken over: someone else was faster (look again), or the key's work is
+                    // past the recovery window, and this request holds it for an operator.
+                    None if store::hold(
+                        &self.pool,
+                        request.scope.owner(),
+                        existing.key_id,
+                        self.policy.recovery_window,
+                    )
+                    .await? =>
+                    {
+                        tracing::error!(
+                            key_id = existing.key_id,
+                            "a suspended key passed the recovery window: held for an operator"
+                        );
+                        Some(Decision::Answer(Answer::Held))
+                    }
+                    None => None,
+                }
+            }
         })
     }
 }
@@ -410,6 +457,7 @@ impl Idempotency {
             &request.fingerprint,
             token,
             self.policy.lease,
+            self.policy.recovery_window,
             RecoveryPoint::first(request).as_ref(),
         )
         .await?;
@@ -1016,13 +1064,27 @@ impl Idempotency {
     /// and resumes each as a retry would: renewed while it runs, completed with the response the
     /// client's retry will replay, suspended again if it still cannot finish. Returns how many it
     /// claimed. Safe on several instances at once: each key is claimed by one.
-    pub async fn recover_batch(&self, resumers: &Resumers) -> Result<usize, sqlx::Error> {
+    ///
+    /// Each key is tried again only after a wait that starts at `interval` (the job's) and doubles
+    /// with every try, up to [`LONGEST_RECOVERY_BACKOFF`]; a key past the recovery window is
+    /// held for an operator instead (see [`Idempotency::hold_overdue`]).
+    pub async fn recover_batch(
+        &self,
+        resumers: &Resumers,
+        interval: Duration,
+    ) -> Result<usize, sqlx::Error> {
+        let bounds = RecoveryBounds {
+            window: self.policy.recovery_window,
+            first_backoff: interval,
+            longest_backoff: LONGEST_RECOVERY_BACKOFF.max(interval),
+        };
+        let names = resumers.names();
         let claimed = match self.engine().await? {
             Engine::Postgres => {
-                store::claim_recoverable(&self.pool, &resumers.names(), self.policy.lease).await?
+                store::claim_recoverable(&self.pool, &names, self.policy.lease, &bounds).await?
             }
             Engine::Citus => {
-                store::claim_recoverable_unlocked(&self.pool, &resumers.names(), self.policy.lease)
+                store::claim_recoverable_unlocked(&self.pool, &names, self.policy.lease, &bounds)
                     .await?
             }
         };
@@ -1083,7 +1145,43 @@ impl Idempotency {
     }
 }
 
-// The two refusals of the mechanism.
+impl Idempotency {
+    /// Holds for an operator every suspended key whose recovery point is older than the recovery
+    /// window, a batch at a time, and returns how many it held. Never a silent retry: the other
+    /// system may have forgotten the downstream key by the time a resume would ask it again, and
+    /// would then act a second time. Each is logged as an error and counted
+    /// (`outcome="held"`); `idempay reconcile` and the key's inspection show it.
+    pub async fn hold_overdue(&self) -> Result<usize, sqlx::Error> {
+        let window = self.policy.recovery_window;
+        let held = match self.engine().await? {
+            Engine::Postgres => store::hold_overdue(&self.pool, window).await?,
+            Engine::Citus => store::hold_overdue_unlocked(&self.pool, window).await?,
+        };
+        for key in &held {
+            KeyOutcome::Held.record(self.service);
+            tracing::error!(
+                key_id = key.id,
+                scope = key.scope,
+                recovery_point = key.recovery_point,
+                downstream_key = key.downstream_key,
+                "a suspended key passed the recovery window: held for an operator"
+            );
+        }
+        Ok(held.len())
+    }
+}
+
+// The refusals of the mechanism.
+
+fn held() -> Problem {
+    Problem::new(
+        ProblemKind::IdempotencyKeyHeld,
+        "The call to the processor made for this Idempotency-Key could not be settled within the \
+         recovery window, so whether it took effect is not known, and it is held for an operator \
+         to settle. Do not retry this intent under a new key: it may have taken effect. This key \
+         answers the same until the operator settles it, then with its result.",
+    )
+}
 
 fn in_flight(retry_after: Duration) -> Problem {
     Problem::new(

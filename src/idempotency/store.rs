@@ -11,17 +11,19 @@ use uuid::Uuid;
 
 use super::{
     EarlierCalls, ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest,
-    RecoveryPoint, StoredResponse,
+    RecoveryBounds, RecoveryPoint, StoredResponse,
 };
 use crate::db::{Engine, Lot};
 use crate::http::error::ApiError;
 
-/// A key's `status` column: a request is working on it, or its response is stored.
+/// A key's `status` column: a request is working on it, or its response is stored, or its work
+/// stayed unsettled past the recovery window and waits for an operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
 pub(super) enum KeyStatus {
     InProgress,
     Completed,
+    Held,
 }
 
 /// What the reservation found.
@@ -75,7 +77,9 @@ pub(super) async fn reserve(
         FROM reserved
         UNION ALL
         SELECT id, FALSE, request_hash, status, response_code, response_headers,
-               response_body, expires_at <= now(),
+               response_body,
+               expires_at <= now()
+                 AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL)),
                (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
                (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint,
                field_digests, now()
@@ -141,7 +145,8 @@ fn existing(row: KeyRow) -> Result<Reservation, ApiError> {
             row.response_headers,
             row.response_body,
         )?),
-        _ => KeyState::InProgress {
+        Some(KeyStatus::Held) => KeyState::Held,
+        Some(KeyStatus::InProgress) | None => KeyState::InProgress {
             lease_left: positive(row.lease_left_ms),
         },
     };
@@ -212,7 +217,10 @@ async fn reserve_routed(
     let row = sqlx::query!(
         r#"
         SELECT id, request_hash, status AS "status: KeyStatus", response_code, response_headers,
-               response_body, expires_at <= now() AS "expired!",
+               response_body,
+               expires_at <= now()
+                 AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL))
+                 AS "expired!",
                (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint AS lease_left_ms,
                (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint AS expires_in_ms,
                field_digests AS "field_digests: Json<FieldDigests>"
@@ -255,7 +263,9 @@ pub(super) struct TakenOver {
 
 /// Installs `token` on a key whose lease ran out, if it is still in progress with this payload.
 /// A key that has no recovery point yet gets `first_point`, the one the request starts at (its
-/// earlier holder died before it recorded one, or the key predates recovery points).
+/// earlier holder died before it recorded one, or the key predates recovery points). A key at a
+/// recovery point older than `window` is not taken over: it is for [`hold`].
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn take_over(
     pool: &PgPool,
     owner: &str,
@@ -263,6 +273,7 @@ pub(super) async fn take_over(
     fingerprint: &Fingerprint,
     token: Uuid,
     lease: Duration,
+    window: Duration,
     first_point: Option<&RecoveryPoint>,
 ) -> Result<Option<TakenOver>, sqlx::Error> {
     let row = sqlx::query!(
@@ -275,6 +286,8 @@ pub(super) async fn take_over(
             downstream_key = COALESCE(downstream_key, $7)
         WHERE account_id = $8 AND id = $1 AND status = 'in_progress' AND locked_until <= now()
           AND request_hash = $4
+          AND (recovery_point IS NULL
+               OR created_at > now() - $9::bigint * interval '1 millisecond')
         RETURNING locked_until AS "locked_until!", recovery_point, recovery_state,
                   downstream_key
         "#,
@@ -286,6 +299,7 @@ pub(super) async fn take_over(
         first_point.map(|point| &point.state),
         first_point.map(|point| point.downstream_key.as_str()),
         owner,
+        millis(window),
     )
     .fetch_optional(pool)
     .await?;
@@ -298,6 +312,35 @@ pub(super) async fn take_over(
             first_point.map(|point| point.downstream_key.as_str()),
         ),
     }))
+}
+
+/// Holds a suspended key whose recovery point is older than `window` for an operator: nothing
+/// resumes it by itself from now on. `true` when this statement held it (or it was held already);
+/// `false` when the key is not such a key (any more).
+pub(super) async fn hold(
+    pool: &PgPool,
+    owner: &str,
+    key_id: i64,
+    window: Duration,
+) -> Result<bool, sqlx::Error> {
+    let held = sqlx::query_scalar!(
+        r#"
+        UPDATE idempotency_keys
+        SET status = 'held', held_at = COALESCE(held_at, now()), lock_token = NULL,
+            locked_until = NULL
+        WHERE account_id = $1 AND id = $2
+          AND ((status = 'in_progress' AND locked_until <= now() AND recovery_point IS NOT NULL
+                AND created_at <= now() - $3::bigint * interval '1 millisecond')
+               OR status = 'held')
+        RETURNING id
+        "#,
+        owner,
+        key_id,
+        millis(window),
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(held.is_some())
 }
 
 /// Reserves an expired key anew for another payload, unless its row changed meanwhile; the
@@ -584,17 +627,23 @@ pub(super) async fn claim_recoverable(
     pool: &PgPool,
     points: &[String],
     lease: Duration,
+    bounds: &RecoveryBounds,
 ) -> Result<Vec<Recoverable>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"
         UPDATE idempotency_keys
         SET lock_token = gen_random_uuid(),
             locked_until = now() + $2::bigint * interval '1 millisecond',
-            takeovers = takeovers + 1
+            takeovers = takeovers + 1,
+            recover_after = now() + LEAST($5::bigint,
+                $4::bigint * power(2, LEAST(recoveries, 30))::bigint) * interval '1 millisecond',
+            recoveries = recoveries + 1
         WHERE ctid = ANY(ARRAY(
             SELECT ctid FROM idempotency_keys
             WHERE status = 'in_progress' AND recovery_point IS NOT NULL
               AND locked_until <= now() AND recovery_point = ANY($1)
+              AND created_at > now() - $3::bigint * interval '1 millisecond'
+              AND (recover_after IS NULL OR recover_after <= now())
             ORDER BY locked_until
             LIMIT 20
             FOR UPDATE SKIP LOCKED
@@ -606,6 +655,9 @@ pub(super) async fn claim_recoverable(
         "#,
         points,
         millis(lease),
+        millis(bounds.window),
+        millis(bounds.first_backoff),
+        millis(bounds.longest_backoff),
     )
     .fetch_all(pool)
     .await?;
@@ -627,6 +679,84 @@ pub(super) async fn claim_recoverable(
             },
         })
         .collect())
+}
+
+/// Holds up to 100 suspended keys whose recovery point is older than the window for an operator,
+/// and returns the key ids it held. `SKIP LOCKED`, as the claim: instances running it at once
+/// share the work.
+pub(super) async fn hold_overdue(
+    pool: &PgPool,
+    window: Duration,
+) -> Result<Vec<HeldKey>, sqlx::Error> {
+    sqlx::query_as!(
+        HeldKey,
+        r#"
+        UPDATE idempotency_keys
+        SET status = 'held', held_at = now(), lock_token = NULL, locked_until = NULL
+        WHERE ctid = ANY(ARRAY(
+            SELECT ctid FROM idempotency_keys
+            WHERE status = 'in_progress' AND recovery_point IS NOT NULL
+              AND locked_until <= now()
+              AND created_at <= now() - $1::bigint * interval '1 millisecond'
+            LIMIT 100
+            FOR UPDATE SKIP LOCKED
+        ))
+          AND status = 'in_progress' AND locked_until <= now()
+        RETURNING id, scope, recovery_point AS "recovery_point!", downstream_key
+        "#,
+        millis(window),
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// [`hold_overdue`] for a distributed table: the batch read without locks, each key held by a
+/// statement routed to its node, with the conditions checked again.
+pub(super) async fn hold_overdue_unlocked(
+    pool: &PgPool,
+    window: Duration,
+) -> Result<Vec<HeldKey>, sqlx::Error> {
+    let batch = sqlx::query!(
+        r#"
+        SELECT account_id, id FROM idempotency_keys
+        WHERE status = 'in_progress' AND recovery_point IS NOT NULL
+          AND locked_until <= now()
+          AND created_at <= now() - $1::bigint * interval '1 millisecond'
+        LIMIT 100
+        "#,
+        millis(window),
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut held = Vec::with_capacity(batch.len());
+    for candidate in batch {
+        let row = sqlx::query_as!(
+            HeldKey,
+            r#"
+            UPDATE idempotency_keys
+            SET status = 'held', held_at = now(), lock_token = NULL, locked_until = NULL
+            WHERE account_id = $1 AND id = $2
+              AND status = 'in_progress' AND locked_until <= now() AND recovery_point IS NOT NULL
+              AND created_at <= now() - $3::bigint * interval '1 millisecond'
+            RETURNING id, scope, recovery_point AS "recovery_point!", downstream_key
+            "#,
+            candidate.account_id,
+            candidate.id,
+            millis(window),
+        )
+        .fetch_optional(pool)
+        .await?;
+        held.extend(row);
+    }
+    Ok(held)
+}
+
+/// A key held for an operator, as the statement that held it returned it.
+pub(super) struct HeldKey {
+    pub id: i64,
+    pub scope: String,
+    pub recovery_point: String,
+    pub downstream_key: Option<String>,
 }
 
 // -------------------------------------------------------------------------------------------
@@ -708,16 +838,20 @@ pub(super) async fn claim_recoverable_unlocked(
     pool: &PgPool,
     points: &[String],
     lease: Duration,
+    bounds: &RecoveryBounds,
 ) -> Result<Vec<Recoverable>, sqlx::Error> {
     let batch = sqlx::query!(
         r#"
         SELECT account_id, id FROM idempotency_keys
         WHERE status = 'in_progress' AND recovery_point IS NOT NULL
           AND locked_until <= now() AND recovery_point = ANY($1)
+          AND created_at > now() - $2::bigint * interval '1 millisecond'
+          AND (recover_after IS NULL OR recover_after <= now())
         ORDER BY locked_until
         LIMIT 20
         "#,
         points,
+        millis(bounds.window),
     )
     .fetch_all(pool)
     .await?;
@@ -734,7 +868,11 @@ pub(super) async fn claim_recoverable_unlocked(
             UPDATE idempotency_keys
             SET lock_token = $3,
                 locked_until = now() + $4::bigint * interval '1 millisecond',
-                takeovers = takeovers + 1
+                takeovers = takeovers + 1,
+                recover_after = now() + LEAST($6::bigint,
+                    $5::bigint * power(2, LEAST(recoveries, 30))::bigint)
+                    * interval '1 millisecond',
+                recoveries = recoveries + 1
             WHERE account_id = $1 AND id = $2
               AND status = 'in_progress' AND locked_until <= now()
             RETURNING id, locked_until AS "locked_until!", scope, idem_key, request_hash,
@@ -745,6 +883,8 @@ pub(super) async fn claim_recoverable_unlocked(
             candidate.id,
             token,
             millis(lease),
+            millis(bounds.first_backoff),
+            millis(bounds.longest_backoff),
         )
         .fetch_optional(pool)
         .await?;

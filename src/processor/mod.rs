@@ -45,7 +45,7 @@ pub use settings::{ProcessorApiKey, ProcessorListen, ProcessorSettings};
 
 /// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
 /// find their first charge.
-const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -161,6 +161,8 @@ impl Processor {
                 Policy {
                     key_ttl: KEY_TTL,
                     lease: settings.lease,
+                    // The processor calls no one: its keys never reach a recovery point.
+                    recovery_window: KEY_TTL,
                 },
             ),
             api_key: settings.api_key,

@@ -27,6 +27,7 @@ impl Fixture {
         Self::spawn_with(Policy {
             key_ttl: Duration::from_secs(24 * 60 * 60),
             lease: Duration::from_secs(30),
+            recovery_window: Duration::from_secs(12 * 60 * 60),
         })
         .await
     }
@@ -273,6 +274,7 @@ async fn an_expired_key_executes_again() {
     let fixture = Fixture::spawn_with(Policy {
         key_ttl: Duration::from_secs(1),
         lease: Duration::from_secs(30),
+        recovery_window: Duration::from_secs(12 * 60 * 60),
     })
     .await;
     let key = new_key();

@@ -23,6 +23,7 @@ use crate::support::instance::ANSWER_WITHIN;
 const POLICY: Policy = Policy {
     key_ttl: Duration::from_secs(60),
     lease: Duration::from_secs(30),
+    recovery_window: Duration::from_secs(12 * 60 * 60),
 };
 
 #[api_test]
@@ -93,6 +94,7 @@ async fn the_work_goes_on_while_a_renewal_of_its_lease_waits_for_the_key_row() {
     let policy = Policy {
         key_ttl: Duration::from_secs(60),
         lease: Duration::from_secs(3),
+        recovery_window: Duration::from_secs(12 * 60 * 60),
     };
     let idempotency = Idempotency::new(Service::Api, app.db.clone(), policy);
     let (reserved_tx, reserved) = oneshot::channel();
@@ -156,7 +158,13 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     let pool = one_connection_planning_for_empty(&database_url, &["idempotency_keys"]).await;
     let idempotency = Idempotency::new(Service::Api, pool, POLICY);
     let resumers = Resumers::default().on(POINT, complete_with_201);
-    assert_eq!(idempotency.recover_batch(&resumers).await.unwrap(), 0);
+    assert_eq!(
+        idempotency
+            .recover_batch(&resumers, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        0
+    );
 
     // 50 keys whose request stopped at POINT and whose lease is dead.
     sqlx::query(
@@ -176,7 +184,12 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
 
     let mut batches = Vec::new();
     for _ in 0..3 {
-        batches.push(idempotency.recover_batch(&resumers).await.unwrap());
+        batches.push(
+            idempotency
+                .recover_batch(&resumers, Duration::from_secs(1))
+                .await
+                .unwrap(),
+        );
     }
     assert_eq!(batches, [20, 20, 10], "the recovery job's batches");
     let completed: i64 = sqlx::query_scalar(

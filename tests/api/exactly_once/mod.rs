@@ -11,4 +11,5 @@ mod forever;
 mod lifecycle;
 mod mechanism;
 mod rebalance;
+mod suspension;
 mod two_hops;

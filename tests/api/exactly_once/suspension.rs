@@ -1,0 +1,188 @@
+//! The bounds of a suspended key: a key whose call to the processor has no known outcome is
+//! resumed with its downstream key only within the recovery window (`IDEMPAY_RECOVERY_WINDOW`,
+//! shorter than the processor remembers keys), the recovery job waiting longer between each of
+//! its tries; past the window it is held for an operator, never resumed by itself. And a
+//! suspended key does not expire with its `expires_at`: its retry resumes it.
+//!
+//! In each scenario the processor answers 503 to every call (nothing charged, outcome unknown to
+//! idempay), then is replaced by a healthy one on the same port, so that a resume would charge:
+//! a charge that appears proves a resume, and none proves there was none.
+
+use std::time::Duration;
+
+use idempay::config::Settings;
+use idempay::processor::Fraction;
+use idempay_test_macros::api_test;
+
+use super::two_hops::{
+    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, rebind,
+};
+use crate::processor::{self, TestProcessor};
+use crate::support::helpers::{TestApp, new_key, payment, wait_until};
+
+/// A payment answered 503 `processor-outcome-unknown` by a processor that fails every call, its key
+/// suspended at its recovery point.
+async fn suspended(app: &TestApp, key: &str) {
+    let unknown = app.post_payment(key, &payment(4200)).await;
+    unknown.assert_problem(503, "processor-outcome-unknown");
+    let (status, point, _) = key_row(app, key).await.expect("the key is kept");
+    assert_eq!(
+        (status.as_str(), point.as_deref()),
+        ("in_progress", Some("payment.charge_requested"))
+    );
+}
+
+/// Replaces the failing processor by a healthy one on the same port and database.
+async fn heal(app: &TestApp, failing: TestProcessor) -> TestProcessor {
+    let port = failing
+        .address
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .expect("the processor's port");
+    failing.stop();
+    TestProcessor::beside_on(app, processor::settings(), rebind(port).await).await
+}
+
+async fn key_column<T>(app: &TestApp, key: &str, column: &str) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(&format!(
+        "SELECT {column} FROM idempotency_keys WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'"
+    ))
+    .bind(key)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+fn failing() -> idempay::processor::ProcessorSettings {
+    faulty(|s| s.faults.fail = Fraction::ALWAYS)
+}
+
+#[api_test]
+async fn a_key_suspended_past_the_recovery_window_is_held_for_an_operator_and_never_resumed() {
+    const WINDOW: Duration = Duration::from_secs(2);
+    let (app, failing) = idempay_and_processor(
+        Settings {
+            recovery_window: WINDOW,
+            ..Settings::default()
+        },
+        failing(),
+    )
+    .await;
+    let key = new_key();
+    suspended(&app, &key).await;
+    // Within the window, a retry resumes the key (and meets the failing processor again).
+    let resumed = app.post_payment(&key, &payment(4200)).await;
+    resumed.assert_problem(503, "processor-outcome-unknown");
+    assert_eq!(key_column::<i32>(&app, &key, "takeovers").await, 1);
+
+    let processor = heal(&app, failing).await;
+    tokio::time::sleep(WINDOW + Duration::from_millis(200)).await;
+    let held = app.post_payment(&key, &payment(4200)).await;
+
+    held.assert_problem(409, "idempotency-key-held");
+    assert_eq!(held.header("retry-after"), None, "no retry settles it");
+    assert_eq!(app.charge_count().await, 0, "never resumed by itself");
+    let (status, point, _) = key_row(&app, &key).await.expect("the key is kept");
+    assert_eq!(
+        (status.as_str(), point.as_deref()),
+        ("held", Some("payment.charge_requested"))
+    );
+    // The operator's views: the key's inspection and the metrics.
+    let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await.json();
+    assert_eq!(inspected["uses"][0]["state"], "held");
+    assert!(inspected["uses"][0]["held_at"].is_string(), "{inspected}");
+    let metrics = String::from_utf8(app.get("/metrics").await.body).unwrap();
+    assert!(
+        metrics.contains(r#"idempay_idempotency_outcomes_total{outcome="held"}"#),
+        "{metrics}"
+    );
+    // Every later retry is answered the same, and still nothing is charged.
+    let again = app.post_payment(&key, &payment(4200)).await;
+    again.assert_problem(409, "idempotency-key-held");
+    assert_eq!(app.charge_count().await, 0);
+    assert_eq!(processor.count("processor_charges").await, 0);
+}
+
+/// The recovery job, with no client retry: it tries the key while the window lasts, each wait
+/// twice the one before (from its 100 ms interval: a few tries in the window's 4 s, where a try
+/// every tick would be about 40), then holds it, and tries it no more.
+#[api_test]
+async fn the_recovery_job_backs_off_between_its_tries_then_holds_the_key_past_the_window() {
+    const WINDOW: Duration = Duration::from_secs(4);
+    let (app, failing) = idempay_and_processor(Settings::default(), failing()).await;
+    let key = new_key();
+    suspended(&app, &key).await;
+    let _recovering = app
+        .another_instance(Settings {
+            recovery_interval: Duration::from_millis(100),
+            recovery_window: WINDOW,
+            ..linked_to(&failing.address, Settings::default())
+        })
+        .await;
+
+    wait_until("the recovery job holds the key", || async {
+        key_row(&app, &key)
+            .await
+            .is_some_and(|(status, _, _)| status == "held")
+    })
+    .await;
+
+    let tries = key_column::<i32>(&app, &key, "recoveries").await;
+    eprintln!("the recovery job tried the key {tries} times within the window");
+    assert!(
+        (2..=8).contains(&tries),
+        "tried at growing intervals, not every tick: {tries}"
+    );
+    let processor = heal(&app, failing).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(key_column::<i32>(&app, &key, "recoveries").await, tries);
+    assert_eq!(processor.count("processor_charges").await, 0);
+    app.post_payment(&key, &payment(4200))
+        .await
+        .assert_problem(409, "idempotency-key-held");
+}
+
+/// A suspended key outlives its `expires_at`: it is still shown, and its retry resumes it and
+/// records the payment (on the code before, every retry was 409 `idempotency-key-in-use` and the
+/// key's inspection a 404). The result then lives a whole key TTL from its completion.
+#[api_test]
+async fn a_suspended_key_past_its_expires_at_is_shown_and_resumed_by_its_retry() {
+    const KEY_TTL: Duration = Duration::from_secs(1);
+    let (app, failing) = idempay_and_processor(
+        Settings {
+            key_ttl: KEY_TTL,
+            ..Settings::default()
+        },
+        failing(),
+    )
+    .await;
+    let key = new_key();
+    suspended(&app, &key).await;
+    tokio::time::sleep(KEY_TTL + Duration::from_millis(300)).await;
+    let expired: bool =
+        sqlx::query_scalar("SELECT bool_and(expires_at < now()) FROM idempotency_keys")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert!(expired, "the key's expires_at has passed");
+
+    let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await;
+    assert_eq!(
+        inspected.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&inspected.body)
+    );
+    assert_eq!(inspected.json()["uses"][0]["state"], "in_progress");
+
+    let processor = heal(&app, failing).await;
+    let paid = app.post_payment(&key, &payment(4200)).await;
+
+    assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
+    assert!(!paid.replayed());
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
