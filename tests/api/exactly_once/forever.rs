@@ -12,8 +12,8 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use super::two_hops::{
-    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, rebind, reconcile,
-    the_charge,
+    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
+    reconcile, the_charge,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::helpers::{TestApp, TestResponse, new_key, payment, wait_until};
@@ -51,15 +51,6 @@ where
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     send().await
-}
-
-fn port_of(processor: &TestProcessor) -> u16 {
-    processor
-        .address
-        .rsplit(':')
-        .next()
-        .and_then(|port| port.parse().ok())
-        .expect("the processor's port")
 }
 
 /// How many times the key was taken over (by a retry or the recovery job).

@@ -15,7 +15,7 @@ use idempay::processor::Fraction;
 use idempay_test_macros::api_test;
 
 use super::two_hops::{
-    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, rebind,
+    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
@@ -34,12 +34,7 @@ async fn suspended(app: &TestApp, key: &str) {
 
 /// Replaces the failing processor by a healthy one on the same port and database.
 async fn heal(app: &TestApp, failing: TestProcessor) -> TestProcessor {
-    let port = failing
-        .address
-        .rsplit(':')
-        .next()
-        .and_then(|port| port.parse().ok())
-        .expect("the processor's port");
+    let port = port_of(&failing);
     failing.stop();
     TestProcessor::beside_on(app, processor::settings(), rebind(port).await).await
 }

@@ -163,6 +163,16 @@ pub(crate) async fn the_charge(app: &TestApp) -> (String, String) {
         .unwrap()
 }
 
+/// The port a processor serves on, to start another there once it stopped.
+pub(crate) fn port_of(processor: &TestProcessor) -> u16 {
+    processor
+        .address
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .expect("the processor's port")
+}
+
 /// Binds `port` again once the processor that served there has let it go.
 pub(crate) async fn rebind(port: u16) -> TcpListener {
     for _ in 0..200 {
@@ -283,7 +293,7 @@ async fn a_processor_answering_503_leaves_the_outcome_unknown_and_the_retry_char
     assert_eq!(app.charge_count().await, 0);
 
     // The processor is replaced by a healthy one on the same port and database.
-    let port = failing.address.rsplit(':').next().unwrap().parse().unwrap();
+    let port = port_of(&failing);
     failing.stop();
     let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
     let paid = app.post_payment(&key, &payment(4200)).await;
