@@ -84,6 +84,18 @@ struct RecoveryBounds {
     longest_backoff: Duration,
 }
 
+impl RecoveryBounds {
+    /// The wait after the recovery job's try number `tries + 1` at a key: the first backoff,
+    /// doubled for each earlier try, at most the longest (the statements of a single server
+    /// compute the same in SQL).
+    fn backoff(&self, tries: i32) -> Duration {
+        let doublings = u32::try_from(tries.clamp(0, 30)).unwrap_or(30);
+        self.first_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.longest_backoff)
+    }
+}
+
 /// The longest wait between two of the recovery job's tries at one key.
 pub const LONGEST_RECOVERY_BACKOFF: Duration = Duration::from_secs(15 * 60);
 
@@ -1211,4 +1223,23 @@ fn mismatched_fields(
 ) -> Option<Vec<String>> {
     let fields = stored?.mismatched(sent?);
     (!fields.is_empty()).then_some(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recovery_backoff_doubles_from_the_interval_up_to_its_longest() {
+        let bounds = RecoveryBounds {
+            window: Duration::from_secs(12 * 60 * 60),
+            first_backoff: Duration::from_secs(10),
+            longest_backoff: LONGEST_RECOVERY_BACKOFF,
+        };
+        let waits: Vec<u64> = [0, 1, 2, 3, 6, 7, 30, 1000, -1]
+            .into_iter()
+            .map(|tries| bounds.backoff(tries).as_secs())
+            .collect();
+        assert_eq!(waits, [10, 20, 40, 80, 640, 900, 900, 900, 10]);
+    }
 }

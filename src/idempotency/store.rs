@@ -315,8 +315,8 @@ pub(super) async fn take_over(
 }
 
 /// Holds a suspended key whose recovery point is older than `window` for an operator: nothing
-/// resumes it by itself from now on. `true` when this statement held it (or it was held already);
-/// `false` when the key is not such a key (any more).
+/// resumes it by itself from now on. `true` when this statement held it; `false` when the key is
+/// not such a key (any more: the decision then reads it again, and finds it held, say).
 pub(super) async fn hold(
     pool: &PgPool,
     owner: &str,
@@ -326,12 +326,10 @@ pub(super) async fn hold(
     let held = sqlx::query_scalar!(
         r#"
         UPDATE idempotency_keys
-        SET status = 'held', held_at = COALESCE(held_at, now()), lock_token = NULL,
-            locked_until = NULL
+        SET status = 'held', held_at = now(), lock_token = NULL, locked_until = NULL
         WHERE account_id = $1 AND id = $2
-          AND ((status = 'in_progress' AND locked_until <= now() AND recovery_point IS NOT NULL
-                AND created_at <= now() - $3::bigint * interval '1 millisecond')
-               OR status = 'held')
+          AND status = 'in_progress' AND locked_until <= now() AND recovery_point IS NOT NULL
+          AND created_at <= now() - $3::bigint * interval '1 millisecond'
         RETURNING id
         "#,
         owner,
@@ -842,7 +840,7 @@ pub(super) async fn claim_recoverable_unlocked(
 ) -> Result<Vec<Recoverable>, sqlx::Error> {
     let batch = sqlx::query!(
         r#"
-        SELECT account_id, id FROM idempotency_keys
+        SELECT account_id, id, recoveries FROM idempotency_keys
         WHERE status = 'in_progress' AND recovery_point IS NOT NULL
           AND locked_until <= now() AND recovery_point = ANY($1)
           AND created_at > now() - $2::bigint * interval '1 millisecond'
@@ -858,8 +856,9 @@ pub(super) async fn claim_recoverable_unlocked(
     if batch.is_empty() {
         return Ok(Vec::new());
     }
-    // One update per key, each routed to its node, with a token made here: Citus refuses a
-    // volatile function such as `gen_random_uuid()` in an update of a distributed table.
+    // One update per key, each routed to its node, with a token and a wait made here: Citus
+    // refuses a volatile function such as `gen_random_uuid()` in an update of a distributed table,
+    // and a stable one (`now()`) combined with a column (the count of tries the wait grows with).
     let mut claimed = Vec::with_capacity(batch.len());
     for candidate in batch {
         let token = Uuid::new_v4();
@@ -869,9 +868,7 @@ pub(super) async fn claim_recoverable_unlocked(
             SET lock_token = $3,
                 locked_until = now() + $4::bigint * interval '1 millisecond',
                 takeovers = takeovers + 1,
-                recover_after = now() + LEAST($6::bigint,
-                    $5::bigint * power(2, LEAST(recoveries, 30))::bigint)
-                    * interval '1 millisecond',
+                recover_after = now() + $5::bigint * interval '1 millisecond',
                 recoveries = recoveries + 1
             WHERE account_id = $1 AND id = $2
               AND status = 'in_progress' AND locked_until <= now()
@@ -883,8 +880,7 @@ pub(super) async fn claim_recoverable_unlocked(
             candidate.id,
             token,
             millis(lease),
-            millis(bounds.first_backoff),
-            millis(bounds.longest_backoff),
+            millis(bounds.backoff(candidate.recoveries)),
         )
         .fetch_optional(pool)
         .await?;

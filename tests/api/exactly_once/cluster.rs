@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 12] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 13] = [
     (
         "FOR UPDATE SKIP LOCKED",
         "a background job's single-server form (expiry, recovery, delivery): on Citus its \
@@ -43,6 +43,11 @@ const ACROSS_ACCOUNTS: [(&str, &str); 12] = [
     (
         "SELECT account_id, id FROM",
         "a background job on Citus: the batch it reads across every account",
+    ),
+    (
+        "SELECT account_id, id, recoveries FROM",
+        "the recovery job on Citus: the batch it reads across every account, with each key's \
+         tries (its wait grows with them)",
     ),
     (
         "IN (SELECT * FROM unnest($1::text[], $2::bigint[]))",
