@@ -23,12 +23,7 @@ async fn another_body_on_another_instance_is_refused_from_the_key_s_row() {
     let paid = paying
         .post_payment(&app.api_key, &key, &payment(4200))
         .await;
-    assert_eq!(
-        paid.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&paid.body)
-    );
+    assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
 
     // `deciding` never answered this key, so nothing in its memory can: only the row can.
     let other = deciding
@@ -41,7 +36,10 @@ async fn another_body_on_another_instance_is_refused_from_the_key_s_row() {
 
     let problem = other.assert_problem(422, "idempotency-key-mismatch");
     assert!(!other.replayed());
-    assert_eq!(problem["mismatched_fields"], json!(["/amount", "/currency"]));
+    assert_eq!(
+        problem["mismatched_fields"],
+        json!(["/amount", "/currency"])
+    );
     // The row still answers its own body, on either instance: a replay of the one payment.
     for instance in [&deciding, &paying] {
         let replay = instance

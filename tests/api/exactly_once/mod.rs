@@ -7,6 +7,7 @@ mod across_instances;
 mod cluster;
 mod concurrency;
 mod conformance;
+mod early_events;
 mod expiry;
 mod lifecycle;
 mod mechanism;

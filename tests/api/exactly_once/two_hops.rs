@@ -32,7 +32,7 @@ const ASKED_AGAIN: &str = "charge outcome unknown; asking again";
 
 /// idempay's settings, calling the processor at `address`. Its recovery job is kept out of the
 /// way: the scenarios that prove recovery run instances of their own.
-fn linked_to(address: &str, settings: Settings) -> Settings {
+pub(crate) fn linked_to(address: &str, settings: Settings) -> Settings {
     Settings {
         processor: ProcessorLink {
             url: Some(address.to_owned()),
@@ -46,7 +46,7 @@ fn linked_to(address: &str, settings: Settings) -> Settings {
 
 /// idempay on a fresh database, and a processor with `processor` settings keeping its ledger in
 /// that database; idempay calls it with `settings` (its link filled in).
-async fn idempay_and_processor(
+pub(crate) async fn idempay_and_processor(
     settings: Settings,
     processor: ProcessorSettings,
 ) -> (TestApp, TestProcessor) {
@@ -60,7 +60,7 @@ async fn idempay_and_processor(
 }
 
 /// Environment for an `idempay serve` process calling `processor`.
-fn instance_env<'a>(
+pub(crate) fn instance_env<'a>(
     processor: &'a TestProcessor,
     more: &[(&'a str, &'a str)],
 ) -> Vec<(&'a str, &'a str)> {
@@ -73,8 +73,14 @@ fn instance_env<'a>(
 }
 
 /// Runs `idempay reconcile` against `processor` over its list API and asserts it finds the two
-/// ledgers equal: exit 0 and the one summary line, with `payments` charges and payments.
+/// ledgers equal: exit 0 and the one summary line, with `payments` charges and payments, and the
+/// refunds and disputes idempay recorded.
 async fn assert_reconciled(app: &TestApp, processor: &TestProcessor, payments: usize) {
+    let (refunds, disputes): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM refunds), (SELECT count(*) FROM disputes)")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
     let output = reconcile(app, processor).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -86,12 +92,12 @@ async fn assert_reconciled(app: &TestApp, processor: &TestProcessor, payments: u
     assert_eq!(
         stdout,
         format!(
-            "reconciled {payments} charges, {payments} payments and 0 refunds: 0 difference(s)\n"
+            "reconciled {payments} charges, {payments} payments, {refunds} refunds and {disputes} disputes: 0 difference(s)\n"
         )
     );
 }
 
-async fn reconcile(app: &TestApp, processor: &TestProcessor) -> std::process::Output {
+pub(crate) async fn reconcile(app: &TestApp, processor: &TestProcessor) -> std::process::Output {
     idempay(
         &["reconcile"],
         &[
@@ -104,7 +110,7 @@ async fn reconcile(app: &TestApp, processor: &TestProcessor) -> std::process::Ou
 }
 
 /// The invariants as SQL, then reconcile: every scenario ends here.
-async fn assert_ledgers_agree(app: &TestApp, processor: &TestProcessor, payments: i64) {
+pub(crate) async fn assert_ledgers_agree(app: &TestApp, processor: &TestProcessor, payments: i64) {
     assert_eq!(app.payment_count().await, payments, "payments");
     assert_eq!(app.charge_count().await, payments, "charges");
     assert_exactly_once(&app.db).await;
@@ -113,14 +119,17 @@ async fn assert_ledgers_agree(app: &TestApp, processor: &TestProcessor, payments
 }
 
 /// A processor's settings with these faults.
-fn faulty(faults: impl FnOnce(&mut ProcessorSettings)) -> ProcessorSettings {
+pub(crate) fn faulty(faults: impl FnOnce(&mut ProcessorSettings)) -> ProcessorSettings {
     let mut settings = processor::settings();
     faults(&mut settings);
     settings
 }
 
 /// The key row's state: its status, recovery point and downstream key.
-async fn key_row(app: &TestApp, key: &str) -> Option<(String, Option<String>, Option<String>)> {
+pub(crate) async fn key_row(
+    app: &TestApp,
+    key: &str,
+) -> Option<(String, Option<String>, Option<String>)> {
     sqlx::query_as(
         "SELECT status, recovery_point, downstream_key FROM idempotency_keys
          WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'",
@@ -153,7 +162,7 @@ async fn charge_under_way(app: &TestApp, key: &str) -> bool {
 }
 
 /// The processor's only charge: its id and the idempotency key it was made with.
-async fn the_charge(app: &TestApp) -> (String, String) {
+pub(crate) async fn the_charge(app: &TestApp) -> (String, String) {
     sqlx::query_as("SELECT id, idempotency_key FROM processor_charges")
         .fetch_one(&app.db)
         .await
@@ -161,7 +170,7 @@ async fn the_charge(app: &TestApp) -> (String, String) {
 }
 
 /// Binds `port` again once the processor that served there has let it go.
-async fn rebind(port: u16) -> TcpListener {
+pub(crate) async fn rebind(port: u16) -> TcpListener {
     for _ in 0..200 {
         if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)).await {
             return listener;
@@ -819,7 +828,7 @@ async fn reconcile_names_every_difference_of_a_broken_ledger_and_exits_1() {
     assert_eq!(lines, expected);
     assert_eq!(
         summary,
-        Some("reconciled 3 charges, 1 payments and 0 refunds: 2 difference(s)")
+        Some("reconciled 3 charges, 1 payments, 0 refunds and 0 disputes: 2 difference(s)")
     );
 }
 
@@ -1019,7 +1028,7 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
     let output = reconcile(&app, &processor).await;
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "reconciled 1 charges, 1 payments and 1 refunds: 0 difference(s)\n"
+        "reconciled 1 charges, 1 payments, 1 refunds and 0 disputes: 0 difference(s)\n"
     );
     assert!(output.status.success());
 }
