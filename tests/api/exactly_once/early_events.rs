@@ -22,11 +22,17 @@ use super::two_hops::{assert_ledgers_agree, faulty, key_row, linked_to, reconcil
 use crate::processor::{self, TestProcessor};
 use crate::support::helpers::{TestApp, new_key, payment, send, wait_until};
 
+/// Every 200 ms for 30 s: longer than any scenario here takes to record its payment.
+fn patiently() -> RetrySchedule {
+    RetrySchedule::new(vec![Duration::from_millis(200); 150]).unwrap()
+}
+
 /// idempay and a processor on the test's database, the processor delivering its events, signed,
-/// to idempay's intake and retrying a refused one every 200 ms for 30 s.
+/// to idempay's intake and retrying a refused one on `schedule`.
 async fn delivering_events(
     settings: Settings,
     mut processor: ProcessorSettings,
+    schedule: RetrySchedule,
 ) -> (TestApp, TestProcessor, WebhookSecrets) {
     let secret = WebhookSecrets::generate();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -41,8 +47,7 @@ async fn delivering_events(
     .await;
     processor.webhook_url = Some(app.url("/v1/webhooks/processor"));
     processor.webhook_secrets = Some(secret.clone());
-    processor.webhook_retry_schedule =
-        RetrySchedule::new(vec![Duration::from_millis(200); 150]).unwrap();
+    processor.webhook_retry_schedule = schedule;
     let processor = TestProcessor::beside_on(&app, processor, listener).await;
     (app, processor, secret)
 }
@@ -106,6 +111,7 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_refused_
         },
         // Far beyond idempay's attempts: the answer comes after idempay gave up.
         faulty(|s| s.faults.latency = Duration::from_secs(2)),
+        patiently(),
     )
     .await;
     let key = new_key();
@@ -197,12 +203,86 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_refused_
     assert_ledgers_agree(&app, &processor, 1).await;
 }
 
+/// An event about a charge idempay will never record (made at the processor directly) wedges
+/// nothing: it is refused at every attempt until the processor's outbox gives it up on its
+/// schedule, recorded nowhere, while the events of a payment idempay records are applied beside
+/// it; and `idempay reconcile` names the charge. On the code before the fix, its first delivery was
+/// acknowledged `ignored` and nothing showed that an event had been dropped.
+#[api_test]
+async fn an_event_about_a_charge_never_recorded_is_refused_until_given_up_and_wedges_nothing() {
+    let (app, processor, _) = delivering_events(
+        Settings::default(),
+        processor::settings(),
+        RetrySchedule::parse("100ms,100ms,100ms,100ms").unwrap(),
+    )
+    .await;
+    let direct = processor
+        .charge(&new_key(), &processor::charge(777, "pm_card_visa"))
+        .await;
+    assert_eq!(direct.status, 201);
+    let stranger = direct.json()["id"].as_str().unwrap().to_owned();
+    let paid = app.paid(5000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    dispute_at_the_processor(&processor, &charge, 1500).await;
+
+    // The stranger's delivery: its event id, attempts, last answer, acknowledged, given up.
+    let delivery = || async {
+        sqlx::query_as::<_, (String, i32, Option<i16>, bool, bool)>(
+            "SELECT event_id, attempts, last_status, delivered_at IS NOT NULL,
+                    failed_at IS NOT NULL
+             FROM webhook_deliveries WHERE position($1::bytea IN body) > 0",
+        )
+        .bind(stranger.as_bytes())
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    };
+    wait_until("the stranger's event is answered", || async {
+        delivery().await.2.is_some()
+    })
+    .await;
+    assert_eq!(
+        delivery().await.2,
+        Some(409),
+        "refused: no payment names it"
+    );
+    wait_until("the outbox gives the stranger's event up", || async {
+        delivery().await.4
+    })
+    .await;
+
+    let (event, attempts, status, acknowledged, _) = delivery().await;
+    assert_eq!(
+        (attempts, status, acknowledged),
+        (5, Some(409), false),
+        "refused at each of its five attempts, then given up"
+    );
+    assert_eq!(processed(&app, &event).await, None, "recorded nowhere");
+    wait_until("the payment's dispute is applied beside it", || async {
+        app.get_payment(&paid).await.json()["amount_disputed"] == 1500
+    })
+    .await;
+    let output = reconcile(&app, &processor).await;
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        format!(
+            "charge {stranger} (777) has no payment\n\
+             reconciled 2 charges, 1 payments, 0 refunds and 1 disputes: 1 difference(s)\n"
+        )
+    );
+}
+
 /// `idempay reconcile` compares what was refunded and disputed on both ledgers: each figure broken
 /// on idempay's side is a line naming the payment or dispute and both values, and the exit is 1.
 /// Before, it compared no dispute, so a dispute lost on the way showed nowhere.
 #[api_test]
 async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_ledgers() {
-    let (app, processor, _) = delivering_events(Settings::default(), processor::settings()).await;
+    let (app, processor, _) =
+        delivering_events(Settings::default(), processor::settings(), patiently()).await;
     let mut paid = Vec::new();
     for amount in [4000, 5000, 6000] {
         let id = app.paid(amount).await;
