@@ -4,13 +4,13 @@
 //!
 //! An event about an object of the processor's (a charge `ch_…`, a refund `pyr_…`) that idempay
 //! has not recorded is [`NotRecorded`]: not an outcome, but a refusal, so that the sender
-//! delivers it again (see `receive` in `mod.rs` for why refused rather than parked). The
-//! processor answers idempay and delivers its event independently, and the event may come first:
-//! while a payment's charge is unknown (503 `processor-outcome-unknown`, the key suspended), its
-//! charge exists at the processor and no payment names it yet. Acknowledging such an event would
-//! lose it (its dispute never shown on the payment once recorded); an id of idempay's own
-//! (`pay_…`, `re_…`), by contrast, is known to nobody before it is recorded, so an unknown one is
-//! acknowledged and `ignored` as before.
+//! delivers it again (`not_recorded_problem` in `mod.rs`, and `README.md`, say why refused rather
+//! than parked). The processor answers idempay and delivers its event independently, and the
+//! event may come first: while a payment's charge is unknown (503 `processor-outcome-unknown`, the
+//! key suspended), its charge exists at the processor and no payment names it yet. Acknowledging
+//! such an event would lose it (its dispute never shown on the payment once recorded); an id of
+//! idempay's own (`pay_…`, `re_…`), by contrast, is known to nobody before it is recorded, so an
+//! unknown one is acknowledged and `ignored` as before.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -223,11 +223,7 @@ pub type Applying = Result<Applied, NotRecorded>;
 /// idempay may record later.
 fn unmatched(kind: &str, object: &str, of_the_processor: bool) -> Applying {
     if of_the_processor {
-        tracing::info!(
-            kind,
-            object,
-            "event about an object not recorded yet: refused, to be redelivered"
-        );
+        // Logged and counted by the intake, which knows the event's id.
         Err(NotRecorded {
             object: object.to_owned(),
             kind: kind.to_owned(),

@@ -176,24 +176,26 @@ async fn receive(
 /// When a sender that reads `Retry-After` should deliver an event about an object not recorded
 /// again: about the default interval of the recovery job, which records a payment or refund whose
 /// outcome was unknown if its client does not retry first.
-pub const NOT_RECORDED_RETRY_AFTER: Duration = Duration::from_secs(10);
+const NOT_RECORDED_RETRY_AFTER: Duration = Duration::from_secs(10);
 
-/// Why an event about an object idempay has not recorded is refused rather than parked:
+/// Why an event about an object idempay has not recorded is refused rather than parked (the same
+/// reasons, for a sender, in `README.md`):
 ///
 /// - The sender already keeps it. The processor's outbox (any Standard Webhooks sender) retries a
 ///   non-2xx answer on its schedule, `IDEMPAY_WEBHOOK_RETRY_SCHEDULE`, over 27 h by default:
 ///   longer than the processor keeps its keys (24 h), within which a payment or refund whose
-///   outcome is unknown must be recorded or handed to an operator anyway. A
-///   parked copy would be a second outbox, with its own expiry, its own replay on the object's
-///   recording (in the transactions of payments, refunds and the recovery job) and its own
-///   operator view, for what the sender does already.
+///   outcome is unknown must be recorded or handed to an operator anyway. A parked copy would be
+///   a second outbox, with its own expiry, its own replay on the object's recording (in the
+///   transactions of payments, refunds and the recovery job) and its own operator view, for what
+///   the sender does already.
 /// - Nothing waits on it. Each delivery is retried on its own, a refusal holds no lock and
 ///   records nothing, and the processor's deliveries belong to no endpoint that could be
 ///   disabled: an event about an object never recorded (a charge made outside idempay) is
 ///   refused until the sender gives it up, which `idempay reconcile` then reports as the
 ///   difference it is, while every other event keeps being applied.
 /// - Recording nothing keeps the event's id free: the delivery that finds the object recorded is
-///   applied once and recorded as processed then, and its redeliveries are duplicates, as today.
+///   applied once and recorded as processed then, and its redeliveries are duplicates, as for any
+///   event.
 ///
 /// 409, not 503: the service is well; the event conflicts with what it has recorded so far.
 fn not_recorded_problem(not_recorded: &NotRecorded) -> Problem {
