@@ -1,7 +1,12 @@
 //! `idempay reconcile`: idempay's ledger against the processor's. Every charge at the processor
-//! must be recorded by exactly one payment, for the same amount and outcome, and every refund by
-//! exactly one refund; anything else is a difference, and a difference is a bug (or money taken
-//! without a record). The processor is read through its list API, as an operator would.
+//! must be recorded by exactly one payment, for the same amount, outcome, refunded and disputed
+//! amounts; every refund by exactly one refund, and every dispute by exactly one dispute, for the
+//! same amount; anything else is a difference, and a difference is a bug (or money taken without a
+//! record). The processor is read through its list API, as an operator would.
+//!
+//! [`reconcile`] reads both ledgers once, then compares them one section at a time (payments with
+//! charges, refunds, disputes), each section a function adding its differences: another check is
+//! another section.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -13,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ProcessorLink;
 use crate::ids;
 use crate::processor::{
-    ChargeStatus, Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings, RefundStatus,
+    Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorClient, ProcessorRefund,
+    ProcessorSettings, RefundStatus,
 };
 
 /// Reconciles against the processor `link` names or, without a URL, against the processor
@@ -64,6 +70,14 @@ pub enum Difference {
     },
     /// A refund names a processor refund that does not exist, or differs from it.
     RefundMismatch { refund: String, detail: String },
+    /// A dispute was opened at the processor, and no dispute records it.
+    DisputeWithoutRecord {
+        dispute: String,
+        charge: String,
+        amount: i64,
+    },
+    /// A dispute of a charged payment is not the processor's, or differs from it.
+    DisputeMismatch { dispute: String, detail: String },
 }
 
 impl fmt::Display for Difference {
@@ -96,6 +110,15 @@ impl fmt::Display for Difference {
                 "processor refund {processor_refund} ({amount}) has no refund"
             ),
             Self::RefundMismatch { refund, detail } => write!(f, "refund {refund}: {detail}"),
+            Self::DisputeWithoutRecord {
+                dispute,
+                charge,
+                amount,
+            } => write!(
+                f,
+                "processor dispute {dispute} ({amount}) of charge {charge} has no dispute"
+            ),
+            Self::DisputeMismatch { dispute, detail } => write!(f, "dispute {dispute}: {detail}"),
         }
     }
 }
@@ -106,6 +129,7 @@ pub struct Report {
     pub charges: usize,
     pub payments: usize,
     pub refunds: usize,
+    pub disputes: usize,
     pub differences: Vec<Difference>,
 }
 
@@ -114,51 +138,147 @@ impl Report {
         self.differences.is_empty()
     }
 
-    /// The line printed after the differences, if any.
+    /// The line printed after the differences, if any: what was compared, and how many
+    /// differences.
     pub fn summary(&self) -> String {
+        let counted = [
+            (self.charges, "charges"),
+            (self.payments, "payments"),
+            (self.refunds, "refunds"),
+            (self.disputes, "disputes"),
+        ]
+        .map(|(count, what)| format!("{count} {what}"));
+        let (last, first) = counted.split_last().expect("four counts");
         format!(
-            "reconciled {} charges, {} payments and {} refunds: {} difference(s)",
-            self.charges,
-            self.payments,
-            self.refunds,
+            "reconciled {} and {last}: {} difference(s)",
+            first.join(", "),
             self.differences.len()
         )
     }
 }
 
-/// Compares every payment and refund with the processor's charges and refunds.
-pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Result<Report> {
-    let charges = processor.charges().await?;
-    let processor_refunds = processor.refunds().await?;
-    let payments = sqlx::query!(
-        r#"
-        SELECT id, charge AS "charge!", amount, status, amount_refunded
-        FROM payments WHERE charge IS NOT NULL
-        "#
-    )
-    .fetch_all(pool)
-    .await?;
-    let refunds = sqlx::query!(
-        r#"
-        SELECT id, processor_refund AS "processor_refund!", amount, status
-        FROM refunds WHERE processor_refund IS NOT NULL
-        "#
-    )
-    .fetch_all(pool)
-    .await?;
+/// The processor's ledger, as its list API gives it.
+struct Theirs {
+    charges: Vec<Charge>,
+    refunds: Vec<ProcessorRefund>,
+    disputes: Vec<Dispute>,
+}
 
-    let mut report = Report {
-        charges: charges.len(),
-        payments: payments.len(),
-        refunds: refunds.len(),
-        differences: Vec::new(),
-    };
-    let by_charge: BTreeMap<&str, _> = charges.iter().map(|c| (c.id.as_str(), c)).collect();
+impl Theirs {
+    async fn read(processor: &ProcessorClient) -> anyhow::Result<Self> {
+        Ok(Self {
+            charges: processor.charges().await?,
+            refunds: processor.refunds().await?,
+            disputes: processor.disputes().await?,
+        })
+    }
+}
+
+/// idempay's ledger: the rows that name an object of the processor's.
+struct Ours {
+    payments: Vec<OurPayment>,
+    refunds: Vec<OurRefund>,
+    disputes: Vec<OurDispute>,
+}
+
+/// A payment with the charge that recorded it.
+struct OurPayment {
+    id: String,
+    charge: String,
+    amount: i64,
+    status: String,
+    amount_refunded: i64,
+    amount_disputed: i64,
+}
+
+/// A refund with the processor's refund that made it.
+struct OurRefund {
+    id: String,
+    processor_refund: String,
+    amount: i64,
+    status: String,
+}
+
+/// A dispute of a charged payment, by the processor's dispute id, with that payment's charge.
+struct OurDispute {
+    id: String,
+    charge: String,
+    amount: i64,
+}
+
+impl Ours {
+    async fn read(pool: &PgPool) -> anyhow::Result<Self> {
+        let payments = sqlx::query_as!(
+            OurPayment,
+            r#"
+            SELECT id, charge AS "charge!", amount, status, amount_refunded, amount_disputed
+            FROM payments WHERE charge IS NOT NULL
+            "#
+        )
+        .fetch_all(pool)
+        .await?;
+        let refunds = sqlx::query_as!(
+            OurRefund,
+            r#"
+            SELECT id, processor_refund AS "processor_refund!", amount, status
+            FROM refunds WHERE processor_refund IS NOT NULL
+            "#
+        )
+        .fetch_all(pool)
+        .await?;
+        // A dispute is recorded under the processor's id for it (`data.dispute` of its event); one
+        // of a payment with no charge has nothing at the processor to be compared with.
+        let disputes = sqlx::query_as!(
+            OurDispute,
+            r#"
+            SELECT d.id, p.charge AS "charge!", d.amount
+            FROM disputes d
+            JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
+            WHERE p.charge IS NOT NULL
+            "#
+        )
+        .fetch_all(pool)
+        .await?;
+        Ok(Self {
+            payments,
+            refunds,
+            disputes,
+        })
+    }
+}
+
+/// Compares every payment, refund and dispute with the processor's charges, refunds and disputes.
+pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Result<Report> {
+    let theirs = Theirs::read(processor).await?;
+    let ours = Ours::read(pool).await?;
+    let mut differences = Vec::new();
+    payments_against_charges(&ours, &theirs, &mut differences);
+    refunds_against_theirs(&ours.refunds, &theirs.refunds, &mut differences);
+    disputes_against_theirs(&ours.disputes, &theirs.disputes, &mut differences);
+    Ok(Report {
+        charges: theirs.charges.len(),
+        payments: ours.payments.len(),
+        refunds: ours.refunds.len(),
+        disputes: ours.disputes.len(),
+        differences,
+    })
+}
+
+/// Each payment against its charge: the amount, the outcome, what was refunded (the charge's
+/// `amount_refunded`) and what is disputed (the sum of the processor's disputes of the charge);
+/// and each charge recorded by a payment.
+fn payments_against_charges(ours: &Ours, theirs: &Theirs, differences: &mut Vec<Difference>) {
+    let by_charge: BTreeMap<&str, &Charge> =
+        theirs.charges.iter().map(|c| (c.id.as_str(), c)).collect();
+    let mut disputed: BTreeMap<&str, i64> = BTreeMap::new();
+    for dispute in &theirs.disputes {
+        *disputed.entry(dispute.charge.as_str()).or_default() += dispute.amount;
+    }
     let mut recorded = BTreeSet::new();
-    for payment in &payments {
+    for payment in &ours.payments {
         recorded.insert(payment.charge.as_str());
         let Some(charge) = by_charge.get(payment.charge.as_str()) else {
-            report.differences.push(Difference::PaymentWithoutCharge {
+            differences.push(Difference::PaymentWithoutCharge {
                 payment: payment.id.clone(),
                 charge: payment.charge.clone(),
             });
@@ -170,6 +290,7 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
         } else {
             ChargeStatus::Succeeded
         };
+        let charge_disputed = disputed.get(charge.id.as_str()).copied().unwrap_or(0);
         let figures = [
             (
                 "amount",
@@ -186,10 +307,15 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
                 payment.amount_refunded.to_string(),
                 charge.amount_refunded.to_string(),
             ),
+            (
+                "amount_disputed",
+                payment.amount_disputed.to_string(),
+                charge_disputed.to_string(),
+            ),
         ];
         for (field, ours, theirs) in figures {
             if ours != theirs {
-                report.differences.push(Difference::Mismatch {
+                differences.push(Difference::Mismatch {
                     payment: payment.id.clone(),
                     charge: charge.id.clone(),
                     field,
@@ -199,24 +325,30 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
             }
         }
     }
-    for charge in &charges {
+    for charge in &theirs.charges {
         if !recorded.contains(charge.id.as_str()) {
-            report.differences.push(Difference::ChargeWithoutPayment {
+            differences.push(Difference::ChargeWithoutPayment {
                 charge: charge.id.clone(),
                 amount: charge.amount,
             });
         }
     }
+}
 
-    let by_refund: BTreeMap<&str, _> = processor_refunds
-        .iter()
-        .map(|r| (r.id.as_str(), r))
-        .collect();
+/// Each refund against the processor's refund it names (its outcome and amount), and each of the
+/// processor's refunds recorded by a refund.
+fn refunds_against_theirs(
+    ours: &[OurRefund],
+    theirs: &[ProcessorRefund],
+    differences: &mut Vec<Difference>,
+) {
+    let by_refund: BTreeMap<&str, &ProcessorRefund> =
+        theirs.iter().map(|r| (r.id.as_str(), r)).collect();
     let mut recorded = BTreeSet::new();
-    for refund in &refunds {
+    for refund in ours {
         recorded.insert(refund.processor_refund.as_str());
         match by_refund.get(refund.processor_refund.as_str()) {
-            None => report.differences.push(Difference::RefundMismatch {
+            None => differences.push(Difference::RefundMismatch {
                 refund: refund.id.clone(),
                 detail: format!(
                     "names processor refund {}, which the processor does not have",
@@ -226,7 +358,7 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
             Some(theirs)
                 if (theirs.status == RefundStatus::Failed) != (refund.status == "failed") =>
             {
-                report.differences.push(Difference::RefundMismatch {
+                differences.push(Difference::RefundMismatch {
                     refund: refund.id.clone(),
                     detail: format!(
                         "is {} here, {:?} at the processor",
@@ -235,7 +367,7 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
                 });
             }
             Some(theirs) if theirs.amount != refund.amount => {
-                report.differences.push(Difference::RefundMismatch {
+                differences.push(Difference::RefundMismatch {
                     refund: refund.id.clone(),
                     detail: format!(
                         "amount is {} here, {} at the processor",
@@ -246,13 +378,52 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
             Some(_) => {}
         }
     }
-    for theirs in &processor_refunds {
+    for theirs in theirs {
         if !recorded.contains(theirs.id.as_str()) {
-            report.differences.push(Difference::RefundWithoutRecord {
+            differences.push(Difference::RefundWithoutRecord {
                 processor_refund: theirs.id.clone(),
                 amount: theirs.amount,
             });
         }
     }
-    Ok(report)
+}
+
+/// Each dispute against the processor's dispute of the same id (its charge and amount: a dispute
+/// flagged `needs_review` is compared in full, as recorded), and each of the processor's disputes
+/// recorded by a dispute: one whose event was never applied shows here.
+fn disputes_against_theirs(
+    ours: &[OurDispute],
+    theirs: &[Dispute],
+    differences: &mut Vec<Difference>,
+) {
+    let by_dispute: BTreeMap<&str, &Dispute> = theirs.iter().map(|d| (d.id.as_str(), d)).collect();
+    let mut recorded = BTreeSet::new();
+    for dispute in ours {
+        recorded.insert(dispute.id.as_str());
+        let detail = match by_dispute.get(dispute.id.as_str()) {
+            None => "the processor has no such dispute".to_owned(),
+            Some(theirs) if theirs.charge != dispute.charge => format!(
+                "is of charge {} here, {} at the processor",
+                dispute.charge, theirs.charge
+            ),
+            Some(theirs) if theirs.amount != dispute.amount => format!(
+                "amount is {} here, {} at the processor",
+                dispute.amount, theirs.amount
+            ),
+            Some(_) => continue,
+        };
+        differences.push(Difference::DisputeMismatch {
+            dispute: dispute.id.clone(),
+            detail,
+        });
+    }
+    for theirs in theirs {
+        if !recorded.contains(theirs.id.as_str()) {
+            differences.push(Difference::DisputeWithoutRecord {
+                dispute: theirs.id.clone(),
+                charge: theirs.charge.clone(),
+                amount: theirs.amount,
+            });
+        }
+    }
 }

@@ -180,6 +180,17 @@ problem_catalogue! {
             clock, so the delivery could be a replay of a captured request. Send a fresh \
             delivery, signed now.",
     }
+    WebhookObjectNotRecorded {
+        slug: "webhook-object-not-recorded",
+        status: CONFLICT,
+        title: "The event names an object not recorded yet",
+        explanation: "The processor's event names a charge or refund of its own that idempay has \
+            not recorded yet: its answer to idempay's call may be late (the payment or refund was \
+            answered 503 `processor-outcome-unknown`, and is recorded when the client retries or \
+            the recovery job resumes it). Nothing was applied and the event id was not recorded \
+            as processed: deliver the same event again, with its `webhook-id`, after \
+            `Retry-After` seconds; once the object is recorded it is applied, once.",
+    }
     Internal {
         slug: "internal",
         status: INTERNAL_SERVER_ERROR,

@@ -151,7 +151,8 @@ fn describe() {
     );
     describe_counter!(
         WEBHOOK_EVENTS,
-        "Webhook events received, by outcome (applied, ignored, duplicate, stale, needs_review)."
+        "Webhook events received, by outcome (applied, ignored, duplicate, stale, needs_review; \
+         not_recorded: refused with 409 until the charge or refund it names is recorded)."
     );
     describe_counter!(
         WEBHOOK_DELIVERIES,
@@ -273,6 +274,12 @@ pub fn webhook_delivery(sender: &'static str, outcome: crate::webhooks::delivery
 /// could not take in full, a rising `stale` events arriving out of order.
 pub fn webhook_event(outcome: crate::webhooks::Outcome) {
     counter!(WEBHOOK_EVENTS, "outcome" => outcome.as_str()).increment(1);
+}
+
+/// Counts one delivery of an event refused because the object it names is not recorded yet: each
+/// redelivery counts again, so a count that keeps rising names an object never recorded.
+pub fn webhook_event_not_recorded() {
+    counter!(WEBHOOK_EVENTS, "outcome" => "not_recorded").increment(1);
 }
 
 /// Counts one event whose change committed.

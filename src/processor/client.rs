@@ -10,7 +10,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::model::{Charge, ProcessorRefund};
+use super::model::{Charge, Dispute, ProcessorRefund};
 use crate::http::error::{Problem, ProblemKind};
 use crate::idempotency::EarlierCalls;
 
@@ -188,6 +188,12 @@ impl Listed for ProcessorRefund {
     }
 }
 
+impl Listed for Dispute {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
 impl ProcessorClient {
     /// A client of the processor at `base_url` (`http://127.0.0.1:8081`) that gives every call
     /// `timeout` in all, connecting included.
@@ -291,6 +297,11 @@ impl ProcessorClient {
     /// Every refund, all pages, newest first: for reconciliation.
     pub async fn refunds(&self) -> anyhow::Result<Vec<ProcessorRefund>> {
         self.all("v1/refunds").await
+    }
+
+    /// Every dispute, all pages, newest first: for reconciliation.
+    pub async fn disputes(&self) -> anyhow::Result<Vec<Dispute>> {
+        self.all("v1/disputes").await
     }
 
     async fn all<T: DeserializeOwned + Listed>(&self, path: &str) -> anyhow::Result<Vec<T>> {

@@ -302,10 +302,10 @@ pub(super) async fn get_charge(
 
 /// A page of a list, in Stripe's shape: the list and where it is read.
 #[derive(Serialize)]
-struct Page<T> {
+pub(super) struct Page<T> {
     #[serde(flatten)]
-    list: List<T>,
-    url: &'static str,
+    pub(super) list: List<T>,
+    pub(super) url: &'static str,
 }
 
 /// `GET /v1/charges`: newest first, a keyset page at a time.

@@ -6,10 +6,11 @@
 //! network on demand ([`faults`]). [`client`] is how idempay calls it.
 //!
 //! Routes: `POST /v1/charges`, `GET /v1/charges`, `GET /v1/charges/{id}`,
-//! `POST /v1/charges/{id}/refunds`, `POST /v1/charges/{id}/disputes` (a test helper) and
-//! `GET /v1/refunds`; all need `Authorization: Bearer <IDEMPAY_PROCESSOR_API_KEY>`.
+//! `POST /v1/charges/{id}/refunds`, `POST /v1/charges/{id}/disputes` (a test helper),
+//! `GET /v1/refunds` and `GET /v1/disputes`; all need `Authorization: Bearer <IDEMPAY_PROCESSOR_API_KEY>`.
 
 pub mod client;
+mod disputes;
 mod extract;
 pub mod faults;
 mod handlers;
@@ -90,6 +91,7 @@ pub fn router(state: ProcessorState) -> Router {
         .route("/v1/charges/{id}/refunds", post(handlers::create_refund))
         .route("/v1/charges/{id}/disputes", post(handlers::create_dispute))
         .route("/v1/refunds", get(handlers::list_refunds))
+        .route("/v1/disputes", get(disputes::list_disputes))
         .route("/v1/refunds/{id}/failure", post(handlers::fail_refund))
         .route(
             "/v1/test/faults",

@@ -1,6 +1,16 @@
 //! The processor's events and their effects on payments and refunds. Each effect runs in the
 //! transaction that records the event as processed, and writes idempay's own event about the
 //! change (`payment.failed`, `payment.disputed`, `refund.failed`) in it.
+//!
+//! An event about an object of the processor's (a charge `ch_…`, a refund `pyr_…`) that idempay
+//! has not recorded is [`NotRecorded`]: not an outcome, but a refusal, so that the sender
+//! delivers it again (`not_recorded_problem` in `mod.rs`, and `README.md`, say why refused rather
+//! than parked). The processor answers idempay and delivers its event independently, and the
+//! event may come first: while a payment's charge is unknown (503 `processor-outcome-unknown`, the
+//! key suspended), its charge exists at the processor and no payment names it yet. Acknowledging
+//! such an event would lose it (its dispute never shown on the payment once recorded); an id of
+//! idempay's own (`pay_…`, `re_…`), by contrast, is known to nobody before it is recorded, so an
+//! unknown one is acknowledged and `ignored` as before.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -24,8 +34,10 @@ pub struct Envelope {
     /// The processor's `charge.succeeded`, `charge.failed`, `charge.dispute.created` and
     /// `charge.refund.failed`, which name its charge (`ch_…`) or refund; or the same events
     /// naming idempay's own objects: `payment.succeeded`, `payment.failed`, `dispute.created` and
-    /// `refund.failed`. Other types (`charge.declined`, `charge.refunded`: recorded when the
-    /// processor answered the call) are acknowledged and recorded without effect.
+    /// `refund.failed`. The processor's `charge.declined` and `charge.refunded` change nothing
+    /// (idempay records their effect from the processor's answer to its call) but, like the
+    /// others, are refused while their charge or refund is not recorded. Other types are
+    /// acknowledged and recorded without effect.
     #[serde(rename = "type")]
     pub kind: String,
     /// When the processor created the event. A payment's status follows only events newer than
@@ -56,6 +68,28 @@ enum Event {
     RefundFailed {
         refund: String,
     },
+    /// `charge.declined`, `charge.refunded`: facts idempay records from the processor's answer to
+    /// its own call, so the event has no effect, once that object is recorded.
+    Confirms(Recorded),
+}
+
+/// An object of the processor's, as idempay records it: a payment's `charge`, a refund's
+/// `processor_refund`.
+#[derive(Debug)]
+enum Recorded {
+    Charge(String),
+    Refund(String),
+}
+
+/// The event names an object of the processor's that idempay has not recorded (yet): a charge
+/// (`ch_…`) no payment names, a processor refund (`pyr_…`) no refund names. The event is not
+/// acknowledged, so that its sender delivers it again, by which time the object may be recorded.
+#[derive(Debug)]
+pub struct NotRecorded {
+    /// The processor's id of the object.
+    pub object: String,
+    /// The event's type.
+    pub kind: String,
 }
 
 /// How an event names a payment: by idempay's id, or by the processor's charge it records.
@@ -74,10 +108,19 @@ impl Target {
         }
     }
 
+    /// What an event naming this, which matched no payment, comes to: a charge may be recorded
+    /// later, a payment id of ours never.
+    fn unmatched(&self, kind: &str) -> Applying {
+        match self {
+            Self::Payment(id) => unmatched(kind, id, false),
+            Self::Charge(charge) => unmatched(kind, charge, true),
+        }
+    }
+
     /// The account of the payment this names, if it names one of ours. An event of the processor
     /// is not per account; this read, which takes no lock (the account of a payment never
-    /// changes), is the one statement of intake that looks in every account's rows: the others
-    /// name the account, so on Citus they run on its node.
+    /// changes), and its refund twin (`refund_account`) are the statements of intake that look in
+    /// every account's rows: the others name the account, so on Citus they run on its node.
     async fn account(&self, conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
         let (id, charge) = self.columns();
         sqlx::query_scalar!(
@@ -123,9 +166,12 @@ struct RefundData {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// Its effect was applied now.
+    /// Its effect was applied now; for an event without one (`charge.declined`,
+    /// `charge.refunded`), what it names is recorded.
     Applied,
-    /// Acknowledged without effect: an unknown type, an unknown object, or data that cannot apply.
+    /// Acknowledged without effect: an unknown type, an object of idempay's own (`pay_…`, `re_…`)
+    /// that does not exist, or data that cannot apply. (An object of the processor's not recorded
+    /// yet is refused with 409 instead: it may be recorded later.)
     Ignored,
     /// A redelivery of an event already processed, or an effect already recorded under another
     /// event id (a dispute already known by its dispute id): nothing was applied again.
@@ -169,6 +215,25 @@ impl Applied {
     }
 }
 
+/// What an event came to: applied (whatever its outcome), or refused until its object is recorded.
+pub type Applying = Result<Applied, NotRecorded>;
+
+/// `Ok(Ignored)` for an object of ours that does not exist, which nobody can know of before it is
+/// recorded (and it never will be now); [`NotRecorded`] for an object of the processor's, which
+/// idempay may record later.
+fn unmatched(kind: &str, object: &str, of_the_processor: bool) -> Applying {
+    if of_the_processor {
+        // Logged and counted by the intake, which knows the event's id.
+        Err(NotRecorded {
+            object: object.to_owned(),
+            kind: kind.to_owned(),
+        })
+    } else {
+        let reason = format!("{kind} matched no object it can apply to");
+        Ok(Applied::without_event(ignored(&reason)))
+    }
+}
+
 impl Envelope {
     /// The event this envelope carries; `Err` says why it has no effect.
     fn event(&self) -> Result<Event, String> {
@@ -205,21 +270,29 @@ impl Envelope {
             "refund.failed" | "charge.refund.failed" => serde_json::from_value::<RefundData>(data)
                 .map(|d| Event::RefundFailed { refund: d.refund })
                 .map_err(malformed),
+            "charge.declined" => serde_json::from_value::<ChargeData>(data)
+                .map(|d| Event::Confirms(Recorded::Charge(d.charge)))
+                .map_err(malformed),
+            "charge.refunded" => serde_json::from_value::<RefundData>(data)
+                .map(|d| Event::Confirms(Recorded::Refund(d.refund)))
+                .map_err(malformed),
             other => Err(format!("unknown event type `{other}`")),
         }
     }
 
     /// Applies the event's effect, recorded as processed under `event_id`; `Ignored` when it has
-    /// none. A change of a payment or a refund writes its event in the same transaction.
+    /// none; [`NotRecorded`] when it names an object of the processor's that idempay has not
+    /// recorded (the caller then rolls back, recording nothing). A change of a payment or a
+    /// refund writes its event in the same transaction.
     pub async fn apply(
         &self,
         conn: &mut PgConnection,
         engine: Engine,
         event_id: &str,
-    ) -> Result<Applied, sqlx::Error> {
+    ) -> Result<Applying, sqlx::Error> {
         let event = match self.event() {
             Ok(event) => event,
-            Err(reason) => return Ok(Applied::without_event(ignored(&reason))),
+            Err(reason) => return Ok(Ok(Applied::without_event(ignored(&reason)))),
         };
         match event {
             Event::PaymentSucceeded { payment } => {
@@ -239,7 +312,32 @@ impl Envelope {
                     .await
             }
             Event::RefundFailed { refund } => self.refund_failed(conn, engine, &refund).await,
+            Event::Confirms(object) => self.confirms(conn, &object).await,
         }
+    }
+
+    /// An event with no effect of its own is acknowledged once its object is recorded: `Applied`,
+    /// as a status event confirming the payment's status is. Whether the figures agree is
+    /// `idempay reconcile`'s to say.
+    async fn confirms(
+        &self,
+        conn: &mut PgConnection,
+        object: &Recorded,
+    ) -> Result<Applying, sqlx::Error> {
+        match object {
+            Recorded::Charge(charge) => {
+                let charge = Target::Charge(charge.clone());
+                if charge.account(conn).await?.is_none() {
+                    return Ok(charge.unmatched(&self.kind));
+                }
+            }
+            Recorded::Refund(refund) => {
+                if refund_account(conn, refund).await?.is_none() {
+                    return Ok(unmatched_refund(&self.kind, refund));
+                }
+            }
+        }
+        Ok(Ok(Applied::without_event(Outcome::Applied)))
     }
 
     /// Moves the payment to `status` (`succeeded` or `failed`), announced as `kind`. `declined` is
@@ -255,10 +353,9 @@ impl Envelope {
         payment: &Target,
         status: PaymentStatus,
         kind: EventType,
-    ) -> Result<Applied, sqlx::Error> {
+    ) -> Result<Applying, sqlx::Error> {
         let Some(account) = payment.account(conn).await? else {
-            let reason = format!("{} matched no payment it can apply to", self.kind);
-            return Ok(Applied::without_event(ignored(&reason)));
+            return Ok(payment.unmatched(&self.kind));
         };
         let (id, charge) = payment.columns();
         // `prior` reads the row under its lock, so it is the status this UPDATE moves from.
@@ -287,7 +384,7 @@ impl Envelope {
         .await?;
         let Some(updated) = updated else {
             let outcome = self.status_outcome(conn, &account, payment).await?;
-            return Ok(Applied::without_event(outcome));
+            return Ok(Ok(Applied::without_event(outcome)));
         };
         let event = if updated.prior_status == status.as_str() {
             None
@@ -316,10 +413,10 @@ impl Envelope {
             .await?;
             Some(event)
         };
-        Ok(Applied {
+        Ok(Ok(Applied {
             outcome: Outcome::Applied,
             event,
-        })
+        }))
     }
 
     /// The money of a refund did not go back: the amount is refundable again, and the refund's
@@ -329,17 +426,9 @@ impl Envelope {
         conn: &mut PgConnection,
         engine: Engine,
         refund: &str,
-    ) -> Result<Applied, sqlx::Error> {
-        // The refund's account first, read without a lock, as for a payment (`Target::account`).
-        let account = sqlx::query_scalar!(
-            "SELECT account_id FROM refunds WHERE id = $1 OR processor_refund = $1 LIMIT 1",
-            refund,
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        let Some(account) = account else {
-            let reason = format!("{} matched no object it can apply to", self.kind);
-            return Ok(Applied::without_event(ignored(&reason)));
+    ) -> Result<Applying, sqlx::Error> {
+        let Some(account) = refund_account(conn, refund).await? else {
+            return Ok(unmatched_refund(&self.kind, refund));
         };
         let failed = sqlx::query!(
             r#"
@@ -369,7 +458,7 @@ impl Envelope {
         .await?;
         let Some(failed) = failed else {
             let reason = format!("{} matched no object it can apply to", self.kind);
-            return Ok(Applied::without_event(ignored(&reason)));
+            return Ok(Ok(Applied::without_event(ignored(&reason))));
         };
         let row = RefundRow {
             id: failed.id,
@@ -389,10 +478,10 @@ impl Envelope {
             std::slice::from_ref(&event),
         )
         .await?;
-        Ok(Applied {
+        Ok(Ok(Applied {
             outcome: Outcome::Applied,
             event: Some(event),
-        })
+        }))
     }
 
     /// What became of a status event that changed nothing: `Stale` if the payment has applied an
@@ -440,10 +529,9 @@ impl Envelope {
         payment: &Target,
         dispute: &str,
         amount: i64,
-    ) -> Result<Applied, sqlx::Error> {
+    ) -> Result<Applying, sqlx::Error> {
         let Some(account) = payment.account(conn).await? else {
-            let reason = format!("{} names no payment of ours", self.kind);
-            return Ok(Applied::without_event(ignored(&reason)));
+            return Ok(payment.unmatched(&self.kind));
         };
         let (id, charge) = payment.columns();
         // The row lock orders this dispute with refunds and other disputes of the payment; the
@@ -464,7 +552,7 @@ impl Envelope {
         .await?
         else {
             let reason = format!("{} names no payment of ours", self.kind);
-            return Ok(Applied::without_event(ignored(&reason)));
+            return Ok(Ok(Applied::without_event(ignored(&reason))));
         };
         let fits = amount <= paid.remaining;
         let recorded = sqlx::query_scalar!(
@@ -485,7 +573,7 @@ impl Envelope {
         .await?;
         if recorded.is_none() {
             tracing::info!(dispute, event = event_id, "dispute already recorded");
-            return Ok(Applied::without_event(Outcome::Duplicate));
+            return Ok(Ok(Applied::without_event(Outcome::Duplicate)));
         }
         let disputed = sqlx::query!(
             r#"
@@ -532,11 +620,31 @@ impl Envelope {
             );
             Outcome::NeedsReview
         };
-        Ok(Applied {
+        Ok(Ok(Applied {
             outcome,
             event: Some(event),
-        })
+        }))
     }
+}
+
+/// The account of the refund `refund` names (idempay's id or the processor's), read without a
+/// lock, as for a payment (`Target::account`).
+async fn refund_account(
+    conn: &mut PgConnection,
+    refund: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT account_id FROM refunds WHERE id = $1 OR processor_refund = $1 LIMIT 1",
+        refund,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// What an event naming a refund that matched none comes to: a refund id of idempay's is `re_…`;
+/// any other the shape check let through is the processor's, which may be recorded later.
+fn unmatched_refund(kind: &str, refund: &str) -> Applying {
+    unmatched(kind, refund, !crate::refunds::is_refund_id(refund))
 }
 
 fn dispute(payment: Target, dispute: String, amount: i64) -> Result<Event, String> {

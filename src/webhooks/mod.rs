@@ -37,7 +37,7 @@ use crate::db::Engine;
 use crate::http::AppState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
-pub use events::{Envelope, Outcome};
+pub use events::{Envelope, NotRecorded, Outcome};
 pub use schedule::{JITTER, RetrySchedule};
 pub use signature::{
     MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,
@@ -77,8 +77,17 @@ pub struct Acknowledgement {
 /// id expired, is a `duplicate` too. A payment's status follows only events newer than the last
 /// one applied to it (by the envelope's `timestamp`): an older one is recorded as `stale`. A
 /// dispute over more than remains of the payment is recorded and flagged: `needs_review`. Events
-/// of an unknown type or for an unknown object are acknowledged with outcome `ignored` and
-/// recorded, so the processor stops redelivering them.
+/// of an unknown type, with data that cannot apply, or naming an id of idempay's own that does not
+/// exist, are acknowledged with outcome `ignored` and recorded, so the processor stops
+/// redelivering them.
+///
+/// An event naming an object of the processor's that idempay has not recorded yet (a charge no
+/// payment names, a processor refund no refund names) is refused with 409
+/// `webhook-object-not-recorded` and recorded nowhere: the processor's event can arrive before
+/// idempay has its answer (a payment answered 503 `processor-outcome-unknown` is recorded by the
+/// client's retry or the recovery job), so the sender must deliver it again, and it applies once
+/// the object is recorded. One about an object that is never recorded is refused until the
+/// sender's retry schedule gives it up.
 #[utoipa::path(
     post,
     path = "/v1/webhooks/processor",
@@ -93,6 +102,9 @@ pub struct Acknowledgement {
     responses(
         (status = 200, description = "The event was applied, ignored, already processed, stale, or recorded for review.",
             body = Acknowledgement, content_type = "application/json"),
+        (status = 409, description = "The event names a charge or refund of the processor's that idempay has not recorded yet (`webhook-object-not-recorded`); nothing was applied or recorded: deliver it again.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before delivering again."))),
         (status = 400, description = "The timestamp is more than {webhook_tolerance} away (`webhook-timestamp-out-of-range`); a header is missing or malformed, `webhook-signature` has more than {max_signatures} entries, or the body is not UTF-8 or no event envelope (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No signature matches (`webhook-signature-invalid`).",
@@ -148,21 +160,66 @@ async fn receive(
         .into());
     }
     let engine = state.idempotency.engine().await?;
-    let outcome = process(&state.pool, engine, &id, &envelope, state.event_ttl).await?;
+    let outcome = match process(&state.pool, engine, &id, &envelope, state.event_ttl).await? {
+        Ok(outcome) => outcome,
+        Err(not_recorded) => {
+            crate::http::metrics::webhook_event_not_recorded();
+            tracing::info!(event = %id, kind = %envelope.kind, object = %not_recorded.object, "webhook refused: its object is not recorded yet");
+            return Err(not_recorded_problem(&not_recorded).into());
+        }
+    };
     crate::http::metrics::webhook_event(outcome);
     tracing::info!(event = %id, kind = %envelope.kind, ?outcome, "webhook processed");
     Ok(axum::Json(Acknowledgement { event: id, outcome }).into_response())
 }
 
+/// When a sender that reads `Retry-After` should deliver an event about an object not recorded
+/// again: about the default interval of the recovery job, which records a payment or refund whose
+/// outcome was unknown if its client does not retry first.
+const NOT_RECORDED_RETRY_AFTER: Duration = Duration::from_secs(10);
+
+/// Why an event about an object idempay has not recorded is refused rather than parked (the same
+/// reasons, for a sender, in `README.md`):
+///
+/// - The sender already keeps it. The processor's outbox (any Standard Webhooks sender) retries a
+///   non-2xx answer on its schedule, `IDEMPAY_WEBHOOK_RETRY_SCHEDULE`, over 27 h by default:
+///   longer than the processor keeps its keys (24 h), within which a payment or refund whose
+///   outcome is unknown must be recorded or handed to an operator anyway. A parked copy would be
+///   a second outbox, with its own expiry, its own replay on the object's recording (in the
+///   transactions of payments, refunds and the recovery job) and its own operator view, for what
+///   the sender does already.
+/// - Nothing waits on it. Each delivery is retried on its own, a refusal holds no lock and
+///   records nothing, and the processor's deliveries belong to no endpoint that could be
+///   disabled: an event about an object never recorded (a charge made outside idempay) is
+///   refused until the sender gives it up, which `idempay reconcile` then reports as the
+///   difference it is, while every other event keeps being applied.
+/// - Recording nothing keeps the event's id free: the delivery that finds the object recorded is
+///   applied once and recorded as processed then, and its redeliveries are duplicates, as for any
+///   event.
+///
+/// 409, not 503: the service is well; the event conflicts with what it has recorded so far.
+fn not_recorded_problem(not_recorded: &NotRecorded) -> Problem {
+    Problem::new(
+        ProblemKind::WebhookObjectNotRecorded,
+        format!(
+            "The {} event names `{}`, which idempay has not recorded yet; nothing was applied or \
+             recorded. Deliver it again.",
+            not_recorded.kind, not_recorded.object
+        ),
+    )
+    .retry_after(NOT_RECORDED_RETRY_AFTER)
+}
+
 /// Records the event and applies it in one transaction. The insert comes first: a concurrent
 /// redelivery waits on its primary key until this transaction ends, then finds the event recorded.
+/// An event about an object not recorded yet rolls all of it back: its id stays unprocessed.
 async fn process(
     pool: &PgPool,
     engine: Engine,
     id: &str,
     envelope: &Envelope,
     ttl: Duration,
-) -> Result<Outcome, sqlx::Error> {
+) -> Result<Result<Outcome, NotRecorded>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let recorded = sqlx::query_scalar!(
         r#"
@@ -178,9 +235,15 @@ async fn process(
     .fetch_optional(&mut *tx)
     .await?;
     if recorded.is_none() {
-        return Ok(Outcome::Duplicate);
+        return Ok(Ok(Outcome::Duplicate));
     }
-    let applied = envelope.apply(&mut tx, engine, id).await?;
+    let applied = match envelope.apply(&mut tx, engine, id).await? {
+        Ok(applied) => applied,
+        Err(not_recorded) => {
+            tx.rollback().await?;
+            return Ok(Err(not_recorded));
+        }
+    };
     let outcome = applied.outcome;
     if outcome != Outcome::Applied {
         sqlx::query!(
@@ -196,7 +259,7 @@ async fn process(
     crate::failpoint::hit("webhook-before-commit");
     tx.commit().await?;
     crate::events::written(&applied.event);
-    Ok(outcome)
+    Ok(Ok(outcome))
 }
 
 /// Deletes up to [`BATCH`](crate::expiry::BATCH) expired event records, as

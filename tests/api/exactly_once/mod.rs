@@ -3,9 +3,11 @@
 //! effect across two hops, idempay and the processor it charges at, whatever the processor does;
 //! and the mechanism as a layer, case by case against the IETF draft, through `idempay fixture`.
 
+mod across_instances;
 mod cluster;
 mod concurrency;
 mod conformance;
+mod early_events;
 mod expiry;
 mod forever;
 mod lifecycle;

@@ -73,8 +73,14 @@ pub(crate) fn instance_env<'a>(
 }
 
 /// Runs `idempay reconcile` against `processor` over its list API and asserts it finds the two
-/// ledgers equal: exit 0 and the one summary line, with `payments` charges and payments.
+/// ledgers equal: exit 0 and the one summary line, with `payments` charges and payments, and the
+/// refunds and disputes idempay recorded.
 pub(crate) async fn assert_reconciled(app: &TestApp, processor: &TestProcessor, payments: usize) {
+    let (refunds, disputes): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM refunds), (SELECT count(*) FROM disputes)")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
     let output = reconcile(app, processor).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -86,7 +92,7 @@ pub(crate) async fn assert_reconciled(app: &TestApp, processor: &TestProcessor, 
     assert_eq!(
         stdout,
         format!(
-            "reconciled {payments} charges, {payments} payments and 0 refunds: 0 difference(s)\n"
+            "reconciled {payments} charges, {payments} payments, {refunds} refunds and {disputes} disputes: 0 difference(s)\n"
         )
     );
 }
@@ -832,7 +838,7 @@ async fn reconcile_names_every_difference_of_a_broken_ledger_and_exits_1() {
     assert_eq!(lines, expected);
     assert_eq!(
         summary,
-        Some("reconciled 3 charges, 1 payments and 0 refunds: 2 difference(s)")
+        Some("reconciled 3 charges, 1 payments, 0 refunds and 0 disputes: 2 difference(s)")
     );
 }
 
@@ -1032,7 +1038,7 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
     let output = reconcile(&app, &processor).await;
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "reconciled 1 charges, 1 payments and 1 refunds: 0 difference(s)\n"
+        "reconciled 1 charges, 1 payments, 1 refunds and 0 disputes: 0 difference(s)\n"
     );
     assert!(output.status.success());
 }

@@ -377,28 +377,29 @@ async fn a_delivery_verifies_at_idempay_s_own_intake() {
     processor
         .charge(&new_key(), &charge(5000, "pm_card_visa"))
         .await;
-    wait_until("idempay acknowledges the event", || async {
-        sqlx::query_scalar::<_, bool>("SELECT delivered_at IS NOT NULL FROM webhook_deliveries")
-            .fetch_one(&processor.db)
-            .await
-            .unwrap()
+    let attempt = || async {
+        sqlx::query_as::<_, (String, i32, Option<i16>, bool)>(
+            "SELECT event_id, attempts, last_status, delivered_at IS NOT NULL
+             FROM webhook_deliveries",
+        )
+        .fetch_one(&processor.db)
+        .await
+        .unwrap()
+    };
+    wait_until("idempay answers the event", || async {
+        attempt().await.2.is_some()
     })
     .await;
 
-    let event: String = sqlx::query_scalar("SELECT event_id FROM webhook_deliveries")
-        .fetch_one(&processor.db)
+    // A charge made directly at the processor, which no payment records (yet): the signature
+    // verifies (no 401), and the event is refused with 409 so that it comes again, recorded
+    // nowhere (issue 29, defect 2).
+    let (event, _, status, acknowledged) = attempt().await;
+    assert_eq!((status, acknowledged), (Some(409), false));
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_events WHERE id = $1")
+        .bind(&event)
+        .fetch_one(&idempay.db)
         .await
         .unwrap();
-    // A charge made directly at the processor, which no payment records: acknowledged, recorded,
-    // ignored.
-    let (kind, outcome): (String, String) =
-        sqlx::query_as("SELECT type, outcome FROM processed_events WHERE id = $1")
-            .bind(&event)
-            .fetch_one(&idempay.db)
-            .await
-            .unwrap();
-    assert_eq!(
-        (kind.as_str(), outcome.as_str()),
-        ("charge.succeeded", "ignored")
-    );
+    assert_eq!(recorded, 0);
 }
