@@ -8,5 +8,6 @@ mod hostile;
 mod lock_timeout;
 mod outage;
 mod rate_limits;
+mod restart;
 mod security;
 mod slow_clients;
