@@ -127,7 +127,8 @@ impl Server {
                 let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
                 tracing::warn!(
                     generation,
-                    "the database server restarted or changed: the connections to the one before                      are closed, unused"
+                    "the database server restarted or changed: the connections to the one before \
+                     are closed, unused"
                 );
             }
             _ => {}

@@ -2,6 +2,7 @@
 //! stalls, clients are slow or send hostile bytes, and another account tries what it may not.
 
 mod api_keys;
+mod background_jobs;
 mod connections;
 mod faults;
 mod hostile;
