@@ -12,7 +12,7 @@ use crate::webhooks::{RetrySchedule, WebhookSecrets};
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// How long a key and its stored response live.
-    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = positive("IDEMPAY_KEY_TTL"))]
     pub key_ttl: Duration,
 
     /// How long a processed webhook event id is remembered, so that its redelivery applies
@@ -22,7 +22,7 @@ pub struct Settings {
     pub event_ttl: Duration,
 
     /// How often the expiry job deletes expired keys.
-    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
     pub expiry_interval: Duration,
 
     /// How long an in-progress key blocks retries before a retry may take it over.
@@ -30,7 +30,7 @@ pub struct Settings {
     pub lease: Duration,
 
     /// Processing time of the test payment method `pm_card_slow`, at the embedded processor.
-    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = any_length("IDEMPAY_SLOW_CHARGE"))]
     pub slow_charge: Duration,
 
     #[command(flatten)]
@@ -38,7 +38,7 @@ pub struct Settings {
 
     /// How often the recovery job resumes keys whose request left a charge or refund at the
     /// processor unrecorded (its instance died, or its client never came back).
-    #[arg(long, env = "IDEMPAY_RECOVERY_INTERVAL", default_value = "10s", value_parser = parse_timeout)]
+    #[arg(long, env = "IDEMPAY_RECOVERY_INTERVAL", default_value = "10s", value_parser = positive("IDEMPAY_RECOVERY_INTERVAL"))]
     pub recovery_interval: Duration,
 
     /// How long after its creation a key whose charge or refund at the processor is unsettled is
@@ -50,7 +50,7 @@ pub struct Settings {
 
     /// How long a request may take before it is answered with 503. Whatever the request started
     /// goes on: a payment that completes later is replayed to a retry with the same key.
-    #[arg(long, env = "IDEMPAY_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPAY_REQUEST_TIMEOUT", default_value = "10s", value_parser = positive("IDEMPAY_REQUEST_TIMEOUT"))]
     pub request_timeout: Duration,
 
     /// The secrets shared with the payment processor to sign webhooks (`whsec_…`), space
@@ -65,13 +65,13 @@ pub struct Settings {
     pub webhook_retry_schedule: RetrySchedule,
 
     /// How long a merchant endpoint has to answer a delivery 2xx; later is a failed attempt.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
     pub webhook_delivery_timeout: Duration,
 
     /// How often each instance looks for deliveries due to merchant endpoints: a new event waits
     /// at most this long for its first attempt, and an idle instance sends the database one
     /// statement this often.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_POLL_INTERVAL", default_value = "1s", value_parser = parse_timeout)]
+    #[arg(long, env = "IDEMPAY_WEBHOOK_POLL_INTERVAL", default_value = "1s", value_parser = positive("IDEMPAY_WEBHOOK_POLL_INTERVAL"))]
     pub webhook_poll_interval: Duration,
 
     /// Lets merchant endpoints point at loopback, private, link-local and other non-public
@@ -83,12 +83,12 @@ pub struct Settings {
     /// How long a client may take to send a request's headers, counted from the connection's
     /// accept for its first request; an idle keep-alive connection is closed after it too. A
     /// client that sends its headers a byte at a time, or nothing, is cut off without an answer.
-    #[arg(long, env = "IDEMPAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
+    #[arg(long, env = "IDEMPAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = positive("IDEMPAY_HEADER_READ_TIMEOUT"))]
     pub header_read_timeout: Duration,
 
     /// How long a request body may stall (no data arriving) before the request is answered with
     /// 408. Shorter than the request timeout, so that a stalled body is told apart from slow work.
-    #[arg(long, env = "IDEMPAY_BODY_READ_TIMEOUT", default_value = "5s", value_parser = parse_timeout)]
+    #[arg(long, env = "IDEMPAY_BODY_READ_TIMEOUT", default_value = "5s", value_parser = positive("IDEMPAY_BODY_READ_TIMEOUT"))]
     pub body_read_timeout: Duration,
 
     /// Requests per second each account may send to this instance, with a burst of as many; over
@@ -149,7 +149,7 @@ pub struct ProcessorLink {
 
     /// How long one call to the processor may take. A call that takes longer has an unknown
     /// outcome: it is asked again with the same key, never treated as "nothing happened".
-    #[arg(long = "processor-timeout", env = "IDEMPAY_PROCESSOR_TIMEOUT", default_value = "10s", value_parser = parse_timeout)]
+    #[arg(long = "processor-timeout", env = "IDEMPAY_PROCESSOR_TIMEOUT", default_value = "10s", value_parser = positive("IDEMPAY_PROCESSOR_TIMEOUT"))]
     pub timeout: Duration,
 
     /// Wrong on purpose, for the demo only: a new key for every call to the processor instead of
@@ -231,12 +231,13 @@ pub struct PoolLimits {
     #[arg(
         long = "database-max-connections",
         env = "IDEMPAY_DATABASE_MAX_CONNECTIONS",
-        default_value_t = 8
+        default_value_t = 8,
+        value_parser = at_least_one("IDEMPAY_DATABASE_MAX_CONNECTIONS")
     )]
     pub max_connections: u32,
 
     /// How long a request waits for a free connection before it is answered with 503.
-    #[arg(long = "database-acquire-timeout", env = "IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long = "database-acquire-timeout", env = "IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT"))]
     pub acquire_timeout: Duration,
 }
 
@@ -249,23 +250,73 @@ impl Default for PoolLimits {
     }
 }
 
+/// The longest any duration setting may be, a year. Longer makes no sense for any of them (the processor
+/// forgets its keys after a day, senders retry webhooks for days), and a job that adds a
+/// duration of centuries to a clock would overflow it.
+pub const LONGEST: Duration = Duration::from_secs(31_557_600);
+
+/// Reads a duration `setting` (named in every error, as the environment spells it) from its
+/// human form: at least `shortest`, at most [`LONGEST`].
+fn duration(setting: &str, raw: &str, shortest: Duration) -> Result<Duration, String> {
+    let value = humantime::parse_duration(raw).map_err(|error| format!("{setting}: {error}"))?;
+    if value < shortest {
+        return Err(if shortest == Duration::from_nanos(1) {
+            format!("{setting} must be longer than zero")
+        } else {
+            format!(
+                "{setting} must be at least {}",
+                humantime::format_duration(shortest)
+            )
+        });
+    }
+    if value > LONGEST {
+        return Err(format!(
+            "{setting} must be at most {}",
+            humantime::format_duration(LONGEST)
+        ));
+    }
+    Ok(value)
+}
+
+/// The parser of an interval or a timeout: zero would spin a job (tokio refuses an interval of
+/// zero, with a panic) or cut every request off.
+pub fn positive(
+    setting: &'static str,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |raw| duration(setting, raw, Duration::from_nanos(1))
+}
+
+/// The parser of a duration for which zero means none (a simulated delay).
+pub fn any_length(
+    setting: &'static str,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |raw| duration(setting, raw, Duration::ZERO)
+}
+
+/// The parser of a count of which there must be at least one (connections).
+fn at_least_one(
+    setting: &'static str,
+) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync + 'static {
+    move |raw| match raw.trim().parse::<u32>() {
+        Ok(0) => Err(format!("{setting} must be at least 1")),
+        Ok(count) => Ok(count),
+        Err(error) => Err(format!("{setting}: {error}")),
+    }
+}
+
 /// A lease is renewed at a third of its length, so it must leave room for that.
 pub(crate) fn parse_lease(raw: &str) -> Result<Duration, String> {
-    let lease = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
-    if lease < Duration::from_millis(300) {
-        return Err("the lease must be at least 300ms".to_owned());
-    }
-    Ok(lease)
+    duration("IDEMPAY_LEASE", raw, Duration::from_millis(300))
 }
 
 /// A delivery is accepted while its timestamp is within the tolerance: an event id forgotten
 /// sooner could be replayed, with its valid signature, and applied again.
 fn parse_event_ttl(raw: &str) -> Result<Duration, String> {
-    let ttl = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
+    let ttl = duration("IDEMPAY_EVENT_TTL", raw, Duration::from_nanos(1))?;
     let tolerance = crate::webhooks::TOLERANCE;
     if ttl < tolerance {
         return Err(format!(
-            "the event TTL must be at least the webhook timestamp tolerance, {}",
+            "IDEMPAY_EVENT_TTL must be at least the webhook timestamp tolerance, {}",
             humantime::format_duration(tolerance)
         ));
     }
@@ -299,26 +350,17 @@ pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
 /// The recovery window must end before the processor forgets the downstream key, or a resume
 /// after that would be a new charge under the old key.
 fn parse_recovery_window(raw: &str) -> Result<Duration, String> {
-    let window = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
+    let window = duration("IDEMPAY_RECOVERY_WINDOW", raw, Duration::from_nanos(1))?;
     let remembered = crate::processor::KEY_TTL;
-    if window.is_zero() || window >= remembered {
+    if window >= remembered {
         return Err(format!(
-            "the recovery window must be longer than zero and shorter than the time the processor \
-             remembers its idempotency keys ({}): a key resumed after the processor forgot it \
-             would be charged again",
+            "IDEMPAY_RECOVERY_WINDOW must be shorter than the time the processor remembers its \
+             idempotency keys ({}): a key resumed after the processor forgot it would be charged \
+             again",
             humantime::format_duration(remembered)
         ));
     }
     Ok(window)
-}
-
-/// A timeout of zero would cut every client off.
-pub(crate) fn parse_timeout(raw: &str) -> Result<Duration, String> {
-    let timeout = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
-    if timeout.is_zero() {
-        return Err("a timeout must be longer than zero".to_owned());
-    }
-    Ok(timeout)
 }
 
 #[cfg(test)]
@@ -376,16 +418,86 @@ mod tests {
 
     #[test]
     fn a_recovery_window_as_long_as_the_processor_remembers_keys_is_refused() {
-        for refused in ["24h", "2days", "0s"] {
+        for refused in ["24h", "2days"] {
             let error = parse_recovery_window(refused).unwrap_err();
-            assert!(error.contains("24h"), "{refused}: {error}");
+            assert!(
+                error.contains("remembers its idempotency keys (1day)"),
+                "{refused}: {error}"
+            );
         }
+        let error = parse_recovery_window("0s").unwrap_err();
+        assert!(
+            error.contains("IDEMPAY_RECOVERY_WINDOW must be longer than zero"),
+            "{error}"
+        );
         assert_eq!(
             parse_recovery_window("23h 59m"),
             Ok(Duration::from_secs(24 * 60 * 60 - 60))
         );
         let parsed = Cli::try_parse_from(["idempay", "--recovery-window", "25h"]);
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn every_interval_and_timeout_of_zero_is_refused_naming_its_variable() {
+        let positive = [
+            ("--key-ttl", "IDEMPAY_KEY_TTL"),
+            ("--expiry-interval", "IDEMPAY_EXPIRY_INTERVAL"),
+            ("--recovery-interval", "IDEMPAY_RECOVERY_INTERVAL"),
+            ("--request-timeout", "IDEMPAY_REQUEST_TIMEOUT"),
+            ("--processor-timeout", "IDEMPAY_PROCESSOR_TIMEOUT"),
+            (
+                "--webhook-delivery-timeout",
+                "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT",
+            ),
+            ("--webhook-poll-interval", "IDEMPAY_WEBHOOK_POLL_INTERVAL"),
+            ("--header-read-timeout", "IDEMPAY_HEADER_READ_TIMEOUT"),
+            ("--body-read-timeout", "IDEMPAY_BODY_READ_TIMEOUT"),
+            (
+                "--database-acquire-timeout",
+                "IDEMPAY_DATABASE_ACQUIRE_TIMEOUT",
+            ),
+        ];
+        for (flag, variable) in positive {
+            let error = Cli::try_parse_from(["idempay", flag, "0s"])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} 0s is refused"));
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("{variable} must be longer than zero")),
+                "{error}"
+            );
+            let error = Cli::try_parse_from(["idempay", flag, "2years"])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} 2years is refused"));
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("{variable} must be at most 1year")),
+                "{error}"
+            );
+            let error = Cli::try_parse_from(["idempay", flag, "soon"])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} soon is refused"));
+            assert!(error.to_string().contains(variable), "{error}");
+            assert!(
+                Cli::try_parse_from(["idempay", flag, "1year"]).is_ok(),
+                "{flag}"
+            );
+        }
+        // A simulated delay of zero is none.
+        let parsed = Cli::parse_from(["idempay", "--slow-charge", "0s"]).settings;
+        assert_eq!(parsed.slow_charge, Duration::ZERO);
+        let error = Cli::try_parse_from(["idempay", "--database-max-connections", "0"])
+            .err()
+            .expect("no connections is refused");
+        assert!(
+            error
+                .to_string()
+                .contains("IDEMPAY_DATABASE_MAX_CONNECTIONS must be at least 1"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -5,11 +5,14 @@ pub mod citus;
 
 pub use citus::{Engine, KnownEngine, distribute, engine};
 
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -32,8 +35,14 @@ pub fn pool(database_url: &str) -> Result<PgPool, sqlx::Error> {
 /// Connects lazily: the service starts even while the database is still coming up, and
 /// `/readyz` tells when it is reachable. A request that waits longer than the acquire timeout for
 /// a connection fails fast with 503 instead of hanging.
+///
+/// Every new connection asks which server it reached ([`Server::meet`]); once one reaches a
+/// server started after the one before (a restart, a failover), the connections at rest from
+/// before are retired as they come up, never handed to a request ([`Server::predates`]).
 pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx::Error> {
     let options = PgConnectOptions::from_str(database_url)?.options(SESSION_LIMITS);
+    let server = Server::at(&options);
+    let met = Arc::clone(&server);
     Ok(PgPoolOptions::new()
         .max_connections(limits.max_connections)
         .acquire_timeout(limits.acquire_timeout)
@@ -41,7 +50,113 @@ pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx:
         // transaction (`make bench` measured it). A connection that died meanwhile fails its
         // query instead, which is answered 503 like any outage and retried with the same key.
         .test_before_acquire(false)
+        .after_connect(move |connection, _| {
+            let server = Arc::clone(&met);
+            async move { server.meet(connection).await.map(drop) }.boxed()
+        })
+        // No round trip: a comparison of when the connection was opened with when this process
+        // first met the server it now reaches. Refused, sqlx closes it and takes another.
+        .before_acquire(move |_, meta| {
+            let current = !server.predates(meta.age);
+            async move { Ok(current) }.boxed()
+        })
         .connect_lazy_with(options))
+}
+
+/// What this process knows of the PostgreSQL server behind one address: which one it is (when it
+/// started), and from when its connections are of that one.
+///
+/// After a restart, every connection at rest from before holds a session the old server ended:
+/// its `FATAL 57P01` waits unread on the socket, and the next statement sent on it fails. Telling
+/// that on each connection takes a round trip (a ping), which the pool and the lot exist to save.
+/// Telling it once per server does not: each new connection reads `pg_postmaster_start_time()`,
+/// and the first to read a start time other than the one before begins a new generation. The
+/// connections at rest of earlier generations are then closed as they come up, unused. Nothing
+/// works on the new server before some connection has been opened to it, so `/readyz` cannot
+/// answer 200 before the old connections are known for what they are.
+///
+/// A session ended alone (`pg_terminate_backend`) leaves the server's start time as it was: the
+/// lot closes its connections at rest when one of its statements meets that ([`Lent::settle`]).
+pub struct Server {
+    /// The start time of the server last met, in microseconds since the Unix epoch.
+    started: Mutex<Option<i64>>,
+    generation: AtomicU64,
+    /// When this process met the current generation, in microseconds after `base`.
+    since: AtomicU64,
+    base: Instant,
+}
+
+/// The servers this process has met, by address: the pool and the lots beside it (idempay's,
+/// the embedded processor's) share one.
+static SERVERS: LazyLock<Mutex<HashMap<String, Arc<Server>>>> = LazyLock::new(Mutex::default);
+
+impl Server {
+    /// The server `options` connect to.
+    fn at(options: &PgConnectOptions) -> Arc<Self> {
+        let address = format!(
+            "{}:{}:{:?}",
+            options.get_host(),
+            options.get_port(),
+            options.get_socket()
+        );
+        let mut servers = SERVERS.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(servers.entry(address).or_insert_with(|| {
+            Arc::new(Self {
+                started: Mutex::new(None),
+                generation: AtomicU64::new(0),
+                since: AtomicU64::new(0),
+                base: Instant::now(),
+            })
+        }))
+    }
+
+    /// Asks the server `connection` reached when it started (one round trip, once per new
+    /// connection); a start time other than the last one's begins a new generation. Returns the
+    /// generation of `connection`.
+    async fn meet(&self, connection: &mut PgConnection) -> Result<u64, sqlx::Error> {
+        let started: i64 = sqlx::query_scalar(
+            "SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8",
+        )
+        .fetch_one(&mut *connection)
+        .await?;
+        let mut last = self.started.lock().unwrap_or_else(PoisonError::into_inner);
+        match *last {
+            Some(before) if before != started => {
+                let since = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX);
+                self.since.store(since, Ordering::Release);
+                let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                tracing::warn!(
+                    generation,
+                    "the database server restarted or changed: the connections to the one before \
+                     are closed, unused"
+                );
+            }
+            _ => {}
+        }
+        *last = Some(started);
+        Ok(self.generation.load(Ordering::Acquire))
+    }
+
+    /// The current generation: connections of an earlier one are not used again.
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether a connection opened `age` ago was opened before this process met the current
+    /// generation (no round trip).
+    fn predates(&self, age: Duration) -> bool {
+        let since = Duration::from_micros(self.since.load(Ordering::Acquire));
+        let opened = self.base.elapsed().saturating_sub(age);
+        opened < since
+    }
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("generation", &self.generation())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The `application_name` of the lot's connections when the database URL sets none.
@@ -75,15 +190,17 @@ pub struct Lot(Arc<LotShared>);
 
 struct LotShared {
     options: PgConnectOptions,
+    server: Arc<Server>,
     permits: Arc<Semaphore>,
     idle: Mutex<Vec<Parked>>,
     acquire_timeout: Duration,
 }
 
-/// A connection at rest in the lot, and when it was opened.
+/// A connection at rest in the lot, when it was opened, and to which generation of the server.
 struct Parked {
     connection: PgConnection,
     opened: Instant,
+    generation: u64,
 }
 
 impl std::fmt::Debug for Lot {
@@ -106,6 +223,7 @@ impl Lot {
             |name| format!("{name} (lot)"),
         );
         Self(Arc::new(LotShared {
+            server: Server::at(&connect),
             options: connect.as_ref().clone().application_name(&name),
             permits: Arc::new(Semaphore::new(options.get_max_connections() as usize)),
             idle: Mutex::new(Vec::new()),
@@ -115,6 +233,9 @@ impl Lot {
 
     /// A connection for one statement: one at rest, or a new one while the lot has fewer than
     /// its size. Fails with [`sqlx::Error::PoolTimedOut`] after the acquire timeout, as the pool.
+    ///
+    /// A connection at rest to an earlier generation of the server (from before a restart) is
+    /// closed unused; that costs a comparison, no round trip ([`Server`]).
     pub async fn lend(&self) -> Result<Lent, sqlx::Error> {
         let shared = &self.0;
         let lend = async {
@@ -122,17 +243,24 @@ impl Lot {
                 .acquire_owned()
                 .await
                 .map_err(|_| sqlx::Error::PoolClosed)?;
-            let at_rest = shared
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop();
+            let at_rest = {
+                let generation = shared.server.generation();
+                let mut idle = shared.idle.lock().unwrap_or_else(PoisonError::into_inner);
+                // The old generation's are dropped, each closing its dead socket.
+                idle.retain(|parked| parked.generation == generation);
+                idle.pop()
+            };
             let parked = match at_rest {
                 Some(parked) => parked,
-                None => Parked {
-                    connection: connect(&shared.options).await?,
-                    opened: Instant::now(),
-                },
+                None => {
+                    let mut connection = connect(&shared.options).await?;
+                    let generation = shared.server.meet(&mut connection).await?;
+                    Parked {
+                        connection,
+                        opened: Instant::now(),
+                        generation,
+                    }
+                }
             };
             Ok(Lent {
                 parked: Some(parked),
@@ -231,4 +359,41 @@ impl DerefMut for Lent {
 /// Applies the migrations under `migrations/` that have not run yet.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     sqlx::migrate!("./migrations").run(pool).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> Server {
+        Server {
+            started: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            since: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_connection_predates_a_generation_met_after_it_was_opened() {
+        let server = server();
+        std::thread::sleep(Duration::from_millis(2));
+        // Nothing met since the start: even a connection opened then is current.
+        assert!(!server.predates(server.base.elapsed()));
+        // The current generation met 1 ms after the start.
+        server.since.store(1_000, Ordering::Release);
+        // Opened at the start, before it.
+        assert!(server.predates(server.base.elapsed()));
+        // Opened now, 2 ms or more after the start: after it.
+        assert!(!server.predates(Duration::ZERO));
+    }
+
+    #[test]
+    fn the_servers_are_told_apart_by_address() {
+        let one = PgConnectOptions::from_str("postgres://u@127.0.0.1:5432/a").unwrap();
+        let same = PgConnectOptions::from_str("postgres://v@127.0.0.1:5432/b").unwrap();
+        let other = PgConnectOptions::from_str("postgres://u@127.0.0.1:5433/a").unwrap();
+        assert!(Arc::ptr_eq(&Server::at(&one), &Server::at(&same)));
+        assert!(!Arc::ptr_eq(&Server::at(&one), &Server::at(&other)));
+    }
 }

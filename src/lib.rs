@@ -25,6 +25,7 @@ pub mod failpoint;
 pub mod http;
 pub mod idempotency;
 mod ids;
+pub mod jobs;
 pub mod payments;
 pub mod processor;
 pub mod reconcile;

@@ -36,7 +36,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DatabaseArgs, check_lease, parse_lease};
+use crate::config::{DatabaseArgs, check_lease, parse_lease, positive};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::shutdown_signal;
 use crate::idempotency::{self, Idempotency, NotStored, Owners, Policy, Service};
@@ -65,7 +65,7 @@ pub struct FixtureArgs {
 
     /// How long a key and its stored response live (the conformance suite's short-ttl vectors
     /// need at most 2s).
-    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = positive("IDEMPAY_KEY_TTL"))]
     pub key_ttl: Duration,
 
     /// How long an in-progress key blocks retries before a retry may take it over.
@@ -73,7 +73,7 @@ pub struct FixtureArgs {
     pub lease: Duration,
 
     /// How often the expiry job deletes expired keys.
-    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
     pub expiry_interval: Duration,
 }
 

@@ -5,7 +5,6 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -46,7 +45,9 @@ async fn healthz() -> Response {
 
 /// Readiness
 ///
-/// The database answers, so requests can be served.
+/// The database answers and every background job of the instance runs, so requests can be
+/// served. A job that died (expiry, recovery, webhook delivery, the API key listener, the
+/// embedded processor) keeps this 503 until the instance is restarted.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -54,13 +55,26 @@ async fn healthz() -> Response {
     tag = "operations",
     responses(
         (status = 200, description = "Ready.", body = Health, content_type = "application/json"),
-        (status = 503, description = "The database is unreachable (`service-unavailable`).",
+        (status = 503, description = "The database is unreachable, or a background job died (`service-unavailable`, naming the job).",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = i64, description = "Seconds to wait before asking again."))),
     )
 )]
-async fn readyz(State(pool): State<PgPool>) -> Response {
-    let ping = tokio::time::timeout(READY_TIMEOUT, sqlx::query("SELECT 1").execute(&pool)).await;
+async fn readyz(State(state): State<AppState>) -> Response {
+    if let Some(death) = state.jobs.first_death() {
+        tracing::warn!(job = death.job, cause = %death.cause, "readiness check failed");
+        return Problem::new(
+            ProblemKind::ServiceUnavailable,
+            format!(
+                "The background job `{}` died ({}); this instance must be restarted.",
+                death.job, death.cause
+            ),
+        )
+        .retry_after(Duration::from_secs(1))
+        .into_response();
+    }
+    let pool = &state.pool;
+    let ping = tokio::time::timeout(READY_TIMEOUT, sqlx::query("SELECT 1").execute(pool)).await;
     match ping {
         Ok(Ok(_)) => axum::Json(Health { status: "ready" }).into_response(),
         Ok(Err(error)) => unavailable(&error.to_string()),

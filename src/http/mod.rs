@@ -43,6 +43,7 @@ use crate::accounts::{self, AccountCache, RateLimit};
 use crate::config::Settings;
 use crate::idempotency::Resumers;
 use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
+use crate::jobs::Jobs;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecrets;
 use crate::webhooks::delivery::{Deliverer, Sender};
@@ -82,6 +83,8 @@ pub struct Shared {
     pub request_timeout: Duration,
     /// The limits the problem pages explain, as this instance applies them.
     pub figures: Figures,
+    /// The background jobs that died: any takes readiness down.
+    pub jobs: Jobs,
 }
 
 impl FromRef<AppState> for AccountCache {
@@ -140,6 +143,7 @@ impl AppState {
             body_read_timeout: settings.body_read_timeout,
             request_timeout: settings.request_timeout,
             figures: Figures::of(settings),
+            jobs: Jobs::default(),
             pool,
         }))
     }
@@ -378,30 +382,44 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
+        // Each job watched: one that dies is logged and takes readiness down (`jobs`).
+        let watch = |job, task| self.state.jobs.watch(job, task, &stop);
         let mut jobs = vec![
-            expiry::spawn(
-                self.state.pool.clone(),
-                self.settings.expiry_interval,
-                stop.clone(),
+            watch(
+                "expiry",
+                expiry::spawn(
+                    self.state.pool.clone(),
+                    self.settings.expiry_interval,
+                    stop.clone(),
+                ),
             ),
-            recovery::spawn(
-                self.state.idempotency.clone(),
-                resumers(&self.state),
-                self.settings.recovery_interval,
-                stop.clone(),
+            watch(
+                "recovery",
+                recovery::spawn(
+                    self.state.idempotency.clone(),
+                    resumers(&self.state),
+                    self.settings.recovery_interval,
+                    stop.clone(),
+                ),
             ),
-            accounts::listen(self.state.accounts.clone(), stop.clone()),
-            self.deliverer.spawn(stop.clone()),
+            watch(
+                "api-key-listener",
+                accounts::listen(self.state.accounts.clone(), stop.clone()),
+            ),
+            watch("webhook-delivery", self.deliverer.spawn(stop.clone())),
         ];
         // The embedded processor stops last: requests finishing now may still be calling it.
         if let Some(processor) = self.embedded {
             let stopped = stop.clone();
-            jobs.push(tokio::spawn(async move {
-                let stopped = async move { stopped.cancelled().await };
-                if let Err(error) = processor.run_until_stopped(stopped).await {
-                    tracing::error!(%error, "the embedded processor failed");
-                }
-            }));
+            jobs.push(watch(
+                "embedded-processor",
+                tokio::spawn(async move {
+                    let stopped = async move { stopped.cancelled().await };
+                    if let Err(error) = processor.run_until_stopped(stopped).await {
+                        tracing::error!(%error, "the embedded processor failed");
+                    }
+                }),
+            ));
         }
         #[cfg(feature = "dev")]
         let router = match self.checkout {
@@ -421,10 +439,9 @@ impl Application {
         )
         .await;
         stop.cancel();
+        // The watchers log whatever became of their jobs; they do not fail themselves.
         for job in jobs {
-            if let Err(error) = job.await {
-                tracing::error!(%error, "a background job ended abnormally");
-            }
+            job.await.ok();
         }
         served
     }

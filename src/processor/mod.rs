@@ -37,6 +37,7 @@ use crate::expiry;
 use crate::http::error::{Problem, ProblemKind};
 use crate::http::{MAX_BODY_BYTES, server};
 use crate::idempotency::{Idempotency, Policy, Service};
+use crate::jobs::Jobs;
 use crate::webhooks::delivery::Deliverer;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
@@ -200,12 +201,16 @@ impl Processor {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        let expiry = self
-            .runs_expiry
-            .then(|| expiry::spawn(self.state.pool.clone(), EXPIRY_INTERVAL, stop.clone()));
+        // Watched, so that a job that dies is logged as an error when it dies, not at shutdown.
+        // (The processor has no readiness probe; embedded, its jobs are idempay's: see `jobs`.)
+        let jobs = Jobs::default();
+        let expiry = self.runs_expiry.then(|| {
+            let task = expiry::spawn(self.state.pool.clone(), EXPIRY_INTERVAL, stop.clone());
+            jobs.watch("processor-expiry", task, &stop)
+        });
         let deliveries = self
             .deliveries
-            .map(|deliverer| deliverer.spawn(stop.clone()));
+            .map(|deliverer| jobs.watch("processor-outbox", deliverer.spawn(stop.clone()), &stop));
         let served = server::serve(
             self.listener,
             router(self.state),
@@ -214,10 +219,8 @@ impl Processor {
         )
         .await;
         stop.cancel();
-        for task in expiry.into_iter().chain(deliveries) {
-            if let Err(error) = task.await {
-                tracing::error!(%error, "a processor job ended abnormally");
-            }
+        for watcher in expiry.into_iter().chain(deliveries) {
+            watcher.await.ok();
         }
         served
     }

@@ -31,7 +31,7 @@ pub struct ProcessorSettings {
     pub api_key: ProcessorApiKey,
 
     /// Processing time of the test payment method `pm_card_slow`.
-    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = crate::config::any_length("IDEMPAY_SLOW_CHARGE"))]
     pub slow_charge: Duration,
 
     /// The `whsec_…` secrets, space separated: the events are signed with the first (the
@@ -49,7 +49,7 @@ pub struct ProcessorSettings {
     pub webhook_retry_schedule: RetrySchedule,
 
     /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = crate::config::parse_timeout)]
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = crate::config::positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
     pub webhook_delivery_timeout: Duration,
 
     /// How long an in-progress key of the processor blocks retries before one may take it over;

@@ -2,11 +2,13 @@
 //! stalls, clients are slow or send hostile bytes, and another account tries what it may not.
 
 mod api_keys;
+mod background_jobs;
 mod connections;
 mod faults;
 mod hostile;
 mod lock_timeout;
 mod outage;
 mod rate_limits;
+mod restart;
 mod security;
 mod slow_clients;

@@ -1,0 +1,142 @@
+//! The background jobs beside the API (expiry, recovery, webhook delivery, the API key listener,
+//! the embedded processor): a setting that would break one is refused at start, naming itself,
+//! and a job that dies anyway takes readiness down with it, instead of the instance answering
+//! 200 at `/readyz` while nothing expires again.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use idempay_test_macros::api_test;
+use tokio::process::Command;
+
+use crate::support::helpers::bare_database;
+use crate::support::instance::free_port;
+
+/// How long a process refused at start may take to exit: a parse error exits at once, and a
+/// debug build on a loaded machine starts in a few seconds. One still running then is serving.
+const EXITS_WITHIN: Duration = Duration::from_secs(20);
+
+/// `serve` with a zero or nonsensical duration exits at once with status 2 (a usage error) and a
+/// message naming the variable; so does `processor`. Before, `IDEMPAY_EXPIRY_INTERVAL=0s` started
+/// the service, whose expiry job panicked on its first tick while `/healthz` and `/readyz` went
+/// on answering 200.
+#[api_test]
+async fn a_zero_interval_or_timeout_is_refused_at_start_naming_its_setting() {
+    let database_url = bare_database().await;
+    let refused = [
+        ("serve", "IDEMPAY_EXPIRY_INTERVAL", "0s"),
+        ("serve", "IDEMPAY_REQUEST_TIMEOUT", "0s"),
+        ("serve", "IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "0s"),
+        ("serve", "IDEMPAY_KEY_TTL", "0s"),
+        ("serve", "IDEMPAY_RECOVERY_INTERVAL", "0s"),
+        ("serve", "IDEMPAY_EXPIRY_INTERVAL", "300000000000years"),
+        ("processor", "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", "0s"),
+    ];
+    for (command, setting, value) in refused {
+        let port = free_port().to_string();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idempay"))
+            .arg(command)
+            .env("DATABASE_URL", &database_url)
+            .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("IDEMPAY_PROCESSOR_LISTEN", format!("127.0.0.1:{port}"))
+            .env("IDEMPAY_PROCESSOR_API_KEY", "pk_test")
+            .env("RUST_LOG", "warn")
+            .env(setting, value)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("idempay runs");
+        let stderr = child.stderr.take().expect("stderr");
+        let read = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut text = String::new();
+            let mut stderr = stderr;
+            stderr.read_to_string(&mut text).await.ok();
+            text
+        });
+        let Ok(status) = tokio::time::timeout(EXITS_WITHIN, child.wait()).await else {
+            child.kill().await.ok();
+            panic!(
+                "`idempay {command}` with {setting}={value} was still running after {EXITS_WITHIN:?}"
+            );
+        };
+        let status = status.expect("an exit status");
+        let message = read.await.expect("stderr read");
+        assert_eq!(
+            status.code(),
+            Some(2),
+            "{command} with {setting}={value}: {message}"
+        );
+        assert!(
+            message.contains(setting),
+            "{command} with {setting}={value}, the message names the setting: {message}"
+        );
+    }
+}
+
+/// The expiry job panics (a crash point of the `failpoints` feature, after a run that deleted a
+/// key) on an instance that was ready: `/readyz` turns 503 naming the job, `/healthz` stays 200
+/// (the process serves), and the instance logs the death as an error.
+#[cfg(feature = "failpoints")]
+#[api_test]
+async fn a_background_job_that_dies_takes_readiness_down() {
+    use crate::support::helpers::{new_key, payment};
+    use crate::support::instance::{Instance, LogFile};
+
+    let database_url = bare_database().await;
+    let (logs, log_file) = LogFile::create();
+    let instance = Instance::start_logging_to(
+        log_file,
+        &database_url,
+        &[
+            ("IDEMPAY_FAILPOINT", "expiry-job-panic"),
+            // The key expires at once, and the next run deletes it and hits the crash point.
+            ("IDEMPAY_KEY_TTL", "1s"),
+            ("IDEMPAY_EXPIRY_INTERVAL", "1s"),
+        ],
+    )
+    .await;
+    let api_key = Instance::create_account(&database_url).await;
+    assert_eq!(instance.get("/readyz").await.status, 200, "ready at first");
+    let answer = instance
+        .post_payment(&api_key, &new_key(), &payment(4200))
+        .await;
+    assert_eq!(answer.status, 201);
+
+    let started = std::time::Instant::now();
+    let ready = loop {
+        let ready = instance.get("/readyz").await;
+        if ready.status != 200 {
+            break ready;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "/readyz still 200 after {:?}; logs:\n{}",
+            started.elapsed(),
+            logs.read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let problem = ready.assert_problem(503, "service-unavailable");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("expiry"), "names the job: {detail}");
+    assert_eq!(instance.get("/healthz").await.status, 200, "still alive");
+    // Still 503 later: a dead job does not come back by itself.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    instance
+        .get("/readyz")
+        .await
+        .assert_problem(503, "service-unavailable");
+
+    let logs = logs.read();
+    assert!(
+        logs.contains("failpoint expiry-job-panic: panicking"),
+        "the crash point was hit: {logs}"
+    );
+    assert!(
+        logs.lines()
+            .any(|line| line.contains("ERROR") && line.contains("expiry")),
+        "the death is logged as an error: {logs}"
+    );
+}
