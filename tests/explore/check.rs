@@ -84,7 +84,7 @@ pub async fn invariants(
     };
     let at = |when: DateTime<Utc>| match epoch {
         Some(epoch) => format!(
-            "+{:.3}s",
+            "{:+.3}s",
             (when - epoch).num_milliseconds() as f64 / 1000.0
         ),
         None => when.to_rfc3339(),

@@ -154,13 +154,21 @@ pub async fn during_faults(s: Arc<Schedule>, k: usize) {
                 instance = rng.pick(s.plan.instances.len());
             }
         }
-        Want::Dispute { of, amount } => dispute(&s, k, of, amount, s.phase_end).await,
+        Want::Dispute { of, amount, early } => dispute(&s, k, of, amount, early, s.phase_end).await,
     }
 }
 
 /// Opens the dispute of intent `k` at the processor, on the charge of payment intent `of`, as
-/// soon as that charge exists (whether idempay recorded it or not), until `until`.
-pub async fn dispute(s: &Arc<Schedule>, k: usize, of: usize, amount: i64, until: Instant) {
+/// soon as that charge exists (whether idempay recorded it or not), until `until`; an `early`
+/// one waits for a charge idempay has not recorded, while the payment has no final answer.
+pub async fn dispute(
+    s: &Arc<Schedule>,
+    k: usize,
+    of: usize,
+    amount: i64,
+    early: bool,
+    until: Instant,
+) {
     let Want::Pay { amount: paid, .. } = s.plan.intents[of].want else {
         unreachable!("a dispute names a payment intent")
     };
@@ -182,9 +190,13 @@ pub async fn dispute(s: &Arc<Schedule>, k: usize, of: usize, amount: i64, until:
         .await
         .unwrap_or(None);
         let Some((charge, recorded)) = charge else {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        if early && recorded && s.answer(of).is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         // Not keyed at the processor: a call whose answer was lost may have opened it.
         let opened: Option<String> = sqlx::query_scalar(
             "SELECT id FROM processor_disputes WHERE charge_id = $1 AND amount = $2",
@@ -216,6 +228,9 @@ pub async fn dispute(s: &Arc<Schedule>, k: usize, of: usize, amount: i64, until:
                         "its payment NOT recorded yet: an early event"
                     }
                 ));
+                if !recorded {
+                    deliver_now(s, &dispute).await;
+                }
                 return s.set_answer(k, Answer::made(dispute));
             }
             Ok(response) => s.timeline.log(format!(
@@ -229,6 +244,57 @@ pub async fn dispute(s: &Arc<Schedule>, k: usize, of: usize, amount: i64, until:
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Delivers the event of `dispute` from the processor's outbox to instance 0 at once, as a fast
+/// sender would: before idempay has recorded the charge it names. The outbox's own delivery of it
+/// follows, with the same `webhook-id`.
+async fn deliver_now(s: &Schedule, dispute: &str) {
+    let event: Option<(String, Vec<u8>)> = sqlx::query_as(
+        "SELECT event_id, body FROM webhook_deliveries
+         WHERE url LIKE '%/v1/webhooks/processor'
+           AND convert_from(body, 'UTF8')::jsonb -> 'data' ->> 'dispute' = $1",
+    )
+    .bind(dispute)
+    .fetch_optional(&s.db)
+    .await
+    .unwrap_or(None);
+    match event {
+        Some((id, body)) => deliver(s, &id, &body, 0).await,
+        None => s
+            .timeline
+            .log(format!("  the event of {dispute} is not in the outbox")),
+    }
+}
+
+/// Delivers one processor event, signed now, to an instance, and logs its answer.
+async fn deliver(s: &Schedule, id: &str, body: &[u8], instance: usize) {
+    let timestamp = chrono::Utc::now().timestamp();
+    let signature = s.secrets.sign(id, timestamp, body).expect("UTF-8 ids");
+    let kind = serde_json::from_slice::<Value>(body).unwrap_or_default()["type"].clone();
+    let sent = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/webhooks/processor",
+            s.instance_address(instance)
+        ))
+        .timeout(Duration::from_secs(5))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp)
+        .header("webhook-signature", signature)
+        .body(body.to_vec())
+        .send()
+        .await;
+    let outcome = match sent {
+        Ok(response) => format!(
+            "{} {}",
+            response.status().as_u16(),
+            response.text().await.unwrap_or_default()
+        ),
+        Err(error) => error.to_string(),
+    };
+    s.timeline
+        .log(format!("  delivered {id} ({kind}) @i{instance}: {outcome}"));
 }
 
 /// Sends `count` processor events already delivered once again, picked and ordered by `rng`
@@ -248,37 +314,9 @@ pub async fn redeliver(s: &Schedule, count: usize, rng: &mut Rng) {
     if delivered.is_empty() {
         return s.timeline.log("  redelivery: no event delivered yet");
     }
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .expect("a client");
     for _ in 0..count {
         let (id, body) = &delivered[rng.pick(delivered.len())];
         let instance = rng.pick(s.plan.instances.len());
-        let timestamp = chrono::Utc::now().timestamp();
-        let signature = s.secrets.sign(id, timestamp, body).expect("UTF-8 ids");
-        let kind = serde_json::from_slice::<Value>(body).unwrap_or_default()["type"].clone();
-        let sent = http
-            .post(format!(
-                "{}/v1/webhooks/processor",
-                s.instance_address(instance)
-            ))
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp)
-            .header("webhook-signature", signature)
-            .body(body.clone())
-            .send()
-            .await;
-        let outcome = match sent {
-            Ok(response) => format!(
-                "{} {}",
-                response.status().as_u16(),
-                response.text().await.unwrap_or_default()
-            ),
-            Err(error) => error.to_string(),
-        };
-        s.timeline
-            .log(format!("  redelivered {id} ({kind}) @i{instance}: {outcome}"));
+        deliver(s, id, body, instance).await;
     }
 }

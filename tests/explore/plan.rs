@@ -59,8 +59,10 @@ pub enum Want {
     /// A refund of the payment of intent `of`, once it is paid.
     Refund { of: usize, amount: i64 },
     /// A dispute the cardholder's bank opens at the processor on the charge of intent `of`, as
-    /// soon as the charge exists (recorded by idempay or not: an early event).
-    Dispute { of: usize, amount: i64 },
+    /// soon as the charge exists. An `early` one waits for a moment when idempay has not recorded
+    /// the charge yet (its answer slower than idempay waits), as long as the payment has no final
+    /// answer: its event arrives before the object it names.
+    Dispute { of: usize, amount: i64, early: bool },
 }
 
 #[derive(Clone, Debug)]
@@ -166,38 +168,6 @@ impl Plan {
                 },
             });
         }
-        for of in 0..payments {
-            let (paid_at, amount) = match intents[of] {
-                Intent {
-                    at,
-                    want: Want::Pay { amount, .. },
-                    ..
-                } => (at, amount),
-                _ => unreachable!(),
-            };
-            // Refund and dispute a quarter at most each: both fit beside each other.
-            if rng.chance(0.35) {
-                intents.push(Intent {
-                    at: within(&mut rng, paid_at, paid_at + Duration::from_secs(6)),
-                    instance: rng.pick(instances.len()),
-                    want: Want::Refund {
-                        of,
-                        amount: rng.range(1, amount as u64 / 4) as i64,
-                    },
-                });
-            }
-            if rng.chance(0.25) {
-                intents.push(Intent {
-                    at: within(&mut rng, paid_at, paid_at + Duration::from_secs(5)),
-                    instance: 0,
-                    want: Want::Dispute {
-                        of,
-                        amount: rng.range(1, amount as u64 / 4) as i64,
-                    },
-                });
-            }
-        }
-
         let mut faults = Vec::new();
         let timeout_ms = processor_timeout.as_millis() as u64;
         // Episodes of a slow processor: slower than idempay waits, so the charges idempay gives
@@ -285,6 +255,59 @@ impl Plan {
                 },
             ));
         }
+        // Whether the processor is slower than idempay waits at `at`.
+        let episodes: Vec<(Duration, Duration)> = faults
+            .iter()
+            .filter_map(|(at, fault)| match fault {
+                Fault::Processor { latency_ms, .. } if *latency_ms > timeout_ms => Some(*at),
+                _ => None,
+            })
+            .map(|start| {
+                let end = faults
+                    .iter()
+                    .filter(|(at, fault)| *at > start && matches!(fault, Fault::Processor { .. }))
+                    .map(|(at, _)| *at)
+                    .min()
+                    .unwrap_or(duration);
+                (start, end)
+            })
+            .collect();
+        let slow = |at: Duration| episodes.iter().any(|(start, end)| (*start..*end).contains(&at));
+        for of in 0..payments {
+            let (paid_at, amount) = match intents[of] {
+                Intent {
+                    at,
+                    want: Want::Pay { amount, .. },
+                    ..
+                } => (at, amount),
+                _ => unreachable!(),
+            };
+            // Refund and dispute a quarter at most each: both fit beside each other.
+            if rng.chance(0.35) {
+                intents.push(Intent {
+                    at: within(&mut rng, paid_at, paid_at + Duration::from_secs(6)),
+                    instance: rng.pick(instances.len()),
+                    want: Want::Refund {
+                        of,
+                        amount: rng.range(1, amount as u64 / 4) as i64,
+                    },
+                });
+            }
+            if rng.chance(0.25) {
+                intents.push(Intent {
+                    at: within(&mut rng, paid_at, paid_at + Duration::from_secs(5)),
+                    instance: 0,
+                    want: Want::Dispute {
+                        of,
+                        amount: rng.range(1, amount as u64 / 4) as i64,
+                        // Early when the payment meets a slow processor: its charge commits
+                        // after idempay gave up, and stays unrecorded until the next retry.
+                        early: slow(paid_at) && rng.chance(0.8),
+                    },
+                });
+            }
+        }
+
         faults.sort_by_key(|(at, _)| *at);
         Self {
             seed,

@@ -22,22 +22,28 @@ pub const PROCESSOR_KEY: &str = "pk_explore";
 
 /// What happened, when, as one list of timestamped lines.
 pub struct Timeline {
-    started: Instant,
-    lines: Mutex<Vec<(Duration, String)>>,
+    lines: Mutex<Vec<(Instant, String)>>,
 }
 
 impl Timeline {
     pub fn log(&self, line: impl Into<String>) {
-        let at = self.started.elapsed();
-        self.lines.lock().unwrap().push((at, line.into()));
+        self.lines.lock().unwrap().push((Instant::now(), line.into()));
     }
 
-    pub fn render(&self) -> String {
+    /// The lines, timed from `zero` (the start of the faults: the setup's lines come before it).
+    pub fn render(&self, zero: Instant) -> String {
         let mut lines = self.lines.lock().unwrap().clone();
         lines.sort_by_key(|(at, _)| *at);
         lines
             .iter()
-            .map(|(at, line)| format!("  +{:>7.3}s {line}\n", at.as_secs_f64()))
+            .map(|(at, line)| {
+                let seconds = if *at >= zero {
+                    (*at - zero).as_secs_f64()
+                } else {
+                    -(zero - *at).as_secs_f64()
+                };
+                format!("  {seconds:>+8.3}s {line}\n")
+            })
             .collect()
     }
 }
@@ -346,7 +352,6 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
     let now = Instant::now();
     let s = Arc::new(Schedule {
         timeline: Timeline {
-            started: now,
             lines: Mutex::new(Vec::new()),
         },
         started: now,
@@ -440,9 +445,9 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
     futures::future::join_all(disputes.into_iter().map(|k| {
         let s = Arc::clone(&s);
         async move {
-            if let Want::Dispute { of, amount } = s.plan.intents[k].want {
+            if let Want::Dispute { of, amount, .. } = s.plan.intents[k].want {
                 let until = Instant::now() + Duration::from_secs(10);
-                intents::dispute(&s, k, of, amount, until).await;
+                intents::dispute(&s, k, of, amount, false, until).await;
             }
         }
     }))
@@ -460,7 +465,7 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
     Outcome {
         plan: s.plan.clone(),
         violations,
-        timeline: s.timeline.render(),
+        timeline: s.timeline.render(s.started),
         logs,
         took: begun.elapsed(),
     }
