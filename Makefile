@@ -20,7 +20,7 @@ test:
 ## ending with the ledgers' invariants; the regression seeds first, then SCHEDULES seeds drawn from
 ## the clock, within about four minutes. SEED=S runs seeds S… only: `make explore SEED=S SCHEDULES=1`
 ## replays a failure. The same features as `make test`, so it reuses that build.
-SCHEDULES ?= 4
+SCHEDULES ?= 5
 SEED ?=
 explore:
 	EXPLORE_SCHEDULES=$(SCHEDULES) EXPLORE_SEED=$(SEED) $(CARGO) test --features failpoints --test explore

@@ -83,10 +83,7 @@ pub async fn invariants(
         broken.push(Violation { kind, detail });
     };
     let at = |when: DateTime<Utc>| match epoch {
-        Some(epoch) => format!(
-            "{:+.3}s",
-            (when - epoch).num_milliseconds() as f64 / 1000.0
-        ),
+        Some(epoch) => format!("{:+.3}s", (when - epoch).num_milliseconds() as f64 / 1000.0),
         None => when.to_rfc3339(),
     };
     let charges: Vec<ChargeRow> = sqlx::query_as(
@@ -96,12 +93,11 @@ pub async fn invariants(
     .fetch_all(&s.db)
     .await
     .expect("the processor's charges");
-    let payments: Vec<PaymentRow> = sqlx::query_as(
-        "SELECT id, amount, charge, amount_refunded, amount_disputed FROM payments",
-    )
-    .fetch_all(&s.db)
-    .await
-    .expect("the payments");
+    let payments: Vec<PaymentRow> =
+        sqlx::query_as("SELECT id, amount, charge, amount_refunded, amount_disputed FROM payments")
+            .fetch_all(&s.db)
+            .await
+            .expect("the payments");
     // (payment, count, sum) of idempay's refunds that stand; (charge, count, sum) of the
     // processor's.
     let sums = |query: &'static str| {
@@ -124,10 +120,9 @@ pub async fn invariants(
          WHERE status = 'succeeded' GROUP BY charge_id",
     )
     .await;
-    let our_disputes = sums(
-        "SELECT payment_id, count(*), sum(amount)::bigint FROM disputes GROUP BY payment_id",
-    )
-    .await;
+    let our_disputes =
+        sums("SELECT payment_id, count(*), sum(amount)::bigint FROM disputes GROUP BY payment_id")
+            .await;
     let their_disputes = sums(
         "SELECT charge_id, count(*), sum(amount)::bigint FROM processor_disputes GROUP BY charge_id",
     )
@@ -151,7 +146,11 @@ pub async fn invariants(
         let name = format!("intent {k} (pay {amount}, key {})", s.key(k));
         let cs: Vec<&ChargeRow> = charges.iter().filter(|c| c.amount == amount).collect();
         let ps: Vec<&PaymentRow> = payments.iter().filter(|p| p.amount == amount).collect();
-        let listed = cs.iter().map(|c| describe(c)).collect::<Vec<_>>().join(", ");
+        let listed = cs
+            .iter()
+            .map(|c| describe(c))
+            .collect::<Vec<_>>()
+            .join(", ");
         if cs.len() > 1 {
             violation(
                 "double charge",
@@ -184,7 +183,10 @@ pub async fn invariants(
                         "ledger mismatch",
                         format!(
                             "{name}: answered {answer}, yet charges [{listed}] and payments [{}]",
-                            ps.iter().map(|p| p.id.as_str()).collect::<Vec<_>>().join(", ")
+                            ps.iter()
+                                .map(|p| p.id.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     );
                 }
@@ -203,7 +205,11 @@ pub async fn invariants(
             }
         }
         // Refunds and disputes, on the payment and its charge when both are there once.
-        let (Some(p), Some(c)) = (ps.first(), cs.iter().find(|c| Some(&c.id) == ps.first().and_then(|p| p.charge.as_ref()))) else {
+        let (Some(p), Some(c)) = (
+            ps.first(),
+            cs.iter()
+                .find(|c| Some(&c.id) == ps.first().and_then(|p| p.charge.as_ref())),
+        ) else {
             continue;
         };
         let ours = our_refunds.get(&p.id).copied().unwrap_or_default();
@@ -218,7 +224,13 @@ pub async fn invariants(
                 format!(
                     "{name}: payment {} has {} refund(s) of {} in all (amount_refunded {}); \
                      charge {} has {} of {} (amount_refunded {})",
-                    p.id, ours.0, ours.1, p.amount_refunded, c.id, theirs.0, theirs.1,
+                    p.id,
+                    ours.0,
+                    ours.1,
+                    p.amount_refunded,
+                    c.id,
+                    theirs.0,
+                    theirs.1,
                     c.amount_refunded
                 ),
             );
@@ -235,7 +247,13 @@ pub async fn invariants(
                 format!(
                     "{name}: payment {} has {} dispute(s) of {} (amount_disputed {}); charge {} \
                      has {} of {} (amount_disputed {})",
-                    p.id, ours.0, ours.1, p.amount_disputed, c.id, theirs.0, theirs.1,
+                    p.id,
+                    ours.0,
+                    ours.1,
+                    p.amount_disputed,
+                    c.id,
+                    theirs.0,
+                    theirs.1,
                     c.amount_disputed
                 ),
             );
@@ -298,8 +316,10 @@ pub async fn invariants(
     )
     .await;
     let stdout = String::from_utf8_lossy(&reconciled.stdout);
-    s.timeline
-        .log(format!("reconcile: {}", stdout.lines().last().unwrap_or("")));
+    s.timeline.log(format!(
+        "reconcile: {}",
+        stdout.lines().last().unwrap_or("")
+    ));
     if !reconciled.status.success() {
         violation(
             "reconcile",

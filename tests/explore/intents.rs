@@ -85,8 +85,9 @@ pub async fn send(
             Some(answer)
         }
         Err(why) => {
-            s.timeline
-                .log(format!("intent {k} {what} @i{instance} → no final answer: {why}"));
+            s.timeline.log(format!(
+                "intent {k} {what} @i{instance} → no final answer: {why}"
+            ));
             None
         }
     }
@@ -210,7 +211,10 @@ pub async fn dispute(
             return s.set_answer(k, Answer::made(dispute));
         }
         let sent = http
-            .post(format!("{}/v1/charges/{charge}/disputes", s.processor_address))
+            .post(format!(
+                "{}/v1/charges/{charge}/disputes",
+                s.processor_address
+            ))
             .bearer_auth(PROCESSOR_KEY)
             .json(&json!({ "amount": amount }))
             .send()

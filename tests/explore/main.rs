@@ -13,8 +13,9 @@
 //! Settings (environment; `make explore SCHEDULES=N SEED=S` sets the first two):
 //! - `EXPLORE_SEED`: run seeds S, S+1, … only (a replay); unset, the regression seeds run first,
 //!   then seeds drawn from the clock.
-//! - `EXPLORE_SCHEDULES`: how many new seeds (default 4).
-//! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 240).
+//! - `EXPLORE_SCHEDULES`: how many new seeds (default 5).
+//! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 200: with the last
+//!   schedule and its final drive, the run stays within 5 minutes).
 //! - `IDEMPAY_BIN`: the `idempay` binary to explore (default: this build's).
 //! - `EXPLORE_VERBOSE`: print the timeline of a schedule that passed too.
 
@@ -47,8 +48,8 @@ fn setting(name: &str) -> Option<u64> {
 
 #[tokio::main]
 async fn main() {
-    let schedules = setting("EXPLORE_SCHEDULES").unwrap_or(4);
-    let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(240));
+    let schedules = setting("EXPLORE_SCHEDULES").unwrap_or(5);
+    let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(200));
     let seeds: Vec<u64> = match setting("EXPLORE_SEED") {
         Some(seed) => (seed..seed + schedules).collect(),
         None => {

@@ -213,7 +213,11 @@ impl Plan {
             // The processor killed while, or soon after, it is slow: before some charges commit
             // and after others.
             if rng.chance(0.8) {
-                let at = within(&mut rng, start + Duration::from_secs(1), end + Duration::from_secs(3));
+                let at = within(
+                    &mut rng,
+                    start + Duration::from_secs(1),
+                    end + Duration::from_secs(3),
+                );
                 faults.push((
                     at,
                     Fault::KillProcessor {
@@ -272,7 +276,11 @@ impl Plan {
                 (start, end)
             })
             .collect();
-        let slow = |at: Duration| episodes.iter().any(|(start, end)| (*start..*end).contains(&at));
+        let slow = |at: Duration| {
+            episodes
+                .iter()
+                .any(|(start, end)| (*start..*end).contains(&at))
+        };
         for of in 0..payments {
             let (paid_at, amount) = match intents[of] {
                 Intent {

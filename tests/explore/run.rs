@@ -27,7 +27,10 @@ pub struct Timeline {
 
 impl Timeline {
     pub fn log(&self, line: impl Into<String>) {
-        self.lines.lock().unwrap().push((Instant::now(), line.into()));
+        self.lines
+            .lock()
+            .unwrap()
+            .push((Instant::now(), line.into()));
     }
 
     /// The lines, timed from `zero` (the start of the faults: the setup's lines come before it).
@@ -191,7 +194,11 @@ impl Schedule {
     }
 
     /// Strikes one fault; a killed process is restarted by a task of its own after its downtime.
-    async fn strike(self: &Arc<Self>, fault: &Fault, rng: &mut Rng) -> Option<tokio::task::JoinHandle<()>> {
+    async fn strike(
+        self: &Arc<Self>,
+        fault: &Fault,
+        rng: &mut Rng,
+    ) -> Option<tokio::task::JoinHandle<()>> {
         self.timeline.log(format!("FAULT {fault}"));
         match *fault {
             Fault::Processor {
@@ -303,7 +310,10 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
                 ),
             ),
             // Every half second, for longer than any schedule: late, never given up.
-            common("IDEMPAY_WEBHOOK_RETRY_SCHEDULE", &vec!["500ms"; 400].join(",")),
+            common(
+                "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
+                &vec!["500ms"; 400].join(","),
+            ),
             common("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", "2s"),
         ],
         processor_port,
@@ -405,7 +415,8 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
     tokio::time::sleep_until(s.phase_end.into()).await;
 
     // Every fault ends: the processor healthy, every process up.
-    s.timeline.log("END OF FAULTS: the processor healthy, every process up");
+    s.timeline
+        .log("END OF FAULTS: the processor healthy, every process up");
     *s.faults.lock().unwrap() = (0, 0.0, 0.0);
     s.start_processor().await;
     s.put_faults().await;
@@ -416,7 +427,8 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
 
     // Every intent driven to a final answer: payments, then the refunds of those paid, then the
     // disputes.
-    s.timeline.log("FINAL: every intent driven to a final answer");
+    s.timeline
+        .log("FINAL: every intent driven to a final answer");
     let open = |s: &Schedule, kind: fn(&Want) -> bool| -> Vec<usize> {
         (0..intents)
             .filter(|k| kind(&s.plan.intents[*k].want) && s.answer(*k).is_none())
@@ -456,7 +468,8 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
 
     let answers = s.answers.lock().unwrap().clone();
     let violations = check::invariants(&s, &answers, database_epoch).await;
-    s.timeline.log(format!("checked: {} violation(s)", violations.len()));
+    s.timeline
+        .log(format!("checked: {} violation(s)", violations.len()));
     s.processor.lock().await.kill().await;
     for instance in &s.instances {
         instance.lock().await.kill().await;
