@@ -149,25 +149,6 @@ impl Plan {
             from + rng.millis(0, (to - from).as_millis() as u64)
         };
 
-        let mut intents = Vec::new();
-        let payments = rng.range(8, 14) as usize;
-        for n in 0..payments {
-            let at = within(&mut rng, Duration::ZERO, duration.mul_f64(0.8));
-            let method = if rng.chance(0.1) {
-                "pm_card_chargeDeclined"
-            } else {
-                "pm_card_visa"
-            };
-            intents.push(Intent {
-                at,
-                instance: rng.pick(instances.len()),
-                want: Want::Pay {
-                    // Unique per intent: 1000, 1010, 1020… plus a few units.
-                    amount: 1000 + 10 * n as i64 + rng.range(0, 9) as i64,
-                    method,
-                },
-            });
-        }
         let mut faults = Vec::new();
         let timeout_ms = processor_timeout.as_millis() as u64;
         // Episodes of a slow processor: slower than idempay waits, so the charges idempay gives
@@ -210,14 +191,11 @@ impl Plan {
                     fail: 0.0,
                 },
             ));
-            // The processor killed while, or soon after, it is slow: before some charges commit
-            // and after others.
+            // The processor killed once the episode's charges commit (a latency after they were
+            // asked for): before some commit and after others, whose answers idempay lacks.
             if rng.chance(0.8) {
-                let at = within(
-                    &mut rng,
-                    start + Duration::from_secs(1),
-                    end + Duration::from_secs(3),
-                );
+                let latency = Duration::from_millis(latency_ms);
+                let at = within(&mut rng, start + latency, end + latency);
                 faults.push((
                     at,
                     Fault::KillProcessor {
@@ -259,7 +237,7 @@ impl Plan {
                 },
             ));
         }
-        // Whether the processor is slower than idempay waits at `at`.
+        // The episodes (from, to) when the processor is slower than idempay waits.
         let episodes: Vec<(Duration, Duration)> = faults
             .iter()
             .filter_map(|(at, fault)| match fault {
@@ -281,6 +259,29 @@ impl Plan {
                 .iter()
                 .any(|(start, end)| (*start..*end).contains(&at))
         };
+        let mut intents = Vec::new();
+        let payments = rng.range(8, 14) as usize;
+        for n in 0..payments {
+            // Half of them meet a slow processor: the charges whose answer idempay gives up on.
+            let at = match episodes.get(rng.pick(episodes.len().max(1))) {
+                Some((start, end)) if rng.chance(0.5) => within(&mut rng, *start, *end),
+                _ => within(&mut rng, Duration::ZERO, duration.mul_f64(0.8)),
+            };
+            let method = if rng.chance(0.1) {
+                "pm_card_chargeDeclined"
+            } else {
+                "pm_card_visa"
+            };
+            intents.push(Intent {
+                at,
+                instance: rng.pick(instances.len()),
+                want: Want::Pay {
+                    // Unique per intent: 1000, 1010, 1020… plus a few units.
+                    amount: 1000 + 10 * n as i64 + rng.range(0, 9) as i64,
+                    method,
+                },
+            });
+        }
         for of in 0..payments {
             let (paid_at, amount) = match intents[of] {
                 Intent {
