@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry bench-citus profile
+.PHONY: run test explore test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry bench-citus profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -15,6 +15,15 @@ run:
 ## Unit and integration tests; PostgreSQL runs in a container started by the tests.
 test:
 	$(CARGO) test --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
+
+## The fault-schedule explorer (tests/explore/): seeded schedules of faults on real processes, each
+## ending with the ledgers' invariants; the regression seeds first, then SCHEDULES seeds drawn from
+## the clock, within about four minutes. SEED=S runs seeds S… only: `make explore SEED=S SCHEDULES=1`
+## replays a failure. The same features as `make test`, so it reuses that build.
+SCHEDULES ?= 5
+SEED ?=
+explore:
+	EXPLORE_SCHEDULES=$(SCHEDULES) EXPLORE_SEED=$(SEED) $(CARGO) test --features failpoints --test explore
 
 ## The cluster suite: the tests marked #[api_test(citus)] on a Citus coordinator and two workers
 ## (scripts/citus-cluster.sh), started for the run and removed after it. Two tests at a time: the

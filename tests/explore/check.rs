@@ -1,0 +1,335 @@
+//! The invariants every schedule ends with, read from the one database both ledgers share, and
+//! `idempay reconcile` run as an operator runs it.
+//!
+//! Each payment intent has an amount of its own, so the processor's charges are matched to their
+//! intent by amount, whatever downstream key (or keys) made them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+use crate::plan::Want;
+use crate::run::{Answer, PROCESSOR_KEY, Schedule};
+use crate::world::idempay;
+
+/// One broken promise.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// What kind: `double charge`, `dispute lost`… (the summary counts them by kind).
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.to_uppercase(), self.detail)
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct ChargeRow {
+    id: String,
+    amount: i64,
+    status: String,
+    amount_refunded: i64,
+    amount_disputed: i64,
+    idempotency_key: String,
+    created_at: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct PaymentRow {
+    id: String,
+    amount: i64,
+    charge: Option<String>,
+    amount_refunded: i64,
+    amount_disputed: i64,
+}
+
+/// Waits (up to 15 s) until the processor's outbox has delivered every event, so that the
+/// disputes it announced have reached idempay, or been refused for good.
+pub async fn until_events_delivered(s: &Schedule) {
+    let started = Instant::now();
+    loop {
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM webhook_deliveries
+             WHERE url LIKE '%/v1/webhooks/processor' AND delivered_at IS NULL",
+        )
+        .fetch_one(&s.db)
+        .await
+        .unwrap_or(-1);
+        if pending == 0 {
+            return;
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            return s.timeline.log(format!(
+                "{pending} processor event(s) still undelivered after 15 s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Every invariant, as a list of what broke (empty: the schedule passed).
+pub async fn invariants(
+    s: &Schedule,
+    answers: &[Option<Answer>],
+    epoch: Option<DateTime<Utc>>,
+) -> Vec<Violation> {
+    let mut broken = Vec::new();
+    let mut violation = |kind: &'static str, detail: String| {
+        broken.push(Violation { kind, detail });
+    };
+    let at = |when: DateTime<Utc>| match epoch {
+        Some(epoch) => format!("{:+.3}s", (when - epoch).num_milliseconds() as f64 / 1000.0),
+        None => when.to_rfc3339(),
+    };
+    let charges: Vec<ChargeRow> = sqlx::query_as(
+        "SELECT id, amount, status, amount_refunded, amount_disputed, idempotency_key, created_at
+         FROM processor_charges ORDER BY created_at",
+    )
+    .fetch_all(&s.db)
+    .await
+    .expect("the processor's charges");
+    let payments: Vec<PaymentRow> =
+        sqlx::query_as("SELECT id, amount, charge, amount_refunded, amount_disputed FROM payments")
+            .fetch_all(&s.db)
+            .await
+            .expect("the payments");
+    // (payment, count, sum) of idempay's refunds that stand; (charge, count, sum) of the
+    // processor's.
+    let sums = |query: &'static str| {
+        let db = s.db.clone();
+        async move {
+            let rows: Vec<(String, i64, i64)> =
+                sqlx::query_as(query).fetch_all(&db).await.expect(query);
+            rows.into_iter()
+                .map(|(id, count, sum)| (id, (count, sum)))
+                .collect::<BTreeMap<_, _>>()
+        }
+    };
+    let our_refunds = sums(
+        "SELECT payment_id, count(*), sum(amount)::bigint FROM refunds
+         WHERE status = 'succeeded' GROUP BY payment_id",
+    )
+    .await;
+    let their_refunds = sums(
+        "SELECT charge_id, count(*), sum(amount)::bigint FROM processor_refunds
+         WHERE status = 'succeeded' GROUP BY charge_id",
+    )
+    .await;
+    let our_disputes =
+        sums("SELECT payment_id, count(*), sum(amount)::bigint FROM disputes GROUP BY payment_id")
+            .await;
+    let their_disputes = sums(
+        "SELECT charge_id, count(*), sum(amount)::bigint FROM processor_disputes GROUP BY charge_id",
+    )
+    .await;
+    let describe = |charge: &ChargeRow| {
+        format!(
+            "{} ({}, downstream key {}, committed {})",
+            charge.id,
+            charge.status,
+            charge.idempotency_key,
+            at(charge.created_at)
+        )
+    };
+
+    let mut amounts = Vec::new();
+    for (k, intent) in s.plan.intents.iter().enumerate() {
+        let Want::Pay { amount, .. } = intent.want else {
+            continue;
+        };
+        amounts.push(amount);
+        let name = format!("intent {k} (pay {amount}, key {})", s.key(k));
+        let cs: Vec<&ChargeRow> = charges.iter().filter(|c| c.amount == amount).collect();
+        let ps: Vec<&PaymentRow> = payments.iter().filter(|p| p.amount == amount).collect();
+        let listed = cs
+            .iter()
+            .map(|c| describe(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if cs.len() > 1 {
+            violation(
+                "double charge",
+                format!(
+                    "{name}: {} charges at the processor: {listed}; {} payment(s) record {}",
+                    cs.len(),
+                    ps.len(),
+                    ps.iter()
+                        .map(|p| format!("{} → {}", p.id, p.charge.as_deref().unwrap_or("-")))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+        if ps.len() > 1 {
+            violation("double payment", format!("{name}: {} payments", ps.len()));
+        }
+        match &answers[k] {
+            None => violation(
+                "no final answer",
+                format!("{name}: no final answer within a minute after the faults ended"),
+            ),
+            Some(answer) if matches!(answer.status, 201 | 402) => {
+                let recorded = ps.len() == 1
+                    && cs.len() == 1
+                    && ps[0].charge.as_deref() == Some(cs[0].id.as_str())
+                    && answer.id.as_deref() == Some(ps[0].id.as_str());
+                if !recorded && cs.len() <= 1 {
+                    violation(
+                        "ledger mismatch",
+                        format!(
+                            "{name}: answered {answer}, yet charges [{listed}] and payments [{}]",
+                            ps.iter()
+                                .map(|p| p.id.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
+                }
+            }
+            Some(answer) => {
+                if !cs.is_empty() || !ps.is_empty() {
+                    violation(
+                        "refused but charged",
+                        format!(
+                            "{name}: answered {answer}, yet {} charge(s) [{listed}] and {} payment(s)",
+                            cs.len(),
+                            ps.len()
+                        ),
+                    );
+                }
+            }
+        }
+        // Refunds and disputes, on the payment and its charge when both are there once.
+        let (Some(p), Some(c)) = (
+            ps.first(),
+            cs.iter()
+                .find(|c| Some(&c.id) == ps.first().and_then(|p| p.charge.as_ref())),
+        ) else {
+            continue;
+        };
+        let ours = our_refunds.get(&p.id).copied().unwrap_or_default();
+        let theirs = their_refunds.get(&c.id).copied().unwrap_or_default();
+        if ours != theirs || p.amount_refunded != ours.1 || c.amount_refunded != theirs.1 {
+            violation(
+                if theirs.0 > ours.0 {
+                    "double refund"
+                } else {
+                    "refund mismatch"
+                },
+                format!(
+                    "{name}: payment {} has {} refund(s) of {} in all (amount_refunded {}); \
+                     charge {} has {} of {} (amount_refunded {})",
+                    p.id,
+                    ours.0,
+                    ours.1,
+                    p.amount_refunded,
+                    c.id,
+                    theirs.0,
+                    theirs.1,
+                    c.amount_refunded
+                ),
+            );
+        }
+        let ours = our_disputes.get(&p.id).copied().unwrap_or_default();
+        let theirs = their_disputes.get(&c.id).copied().unwrap_or_default();
+        if ours != theirs || p.amount_disputed != c.amount_disputed {
+            violation(
+                if theirs.0 > ours.0 {
+                    "dispute lost"
+                } else {
+                    "dispute mismatch"
+                },
+                format!(
+                    "{name}: payment {} has {} dispute(s) of {} (amount_disputed {}); charge {} \
+                     has {} of {} (amount_disputed {})",
+                    p.id,
+                    ours.0,
+                    ours.1,
+                    p.amount_disputed,
+                    c.id,
+                    theirs.0,
+                    theirs.1,
+                    c.amount_disputed
+                ),
+            );
+        }
+        if p.amount_refunded + p.amount_disputed > p.amount {
+            violation(
+                "over the amount",
+                format!(
+                    "{name}: refunded {} and disputed {} of {}",
+                    p.amount_refunded, p.amount_disputed, p.amount
+                ),
+            );
+        }
+    }
+    for charge in charges.iter().filter(|c| !amounts.contains(&c.amount)) {
+        violation(
+            "stray charge",
+            format!("no intent has its amount: {}", describe(charge)),
+        );
+    }
+    for (k, intent) in s.plan.intents.iter().enumerate() {
+        if matches!(intent.want, Want::Refund { .. }) && answers[k].is_none() {
+            violation(
+                "no final answer",
+                format!("intent {k} (refund, key {}): none", s.key(k)),
+            );
+        }
+    }
+
+    let stuck: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT idem_key, scope, recovery_point FROM idempotency_keys
+         WHERE status = 'in_progress' AND scope NOT LIKE 'processor:%' ORDER BY idem_key",
+    )
+    .fetch_all(&s.db)
+    .await
+    .expect("the keys");
+    for (key, scope, point) in stuck {
+        violation(
+            "key left in progress",
+            format!(
+                "{key} ({scope}) at {} after every intent was answered",
+                point.as_deref().unwrap_or("no recovery point")
+            ),
+        );
+    }
+
+    let url = s.db.connect_options().get_database().map(|database| {
+        format!(
+            "postgres://postgres:postgres@127.0.0.1:{}/{database}",
+            s.db.connect_options().get_port()
+        )
+    });
+    let reconciled = idempay(
+        &["reconcile"],
+        &[
+            ("DATABASE_URL", url.as_deref().unwrap_or_default()),
+            ("IDEMPAY_PROCESSOR_URL", &s.processor_address),
+            ("IDEMPAY_PROCESSOR_API_KEY", PROCESSOR_KEY),
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&reconciled.stdout);
+    s.timeline.log(format!(
+        "reconcile: {}",
+        stdout.lines().last().unwrap_or("")
+    ));
+    if !reconciled.status.success() {
+        violation(
+            "reconcile",
+            format!(
+                "`idempay reconcile` exited {}: {}{}",
+                reconciled.status,
+                stdout.trim_end().replace('\n', "; "),
+                String::from_utf8_lossy(&reconciled.stderr).trim_end()
+            ),
+        );
+    }
+    broken
+}

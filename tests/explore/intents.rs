@@ -1,0 +1,326 @@
+//! The clients: each intent sent with `idempay::client` (one key per intent, the same body on
+//! every retry) over the instances, the cardholder's bank opening disputes at the processor, and
+//! processor events delivered again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idempay::client::{AttemptResult, Client, ClientError, NewPayment, NewRefund, RetryPolicy};
+use serde_json::{Value, json};
+
+use crate::plan::{Rng, Want};
+use crate::run::{Answer, PROCESSOR_KEY, Schedule};
+
+/// The retrying client of the fault phase: its deadline is short, so that an intent whose
+/// instance is down moves to another one; the final phase gives each a minute.
+fn policy(deadline: Duration) -> RetryPolicy {
+    RetryPolicy {
+        base_delay: Duration::from_millis(100),
+        max_delay: Duration::from_secs(1),
+        attempt_timeout: Duration::from_secs(15),
+        deadline,
+    }
+}
+
+/// One call of intent `k` (a payment or a refund) through instance `instance`, retried by the
+/// client until a final answer or `deadline`. `None`: no final answer (outcome unknown, or not
+/// sent), and the intent is tried again.
+pub async fn send(
+    s: &Arc<Schedule>,
+    k: usize,
+    instance: usize,
+    deadline: Duration,
+) -> Option<Answer> {
+    let intent = &s.plan.intents[k];
+    let observer = {
+        let s = Arc::clone(s);
+        move |attempt: &idempay::client::Attempt| {
+            let result = match attempt.result {
+                AttemptResult::NotSent => "not sent".to_owned(),
+                AttemptResult::NoAnswer => "no answer".to_owned(),
+                AttemptResult::Status { status, .. } => status.to_string(),
+            };
+            let next = attempt
+                .retry_in
+                .map_or(String::new(), |delay| format!(", retry in {delay:.1?}"));
+            s.timeline.log(format!(
+                "  intent {k} @i{instance} attempt {}: {result}{next}",
+                attempt.number
+            ));
+        }
+    };
+    let client = Client::new(s.instance_address(instance), &s.api_key)
+        .with_policy(policy(deadline))
+        .on_attempt(observer);
+    let key = Some(s.key(k));
+    let (what, result) = match &intent.want {
+        Want::Pay { amount, method } => {
+            let payment = NewPayment {
+                amount: *amount,
+                currency: "eur".to_owned(),
+                payment_method: Some((*method).to_owned()),
+                ..NewPayment::default()
+            };
+            let result = client.create_payment(&payment, key).await;
+            (format!("pay {amount}"), answer(result, |p| p.id.clone()))
+        }
+        Want::Refund { of, amount } => {
+            let payment = s.answer(*of)?.id?;
+            let refund = NewRefund {
+                amount: Some(*amount),
+                reason: None,
+            };
+            let result = client.refund_payment(&payment, &refund, key).await;
+            (
+                format!("refund {amount} of intent {of} ({payment})"),
+                answer(result, |r| r.id.clone()),
+            )
+        }
+        Want::Dispute { .. } => unreachable!("disputes are not sent to idempay"),
+    };
+    match result {
+        Ok(answer) => {
+            s.timeline
+                .log(format!("intent {k} {what} @i{instance} → {answer}"));
+            Some(answer)
+        }
+        Err(why) => {
+            s.timeline.log(format!(
+                "intent {k} {what} @i{instance} → no final answer: {why}"
+            ));
+            None
+        }
+    }
+}
+
+/// A client's result as a final answer, or why it is none.
+fn answer<T>(
+    result: Result<idempay::client::Answer<T>, ClientError>,
+    id: impl Fn(&T) -> String,
+) -> Result<Answer, String> {
+    match result {
+        Ok(answer) => Ok(Answer {
+            status: answer.status,
+            problem: None,
+            id: Some(id(&answer.value)),
+            replayed: answer.replayed,
+        }),
+        Err(ClientError::Api {
+            problem, replayed, ..
+        }) => Ok(Answer {
+            status: problem.status,
+            id: problem
+                .extensions
+                .get("payment")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            problem: Some(problem.type_uri),
+            replayed,
+        }),
+        Err(ClientError::Unexpected { status, body }) => Ok(Answer {
+            status,
+            problem: Some(format!("undocumented answer: {body}")),
+            id: None,
+            replayed: false,
+        }),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// Intent `k` during the fault phase: sent at its time, to its instance first, then to others
+/// while it has no final answer, until the phase ends.
+pub async fn during_faults(s: Arc<Schedule>, k: usize) {
+    let intent = s.plan.intents[k].clone();
+    tokio::time::sleep_until((s.started + intent.at).into()).await;
+    let mut rng = Rng::new(s.plan.seed ^ (k as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
+    let mut instance = intent.instance;
+    match intent.want {
+        Want::Pay { .. } | Want::Refund { .. } => {
+            if let Want::Refund { of, .. } = intent.want {
+                // A refund waits for its payment's answer: only a paid payment is refunded.
+                loop {
+                    match s.answer(of) {
+                        Some(paid) if paid.status == 201 => break,
+                        Some(_) => return s.skip(k, "its payment was not paid"),
+                        None if Instant::now() >= s.phase_end => return,
+                        None => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+            }
+            while Instant::now() < s.phase_end {
+                if let Some(answer) = send(&s, k, instance, Duration::from_secs(8)).await {
+                    s.set_answer(k, answer);
+                    return;
+                }
+                instance = rng.pick(s.plan.instances.len());
+            }
+        }
+        Want::Dispute { of, amount, early } => dispute(&s, k, of, amount, early, s.phase_end).await,
+    }
+}
+
+/// Opens the dispute of intent `k` at the processor, on the charge of payment intent `of`, as
+/// soon as that charge exists (whether idempay recorded it or not), until `until`; an `early`
+/// one waits for a charge idempay has not recorded, while the payment has no final answer.
+pub async fn dispute(
+    s: &Arc<Schedule>,
+    k: usize,
+    of: usize,
+    amount: i64,
+    early: bool,
+    until: Instant,
+) {
+    let Want::Pay { amount: paid, .. } = s.plan.intents[of].want else {
+        unreachable!("a dispute names a payment intent")
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("a client");
+    while Instant::now() < until {
+        if s.answer(of).is_some_and(|answer| answer.status != 201) {
+            return s.skip(k, "its payment was not paid");
+        }
+        let charge: Option<(String, bool)> = sqlx::query_as(
+            "SELECT c.id, EXISTS (SELECT FROM payments p WHERE p.charge = c.id)
+             FROM processor_charges c
+             WHERE c.amount = $1 AND c.status = 'succeeded' ORDER BY c.created_at LIMIT 1",
+        )
+        .bind(paid)
+        .fetch_optional(&s.db)
+        .await
+        .unwrap_or(None);
+        let Some((charge, recorded)) = charge else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if early && recorded && s.answer(of).is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        // Not keyed at the processor: a call whose answer was lost may have opened it.
+        let opened: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM processor_disputes WHERE charge_id = $1 AND amount = $2",
+        )
+        .bind(&charge)
+        .bind(amount)
+        .fetch_optional(&s.db)
+        .await
+        .unwrap_or(None);
+        if let Some(dispute) = opened {
+            return s.set_answer(k, Answer::made(dispute));
+        }
+        let sent = http
+            .post(format!(
+                "{}/v1/charges/{charge}/disputes",
+                s.processor_address
+            ))
+            .bearer_auth(PROCESSOR_KEY)
+            .json(&json!({ "amount": amount }))
+            .send()
+            .await;
+        match sent {
+            Ok(response) if response.status() == 201 => {
+                let body: Value = response.json().await.unwrap_or_default();
+                let dispute = body["id"].as_str().unwrap_or_default().to_owned();
+                s.timeline.log(format!(
+                    "intent {k} dispute {amount} of intent {of}: {dispute} on {charge} at the \
+                     processor ({})",
+                    if recorded {
+                        "its payment recorded"
+                    } else {
+                        "its payment NOT recorded yet: an early event"
+                    }
+                ));
+                if !recorded {
+                    deliver_now(s, &dispute).await;
+                }
+                return s.set_answer(k, Answer::made(dispute));
+            }
+            Ok(response) => s.timeline.log(format!(
+                "intent {k} dispute on {charge}: {} {}",
+                response.status(),
+                response.text().await.unwrap_or_default()
+            )),
+            Err(error) => s
+                .timeline
+                .log(format!("intent {k} dispute on {charge}: {error}")),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Delivers the event of `dispute` from the processor's outbox to instance 0 at once, as a fast
+/// sender would: before idempay has recorded the charge it names. The outbox's own delivery of it
+/// follows, with the same `webhook-id`.
+async fn deliver_now(s: &Schedule, dispute: &str) {
+    let event: Option<(String, Vec<u8>)> = sqlx::query_as(
+        "SELECT event_id, body FROM webhook_deliveries
+         WHERE url LIKE '%/v1/webhooks/processor'
+           AND convert_from(body, 'UTF8')::jsonb -> 'data' ->> 'dispute' = $1",
+    )
+    .bind(dispute)
+    .fetch_optional(&s.db)
+    .await
+    .unwrap_or(None);
+    match event {
+        Some((id, body)) => deliver(s, &id, &body, 0).await,
+        None => s
+            .timeline
+            .log(format!("  the event of {dispute} is not in the outbox")),
+    }
+}
+
+/// Delivers one processor event, signed now, to an instance, and logs its answer.
+async fn deliver(s: &Schedule, id: &str, body: &[u8], instance: usize) {
+    let timestamp = chrono::Utc::now().timestamp();
+    let signature = s.secrets.sign(id, timestamp, body).expect("UTF-8 ids");
+    let kind = serde_json::from_slice::<Value>(body).unwrap_or_default()["type"].clone();
+    let sent = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/webhooks/processor",
+            s.instance_address(instance)
+        ))
+        .timeout(Duration::from_secs(5))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp)
+        .header("webhook-signature", signature)
+        .body(body.to_vec())
+        .send()
+        .await;
+    let outcome = match sent {
+        Ok(response) => format!(
+            "{} {}",
+            response.status().as_u16(),
+            response.text().await.unwrap_or_default()
+        ),
+        Err(error) => error.to_string(),
+    };
+    s.timeline
+        .log(format!("  delivered {id} ({kind}) @i{instance}: {outcome}"));
+}
+
+/// Sends `count` processor events already delivered once again, picked and ordered by `rng`
+/// (so some twice, most out of order), each to an instance `rng` picks, signed anew as a
+/// redelivery is.
+pub async fn redeliver(s: &Schedule, count: usize, rng: &mut Rng) {
+    let delivered: Vec<(String, Vec<u8>)> = match sqlx::query_as(
+        "SELECT event_id, body FROM webhook_deliveries
+         WHERE url LIKE '%/v1/webhooks/processor' AND delivered_at IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&s.db)
+    .await
+    {
+        Ok(rows) => rows,
+        Err(error) => return s.timeline.log(format!("  redelivery: {error}")),
+    };
+    if delivered.is_empty() {
+        return s.timeline.log("  redelivery: no event delivered yet");
+    }
+    for _ in 0..count {
+        let (id, body) = &delivered[rng.pick(delivered.len())];
+        let instance = rng.pick(s.plan.instances.len());
+        deliver(s, id, body, instance).await;
+    }
+}

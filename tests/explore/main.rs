@@ -1,0 +1,135 @@
+//! The fault-schedule explorer (`make explore`), in the spirit of Jepsen, FoundationDB's
+//! simulation and TigerBeetle's VOPR, on real processes: `idempay serve` instances, `idempay
+//! processor` on its own port, and PostgreSQL in a container.
+//!
+//! Each schedule is drawn from one seed ([`plan`]): payments, refunds and disputes sent by
+//! retrying clients over 1–3 instances, while the processor is slower than idempay waits, loses
+//! answers, fails, is killed and restarted, instances are killed and restarted, PostgreSQL
+//! restarts, recovery jobs tick and the processor's events arrive early, late, twice and out of
+//! order. Then every fault ends, every intent is driven to a final answer with its own key and
+//! body, and the invariants are checked ([`check`]). A failing schedule prints its seed, its
+//! timeline and the command that replays it.
+//!
+//! Settings (environment; `make explore SCHEDULES=N SEED=S` sets the first two):
+//! - `EXPLORE_SEED`: run seeds S, S+1, … only (a replay); unset, the regression seeds run first,
+//!   then seeds drawn from the clock.
+//! - `EXPLORE_SCHEDULES`: how many new seeds (default 5).
+//! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 200: with the last
+//!   schedule and its final drive, the run stays within 5 minutes).
+//! - `IDEMPAY_BIN`: the `idempay` binary to explore (default: this build's).
+//! - `EXPLORE_VERBOSE`: print the timeline of a schedule that passed too.
+
+mod check;
+mod intents;
+mod plan;
+mod run;
+mod world;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Seeds that found a bug (tests/README.md says which, on which commit): always run first, so a
+/// bug once found stays found. At c29504d, 4, 5 and 12 found double charges (defect 1 of issue
+/// 29) and 6 lost disputes (defect 2).
+const REGRESSION_SEEDS: &[u64] = &[4, 5, 6, 12];
+
+fn setting(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value}: not a whole number")),
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let schedules = setting("EXPLORE_SCHEDULES").unwrap_or(5);
+    let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(200));
+    let seeds: Vec<u64> = match setting("EXPLORE_SEED") {
+        Some(seed) => (seed..seed + schedules).collect(),
+        None => {
+            let base = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_micros() as u64
+                % 1_000_000_000;
+            REGRESSION_SEEDS
+                .iter()
+                .copied()
+                .chain(base..base + schedules)
+                .collect()
+        }
+    };
+    eprintln!(
+        "explore: {} schedule(s), seeds {seeds:?}, binary {}, budget {budget:?}",
+        seeds.len(),
+        world::binary()
+    );
+    let started = Instant::now();
+    let postgres = Arc::new(world::Postgres::start().await);
+    let mut failed = Vec::new();
+    let mut ran = 0;
+    for &seed in &seeds {
+        if started.elapsed() > budget {
+            eprintln!(
+                "explore: the budget of {budget:?} is spent; {} schedule(s) not run",
+                seeds.len() - ran
+            );
+            break;
+        }
+        ran += 1;
+        let outcome = run::run(Arc::clone(&postgres), seed).await;
+        if outcome.violations.is_empty() {
+            if std::env::var_os("EXPLORE_VERBOSE").is_some() {
+                eprintln!("timeline (seed {seed}):\n{}", outcome.timeline);
+            }
+            eprintln!(
+                "explore: seed {seed} passed in {:.1?} ({})",
+                outcome.took, outcome.plan
+            );
+            continue;
+        }
+        let mut kinds = BTreeMap::<&str, usize>::new();
+        for violation in &outcome.violations {
+            *kinds.entry(violation.kind).or_default() += 1;
+        }
+        let kinds: Vec<String> = kinds
+            .iter()
+            .map(|(kind, count)| format!("{kind} ×{count}"))
+            .collect();
+        eprintln!(
+            "\n==== explore: seed {seed} FAILED in {:.1?}: {}\n{}\n\nviolations:",
+            outcome.took,
+            kinds.join(", "),
+            outcome.plan
+        );
+        for violation in &outcome.violations {
+            eprintln!("  - {violation}");
+        }
+        eprintln!(
+            "\ntimeline (seed {seed}):\n{}\nprocess logs: {}\nreplay: make explore SEED={seed} \
+             SCHEDULES=1\n====\n",
+            outcome.timeline,
+            outcome.logs.display()
+        );
+        failed.push(format!("seed {seed}: {}", kinds.join(", ")));
+    }
+    drop(postgres);
+    eprintln!(
+        "explore: {ran} schedule(s) in {:.1?}, {} failed",
+        started.elapsed(),
+        failed.len()
+    );
+    for line in &failed {
+        eprintln!("  {line}");
+    }
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
+}

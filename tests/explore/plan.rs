@@ -1,0 +1,361 @@
+//! A schedule, drawn from one seed before anything runs: the instances and their settings, the
+//! intents (payments, refunds, disputes) with when they are sent, and the faults with when they
+//! strike. The same seed always draws the same schedule; the processes' own timing, which no seed
+//! controls, decides the interleavings within it.
+
+use std::fmt;
+use std::time::Duration;
+
+/// SplitMix64: a tiny PRNG of our own, so a seed draws the same schedule whatever version of
+/// `rand` the lock file holds.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `low..=high`.
+    pub fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(self.range(low, high))
+    }
+
+    pub fn pick(&mut self, n: usize) -> usize {
+        self.range(0, n as u64 - 1) as usize
+    }
+}
+
+/// One `idempay serve` instance's settings.
+#[derive(Clone, Debug)]
+pub struct InstancePlan {
+    /// `IDEMPAY_RECOVERY_INTERVAL`: short ones tick during the faults, `1h` never does.
+    pub recovery_interval: &'static str,
+}
+
+/// What a client wants done, once.
+#[derive(Clone, Debug)]
+pub enum Want {
+    /// A payment of a unique amount (so that the processor's charges are matched to their intent
+    /// by amount, whatever downstream key made them).
+    Pay { amount: i64, method: &'static str },
+    /// A refund of the payment of intent `of`, once it is paid.
+    Refund { of: usize, amount: i64 },
+    /// A dispute the cardholder's bank opens at the processor on the charge of intent `of`, as
+    /// soon as the charge exists. An `early` one waits for a moment when idempay has not recorded
+    /// the charge yet (its answer slower than idempay waits), as long as the payment has no final
+    /// answer: its event arrives before the object it names.
+    Dispute { of: usize, amount: i64, early: bool },
+}
+
+#[derive(Clone, Debug)]
+pub struct Intent {
+    pub at: Duration,
+    /// The instance the client tries first.
+    pub instance: usize,
+    pub want: Want,
+}
+
+/// A fault, or the end of one.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// The processor's faults from now on (`PUT /v1/test/faults`, and its environment when it
+    /// restarts); all zero ends an episode.
+    Processor {
+        latency_ms: u64,
+        lose_answers: f64,
+        fail: f64,
+    },
+    /// kill -9 of the processor, restarted on the same port after `down`.
+    KillProcessor { down: Duration },
+    /// kill -9 of an instance, restarted on the same port after `down`.
+    KillInstance { index: usize, down: Duration },
+    /// PostgreSQL stopped (fast shutdown) and started again.
+    RestartDatabase,
+    /// Processor events already delivered, sent again to a random instance in a shuffled order:
+    /// duplicates, late and out of order.
+    Redeliver { count: usize },
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Processor {
+                latency_ms,
+                lose_answers,
+                fail,
+            } => write!(
+                f,
+                "processor faults: latency {latency_ms}ms, lose_answers {lose_answers}, fail {fail}"
+            ),
+            Self::KillProcessor { down } => write!(f, "kill -9 processor (down {down:?})"),
+            Self::KillInstance { index, down } => {
+                write!(f, "kill -9 instance {index} (down {down:?})")
+            }
+            Self::RestartDatabase => f.write_str("restart PostgreSQL"),
+            Self::Redeliver { count } => write!(f, "redeliver {count} processor events"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub seed: u64,
+    pub instances: Vec<InstancePlan>,
+    /// `IDEMPAY_PROCESSOR_TIMEOUT` of every instance.
+    pub processor_timeout: Duration,
+    /// `IDEMPAY_LEASE` of the instances and the processor.
+    pub lease: &'static str,
+    /// How long the faults last; then every fault ends and every intent is driven to its answer.
+    pub duration: Duration,
+    pub intents: Vec<Intent>,
+    /// Sorted by time.
+    pub faults: Vec<(Duration, Fault)>,
+}
+
+impl Plan {
+    pub fn draw(seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let instances = (0..rng.range(1, 3))
+            .map(|_| InstancePlan {
+                recovery_interval: ["1s", "2s", "1h"][rng.pick(3)],
+            })
+            .collect::<Vec<_>>();
+        let processor_timeout = rng.millis(600, 1500);
+        let lease = ["3s", "5s"][rng.pick(2)];
+        let duration = rng.millis(12_000, 18_000);
+        let within = |rng: &mut Rng, from: Duration, to: Duration| {
+            let to = to.min(duration);
+            if to <= from {
+                return from;
+            }
+            from + rng.millis(0, (to - from).as_millis() as u64)
+        };
+
+        let mut faults = Vec::new();
+        let timeout_ms = processor_timeout.as_millis() as u64;
+        // Episodes of a slow processor: slower than idempay waits, so the charges idempay gives
+        // up on commit afterwards. The faults that matter most come with them.
+        for _ in 0..rng.range(1, 2) {
+            let start = within(&mut rng, Duration::ZERO, duration.mul_f64(0.6));
+            let end = within(
+                &mut rng,
+                start + Duration::from_secs(3),
+                start + Duration::from_secs(8),
+            );
+            let lose_answers = if rng.chance(0.3) {
+                rng.range(2, 5) as f64 / 10.0
+            } else {
+                0.0
+            };
+            let fail = if rng.chance(0.2) {
+                rng.range(1, 3) as f64 / 10.0
+            } else {
+                0.0
+            };
+            let latency_ms = if rng.chance(0.85) {
+                rng.range(timeout_ms + 300, 3500)
+            } else {
+                0
+            };
+            faults.push((
+                start,
+                Fault::Processor {
+                    latency_ms,
+                    lose_answers,
+                    fail,
+                },
+            ));
+            faults.push((
+                end,
+                Fault::Processor {
+                    latency_ms: 0,
+                    lose_answers: 0.0,
+                    fail: 0.0,
+                },
+            ));
+            // The processor killed once the episode's charges commit (a latency after they were
+            // asked for): before some commit and after others, whose answers idempay lacks.
+            if rng.chance(0.8) {
+                let latency = Duration::from_millis(latency_ms);
+                let at = within(&mut rng, start + latency, end + latency);
+                faults.push((
+                    at,
+                    Fault::KillProcessor {
+                        down: rng.millis(1000, 4000),
+                    },
+                ));
+            }
+        }
+        if rng.chance(0.3) {
+            let at = within(&mut rng, Duration::ZERO, duration);
+            faults.push((
+                at,
+                Fault::KillProcessor {
+                    down: rng.millis(500, 3000),
+                },
+            ));
+        }
+        for _ in 0..rng.range(0, 2) {
+            let at = within(&mut rng, Duration::ZERO, duration);
+            let index = rng.pick(instances.len());
+            faults.push((
+                at,
+                Fault::KillInstance {
+                    index,
+                    down: rng.millis(300, 3000),
+                },
+            ));
+        }
+        if rng.chance(0.25) {
+            let at = within(&mut rng, Duration::from_secs(2), duration);
+            faults.push((at, Fault::RestartDatabase));
+        }
+        for _ in 0..rng.range(0, 2) {
+            let at = within(&mut rng, Duration::from_secs(3), duration);
+            faults.push((
+                at,
+                Fault::Redeliver {
+                    count: rng.range(2, 6) as usize,
+                },
+            ));
+        }
+        // The episodes (from, to) when the processor is slower than idempay waits.
+        let episodes: Vec<(Duration, Duration)> = faults
+            .iter()
+            .filter_map(|(at, fault)| match fault {
+                Fault::Processor { latency_ms, .. } if *latency_ms > timeout_ms => Some(*at),
+                _ => None,
+            })
+            .map(|start| {
+                let end = faults
+                    .iter()
+                    .filter(|(at, fault)| *at > start && matches!(fault, Fault::Processor { .. }))
+                    .map(|(at, _)| *at)
+                    .min()
+                    .unwrap_or(duration);
+                (start, end)
+            })
+            .collect();
+        let slow = |at: Duration| {
+            episodes
+                .iter()
+                .any(|(start, end)| (*start..*end).contains(&at))
+        };
+        let mut intents = Vec::new();
+        let payments = rng.range(8, 14) as usize;
+        for n in 0..payments {
+            // Half of them meet a slow processor: the charges whose answer idempay gives up on.
+            let at = match episodes.get(rng.pick(episodes.len().max(1))) {
+                Some((start, end)) if rng.chance(0.5) => within(&mut rng, *start, *end),
+                _ => within(&mut rng, Duration::ZERO, duration.mul_f64(0.8)),
+            };
+            let method = if rng.chance(0.1) {
+                "pm_card_chargeDeclined"
+            } else {
+                "pm_card_visa"
+            };
+            intents.push(Intent {
+                at,
+                instance: rng.pick(instances.len()),
+                want: Want::Pay {
+                    // Unique per intent: 1000, 1010, 1020… plus a few units.
+                    amount: 1000 + 10 * n as i64 + rng.range(0, 9) as i64,
+                    method,
+                },
+            });
+        }
+        for of in 0..payments {
+            let (paid_at, amount) = match intents[of] {
+                Intent {
+                    at,
+                    want: Want::Pay { amount, .. },
+                    ..
+                } => (at, amount),
+                _ => unreachable!(),
+            };
+            // Refund and dispute a quarter at most each: both fit beside each other.
+            if rng.chance(0.35) {
+                intents.push(Intent {
+                    at: within(&mut rng, paid_at, paid_at + Duration::from_secs(6)),
+                    instance: rng.pick(instances.len()),
+                    want: Want::Refund {
+                        of,
+                        amount: rng.range(1, amount as u64 / 4) as i64,
+                    },
+                });
+            }
+            if rng.chance(0.25) {
+                intents.push(Intent {
+                    at: within(&mut rng, paid_at, paid_at + Duration::from_secs(5)),
+                    instance: 0,
+                    want: Want::Dispute {
+                        of,
+                        amount: rng.range(1, amount as u64 / 4) as i64,
+                        // Early when the payment meets a slow processor: its charge commits
+                        // after idempay gave up, and stays unrecorded until the next retry.
+                        early: slow(paid_at) && rng.chance(0.8),
+                    },
+                });
+            }
+        }
+
+        faults.sort_by_key(|(at, _)| *at);
+        Self {
+            seed,
+            instances,
+            processor_timeout,
+            lease,
+            duration,
+            intents,
+            faults,
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let recovery: Vec<&str> = self
+            .instances
+            .iter()
+            .map(|instance| instance.recovery_interval)
+            .collect();
+        let count = |kind: fn(&Want) -> bool| {
+            self.intents
+                .iter()
+                .filter(|intent| kind(&intent.want))
+                .count()
+        };
+        write!(
+            f,
+            "{} instance(s) (recovery every {}), processor timeout {:?}, lease {}, {} payments, \
+             {} refunds, {} disputes, {} faults over {:?}",
+            self.instances.len(),
+            recovery.join("/"),
+            self.processor_timeout,
+            self.lease,
+            count(|want| matches!(want, Want::Pay { .. })),
+            count(|want| matches!(want, Want::Refund { .. })),
+            count(|want| matches!(want, Want::Dispute { .. })),
+            self.faults.len(),
+            self.duration,
+        )
+    }
+}

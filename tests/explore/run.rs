@@ -1,0 +1,485 @@
+//! One schedule, start to end: a fresh database, the processor and the instances started, the
+//! intents and the faults let loose for the plan's duration, every fault ended, every intent driven
+//! to a final answer, and the invariants checked.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idempay::webhooks::WebhookSecrets;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::check::{self, Violation};
+use crate::intents;
+use crate::plan::{Fault, Plan, Rng, Want};
+use crate::world::{Postgres, Process, Ready, free_port, idempay};
+
+/// The processor's API key, shared by it, the instances and `reconcile`.
+pub const PROCESSOR_KEY: &str = "pk_explore";
+
+/// What happened, when, as one list of timestamped lines.
+pub struct Timeline {
+    lines: Mutex<Vec<(Instant, String)>>,
+}
+
+impl Timeline {
+    pub fn log(&self, line: impl Into<String>) {
+        self.lines
+            .lock()
+            .unwrap()
+            .push((Instant::now(), line.into()));
+    }
+
+    /// The lines, timed from `zero` (the start of the faults: the setup's lines come before it).
+    pub fn render(&self, zero: Instant) -> String {
+        let mut lines = self.lines.lock().unwrap().clone();
+        lines.sort_by_key(|(at, _)| *at);
+        lines
+            .iter()
+            .map(|(at, line)| {
+                let seconds = if *at >= zero {
+                    (*at - zero).as_secs_f64()
+                } else {
+                    -(zero - *at).as_secs_f64()
+                };
+                format!("  {seconds:>+8.3}s {line}\n")
+            })
+            .collect()
+    }
+}
+
+/// The final answer of an intent.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub status: u16,
+    /// The problem's type, for a refusal.
+    pub problem: Option<String>,
+    /// The payment, refund or dispute it made or names.
+    pub id: Option<String>,
+    pub replayed: bool,
+}
+
+impl Answer {
+    /// A dispute opened at the processor.
+    pub fn made(dispute: String) -> Self {
+        Self {
+            status: 201,
+            problem: None,
+            id: Some(dispute),
+            replayed: false,
+        }
+    }
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.status)?;
+        if let Some(problem) = &self.problem {
+            write!(f, " {problem}")?;
+        }
+        if let Some(id) = &self.id {
+            write!(f, " {id}")?;
+        }
+        if self.replayed {
+            f.write_str(" (replayed)")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a schedule's tasks share.
+pub struct Schedule {
+    pub plan: Plan,
+    pub timeline: Timeline,
+    pub started: Instant,
+    pub phase_end: Instant,
+    pub api_key: String,
+    pub secrets: WebhookSecrets,
+    pub db: PgPool,
+    pub processor_address: String,
+    instance_ports: Vec<u16>,
+    answers: Mutex<Vec<Option<Answer>>>,
+    processor: AsyncMutex<Process>,
+    instances: Vec<AsyncMutex<Process>>,
+    /// The processor's faults in force: given to it again when it restarts.
+    faults: Mutex<(u64, f64, f64)>,
+    postgres: Arc<Postgres>,
+}
+
+impl Schedule {
+    pub fn instance_address(&self, index: usize) -> String {
+        format!("http://127.0.0.1:{}", self.instance_ports[index])
+    }
+
+    /// The idempotency key of intent `k`.
+    pub fn key(&self, k: usize) -> String {
+        format!("explore-{}-{k}", self.plan.seed)
+    }
+
+    pub fn answer(&self, k: usize) -> Option<Answer> {
+        self.answers.lock().unwrap()[k].clone()
+    }
+
+    pub fn set_answer(&self, k: usize, answer: Answer) {
+        self.answers.lock().unwrap()[k] = Some(answer);
+    }
+
+    /// Intent `k` has nothing to do: its payment was refused or declined.
+    pub fn skip(&self, k: usize, why: &str) {
+        self.timeline.log(format!("intent {k} skipped: {why}"));
+        self.set_answer(
+            k,
+            Answer {
+                status: 0,
+                problem: Some(format!("skipped: {why}")),
+                id: None,
+                replayed: false,
+            },
+        );
+    }
+
+    fn processor_fault_env(&self) -> Vec<(String, String)> {
+        let (latency, lose, fail) = *self.faults.lock().unwrap();
+        vec![
+            ("IDEMPAY_PROCESSOR_LATENCY".into(), format!("{latency}ms")),
+            ("IDEMPAY_PROCESSOR_LOSE_ANSWERS".into(), lose.to_string()),
+            ("IDEMPAY_PROCESSOR_FAIL".into(), fail.to_string()),
+        ]
+    }
+
+    /// Gives the running processor the faults in force.
+    async fn put_faults(&self) {
+        let (latency_ms, lose_answers, fail) = *self.faults.lock().unwrap();
+        let put = reqwest::Client::new()
+            .put(format!("{}/v1/test/faults", self.processor_address))
+            .bearer_auth(PROCESSOR_KEY)
+            .timeout(Duration::from_secs(3))
+            .json(&serde_json::json!({
+                "latency_ms": latency_ms, "lose_answers": lose_answers, "fail": fail
+            }))
+            .send()
+            .await;
+        if let Err(error) = put.and_then(|response| response.error_for_status()) {
+            self.timeline
+                .log(format!("  the processor's faults not set: {error}"));
+        }
+    }
+
+    async fn start_processor(&self) {
+        let env = self.processor_fault_env();
+        let mut processor = self.processor.lock().await;
+        if processor.is_up() {
+            return;
+        }
+        match processor.start(&env).await {
+            Ok(()) => self.timeline.log("  processor up"),
+            Err(error) => self.timeline.log(format!("  processor NOT up: {error}")),
+        }
+    }
+
+    async fn start_instance(&self, index: usize) {
+        let mut instance = self.instances[index].lock().await;
+        if instance.is_up() {
+            return;
+        }
+        match instance.start(&[]).await {
+            Ok(()) => self.timeline.log(format!("  instance {index} up")),
+            Err(error) => self
+                .timeline
+                .log(format!("  instance {index} NOT up: {error}")),
+        }
+    }
+
+    /// Strikes one fault; a killed process is restarted by a task of its own after its downtime.
+    async fn strike(
+        self: &Arc<Self>,
+        fault: &Fault,
+        rng: &mut Rng,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        self.timeline.log(format!("FAULT {fault}"));
+        match *fault {
+            Fault::Processor {
+                latency_ms,
+                lose_answers,
+                fail,
+            } => {
+                *self.faults.lock().unwrap() = (latency_ms, lose_answers, fail);
+                if self.processor.lock().await.is_up() {
+                    self.put_faults().await;
+                }
+                None
+            }
+            Fault::KillProcessor { down } => {
+                let mut processor = self.processor.lock().await;
+                if !processor.is_up() {
+                    self.timeline.log("  the processor is down already");
+                    return None;
+                }
+                processor.kill().await;
+                let s = Arc::clone(self);
+                Some(tokio::spawn(async move {
+                    tokio::time::sleep(down).await;
+                    s.start_processor().await;
+                }))
+            }
+            Fault::KillInstance { index, down } => {
+                let mut instance = self.instances[index].lock().await;
+                if !instance.is_up() {
+                    self.timeline.log("  the instance is down already");
+                    return None;
+                }
+                instance.kill().await;
+                let s = Arc::clone(self);
+                Some(tokio::spawn(async move {
+                    tokio::time::sleep(down).await;
+                    s.start_instance(index).await;
+                }))
+            }
+            Fault::RestartDatabase => {
+                match self.postgres.restart().await {
+                    Ok(()) => self.timeline.log("  PostgreSQL up"),
+                    Err(error) => self.timeline.log(format!("  PostgreSQL: {error}")),
+                }
+                None
+            }
+            Fault::Redeliver { count } => {
+                intents::redeliver(self, count, rng).await;
+                None
+            }
+        }
+    }
+}
+
+/// The outcome of one schedule.
+pub struct Outcome {
+    pub plan: Plan,
+    pub violations: Vec<Violation>,
+    pub timeline: String,
+    pub logs: PathBuf,
+    pub took: Duration,
+}
+
+pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
+    let begun = Instant::now();
+    let plan = Plan::draw(seed);
+    let database = format!("explore_{seed}");
+    postgres.create_database(&database).await;
+    let url = postgres.url(&database);
+    let migrated = idempay(&["migrate"], &[("DATABASE_URL", &url)]).await;
+    assert!(migrated.status.success(), "migrate: {migrated:?}");
+    let account = idempay(
+        &["account", "create", "--name", "explorer"],
+        &[("DATABASE_URL", &url)],
+    )
+    .await;
+    assert!(account.status.success(), "account create: {account:?}");
+    let api_key = String::from_utf8_lossy(&account.stdout)
+        .lines()
+        .last()
+        .expect("the API key")
+        .to_owned();
+    let logs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("explore/seed-{seed}"));
+    std::fs::remove_dir_all(&logs).ok();
+    std::fs::create_dir_all(&logs).expect("the logs' directory");
+
+    let secrets = WebhookSecrets::generate();
+    let processor_port = free_port();
+    let instance_ports: Vec<u16> = plan.instances.iter().map(|_| free_port()).collect();
+    let common = |name: &str, value: &str| (name.to_owned(), value.to_owned());
+    let processor = Process::new(
+        "processor",
+        &["processor"],
+        vec![
+            common("DATABASE_URL", &url),
+            common(
+                "IDEMPAY_PROCESSOR_LISTEN",
+                &format!("127.0.0.1:{processor_port}"),
+            ),
+            common("IDEMPAY_PROCESSOR_API_KEY", PROCESSOR_KEY),
+            common("IDEMPAY_LEASE", plan.lease),
+            common("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+            common("IDEMPAY_WEBHOOK_SECRET", &secrets.expose()),
+            common(
+                "IDEMPAY_PROCESSOR_WEBHOOK_URL",
+                &format!(
+                    "http://127.0.0.1:{}/v1/webhooks/processor",
+                    instance_ports[0]
+                ),
+            ),
+            // Every half second, for longer than any schedule: late, never given up.
+            common(
+                "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
+                &vec!["500ms"; 400].join(","),
+            ),
+            common("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", "2s"),
+        ],
+        processor_port,
+        &logs,
+        Ready::Processor {
+            api_key: PROCESSOR_KEY.to_owned(),
+        },
+    );
+    let processor_address = processor.address();
+    let instances = plan
+        .instances
+        .iter()
+        .zip(&instance_ports)
+        .enumerate()
+        .map(|(index, (settings, port))| {
+            AsyncMutex::new(Process::new(
+                &format!("instance-{index}"),
+                &["serve"],
+                vec![
+                    common("DATABASE_URL", &url),
+                    common("IDEMPAY_LISTEN", &format!("127.0.0.1:{port}")),
+                    common("IDEMPAY_PROCESSOR_URL", &processor_address),
+                    common("IDEMPAY_PROCESSOR_API_KEY", PROCESSOR_KEY),
+                    common(
+                        "IDEMPAY_PROCESSOR_TIMEOUT",
+                        &format!("{}ms", plan.processor_timeout.as_millis()),
+                    ),
+                    common("IDEMPAY_RECOVERY_INTERVAL", settings.recovery_interval),
+                    common("IDEMPAY_LEASE", plan.lease),
+                    common("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+                    common("IDEMPAY_WEBHOOK_SECRET", &secrets.expose()),
+                ],
+                *port,
+                &logs,
+                Ready::Readyz,
+            ))
+        })
+        .collect();
+    let db = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&url)
+        .await
+        .expect("the explorer's pool");
+    let intents = plan.intents.len();
+    let now = Instant::now();
+    let s = Arc::new(Schedule {
+        timeline: Timeline {
+            lines: Mutex::new(Vec::new()),
+        },
+        started: now,
+        phase_end: now,
+        api_key,
+        secrets,
+        db,
+        processor_address,
+        instance_ports,
+        answers: Mutex::new(vec![None; intents]),
+        processor: AsyncMutex::new(processor),
+        instances,
+        faults: Mutex::new((0, 0.0, 0.0)),
+        postgres,
+        plan,
+    });
+    s.timeline.log(format!("seed {seed}: {}", s.plan));
+    s.start_processor().await;
+    futures::future::join_all((0..s.instances.len()).map(|index| s.start_instance(index))).await;
+    // The schedule's clock starts once everything runs.
+    let s = {
+        let mut owned = Arc::into_inner(s).expect("no other owner yet");
+        owned.started = Instant::now();
+        owned.phase_end = owned.started + owned.plan.duration;
+        Arc::new(owned)
+    };
+    let database_epoch: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&s.db)
+        .await
+        .ok();
+    s.timeline.log("faults and intents begin");
+
+    let clients: Vec<_> = (0..intents)
+        .map(|k| tokio::spawn(intents::during_faults(Arc::clone(&s), k)))
+        .collect();
+    let faults = {
+        let s = Arc::clone(&s);
+        tokio::spawn(async move {
+            let mut rng = Rng::new(s.plan.seed.rotate_left(17) ^ 0xFA17);
+            let mut restarts = Vec::new();
+            for (at, fault) in s.plan.faults.clone() {
+                tokio::time::sleep_until((s.started + at).into()).await;
+                restarts.extend(s.strike(&fault, &mut rng).await);
+            }
+            for restart in restarts {
+                restart.await.ok();
+            }
+        })
+    };
+    faults.await.expect("the faults task");
+    tokio::time::sleep_until(s.phase_end.into()).await;
+
+    // Every fault ends: the processor healthy, every process up.
+    s.timeline
+        .log("END OF FAULTS: the processor healthy, every process up");
+    *s.faults.lock().unwrap() = (0, 0.0, 0.0);
+    s.start_processor().await;
+    s.put_faults().await;
+    futures::future::join_all((0..s.instances.len()).map(|index| s.start_instance(index))).await;
+    for client in clients {
+        client.await.expect("an intent's task");
+    }
+
+    // Every intent driven to a final answer: payments, then the refunds of those paid, then the
+    // disputes.
+    s.timeline
+        .log("FINAL: every intent driven to a final answer");
+    let open = |s: &Schedule, kind: fn(&Want) -> bool| -> Vec<usize> {
+        (0..intents)
+            .filter(|k| kind(&s.plan.intents[*k].want) && s.answer(*k).is_none())
+            .collect()
+    };
+    let n = s.plan.instances.len();
+    let last_chance = Duration::from_secs(60);
+    let drive = |k: usize| {
+        let s = Arc::clone(&s);
+        async move {
+            if let Want::Refund { of, .. } = s.plan.intents[k].want {
+                if s.answer(of).is_none_or(|paid| paid.status != 201) {
+                    return s.skip(k, "its payment was not paid");
+                }
+            }
+            if let Some(answer) = intents::send(&s, k, k % n, last_chance).await {
+                s.set_answer(k, answer);
+            }
+        }
+    };
+    let payments = open(&s, |want| matches!(want, Want::Pay { .. }));
+    futures::future::join_all(payments.into_iter().map(drive)).await;
+    let refunds = open(&s, |want| matches!(want, Want::Refund { .. }));
+    futures::future::join_all(refunds.into_iter().map(drive)).await;
+    let disputes = open(&s, |want| matches!(want, Want::Dispute { .. }));
+    futures::future::join_all(disputes.into_iter().map(|k| {
+        let s = Arc::clone(&s);
+        async move {
+            if let Want::Dispute { of, amount, .. } = s.plan.intents[k].want {
+                let until = Instant::now() + Duration::from_secs(10);
+                intents::dispute(&s, k, of, amount, false, until).await;
+            }
+        }
+    }))
+    .await;
+    check::until_events_delivered(&s).await;
+
+    let answers = s.answers.lock().unwrap().clone();
+    let violations = check::invariants(&s, &answers, database_epoch).await;
+    s.timeline
+        .log(format!("checked: {} violation(s)", violations.len()));
+    s.processor.lock().await.kill().await;
+    for instance in &s.instances {
+        instance.lock().await.kill().await;
+    }
+    s.db.close().await;
+    Outcome {
+        plan: s.plan.clone(),
+        violations,
+        timeline: s.timeline.render(s.started),
+        logs,
+        took: begun.elapsed(),
+    }
+}
