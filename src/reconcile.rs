@@ -6,7 +6,8 @@
 //!
 //! [`reconcile`] reads both ledgers once, then compares them one section at a time (payments with
 //! charges, refunds, disputes), each section a function adding its differences: another check is
-//! another section.
+//! another section. A key held for an operator (its call to the processor unsettled past the
+//! recovery window) is a difference too: the ledgers cannot agree until someone settles it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -78,6 +79,15 @@ pub enum Difference {
     },
     /// A dispute of a charged payment is not the processor's, or differs from it.
     DisputeMismatch { dispute: String, detail: String },
+    /// A key whose call to the processor stayed unsettled past the recovery window: nothing
+    /// resumes it by itself, and an operator settles it with the processor's ledger (which may
+    /// hold a charge or refund under its downstream key, also named above if so).
+    KeyHeld {
+        scope: String,
+        key: String,
+        downstream_key: Option<String>,
+        since: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 impl fmt::Display for Difference {
@@ -119,6 +129,18 @@ impl fmt::Display for Difference {
                 "processor dispute {dispute} ({amount}) of charge {charge} has no dispute"
             ),
             Self::DisputeMismatch { dispute, detail } => write!(f, "dispute {dispute}: {detail}"),
+            Self::KeyHeld {
+                scope,
+                key,
+                downstream_key,
+                since,
+            } => write!(
+                f,
+                "key {key:?} ({scope}) held for an operator since {}: its call to the processor \
+                 with downstream key {} has no known outcome",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                downstream_key.as_deref().unwrap_or("(none)"),
+            ),
         }
     }
 }
@@ -174,11 +196,21 @@ impl Theirs {
     }
 }
 
-/// idempay's ledger: the rows that name an object of the processor's.
+/// idempay's ledger: the rows that name an object of the processor's, and the keys whose call to
+/// it is held for an operator.
 struct Ours {
     payments: Vec<OurPayment>,
     refunds: Vec<OurRefund>,
     disputes: Vec<OurDispute>,
+    held: Vec<HeldKey>,
+}
+
+/// A key held for an operator (`status = 'held'`).
+struct HeldKey {
+    scope: String,
+    idem_key: String,
+    downstream_key: Option<String>,
+    held_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A payment with the charge that recorded it.
@@ -239,10 +271,21 @@ impl Ours {
         )
         .fetch_all(pool)
         .await?;
+        let held = sqlx::query_as!(
+            HeldKey,
+            r#"
+            SELECT scope, idem_key, downstream_key, held_at AS "held_at!"
+            FROM idempotency_keys WHERE status = 'held'
+            ORDER BY held_at
+            "#
+        )
+        .fetch_all(pool)
+        .await?;
         Ok(Self {
             payments,
             refunds,
             disputes,
+            held,
         })
     }
 }
@@ -255,6 +298,12 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
     payments_against_charges(&ours, &theirs, &mut differences);
     refunds_against_theirs(&ours.refunds, &theirs.refunds, &mut differences);
     disputes_against_theirs(&ours.disputes, &theirs.disputes, &mut differences);
+    differences.extend(ours.held.into_iter().map(|key| Difference::KeyHeld {
+        scope: key.scope,
+        key: key.idem_key,
+        downstream_key: key.downstream_key,
+        since: key.held_at,
+    }));
     Ok(Report {
         charges: theirs.charges.len(),
         payments: ours.payments.len(),

@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 13] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 14] = [
     (
         "FOR UPDATE SKIP LOCKED",
         "a background job's single-server form (expiry, recovery, delivery): on Citus its \
@@ -68,6 +68,10 @@ const ACROSS_ACCOUNTS: [(&str, &str); 13] = [
     (
         "FROM payments WHERE charge IS NOT NULL",
         "`idempay reconcile`: every payment, against the processor's ledger",
+    ),
+    (
+        "FROM idempotency_keys WHERE status = 'held'",
+        "`idempay reconcile`: every key held for an operator, over every account",
     ),
     (
         "FROM refunds WHERE processor_refund IS NOT NULL",

@@ -16,6 +16,7 @@ use idempay_test_macros::api_test;
 
 use super::two_hops::{
     assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
+    reconcile,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
@@ -94,6 +95,17 @@ async fn a_key_suspended_past_the_recovery_window_is_held_for_an_operator_and_ne
     assert!(
         metrics.contains(r#"idempay_idempotency_outcomes_total{outcome="held"}"#),
         "{metrics}"
+    );
+    // `idempay reconcile` names it, and exits 1 until an operator settles it.
+    let output = reconcile(&app, &processor).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "key {key:?} ({}:POST /v1/payments) held for an operator since",
+            app.account_id
+        )),
+        "{stdout}"
     );
     // Every later retry is answered the same, and still nothing is charged.
     let again = app.post_payment(&key, &payment(4200)).await;
