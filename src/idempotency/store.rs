@@ -10,11 +10,18 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{
-    EarlierCalls, ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest,
-    RecoveryBounds, RecoveryPoint, StoredResponse,
+    ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest, RecoveryPoint,
+    StoredResponse,
 };
 use crate::db::{Engine, Lot};
 use crate::http::error::ApiError;
+
+mod recovery;
+
+pub(super) use recovery::{
+    claim_recoverable, claim_recoverable_unlocked, clear_recovery_point, hold, hold_overdue,
+    hold_overdue_unlocked, record_recovery_point,
+};
 
 /// A key's `status` column: a request is working on it, or its response is stored, or its work
 /// stayed unsettled past the recovery window and waits for an operator.
@@ -314,33 +321,6 @@ pub(super) async fn take_over(
     }))
 }
 
-/// Holds a suspended key whose recovery point is older than `window` for an operator: nothing
-/// resumes it by itself from now on. `true` when this statement held it; `false` when the key is
-/// not such a key (any more: the decision then reads it again, and finds it held, say).
-pub(super) async fn hold(
-    pool: &PgPool,
-    owner: &str,
-    key_id: i64,
-    window: Duration,
-) -> Result<bool, sqlx::Error> {
-    let held = sqlx::query_scalar!(
-        r#"
-        UPDATE idempotency_keys
-        SET status = 'held', held_at = now(), lock_token = NULL, locked_until = NULL
-        WHERE account_id = $1 AND id = $2
-          AND status = 'in_progress' AND locked_until <= now() AND recovery_point IS NOT NULL
-          AND created_at <= now() - $3::bigint * interval '1 millisecond'
-        RETURNING id
-        "#,
-        owner,
-        key_id,
-        millis(window),
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(held.is_some())
-}
-
 /// Reserves an expired key anew for another payload, unless its row changed meanwhile; the
 /// database's time when it did.
 pub(super) async fn recycle(
@@ -540,224 +520,6 @@ pub(super) async fn release(
 }
 
 // -------------------------------------------------------------------------------------------
-// Recovery points: recorded before a call to another system, fenced by the token; claimed by the
-// recovery job once the lease that recorded them is dead.
-// -------------------------------------------------------------------------------------------
-
-/// Records `point` with `state` on the key held under `token`, and the downstream key
-/// (`downstream_key` unless the key already has one, which is kept); `None` when the key was taken
-/// over.
-pub(super) async fn record_recovery_point(
-    pool: &PgPool,
-    owner: &str,
-    key_id: i64,
-    token: Uuid,
-    point: &str,
-    state: &serde_json::Value,
-    downstream_key: &str,
-) -> Result<Option<RecoveryPoint>, sqlx::Error> {
-    let row = sqlx::query!(
-        r#"
-        UPDATE idempotency_keys
-        SET recovery_point = $3, recovery_state = $4,
-            downstream_key = COALESCE(downstream_key, $5)
-        WHERE account_id = $6 AND id = $1 AND lock_token = $2 AND status = 'in_progress'
-        RETURNING recovery_point AS "recovery_point!", recovery_state AS "recovery_state!",
-                  downstream_key AS "downstream_key!"
-        "#,
-        key_id,
-        token,
-        point,
-        state,
-        downstream_key,
-        owner,
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.map(|row| RecoveryPoint {
-        earlier_calls: EarlierCalls::of(&row.downstream_key, Some(downstream_key)),
-        name: row.recovery_point,
-        state: row.recovery_state,
-        downstream_key: row.downstream_key,
-    }))
-}
-
-/// Clears the key's recovery point (the downstream key stays with the row); `false` when the key
-/// was taken over.
-pub(super) async fn clear_recovery_point(
-    pool: &PgPool,
-    owner: &str,
-    key_id: i64,
-    token: Uuid,
-) -> Result<bool, sqlx::Error> {
-    let cleared = sqlx::query!(
-        r#"
-        UPDATE idempotency_keys SET recovery_point = NULL, recovery_state = NULL
-        WHERE account_id = $3 AND id = $1 AND lock_token = $2 AND status = 'in_progress'
-        "#,
-        key_id,
-        token,
-        owner,
-    )
-    .execute(pool)
-    .await?;
-    Ok(cleared.rows_affected() > 0)
-}
-
-/// A key the recovery job took over: everything needed to resume its work under a new lease.
-pub(super) struct Recoverable {
-    pub key_id: i64,
-    pub token: Uuid,
-    pub now: DateTime<Utc>,
-    pub scope: String,
-    pub idem_key: String,
-    pub fingerprint: Vec<u8>,
-    pub recovery: RecoveryPoint,
-}
-
-/// Takes over up to 20 in-progress keys whose lease is dead and whose work recorded one of
-/// the recovery points in `points`, each under a fresh token: the same conditional takeover a
-/// retry makes, so a retry arriving meanwhile and the job never both win a key. `SKIP LOCKED` lets
-/// several instances run the job at once without waiting on each other. The batch size is a
-/// literal, and the batch is locked once in `ARRAY(…)`, for the reasons given at [`expire_batch`];
-/// each key claimed is a call to another system, so batches stay small.
-pub(super) async fn claim_recoverable(
-    pool: &PgPool,
-    points: &[String],
-    lease: Duration,
-    bounds: &RecoveryBounds,
-) -> Result<Vec<Recoverable>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"
-        UPDATE idempotency_keys
-        SET lock_token = gen_random_uuid(),
-            locked_until = now() + $2::bigint * interval '1 millisecond',
-            takeovers = takeovers + 1,
-            recover_after = now() + LEAST($5::bigint,
-                $4::bigint * power(2, LEAST(recoveries, 30))::bigint) * interval '1 millisecond',
-            recoveries = recoveries + 1
-        WHERE ctid = ANY(ARRAY(
-            SELECT ctid FROM idempotency_keys
-            WHERE status = 'in_progress' AND recovery_point IS NOT NULL
-              AND locked_until <= now() AND recovery_point = ANY($1)
-              AND created_at > now() - $3::bigint * interval '1 millisecond'
-              AND (recover_after IS NULL OR recover_after <= now())
-            ORDER BY locked_until
-            LIMIT 20
-            FOR UPDATE SKIP LOCKED
-        ))
-          AND status = 'in_progress' AND locked_until <= now()
-        RETURNING id, lock_token AS "lock_token!", locked_until AS "locked_until!", scope, idem_key,
-                  request_hash, recovery_point AS "recovery_point!",
-                  recovery_state AS "recovery_state!", downstream_key AS "downstream_key!"
-        "#,
-        points,
-        millis(lease),
-        millis(bounds.window),
-        millis(bounds.first_backoff),
-        millis(bounds.longest_backoff),
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| Recoverable {
-            key_id: row.id,
-            token: row.lock_token,
-            now: granted_at(row.locked_until, lease),
-            scope: row.scope,
-            idem_key: row.idem_key,
-            fingerprint: row.request_hash,
-            recovery: RecoveryPoint {
-                name: row.recovery_point,
-                state: row.recovery_state,
-                downstream_key: row.downstream_key,
-                // Claimed from a suspended key: its holder may have called.
-                earlier_calls: EarlierCalls::Possible,
-            },
-        })
-        .collect())
-}
-
-/// Holds up to 100 suspended keys whose recovery point is older than the window for an operator,
-/// and returns the key ids it held. `SKIP LOCKED`, as the claim: instances running it at once
-/// share the work.
-pub(super) async fn hold_overdue(
-    pool: &PgPool,
-    window: Duration,
-) -> Result<Vec<HeldKey>, sqlx::Error> {
-    sqlx::query_as!(
-        HeldKey,
-        r#"
-        UPDATE idempotency_keys
-        SET status = 'held', held_at = now(), lock_token = NULL, locked_until = NULL
-        WHERE ctid = ANY(ARRAY(
-            SELECT ctid FROM idempotency_keys
-            WHERE status = 'in_progress' AND recovery_point IS NOT NULL
-              AND locked_until <= now()
-              AND created_at <= now() - $1::bigint * interval '1 millisecond'
-            LIMIT 100
-            FOR UPDATE SKIP LOCKED
-        ))
-          AND status = 'in_progress' AND locked_until <= now()
-        RETURNING id, scope, recovery_point AS "recovery_point!", downstream_key
-        "#,
-        millis(window),
-    )
-    .fetch_all(pool)
-    .await
-}
-
-/// [`hold_overdue`] for a distributed table: the batch read without locks, each key held by a
-/// statement routed to its node, with the conditions checked again.
-pub(super) async fn hold_overdue_unlocked(
-    pool: &PgPool,
-    window: Duration,
-) -> Result<Vec<HeldKey>, sqlx::Error> {
-    let batch = sqlx::query!(
-        r#"
-        SELECT account_id, id FROM idempotency_keys
-        WHERE status = 'in_progress' AND recovery_point IS NOT NULL
-          AND locked_until <= now()
-          AND created_at <= now() - $1::bigint * interval '1 millisecond'
-        LIMIT 100
-        "#,
-        millis(window),
-    )
-    .fetch_all(pool)
-    .await?;
-    let mut held = Vec::with_capacity(batch.len());
-    for candidate in batch {
-        let row = sqlx::query_as!(
-            HeldKey,
-            r#"
-            UPDATE idempotency_keys
-            SET status = 'held', held_at = now(), lock_token = NULL, locked_until = NULL
-            WHERE account_id = $1 AND id = $2
-              AND status = 'in_progress' AND locked_until <= now() AND recovery_point IS NOT NULL
-              AND created_at <= now() - $3::bigint * interval '1 millisecond'
-            RETURNING id, scope, recovery_point AS "recovery_point!", downstream_key
-            "#,
-            candidate.account_id,
-            candidate.id,
-            millis(window),
-        )
-        .fetch_optional(pool)
-        .await?;
-        held.extend(row);
-    }
-    Ok(held)
-}
-
-/// A key held for an operator, as the statement that held it returned it.
-pub(super) struct HeldKey {
-    pub id: i64,
-    pub scope: String,
-    pub recovery_point: String,
-    pub downstream_key: Option<String>,
-}
-
-// -------------------------------------------------------------------------------------------
 // Expire: batched, `SKIP LOCKED`, an index scan on `expires_at`.
 // -------------------------------------------------------------------------------------------
 
@@ -829,85 +591,10 @@ pub(super) async fn expire_batch_unlocked(pool: &PgPool) -> Result<u64, sqlx::Er
     Ok(deleted.rows_affected())
 }
 
-/// [`claim_recoverable`] for a distributed table: the candidates are read without locks, and the
-/// update claims those whose lease is still dead when it reaches them. Of two instances claiming
-/// the same key, the second waits on the first's row lock, then finds its lease alive and leaves it.
-pub(super) async fn claim_recoverable_unlocked(
-    pool: &PgPool,
-    points: &[String],
-    lease: Duration,
-    bounds: &RecoveryBounds,
-) -> Result<Vec<Recoverable>, sqlx::Error> {
-    let batch = sqlx::query!(
-        r#"
-        SELECT account_id, id, recoveries FROM idempotency_keys
-        WHERE status = 'in_progress' AND recovery_point IS NOT NULL
-          AND locked_until <= now() AND recovery_point = ANY($1)
-          AND created_at > now() - $2::bigint * interval '1 millisecond'
-          AND (recover_after IS NULL OR recover_after <= now())
-        ORDER BY locked_until
-        LIMIT 20
-        "#,
-        points,
-        millis(bounds.window),
-    )
-    .fetch_all(pool)
-    .await?;
-    if batch.is_empty() {
-        return Ok(Vec::new());
-    }
-    // One update per key, each routed to its node, with a token and a wait made here: Citus
-    // refuses a volatile function such as `gen_random_uuid()` in an update of a distributed table,
-    // and a stable one (`now()`) combined with a column (the count of tries the wait grows with).
-    let mut claimed = Vec::with_capacity(batch.len());
-    for candidate in batch {
-        let token = Uuid::new_v4();
-        let row = sqlx::query!(
-            r#"
-            UPDATE idempotency_keys
-            SET lock_token = $3,
-                locked_until = now() + $4::bigint * interval '1 millisecond',
-                takeovers = takeovers + 1,
-                recover_after = now() + $5::bigint * interval '1 millisecond',
-                recoveries = recoveries + 1
-            WHERE account_id = $1 AND id = $2
-              AND status = 'in_progress' AND locked_until <= now()
-            RETURNING id, locked_until AS "locked_until!", scope, idem_key, request_hash,
-                      recovery_point AS "recovery_point!", recovery_state AS "recovery_state!",
-                      downstream_key AS "downstream_key!"
-            "#,
-            candidate.account_id,
-            candidate.id,
-            token,
-            millis(lease),
-            millis(bounds.backoff(candidate.recoveries)),
-        )
-        .fetch_optional(pool)
-        .await?;
-        if let Some(row) = row {
-            claimed.push(Recoverable {
-                key_id: row.id,
-                token,
-                now: granted_at(row.locked_until, lease),
-                scope: row.scope,
-                idem_key: row.idem_key,
-                fingerprint: row.request_hash,
-                recovery: RecoveryPoint {
-                    name: row.recovery_point,
-                    state: row.recovery_state,
-                    downstream_key: row.downstream_key,
-                    earlier_calls: EarlierCalls::Possible,
-                },
-            });
-        }
-    }
-    Ok(claimed)
-}
-
 /// The database's `now()` when a lease ending at `locked_until` was granted for `lease`. Statements
 /// return the lease's end rather than `now()`: Citus evaluates `now()` on the coordinator and
 /// allows no such function in a distributed statement's `RETURNING`.
-fn granted_at(locked_until: DateTime<Utc>, lease: Duration) -> DateTime<Utc> {
+pub(super) fn granted_at(locked_until: DateTime<Utc>, lease: Duration) -> DateTime<Utc> {
     locked_until - chrono::Duration::milliseconds(millis(lease))
 }
 
