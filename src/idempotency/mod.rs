@@ -22,8 +22,8 @@
 //!    recovery window, and holds for an operator those past it (`recovery.rs`).
 //!
 //! The SQL of each step is in [`store`] (of the recovery side, in `store/recovery.rs`). The
-//! PostgreSQL unique constraint on `(account_id, scope, idem_key)` decides between concurrent requests, and every clock reading
-//! is the database's `now()`.
+//! PostgreSQL unique constraint on `(account_id, scope, idem_key)` decides between concurrent
+//! requests, and every clock reading is the database's `now()`.
 
 mod fingerprint;
 mod inspect;
