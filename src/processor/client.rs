@@ -196,14 +196,19 @@ impl Listed for Dispute {
 
 impl ProcessorClient {
     /// A client of the processor at `base_url` (`http://127.0.0.1:8081`) that gives every call
-    /// `timeout` in all, connecting included.
+    /// `timeout` in all, connecting included. It goes straight to `base_url` and ignores proxy
+    /// variables (`HTTP_PROXY`, …): the processor is configured by its address, and a proxy set in
+    /// the environment for something else would otherwise see every charge and its API key.
     pub fn new(base_url: &str, api_key: String, timeout: Duration) -> anyhow::Result<Self> {
         let mut base = Url::parse(base_url)?;
         if !base.path().ends_with('/') {
             base.set_path(&format!("{}/", base.path()));
         }
         Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            http: reqwest::Client::builder()
+                .timeout(timeout)
+                .no_proxy()
+                .build()?,
             base,
             api_key,
             new_key_per_call: false,

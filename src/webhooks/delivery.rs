@@ -174,6 +174,10 @@ impl Deliverer {
     /// A deliverer of `sender`'s rows that gives each attempt `timeout` to be answered 2xx and
     /// retries on `schedule`. It follows no redirect: a 3xx is a failed attempt, as Stripe and
     /// Standard Webhooks treat it, and a redirect could lead to an address the URL check refused.
+    /// It ignores proxy variables (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`, which reqwest reads by
+    /// default): through a proxy, the proxy resolves the endpoint's name and [`address::PublicOnly`]
+    /// is never asked, so a name re-pointed at 127.0.0.1 or 169.254.169.254 after registration
+    /// would be fetched, its answer readable at `/attempts`.
     pub fn new(
         pool: PgPool,
         sender: Sender,
@@ -182,7 +186,8 @@ impl Deliverer {
     ) -> anyhow::Result<Self> {
         let mut client = reqwest::Client::builder()
             .timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none());
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy();
         if let Sender::Endpoints {
             allow_private: false,
         } = sender

@@ -8,6 +8,7 @@
 
 mod end_to_end;
 mod listen;
+mod proxies;
 mod retries;
 mod webhook_endpoints;
 

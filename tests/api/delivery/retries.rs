@@ -235,19 +235,21 @@ async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
         &receiver.url.replace("127.0.0.1", "localhost"),
     )
     .await;
+    // 6to4 wrapping 127.0.0.1 (issue 31): refused when sending as when registering.
+    let by_6to4 = endpoint_for_all(&registering, "http://[2002:7f00:1::]:18080/").await;
     registering.stop();
     let sending = registering.another_instance(Settings::default()).await;
 
     let event = write_event(&sending.db, &sending.account_id, "payment.succeeded").await;
     wait_for(
-        "both attempts are recorded",
+        "the three attempts are recorded",
         Duration::from_secs(20),
         || async {
             sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
                 .fetch_one(&sending.db)
                 .await
                 .unwrap()
-                == 2
+                == 3
         },
     )
     .await;
@@ -260,6 +262,7 @@ async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
     for (endpoint, needle) in [
         (&by_address.0, "not a public address"),
         (&by_name.0, "no public address"),
+        (&by_6to4.0, "not a public address"),
     ] {
         let attempt = attempts["data"]
             .as_array()

@@ -142,6 +142,16 @@ async fn a_private_url_is_refused_unless_private_addresses_are_allowed() {
         "http://[::1]:8080/hooks",
         "http://100.64.0.1/hooks",
         "http://localhost:8080/hooks",
+        // IPv6 forms that wrap a non-public IPv4 address (issue 31): 6to4 of 127.0.0.1, Teredo
+        // of client 169.254.169.254, NAT64 of 10.0.0.1, NAT64 local-use, IPv4-mapped,
+        // IPv4-compatible and IPv4-translated forms of 127.0.0.1.
+        "http://[2002:7f00:1::]:18080/",
+        "http://[2001:0:4136:e378:8000:63bf:5601:5601]/hooks",
+        "http://[64:ff9b::a00:1]/hooks",
+        "http://[64:ff9b:1::7f00:1]/hooks",
+        "http://[::ffff:127.0.0.1]/hooks",
+        "http://[::127.0.0.1]/hooks",
+        "http://[::ffff:0:127.0.0.1]/hooks",
     ];
     for url in private {
         let body = json!({ "url": url, "enabled_events": ["*"] });
