@@ -7,7 +7,9 @@
 //! trigger queues a delivery for every subscribed endpoint.
 
 mod end_to_end;
+mod fan_out;
 mod listen;
+mod retention;
 mod retries;
 mod webhook_endpoints;
 

@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 14] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 15] = [
     (
         "FOR UPDATE SKIP LOCKED",
         "a background job's single-server form (expiry, recovery, delivery): on Citus its \
@@ -52,6 +52,11 @@ const ACROSS_ACCOUNTS: [(&str, &str); 14] = [
     (
         "IN (SELECT * FROM unnest($1::text[], $2::bigint[]))",
         "a background job on Citus: the batch it writes, by primary key, on every node it spans",
+    ),
+    (
+        "IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+        "the expiry job's retention of events on Citus: the batch it deletes, by primary key, on \
+         every node it spans (a pending delivery of each looked for on the event's own node)",
     ),
     (
         "OR charge = $2 LIMIT 1",
