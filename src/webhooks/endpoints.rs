@@ -261,9 +261,12 @@ impl From<EndpointRow> for WebhookEndpoint {
             )),
         (status = 400, description = "The body or the key is invalid: a URL that is not `http(s)` with a host, whose host is or resolves to a non-public address, or does not resolve; an unknown event type (`invalid-request`, `invalid-idempotency-key`).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The account has {max_webhook_endpoints} endpoints already (`webhook-endpoint-limit`); nothing was registered and the key was released. Or the key is in use or held (`idempotency-key-in-use`, `idempotency-key-held`).",
-            body = Problem, content_type = "application/problem+json"),
         IdempotencyProblems,
+        // After the mechanism's own 409, which it replaces for this operation: one status, one
+        // entry, naming every kind.
+        (status = 409, description = "The account has {max_webhook_endpoints} endpoints already (`webhook-endpoint-limit`): nothing was registered and the key was released; delete one, then retry with the same key. Or a request with this key is still being processed (`idempotency-key-in-use`): retry after `Retry-After` seconds with the same key and body to receive its result.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key (`idempotency-key-in-use` only)."))),
         AuthenticatedProblems,
     )
 )]

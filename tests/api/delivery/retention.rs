@@ -41,12 +41,14 @@ async fn rows(db: &PgPool, account: &str) -> (i64, i64, i64) {
     .unwrap()
 }
 
-/// Writes an event of the account `age` old, with a delivery to `endpoint` in the given state
+/// Writes an event of the account (shaped as its first one, which must exist) `age` old, with a delivery to `endpoint` in the given state
 /// (`pending`, `delivered` or `failed`, made as long ago) and one failed attempt of it; returns the
 /// event's id. A pending one is due only in a day, so no loop touches it during the test.
 async fn old_event(db: &PgPool, account: &str, endpoint: &str, state: &str, age: &str) -> String {
     let id = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
-    let body = serde_json::to_vec(&json!({"id": id, "object": "event"})).unwrap();
+    let mut body = template(db, account).await;
+    body["id"] = json!(id);
+    let body = serde_json::to_vec(&body).unwrap();
     let (delivered, failed) = match state {
         "pending" => ("NULL", "NULL"),
         "delivered" => ("now() - $4::interval", "NULL"),
@@ -80,6 +82,17 @@ async fn old_event(db: &PgPool, account: &str, endpoint: &str, state: &str, age:
     id
 }
 
+/// The body of one of the account's events, as the feed serves it.
+async fn template(db: &PgPool, account: &str) -> serde_json::Value {
+    let body: Vec<u8> =
+        sqlx::query_scalar("SELECT body FROM events WHERE account_id = $1 ORDER BY seq LIMIT 1")
+            .bind(account)
+            .fetch_one(db)
+            .await
+            .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
 async fn events_left(db: &PgPool, ids: &[&String]) -> Vec<String> {
     let ids: Vec<String> = ids.iter().map(|id| (*id).clone()).collect();
     sqlx::query_scalar("SELECT id FROM events WHERE id = ANY($1) ORDER BY id")
@@ -93,6 +106,7 @@ async fn events_left(db: &PgPool, ids: &[&String]) -> Vec<String> {
 async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_delivery_survives() {
     let receiver = Receiver::start(0).await;
     let app = TestApp::spawn_with(short_retention()).await;
+    app.paid(1000).await;
     let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
     let pending = old_event(&app.db, &app.account_id, &endpoint, "pending", "1 hour").await;
 
@@ -141,6 +155,7 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
 #[api_test]
 async fn a_pending_delivery_its_attempts_and_its_event_are_kept_whatever_their_age() {
     let app = TestApp::spawn_with(short_retention()).await;
+    app.paid(1000).await;
     let (endpoint, _) = endpoint_for_all(&app, "http://127.0.0.1:9/hooks").await;
     let pending = old_event(&app.db, &app.account_id, &endpoint, "pending", "30 days").await;
     let delivered = old_event(&app.db, &app.account_id, &endpoint, "delivered", "1 day").await;
