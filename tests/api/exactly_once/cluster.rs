@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 15] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 16] = [
     (
         "FOR UPDATE SKIP LOCKED",
         "a background job's single-server form (expiry, recovery, delivery): on Citus its \
@@ -77,6 +77,10 @@ const ACROSS_ACCOUNTS: [(&str, &str); 15] = [
     (
         "FROM idempotency_keys WHERE status = 'held'",
         "`idempay reconcile`: every key held for an operator, over every account",
+    ),
+    (
+        "WHERE p.charge IS NOT NULL",
+        "`idempay reconcile`: every dispute, against the processor's ledger",
     ),
     (
         "FROM refunds WHERE processor_refund IS NOT NULL",
