@@ -21,7 +21,22 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_EVENT_TTL", default_value = "7days", value_parser = parse_event_ttl)]
     pub event_ttl: Duration,
 
-    /// How often the expiry job deletes expired keys.
+    /// How long an event is kept (in the feed, `GET /v1/events`, and at `GET /v1/events/{id}`)
+    /// after it was written, as Stripe keeps its events 30 days; then the expiry job deletes it,
+    /// unless a delivery of it to an endpoint is still pending.
+    #[arg(long, env = "IDEMPAY_EVENT_RETENTION", default_value = "30days", value_parser = positive("IDEMPAY_EVENT_RETENTION"))]
+    pub event_retention: Duration,
+
+    /// How long a delivery to a merchant endpoint, with its attempts (`GET
+    /// /v1/events/{id}/attempts`), is kept after it was acknowledged or given up; then the expiry
+    /// job deletes it. A pending delivery is never deleted. At least the retry schedule's span
+    /// (`check_delivery_retention`): whether an endpoint is disabled depends on what it
+    /// acknowledged within it.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = "30days", value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
+    pub webhook_delivery_retention: Duration,
+
+    /// How often the expiry job deletes expired keys, and events and deliveries past their
+    /// retention.
     #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
     pub expiry_interval: Duration,
 
@@ -110,6 +125,8 @@ impl Default for Settings {
         Self {
             key_ttl: Duration::from_secs(24 * 60 * 60),
             event_ttl: Duration::from_secs(7 * 24 * 60 * 60),
+            event_retention: Duration::from_secs(30 * 24 * 60 * 60),
+            webhook_delivery_retention: Duration::from_secs(30 * 24 * 60 * 60),
             expiry_interval: Duration::from_secs(60),
             lease: Duration::from_secs(30),
             slow_charge: Duration::from_secs(2),
@@ -347,6 +364,29 @@ pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses at start a delivery retention shorter than a delivery can last. An endpoint whose
+/// delivery is given up is disabled when it acknowledged no delivery since that one was created
+/// (`webhooks::delivery`), up to the retry schedule's whole span ago: an acknowledged delivery
+/// deleted sooner would make a live endpoint look dead.
+pub fn check_delivery_retention(
+    retention: Duration,
+    schedule: &RetrySchedule,
+    attempt_timeout: Duration,
+) -> Result<(), String> {
+    let span = schedule.span(attempt_timeout);
+    if retention < span {
+        return Err(format!(
+            "IDEMPAY_WEBHOOK_DELIVERY_RETENTION ({}) must be at least the span of the retry \
+             schedule ({}, each delay at its longest, each attempt timed out twice over: {}): \
+             whether an endpoint is disabled depends on what it acknowledged within it",
+            humantime::format_duration(retention),
+            schedule,
+            humantime::format_duration(span),
+        ));
+    }
+    Ok(())
+}
+
 /// The recovery window must end before the processor forgets the downstream key, or a resume
 /// after that would be a new charge under the old key.
 fn parse_recovery_window(raw: &str) -> Result<Duration, String> {
@@ -417,6 +457,50 @@ mod tests {
     }
 
     #[test]
+    fn a_delivery_retention_shorter_than_the_retry_schedule_is_refused() {
+        let settings = Settings::default();
+        assert_eq!(
+            check_delivery_retention(
+                settings.webhook_delivery_retention,
+                &settings.webhook_retry_schedule,
+                settings.webhook_delivery_timeout,
+            ),
+            Ok(())
+        );
+        let refused = check_delivery_retention(
+            Duration::from_secs(24 * 60 * 60),
+            &settings.webhook_retry_schedule,
+            settings.webhook_delivery_timeout,
+        )
+        .unwrap_err();
+        assert!(
+            refused.contains("IDEMPAY_WEBHOOK_DELIVERY_RETENTION (1day)"),
+            "{refused}"
+        );
+        let short = RetrySchedule::parse("100ms").unwrap();
+        assert_eq!(
+            check_delivery_retention(Duration::from_secs(1), &short, Duration::from_millis(200)),
+            Ok(())
+        );
+        let parsed = Cli::parse_from([
+            "idempay",
+            "--event-retention",
+            "90days",
+            "--webhook-delivery-retention",
+            "15days",
+        ])
+        .settings;
+        assert_eq!(
+            parsed.event_retention,
+            Duration::from_secs(90 * 24 * 60 * 60)
+        );
+        assert_eq!(
+            parsed.webhook_delivery_retention,
+            Duration::from_secs(15 * 24 * 60 * 60)
+        );
+    }
+
+    #[test]
     fn a_recovery_window_as_long_as_the_processor_remembers_keys_is_refused() {
         for refused in ["24h", "2days"] {
             let error = parse_recovery_window(refused).unwrap_err();
@@ -443,6 +527,11 @@ mod tests {
         let positive = [
             ("--key-ttl", "IDEMPAY_KEY_TTL"),
             ("--expiry-interval", "IDEMPAY_EXPIRY_INTERVAL"),
+            ("--event-retention", "IDEMPAY_EVENT_RETENTION"),
+            (
+                "--webhook-delivery-retention",
+                "IDEMPAY_WEBHOOK_DELIVERY_RETENTION",
+            ),
             ("--recovery-interval", "IDEMPAY_RECOVERY_INTERVAL"),
             ("--request-timeout", "IDEMPAY_REQUEST_TIMEOUT"),
             ("--processor-timeout", "IDEMPAY_PROCESSOR_TIMEOUT"),

@@ -1,5 +1,6 @@
-//! The background job that deletes expired idempotency keys and processed webhook event ids, so
-//! neither table grows without end.
+//! The background job that deletes expired idempotency keys and processed webhook event ids, and
+//! events and webhook deliveries (with their attempts) past their retention, so that no table
+//! grows without end.
 
 use std::time::{Duration, Instant};
 
@@ -11,17 +12,53 @@ use crate::db::KnownEngine;
 use crate::http::metrics;
 use crate::idempotency::Idempotency;
 use crate::webhooks;
+use crate::webhooks::retention::{self, Owner};
 
 /// Rows per delete: small enough to keep each statement's locks short. The delete statements
 /// carry it as a literal `LIMIT 1000`.
 pub const BATCH: u64 = 1_000;
 
+/// What one expiry job deletes, and how often.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expiry {
+    pub interval: Duration,
+    /// Expired idempotency keys and processed webhook ids: off for a processor whose process
+    /// runs idempay's job on the same tables (one job per table, not two).
+    pub keys: bool,
+    /// Whose outbox, and for how long; `None` for a service that writes none.
+    pub retention: Option<Retention>,
+}
+
+impl Expiry {
+    /// Keys and processed webhook ids only, every `interval`.
+    pub fn keys(interval: Duration) -> Self {
+        Self {
+            interval,
+            keys: true,
+            retention: None,
+        }
+    }
+}
+
+/// How long an outbox keeps what it no longer needs, counted from each row's creation (an event)
+/// or its end (a delivery acknowledged or given up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retention {
+    /// idempay's: the merchants' events and their deliveries to endpoints.
+    Merchants {
+        events: Duration,
+        deliveries: Duration,
+    },
+    /// The processor's own deliveries.
+    Processor { deliveries: Duration },
+}
+
 /// Every `interval` until `shutdown` is cancelled, drains what has expired in bounded batches.
 /// Safe to run on every instance at once: batches skip rows another instance has locked.
-pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> JoinHandle<()> {
+pub fn spawn(pool: PgPool, expiry: Expiry, shutdown: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let engine = KnownEngine::default();
-        let mut ticks = tokio::time::interval(interval);
+        let mut ticks = tokio::time::interval(expiry.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -29,17 +66,53 @@ pub fn spawn(pool: PgPool, interval: Duration, shutdown: CancellationToken) -> J
                 _ = ticks.tick() => {}
             }
             let started = Instant::now();
-            let keys = match engine.get(&pool).await {
-                Ok(engine) => drain(&shutdown, || Idempotency::expire_batch(&pool, engine)).await,
+            let engine = match engine.get(&pool).await {
+                Ok(engine) => engine,
                 Err(error) => {
                     tracing::warn!(%error, "expiry failed; it runs again next interval");
-                    0
+                    continue;
                 }
             };
-            let events = drain(&shutdown, || webhooks::expire_batch(&pool)).await;
-            metrics::expiry_run(keys, events, started.elapsed());
-            if keys + events > 0 {
-                tracing::info!(keys, events, "expired rows deleted");
+            let (mut keys, mut processed) = (0, 0);
+            if expiry.keys {
+                keys = drain(&shutdown, || Idempotency::expire_batch(&pool, engine)).await;
+                processed = drain(&shutdown, || webhooks::expire_batch(&pool)).await;
+            }
+            // Deliveries first: an event whose last delivery goes now can go in the same run.
+            let (owner, deliveries, events) = match expiry.retention {
+                None => (None, None, None),
+                Some(Retention::Merchants { events, deliveries }) => {
+                    (Some(Owner::Endpoints), Some(deliveries), Some(events))
+                }
+                Some(Retention::Processor { deliveries }) => {
+                    (Some(Owner::Processor), Some(deliveries), None)
+                }
+            };
+            let pruned_deliveries = match (owner, deliveries) {
+                (Some(owner), Some(kept)) => {
+                    drain(&shutdown, || {
+                        retention::prune_deliveries(&pool, engine, owner, kept)
+                    })
+                    .await
+                }
+                _ => 0,
+            };
+            let pruned_events = match events {
+                Some(kept) => {
+                    drain(&shutdown, || retention::prune_events(&pool, engine, kept)).await
+                }
+                None => 0,
+            };
+            metrics::expiry_run(keys, processed, started.elapsed());
+            metrics::retention_run(owner, pruned_deliveries, pruned_events);
+            if keys + processed + pruned_deliveries + pruned_events > 0 {
+                tracing::info!(
+                    keys,
+                    processed,
+                    deliveries = pruned_deliveries,
+                    events = pruned_events,
+                    "expired rows deleted"
+                );
             }
             // For the test of a job that dies: after a run that did something, so the instance
             // was ready first.

@@ -90,7 +90,11 @@ pub async fn run(args: FixtureArgs) -> anyhow::Result<()> {
         recovery_window: args.key_ttl,
     };
     let stop = CancellationToken::new();
-    let expiry = expiry::spawn(pool.clone(), args.expiry_interval, stop.clone());
+    let expiry = expiry::spawn(
+        pool.clone(),
+        expiry::Expiry::keys(args.expiry_interval),
+        stop.clone(),
+    );
     tracing::info!(address = %listener.local_addr()?, "fixture serving");
     axum::serve(listener, router(pool, policy))
         .with_graceful_shutdown(shutdown_signal())

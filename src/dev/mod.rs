@@ -71,6 +71,8 @@ async fn serve(
         ProcessorSettings::new(ProcessorApiKey::parse(&processor_key).map_err(anyhow::Error::msg)?);
     processor_settings.slow_charge = settings.slow_charge;
     processor_settings.lease = settings.lease;
+    processor_settings.expiry_interval = settings.expiry_interval;
+    processor_settings.webhook_delivery_retention = settings.webhook_delivery_retention;
     processor_settings.webhook_secrets = Some(webhook_secrets.clone());
     processor_settings.webhook_url = Some(format!("{base}/v1/webhooks/processor"));
     let processor_listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, PROCESSOR_PORT)).await {

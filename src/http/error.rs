@@ -191,6 +191,17 @@ problem_catalogue! {
             as processed: deliver the same event again, with its `webhook-id`, after \
             `Retry-After` seconds; once the object is recorded it is applied, once.",
     }
+    WebhookEndpointLimit {
+        slug: "webhook-endpoint-limit",
+        status: CONFLICT,
+        title: "The account has the most webhook endpoints it may have",
+        explanation: "An account may have at most {max_webhook_endpoints} webhook endpoints, \
+            enabled or disabled: every event is copied to each endpoint that subscribes to it, in \
+            the transaction that writes it, and sent to each on the whole retry schedule. \
+            Nothing was registered and the Idempotency-Key was released: delete an endpoint you \
+            no longer need (`DELETE /v1/webhook_endpoints/we_…`), then retry with the same key. \
+            One endpoint can receive every type (`enabled_events: [\"*\"]`).",
+    }
     Internal {
         slug: "internal",
         status: INTERNAL_SERVER_ERROR,

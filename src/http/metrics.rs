@@ -265,6 +265,25 @@ pub fn expiry_run(keys: u64, events: u64, took: Duration) {
     histogram!(EXPIRY_DURATION).record(took.as_secs_f64());
 }
 
+/// Counts what one run of the expiry job deleted past its retention: the deliveries of `owner`
+/// (their attempts go with them) and the merchants' events.
+pub fn retention_run(
+    owner: Option<crate::webhooks::retention::Owner>,
+    deliveries: u64,
+    events: u64,
+) {
+    use crate::webhooks::retention::Owner;
+    let table = match owner {
+        Some(Owner::Endpoints) => "webhook_deliveries",
+        Some(Owner::Processor) => "processor_webhook_deliveries",
+        None => return,
+    };
+    counter!(EXPIRY_DELETED, "table" => table).increment(deliveries);
+    if owner == Some(Owner::Endpoints) {
+        counter!(EXPIRY_DELETED, "table" => "events").increment(events);
+    }
+}
+
 /// Counts one delivery attempt by what became of its delivery.
 pub fn webhook_delivery(sender: &'static str, outcome: crate::webhooks::delivery::Outcome) {
     counter!(WEBHOOK_DELIVERIES, "sender" => sender, "outcome" => outcome.as_str()).increment(1);

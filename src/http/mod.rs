@@ -316,6 +316,12 @@ impl Application {
     /// embedded processor cannot be set up.
     pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> anyhow::Result<Self> {
         metrics::install();
+        crate::config::check_delivery_retention(
+            settings.webhook_delivery_retention,
+            &settings.webhook_retry_schedule,
+            settings.webhook_delivery_timeout,
+        )
+        .map_err(anyhow::Error::msg)?;
         let (client, embedded) = match settings.processor.client()? {
             Some(client) => (client, None),
             None => {
@@ -389,7 +395,14 @@ impl Application {
                 "expiry",
                 expiry::spawn(
                     self.state.pool.clone(),
-                    self.settings.expiry_interval,
+                    expiry::Expiry {
+                        interval: self.settings.expiry_interval,
+                        keys: true,
+                        retention: Some(expiry::Retention::Merchants {
+                            events: self.settings.event_retention,
+                            deliveries: self.settings.webhook_delivery_retention,
+                        }),
+                    },
                     stop.clone(),
                 ),
             ),
@@ -473,6 +486,9 @@ fn embedded_processor(settings: &Settings, pool: &PgPool) -> anyhow::Result<(Pro
     embedded.slow_charge = settings.slow_charge;
     // A key the processor holds for a request of a dead instance is freed as soon as idempay's.
     embedded.lease = settings.lease;
+    // It sends no events, but its job is idempay's in all else.
+    embedded.expiry_interval = settings.expiry_interval;
+    embedded.webhook_delivery_retention = settings.webhook_delivery_retention;
     let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
     socket.set_nonblocking(true)?;
     let processor =

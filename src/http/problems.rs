@@ -39,7 +39,7 @@ impl Figures {
 
     /// `text` with each placeholder (`{key_ttl}`, `{event_ttl}`, `{lease}`, `{body_limit}`,
     /// `{body_read_timeout}`, `{webhook_tolerance}`, `{webhook_delivery_timeout}`,
-    /// `{max_signatures}`, `{max_key_len}`,
+    /// `{max_signatures}`, `{max_key_len}`, `{max_webhook_endpoints}`,
     /// `{rate_limit}`, `{problem_kinds}`) replaced by its figure.
     pub fn fill(&self, text: &str) -> String {
         text.replace("{key_ttl}", &in_words(self.key_ttl))
@@ -57,6 +57,10 @@ impl Figures {
             )
             .replace("{max_signatures}", &self.max_signatures.to_string())
             .replace("{max_key_len}", &self.max_key_len.to_string())
+            .replace(
+                "{max_webhook_endpoints}",
+                &crate::webhooks::endpoints::MAX_ENDPOINTS.to_string(),
+            )
             .replace("{rate_limit}", &rate_in_words(self.rate_limit))
             .replace("{problem_kinds}", &problem_kinds())
     }

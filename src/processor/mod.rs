@@ -52,10 +52,6 @@ pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often the expiry job deletes the processor's expired keys (the same job as idempay's: both
-/// may run on one database).
-const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
-
 /// What the processor's handlers share: one pointer, cloned per request.
 #[derive(Clone, Debug)]
 pub struct ProcessorState(Arc<Shared>);
@@ -124,8 +120,9 @@ async fn not_found(request: Request) -> Response {
 }
 
 /// The running processor: its API on a bound listener, the webhook delivery loop (when a URL and
-/// a secret are set) and the key expiry job (unless the process already runs idempay's, which
-/// drains the same table: see [`Processor::sharing_expiry`]).
+/// a secret are set) and the expiry job: its keys (unless the process already runs idempay's,
+/// which drains the same table: see [`Processor::sharing_expiry`]) and its deliveries past their
+/// retention.
 ///
 /// Taking a bound listener lets a test, or a process that embeds it, bind port 0 and learn the
 /// address before serving.
@@ -134,6 +131,8 @@ pub struct Processor {
     state: ProcessorState,
     deliveries: Option<Deliverer>,
     runs_expiry: bool,
+    expiry_interval: Duration,
+    delivery_retention: Duration,
 }
 
 impl Processor {
@@ -179,11 +178,14 @@ impl Processor {
             state,
             deliveries,
             runs_expiry: true,
+            expiry_interval: settings.expiry_interval,
+            delivery_retention: settings.webhook_delivery_retention,
         })
     }
 
     /// For a processor in a process whose idempay already expires keys in the same database (the
-    /// embedded one, `idempay dev`'s, `reconcile`'s): one expiry job for the table, not two.
+    /// embedded one, `idempay dev`'s, `reconcile`'s): one expiry job for the table, not two. Its
+    /// job still deletes its own deliveries past their retention, which idempay's leaves alone.
     #[must_use]
     pub fn sharing_expiry(mut self) -> Self {
         self.runs_expiry = false;
@@ -204,10 +206,17 @@ impl Processor {
         // Watched, so that a job that dies is logged as an error when it dies, not at shutdown.
         // (The processor has no readiness probe; embedded, its jobs are idempay's: see `jobs`.)
         let jobs = Jobs::default();
-        let expiry = self.runs_expiry.then(|| {
-            let task = expiry::spawn(self.state.pool.clone(), EXPIRY_INTERVAL, stop.clone());
+        let expiry = {
+            let job = expiry::Expiry {
+                interval: self.expiry_interval,
+                keys: self.runs_expiry,
+                retention: Some(expiry::Retention::Processor {
+                    deliveries: self.delivery_retention,
+                }),
+            };
+            let task = expiry::spawn(self.state.pool.clone(), job, stop.clone());
             jobs.watch("processor-expiry", task, &stop)
-        });
+        };
         let deliveries = self
             .deliveries
             .map(|deliverer| jobs.watch("processor-outbox", deliverer.spawn(stop.clone()), &stop));
@@ -219,7 +228,7 @@ impl Processor {
         )
         .await;
         stop.cancel();
-        for watcher in expiry.into_iter().chain(deliveries) {
+        for watcher in std::iter::once(expiry).chain(deliveries) {
             watcher.await.ok();
         }
         served

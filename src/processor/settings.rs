@@ -52,6 +52,16 @@ pub struct ProcessorSettings {
     #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = crate::config::positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
     pub webhook_delivery_timeout: Duration,
 
+    /// How long one of its deliveries, with its attempts, is kept after it was acknowledged or
+    /// given up; then its expiry job deletes it. A pending delivery is never deleted. The same
+    /// setting as idempay's, for its merchant endpoints.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = "30days", value_parser = crate::config::positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
+    pub webhook_delivery_retention: Duration,
+
+    /// How often its expiry job deletes its expired keys and its deliveries past their retention.
+    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = crate::config::positive("IDEMPAY_EXPIRY_INTERVAL"))]
+    pub expiry_interval: Duration,
+
     /// How long an in-progress key of the processor blocks retries before one may take it over;
     /// embedded, the processor takes idempay's.
     #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = crate::config::parse_lease)]
@@ -71,6 +81,8 @@ impl ProcessorSettings {
             webhook_url: None,
             webhook_retry_schedule: RetrySchedule::default(),
             webhook_delivery_timeout: Duration::from_secs(10),
+            webhook_delivery_retention: Duration::from_secs(30 * 24 * 60 * 60),
+            expiry_interval: Duration::from_secs(60),
             lease: Duration::from_secs(30),
             faults: Faults::default(),
         }
@@ -135,6 +147,11 @@ mod tests {
             new.webhook_delivery_timeout
         );
         assert_eq!(parsed.faults, new.faults);
+        assert_eq!(
+            parsed.webhook_delivery_retention,
+            new.webhook_delivery_retention
+        );
+        assert_eq!(parsed.expiry_interval, new.expiry_interval);
         assert!(parsed.api_key == new.api_key);
     }
 

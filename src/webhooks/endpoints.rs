@@ -28,6 +28,13 @@ use crate::ids;
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
 const MAX_URL_LEN: usize = 2048;
 
+/// The most endpoints an account may have, enabled or disabled, as Stripe allows. Each event is
+/// copied to every endpoint that subscribes to it in the statement that writes it (the payment's
+/// own), and each copy is then sent on the whole retry schedule: without a bound, one account
+/// could make every one of its payments write and send without end (`README.md` measures the cost
+/// of this many).
+pub const MAX_ENDPOINTS: i64 = 16;
+
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_webhook_endpoint, list_webhook_endpoints))
@@ -233,6 +240,10 @@ impl From<EndpointRow> for WebhookEndpoint {
 /// The URL must be `http` or `https`, and its host a public address or a name that resolves only
 /// to public ones: loopback, private, link-local (the cloud metadata service), shared (CGNAT) and
 /// other non-public addresses are refused, at registration and again at every delivery.
+///
+/// An account has at most {max_webhook_endpoints} endpoints, enabled or disabled: one more is
+/// refused with 409 `webhook-endpoint-limit` and the key is released (delete one, then retry with
+/// the same key).
 #[utoipa::path(
     post,
     path = "/v1/webhook_endpoints",
@@ -251,6 +262,11 @@ impl From<EndpointRow> for WebhookEndpoint {
         (status = 400, description = "The body or the key is invalid: a URL that is not `http(s)` with a host, whose host is or resolves to a non-public address, or does not resolve; an unknown event type (`invalid-request`, `invalid-idempotency-key`).",
             body = Problem, content_type = "application/problem+json"),
         IdempotencyProblems,
+        // After the mechanism's own 409, which it replaces for this operation: one status, one
+        // entry, naming every kind.
+        (status = 409, description = "The account has {max_webhook_endpoints} endpoints already (`webhook-endpoint-limit`): nothing was registered and the key was released; delete one, then retry with the same key. Or a request with this key is still being processed (`idempotency-key-in-use`): retry after `Retry-After` seconds with the same key and body to receive its result.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key (`idempotency-key-in-use` only)."))),
         AuthenticatedProblems,
     )
 )]
@@ -279,6 +295,34 @@ async fn register(
 ) -> Result<Completion, ApiError> {
     let secret = WebhookSecret::generate().expose();
     let mut tx = lease.begin().await?;
+    // Counted under a lock of the account's own, held to the commit: two registrations at once
+    // would otherwise both count 15 and make 17. An advisory lock, since there is no row to lock
+    // yet (and a lock on the account's row would be a write to every node on Citus, where
+    // `accounts` is a reference table); its key is the account id's 64-bit hash, and a collision
+    // only makes two accounts' registrations wait on each other.
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtextextended('idempay endpoint limit ' || $1, 0))",
+        account.as_str(),
+    )
+    .execute(&mut *tx)
+    .await?;
+    let registered = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM webhook_endpoints WHERE account_id = $1"#,
+        account.as_str(),
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if registered >= MAX_ENDPOINTS {
+        return Err(Problem::new(
+            ProblemKind::WebhookEndpointLimit,
+            format!(
+                "The account has {registered} webhook endpoints, the most it may have \
+                 ({MAX_ENDPOINTS}); nothing was registered. Delete one, then retry with the \
+                 same key."
+            ),
+        )
+        .into());
+    }
     let row = sqlx::query_as!(
         EndpointRow,
         r#"

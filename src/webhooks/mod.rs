@@ -18,6 +18,7 @@ mod attempts;
 pub mod delivery;
 pub mod endpoints;
 mod events;
+pub mod retention;
 mod schedule;
 mod signature;
 

@@ -57,6 +57,16 @@ impl RetrySchedule {
         self.0.len() + 1
     }
 
+    /// The longest a delivery can take from its creation to its last attempt's outcome: every
+    /// delay at its longest jitter, and every attempt at its longest (`attempt_timeout`), twice
+    /// over, as a claim holds a row (`Deliverer::claim`). An endpoint is disabled when it
+    /// acknowledged nothing within that span, so what it acknowledged must be kept that long.
+    pub fn span(&self, attempt_timeout: Duration) -> Duration {
+        let waits: Duration = self.0.iter().map(|delay| delay.mul_f64(1.0 + JITTER)).sum();
+        let attempts = u32::try_from(self.attempts()).unwrap_or(u32::MAX);
+        waits.saturating_add(attempt_timeout.saturating_mul(2).saturating_mul(attempts))
+    }
+
     /// The shortest delay: a loop that polls at least this often misses no retry by much.
     pub fn shortest(&self) -> Duration {
         self.0
@@ -131,5 +141,15 @@ mod tests {
         let parsed = RetrySchedule::parse(" 100ms, 2s ").unwrap();
         assert_eq!(parsed.shortest(), Duration::from_millis(100));
         assert_eq!(parsed.to_string(), "100ms,2s");
+    }
+
+    #[test]
+    fn the_span_is_every_delay_at_its_longest_and_every_attempt_timed_out() {
+        let schedule = RetrySchedule::parse("1s,10s").unwrap();
+        // 1.1 s + 11 s of waits, and 3 attempts of 2 × 1 s.
+        assert_eq!(
+            schedule.span(Duration::from_secs(1)),
+            Duration::from_millis(12_100 + 6_000)
+        );
     }
 }

@@ -7,8 +7,10 @@
 //! trigger queues a delivery for every subscribed endpoint.
 
 mod end_to_end;
+mod fan_out;
 mod listen;
 mod proxies;
+mod retention;
 mod retries;
 mod webhook_endpoints;
 

@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 14] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 16] = [
     (
         "FOR UPDATE SKIP LOCKED",
         "a background job's single-server form (expiry, recovery, delivery): on Citus its \
@@ -54,6 +54,11 @@ const ACROSS_ACCOUNTS: [(&str, &str); 14] = [
         "a background job on Citus: the batch it writes, by primary key, on every node it spans",
     ),
     (
+        "IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+        "the expiry job's retention of events on Citus: the batch it deletes, by primary key, on \
+         every node it spans (a pending delivery of each looked for on the event's own node)",
+    ),
+    (
         "OR charge = $2 LIMIT 1",
         "webhook intake: the account of the payment the processor names",
     ),
@@ -72,6 +77,10 @@ const ACROSS_ACCOUNTS: [(&str, &str); 14] = [
     (
         "FROM idempotency_keys WHERE status = 'held'",
         "`idempay reconcile`: every key held for an operator, over every account",
+    ),
+    (
+        "WHERE p.charge IS NOT NULL",
+        "`idempay reconcile`: every dispute, against the processor's ledger",
     ),
     (
         "FROM refunds WHERE processor_refund IS NOT NULL",

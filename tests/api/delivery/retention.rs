@@ -1,0 +1,342 @@
+//! The outbox stays bounded: events, deliveries and their attempts are deleted by the expiry job
+//! once past their retention, a steady stream of payments leaves the tables' row counts bounded,
+//! and a delivery still pending (with its attempts, and the event it belongs to) is kept whatever
+//! its age. The processor's own outbox likewise.
+
+use std::time::{Duration, Instant};
+
+use idempay::config::Settings;
+use idempay::webhooks::WebhookSecrets;
+use idempay_test_macros::api_test;
+use serde_json::json;
+use sqlx::PgPool;
+
+use super::{Receiver, endpoint_for_all, local, post_endpoint, wait_for};
+use crate::processor::{TestProcessor, charge};
+use crate::support::helpers::{TestApp, new_key, payment};
+
+/// Settings whose retention is a second, checked five times a second, with a retry schedule and
+/// delivery timeout short enough for a second's retention to be allowed.
+fn short_retention() -> Settings {
+    Settings {
+        event_retention: Duration::from_secs(1),
+        webhook_delivery_retention: Duration::from_secs(1),
+        expiry_interval: Duration::from_millis(200),
+        webhook_delivery_timeout: Duration::from_millis(200),
+        webhook_poll_interval: Duration::from_millis(50),
+        ..local("100ms")
+    }
+}
+
+/// How many rows of the account's outbox each table holds: events, deliveries, attempts.
+async fn rows(db: &PgPool, account: &str) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM events WHERE account_id = $1),
+                (SELECT count(*) FROM webhook_deliveries WHERE account_id = $1),
+                (SELECT count(*) FROM webhook_attempts WHERE account_id = $1)",
+    )
+    .bind(account)
+    .fetch_one(db)
+    .await
+    .unwrap()
+}
+
+/// Writes an event of the account (shaped as its first one, which must exist) `age` old, with a delivery to `endpoint` in the given state
+/// (`pending`, `delivered` or `failed`, made as long ago) and one failed attempt of it; returns the
+/// event's id. A pending one is due only in a day, so no loop touches it during the test.
+async fn old_event(db: &PgPool, account: &str, endpoint: &str, state: &str, age: &str) -> String {
+    let id = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
+    let mut body = template(db, account).await;
+    body["id"] = json!(id);
+    let body = serde_json::to_vec(&body).unwrap();
+    let (delivered, failed) = match state {
+        "pending" => ("NULL", "NULL"),
+        "delivered" => ("now() - $4::interval", "NULL"),
+        "failed" => ("NULL", "now() - $4::interval"),
+        _ => unreachable!(),
+    };
+    sqlx::query(&format!(
+        "WITH event AS (
+             INSERT INTO events (id, account_id, type, body, created_at)
+             VALUES ($1, $2, 'payment.succeeded', $5, now() - $4::interval)
+         ), delivery AS (
+             INSERT INTO webhook_deliveries
+                 (account_id, event_id, url, body, endpoint_id, attempts, next_attempt_at,
+                  delivered_at, failed_at, created_at)
+             VALUES ($2, $1, 'http://127.0.0.1:9/hooks', $5, $3, 1, now() + interval '1 day',
+                     {delivered}, {failed}, now() - $4::interval)
+             RETURNING account_id, id
+         )
+         INSERT INTO webhook_attempts (account_id, delivery_id, attempt, status_code, latency_ms,
+                                       error, attempted_at)
+         SELECT account_id, id, 1, 500, 3, 'answered 500', now() - $4::interval FROM delivery"
+    ))
+    .bind(&id)
+    .bind(account)
+    .bind(endpoint)
+    .bind(age)
+    .bind(body)
+    .execute(db)
+    .await
+    .unwrap();
+    id
+}
+
+/// The body of one of the account's events, as the feed serves it.
+async fn template(db: &PgPool, account: &str) -> serde_json::Value {
+    let body: Vec<u8> =
+        sqlx::query_scalar("SELECT body FROM events WHERE account_id = $1 ORDER BY seq LIMIT 1")
+            .bind(account)
+            .fetch_one(db)
+            .await
+            .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+async fn events_left(db: &PgPool, ids: &[&String]) -> Vec<String> {
+    let ids: Vec<String> = ids.iter().map(|id| (*id).clone()).collect();
+    sqlx::query_scalar("SELECT id FROM events WHERE id = ANY($1) ORDER BY id")
+        .bind(&ids)
+        .fetch_all(db)
+        .await
+        .unwrap()
+}
+
+#[api_test(citus)]
+async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_delivery_survives() {
+    let receiver = Receiver::start(0).await;
+    let app = TestApp::spawn_with(short_retention()).await;
+    app.paid(1000).await;
+    let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
+    let pending = old_event(&app.db, &app.account_id, &endpoint, "pending", "1 hour").await;
+
+    // A payment after another for 6 seconds: six times the retention.
+    let started = Instant::now();
+    let mut paid: i64 = 0;
+    let mut samples = Vec::new();
+    while started.elapsed() < Duration::from_secs(6) {
+        let created = app.post_payment(&new_key(), &payment(1000)).await;
+        assert_eq!(created.status, 201);
+        paid += 1;
+        if paid % 10 == 0 {
+            samples.push((started.elapsed(), rows(&app.db, &app.account_id).await));
+        }
+    }
+    let at_the_end = rows(&app.db, &app.account_id).await;
+    println!(
+        "retention: {paid} payments in 6 s; (elapsed, (events, deliveries, attempts)): {samples:?}; at the end {at_the_end:?}"
+    );
+    assert!(
+        receiver.deliveries().len() as i64 >= paid / 2,
+        "the endpoint received {} of {paid} events",
+        receiver.deliveries().len()
+    );
+    // Without retention every table would hold a row per payment (and the pending one) by now.
+    let (events, deliveries, attempts) = at_the_end;
+    for (table, count) in [
+        ("events", events),
+        ("webhook_deliveries", deliveries),
+        ("webhook_attempts", attempts),
+    ] {
+        assert!(
+            count <= paid / 2,
+            "{table} holds {count} rows after {paid} payments"
+        );
+    }
+
+    // Once the stream stops, everything but the pending delivery, its attempt and its event goes.
+    wait_for("the outbox drains", Duration::from_secs(20), || async {
+        rows(&app.db, &app.account_id).await == (1, 1, 1)
+    })
+    .await;
+    assert_eq!(events_left(&app.db, &[&pending]).await, vec![pending]);
+}
+
+#[api_test(citus)]
+async fn a_pending_delivery_its_attempts_and_its_event_are_kept_whatever_their_age() {
+    let app = TestApp::spawn_with(short_retention()).await;
+    app.paid(1000).await;
+    let (endpoint, _) = endpoint_for_all(&app, "http://127.0.0.1:9/hooks").await;
+    let pending = old_event(&app.db, &app.account_id, &endpoint, "pending", "30 days").await;
+    let delivered = old_event(&app.db, &app.account_id, &endpoint, "delivered", "1 day").await;
+    let failed = old_event(&app.db, &app.account_id, &endpoint, "failed", "1 day").await;
+    // Delivered an hour ago: well past the retention too.
+    let recent = old_event(&app.db, &app.account_id, &endpoint, "delivered", "1 hour").await;
+
+    wait_for(
+        "the finished deliveries and their events go",
+        Duration::from_secs(20),
+        || async { rows(&app.db, &app.account_id).await == (1, 1, 1) },
+    )
+    .await;
+    // Several runs later, the pending delivery and what belongs to it are still there.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(rows(&app.db, &app.account_id).await, (1, 1, 1));
+    assert_eq!(
+        events_left(&app.db, &[&pending, &delivered, &failed, &recent]).await,
+        vec![pending.clone()]
+    );
+    let (state, attempts): (Option<chrono::DateTime<chrono::Utc>>, i64) = sqlx::query_as(
+        "SELECT delivered_at, (SELECT count(*) FROM webhook_attempts AS attempt
+                               WHERE attempt.account_id = delivery.account_id
+                                 AND attempt.delivery_id = delivery.id)
+         FROM webhook_deliveries AS delivery WHERE account_id = $2 AND event_id = $1",
+    )
+    .bind(&pending)
+    .bind(&app.account_id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!((state, attempts), (None, 1));
+    assert_eq!(
+        app.get(&format!("/v1/events/{pending}")).await.status,
+        200,
+        "the pending delivery's event still reads"
+    );
+    assert_eq!(
+        app.get(&format!("/v1/events/{delivered}")).await.status,
+        404
+    );
+}
+
+#[api_test]
+async fn a_delivery_retention_shorter_than_the_retry_schedule_is_refused_at_start() {
+    let settings = Settings {
+        webhook_delivery_retention: Duration::from_secs(1),
+        ..Settings::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let pool = idempay::db::pool(&crate::support::harness::database_url(
+        &crate::support::helpers::fresh_database().await,
+    ))
+    .unwrap();
+    let refused = idempay::http::Application::build(settings, pool, listener)
+        .err()
+        .expect("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("IDEMPAY_WEBHOOK_DELIVERY_RETENTION (1s) must be at least the span"),
+        "{refused}"
+    );
+}
+
+#[api_test]
+async fn the_processor_s_outbox_keeps_its_deliveries_for_their_retention_only() {
+    let receiver = Receiver::start(0).await;
+    let mut settings = crate::processor::settings();
+    settings.webhook_url = Some(receiver.url.clone());
+    settings.webhook_secrets = Some(WebhookSecrets::generate());
+    settings.webhook_retry_schedule = idempay::webhooks::RetrySchedule::parse("100ms").unwrap();
+    settings.webhook_delivery_retention = Duration::from_secs(1);
+    settings.expiry_interval = Duration::from_millis(200);
+    let processor = TestProcessor::spawn_with(settings).await;
+    // A pending delivery of the processor's, due only in a day: kept whatever its age.
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (account_id, event_id, url, body, next_attempt_at, created_at)
+         VALUES ('processor', 'evt_pending', 'http://127.0.0.1:9/', '\\x7b7d',
+                 now() + interval '1 day', now() - interval '30 days')",
+    )
+    .execute(&processor.db)
+    .await
+    .unwrap();
+
+    for amount in [1000, 2000, 3000] {
+        let charged = processor
+            .charge(&new_key(), &charge(amount, "pm_card_visa"))
+            .await;
+        assert_eq!(charged.status, 201);
+    }
+    wait_for(
+        "three events are delivered",
+        Duration::from_secs(10),
+        || async { receiver.deliveries().len() >= 3 },
+    )
+    .await;
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_deliveries")
+            .fetch_one(&processor.db)
+            .await
+            .unwrap()
+    };
+    wait_for("the delivered ones go", Duration::from_secs(20), || async {
+        count().await == 1
+    })
+    .await;
+    let left: String = sqlx::query_scalar("SELECT event_id FROM webhook_deliveries")
+        .fetch_one(&processor.db)
+        .await
+        .unwrap();
+    assert_eq!(left, "evt_pending");
+}
+
+#[api_test(citus)]
+async fn an_account_has_at_most_16_endpoints_even_registered_all_at_once() {
+    let app = TestApp::spawn_with(local("1s")).await;
+    let keys: Vec<String> = (0..20).map(|_| new_key()).collect();
+    let body = json!({ "url": "http://127.0.0.1:9/hooks", "enabled_events": ["*"] });
+    let answers = futures_util::future::join_all(
+        keys.iter()
+            .map(|key| post_endpoint(&app, &app.api_key, key, &body)),
+    )
+    .await;
+    let created: Vec<&String> = keys
+        .iter()
+        .zip(&answers)
+        .filter(|(_, answer)| answer.status == 201)
+        .map(|(key, _)| key)
+        .collect();
+    assert_eq!(created.len(), 16, "20 registrations at once");
+    let refused: Vec<&String> = keys
+        .iter()
+        .zip(&answers)
+        .filter(|(_, answer)| answer.status != 201)
+        .map(|(key, answer)| {
+            let problem = answer.assert_problem(409, "webhook-endpoint-limit");
+            assert!(
+                problem["detail"].as_str().unwrap().contains("(16)"),
+                "{problem}"
+            );
+            key
+        })
+        .collect();
+    assert_eq!(refused.len(), 4);
+    let count: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM webhook_endpoints WHERE account_id = $1")
+            .bind(&app.account_id)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(count, 16);
+
+    // Another account has its own 16.
+    let (_, other_key) = app.create_account("another merchant").await;
+    assert_eq!(
+        post_endpoint(&app, &other_key, &new_key(), &body)
+            .await
+            .status,
+        201
+    );
+
+    // The refused key was released: once an endpoint is deleted, its retry registers one.
+    let listed = app.get("/v1/webhook_endpoints?limit=1").await.json();
+    let one = listed["data"][0]["id"].as_str().unwrap();
+    let deleted = app
+        .send(
+            app.client()
+                .delete(app.url(&format!("/v1/webhook_endpoints/{one}")))
+                .bearer_auth(&app.api_key),
+        )
+        .await;
+    assert_eq!(deleted.status, 200);
+    let retried = post_endpoint(&app, &app.api_key, refused[0], &body).await;
+    assert_eq!(
+        retried.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retried.body)
+    );
+    post_endpoint(&app, &app.api_key, refused[1], &body)
+        .await
+        .assert_problem(409, "webhook-endpoint-limit");
+}
