@@ -170,6 +170,9 @@ async fn three_instances_deliver_every_event_once() {
     let env = [
         ("IDEMPAY_WEBHOOK_ALLOW_PRIVATE", "true"),
         ("IDEMPAY_WEBHOOK_RETRY_SCHEDULE", "100ms"),
+        // Each polls soon after the events appear: none is a second late to a backlog the others
+        // could drain in that second.
+        ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "100ms"),
     ];
     let database_url = app.database_url();
     let instances =
