@@ -155,7 +155,9 @@ async fn when_the_schedule_runs_out_the_delivery_fails_and_the_endpoint_is_disab
 }
 
 /// Three `idempay serve` processes deliver 500 events to one endpoint that always answers 2xx:
-/// each event arrives exactly once, and each delivery was attempted once.
+/// each event arrives exactly once, and each delivery was attempted once. The three share the
+/// work: each instance's metrics count deliveries of its own, and they add up to the 500 (one
+/// instance delivering everything would prove nothing about the others).
 #[api_test]
 async fn three_instances_deliver_every_event_once() {
     let _alone = one_storm_at_a_time().await;
@@ -168,9 +170,12 @@ async fn three_instances_deliver_every_event_once() {
     let env = [
         ("IDEMPAY_WEBHOOK_ALLOW_PRIVATE", "true"),
         ("IDEMPAY_WEBHOOK_RETRY_SCHEDULE", "100ms"),
+        // Each polls soon after the events appear: none is a second late to a backlog the others
+        // could drain in that second.
+        ("IDEMPAY_WEBHOOK_POLL_INTERVAL", "100ms"),
     ];
     let database_url = app.database_url();
-    let _instances =
+    let instances =
         futures::future::join_all((0..3).map(|_| Instance::start(&database_url, &env))).await;
 
     sqlx::query(&format!(
@@ -219,6 +224,28 @@ async fn three_instances_deliver_every_event_once() {
     assert_eq!(
         (deliveries, attempted_once, attempts),
         (EVENTS, EVENTS, EVENTS)
+    );
+    let mut delivered_by = Vec::new();
+    for instance in &instances {
+        delivered_by.push(
+            instance
+                .metrics()
+                .await
+                .value(
+                    r#"idempay_webhook_deliveries_total{sender="endpoints",outcome="delivered"}"#,
+                )
+                .unwrap_or(0.0),
+        );
+    }
+    eprintln!("delivery: the three instances delivered {delivered_by:?} of {EVENTS} events");
+    assert_eq!(
+        delivered_by.iter().sum::<f64>(),
+        EVENTS as f64,
+        "the instances' counts add up to the events: {delivered_by:?}"
+    );
+    assert!(
+        delivered_by.iter().all(|delivered| *delivered > 0.0),
+        "every instance delivered some of the events: {delivered_by:?}"
     );
 }
 

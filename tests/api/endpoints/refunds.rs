@@ -83,8 +83,37 @@ async fn twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five(
     let paid = app.paid(50).await;
     let keys: Vec<String> = (0..20).map(|_| new_key()).collect();
     let body = json!({ "amount": 10 });
+    // The barrier: the test holds the processor's charge, which each refund locks to refund it.
+    // Every refund passes idempay's own check (50 remain) and waits there; the processor's row
+    // lock then decides, one at a time, and refuses what would go beyond the charge.
+    let charge: String = sqlx::query_scalar("SELECT charge FROM payments WHERE id = $1")
+        .bind(&paid)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let mut barrier = app.db.begin().await.unwrap();
+    sqlx::query("SELECT FROM processor_charges WHERE id = $1 FOR UPDATE")
+        .bind(&charge)
+        .execute(&mut *barrier)
+        .await
+        .unwrap();
 
-    let responses = join_all(keys.iter().map(|key| app.post_refund(&paid, key, &body))).await;
+    let (responses, together) = tokio::join!(
+        join_all(keys.iter().map(|key| app.post_refund(&paid, key, &body))),
+        async {
+            // They overlap: many wait at the barrier at once. Sent one after another, one would.
+            let together = app
+                .until_statements_wait_together(
+                    "refunds wait at the charge's lock together",
+                    "%FROM processor_charges WHERE id = $1 FOR UPDATE%",
+                    5,
+                )
+                .await;
+            barrier.commit().await.unwrap();
+            together
+        }
+    );
+    eprintln!("refunds: {together} of 20 waited at the charge's lock at once");
 
     let made = responses.iter().filter(|r| r.status == 201).count();
     assert_eq!(made, 5);

@@ -48,10 +48,34 @@ async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
     let data = json!({ "payment": paid, "dispute": "dp_storm", "amount": 100 });
+    // The barrier: the test records the event's id in a transaction it holds open. Each delivery
+    // inserts the id first, and waits on the test's uncommitted row; the test then rolls it back,
+    // and the deliveries meet each other's inserts instead.
+    let mut barrier = app.db.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO processed_events (id, type, outcome, expires_at)
+         VALUES ('evt_storm', 'dispute.created', 'applied', now() + interval '1 day')",
+    )
+    .execute(&mut *barrier)
+    .await
+    .unwrap();
 
-    let answers =
-        join_all((0..10).map(|_| deliver(&app, &secret, "evt_storm", "dispute.created", &data)))
-            .await;
+    let (answers, together) = tokio::join!(
+        join_all((0..10).map(|_| deliver(&app, &secret, "evt_storm", "dispute.created", &data))),
+        async {
+            // They overlap: many wait at the barrier at once. Sent one after another, one would.
+            let together = app
+                .until_statements_wait_together(
+                    "redeliveries wait at the event's id together",
+                    "%INSERT INTO processed_events%",
+                    5,
+                )
+                .await;
+            barrier.rollback().await.unwrap();
+            together
+        }
+    );
+    eprintln!("redeliveries: {together} of 10 waited at the event's id at once");
 
     assert!(answers.iter().all(|answer| answer.status == 200));
     let outcomes: Vec<Value> = answers

@@ -71,10 +71,14 @@ async fn a_keep_alive_connection_serves_a_later_request_and_is_closed_once_idle_
     let received = read_until_closed(&mut stream, GUARD).await;
     let closed_after = idle.elapsed();
 
+    eprintln!("keep-alive: closed {closed_after:?} after the last answer (timeout {timeout:?})");
     assert!(received.is_empty(), "closed without an answer");
-    // Counted from the end of the last answer: not at once, and not much later than the timeout.
+    // Counted from the end of the last answer, which the server's timer starts a little before
+    // the client reads it; late by what the timer and the scheduler add (as in slow_clients.rs:
+    // 336 ms at most measured under load there, 24 ms here; 750 ms allowed).
     assert!(
-        closed_after >= timeout / 2 && closed_after <= timeout + Duration::from_secs(6),
+        closed_after >= timeout - Duration::from_millis(100)
+            && closed_after <= timeout + Duration::from_millis(750),
         "an idle keep-alive connection was closed after {closed_after:?}, the timeout is \
          {timeout:?}"
     );

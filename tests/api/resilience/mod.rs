@@ -5,6 +5,7 @@ mod api_keys;
 mod background_jobs;
 mod connections;
 mod faults;
+mod graceful_stop;
 mod hostile;
 mod lock_timeout;
 mod outage;

@@ -428,6 +428,44 @@ impl TestApp {
         .await;
     }
 
+    /// Waits until at least `least` statements of this test's database whose text is `LIKE`
+    /// `query` wait for a lock at the same moment, and returns the most that did over the next
+    /// 200 ms (the others have that long to arrive too): how a test proves
+    /// that requests it sent together were in flight together (sent one after another, at most
+    /// one would be held at a lock the test holds). Panics after 10 s with the most it saw. On
+    /// Citus the lock is waited for on a worker, under the shard's name: the coordinator's
+    /// sessions still running the statement are counted instead (held by the test, they wait).
+    pub async fn until_statements_wait_together(&self, what: &str, query: &str, least: i64) -> i64 {
+        let started = std::time::Instant::now();
+        let (mut most, mut reached) = (0, None);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND state = 'active'
+                   AND (wait_event_type = 'Lock' OR $2) AND query LIKE $1",
+            )
+            .bind(query)
+            .bind(crate::support::citus::enabled())
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+            most = most.max(waiting);
+            if most >= least
+                && reached
+                    .get_or_insert_with(std::time::Instant::now)
+                    .elapsed()
+                    >= Duration::from_millis(200)
+            {
+                return most;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{what}: at most {most} waited at once within 10 s, not {least}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A server that accepts webhooks signed with a new secret, and the secret.
     pub async fn spawn_with_webhooks() -> (Self, WebhookSecrets) {
         let secret = WebhookSecrets::generate();

@@ -8,3 +8,4 @@ mod cli;
 mod demo;
 mod observability;
 mod queries;
+mod test_map;

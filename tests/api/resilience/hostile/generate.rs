@@ -40,6 +40,11 @@ pub struct Hostile {
     pub may_go_unanswered: bool,
     /// For the duplicate-fields test: the key, and whether the body gives a field twice.
     pub key: Option<(String, bool)>,
+    /// For a webhook, its `webhook-id`.
+    pub webhook_id: Option<String>,
+    /// For a forged webhook (unsigned, badly signed, signed too long ago, with a timestamp no
+    /// clock reads): the status and problem it must be refused with, and so recorded nowhere.
+    pub refused_as: Option<(u16, &'static str)>,
 }
 
 impl Hostile {
@@ -55,6 +60,8 @@ impl Hostile {
             chunked: None,
             may_go_unanswered: false,
             key: None,
+            webhook_id: None,
+            refused_as: None,
         }
     }
 
@@ -559,24 +566,44 @@ impl Target {
         }
         .into_bytes();
         let id = format!("evt_{}", rng.random_range(0..1_000_000u32));
-        let request = Hostile::new("webhook")
+        let mut request = Hostile::new("webhook")
             .post("/v1/webhooks/processor")
             .header("webhook-id", &id)
             .json(body.clone());
+        request.webhook_id = Some(id.clone());
+        let forged = |request: Hostile, status, problem| Hostile {
+            kind: "forged-webhook",
+            refused_as: Some((status, problem)),
+            ..request
+        };
         match rng.random_range(0..6) {
-            0 => request,
-            1 => request
-                .header("webhook-timestamp", now.to_string())
-                .header("webhook-signature", "v1,AAAA"),
-            2 => request
-                .header("webhook-timestamp", (now - 3600).to_string())
-                .header(
-                    "webhook-signature",
-                    self.secret.sign(&id, now - 3600, &body).unwrap(),
-                ),
-            3 => request
-                .header("webhook-timestamp", "99999999999999999999")
-                .header("webhook-signature", "v1,!!!! v2,x v1,"),
+            // Neither timestamp nor signature.
+            0 => forged(request, 400, "invalid-request"),
+            1 => forged(
+                request
+                    .header("webhook-timestamp", now.to_string())
+                    .header("webhook-signature", "v1,AAAA"),
+                401,
+                "webhook-signature-invalid",
+            ),
+            // A genuine delivery of an hour ago, replayed.
+            2 => forged(
+                request
+                    .header("webhook-timestamp", (now - 3600).to_string())
+                    .header(
+                        "webhook-signature",
+                        self.secret.sign(&id, now - 3600, &body).unwrap(),
+                    ),
+                400,
+                "webhook-timestamp-out-of-range",
+            ),
+            3 => forged(
+                request
+                    .header("webhook-timestamp", "99999999999999999999")
+                    .header("webhook-signature", "v1,!!!! v2,x v1,"),
+                400,
+                "invalid-request",
+            ),
             _ => request.header("webhook-timestamp", now.to_string()).header(
                 "webhook-signature",
                 self.secret.sign(&id, now, &body).unwrap(),
@@ -593,12 +620,14 @@ impl Target {
             .secret
             .sign(&id, now, String::from_utf8_lossy(body).as_bytes())
             .unwrap();
-        Hostile::new("webhook")
+        let mut request = Hostile::new("webhook")
             .post("/v1/webhooks/processor")
             .header("webhook-id", &id)
             .header("webhook-timestamp", now.to_string())
             .header("webhook-signature", signature)
-            .json(body)
+            .json(body);
+        request.webhook_id = Some(id);
+        request
     }
 
     pub fn auth(&self, rng: &mut StdRng) -> Hostile {

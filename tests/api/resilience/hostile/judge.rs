@@ -28,6 +28,16 @@ pub fn judge(request: &Hostile, outcome: &Outcome, secrets: &[&str]) -> Result<(
     if response.status >= 500 {
         return Err(format!("a 5xx answer: {response:?}"));
     }
+    if let Some((status, problem)) = request.refused_as {
+        let kind = serde_json::from_slice::<Value>(&response.body)
+            .ok()
+            .and_then(|body| body["type"].as_str().map(str::to_owned));
+        if response.status != status || kind.as_deref() != Some(&format!("/problems/{problem}")) {
+            return Err(format!(
+                "a forged webhook not refused with {status} {problem}: {response:?}"
+            ));
+        }
+    }
     for secret in secrets {
         if contains(&response.raw, secret.as_bytes()) {
             return Err(format!("the answer contains an API key: {response:?}"));

@@ -15,7 +15,7 @@
 mod generate;
 mod judge;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -121,6 +121,41 @@ async fn a_bounded_storm_of_hostile_requests_gets_no_5xx_and_leaves_payments_exa
         summary.statuses.get(&201).is_some_and(|count| *count > 0)
             && summary.statuses.keys().any(|status| *status >= 400),
         "the storm reached both the payments and the refusals: {summary}"
+    );
+    // Forged webhooks were refused (judged above, each with its problem) and recorded nowhere: no
+    // id that only a forged delivery carried is among the processed events.
+    let signed: HashSet<&str> = exchanges
+        .iter()
+        .filter(|(request, ..)| request.refused_as.is_none())
+        .filter_map(|(request, ..)| request.webhook_id.as_deref())
+        .collect();
+    let forged: HashSet<&str> = exchanges
+        .iter()
+        .filter(|(request, ..)| request.refused_as.is_some())
+        .filter_map(|(request, ..)| request.webhook_id.as_deref())
+        .filter(|id| !signed.contains(id))
+        .collect();
+    assert!(
+        forged.len() >= 10,
+        "the storm forged webhooks: {}",
+        forged.len()
+    );
+    let processed: Vec<String> = sqlx::query_scalar("SELECT id FROM processed_events")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    let recorded: Vec<&String> = processed
+        .iter()
+        .filter(|id| forged.contains(id.as_str()))
+        .collect();
+    assert!(
+        recorded.is_empty(),
+        "forged webhooks were recorded as processed: {recorded:?}"
+    );
+    eprintln!(
+        "hostile: {} forged webhooks refused and recorded nowhere; {} events processed",
+        forged.len(),
+        processed.len()
     );
 
     // The server still takes a payment, replays it and charges it once.
