@@ -102,6 +102,10 @@ async fn events_left(db: &PgPool, ids: &[&String]) -> Vec<String> {
         .unwrap()
 }
 
+/// How long rows of a payment may outlive it in the stream below: the retention (1 s), the
+/// expiry job's interval, and a delivery's own time.
+const RECENT: Duration = Duration::from_secs(3);
+
 #[api_test(citus)]
 async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_delivery_survives() {
     let receiver = Receiver::start(0).await;
@@ -113,16 +117,27 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
     // A payment after another for 6 seconds: six times the retention.
     let started = Instant::now();
     let mut paid: i64 = 0;
+    let mut made = Vec::new();
     let mut samples = Vec::new();
     while started.elapsed() < Duration::from_secs(6) {
         let created = app.post_payment(&new_key(), &payment(1000)).await;
         assert_eq!(created.status, 201);
+        made.push(Instant::now());
         paid += 1;
         if paid % 10 == 0 {
             samples.push((started.elapsed(), rows(&app.db, &app.account_id).await));
         }
     }
     let at_the_end = rows(&app.db, &app.account_id).await;
+    // What may still be there: the rows of the payments of the last few seconds (the retention,
+    // the job's interval, and room for a delivery that lags on a loaded machine). The stream is
+    // uneven under load (130 payments, 72 of them in its last 1.5 s, was seen), so the bound counts
+    // those payments rather than taking a share of all of them.
+    let recent = made.iter().filter(|at| at.elapsed() < RECENT).count() as i64;
+    assert!(
+        paid - recent >= 10,
+        "too few payments older than {RECENT:?} to tell pruning from none: {paid} made, {recent} recent"
+    );
     println!(
         "retention: {paid} payments in 6 s; (elapsed, (events, deliveries, attempts)): {samples:?}; at the end {at_the_end:?}"
     );
@@ -139,8 +154,9 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
         ("webhook_attempts", attempts),
     ] {
         assert!(
-            count <= paid / 2,
-            "{table} holds {count} rows after {paid} payments"
+            count <= recent + 1,
+            "{table} holds {count} rows after {paid} payments, {recent} of them in the last \
+             {RECENT:?} (and one pending delivery)"
         );
     }
 
