@@ -10,6 +10,8 @@
 #   BENCH_MAX_ROWS=5000000  largest key table of the sweep (sizes: 10k, 100k, 1M, 5M)
 #   BENCH_QUICK=1           2 s per measurement, at most 100k rows: to try it out
 #   BENCH_POOL=N            idempay's pool size (default: the service's own default)
+#   BENCH_COMMITS="on off"  synchronous_commit of each round of the table: on (durable commits,
+#                           as production runs; the table-size sweep too), then off beside it
 #   BENCH_CONCURRENCY, BENCH_WORKLOADS, BENCH_PG_OPTS  narrow the matrix, change the server
 #   BENCH_PROCESSOR="http embedded"  where idempay's charges are made, each mode measured after
 #                           the same limit: `idempay processor` over HTTP, or embedded in idempay
@@ -32,6 +34,13 @@ else
 fi
 read -ra CONCURRENCY <<<"${BENCH_CONCURRENCY:-1 16 64}"
 read -ra WORKLOADS <<<"${BENCH_WORKLOADS:-new replay mix}"
+# synchronous_commit for each round of the table: on (durable, the headline), then off.
+read -ra COMMITS <<<"${BENCH_COMMITS:-on off}"
+for commits in "${COMMITS[@]}"; do
+  [[ $commits == on || $commits == off ]] || die "BENCH_COMMITS lists on and off, not $commits"
+done
+# The raw runs of the durable round keep the names they always had.
+commit_prefix() { case "$1" in on) echo main ;; *) echo "async" ;; esac; }
 if [ -n "${BENCH_BASELINE_BIN:-}" ]; then
   read -ra MODES <<<"${BENCH_PROCESSOR:-base-http http base-embedded embedded}"
 else
@@ -129,20 +138,27 @@ main() {
     run_wrk "warmup-idempay-$mode" mix 16 2
   done
 
-  local workload conns
-  for workload in "${WORKLOADS[@]}"; do
-    for conns in "${CONCURRENCY[@]}"; do
-      log "$workload keys, c=$conns, ${SECONDS_PER_RUN}s each side"
-      if [ "$conns" = 64 ]; then
-        use_server "$own_mode" # sampled all along, idle while the other modes run
-        start_rss_sampler "$OUT_DIR/raw/rss.txt"
-        measure_pair "main-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
-        stop_rss_sampler
-      else
-        measure_pair "main-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
-      fi
+  # The whole table with durable commits (the headline: as production runs), then again with
+  # synchronous_commit=off, in the same run on the same server, so both are known.
+  local workload conns commits prefix
+  for commits in "${COMMITS[@]}"; do
+    set_synchronous_commit "$commits"
+    prefix=$(commit_prefix "$commits")
+    for workload in "${WORKLOADS[@]}"; do
+      for conns in "${CONCURRENCY[@]}"; do
+        log "synchronous_commit=$commits: $workload keys, c=$conns, ${SECONDS_PER_RUN}s each side"
+        if [ "$conns" = 64 ] && [ "$commits" = on ]; then
+          use_server "$own_mode" # sampled all along, idle while the other modes run
+          start_rss_sampler "$OUT_DIR/raw/rss.txt"
+          measure_pair "$prefix-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
+          stop_rss_sampler
+        else
+          measure_pair "$prefix-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
+        fi
+      done
     done
   done
+  set_synchronous_commit on
 
   # Latency as the table grows: start again from an empty key table, so the smallest size is
   # really small, and grow it with SQL between measurements.
@@ -190,6 +206,8 @@ json.dump({
     "processor_modes": "${MEASURED_MODES[*]}".split(),
     "select1_tps": float("$SELECT1_TPS"),
     "workloads": "${WORKLOADS[*]}".split(),
+    "synchronous_commit": "${COMMITS[*]}".split(),
+    "fsync": "$(sql -c 'SHOW fsync')",
     "concurrency": [int(c) for c in "${CONCURRENCY[*]}".split()],
     "sizes": [int(s) for s in "${SIZES[*]}".split()],
     "size_actual_rows": json.loads('$size_actual'),

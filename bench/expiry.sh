@@ -75,7 +75,7 @@ for part in parts[1:]:
 PY
   }
   explain_three lookup "$lookup" "(:'scope', :'key')"
-  explain_three reserve "$reserve" "(:'scope', :'key', :'hash', gen_random_uuid(), 30000, 86400000)"
+  explain_three reserve "$reserve" "(:'scope', :'key', :'hash', gen_random_uuid(), 30000, 86400000, NULL, NULL, NULL, NULL, split_part(:'scope', ':', 1), NULL)"
   explain_three expire "$expire" ""
   local args=() f label
   for f in lookup reserve expire; do

@@ -111,37 +111,43 @@ def bench(args):
     meta = load(os.path.join(raw, "meta.json"))
     results = []
     modes = meta.get("processor_modes", ["http"])
-    for workload in meta["workloads"]:
-        for conns in meta["concurrency"]:
-            limit = load(os.path.join(raw, f"main-{workload}-c{conns}-limit.json"))
-            for part in ("machine", "postgres"):
-                if limit.get("requests") and limit.get(f"{part}_cpu_s") is not None:
-                    limit[f"{part}_cpu_us_per_request"] = round(
-                        limit[f"{part}_cpu_s"] / limit["requests"] * 1e6, 1
-                    )
-            for mode in modes:
-                suffix = "" if mode == "http" else f"-{mode}"
-                idem = load(os.path.join(raw, f"main-{workload}-c{conns}-idempay{suffix}.json"))
-                if idem.get("requests"):
-                    for part in ("server", "processor", "machine", "postgres"):
-                        if idem.get(f"{part}_cpu_s") is not None:
-                            idem[f"{part}_cpu_us_per_request"] = round(
-                                idem[f"{part}_cpu_s"] / idem["requests"] * 1e6, 1
-                            )
-                results.append(
-                    {
-                        "workload": workload,
-                        "concurrency": conns,
-                        "processor": mode,
-                        "limit": limit,
-                        "idempay": idem,
-                        "ratio": {
-                            "rps": ratio(idem["rps"], limit["rps"]),
-                            "p50": ratio(idem["p50_ms"], limit["p50_ms"]),
-                            "p99": ratio(idem["p99_ms"], limit["p99_ms"]),
-                        },
-                    }
+    # Rounds of the table by synchronous_commit: "on" (durable, the headline) runs are named
+    # main-…, "off" runs async-….
+    rounds = meta.get("synchronous_commit", ["on"])
+    for commits, workload, conns in (
+        (c, w, n) for c in rounds for w in meta["workloads"] for n in meta["concurrency"]
+    ):
+        prefix = "main" if commits == "on" else "async"
+        limit = load(os.path.join(raw, f"{prefix}-{workload}-c{conns}-limit.json"))
+        for part in ("machine", "postgres"):
+            if limit.get("requests") and limit.get(f"{part}_cpu_s") is not None:
+                limit[f"{part}_cpu_us_per_request"] = round(
+                    limit[f"{part}_cpu_s"] / limit["requests"] * 1e6, 1
                 )
+        for mode in modes:
+            suffix = "" if mode == "http" else f"-{mode}"
+            idem = load(os.path.join(raw, f"{prefix}-{workload}-c{conns}-idempay{suffix}.json"))
+            if idem.get("requests"):
+                for part in ("server", "processor", "machine", "postgres"):
+                    if idem.get(f"{part}_cpu_s") is not None:
+                        idem[f"{part}_cpu_us_per_request"] = round(
+                            idem[f"{part}_cpu_s"] / idem["requests"] * 1e6, 1
+                        )
+            results.append(
+                {
+                    "synchronous_commit": commits,
+                    "workload": workload,
+                    "concurrency": conns,
+                    "processor": mode,
+                    "limit": limit,
+                    "idempay": idem,
+                    "ratio": {
+                        "rps": ratio(idem["rps"], limit["rps"]),
+                        "p50": ratio(idem["p50_ms"], limit["p50_ms"]),
+                        "p99": ratio(idem["p99_ms"], limit["p99_ms"]),
+                    },
+                }
+            )
     rss = []
     rss_path = os.path.join(raw, "rss.txt")
     if os.path.exists(rss_path):
@@ -179,6 +185,17 @@ def bench(args):
         f"before the run{load_note}); {meta['seconds']} s per measurement; idempay pool "
         f"{meta['pool_size']} connections{'' if meta['pool_configurable'] else ' (fixed)'}; "
         f"PostgreSQL `{meta['pg_opts']}`."
+    )
+    md.append("")
+    md.append(
+        f"Commits: fsync **{meta.get('fsync', '?')}**; the table is measured with "
+        + " and then ".join(
+            f"`synchronous_commit={c}`"
+            + (" (durable: a commit waits for its WAL on disk, as production runs)" if c == "on"
+               else " (a commit does not wait for the disk; shown for comparison)")
+            for c in meta.get("synchronous_commit", ["on"])
+        )
+        + ", both sides alike; the table-size sweep with the first."
     )
     md.append("")
     transport = meta.get("pg_transport", "published")
@@ -219,6 +236,7 @@ def bench(args):
         errors = idem.get("non_2xx", 0) + sum(idem.get("socket_errors", {}).values())
         rows.append(
             [
+                r.get("synchronous_commit", "on"),
                 r["workload"],
                 r["concurrency"],
                 r.get("processor", "http"),
@@ -243,6 +261,7 @@ def bench(args):
     md.append(
         md_table(
             [
+                "synchronous_commit",
                 "workload",
                 "c",
                 "processor",

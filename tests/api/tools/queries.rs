@@ -97,6 +97,54 @@ async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
     );
 }
 
+/// The commits of a new key, and which of them wait for the disk (PostgreSQL's
+/// `synchronous_commit`, on as production runs it): idempay's reservation records the recovery
+/// point and the downstream key the call sends, so it waits, as does the payment with its
+/// completion; the processor's reservation records none and commits without waiting, carried to
+/// disk by its charge's commit, which waits. Three waits per payment where the straightforward
+/// design (the bench's limit) has four. Counted on the wire: each statement outside a transaction
+/// that writes is a commit, and it waits unless it turned `synchronous_commit` off for itself.
+#[api_test]
+async fn a_new_payment_waits_for_the_disk_three_times_once_at_the_processor() {
+    let app = TestApp::spawn().await;
+    let (proxy, instance) = counted_instance(&app).await;
+    for _ in 0..2 {
+        let warm = instance
+            .post_payment(&app.api_key, &new_key(), &payment(4200))
+            .await;
+        assert_eq!(warm.status, 201, "{warm:?}");
+    }
+    proxy.wait_until_quiet().await;
+
+    let before = proxy.commits().len();
+    for _ in 0..5 {
+        let paid = instance
+            .post_payment(&app.api_key, &new_key(), &payment(4200))
+            .await;
+        assert_eq!(paid.status, 201, "{paid:?}");
+    }
+    proxy.wait_until_quiet().await;
+    let commits = proxy.commits().split_off(before);
+    let count = |processor: bool, waits: bool| {
+        commits
+            .iter()
+            .filter(|commit| commit.processor == processor && commit.waits == waits)
+            .count()
+    };
+
+    assert_eq!(
+        (count(false, true), count(false, false)),
+        (5 * 2, 0),
+        "idempay: each payment's reservation and completion wait for the disk: {commits:?}"
+    );
+    assert_eq!(
+        (count(true, true), count(true, false)),
+        (5, 5),
+        "the processor: each charge's reservation commits without waiting, its charge waits: \
+         {commits:?}"
+    );
+}
+
 /// An `idempay serve` process that reaches the test's database through a counting proxy, once it
 /// has gone quiet: what it sends from then on is the requests' own.
 async fn counted_instance(app: &TestApp) -> (CountingProxy, Instance) {
@@ -146,6 +194,17 @@ struct Counters {
     bytes: AtomicU64,
     statements: AtomicU64,
     exchanges: AtomicU64,
+    commits: std::sync::Mutex<Vec<Commit>>,
+}
+
+/// A commit an instance asked for: of a statement outside a transaction that writes, or a `COMMIT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Commit {
+    /// Whether it is the processor's (its scope, its tables), not idempay's.
+    processor: bool,
+    /// Whether it waits for its WAL to reach the disk: unless its statement set
+    /// `synchronous_commit` to `off` for its own transaction.
+    waits: bool,
 }
 
 /// A TCP proxy to the test's PostgreSQL that counts what clients send it.
@@ -180,6 +239,11 @@ impl CountingProxy {
             }
         });
         Self { url, counters }
+    }
+
+    /// Every commit counted so far, in the order the instance asked for them.
+    fn commits(&self) -> Vec<Commit> {
+        self.counters.commits.lock().unwrap().clone()
     }
 
     fn sent(&self) -> Sent {
@@ -225,6 +289,11 @@ async fn relay(client: TcpStream, server: TcpStream, counters: Arc<Counters>) {
             };
             counters.bytes.fetch_add(read as u64, Ordering::SeqCst);
             let (statements, exchanges) = messages.count(&chunk[..read]);
+            counters
+                .commits
+                .lock()
+                .unwrap()
+                .append(&mut messages.commits);
             counters.statements.fetch_add(statements, Ordering::SeqCst);
             counters.exchanges.fetch_add(exchanges, Ordering::SeqCst);
             if server_write.write_all(&chunk[..read]).await.is_err() {
@@ -246,6 +315,14 @@ async fn relay(client: TcpStream, server: TcpStream, counters: Arc<Counters>) {
 struct Messages {
     pending: Vec<u8>,
     started: bool,
+    /// The text of each prepared statement of the connection, by name.
+    prepared: std::collections::HashMap<String, String>,
+    /// The statement bound last and its parameters (`None` for SQL NULL), for the next `Execute`.
+    bound: Option<(String, Vec<Option<Vec<u8>>>)>,
+    /// Inside `BEGIN` … `COMMIT`, and whether a statement there was the processor's.
+    transaction: Option<bool>,
+    /// The commits the messages read so far asked for, not yet taken.
+    commits: Vec<Commit>,
 }
 
 impl Messages {
@@ -268,6 +345,8 @@ impl Messages {
             if typed {
                 statements += u64::from(matches!(self.pending[0], b'Q' | b'E'));
                 exchanges += u64::from(matches!(self.pending[0], b'Q' | b'S'));
+                let body = self.pending[5..whole].to_vec();
+                self.read_commits(self.pending[0], &body);
             } else {
                 let code = u32::from_be_bytes(self.pending[4..8].try_into().unwrap());
                 // SSLRequest and GSSENCRequest come before the startup message.
@@ -276,5 +355,131 @@ impl Messages {
             self.pending.drain(..whole);
         }
         (statements, exchanges)
+    }
+}
+
+impl Messages {
+    /// Follows statements to their commits: `Parse` names a statement's text, `Bind` its
+    /// parameters, `Execute` runs it; a simple `Query` is `BEGIN`, `COMMIT` or a statement.
+    fn read_commits(&mut self, kind: u8, body: &[u8]) {
+        let mut reader = Reader(body);
+        match kind {
+            b'P' => {
+                let name = reader.text();
+                let text = reader.text();
+                self.prepared.insert(name, text);
+            }
+            b'B' => {
+                let _portal = reader.text();
+                let text = self
+                    .prepared
+                    .get(&reader.text())
+                    .cloned()
+                    .unwrap_or_default();
+                let formats = reader.int16();
+                for _ in 0..formats {
+                    reader.int16();
+                }
+                let parameters = (0..reader.int16()).map(|_| reader.value()).collect();
+                self.bound = Some((text, parameters));
+            }
+            b'E' => {
+                if let Some((text, parameters)) = self.bound.take() {
+                    self.executed(&text, &parameters);
+                }
+            }
+            b'Q' => {
+                let text = reader.text();
+                match text.trim().to_ascii_uppercase().as_str() {
+                    "BEGIN" => self.transaction = Some(false),
+                    "COMMIT" => {
+                        if let Some(processor) = self.transaction.take() {
+                            self.commits.push(Commit {
+                                processor,
+                                waits: true,
+                            });
+                        }
+                    }
+                    "ROLLBACK" => self.transaction = None,
+                    _ => self.executed(&text, &[]),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn executed(&mut self, text: &str, parameters: &[Option<Vec<u8>>]) {
+        let upper = text.to_ascii_uppercase();
+        let writes = [
+            "INSERT INTO",
+            "UPDATE ",
+            "DELETE FROM",
+            "IDEMPOTENCY_COMPLETE(",
+        ]
+        .iter()
+        .any(|write| upper.contains(write));
+        let processor = upper.contains("PROCESSOR_")
+            || parameters
+                .iter()
+                .flatten()
+                .any(|value| value.as_slice() == b"processor" || value.starts_with(b"processor:"));
+        match &mut self.transaction {
+            Some(of_processor) => *of_processor |= processor,
+            None if writes => self.commits.push(Commit {
+                processor,
+                waits: !turns_synchronous_commit_off(text, parameters),
+            }),
+            None => {}
+        }
+    }
+}
+
+/// Whether the statement sets `synchronous_commit` for its own transaction (`set_config(…, true)`)
+/// from a parameter bound to `off`: its commit then does not wait for the disk.
+fn turns_synchronous_commit_off(text: &str, parameters: &[Option<Vec<u8>>]) -> bool {
+    let Some((_, after)) = text.split_once("set_config('synchronous_commit',") else {
+        return false;
+    };
+    let Some((_, after)) = after.split_once('$') else {
+        return false;
+    };
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|number| parameters.get(number.checked_sub(1)?))
+        .is_some_and(|value| value.as_deref() == Some(b"off".as_slice()))
+}
+
+/// Reads the fields of one message's body.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    /// A NUL-terminated string.
+    fn text(&mut self) -> String {
+        let end = self
+            .0
+            .iter()
+            .position(|&byte| byte == 0)
+            .unwrap_or(self.0.len());
+        let text = String::from_utf8_lossy(&self.0[..end]).into_owned();
+        self.0 = &self.0[(end + 1).min(self.0.len())..];
+        text
+    }
+
+    fn int16(&mut self) -> i16 {
+        let value = i16::from_be_bytes(self.0[..2].try_into().unwrap());
+        self.0 = &self.0[2..];
+        value
+    }
+
+    /// A parameter: its length (-1 for NULL), then its bytes.
+    fn value(&mut self) -> Option<Vec<u8>> {
+        let length = i32::from_be_bytes(self.0[..4].try_into().unwrap());
+        self.0 = &self.0[4..];
+        let length = usize::try_from(length).ok()?;
+        let value = self.0[..length].to_vec();
+        self.0 = &self.0[length..];
+        Some(value)
     }
 }
