@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test explore test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-expiry bench-citus profile
+.PHONY: run test explore test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -70,6 +70,11 @@ clean-containers:
 ## BENCH_QUICK=1 for a one-minute try; results in target/bench/bench.{json,md}.
 bench:
 	bash bench/bench.sh
+
+## New keys with durable commits at c=1, 16, 64 for each pool size (BENCH_POOLS="4 8 16 32"): the
+## curve the default pool size is chosen from. Results in target/bench/pools.md.
+bench-pools:
+	bash bench/pools.sh
 
 ## The expiry job draining 2.5 million expired keys under load, against the same load without it.
 ## Results in target/bench/expiry.{json,md}.

@@ -120,6 +120,7 @@ main() {
   $POOL_CONFIGURABLE ||
     log "this build has no IDEMPAY_DATABASE_MAX_CONNECTIONS: the pool is its fixed 16 connections"
   measure_select1
+  measure_fsync
   local mode idle_rss
   "$IDEMPAY" processor --help >/dev/null 2>&1 || MODES=(http) # an older binary charges in-process
   MEASURED_MODES=("${MODES[@]}") # the sweep below narrows MODES; the report names them all
@@ -205,6 +206,7 @@ json.dump({
     "baseline_label": "${BENCH_BASELINE_LABEL:-}",
     "processor_modes": "${MEASURED_MODES[*]}".split(),
     "select1_tps": float("$SELECT1_TPS"),
+    "fdatasync_per_s": float("${FDATASYNC_PER_S:-nan}"),
     "workloads": "${WORKLOADS[*]}".split(),
     "synchronous_commit": "${COMMITS[*]}".split(),
     "fsync": "$(sql -c 'SHOW fsync')",

@@ -195,7 +195,9 @@ def bench(args):
                else " (a commit does not wait for the disk; shown for comparison)")
             for c in meta.get("synchronous_commit", ["on"])
         )
-        + ", both sides alike; the table-size sweep with the first."
+        + ", both sides alike; the table-size sweep with the first. The WAL's disk flushes "
+        + f"{fmt(meta.get('fdatasync_per_s'), 0)} times per second (`pg_test_fsync`, fdatasync "
+        + "of one 8 kB write)."
     )
     md.append("")
     transport = meta.get("pg_transport", "published")

@@ -242,13 +242,15 @@ pub struct DatabaseArgs {
 /// The connection pool's bounds: a request never waits long for a connection.
 #[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolLimits {
-    /// Connections of the pool. Slow work holds none, so a few serve many requests; more
-    /// connections than the database has cores to run them only queue inside PostgreSQL. The
-    /// lot a new key's statements run on (`db::Lot`) has as many again, opened as needed.
+    /// Connections of the pool. Slow work holds none, so a few serve many requests; but a commit
+    /// holds its connection while it waits for the disk, and commits that wait together share one
+    /// flush, so the default is chosen from `make bench-pools` with durable commits (see
+    /// bench/README.md). The lot a new key's statements run on (`db::Lot`) has as many again,
+    /// opened as needed.
     #[arg(
         long = "database-max-connections",
         env = "IDEMPAY_DATABASE_MAX_CONNECTIONS",
-        default_value_t = 8,
+        default_value_t = DEFAULT_MAX_CONNECTIONS,
         value_parser = at_least_one("IDEMPAY_DATABASE_MAX_CONNECTIONS")
     )]
     pub max_connections: u32,
@@ -258,10 +260,14 @@ pub struct PoolLimits {
     pub acquire_timeout: Duration,
 }
 
+/// The pool's size unless set: with durable commits, 16 served new keys at c=16 and c=64 at least
+/// as fast as 8 or 32 did in every run of `make bench-pools` (bench/README.md).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
 impl Default for PoolLimits {
     fn default() -> Self {
         Self {
-            max_connections: 8,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             acquire_timeout: Duration::from_secs(5),
         }
     }
