@@ -68,21 +68,11 @@ async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
     let app = TestApp::spawn().await;
     let (proxy, instance) = counted_instance(&app).await;
     // The first keys prepare the statements on the connections they use.
-    for _ in 0..2 {
-        let warm = instance
-            .post_payment(&app.api_key, &new_key(), &payment(4200))
-            .await;
-        assert_eq!(warm.status, 201, "{warm:?}");
-    }
+    pay_new_keys(&app, &instance, 2).await;
     proxy.wait_until_quiet().await;
 
     let before = proxy.sent();
-    for _ in 0..5 {
-        let paid = instance
-            .post_payment(&app.api_key, &new_key(), &payment(4200))
-            .await;
-        assert_eq!(paid.status, 201, "{paid:?}");
-    }
+    pay_new_keys(&app, &instance, 5).await;
     // A ping would come after the answer, from a task of its own: wait for it before counting.
     proxy.wait_until_quiet().await;
     let sent = proxy.sent() - before;
@@ -108,21 +98,11 @@ async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
 async fn a_new_payment_waits_for_the_disk_three_times_once_at_the_processor() {
     let app = TestApp::spawn().await;
     let (proxy, instance) = counted_instance(&app).await;
-    for _ in 0..2 {
-        let warm = instance
-            .post_payment(&app.api_key, &new_key(), &payment(4200))
-            .await;
-        assert_eq!(warm.status, 201, "{warm:?}");
-    }
+    pay_new_keys(&app, &instance, 2).await;
     proxy.wait_until_quiet().await;
 
     let before = proxy.commits().len();
-    for _ in 0..5 {
-        let paid = instance
-            .post_payment(&app.api_key, &new_key(), &payment(4200))
-            .await;
-        assert_eq!(paid.status, 201, "{paid:?}");
-    }
+    pay_new_keys(&app, &instance, 5).await;
     proxy.wait_until_quiet().await;
     let commits = proxy.commits().split_off(before);
     let count = |processor: bool, waits: bool| {
@@ -143,6 +123,16 @@ async fn a_new_payment_waits_for_the_disk_three_times_once_at_the_processor() {
         "the processor: each charge's reservation commits without waiting, its charge waits: \
          {commits:?}"
     );
+}
+
+/// Pays `count` payments, each under a new key, one after the other.
+async fn pay_new_keys(app: &TestApp, instance: &Instance, count: usize) {
+    for _ in 0..count {
+        let paid = instance
+            .post_payment(&app.api_key, &new_key(), &payment(4200))
+            .await;
+        assert_eq!(paid.status, 201, "{paid:?}");
+    }
 }
 
 /// An `idempay serve` process that reaches the test's database through a counting proxy, once it
