@@ -242,7 +242,12 @@ async fn a_key_changed_after_the_listener_lost_its_connection_is_not_trusted_fro
 #[api_test]
 async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account_has_it() {
     let app = TestApp::spawn().await;
-    let instance = Instance::start(&app.database_url(), &[]).await;
+    // A pool of 8, so that the flood below is bounded by its half, 4.
+    let instance = Instance::start(
+        &app.database_url(),
+        &[("IDEMPAY_DATABASE_MAX_CONNECTIONS", "8")],
+    )
+    .await;
     instance.listening_for_key_changes().await;
     let lookups = |metrics: &crate::support::instance::Metrics| {
         metrics
@@ -298,8 +303,12 @@ async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account
 #[api_test]
 async fn a_flood_of_random_keys_looks_up_on_half_the_pool_and_known_keys_are_still_served() {
     let app = TestApp::spawn().await;
-    // The default pool: 8 connections, so at most 4 lookups at once.
-    let instance = Instance::start(&app.database_url(), &[]).await;
+    // A pool of 8 connections, so at most 4 lookups at once.
+    let instance = Instance::start(
+        &app.database_url(),
+        &[("IDEMPAY_DATABASE_MAX_CONNECTIONS", "8")],
+    )
+    .await;
     instance.listening_for_key_changes().await;
     assert_eq!(
         list(&instance, &app.api_key).await.status,
