@@ -324,16 +324,27 @@ impl ProcessorClient {
         }
     }
 
+    /// Reads `path`, asking again after a 503 (a read is safe to repeat): a processor whose
+    /// database just restarted answers 503 until its pool has shed the connections from before
+    /// the restart, one per request, and a reconciliation should wait for that rather than fail.
+    /// At most [`READ_ATTEMPTS`] tries, a second apart.
     async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let response = self.request(Method::GET, path).send().await?;
-        let status = response.status();
-        if !status.is_success() {
-            anyhow::bail!(
-                "GET {path} answered {status}: {}",
-                response.text().await.unwrap_or_default()
-            );
+        for attempt in 1.. {
+            let response = self.request(Method::GET, path).send().await?;
+            let status = response.status();
+            if status == StatusCode::SERVICE_UNAVAILABLE && attempt < READ_ATTEMPTS {
+                tokio::time::sleep(READ_PAUSE).await;
+                continue;
+            }
+            if !status.is_success() {
+                anyhow::bail!(
+                    "GET {path} answered {status}: {}",
+                    response.text().await.unwrap_or_default()
+                );
+            }
+            return Ok(response.json().await?);
         }
-        Ok(response.json().await?)
+        unreachable!("the attempts end with an answer or an error")
     }
 
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
@@ -341,6 +352,10 @@ impl ProcessorClient {
         self.http.request(method, url).bearer_auth(&self.api_key)
     }
 }
+
+/// How often a read for reconciliation is sent before a 503 is its answer, and the pause between.
+const READ_ATTEMPTS: u32 = 10;
+const READ_PAUSE: Duration = Duration::from_secs(1);
 
 /// A call that got no response. Only a failure to connect proves that nothing was sent.
 fn transport<T>(error: &reqwest::Error) -> Outcome<T> {
