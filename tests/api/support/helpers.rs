@@ -413,14 +413,17 @@ impl TestApp {
     /// Waits until a statement of this test's database whose text is `LIKE` `query` waits for a
     /// lock (a row's, a table's or an advisory one): how a test knows a request reached the window
     /// it aims at, and is held there.
+    /// On Citus the lock is waited for on a worker: there the coordinator's session still running
+    /// the statement is what shows it (as in `until_statements_wait_together`).
     pub async fn until_a_statement_waits(&self, what: &str, query: &str) {
         wait_until(what, || async {
             sqlx::query_scalar::<_, bool>(
                 "SELECT EXISTS (SELECT FROM pg_stat_activity
-                                WHERE datname = current_database() AND wait_event_type = 'Lock'
-                                  AND query LIKE $1)",
+                                WHERE datname = current_database() AND state = 'active'
+                                  AND (wait_event_type = 'Lock' OR $2) AND query LIKE $1)",
             )
             .bind(query)
+            .bind(crate::support::citus::enabled())
             .fetch_one(&self.db)
             .await
             .unwrap()
