@@ -20,8 +20,8 @@ use tokio::net::TcpListener;
 
 use crate::processor::{self, API_KEY, TestProcessor};
 use crate::support::helpers::{
-    TestApp, new_key, one_storm_at_a_time, payment, retry_while_in_flight, send, slow_payment,
-    wait_until,
+    TestApp, holds_within, new_key, one_storm_at_a_time, payment, retry_while_in_flight, send,
+    slow_payment, wait_until,
 };
 use crate::support::instance::{Instance, LogFile, free_port, idempay};
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
@@ -392,10 +392,20 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
 
     // The crash must hit the window: the charge under way at the processor (the recovery point
     // committed) and not yet recorded.
-    wait_until("the charge is under way at the processor", || {
-        charge_under_way(&app, &key)
-    })
-    .await;
+    // 20 s: a loaded cluster (three nodes on two cores) has taken more than 10 s to get there.
+    if !holds_within(Duration::from_secs(20), || charge_under_way(&app, &key)).await {
+        let keys: Vec<(String, String, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT scope, status, recovery_point, downstream_key FROM idempotency_keys",
+        )
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+        panic!(
+            "the charge is not under way at the processor within 20 s; keys: {keys:?}, \
+             payments: {}",
+            app.payment_count().await
+        );
+    }
     assert_eq!(app.payment_count().await, 0, "killed before the payment");
     doomed.child.kill().await.expect("SIGKILL");
     assert!(

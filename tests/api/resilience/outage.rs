@@ -384,7 +384,11 @@ impl OwnPostgres {
     /// start, until it accepts connections.
     pub(super) async fn docker(&self, command: &[&str]) {
         let args: Vec<&str> = command.iter().copied().chain([self.id.as_str()]).collect();
-        docker(&args).await;
+        if command.first() == Some(&"pause") {
+            self.pause(&args).await;
+        } else {
+            docker(&args).await;
+        }
         match command.first() {
             Some(&"kill") => {
                 docker(&["wait", &self.id]).await;
@@ -392,6 +396,29 @@ impl OwnPostgres {
             Some(&"start") => self.wait_until_connectable().await,
             _ => {}
         }
+    }
+
+    /// `docker pause` asks the kernel's cgroup freezer to stop every process of the container;
+    /// on a loaded machine a process busy in the kernel can keep the freezer from settling, and
+    /// runc then gives up ("unable to freeze") and leaves the container running. Nothing was
+    /// paused, so asking again is safe; the outage begins when a pause succeeds.
+    async fn pause(&self, args: &[&str]) {
+        for _ in 0..10 {
+            let output = tokio::process::Command::new("docker")
+                .args(args)
+                .output()
+                .await
+                .expect("docker runs");
+            if output.status.success() {
+                return;
+            }
+            eprintln!(
+                "docker pause refused, asking again: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        panic!("docker pause failed 10 times");
     }
 
     async fn wait_until_connectable(&self) {
