@@ -1,5 +1,6 @@
 //! Accounts are the merchants that call the API. Each authenticates with a secret API key
-//! (`Authorization: Bearer sk_…`); only its SHA-256 hash is stored.
+//! (`Authorization: Bearer sk_…`, or HTTP Basic with the key as the user name, as Stripe takes
+//! it); only its SHA-256 hash is stored.
 
 mod api_key;
 mod cache;
@@ -169,17 +170,12 @@ where
         if let Some(account) = parts.extensions.get::<Account>() {
             return Ok(account.clone());
         }
-        let key = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(bearer_token)
-            .and_then(ApiKey::parse)
-            .ok_or_else(unauthorized)?;
+        let key = credentials(parts.headers.get(header::AUTHORIZATION))
+            .map_err(|refused| unauthorized(refused.detail()))?;
         let account = AccountCache::from_ref(state)
             .find(key.hash())
             .await?
-            .ok_or_else(unauthorized)?;
+            .ok_or_else(|| unauthorized(Refused::Unknown.detail()))?;
         tracing::Span::current().record("account", account.id.as_str());
         RateLimit::from_ref(state).check(&account.id)?;
         parts.extensions.insert(account.clone());
@@ -187,17 +183,80 @@ where
     }
 }
 
-/// The token of `Bearer <token>`; the scheme's name is case-insensitive (RFC 9110, 11.1).
-fn bearer_token(authorization: &str) -> Option<&str> {
-    let (scheme, token) = authorization.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then_some(token)
+/// Why a request's credentials were refused, each told apart in the 401's `detail` so that a
+/// developer sees at once what to fix. None of them says anything of other accounts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    /// No `Authorization` header.
+    Missing,
+    /// A scheme other than Bearer or Basic, or a header that is not text.
+    UnknownScheme,
+    /// Basic with the key as the password (`curl -u :sk_…`), or a password beside it.
+    KeyNotUserName,
+    /// Something that is not the shape of an API key.
+    Malformed,
+    /// A well-formed key that no account has.
+    Unknown,
 }
 
-fn unauthorized() -> Problem {
-    Problem::new(
-        ProblemKind::Unauthorized,
-        "Send a valid API key as `Authorization: Bearer sk_…`.",
-    )
+impl Refused {
+    fn detail(self) -> &'static str {
+        match self {
+            Self::Missing => {
+                "No API key was sent. Send the account's secret key as `Authorization: Bearer \
+                 sk_…`, or as the user name of HTTP Basic authentication with an empty password \
+                 (`curl -u sk_…:`)."
+            }
+            Self::UnknownScheme => {
+                "The Authorization header is neither Bearer nor Basic. Send `Authorization: \
+                 Bearer sk_…`."
+            }
+            Self::KeyNotUserName => {
+                "HTTP Basic authentication takes the API key as the user name and an empty \
+                 password (`curl -u sk_…:`)."
+            }
+            Self::Malformed => {
+                "The API key is malformed: a secret key is `sk_` followed by 40 letters and \
+                 digits, as it was shown when issued."
+            }
+            Self::Unknown => {
+                "No account has this API key: it was rotated, revoked, or never issued."
+            }
+        }
+    }
+}
+
+/// The API key of an `Authorization` header: `Bearer sk_…`, or Stripe's convention, HTTP Basic
+/// with the key as the user name and an empty password. Schemes are case-insensitive (RFC 9110,
+/// 11.1).
+fn credentials(authorization: Option<&header::HeaderValue>) -> Result<ApiKey, Refused> {
+    let authorization = authorization.ok_or(Refused::Missing)?;
+    let authorization = authorization.to_str().map_err(|_| Refused::UnknownScheme)?;
+    let (scheme, token) = authorization
+        .trim()
+        .split_once(' ')
+        .ok_or(Refused::UnknownScheme)?;
+    let token = token.trim();
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return ApiKey::parse(token).ok_or(Refused::Malformed);
+    }
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(Refused::UnknownScheme);
+    }
+    use base64::Engine as _;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(token)
+        .map_err(|_| Refused::Malformed)?;
+    let decoded = String::from_utf8(decoded).map_err(|_| Refused::Malformed)?;
+    let (user, password) = decoded.split_once(':').ok_or(Refused::Malformed)?;
+    match (user, password) {
+        (user, "") => ApiKey::parse(user).ok_or(Refused::Malformed),
+        _ => Err(Refused::KeyNotUserName),
+    }
+}
+
+fn unauthorized(detail: &str) -> Problem {
+    Problem::new(ProblemKind::Unauthorized, detail)
 }
 
 impl sqlx::Type<sqlx::Postgres> for AccountId {
@@ -216,15 +275,52 @@ impl<'r> sqlx::Decode<'r, sqlx::Postgres> for AccountId {
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    use axum::http::HeaderValue;
+    use base64::Engine as _;
+
+    use super::{ApiKey, Refused, credentials};
+
+    fn read(header: &str) -> Result<String, Refused> {
+        credentials(Some(&HeaderValue::from_str(header).unwrap()))
+            .map(|key| key.expose().to_owned())
+    }
+
+    fn basic(user_and_password: &str) -> String {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(user_and_password);
+        format!("Basic {encoded}")
+    }
 
     #[test]
-    fn the_bearer_scheme_is_matched_whatever_its_case() {
-        for header in ["Bearer sk_1", "bearer sk_1", "BEARER sk_1"] {
-            assert_eq!(bearer_token(header), Some("sk_1"), "{header}");
+    fn a_key_is_read_from_bearer_whatever_its_case_and_from_basic_as_the_user_name() {
+        let key = ApiKey::generate();
+        let key = key.expose();
+        for header in [
+            format!("Bearer {key}"),
+            format!("bearer {key}"),
+            format!("BEARER  {key}"),
+            basic(&format!("{key}:")),
+            basic(&format!("{key}:")).replace("Basic", "basic"),
+        ] {
+            assert_eq!(read(&header).as_deref(), Ok(key), "{header}");
         }
-        for header in ["Basic sk_1", "Bearer", "Bearersk_1", "sk_1"] {
-            assert_eq!(bearer_token(header), None, "{header}");
+    }
+
+    #[test]
+    fn each_refusal_says_what_is_wrong() {
+        let key = ApiKey::generate();
+        let key = key.expose();
+        assert_eq!(credentials(None).err(), Some(Refused::Missing));
+        for (header, refused) in [
+            (format!("Token {key}"), Refused::UnknownScheme),
+            (key.to_owned(), Refused::UnknownScheme),
+            ("Bearer sk_1".to_owned(), Refused::Malformed),
+            ("Bearer".to_owned(), Refused::UnknownScheme),
+            ("Basic !!!".to_owned(), Refused::Malformed),
+            (basic(&format!(":{key}")), Refused::KeyNotUserName),
+            (basic(&format!("{key}:secret")), Refused::KeyNotUserName),
+            (basic("sk_1:"), Refused::Malformed),
+        ] {
+            assert_eq!(read(&header).err(), Some(refused), "{header}");
         }
     }
 }

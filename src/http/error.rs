@@ -78,7 +78,10 @@ problem_catalogue! {
         slug: "unauthorized",
         status: UNAUTHORIZED,
         title: "Authentication required",
-        explanation: "Send the account's secret API key as `Authorization: Bearer sk_…`.",
+        explanation: "Send the account's secret API key as `Authorization: Bearer sk_…`, or as \
+            the user name of HTTP Basic authentication with an empty password (`curl -u sk_…:`). \
+            `detail` says whether the key was missing, malformed, or is no account's (rotated, \
+            revoked, or never issued).",
     }
     CardDeclined {
         slug: "card-declined",
@@ -290,8 +293,6 @@ impl ProblemKind {
     "detail": "This Idempotency-Key was already used with a different request body. Use a new key for a new request."
 }))]
 pub struct Problem {
-    #[serde(skip)]
-    kind: ProblemKind,
     /// The kind of problem: `/problems/{name}`, a page that explains it.
     #[serde(rename = "type")]
     type_uri: &'static str,
@@ -300,11 +301,24 @@ pub struct Problem {
     /// The HTTP status code of the response.
     #[schema(minimum = 400, maximum = 599)]
     status: u16,
-    /// What happened in this occurrence.
+    /// What happened in this occurrence, in full sentences meant for a person.
     detail: String,
+    /// The kind of problem for a program to branch on: the last segment of `type`
+    /// (`idempotency-key-mismatch`), stable across releases, as `code` is in Stripe's errors.
+    #[serde(rename = "code", serialize_with = "serialize_slug")]
+    #[schema(value_type = String, example = "idempotency-key-mismatch")]
+    kind: ProblemKind,
+    /// When one field of the request is at fault: its JSON pointer (RFC 6901) in the request
+    /// body (`/amount`, `/metadata/order_id`), as Stripe's `param` names it. Left out when the
+    /// problem is not one field's.
+    // Boxed, as `charge` is, to keep the problem small.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "/amount")]
+    param: Option<Box<Text>>,
     /// For `card-declined`: the payment that was recorded as declined.
     #[serde(skip_serializing_if = "Option::is_none")]
-    payment: Option<Box<str>>,
+    #[schema(value_type = Option<String>)]
+    payment: Option<Box<Text>>,
     /// For `card-declined` at the simulated processor: the charge recorded as declined. Left out
     /// of idempay's API description, whose problems never carry it. Boxed, as `retry_after` is
     /// kept small, so that a problem stays under clippy's large-error bound.
@@ -332,6 +346,11 @@ pub struct Problem {
 #[derive(Debug, Clone, Serialize)]
 #[serde(transparent)]
 struct FieldPointers(Vec<String>);
+
+/// A member's text, boxed in the problem for the same reason as `charge`: one pointer wide.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+struct Text(String);
 
 /// The id of a charge at the simulated processor, as a `card-declined` problem of its names it.
 #[derive(Debug, Clone, Serialize)]
@@ -402,6 +421,29 @@ pub enum IdempotencyProblems {
     KeyMismatch(Problem),
 }
 
+fn serialize_slug<S: serde::Serializer>(
+    kind: &ProblemKind,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(kind.slug())
+}
+
+/// `detail` as a sentence, whoever wrote it: the first letter upper case, a final full stop.
+/// Messages of parsers and libraries (axum's rejections, serde's errors) arrive lower case and
+/// unterminated; a client showing `detail` to a person should not have to mend it.
+fn sentence(detail: String) -> String {
+    let detail = detail.trim();
+    let mut chars = detail.chars();
+    let Some(first) = chars.next() else {
+        return String::new();
+    };
+    let mut sentence: String = first.to_uppercase().chain(chars).collect();
+    if !sentence.ends_with(['.', '?', '!']) {
+        sentence.push('.');
+    }
+    sentence
+}
+
 impl Problem {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
         Self {
@@ -409,7 +451,8 @@ impl Problem {
             type_uri: kind.type_uri(),
             title: kind.title(),
             status: kind.status().as_u16(),
-            detail: detail.into(),
+            detail: sentence(detail.into()),
+            param: None,
             payment: None,
             charge: None,
             decline_code: None,
@@ -421,7 +464,7 @@ impl Problem {
     /// A declined charge: names the payment recorded as declined and the processor's reason.
     pub fn card_declined(payment: &str, decline_code: &str) -> Self {
         Self {
-            payment: Some(payment.into()),
+            payment: Some(Box::new(Text(payment.to_owned()))),
             decline_code: Some(decline_code.into()),
             ..Self::new(
                 ProblemKind::CardDeclined,
@@ -440,6 +483,47 @@ impl Problem {
                 format!("The card was declined ({decline_code}); charge `{charge}` records it."),
             )
         }
+    }
+
+    /// Names the one request field at fault, by its JSON pointer (`/amount`).
+    pub fn param(mut self, pointer: impl Into<String>) -> Self {
+        self.param = Some(Box::new(Text(pointer.into())));
+        self
+    }
+
+    /// A request body that is not JSON, or not the JSON the operation takes: names the field at
+    /// fault where one is (`param`), and says what is wrong with it in a sentence, without the
+    /// parser's line and column, which mean nothing for a one-line body.
+    ///
+    /// `error` is the typed parse's error; the body is parsed again only now, tracking the path,
+    /// so that a body that parses pays nothing for it.
+    pub fn invalid_body<T: serde::de::DeserializeOwned>(
+        bytes: &[u8],
+        error: &serde_json::Error,
+    ) -> Self {
+        let message = without_position(error);
+        if error.is_syntax() || error.is_eof() || error.is_io() {
+            return Self::new(
+                ProblemKind::InvalidRequest,
+                format!("The request body is not valid JSON: {message}."),
+            );
+        }
+        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+        let pointer = match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
+            Err(tracked) => json_pointer(tracked.path(), &message),
+            Ok(_) => String::new(),
+        };
+        if pointer.is_empty() {
+            return Self::new(
+                ProblemKind::InvalidRequest,
+                format!("The request body is invalid: {message}."),
+            );
+        }
+        Self::new(
+            ProblemKind::InvalidRequest,
+            format!("The field `{pointer}` is invalid: {message}."),
+        )
+        .param(pointer)
     }
 
     /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
@@ -544,6 +628,39 @@ impl ApiError {
     }
 }
 
+/// serde_json's message without its ` at line 1 column 14`.
+fn without_position(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    match message.rfind(" at line ") {
+        Some(at) if error.line() > 0 => message[..at].to_owned(),
+        _ => message,
+    }
+}
+
+/// The JSON pointer (RFC 6901) of the field a parse failed on. A missing member is reported by
+/// serde at its parent, so its name, which the message quotes, is added.
+fn json_pointer(path: &serde_path_to_error::Path, message: &str) -> String {
+    use serde_path_to_error::Segment;
+    let escape = |segment: &str| segment.replace('~', "~0").replace('/', "~1");
+    let mut pointer = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
+            Segment::Map { key } => pointer.push_str(&format!("/{}", escape(key))),
+            Segment::Enum { variant } => pointer.push_str(&format!("/{}", escape(variant))),
+            Segment::Unknown => break,
+        }
+    }
+    if let Some(name) = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next())
+    {
+        pointer.push('/');
+        pointer.push_str(&escape(name));
+    }
+    pointer
+}
+
 fn internal() -> Problem {
     Problem::new(
         ProblemKind::Internal,
@@ -603,6 +720,7 @@ mod tests {
                 "title": "The card was declined",
                 "status": 402,
                 "detail": "The card was declined (generic_decline).",
+                "code": "card-declined",
                 "payment": "pay_1",
                 "decline_code": "generic_decline",
             })
@@ -624,7 +742,62 @@ mod tests {
     fn a_plain_problem_has_no_extension_members() {
         let body: serde_json::Value =
             serde_json::from_slice(&Problem::new(ProblemKind::NotFound, "gone").to_json()).unwrap();
-        assert_eq!(body.as_object().unwrap().len(), 4, "{body}");
+        assert_eq!(body.as_object().unwrap().len(), 5, "{body}");
+        assert_eq!(body["code"], "not-found");
+        assert_eq!(body["detail"], "Gone.", "a sentence, whoever wrote it");
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Order {
+        amount: u32,
+        #[serde(default)]
+        lines: Vec<Line>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Line {
+        sku: String,
+    }
+
+    fn refusal(body: &str) -> serde_json::Value {
+        let error = serde_json::from_slice::<Order>(body.as_bytes()).unwrap_err();
+        serde_json::from_slice(&Problem::invalid_body::<Order>(body.as_bytes(), &error).to_json())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_body_refused_names_the_field_at_fault_in_a_sentence_without_parser_positions() {
+        let cases = [
+            (r#"{"amount": "x"}"#, Some("/amount")),
+            (r#"{}"#, Some("/amount")),
+            (r#"{"amount": 1, "colour": "red"}"#, Some("/colour")),
+            (
+                r#"{"amount": 1, "lines": [{"sku": "a"}, {"sku": 2}]}"#,
+                Some("/lines/1/sku"),
+            ),
+            (r#"{"amount": 1,"#, None),
+            (r#""an order""#, None),
+        ];
+        for (body, param) in cases {
+            let problem = refusal(body);
+            assert_eq!(problem["param"].as_str(), param, "{body}: {problem}");
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(!detail.contains("line 1"), "{body}: {detail}");
+            assert!(detail.starts_with("The "), "{body}: {detail}");
+            assert!(detail.ends_with('.'), "{body}: {detail}");
+            assert_eq!(problem["code"], "invalid-request");
+        }
+    }
+
+    #[test]
+    fn a_detail_is_made_a_sentence() {
+        assert_eq!(sentence("failed to parse".into()), "Failed to parse.");
+        assert_eq!(sentence(" Done. ".into()), "Done.");
+        assert_eq!(sentence("Why?".into()), "Why?");
     }
 
     #[test]

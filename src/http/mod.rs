@@ -193,7 +193,7 @@ fn router_beside(state: AppState, beside: impl FnOnce(Router) -> Router) -> Rout
     let body_read_timeout = state.body_read_timeout;
     let request_timeout = state.request_timeout;
     let (api, description) = routes().split_for_parts();
-    let description = openapi::with_default_figures(description);
+    let description = openapi::finish(description);
     // Around every route: counted and timed by its template, then bounded in time, so a request
     // that times out is counted with the 503 it was answered with.
     let api = api.route_layer(

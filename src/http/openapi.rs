@@ -71,7 +71,142 @@ impl Modify for BearerApiKey {
 
 /// The complete description: this document with every route's operation.
 pub fn spec() -> utoipa::openapi::OpenApi {
-    with_default_figures(super::routes().into_openapi())
+    finish(super::routes().into_openapi())
+}
+
+/// The description as served and committed, from what the routes' annotations generate: the
+/// shapes code generators need (below) and the figures its texts name.
+pub fn finish(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    let mut description = optional_bodies_as_named_schemas(description);
+    if let Some(components) = description.components.as_mut() {
+        components.schemas.values_mut().for_each(name_enum_values);
+    }
+    with_default_figures(list_items_by_reference(description))
+}
+
+/// Gives a string enum whose values are not identifiers (`payment.succeeded`, `*`) the names a
+/// code generator gives its members, `x-enum-varnames` (`PAYMENT_SUCCEEDED`, `ALL`); without them
+/// a generator numbers the members (`VALUE_7`) and a program cannot say which it means.
+fn name_enum_values(schema: &mut utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>) {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::extensions::Extensions;
+    use utoipa::openapi::schema::{ArrayItems, Schema};
+    let RefOr::T(schema) = schema else { return };
+    match schema {
+        Schema::Object(object) => {
+            object.properties.values_mut().for_each(name_enum_values);
+            let Some(values) = &object.enum_values else {
+                return;
+            };
+            let values: Vec<&str> = values
+                .iter()
+                .filter_map(serde_json::Value::as_str)
+                .collect();
+            let identifier = |value: &&str| {
+                value.starts_with(|c: char| c.is_ascii_alphabetic())
+                    && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            };
+            if values.iter().all(identifier) {
+                return;
+            }
+            let names: Vec<String> = values
+                .iter()
+                .map(|value| match *value {
+                    "*" => "ALL".to_owned(),
+                    value => value
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii_alphanumeric() {
+                                c.to_ascii_uppercase()
+                            } else {
+                                '_'
+                            }
+                        })
+                        .collect(),
+                })
+                .collect();
+            object
+                .extensions
+                .get_or_insert_with(Extensions::default)
+                .insert("x-enum-varnames".to_owned(), serde_json::json!(names));
+        }
+        Schema::Array(array) => {
+            if let ArrayItems::RefOrSchema(items) = &mut array.items {
+                name_enum_values(items);
+            }
+        }
+        Schema::OneOf(one_of) => one_of.items.iter_mut().for_each(name_enum_values),
+        Schema::AllOf(all_of) => all_of.items.iter_mut().for_each(name_enum_values),
+        Schema::AnyOf(any_of) => any_of.items.iter_mut().for_each(name_enum_values),
+        _ => {}
+    }
+}
+
+/// A list's `data` refers to its items' named schema (`Payment`), where utoipa copies the schema
+/// into every list: a code generator otherwise makes a second model per list
+/// (`ListPaymentDataItem`) that code written for `Payment` cannot take.
+fn list_items_by_reference(mut description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{ArrayItems, Ref, Schema};
+    let Some(components) = description.components.as_mut() else {
+        return description;
+    };
+    let named: Vec<String> = components.schemas.keys().cloned().collect();
+    for (name, schema) in &mut components.schemas {
+        let Some(item) = name.strip_prefix("List_") else {
+            continue;
+        };
+        if !named.iter().any(|named| named == item) {
+            continue;
+        }
+        let RefOr::T(Schema::Object(list)) = schema else {
+            continue;
+        };
+        if let Some(RefOr::T(Schema::Array(data))) = list.properties.get_mut("data") {
+            data.items = ArrayItems::RefOrSchema(Box::new(RefOr::Ref(Ref::from_schema_name(item))));
+        }
+    }
+    description
+}
+
+/// A body that may be left out (a full refund's) is `required: false` with its named schema,
+/// not utoipa's `oneOf: [schema, null]`: a body of `null` is no request anyone means, and code
+/// generators turn that `oneOf` into a parameter that cannot be left out.
+fn optional_bodies_as_named_schemas(
+    mut description: utoipa::openapi::OpenApi,
+) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::schema::{Schema, SchemaType, Type};
+    use utoipa::openapi::{RefOr, Required};
+    let is_null = |schema: &RefOr<Schema>| {
+        matches!(schema, RefOr::T(Schema::Object(object))
+            if object.schema_type == SchemaType::Type(Type::Null))
+    };
+    for item in description.paths.paths.values_mut() {
+        let operations = [
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ];
+        for operation in operations.into_iter().flatten() {
+            let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+                continue;
+            };
+            for content in body.content.values_mut() {
+                let RefOr::T(content) = content else { continue };
+                let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema else {
+                    continue;
+                };
+                if let [schema, null] = one_of.items.as_slice()
+                    && is_null(null)
+                {
+                    content.schema = Some(schema.clone());
+                    body.required = Some(Required::False);
+                }
+            }
+        }
+    }
+    description
 }
 
 /// The description with the figures its texts name (`{key_ttl}`, …) filled in from the default
@@ -102,4 +237,68 @@ pub fn spec_json() -> String {
         .expect("the API description always serializes");
     json.push('\n');
     json
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    fn description() -> Value {
+        serde_json::from_str(&super::spec_json()).unwrap()
+    }
+
+    #[test]
+    fn an_optional_body_is_not_required_and_names_its_schema() {
+        let spec = description();
+        let body = &spec["paths"]["/v1/payments/{id}/refunds"]["post"]["requestBody"];
+        assert_eq!(body["required"], false, "{body}");
+        assert_eq!(
+            body["content"]["application/json"]["schema"],
+            json!({ "$ref": "#/components/schemas/NewRefund" })
+        );
+        let text = spec.to_string();
+        assert!(
+            !text.contains(r#"{"type":"null"}"#),
+            "no body or member is only null"
+        );
+    }
+
+    #[test]
+    fn every_list_refers_to_its_items_named_schema() {
+        let spec = description();
+        let schemas = spec["components"]["schemas"].as_object().unwrap();
+        let lists: Vec<&String> = schemas
+            .keys()
+            .filter(|name| name.starts_with("List_"))
+            .collect();
+        assert!(lists.len() >= 5, "{lists:?}");
+        for list in lists {
+            let item = list.trim_start_matches("List_");
+            assert_eq!(
+                schemas[list]["properties"]["data"]["items"],
+                json!({ "$ref": format!("#/components/schemas/{item}") }),
+                "{list}"
+            );
+        }
+    }
+
+    #[test]
+    fn enum_values_that_are_not_identifiers_have_names_for_generators() {
+        let spec = description();
+        let schemas = &spec["components"]["schemas"];
+        assert_eq!(
+            schemas["EventType"]["x-enum-varnames"][0],
+            "PAYMENT_SUCCEEDED"
+        );
+        let events = &schemas["NewWebhookEndpoint"]["properties"]["enabled_events"]["items"];
+        let values = events["enum"].as_array().unwrap();
+        let names = events["x-enum-varnames"].as_array().unwrap();
+        assert_eq!(values.len(), names.len());
+        let all = values.iter().position(|value| value == "*").unwrap();
+        assert_eq!(names[all], "ALL");
+        assert!(
+            schemas["KeyUseState"].get("x-enum-varnames").is_none(),
+            "identifiers keep their own names"
+        );
+    }
 }

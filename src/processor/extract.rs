@@ -77,7 +77,8 @@ where
         } else {
             bytes
         };
-        let body = serde_json::from_slice::<T>(&bytes).map_err(invalid_body)?;
+        let body = serde_json::from_slice::<T>(&bytes)
+            .map_err(|error| Problem::invalid_body::<T>(&bytes, &error))?;
         let (fingerprint, fields) =
             Fingerprint::with_fields(&target, &bytes).map_err(invalid_body)?;
         Ok(Self {
@@ -97,8 +98,5 @@ fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
 }
 
 fn invalid_body(error: serde_json::Error) -> Problem {
-    Problem::new(
-        ProblemKind::InvalidRequest,
-        format!("The request body is invalid: {error}."),
-    )
+    Problem::invalid_body::<serde_json::Value>(&[], &error)
 }

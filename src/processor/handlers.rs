@@ -575,12 +575,8 @@ pub(super) async fn create_dispute(
         return Err(charge_not_found(&id).into());
     }
     let body = body.map_err(Problem::from)?;
-    let new: NewDispute = serde_json::from_slice(&body).map_err(|error| {
-        Problem::new(
-            ProblemKind::InvalidRequest,
-            format!("The request body is invalid: {error}."),
-        )
-    })?;
+    let new: NewDispute = serde_json::from_slice(&body)
+        .map_err(|error| Problem::invalid_body::<NewDispute>(&body, &error))?;
     let amount = i64::from(new.amount);
     let mut tx = state.pool.begin().await?;
     let Some(charged) = sqlx::query!(

@@ -146,12 +146,8 @@ async fn receive(
         Problem::new(kind, format!("The delivery was refused: {rejection}."))
     })?;
     // Parsed only now that the sender is known to hold the secret.
-    let envelope: Envelope = serde_json::from_slice(&body).map_err(|error| {
-        Problem::new(
-            ProblemKind::InvalidRequest,
-            format!("The body is no event envelope: {error}."),
-        )
-    })?;
+    let envelope: Envelope = serde_json::from_slice(&body)
+        .map_err(|error| Problem::invalid_body::<Envelope>(&body, &error))?;
     let length = envelope.kind.chars().count();
     if !(1..=100).contains(&length) || envelope.kind.contains('\0') {
         return Err(Problem::new(

@@ -61,35 +61,65 @@ async fn a_missing_idempotency_key_is_refused() {
 async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
     let app = TestApp::spawn().await;
     let key = new_key();
+    // Each with the JSON pointer of the field at fault (`param`), as a program reads it.
     let invalid = [
-        json!({ "amount": 0, "currency": "eur" }),
-        json!({ "amount": 100000000, "currency": "eur" }),
-        json!({ "amount": 12.5, "currency": "eur" }),
-        json!({ "amount": 100, "currency": "eur", "order": "a\u{0}b" }),
-        json!({ "amount": 100, "currency": "eur", "description": "\u{0}" }),
-        json!({ "amount": "12", "currency": "eur" }),
-        json!({ "currency": "eur" }),
-        json!({ "amount": 100, "currency": "EUR" }),
-        json!({ "amount": 100, "currency": "xyz" }),
-        json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_unknown" }),
-        json!({ "amount": 100, "currency": "eur", "order": "o".repeat(256) }),
-        json!({ "amount": 100, "currency": "eur", "description": "d".repeat(1001) }),
-        json!({ "amount": 100, "currency": "eur", "amont": 100 }),
-        json!([1, 2]),
+        (json!({ "amount": 0, "currency": "eur" }), "/amount"),
+        (json!({ "amount": 100000000, "currency": "eur" }), "/amount"),
+        (json!({ "amount": 12.5, "currency": "eur" }), "/amount"),
+        (
+            json!({ "amount": 100, "currency": "eur", "order": "a\u{0}b" }),
+            "/order",
+        ),
+        (
+            json!({ "amount": 100, "currency": "eur", "description": "\u{0}" }),
+            "/description",
+        ),
+        (json!({ "amount": "12", "currency": "eur" }), "/amount"),
+        (json!({ "currency": "eur" }), "/amount"),
+        (json!({ "amount": 100, "currency": "EUR" }), "/currency"),
+        (json!({ "amount": 100, "currency": "xyz" }), "/currency"),
+        (
+            json!({ "amount": 100, "currency": "eur", "payment_method": "pm_card_unknown" }),
+            "/payment_method",
+        ),
+        (
+            json!({ "amount": 100, "currency": "eur", "order": "o".repeat(256) }),
+            "/order",
+        ),
+        (
+            json!({ "amount": 100, "currency": "eur", "description": "d".repeat(1001) }),
+            "/description",
+        ),
+        (
+            json!({ "amount": 100, "currency": "eur", "amont": 100 }),
+            "/amont",
+        ),
+        // An array is read as the fields in order; its second item is the currency.
+        (json!([1, 2]), "/1"),
     ];
-    for body in &invalid {
+    for (body, param) in &invalid {
         let response = app.post_payment(&key, body).await;
         let problem = response.assert_problem(400, "invalid-request");
         assert!(problem["detail"].as_str().unwrap().len() > 20, "{problem}");
+        assert_eq!(problem["param"], *param, "{body}: {problem}");
     }
     let malformed = app
         .raw_post()
         .header("idempotency-key", &key)
         .header("content-type", "application/json")
         .body(r#"{"amount": 100, "currency": "eur""#);
-    app.send(malformed)
+    let problem = app
+        .send(malformed)
         .await
         .assert_problem(400, "invalid-request");
+    assert!(problem.get("param").is_none(), "no one field's: {problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("The request body is not valid JSON"),
+        "{problem}"
+    );
     let duplicated = app
         .raw_post()
         .header("idempotency-key", &key)
@@ -181,16 +211,42 @@ async fn a_missing_or_wrong_api_key_is_refused_with_401() {
         .header("idempotency-key", new_key())
         .json(&payment(100));
     let response = app.send(anonymous).await;
-    response.assert_problem(401, "unauthorized");
+    let missing = response.assert_problem(401, "unauthorized");
     assert!(response.header("www-authenticate").is_some());
 
+    // Each refusal says what to fix, and none whether another account exists.
     let wrong = format!("sk_{}", "A".repeat(40));
     let response = app.post_payment_as(&wrong, &new_key(), &payment(100)).await;
-    response.assert_problem(401, "unauthorized");
+    let unknown = response.assert_problem(401, "unauthorized");
     let response = app
         .post_payment_as("not-a-key", &new_key(), &payment(100))
         .await;
-    response.assert_problem(401, "unauthorized");
+    let malformed = response.assert_problem(401, "unauthorized");
+    let as_password = app
+        .send(
+            app.client()
+                .post(app.url("/v1/payments"))
+                .basic_auth("", Some(&app.api_key))
+                .header("idempotency-key", new_key())
+                .json(&payment(100)),
+        )
+        .await;
+    let as_password = as_password.assert_problem(401, "unauthorized");
+    let details: Vec<&str> = [&missing, &unknown, &malformed, &as_password]
+        .iter()
+        .map(|problem| problem["detail"].as_str().unwrap())
+        .collect();
+    assert!(details[0].starts_with("No API key was sent"), "{details:?}");
+    assert!(
+        details[1].starts_with("No account has this API key"),
+        "{details:?}"
+    );
+    assert!(
+        details[2].starts_with("The API key is malformed"),
+        "{details:?}"
+    );
+    assert!(details[3].contains("as the user name"), "{details:?}");
+    assert_eq!(app.key_count().await, 0, "no refusal reserved a key");
     let paid = app.paid(100).await;
     for (method, path) in authenticated_routes(&paid) {
         let anonymous = app
@@ -207,6 +263,42 @@ async fn a_missing_or_wrong_api_key_is_refused_with_401() {
         1,
         "only the payment made above holds a key"
     );
+}
+
+#[api_test]
+async fn the_api_key_is_taken_as_the_user_name_of_http_basic_as_stripe_takes_it() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    // `curl -u sk_…:`: the key as the user name, an empty password.
+    let basic = app
+        .send(
+            app.client()
+                .post(app.url("/v1/payments"))
+                .basic_auth(&app.api_key, Some(""))
+                .header("idempotency-key", &key)
+                .json(&payment(4200)),
+        )
+        .await;
+    assert_eq!(
+        basic.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&basic.body)
+    );
+    // The same account: a bearer retry of the same key replays it.
+    let bearer = app.post_payment(&key, &payment(4200)).await;
+    assert_eq!(bearer.status, 201);
+    assert!(bearer.replayed());
+    assert_eq!(bearer.body, basic.body);
+    let read = app
+        .send(
+            app.client()
+                .get(app.url("/v1/payments"))
+                .basic_auth(&app.api_key, None::<&str>),
+        )
+        .await;
+    assert_eq!(read.status, 200);
+    assert_eq!(read.json()["data"].as_array().unwrap().len(), 1);
 }
 
 #[api_test]

@@ -49,6 +49,18 @@ async fn a_refund_without_amount_refunds_what_remains_and_marks_the_payment_refu
 
     assert_eq!(rest.status, 201);
     assert_eq!(rest.json()["amount"], 4000);
+    // What a generated client sends for the optional body left out: a JSON content type and
+    // nothing after it. It asks for what remains, as the bare POST did: nothing now (before,
+    // the empty body was refused as invalid JSON).
+    let typed_but_empty = app
+        .client()
+        .post(app.url(&format!("/v1/payments/{paid}/refunds")))
+        .bearer_auth(&app.api_key)
+        .header("idempotency-key", new_key())
+        .header("content-type", "application/json");
+    app.send(typed_but_empty)
+        .await
+        .assert_problem(400, "payment-not-refundable");
     let payment = app.get_payment(&paid).await.json();
     assert_eq!(payment["amount_refunded"], 5000);
     assert_eq!(payment["status"], "refunded");

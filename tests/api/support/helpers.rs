@@ -71,6 +71,15 @@ impl TestResponse {
             problem["detail"].as_str().is_some_and(|d| !d.is_empty()),
             "{problem}"
         );
+        // What a program reads: `code`, the slug of `type`; what a person reads: `detail`, whole
+        // sentences, no parser positions.
+        assert_eq!(problem["code"], type_slug, "{problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.starts_with(|c: char| !c.is_lowercase()) && detail.ends_with(['.', '?', '!']),
+            "a detail is a sentence: {problem}"
+        );
+        assert!(!detail.contains(" at line "), "{problem}");
         problem
     }
 }
