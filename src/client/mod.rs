@@ -50,6 +50,7 @@ pub struct Client {
     policy: RetryPolicy,
     observer: Option<Observer>,
     new_key_per_attempt: bool,
+    unreachable_reads_final: bool,
 }
 
 /// A successful answer, with how it came about.
@@ -175,6 +176,7 @@ impl Client {
             policy: RetryPolicy::default(),
             observer: None,
             new_key_per_attempt: false,
+            unreachable_reads_final: false,
         }
     }
 
@@ -196,6 +198,16 @@ impl Client {
             .pool_max_idle_per_host(0)
             .build()
             .unwrap_or_default();
+        self
+    }
+
+    /// Ends a read (`GET`) at its first connection that could not be made, with
+    /// [`ClientError::Unreachable`], instead of retrying until the deadline: for a person at a
+    /// terminal, to whom a wrong URL or a stopped server is better said at once. Writes keep
+    /// retrying: their key makes a retry safe, and an intent is not dropped for a server that
+    /// restarts.
+    pub fn with_unreachable_reads_final(mut self) -> Self {
+        self.unreachable_reads_final = true;
         self
     }
 
@@ -287,8 +299,10 @@ impl Client {
                 Err(failed) => failed.result,
             };
             may_have_been_sent |= result.may_have_been_sent();
-            let delay = result
-                .is_retryable()
+            let final_read = self.unreachable_reads_final
+                && method == Method::GET
+                && result == AttemptResult::NotSent;
+            let delay = (result.is_retryable() && !final_read)
                 .then(|| self.policy.delay(number, result, &mut rand::rng()))
                 .filter(|delay| self.policy.allows(started.elapsed(), *delay));
             if let Some(observer) = &self.observer {

@@ -68,12 +68,8 @@ pub enum DevCommand {
 /// Where the API is and who calls it.
 #[derive(Args, Debug)]
 pub struct ApiArgs {
-    /// The API's base URL.
-    #[arg(
-        long,
-        env = "IDEMPAY_BASE_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
+    /// The API's base URL, as `idempay dev` prints it; IDEMPAY_URL when not given.
+    #[arg(long, env = "IDEMPAY_URL", default_value = "http://127.0.0.1:8080")]
     pub base_url: String,
     /// The account's secret API key (`sk_…`), as `make run` prints it.
     #[arg(long, env = "IDEMPAY_API_KEY", hide_env_values = true)]
@@ -150,9 +146,32 @@ pub enum KeysCommand {
     },
 }
 
+/// The data each event type the intake applies needs, as `idempay webhook send --help` lists it
+/// (a unit test reads every example back through the intake's parser). `pay_…` and `re_…` are
+/// idempay's ids; `ch_…`, `pyr_…` and `dp_…` the processor's.
+const EVENT_DATA: &str = "\
+Event types and the --data each needs (an event without them is acknowledged `ignored`):
+  dispute.created                  {\"payment\": \"pay_…\", \"dispute\": \"dp_…\", \"amount\": 500}
+  payment.succeeded                {\"payment\": \"pay_…\"}
+  payment.failed                   {\"payment\": \"pay_…\"}
+  refund.failed                    {\"refund\": \"re_…\"}
+  charge.dispute.created           {\"charge\": \"ch_…\", \"dispute\": \"dp_…\", \"amount\": 500}
+  charge.succeeded                 {\"charge\": \"ch_…\"}
+  charge.failed                    {\"charge\": \"ch_…\"}
+  charge.declined                  {\"charge\": \"ch_…\"}
+  charge.refunded                  {\"refund\": \"pyr_…\"}
+  charge.refund.failed             {\"refund\": \"pyr_…\"}
+A dispute counts once per `dispute` id, whatever the event id.
+
+Exit codes:
+  0   applied, or answered duplicate, stale or needs_review: the answer is on stdout
+  1   not sent (the type or data cannot apply, said why), refused, or acknowledged `ignored`";
+
 #[derive(Subcommand, Debug)]
 pub enum WebhookCommand {
-    /// Signs an event with the webhook secret and delivers it; prints the answer.
+    /// Signs an event with the webhook secret and delivers it, as the processor does; prints the
+    /// answer. An event whose type or data cannot apply is not sent.
+    #[command(after_help = EVENT_DATA)]
     Send {
         /// Where to deliver.
         #[arg(long, default_value = "http://127.0.0.1:8080/v1/webhooks/processor")]
@@ -163,10 +182,11 @@ pub enum WebhookCommand {
         /// The event type, e.g. `dispute.created`.
         #[arg(long = "type")]
         kind: String,
-        /// The event's data object, as JSON, e.g. `{"payment": "pay_…", "amount": 500}`.
+        /// The event's data object, as JSON, e.g. `{"payment": "pay_…", "dispute": "dp_…",
+        /// "amount": 500}` for `dispute.created` (each type's below).
         #[arg(long)]
         data: String,
-        /// The event id; a new one when absent. Send an id again to see the redelivery ignored.
+        /// The event id; a new one when absent. Send an id again to see it answered `duplicate`.
         #[arg(long)]
         id: Option<String>,
     },
@@ -204,15 +224,7 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
                     data,
                     id,
                 },
-        } => {
-            let data = serde_json::from_str(&data).context("--data is not JSON")?;
-            let id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::new_v4().simple()));
-            let (status, body) = webhooks::send(&url, &secret, &id, &kind, data).await?;
-            eprintln!("delivered {id}: HTTP {status}");
-            println!("{body}");
-            anyhow::ensure!((200..300).contains(&status), "the delivery was refused");
-            Ok(())
-        }
+        } => send_event(&url, &secret, &kind, &data, id).await,
         DevCommand::Fixture(args) => super::fixture::run(args).await,
         DevCommand::Webhook {
             command:
@@ -224,6 +236,40 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
         } => super::listen::run(port, secret, fail_first).await,
         DevCommand::Dev { listen, settings } => super::run(listen.listen, settings).await,
     }
+}
+
+/// `idempay webhook send`. An event the intake would acknowledge `ignored` whatever it holds is
+/// refused here, with the reason the service would only log, and its id is not spent; one
+/// acknowledged `ignored` all the same (a payment id that does not exist) fails too, as nothing
+/// happened.
+async fn send_event(
+    url: &str,
+    secret: &WebhookSecrets,
+    kind: &str,
+    data: &str,
+    id: Option<String>,
+) -> anyhow::Result<()> {
+    let data: serde_json::Value = serde_json::from_str(data).context("--data is not JSON")?;
+    if let Some(reason) = webhooks::unreadable(kind, &data) {
+        anyhow::bail!(
+            "not sent: the service would acknowledge it without effect ({reason}); \
+             `idempay webhook send --help` lists the data each type needs"
+        );
+    }
+    let id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::new_v4().simple()));
+    let (status, body) = webhooks::send(url, secret, &id, kind, data).await?;
+    eprintln!("delivered {id}: HTTP {status}");
+    println!("{body}");
+    anyhow::ensure!((200..300).contains(&status), "the delivery was refused");
+    let outcome = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|answer| answer.get("outcome")?.as_str().map(str::to_owned));
+    anyhow::ensure!(
+        outcome.as_deref() != Some(webhooks::Outcome::Ignored.as_str()),
+        "acknowledged without effect (`ignored`): nothing was applied, and {id} is spent; the \
+         service's log says why"
+    );
+    Ok(())
 }
 
 async fn pay(args: PayArgs) -> anyhow::Result<()> {
@@ -293,9 +339,29 @@ async fn pay(args: PayArgs) -> anyhow::Result<()> {
     }
 }
 
+/// A client for the commands that only read: a refused connection ends the read at once, rather
+/// than after the 90 s a write retries for. A read loses nothing by not being retried, and a
+/// person who mistyped the URL, or whose server is not running, is told so while still looking.
+fn reader(api: &ApiArgs) -> Client {
+    Client::new(&api.base_url, &api.api_key).with_unreachable_reads_final()
+}
+
+/// What a read that could not connect exits with: the URL it tried, and how to name another.
+fn unreachable(api: &ApiArgs, error: &ClientError) -> anyhow::Error {
+    Exit {
+        code: EXIT_NOT_SENT,
+        message: format!(
+            "cannot reach the API at {}: {error}. Is idempay running there? --base-url or \
+             IDEMPAY_URL names another",
+            api.base_url
+        ),
+    }
+    .into()
+}
+
 /// Prints a key for a person: one block per route, its fields aligned, absent ones left out.
 async fn show_key(api: ApiArgs, key: &str) -> anyhow::Result<()> {
-    let client = Client::new(&api.base_url, &api.api_key);
+    let client = reader(&api);
     match client.get_idempotency_key(key).await {
         Ok(answer) => {
             print!("{}", key_blocks(&answer.value));
@@ -306,6 +372,7 @@ async fn show_key(api: ApiArgs, key: &str) -> anyhow::Result<()> {
             message: format!("{} ({}): {}", problem.title, problem.status, problem.detail),
         }
         .into()),
+        Err(error @ ClientError::Unreachable { .. }) => Err(unreachable(&api, &error)),
         Err(error) => Err(error.into()),
     }
 }
@@ -444,6 +511,33 @@ mod tests {
              \x20 locked until    2026-12-01T10:00:00Z\n\
              \x20 takeovers       1\n"
         );
+    }
+
+    /// Each example of `webhook send --help`, its placeholders filled with ids of the right
+    /// shape, is one the intake can apply; and the data the banner showed before, without the
+    /// dispute's id, is refused before it is sent.
+    #[test]
+    fn send_s_help_gives_data_each_type_can_apply() {
+        let mut listed = 0;
+        for line in EVENT_DATA.lines().filter(|line| line.contains('{')) {
+            let (kind, data) = line.trim().split_once(' ').unwrap();
+            let data = data
+                .trim()
+                .replace("pay_…", "pay_U5PgTqA02dYsv3cLANIGkqIs")
+                .replace("re_…", "re_U5PgTqA02dYsv3cLANIGkqIs")
+                .replace('…', "Yq3tNw8LbV0c");
+            let data: serde_json::Value = serde_json::from_str(&data).unwrap();
+            assert_eq!(webhooks::unreadable(kind, &data), None, "{line}");
+            listed += 1;
+        }
+        assert_eq!(listed, 10);
+        let old_banner =
+            serde_json::json!({"payment": "pay_U5PgTqA02dYsv3cLANIGkqIs", "amount": 500});
+        let refused = webhooks::unreadable("dispute.created", &old_banner).unwrap();
+        assert!(refused.contains("missing field `dispute`"), "{refused}");
+        let placeholder = serde_json::json!({"payment": "pay_…", "dispute": "dp_1", "amount": 5});
+        assert!(webhooks::unreadable("dispute.created", &placeholder).is_some());
+        assert!(webhooks::unreadable("dispute.create", &serde_json::json!({})).is_some());
     }
 
     #[test]

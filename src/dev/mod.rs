@@ -4,7 +4,10 @@
 //!
 //! - `idempay dev` (this file), the zero-set-up mode behind `make run`: a throwaway PostgreSQL
 //!   container ([`postgres`]), the card processor and the API as two services, a demo account
-//!   and ready-to-paste `curl` examples, until Ctrl-C.
+//!   and a banner of commands to paste, each runnable from any directory (a test runs every one:
+//!   `tests/api/tools/banner.rs`), until Ctrl-C. Webhook deliveries are retried on a schedule of
+//!   seconds ([`DEV_RETRY_SCHEDULE`]), so that a receiver's failures are seen retried while one
+//!   watches.
 //! - [`demo`]: payment intents through a lossy network; [`listen`]: a receiver of a merchant
 //!   endpoint's events; [`cli`]: the dev commands.
 //! - [`checkout`]: the checkout page `idempay dev` serves at `/demo/checkout`
@@ -26,12 +29,21 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{PoolLimits, Settings, check_lease};
 use crate::http::{Application, shutdown_signal};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
-use crate::webhooks::WebhookSecrets;
+use crate::webhooks::{RetrySchedule, WebhookSecrets};
 use crate::{accounts, db, ids};
 
 /// Where `idempay dev` runs the processor, as `idempay processor` does by default; any free
 /// loopback port when another process holds it.
 const PROCESSOR_PORT: u16 = 8081;
+/// The port the banner's receiver (`idempay webhook listen`) and the endpoint it registers use,
+/// as `stripe listen` forwards to 4242; any free loopback port when another process holds it.
+const RECEIVER_PORT: u16 = 4242;
+/// The delays between webhook delivery attempts in `idempay dev`, both senders' (the processor's
+/// to the API, the API's to merchant endpoints), unless `IDEMPAY_WEBHOOK_RETRY_SCHEDULE` says
+/// otherwise: seconds, where production's default waits minutes then hours, so that a receiver
+/// run with `--fail-first 2` shows both retries within ten seconds, and a processor event refused
+/// until its payment is recorded comes back as soon.
+pub const DEV_RETRY_SCHEDULE: &str = "2s,5s,10s,30s,1m";
 use postgres::Postgres;
 
 pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
@@ -42,6 +54,12 @@ pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<(
         .get_or_insert_with(WebhookSecrets::generate);
     // The endpoints a developer registers are on this machine: `idempay webhook listen`.
     settings.webhook_allow_private = true;
+    // Production's schedule unless one was asked for: a schedule equal to the default is taken
+    // as not asked for.
+    if settings.webhook_retry_schedule == RetrySchedule::default() {
+        settings.webhook_retry_schedule =
+            RetrySchedule::parse(DEV_RETRY_SCHEDULE).map_err(anyhow::Error::msg)?;
+    }
     eprintln!("Starting a throwaway PostgreSQL container…");
     let postgres = Postgres::start().await?;
     let served = serve(&postgres, listen, settings).await;
@@ -74,6 +92,7 @@ async fn serve(
     processor_settings.expiry_interval = settings.expiry_interval;
     processor_settings.webhook_delivery_retention = settings.webhook_delivery_retention;
     processor_settings.webhook_secrets = Some(webhook_secrets.clone());
+    processor_settings.webhook_retry_schedule = settings.webhook_retry_schedule.clone();
     processor_settings.webhook_url = Some(format!("{base}/v1/webhooks/processor"));
     let processor_listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, PROCESSOR_PORT)).await {
         Ok(listener) => listener,
@@ -88,15 +107,20 @@ async fn serve(
     // The checkout page pays as the account the banner shows, so the banner's key sees its
     // payments too.
     settings.demo_ui = true;
+    let exe = executable()?;
     let banner = banner(&base, account.id().as_str(), key.expose());
-    let endpoint_banner = endpoint_banner(&base, key.expose());
+    let receiver = Receiver {
+        port: receiver_port(),
+        schedule: settings.webhook_retry_schedule.clone(),
+    };
+    let endpoint_banner = endpoint_banner(&base, key.expose(), &exe, &receiver);
     let app = Application::build(settings, pool, listener)?.with_demo_account(key);
     println!("{banner}");
     println!(
         "{}",
         processor_banner(&base, &processor_url, &processor_key)
     );
-    println!("{}", webhook_banner(&base, &webhook_secrets.expose()));
+    println!("{}", webhook_banner(&base, &webhook_secrets.expose(), &exe));
     println!("{endpoint_banner}");
     // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then
     // the processor.
@@ -154,25 +178,62 @@ fn banner(base: &str, account: &str, key: &str) -> String {
     )
 }
 
-fn webhook_banner(base: &str, secret: &str) -> String {
+/// The processor's dispute of a payment, as `idempay webhook send` delivers it: the data
+/// `dispute.created` needs (the payment, the processor's dispute id, which keys the dispute, and
+/// the amount), so that the payment shows it in `amount_disputed`.
+fn webhook_banner(base: &str, secret: &str, exe: &str) -> String {
     format!(
         "# The processor's webhooks are signed with\n\n  {secret}\n\n\
-         # Send one (a dispute of 500 on a payment), twice with the same --id: applied, then duplicate\n\
-         IDEMPAY_WEBHOOK_SECRET='{secret}' target/debug/idempay webhook send \\\n  \
-         --url {base}/v1/webhooks/processor --id evt_demo_1 \\\n  \
-         --type dispute.created --data '{{\"payment\": \"pay_…\", \"amount\": 500}}'\n"
+         # A dispute of 500 on a payment, as the processor sends it (put a payment's id for pay_…);\n\
+         # twice with the same --id: applied, then duplicate. The payment then shows amount_disputed.\n\
+         IDEMPAY_WEBHOOK_SECRET='{secret}' {exe} webhook send \\\n  \
+         --url {base}/v1/webhooks/processor --id evt_demo_1 --type dispute.created \\\n  \
+         --data '{{\"payment\": \"pay_…\", \"dispute\": \"dp_demo1\", \"amount\": 500}}'\n"
     )
 }
 
+/// Where the banner's receiver listens, and the retry schedule it will see.
+struct Receiver {
+    port: u16,
+    schedule: RetrySchedule,
+}
+
 /// How to receive the demo account's events on this machine.
-fn endpoint_banner(base: &str, key: &str) -> String {
+fn endpoint_banner(base: &str, key: &str, exe: &str, receiver: &Receiver) -> String {
+    let port = receiver.port;
     format!(
         "# Receive the account's events: register an endpoint on this machine…\n\
          curl -s {base}/v1/webhook_endpoints \\\n  -H 'Authorization: Bearer {key}' \\\n  \
          -H 'Content-Type: application/json' \\\n  -H 'Idempotency-Key: {}' \\\n  \
-         -d '{{\"url\": \"http://127.0.0.1:4242/\", \"enabled_events\": [\"*\"]}}'\n\n\
-         # …then run a receiver with the secret it answered (`--fail-first 2` to watch retries):\n\
-         target/debug/idempay webhook listen --port 4242 --secret whsec_…\n",
-        uuid::Uuid::new_v4()
+         -d '{{\"url\": \"http://127.0.0.1:{port}/\", \"enabled_events\": [\"*\"]}}'\n\n\
+         # …then run a receiver with the secret it answered (put it for whsec_…), and make a payment.\n\
+         # It answers 500 to the first 2 deliveries: idempay retries a failed one after each delay\n\
+         # of {} (IDEMPAY_WEBHOOK_RETRY_SCHEDULE).\n\
+         {exe} webhook listen --port {port} --fail-first 2 --secret whsec_…\n",
+        uuid::Uuid::new_v4(),
+        receiver.schedule,
     )
+}
+
+/// This executable, as a shell word that runs it from any directory: its absolute path, quoted
+/// when it holds a character the shell would read.
+fn executable() -> anyhow::Result<String> {
+    let path = std::env::current_exe()?;
+    let path = path.to_string_lossy();
+    let plain = path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-+".contains(&b));
+    Ok(if plain {
+        path.into_owned()
+    } else {
+        format!("'{}'", path.replace('\'', r"'\''"))
+    })
+}
+
+/// [`RECEIVER_PORT`] if nothing listens there now, else any free loopback port.
+fn receiver_port() -> u16 {
+    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, RECEIVER_PORT))
+        .or_else(|_| std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .and_then(|listener| listener.local_addr())
+        .map_or(RECEIVER_PORT, |address| address.port())
 }

@@ -229,55 +229,71 @@ fn unmatched(kind: &str, object: &str, of_the_processor: bool) -> Applying {
             kind: kind.to_owned(),
         })
     } else {
-        let reason = format!("{kind} matched no object it can apply to");
-        Ok(Applied::without_event(ignored(&reason)))
+        let reason = format!("{kind} names `{object}`, which does not exist");
+        Ok(Applied::without_event(ignored(NoEffect::Unexpected(
+            reason,
+        ))))
+    }
+}
+
+/// Why an event of type `kind` carrying `data` would be acknowledged `ignored` whatever the
+/// database holds (a type idempay does not know, data without the fields its type needs, an id
+/// that is none of ours, a dispute of nothing), or `None` if it can apply. `idempay webhook send`
+/// asks before it sends, so that a typo is refused on the spot, with the reason, instead of being
+/// `ignored` by the service under an event id then spent.
+pub fn unreadable(kind: &str, data: &Value) -> Option<String> {
+    parse(kind, data).err()
+}
+
+/// The event an envelope's `kind` and `data` carry; `Err` says why it has no effect.
+fn parse(kind: &str, data: &Value) -> Result<Event, String> {
+    let malformed = |error: serde_json::Error| format!("malformed {kind} data: {error}");
+    let data = data.clone();
+    match kind {
+        kind if !known_id_shapes(&data) => Err(format!("{kind} names no object of ours")),
+        "payment.succeeded" => serde_json::from_value::<PaymentData>(data)
+            .map(|d| Event::PaymentSucceeded {
+                payment: Target::Payment(d.payment),
+            })
+            .map_err(malformed),
+        "charge.succeeded" => serde_json::from_value::<ChargeData>(data)
+            .map(|d| Event::PaymentSucceeded {
+                payment: Target::Charge(d.charge),
+            })
+            .map_err(malformed),
+        "payment.failed" => serde_json::from_value::<PaymentData>(data)
+            .map(|d| Event::PaymentFailed {
+                payment: Target::Payment(d.payment),
+            })
+            .map_err(malformed),
+        "charge.failed" => serde_json::from_value::<ChargeData>(data)
+            .map(|d| Event::PaymentFailed {
+                payment: Target::Charge(d.charge),
+            })
+            .map_err(malformed),
+        "dispute.created" => serde_json::from_value::<DisputeData>(data)
+            .map_err(malformed)
+            .and_then(|d| dispute(Target::Payment(d.payment), d.dispute, d.amount)),
+        "charge.dispute.created" => serde_json::from_value::<ChargeDisputeData>(data)
+            .map_err(malformed)
+            .and_then(|d| dispute(Target::Charge(d.charge), d.dispute, d.amount)),
+        "refund.failed" | "charge.refund.failed" => serde_json::from_value::<RefundData>(data)
+            .map(|d| Event::RefundFailed { refund: d.refund })
+            .map_err(malformed),
+        "charge.declined" => serde_json::from_value::<ChargeData>(data)
+            .map(|d| Event::Confirms(Recorded::Charge(d.charge)))
+            .map_err(malformed),
+        "charge.refunded" => serde_json::from_value::<RefundData>(data)
+            .map(|d| Event::Confirms(Recorded::Refund(d.refund)))
+            .map_err(malformed),
+        other => Err(format!("unknown event type `{other}`")),
     }
 }
 
 impl Envelope {
     /// The event this envelope carries; `Err` says why it has no effect.
     fn event(&self) -> Result<Event, String> {
-        let data = self.data.clone();
-        let malformed = |error: serde_json::Error| format!("malformed {} data: {error}", self.kind);
-        match self.kind.as_str() {
-            kind if !known_id_shapes(&self.data) => Err(format!("{kind} names no object of ours")),
-            "payment.succeeded" => serde_json::from_value::<PaymentData>(data)
-                .map(|d| Event::PaymentSucceeded {
-                    payment: Target::Payment(d.payment),
-                })
-                .map_err(malformed),
-            "charge.succeeded" => serde_json::from_value::<ChargeData>(data)
-                .map(|d| Event::PaymentSucceeded {
-                    payment: Target::Charge(d.charge),
-                })
-                .map_err(malformed),
-            "payment.failed" => serde_json::from_value::<PaymentData>(data)
-                .map(|d| Event::PaymentFailed {
-                    payment: Target::Payment(d.payment),
-                })
-                .map_err(malformed),
-            "charge.failed" => serde_json::from_value::<ChargeData>(data)
-                .map(|d| Event::PaymentFailed {
-                    payment: Target::Charge(d.charge),
-                })
-                .map_err(malformed),
-            "dispute.created" => serde_json::from_value::<DisputeData>(data)
-                .map_err(malformed)
-                .and_then(|d| dispute(Target::Payment(d.payment), d.dispute, d.amount)),
-            "charge.dispute.created" => serde_json::from_value::<ChargeDisputeData>(data)
-                .map_err(malformed)
-                .and_then(|d| dispute(Target::Charge(d.charge), d.dispute, d.amount)),
-            "refund.failed" | "charge.refund.failed" => serde_json::from_value::<RefundData>(data)
-                .map(|d| Event::RefundFailed { refund: d.refund })
-                .map_err(malformed),
-            "charge.declined" => serde_json::from_value::<ChargeData>(data)
-                .map(|d| Event::Confirms(Recorded::Charge(d.charge)))
-                .map_err(malformed),
-            "charge.refunded" => serde_json::from_value::<RefundData>(data)
-                .map(|d| Event::Confirms(Recorded::Refund(d.refund)))
-                .map_err(malformed),
-            other => Err(format!("unknown event type `{other}`")),
-        }
+        parse(&self.kind, &self.data)
     }
 
     /// Applies the event's effect, recorded as processed under `event_id`; `Ignored` when it has
@@ -292,7 +308,10 @@ impl Envelope {
     ) -> Result<Applying, sqlx::Error> {
         let event = match self.event() {
             Ok(event) => event,
-            Err(reason) => return Ok(Ok(Applied::without_event(ignored(&reason)))),
+            Err(reason) => {
+                let outcome = ignored(NoEffect::Unexpected(reason));
+                return Ok(Ok(Applied::without_event(outcome)));
+            }
         };
         match event {
             Event::PaymentSucceeded { payment } => {
@@ -457,8 +476,14 @@ impl Envelope {
         .fetch_optional(&mut *conn)
         .await?;
         let Some(failed) = failed else {
-            let reason = format!("{} matched no object it can apply to", self.kind);
-            return Ok(Ok(Applied::without_event(ignored(&reason))));
+            let reason = format!(
+                "{} changes nothing: refund `{refund}` is not `succeeded` (it failed already, or \
+                 is not settled)",
+                self.kind
+            );
+            return Ok(Ok(Applied::without_event(ignored(NoEffect::Expected(
+                reason,
+            )))));
         };
         let row = RefundRow {
             id: failed.id,
@@ -512,7 +537,12 @@ impl Envelope {
             tracing::info!(kind = %self.kind, timestamp = %self.timestamp, "stale event: a newer one was applied");
             Outcome::Stale
         } else {
-            ignored(&format!("{} matched no payment it can apply to", self.kind))
+            // A payment refunded, pending or declined: its status moves only between succeeded
+            // and failed, and the processor announces every charge, including those since refunded.
+            ignored(NoEffect::Expected(format!(
+                "{} changes nothing: the payment's status is neither succeeded nor failed",
+                self.kind
+            )))
         })
     }
 
@@ -552,7 +582,9 @@ impl Envelope {
         .await?
         else {
             let reason = format!("{} names no payment of ours", self.kind);
-            return Ok(Ok(Applied::without_event(ignored(&reason))));
+            return Ok(Ok(Applied::without_event(ignored(NoEffect::Unexpected(
+                reason,
+            )))));
         };
         let fits = amount <= paid.remaining;
         let recorded = sqlx::query_scalar!(
@@ -696,8 +728,28 @@ fn unencodable(error: serde_json::Error) -> sqlx::Error {
     sqlx::Error::Encode(error.into())
 }
 
-fn ignored(reason: &str) -> Outcome {
-    tracing::warn!(reason, "webhook event acknowledged without effect");
+/// Why an event is acknowledged without effect, which decides who hears of it.
+enum NoEffect {
+    /// A known event that changes nothing in the state its object is in now, as a refunded
+    /// payment's `charge.succeeded`: the processor's ordinary traffic, logged at DEBUG with the
+    /// reason, so that a developer who asks (`RUST_LOG=idempay=debug`) sees it and an operator's
+    /// WARN lines stay for what needs them.
+    Expected(String),
+    /// An event idempay cannot read (an unknown type, data without the fields its type needs) or
+    /// that names an object of ours that does not exist: the sender and idempay disagree, which
+    /// an operator must look at. Logged at WARN.
+    Unexpected(String),
+}
+
+fn ignored(why: NoEffect) -> Outcome {
+    match why {
+        NoEffect::Expected(reason) => {
+            tracing::debug!(reason, "webhook event acknowledged without effect");
+        }
+        NoEffect::Unexpected(reason) => {
+            tracing::warn!(reason, "webhook event acknowledged without effect");
+        }
+    }
     Outcome::Ignored
 }
 

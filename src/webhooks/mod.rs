@@ -38,7 +38,7 @@ use crate::db::Engine;
 use crate::http::AppState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
-pub use events::{Envelope, NotRecorded, Outcome};
+pub use events::{Envelope, NotRecorded, Outcome, unreadable};
 pub use schedule::{JITTER, RetrySchedule};
 pub use signature::{
     MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,

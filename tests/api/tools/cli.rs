@@ -147,7 +147,7 @@ async fn pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay() {
         key.as_str(),
     ];
     let env = [
-        ("IDEMPAY_BASE_URL", app.address.as_str()),
+        ("IDEMPAY_URL", app.address.as_str()),
         ("IDEMPAY_API_KEY", app.api_key.as_str()),
     ];
 
@@ -172,7 +172,7 @@ async fn pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay() {
 async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
     let app = TestApp::spawn().await;
     let env = [
-        ("IDEMPAY_BASE_URL", app.address.as_str()),
+        ("IDEMPAY_URL", app.address.as_str()),
         ("IDEMPAY_API_KEY", app.api_key.as_str()),
     ];
 
@@ -284,7 +284,7 @@ async fn pay_that_cannot_connect_exits_with_not_sent() {
     let address = format!("http://{}", closed.local_addr().unwrap());
     let key = new_key();
     let env = [
-        ("IDEMPAY_BASE_URL", address.as_str()),
+        ("IDEMPAY_URL", address.as_str()),
         ("IDEMPAY_API_KEY", "sk_test"),
     ];
 
@@ -297,6 +297,45 @@ async fn pay_that_cannot_connect_exits_with_not_sent() {
         "{stderr}"
     );
     assert!(stderr.contains("not sent"), "{stderr}");
+}
+
+/// A read loses nothing by not being retried: `keys show` against a port that refuses connections
+/// ends at once (it used to retry for the 90 s deadline: "no connection in 43 attempts"), naming
+/// the URL it tried and how to name another; `--help` says where the URL comes from.
+#[api_test]
+async fn keys_show_fails_at_once_on_a_refused_connection_naming_the_url() {
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let address = format!("http://{}", closed.local_addr().unwrap());
+    let env = [
+        ("IDEMPAY_URL", address.as_str()),
+        ("IDEMPAY_API_KEY", "sk_test"),
+    ];
+
+    let started = std::time::Instant::now();
+    let output = idempay(&["keys", "show", "k1"], &env).await;
+    let took = started.elapsed();
+    let help = idempay(&["keys", "show", "--help"], &[]).await;
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(idempay::dev::cli::EXIT_NOT_SENT)),
+        "{stderr}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "{took:?}: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("cannot reach the API at {address}"))
+            && stderr.contains("IDEMPAY_URL"),
+        "{stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("[env: IDEMPAY_URL="),
+        "{help:?}"
+    );
 }
 
 /// `idempay pay` of the test payment (`payment(4200)`) with `key`, within `deadline`.
@@ -319,7 +358,7 @@ fn pay_args<'a>(key: &'a str, deadline: &'a str) -> Vec<&'a str> {
 /// Where `idempay pay` finds the app, and who it pays as.
 fn env(app: &TestApp) -> [(&str, &str); 2] {
     [
-        ("IDEMPAY_BASE_URL", app.address.as_str()),
+        ("IDEMPAY_URL", app.address.as_str()),
         ("IDEMPAY_API_KEY", app.api_key.as_str()),
     ]
 }
@@ -340,7 +379,7 @@ async fn keys_show_prints_each_route_s_block_and_refuses_an_unknown_key() {
     let key = format!("order/{}", new_key());
     let paid = app.post_payment(&key, &payment(4200)).await;
     let env = [
-        ("IDEMPAY_BASE_URL", app.address.as_str()),
+        ("IDEMPAY_URL", app.address.as_str()),
         ("IDEMPAY_API_KEY", app.api_key.as_str()),
     ];
 

@@ -216,3 +216,83 @@ async fn suspended_and_lease_lost_outcomes_are_counted() {
         );
     }
 }
+
+/// WARN is for what an operator must look at. A known event that changes nothing where its object
+/// stands (the processor's `charge.succeeded` of a payment since refunded, which used to be a WARN
+/// "matched no payment") is logged at DEBUG with its reason; an event idempay cannot read (a type
+/// it does not know) is still a WARN.
+#[api_test]
+async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknown_type_a_warning() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(5000).await;
+    let refunded = app
+        .post_refund(&paid, &new_key(), &serde_json::json!({}))
+        .await;
+    assert_eq!(refunded.status, 201, "{refunded:?}");
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let secret = idempay::webhooks::WebhookSecrets::generate();
+    let (log, file) = crate::support::instance::LogFile::create();
+    let exposed = secret.expose();
+    let instance = Instance::start_logging_to(
+        file,
+        &app.database_url(),
+        &[
+            ("RUST_LOG", "idempay=debug"),
+            ("IDEMPAY_LOG_FORMAT", "json"),
+            ("IDEMPAY_WEBHOOK_SECRET", exposed.as_str()),
+        ],
+    )
+    .await;
+    let url = format!("{}/v1/webhooks/processor", instance.address);
+    let data = serde_json::json!({ "charge": charge });
+
+    let mut answers = Vec::new();
+    for (id, kind) in [
+        ("evt_late", "charge.succeeded"),
+        ("evt_new", "charge.captured"),
+    ] {
+        let (status, body) = idempay::webhooks::send(&url, &secret, id, kind, data.clone())
+            .await
+            .unwrap();
+        answers.push((status, body));
+    }
+    drop(instance);
+
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        assert!(body.contains("\"ignored\""), "{body}");
+    }
+    let logs = log.read();
+    let without_effect: Vec<(String, String)> = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["fields"]["message"] == "webhook event acknowledged without effect")
+        .map(|line| {
+            (
+                line["level"].as_str().unwrap_or_default().to_owned(),
+                line["fields"]["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(without_effect.len(), 2, "{logs}");
+    assert_eq!(without_effect[0].0, "DEBUG", "{without_effect:?}");
+    assert!(
+        without_effect[0]
+            .1
+            .starts_with("charge.succeeded changes nothing"),
+        "{without_effect:?}"
+    );
+    assert_eq!(without_effect[1].0, "WARN", "{without_effect:?}");
+    assert!(
+        without_effect[1]
+            .1
+            .contains("unknown event type `charge.captured`"),
+        "{without_effect:?}"
+    );
+}
