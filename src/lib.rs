@@ -26,6 +26,7 @@ pub mod http;
 pub mod idempotency;
 mod ids;
 pub mod jobs;
+pub mod metadata;
 pub mod payments;
 pub mod processor;
 pub mod reconcile;

@@ -17,6 +17,7 @@
 
 mod retry;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -123,6 +124,9 @@ pub struct NewPayment {
     pub description: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payment_method: Option<String>,
+    /// The merchant's own key–value pairs (at most 50), returned with the payment.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A refund to make; without `amount`, what remains.
@@ -132,6 +136,8 @@ pub struct NewRefund {
     pub amount: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A payment, as the API returns it.
@@ -147,6 +153,8 @@ pub struct Payment {
     pub amount_refunded: i64,
     pub amount_disputed: i64,
     pub created_at: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A refund, as the API returns it.
@@ -158,6 +166,8 @@ pub struct Refund {
     pub reason: Option<String>,
     pub status: String,
     pub created_at: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A page of a list.

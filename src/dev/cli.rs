@@ -299,6 +299,7 @@ async fn pay(args: PayArgs) -> anyhow::Result<()> {
             }
         });
     let payment = client::NewPayment {
+        metadata: Default::default(),
         amount: args.amount,
         currency: args.currency,
         order: args.order,

@@ -111,19 +111,81 @@ fn media_type(content_type: &str) -> String {
 pub struct FieldDigests(BTreeMap<String, String>);
 
 impl FieldDigests {
+    /// Digests the top-level member `name` from its canonical text and, when it is an object (a
+    /// payment's `metadata`), each of its own members, under their JSON pointers
+    /// (`/metadata/order_id`): a mismatch can then name the one entry that changed. A member's
+    /// name is kept as it is, a nested one as a pointer, which starts with `/`.
+    fn digest(&mut self, name: &str, canonical: &[u8]) -> Result<(), serde_json::Error> {
+        self.0
+            .insert(name.to_owned(), hex::encode(Sha256::digest(canonical)));
+        if canonical.first() == Some(&b'{') {
+            // Canonical text has no whitespace: each member's raw text is its canonical text.
+            let members: BTreeMap<String, &RawValue> = serde_json::from_slice(canonical)?;
+            for (member, value) in members {
+                let digest = hex::encode(Sha256::digest(value.get().as_bytes()));
+                self.0
+                    .insert(format!("{}{}", pointer(name), pointer(&member)), digest);
+            }
+        }
+        Ok(())
+    }
+
     /// The JSON pointers (RFC 6901) of the members that differ between two bodies, a member
-    /// present in one and absent from the other included, sorted.
+    /// present in one and absent from the other included, sorted. A member that is an object in
+    /// both is named by the entries that differ in it (`/metadata/order_id`), where both bodies'
+    /// digests have them (those stored before nested digests existed do not).
     pub fn mismatched(&self, other: &Self) -> Vec<String> {
+        let differs = |name: &&String| self.0.get(*name) != other.0.get(*name);
         let mut names: Vec<&String> = self
             .0
-            .iter()
-            .filter(|(name, digest)| other.0.get(*name) != Some(*digest))
-            .map(|(name, _)| name)
+            .keys()
             .chain(other.0.keys().filter(|name| !self.0.contains_key(*name)))
+            .filter(|name| !is_nested(name))
+            .filter(differs)
             .collect();
         names.sort();
-        names.into_iter().map(|name| pointer(name)).collect()
+        let mut pointers = Vec::new();
+        for name in names {
+            let parent = pointer(name);
+            let prefix = format!("{parent}/");
+            let entries = |digests: &Self| {
+                digests
+                    .0
+                    .keys()
+                    .filter(|key| key.starts_with(&prefix))
+                    .count()
+            };
+            let objects_in_both = self.0.contains_key(name)
+                && other.0.contains_key(name)
+                && entries(self) + entries(other) > 0
+                && (entries(self) > 0 || self.0.get(name) == Some(&empty_object()))
+                && (entries(other) > 0 || other.0.get(name) == Some(&empty_object()));
+            if !objects_in_both {
+                pointers.push(parent);
+                continue;
+            }
+            let mut nested: Vec<&String> = self
+                .0
+                .keys()
+                .chain(other.0.keys().filter(|key| !self.0.contains_key(*key)))
+                .filter(|key| key.starts_with(&prefix))
+                .filter(differs)
+                .collect();
+            nested.sort();
+            pointers.extend(nested.into_iter().cloned());
+        }
+        pointers
     }
+}
+
+/// Whether a digest is of a member's member, named by its pointer, not of a top-level member.
+fn is_nested(name: &str) -> bool {
+    name.starts_with('/')
+}
+
+/// The digest of `{}`: an object without members, which has no nested digests to compare.
+fn empty_object() -> String {
+    hex::encode(Sha256::digest(b"{}"))
 }
 
 /// The JSON pointer of a top-level member: `/` and its name, with `~` written `~0` and `/` written
@@ -160,8 +222,7 @@ fn write_canonical(
                 let start = out.len();
                 write_canonical(member, out, depth + 1, None)?;
                 if let Some(fields) = fields.as_deref_mut() {
-                    let digest = Sha256::digest(&out[start..]);
-                    fields.0.insert(key.clone(), hex::encode(digest));
+                    fields.digest(key, &out[start..])?;
                 }
             }
             out.push(b'}');
@@ -312,6 +373,32 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(fields("[1,2]"), FieldDigests::default());
+    }
+
+    #[test]
+    fn a_member_that_is_an_object_in_both_bodies_is_named_by_its_entries_that_differ() {
+        let stored = fields(r#"{"amount":1,"metadata":{"order_id":"6735","channel":"web"}}"#);
+        let changed = fields(r#"{"amount":1,"metadata":{"channel":"web","order_id":"6736"}}"#);
+        assert_eq!(stored.mismatched(&changed), ["/metadata/order_id"]);
+        let added =
+            fields(r#"{"amount":1,"metadata":{"order_id":"6735","channel":"web","a/b":""}}"#);
+        assert_eq!(stored.mismatched(&added), ["/metadata/a~1b"]);
+        // From none to some: the entries added.
+        let none = fields(r#"{"amount":1,"metadata":{}}"#);
+        assert_eq!(
+            none.mismatched(&stored),
+            ["/metadata/channel", "/metadata/order_id"]
+        );
+        // An object on one side only, or a member absent: the member itself.
+        let text = fields(r#"{"amount":1,"metadata":"x"}"#);
+        assert_eq!(stored.mismatched(&text), ["/metadata"]);
+        let absent = fields(r#"{"amount":1}"#);
+        assert_eq!(stored.mismatched(&absent), ["/metadata"]);
+        // Digests stored before nested ones existed: the member itself.
+        let mut old = stored.clone();
+        old.0.retain(|name, _| !is_nested(name));
+        assert_eq!(old.mismatched(&changed), ["/metadata"]);
+        assert!(stored.mismatched(&stored.clone()).is_empty());
     }
 
     #[test]

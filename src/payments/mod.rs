@@ -8,6 +8,7 @@ mod model;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use sqlx::PgConnection;
+use sqlx::types::Json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -20,6 +21,7 @@ use crate::http::error::{
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::idempotency::{Fence, IdempotencyKey, Idempotent};
+use crate::metadata::Metadata;
 
 pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 pub use currency::Currency;
@@ -116,7 +118,8 @@ async fn get_payment(
         PaymentRow,
         r#"
         SELECT id, amount, currency, status, payment_method, order_ref, description,
-               amount_refunded, amount_disputed, charge, created_at
+               amount_refunded, amount_disputed, charge, created_at,
+               metadata AS "metadata: Json<Metadata>"
         FROM payments
         WHERE id = $1 AND account_id = $2
         "#,
@@ -174,7 +177,8 @@ async fn list_payments(
                 PaymentRow,
                 r#"
             SELECT id, amount, currency, status, payment_method, order_ref, description,
-                   amount_refunded, amount_disputed, charge, created_at
+                   amount_refunded, amount_disputed, charge, created_at,
+               metadata AS "metadata: Json<Metadata>"
             FROM payments
             WHERE account_id = $1 AND (created_at, id) > ($2, $3)
             ORDER BY created_at, id
@@ -193,7 +197,8 @@ async fn list_payments(
                 PaymentRow,
                 r#"
             SELECT id, amount, currency, status, payment_method, order_ref, description,
-                   amount_refunded, amount_disputed, charge, created_at
+                   amount_refunded, amount_disputed, charge, created_at,
+               metadata AS "metadata: Json<Metadata>"
             FROM payments
             WHERE account_id = $1
               AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
@@ -243,8 +248,8 @@ async fn insert(
         r#"
         INSERT INTO payments
             (id, account_id, amount, currency, status, payment_method, order_ref, description,
-             idempotency_key, charge, created_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             idempotency_key, charge, created_at, metadata)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
         "#,
         payment.id.as_str(),
         account.as_str(),
@@ -257,6 +262,7 @@ async fn insert(
         key.as_str(),
         payment.charge.as_deref(),
         payment.created_at,
+        Json(&payment.metadata) as _,
     )
     .execute(connection)
     .await?;
@@ -280,8 +286,8 @@ async fn insert_and_complete(
         WITH payment AS (
             INSERT INTO payments
                 (id, account_id, amount, currency, status, payment_method, order_ref, description,
-                 idempotency_key, charge, created_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                 idempotency_key, charge, created_at, metadata)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $22)
             RETURNING id
         ), event AS (
             INSERT INTO events (id, account_id, type, body, created_at)
@@ -316,6 +322,7 @@ async fn insert_and_complete(
         event.kind.as_str(),
         &event.body,
         &*fence.owner,
+        Json(&payment.metadata) as _,
     )
     .fetch_one(connection)
     .await?;

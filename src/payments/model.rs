@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 use super::currency::Currency;
 use crate::decimal::Decimal;
 use crate::ids;
+use crate::metadata::Metadata;
 
 /// The largest amount accepted, in minor units (999 999.99 in a two-decimal currency).
 pub const MAX_AMOUNT: i64 = 99_999_999;
@@ -182,6 +183,9 @@ pub struct NewPayment {
     #[serde(default)]
     #[schema(inline)]
     pub payment_method: PaymentMethod,
+    /// Key–value pairs of the merchant's own, returned with the payment and in its events.
+    #[serde(default)]
+    pub metadata: Metadata,
 }
 
 /// A payment id: `pay_` followed by 24 random base62 characters.
@@ -257,7 +261,8 @@ impl PaymentStatus {
     "amount_refunded": 0,
     "amount_disputed": 0,
     "charge": "ch_3MmlLrLkdIwHu7ix0snN0B15",
-    "created_at": "2026-11-29T19:03:59.647850Z"
+    "created_at": "2026-11-29T19:03:59.647850Z",
+    "metadata": { "order_id": "6735" }
 }))]
 pub struct Payment {
     /// The payment's id, `pay_` followed by 24 characters.
@@ -294,6 +299,8 @@ pub struct Payment {
     /// When the payment was created: taken just before it was written, on the database's clock,
     /// not when its transaction committed. Lists are ordered by it.
     pub created_at: DateTime<Utc>,
+    /// The merchant's key–value pairs, as sent; `{}` when none were.
+    pub metadata: Metadata,
 }
 
 impl Payment {
@@ -319,6 +326,7 @@ impl Payment {
             amount_disputed: 0,
             charge: Some(charge),
             created_at,
+            metadata: new.metadata.clone(),
         }
     }
 
@@ -341,6 +349,7 @@ pub(crate) struct PaymentRow {
     pub amount_disputed: i64,
     pub charge: Option<String>,
     pub created_at: DateTime<Utc>,
+    pub metadata: sqlx::types::Json<Metadata>,
 }
 
 impl From<PaymentRow> for Payment {
@@ -358,6 +367,7 @@ impl From<PaymentRow> for Payment {
             amount_disputed: row.amount_disputed,
             charge: row.charge,
             created_at: row.created_at,
+            metadata: row.metadata.0,
         }
     }
 }

@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -20,6 +21,8 @@ use crate::http::error::{
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::idempotency::{IdempotencyKey, Idempotent};
+
+use crate::metadata::Metadata;
 use crate::payments::{Amount, PaymentId};
 
 const MAX_REASON_LEN: usize = 500;
@@ -44,6 +47,9 @@ pub struct NewRefund {
     #[serde(default)]
     #[schema(value_type = Option<String>, max_length = 500, pattern = "^[^\\u0000]*$", example = "requested_by_customer")]
     pub reason: Option<Reason>,
+    /// Key–value pairs of the merchant's own, returned with the refund and in its events.
+    #[serde(default)]
+    pub metadata: Metadata,
 }
 
 /// A refund's reason: at most 500 characters.
@@ -108,6 +114,8 @@ pub struct Refund {
     #[schema(example = "pyr_Jx8bq2LkR5Vn0Ww3Zt7YcA1d")]
     pub processor_refund: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// The merchant's key–value pairs, as sent; `{}` when none were.
+    pub metadata: Metadata,
 }
 
 impl Refund {
@@ -125,6 +133,7 @@ pub(crate) struct RefundRow {
     pub status: String,
     pub processor_refund: Option<String>,
     pub created_at: DateTime<Utc>,
+    pub metadata: Json<Metadata>,
 }
 
 impl From<RefundRow> for Refund {
@@ -142,6 +151,7 @@ impl From<RefundRow> for Refund {
             },
             processor_refund: row.processor_refund,
             created_at: row.created_at,
+            metadata: row.metadata.0,
         }
     }
 }
@@ -199,6 +209,7 @@ async fn create_refund(
         payment,
         amount: body.amount.map(i64::from),
         reason: body.reason.map(|reason| reason.0),
+        metadata: body.metadata,
     };
     state
         .idempotency
@@ -272,7 +283,8 @@ async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-            SELECT id, payment_id, amount, reason, status, processor_refund, created_at
+            SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
+                   metadata AS "metadata: Json<Metadata>"
             FROM refunds
             WHERE account_id = $5 AND payment_id = $1 AND (created_at, id) > ($2, $3)
             ORDER BY created_at, id
@@ -291,7 +303,8 @@ async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-            SELECT id, payment_id, amount, reason, status, processor_refund, created_at
+            SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
+                   metadata AS "metadata: Json<Metadata>"
             FROM refunds
             WHERE account_id = $5 AND payment_id = $1
               AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
@@ -341,7 +354,8 @@ async fn get_refund(
     let row = sqlx::query_as!(
         RefundRow,
         r#"
-        SELECT id, payment_id, amount, reason, status, processor_refund, created_at
+        SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
+               metadata AS "metadata: Json<Metadata>"
         FROM refunds
         WHERE id = $1 AND account_id = $2
         "#,

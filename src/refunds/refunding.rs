@@ -6,6 +6,7 @@
 use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use sqlx::types::Json;
 
 use super::{Refund, RefundRow, payment_not_found};
 use crate::accounts::AccountId;
@@ -13,6 +14,7 @@ use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::idempotency::{Completion, Lease, StoredResponse};
 use crate::ids;
+use crate::metadata::Metadata;
 use crate::payments::{Payment, PaymentId, PaymentRow};
 use crate::processor::client;
 use crate::processor::{Outcome, ProcessorClient, ProcessorRefund};
@@ -28,6 +30,7 @@ pub struct RefundAsked {
     /// All that remains when `None`.
     pub amount: Option<i64>,
     pub reason: Option<String>,
+    pub metadata: Metadata,
 }
 
 /// What resuming a refund needs, recorded on its key with the recovery point.
@@ -39,6 +42,9 @@ struct RefundRequested {
     charge: String,
     amount: i64,
     reason: Option<String>,
+    /// Absent from a point recorded before refunds carried metadata: none.
+    #[serde(default)]
+    metadata: Metadata,
     /// The refund's id, chosen before the call, so every attempt records the same refund.
     refund: String,
 }
@@ -149,6 +155,7 @@ async fn check(
         charge,
         amount,
         reason: asked.reason,
+        metadata: asked.metadata,
         refund: ids::generate("re", 24),
     }))
 }
@@ -187,9 +194,11 @@ async fn record(
         RefundRow,
         r#"
         INSERT INTO refunds
-            (id, payment_id, account_id, amount, reason, status, idempotency_key, processor_refund)
-        VALUES ($1, $2, $3, $4, $5, 'succeeded', $6, $7)
-        RETURNING id, payment_id, amount, reason, status, processor_refund, created_at
+            (id, payment_id, account_id, amount, reason, status, idempotency_key, processor_refund,
+             metadata)
+        VALUES ($1, $2, $3, $4, $5, 'succeeded', $6, $7, $8)
+        RETURNING id, payment_id, amount, reason, status, processor_refund, created_at,
+                  metadata AS "metadata: Json<Metadata>"
         "#,
         intent.refund,
         intent.payment.as_str(),
@@ -198,6 +207,7 @@ async fn record(
         intent.reason.as_deref(),
         lease.key().as_str(),
         refunded.id,
+        Json(&intent.metadata) as _,
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -219,7 +229,8 @@ async fn record(
         WHERE p.account_id = $3 AND p.account_id = locked.account_id AND p.id = locked.id
         RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!",
                   p.id, p.amount, p.currency, p.status, p.payment_method, p.order_ref,
-                  p.description, p.amount_refunded, p.amount_disputed, p.charge, p.created_at
+                  p.description, p.amount_refunded, p.amount_disputed, p.charge, p.created_at,
+                  p.metadata AS "metadata: Json<Metadata>"
         "#,
         intent.payment.as_str(),
         refunded.amount,
@@ -257,6 +268,7 @@ async fn record(
         amount_disputed: paid.amount_disputed,
         charge: paid.charge,
         created_at: paid.created_at,
+        metadata: paid.metadata,
     });
     // The refund's `created_at` is its transaction's `now()`: the time of both events.
     let at = refund.created_at;

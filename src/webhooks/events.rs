@@ -16,10 +16,12 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
+use sqlx::types::Json;
 use utoipa::ToSchema;
 
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
+use crate::metadata::Metadata;
 use crate::payments::{Payment, PaymentRow, PaymentStatus};
 use crate::refunds::{Refund, RefundRow};
 
@@ -391,7 +393,8 @@ impl Envelope {
               AND (p.last_event_at IS NULL OR p.last_event_at < $3)
             RETURNING prior.status AS prior_status, p.account_id, p.id, p.amount, p.currency,
                       p.status, p.payment_method, p.order_ref, p.description, p.amount_refunded,
-                      p.amount_disputed, p.charge, p.created_at
+                      p.amount_disputed, p.charge, p.created_at,
+                      p.metadata AS "metadata: Json<Metadata>"
             "#,
             id,
             charge,
@@ -420,6 +423,7 @@ impl Envelope {
                 amount_disputed: updated.amount_disputed,
                 charge: updated.charge,
                 created_at: updated.created_at,
+                metadata: updated.metadata,
             };
             let event = NewEvent::payment(kind, Payment::from(row), now(conn).await?)
                 .map_err(unencodable)?;
@@ -456,7 +460,7 @@ impl Envelope {
                 WHERE account_id = $2 AND (id = $1 OR processor_refund = $1)
                   AND status = 'succeeded'
                 RETURNING id, payment_id, account_id, amount, reason, status, processor_refund,
-                          created_at
+                          created_at, metadata
             )
             UPDATE payments p
             SET amount_refunded = p.amount_refunded - failed.amount,
@@ -468,7 +472,8 @@ impl Envelope {
                       failed.account_id AS "account_id!", failed.amount AS "amount!",
                       failed.reason AS "reason?", failed.status AS "status!",
                       failed.processor_refund AS "processor_refund?",
-                      failed.created_at AS "created_at!"
+                      failed.created_at AS "created_at!",
+                      failed.metadata AS "metadata!: Json<Metadata>"
             "#,
             refund,
             account,
@@ -493,6 +498,7 @@ impl Envelope {
             status: failed.status,
             processor_refund: failed.processor_refund,
             created_at: failed.created_at,
+            metadata: failed.metadata,
         };
         let event = NewEvent::refund(EventType::RefundFailed, Refund::from(row), now(conn).await?)
             .map_err(unencodable)?;
@@ -612,7 +618,8 @@ impl Envelope {
             UPDATE payments SET amount_disputed = amount_disputed + $2
             WHERE account_id = $3 AND id = $1
             RETURNING id, amount, currency, status, payment_method, order_ref, description,
-                      amount_refunded, amount_disputed, charge, created_at
+                      amount_refunded, amount_disputed, charge, created_at,
+                      metadata AS "metadata: Json<Metadata>"
             "#,
             paid.id,
             amount.min(paid.remaining),
@@ -632,6 +639,7 @@ impl Envelope {
             amount_disputed: disputed.amount_disputed,
             charge: disputed.charge,
             created_at: disputed.created_at,
+            metadata: disputed.metadata,
         };
         let event = NewEvent::payment(
             EventType::PaymentDisputed,

@@ -149,3 +149,115 @@ async fn a_large_body_is_fingerprinted_like_a_small_one() {
         .await
         .assert_problem(422, "idempotency-key-mismatch");
 }
+
+#[api_test(citus)]
+async fn metadata_is_kept_returned_listed_in_events_and_part_of_the_key() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let tagged = json!({
+        "amount": 4200, "currency": "eur",
+        "metadata": { "order_id": "6735", "channel": "web" },
+    });
+    let created = app.post_payment(&key, &tagged).await;
+    assert_eq!(created.status, 201);
+    let payment = created.json();
+    assert_eq!(
+        payment["metadata"],
+        json!({ "channel": "web", "order_id": "6735" })
+    );
+    let id = payment["id"].as_str().unwrap();
+    assert_eq!(
+        app.get_payment(id).await.json()["metadata"],
+        payment["metadata"]
+    );
+    let listed = app.get("/v1/payments").await.json();
+    assert_eq!(listed["data"][0]["metadata"], payment["metadata"]);
+    // The feed lists an event once every older transaction has ended: on a loaded machine that
+    // can take a moment after the 201.
+    let mut events = app.get("/v1/events").await.json();
+    for _ in 0..100 {
+        if events["data"][0].is_object() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        events = app.get("/v1/events").await.json();
+    }
+    assert_eq!(
+        events["data"][0]["data"]["object"]["metadata"],
+        payment["metadata"]
+    );
+
+    // A payment without metadata has an empty object, never null.
+    let bare = app.post_payment(&new_key(), &payment_body()).await.json();
+    assert_eq!(bare["metadata"], json!({}));
+
+    // The same key with one entry changed is another request, and the 422 names that entry.
+    let changed = json!({
+        "amount": 4200, "currency": "eur",
+        "metadata": { "order_id": "6736", "channel": "web" },
+    });
+    let refused = app.post_payment(&key, &changed).await;
+    let problem = refused.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(problem["mismatched_fields"], json!(["/metadata/order_id"]));
+    // The entries in another order are the same request: a replay.
+    let reordered = json!({
+        "currency": "eur", "amount": 4200,
+        "metadata": { "channel": "web", "order_id": "6735" },
+    });
+    let replay = app.post_payment(&key, &reordered).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, created.body);
+
+    // Refunds carry their own.
+    let refund = app
+        .post_refund(
+            id,
+            &new_key(),
+            &json!({ "amount": 100, "metadata": { "ticket": "T-9" } }),
+        )
+        .await;
+    assert_eq!(refund.status, 201);
+    assert_eq!(refund.json()["metadata"], json!({ "ticket": "T-9" }));
+    let refund_id = refund.json()["id"].as_str().unwrap().to_owned();
+    let read = app.get(&format!("/v1/refunds/{refund_id}")).await.json();
+    assert_eq!(read["metadata"], json!({ "ticket": "T-9" }));
+}
+
+#[api_test]
+async fn metadata_out_of_bounds_is_refused_naming_the_entry_and_the_key_stays_free() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let many: serde_json::Map<String, serde_json::Value> =
+        (0..51).map(|n| (format!("k{n}"), json!("v"))).collect();
+    let long_key = "k".repeat(41);
+    for (metadata, param) in [
+        (
+            json!({ "note": "v".repeat(501) }),
+            "/metadata/note".to_owned(),
+        ),
+        (json!({ "note": 7 }), "/metadata/note".to_owned()),
+        (
+            json!({ long_key.clone(): "v" }),
+            format!("/metadata/{long_key}"),
+        ),
+        (serde_json::Value::Object(many), "/metadata".to_owned()),
+        (json!(["a"]), "/metadata".to_owned()),
+    ] {
+        let body = json!({ "amount": 100, "currency": "eur", "metadata": metadata });
+        let problem = app
+            .post_payment(&key, &body)
+            .await
+            .assert_problem(400, "invalid-request");
+        assert_eq!(problem["param"], param.as_str(), "{problem}");
+    }
+    assert_eq!(app.key_count().await, 0);
+    let fifty: serde_json::Map<String, serde_json::Value> = (0..50)
+        .map(|n| (format!("k{n}"), json!("v".repeat(500))))
+        .collect();
+    let body = json!({ "amount": 100, "currency": "eur", "metadata": fifty });
+    assert_eq!(app.post_payment(&key, &body).await.status, 201);
+}
+
+fn payment_body() -> serde_json::Value {
+    payment(100)
+}

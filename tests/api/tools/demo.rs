@@ -165,6 +165,7 @@ async fn the_client_reads_refunds_lists_and_types_refusals() {
     let paid = client.create_payment(&order, None).await.unwrap();
     let read = client.get_payment(&paid.value.id).await.unwrap();
     let refund = NewRefund {
+        metadata: Default::default(),
         amount: Some(1200),
         reason: None,
     };
