@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 
 
@@ -172,6 +173,8 @@ def main(base, api_key, client_dir, server_out):
         )
         problem = expect(r, 402, Problem)
         check(problem.code == "card-declined", f"code {problem.code!r}, not 'card-declined'")
+        check(isinstance(problem.payment, str), f"no declined payment in {answer(r)}")
+        state["declined"] = problem.payment
         return f"402 {problem.code}, payment {problem.payment}, decline_code {problem.decline_code}"
 
     @step("list payments")
@@ -224,11 +227,32 @@ def main(base, api_key, client_dir, server_out):
 
     @step("list events")
     def _():
-        page = expect(list_events.sync_detailed(client=client, limit=50), 200, ListEvent)
-        types = {event.type_ for event in page.data}
-        for wanted in (EventType.PAYMENT_SUCCEEDED, EventType.PAYMENT_DECLINED, EventType.REFUND_CREATED):
-            check(wanted in types, f"no {wanted} event among {sorted(types)}")
-        return f"{len(page.data)} events, of types {', '.join(sorted(types))}"
+        wanted = [
+            (state["payment"], EventType.PAYMENT_SUCCEEDED),
+            (state["payment"], EventType.REFUND_CREATED),
+            (state["payment"], EventType.PAYMENT_REFUNDED),
+            (state["declined"], EventType.PAYMENT_DECLINED),
+        ]
+        # An event is listed once every transaction older than its own has ended: a few tries.
+        deadline = time.monotonic() + 5
+        while True:
+            page = expect(list_events.sync_detailed(client=client, limit=100), 200, ListEvent)
+            seen = []
+            for event in page.data:
+                # The event's object is the generated Payment or Refund (the spec's oneOf).
+                thing = event.data.object_
+                check(
+                    isinstance(thing, (Payment, Refund)),
+                    f"{event.id}'s object is a {type(thing).__name__}, not a Payment or a Refund",
+                )
+                seen.append((thing.id if isinstance(thing, Payment) else thing.payment, event.type_))
+            missing = [f"{kind} of {payment}" for payment, kind in wanted if (payment, kind) not in seen]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        check(not missing, f"no event {', '.join(missing)} among the {len(page.data)} listed")
+        ours = [str(kind) for payment, kind in reversed(seen) if payment == state["payment"]]
+        return f"{len(page.data)} events; {state['payment']}'s, oldest first: {', '.join(ours)}"
 
     @step("inspect the idempotency key")
     def _():
