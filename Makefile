@@ -33,8 +33,9 @@ CITUS_TEST_THREADS ?= 2
 test-citus:
 	IDEMPAY_TEST_CITUS=1 $(CARGO) test --features failpoints --test api -- --test-threads $(CITUS_TEST_THREADS)
 
-## Fuzz the live service from its OpenAPI description (schemathesis), render /docs in Chromium and
-## double-click "Pay" on the checkout page there (Selenium).
+## Fuzz the live service from its OpenAPI description (schemathesis), render /docs in Chromium,
+## double-click "Pay" on the checkout page there (Selenium), and tour the API through a Python client
+## generated from the committed description (openapi-python-client, scripts/client-tour.py).
 contract:
 	bash scripts/contract.sh
 

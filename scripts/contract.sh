@@ -7,10 +7,17 @@
 #      Swagger UI must work from the binary's vendored assets alone;
 #   3. the same chromium, driven by Selenium (scripts/checkout-browser.py), double-clicks "Pay" on
 #      the checkout page (/demo/checkout) with the slow test card: one payment, the second click
-#      answered from the same key; then, in the page's naive mode (a key per click), two.
+#      answered from the same key; then, in the page's naive mode (a key per click), two;
+#   4. openapi-python-client, at a pinned version in a venv of its own and with no network, generates
+#      a Python client from the committed openapi/openapi.json (anew each run, into
+#      target/contract/client) and must warn of nothing (ruff's formatting, run afterwards, may
+#      fail with a warning only); scripts/client-tour.py then walks the API through it: a payment,
+#      its replay, a mismatch (422), a declined card (402), the list, a partial and a body-less full
+#      refund, the events, the key's inspection, a webhook endpoint for `*` and a dispute sent with
+#      the banner's `webhook send`, each step checked through the generated models.
 # The last line is `contract: N passed, M failed`; the exit status is non-zero when M > 0.
-# Everything it writes (server output, reports, screenshots, the venv of schemathesis and
-# Selenium) is under target/contract/.
+# Everything it writes (server output, reports, screenshots, the venvs of schemathesis and
+# Selenium and of the client generator, the generated client) is under target/contract/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,15 +27,20 @@ readonly SCHEMATHESIS_VERSION=4.32.5
 # Pinned too; newer releases want a certifi newer than some mirrors carry.
 readonly SELENIUM_VERSION=4.38.0
 readonly VENV=$OUT/venv
+# Pinned, in a venv of its own (its pydantic and httpx need not agree with schemathesis's): the
+# generated code changes with its releases. 0.29.1 reads x-enum-varnames on string enums.
+readonly OPENAPI_PYTHON_CLIENT_VERSION=0.29.1
+readonly CLIENT_VENV=$OUT/client-venv
 readonly STARTUP_TIMEOUT=120
 # Ceilings only: a normal run takes well under a minute for each.
 readonly SCHEMATHESIS_TIMEOUT=600
 readonly BROWSER_TIMEOUT=120
+readonly CLIENT_TIMEOUT=120
 
 log() { printf 'contract: %s\n' "$*" >&2; }
 
 # --- bookkeeping: each check counts once in the summary line -----------------------------------
-readonly CHECK_COUNT=3 # schemathesis, docs, checkout
+readonly CHECK_COUNT=4 # schemathesis, docs, checkout, client
 passed=0
 failed=0
 pass() { passed=$((passed + 1)); log "PASS $1"; }
@@ -295,4 +307,72 @@ elif ((checkout_status == 124)); then
   fail checkout "no result within ${BROWSER_TIMEOUT}s (see $OUT/checkout.txt)"
 else
   fail checkout "exit status $checkout_status (see $OUT/checkout.txt)"
+fi
+
+# --- 4. a generated Python client, on a tour of the API ---------------------------------------
+if [[ $("$CLIENT_VENV/bin/openapi-python-client" --version 2>/dev/null) != *" $OPENAPI_PYTHON_CLIENT_VERSION" ]]; then
+  log "installing openapi-python-client $OPENAPI_PYTHON_CLIENT_VERSION into $CLIENT_VENV"
+  rm -rf "$CLIENT_VENV"
+  python3 -m venv "$CLIENT_VENV" || die "could not create $CLIENT_VENV"
+  "$CLIENT_VENV/bin/pip" install --quiet --disable-pip-version-check \
+    "openapi-python-client==$OPENAPI_PYTHON_CLIENT_VERSION" || die "could not install openapi-python-client"
+fi
+
+# The generator reads only the committed file: it runs in a network namespace of its own, with no
+# interface but loopback, where unshare can make one (root, as here and in CI).
+offline=()
+if unshare --net true 2>/dev/null; then
+  offline=(unshare --net --)
+else
+  log "unshare --net is not available: generating with the network reachable"
+fi
+# Its post hooks are ruff's fix and format; they run below, apart, so that --fail-on-warning fails
+# on the generator's own warnings (a schema it skipped or read otherwise than written) only.
+printf 'post_hooks: []\n' >"$OUT/client-config.yaml"
+log "generating a Python client from openapi/openapi.json into $OUT/client (output in $OUT/client.txt)"
+rm -rf "$OUT/client"
+: >"$OUT/client.txt"
+problems=()
+gen_status=0
+run_step "$OUT/client.txt" "$OUT/client.txt" \
+  timeout --foreground --kill-after=10 "$CLIENT_TIMEOUT" "${offline[@]}" \
+  "$CLIENT_VENV/bin/openapi-python-client" generate \
+  --path openapi/openapi.json --output-path "$OUT/client" \
+  --config "$OUT/client-config.yaml" --fail-on-warning || gen_status=$?
+((gen_status != 130)) || die interrupted
+if ((gen_status != 0)); then
+  cat "$OUT/client.txt" >&2
+  problems+=("openapi-python-client exit status $gen_status (see $OUT/client.txt)")
+elif grep -q 'encountered while generating' "$OUT/client.txt"; then
+  cat "$OUT/client.txt" >&2
+  problems+=("openapi-python-client warned (see $OUT/client.txt)")
+else
+  # The formatter's warnings are the only ones let pass: the code is as good unformatted.
+  # ruff comes with the generator, as its dependency.
+  { run_step "$OUT/client.txt" "$OUT/client.txt" env -C "$OUT/client" "$CLIENT_VENV/bin/ruff" check --fix-only . &&
+    run_step "$OUT/client.txt" "$OUT/client.txt" env -C "$OUT/client" "$CLIENT_VENV/bin/ruff" format .; } ||
+    log "warning: ruff failed on the generated client (see $OUT/client.txt); going on unformatted"
+fi
+
+if ((${#problems[@]} == 0)); then
+  kill -0 "$server_pid" 2>/dev/null || die "the server stopped (see $OUT/server.log)"
+  log "touring the API through the generated client (output in $OUT/client-tour.txt)"
+  : >"$OUT/client-tour.txt"
+  tour_status=0
+  run_step "$OUT/client-tour.txt" "$OUT/client-tour.txt" \
+    timeout --foreground --kill-after=10 "$CLIENT_TIMEOUT" \
+    "$CLIENT_VENV/bin/python" scripts/client-tour.py "$base" "$key" "$OUT/client" "$OUT/server.out" ||
+    tour_status=$?
+  cat "$OUT/client-tour.txt" >&2
+  ((tour_status != 130)) || die interrupted
+  if ((tour_status == 124)); then
+    problems+=("the tour gave no result within ${CLIENT_TIMEOUT}s (see $OUT/client-tour.txt)")
+  elif ((tour_status != 0)); then
+    problems+=("the tour's exit status $tour_status (see $OUT/client-tour.txt)")
+  fi
+fi
+if ((${#problems[@]} == 0)); then
+  pass "client (openapi-python-client $OPENAPI_PYTHON_CLIENT_VERSION generates without a warning; the tour passes through it)"
+else
+  fail client "$(IFS=';'; echo "${problems[*]}")"
 fi
