@@ -17,13 +17,37 @@ const MAX_VALUE_CHARS: usize = 500;
 
 /// Up to 50 keys of up to 40 characters, each with a string value of up to 500 characters.
 /// Returned as sent, keys in sorted order; `{}` when none were sent.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "BTreeMap<MetadataKey, MetadataValue>")]
-#[schema(
-    value_type = BTreeMap<String, String>,
-    example = json!({ "order_id": "6735", "channel": "web" })
-)]
 pub struct Metadata(BTreeMap<String, String>);
+
+impl ToSchema for Metadata {}
+
+/// Written by hand: the bounds on keys (`propertyNames`) are beyond what the derive can say, and
+/// a schema that leaves them out lets a client send what is then refused.
+impl utoipa::PartialSchema for Metadata {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let text = |min: Option<usize>, max: usize| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(min)
+                .max_length(Some(max))
+                .pattern(Some("^[^\\u0000]*$"))
+        };
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "The merchant's own key–value pairs: up to 50 keys of 1 to 40 characters, each \
+                 with a string of up to 500 characters.",
+            ))
+            .max_properties(Some(MAX_KEYS))
+            .property_names(Some(text(Some(1), MAX_KEY_CHARS)))
+            .additional_properties(Some(text(None, MAX_VALUE_CHARS)))
+            .examples([serde_json::json!({ "order_id": "6735", "channel": "web" })])
+            .into()
+    }
+}
 
 impl Metadata {
     pub fn is_empty(&self) -> bool {
