@@ -3,8 +3,8 @@
 //!
 //! - [`idempotency`]: the mechanism, one entry point for every mutating route; it knows no accounts,
 //!   and any axum service can adopt it (the service names each request's owner).
-//! - [`payments`], [`refunds`], [`events`], [`webhooks`], [`accounts`]: the domains, each with its
-//!   router.
+//! - [`payments`], [`refunds`], [`disputes`], [`events`], [`webhooks`], [`accounts`]: the domains,
+//!   each with its router.
 //! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
 //! - [`http`]: the plumbing that owns the state: router, accept loop, errors, docs, metrics.
 //! - [`client`]: the retrying client that keeps one key per intent.
@@ -19,6 +19,7 @@ pub mod db;
 mod decimal;
 #[cfg(feature = "dev")]
 pub mod dev;
+pub mod disputes;
 pub mod events;
 pub mod expiry;
 pub mod failpoint;

@@ -205,6 +205,15 @@ problem_catalogue! {
             no longer need (`DELETE /v1/webhook_endpoints/we_…`), then retry with the same key. \
             One endpoint can receive every type (`enabled_events: [\"*\"]`).",
     }
+    WebhookEndpointDisabled {
+        slug: "webhook-endpoint-disabled",
+        status: CONFLICT,
+        title: "The webhook endpoint is disabled",
+        explanation: "The endpoint acknowledged no delivery for the whole retry schedule, so it was \
+            disabled: it is sent nothing more, and no delivery can be queued for it. Nothing was \
+            queued and the Idempotency-Key was released. Register the URL again \
+            (`POST /v1/webhook_endpoints`) once it answers, then ask for the delivery there.",
+    }
     Internal {
         slug: "internal",
         status: INTERNAL_SERVER_ERROR,

@@ -47,7 +47,7 @@ use crate::jobs::Jobs;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecrets;
 use crate::webhooks::delivery::{Deliverer, Sender};
-use crate::{events, expiry, idempotency, ids, payments, recovery, refunds, webhooks};
+use crate::{disputes, events, expiry, idempotency, ids, payments, recovery, refunds, webhooks};
 use error::{Problem, ProblemKind};
 use openapi::ApiDoc;
 
@@ -172,6 +172,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(payments::router())
         .merge(refunds::router())
+        .merge(disputes::router())
         .merge(events::router())
         .merge(idempotency::router())
         .merge(webhooks::router())

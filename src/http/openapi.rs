@@ -37,6 +37,7 @@ Test payment methods decide the outcome as Stripe's test cards do: `pm_card_visa
     tags(
         (name = "payments", description = "Charges, at most once per idempotency key."),
         (name = "refunds", description = "Money given back, at most once per key and never more than was paid."),
+        (name = "disputes", description = "What cardholders' banks claimed back, as the processor reported it."),
         (name = "events", description = "What happened to payments and refunds, in commit order."),
         (name = "idempotency", description = "The keys themselves: what became of each."),
         (name = "webhooks", description = "The processor's events, applied exactly once."),

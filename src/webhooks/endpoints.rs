@@ -519,7 +519,7 @@ async fn delete_webhook_endpoint(
 }
 
 /// Whether `id` has the shape of an endpoint id, `we_` and 24 base62 characters.
-fn is_endpoint_id(id: &str) -> bool {
+pub(super) fn is_endpoint_id(id: &str) -> bool {
     id.strip_prefix("we_").is_some_and(|random| {
         random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
     })

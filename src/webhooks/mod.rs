@@ -10,7 +10,8 @@
 //!
 //! [`delivery`] is the other way: the outbox any sender writes its events to (the simulated
 //! processor, and idempay itself for the merchants' [`endpoints`]), and the loop that delivers
-//! them, signed, until they are acknowledged or the retry schedule runs out. The delivery
+//! them, signed, until they are acknowledged or the retry schedule runs out; `retry.rs` queues one
+//! more delivery of an event when a merchant asks for it. The delivery
 //! contract a merchant's receiver must keep is in `README.md` beside this file.
 
 pub mod address;
@@ -19,6 +20,7 @@ pub mod delivery;
 pub mod endpoints;
 mod events;
 pub mod retention;
+mod retry;
 mod schedule;
 mod signature;
 
@@ -49,6 +51,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(receive))
         .merge(endpoints::router())
         .merge(attempts::router())
+        .merge(retry::router())
 }
 
 /// The answer to a delivery.

@@ -7,6 +7,7 @@
 //! trigger queues a delivery for every subscribed endpoint.
 
 mod end_to_end;
+mod event_retries;
 mod fan_out;
 mod listen;
 mod proxies;
