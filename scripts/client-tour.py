@@ -86,6 +86,7 @@ def main(base, api_key, client_dir, server_out):
         KeyUseState,
         ListEvent,
         ListPayment,
+        Metadata,
         NewPayment,
         NewPaymentCurrency,
         NewPaymentPaymentMethod,
@@ -112,6 +113,9 @@ def main(base, api_key, client_dir, server_out):
     def new_payment(amount, **fields):
         return NewPayment(amount=amount, currency=NewPaymentCurrency.EUR, **fields)
 
+    def tagged():
+        return Metadata.from_dict({"order_id": "6735"})
+
     steps = []
 
     def step(name):
@@ -126,11 +130,13 @@ def main(base, api_key, client_dir, server_out):
     @step("create a payment")
     def _():
         r = create_payment.sync_detailed(
-            client=client, body=new_payment(4200, order="tour_1"), idempotency_key=key
+            client=client, body=new_payment(4200, order="tour_1", metadata=tagged()), idempotency_key=key
         )
         payment = expect(r, 201, Payment)
         check(payment.amount == 4200, f"amount {payment.amount}, not 4200")
         check(payment.status == PaymentStatus.SUCCEEDED, f"status {payment.status}, not succeeded")
+        metadata = payment.metadata.to_dict()
+        check(metadata == {"order_id": "6735"}, f"metadata {metadata}, not the one sent")
         replayed = r.headers.get("Idempotent-Replayed")
         check(replayed != "true", "the first request was answered as a replay")
         state["payment"] = payment.id
@@ -139,7 +145,7 @@ def main(base, api_key, client_dir, server_out):
     @step("the same request again is a replay")
     def _():
         r = create_payment.sync_detailed(
-            client=client, body=new_payment(4200, order="tour_1"), idempotency_key=key
+            client=client, body=new_payment(4200, order="tour_1", metadata=tagged()), idempotency_key=key
         )
         payment = expect(r, 201, Payment)
         replayed = r.headers.get("Idempotent-Replayed")
@@ -150,7 +156,7 @@ def main(base, api_key, client_dir, server_out):
     @step("the same key with another amount is refused")
     def _():
         r = create_payment.sync_detailed(
-            client=client, body=new_payment(4300, order="tour_1"), idempotency_key=key
+            client=client, body=new_payment(4300, order="tour_1", metadata=tagged()), idempotency_key=key
         )
         problem = expect(r, 422, Problem)
         check(

@@ -191,6 +191,10 @@ include-operation-id = "listEvents"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
 
 [[operations]]
+include-operation-id = "listDisputes"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
+
+[[operations]]
 include-operation-id = "listWebhookEndpoints"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
 

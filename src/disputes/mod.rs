@@ -149,7 +149,7 @@ impl DisputesQuery {
     operation_id = "listDisputes",
     tag = "disputes",
     params(ListParams, ("payment" = Option<String>, Query, description = "Only the disputes of this payment, `pay_…`.",
-        example = "pay_U5PgTqA02dYsv3cLANIGkqIs")),
+        pattern = "^pay_[0-9A-Za-z]{24}$", example = "pay_U5PgTqA02dYsv3cLANIGkqIs")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of disputes.", body = List<Dispute>, content_type = "application/json"),
