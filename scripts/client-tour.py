@@ -72,6 +72,7 @@ def banner_webhook_command(server_out):
 def main(base, api_key, client_dir, server_out):
     sys.path.insert(0, client_dir)
     from idempay_client import AuthenticatedClient
+    from idempay_client.api.disputes import get_dispute, list_disputes
     from idempay_client.api.events import list_events
     from idempay_client.api.idempotency import get_idempotency_key
     from idempay_client.api.payments import create_payment, get_payment, list_payments
@@ -81,6 +82,8 @@ def main(base, api_key, client_dir, server_out):
         Acknowledgement,
         AcknowledgementOutcome,
         DeletedWebhookEndpoint,
+        Dispute,
+        ListDispute,
         EventType,
         KeyInspection,
         KeyUseState,
@@ -317,7 +320,16 @@ def main(base, api_key, client_dir, server_out):
         check(ack.outcome == AcknowledgementOutcome.APPLIED, f"the dispute was acknowledged {ack.outcome}")
         read = expect(get_payment.sync_detailed(payment.id, client=client), 200, Payment)
         check(read.amount_disputed == 500, f"amount_disputed {read.amount_disputed}, not 500")
-        return f"{dispute} on {payment.id}: amount_disputed {read.amount_disputed}"
+        # The disputes API: the payment's disputes, and the one by its id.
+        page = expect(list_disputes.sync_detailed(client=client, payment=payment.id), 200, ListDispute)
+        ids = [listed.id for listed in page.data]
+        check(ids == [dispute], f"the payment's disputes are {ids}, not [{dispute}]")
+        one = expect(get_dispute.sync_detailed(dispute, client=client), 200, Dispute)
+        check(
+            (one.payment, one.amount) == (payment.id, 500),
+            f"dispute {one.id} names {one.payment} for {one.amount}, not {payment.id} for 500",
+        )
+        return f"{dispute} on {payment.id}: amount_disputed {read.amount_disputed}, {one.status}"
 
     for number, (name, function) in enumerate(steps, 1):
         try:
