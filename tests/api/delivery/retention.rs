@@ -44,10 +44,16 @@ async fn rows(db: &PgPool, account: &str) -> (i64, i64, i64) {
 /// Writes an event of the account (shaped as its first one, which must exist) `age` old, with a delivery to `endpoint` in the given state
 /// (`pending`, `delivered` or `failed`, made as long ago) and one failed attempt of it; returns the
 /// event's id. A pending one is due only in a day, so no loop touches it during the test.
-async fn old_event(app: &TestApp, endpoint: &str, state: &str, age: &str) -> String {
+async fn old_event(
+    app: &TestApp,
+    template: &serde_json::Value,
+    endpoint: &str,
+    state: &str,
+    age: &str,
+) -> String {
     let (db, account) = (&app.db, app.account_id.as_str());
     let id = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
-    let mut body = template(app).await;
+    let mut body = template.clone();
     body["id"] = json!(id);
     let body = serde_json::to_vec(&body).unwrap();
     let (delivered, failed) = match state {
@@ -83,9 +89,11 @@ async fn old_event(app: &TestApp, endpoint: &str, state: &str, age: &str) -> Str
     id
 }
 
-/// The body of one of the account's events, as the feed serves it.
-/// With a retention of 1 s the account's events may all be pruned by the time a loaded test reads
-/// one (`RowNotFound` in a full run): then one more payment makes another.
+/// The body of one of the account's events, as the feed serves it. Read before the account has an
+/// endpoint: with a retention of 1 s the account's events may all be pruned by the time a loaded
+/// test reads one (`RowNotFound` in a full run), and then one more payment makes another, whose
+/// event must not become a real delivery (to an endpoint that never answers, it stays pending and
+/// keeps the outbox from draining: a clean-clone CI failed so).
 async fn template(app: &TestApp) -> serde_json::Value {
     for _ in 0..5 {
         let body: Option<Vec<u8>> = sqlx::query_scalar(
@@ -125,8 +133,9 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
     let receiver = Receiver::start(0).await;
     let app = TestApp::spawn_with(short_retention()).await;
     app.paid(1000).await;
+    let template = template(&app).await;
     let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
-    let pending = old_event(&app, &endpoint, "pending", "1 hour").await;
+    let pending = old_event(&app, &template, &endpoint, "pending", "1 hour").await;
 
     // A payment after another for 6 seconds (six times the retention), and on until at least 10
     // of them are older than `recent_window()`: a loaded machine once made only 4 in the first 3 s.
@@ -205,12 +214,13 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
 async fn a_pending_delivery_its_attempts_and_its_event_are_kept_whatever_their_age() {
     let app = TestApp::spawn_with(short_retention()).await;
     app.paid(1000).await;
+    let template = template(&app).await;
     let (endpoint, _) = endpoint_for_all(&app, "http://127.0.0.1:9/hooks").await;
-    let pending = old_event(&app, &endpoint, "pending", "30 days").await;
-    let delivered = old_event(&app, &endpoint, "delivered", "1 day").await;
-    let failed = old_event(&app, &endpoint, "failed", "1 day").await;
+    let pending = old_event(&app, &template, &endpoint, "pending", "30 days").await;
+    let delivered = old_event(&app, &template, &endpoint, "delivered", "1 day").await;
+    let failed = old_event(&app, &template, &endpoint, "failed", "1 day").await;
     // Delivered an hour ago: well past the retention too.
-    let recent = old_event(&app, &endpoint, "delivered", "1 hour").await;
+    let recent = old_event(&app, &template, &endpoint, "delivered", "1 hour").await;
 
     wait_for(
         "the finished deliveries and their events go",
