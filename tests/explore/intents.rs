@@ -68,7 +68,7 @@ pub async fn send(
             let payment = s.answer(*of)?.id?;
             let refund = NewRefund {
                 amount: Some(*amount),
-                reason: None,
+                ..NewRefund::default()
             };
             let result = client.refund_payment(&payment, &refund, key).await;
             (
