@@ -214,7 +214,7 @@ fn optional_bodies_as_named_schemas(
 /// settings and the constants, so no text retypes a figure that the code could change. The
 /// placeholders are filled in the serialized text: a figure is plain words, valid inside any JSON
 /// string, and parsing the text back keeps the order of every member.
-pub fn with_default_figures(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+fn with_default_figures(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     let text = serde_json::to_string(&description).expect("the API description serializes");
     let settings = Settings::default();
     // The retry schedule is not `Copy`, as `Figures` is: filled in here, from the same settings.
