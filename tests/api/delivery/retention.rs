@@ -177,11 +177,6 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
         "retention: {paid} payments in {:?}; (elapsed, (events, deliveries, attempts)): {samples:?}; at the end {at_the_end:?}",
         started.elapsed()
     );
-    assert!(
-        receiver.deliveries().len() as i64 >= paid / 2,
-        "the endpoint received {} of {paid} events",
-        receiver.deliveries().len()
-    );
     // Without retention every table would hold a row per payment (and the pending one) by now.
     // On a Citus cluster the pruning lags a stream (runs kept 14 events where 12 were allowed, and
     // 30 of 42 payments' with 22 in the last 5 s): there only the drain below is held, and the
@@ -207,6 +202,13 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
         rows(&app.db, &app.account_id).await == (1, 1, 1)
     })
     .await;
+    // Checked once the outbox has drained, not at the stream's end: on a loaded Citus cluster the
+    // deliveries lagged the stream (5 of 16 received at its end in a clean-clone CI).
+    assert!(
+        receiver.deliveries().len() as i64 >= paid / 2,
+        "the endpoint received {} of {paid} events",
+        receiver.deliveries().len()
+    );
     assert_eq!(events_left(&app.db, &[&pending]).await, vec![pending]);
 }
 
