@@ -10,13 +10,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::db::KnownEngine;
 use crate::http::metrics;
-use crate::idempotency::Idempotency;
 use crate::webhooks;
 use crate::webhooks::retention::{self, Owner};
+use idempotency::Idempotency;
 
 /// Rows per delete: small enough to keep each statement's locks short. The delete statements
-/// carry it as a literal `LIMIT 1000`.
-pub const BATCH: u64 = 1_000;
+/// carry it as a literal `LIMIT 1000`, the mechanism's batch of keys.
+pub const BATCH: u64 = idempotency::EXPIRY_BATCH;
 
 /// What one expiry job deletes, and how often.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

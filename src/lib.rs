@@ -16,7 +16,6 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod db;
-mod decimal;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod disputes;
@@ -24,9 +23,9 @@ pub mod events;
 pub mod expiry;
 pub mod failpoint;
 pub mod http;
-pub mod idempotency;
 mod ids;
 pub mod jobs;
+pub mod keys;
 pub mod metadata;
 pub mod payments;
 pub mod processor;

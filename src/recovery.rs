@@ -9,14 +9,16 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::idempotency::{Idempotency, Resumers};
+use idempotency::{Idempotency, Resumers};
+
+use crate::http::error::ApiError;
 
 /// Every `interval` until `shutdown` is cancelled, resumes what is waiting, a batch at a time.
 /// Safe to run on every instance at once: each key is claimed by one of them (`SKIP LOCKED` and a
 /// conditional takeover), and a key whose holder is alive (renewing its lease) is left alone.
 pub fn spawn(
     idempotency: Idempotency,
-    resumers: Resumers,
+    resumers: Resumers<ApiError>,
     interval: Duration,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {

@@ -39,8 +39,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{DatabaseArgs, check_lease, parse_lease, positive};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::shutdown_signal;
-use crate::idempotency::{self, Idempotency, NotStored, Owners, Policy, Service};
 use crate::{db, expiry};
+use idempotency::{self, Idempotency, NotStored, Owners, Policy};
 
 /// The one account every fixture request belongs to: the fixture asks for no API key, and its
 /// keys' scopes are still account + method + route (`acct_fixture:POST /echo`). No account of the
@@ -107,7 +107,7 @@ pub async fn run(args: FixtureArgs) -> anyhow::Result<()> {
 /// The fixture's routes on `pool`, behind the mechanism with `policy`.
 pub fn router(pool: PgPool, policy: Policy) -> Router {
     let fixture = Fixture {
-        idempotency: Idempotency::new(Service::Api, pool, policy),
+        idempotency: Idempotency::new(pool, policy),
         count: Arc::default(),
     };
     Router::new()
@@ -146,6 +146,8 @@ impl FromRef<Fixture> for Idempotency {
 }
 
 impl Owners for Fixture {
+    type Rejection = ApiError;
+
     async fn owner(&self, _parts: &mut Parts) -> Result<String, ApiError> {
         Ok(ACCOUNT.to_owned())
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use idempotency::BodyError;
 use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
@@ -510,38 +511,16 @@ impl Problem {
         bytes: &[u8],
         error: &serde_json::Error,
     ) -> Self {
-        let message = without_position(error);
-        if error.is_syntax() || error.is_eof() || error.is_io() {
-            return Self::new(
-                ProblemKind::InvalidRequest,
-                format!("The request body is not valid JSON: {message}."),
-            );
-        }
-        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-        let pointer = match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
-            Err(tracked) => json_pointer(tracked.path(), &message),
-            Ok(_) => String::new(),
-        };
-        if pointer.is_empty() {
-            return Self::new(
-                ProblemKind::InvalidRequest,
-                format!("The request body is invalid: {message}."),
-            );
-        }
-        Self::new(
-            ProblemKind::InvalidRequest,
-            format!("The field `{pointer}` is invalid: {message}."),
-        )
-        .param(pointer)
+        Self::from(BodyError::of::<T>(bytes, error))
     }
 
-    /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
     /// Names the members of the body that differ from the key's first request, if known.
     pub fn mismatched_fields(mut self, fields: Option<Vec<String>>) -> Self {
         self.mismatched_fields = fields.map(|fields| Box::new(FieldPointers(fields)));
         self
     }
 
+    /// Tells the client when a retry may succeed, rounded up to whole seconds (at least one).
     pub fn retry_after(mut self, after: Duration) -> Self {
         let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
         self.retry_after = NonZeroU64::new(seconds.max(1));
@@ -635,39 +614,6 @@ impl ApiError {
             }
         }
     }
-}
-
-/// serde_json's message without its ` at line 1 column 14`.
-fn without_position(error: &serde_json::Error) -> String {
-    let message = error.to_string();
-    match message.rfind(" at line ") {
-        Some(at) if error.line() > 0 => message[..at].to_owned(),
-        _ => message,
-    }
-}
-
-/// The JSON pointer (RFC 6901) of the field a parse failed on. A missing member is reported by
-/// serde at its parent, so its name, which the message quotes, is added.
-fn json_pointer(path: &serde_path_to_error::Path, message: &str) -> String {
-    use serde_path_to_error::Segment;
-    let escape = |segment: &str| segment.replace('~', "~0").replace('/', "~1");
-    let mut pointer = String::new();
-    for segment in path.iter() {
-        match segment {
-            Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
-            Segment::Map { key } => pointer.push_str(&format!("/{}", escape(key))),
-            Segment::Enum { variant } => pointer.push_str(&format!("/{}", escape(variant))),
-            Segment::Unknown => break,
-        }
-    }
-    if let Some(name) = message
-        .strip_prefix("missing field `")
-        .and_then(|rest| rest.split('`').next())
-    {
-        pointer.push('/');
-        pointer.push_str(&escape(name));
-    }
-    pointer
 }
 
 fn internal() -> Problem {

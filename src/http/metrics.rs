@@ -20,8 +20,8 @@ use crate::http::AppState;
 
 const REQUESTS: &str = "idempay_http_requests_total";
 const REQUEST_DURATION: &str = "idempay_http_request_duration_seconds";
-const KEY_OUTCOMES: &str = "idempay_idempotency_outcomes_total";
-const PROCESSOR_KEY_OUTCOMES: &str = "idempay_processor_idempotency_outcomes_total";
+pub const KEY_OUTCOMES: &str = "idempay_idempotency_outcomes_total";
+pub const PROCESSOR_KEY_OUTCOMES: &str = "idempay_processor_idempotency_outcomes_total";
 const EXPIRY_DELETED: &str = "idempay_expiry_deleted_rows_total";
 const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
@@ -40,60 +40,6 @@ const BUCKETS: [f64; 14] = [
 
 /// How often histograms are folded into the exported state, which bounds their memory.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
-
-/// What became of a request that carried an `Idempotency-Key`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeyOutcome {
-    /// The work ran under this request's lease (a fresh key, a recycled expired one).
-    Executed,
-    /// The work ran after taking over a key whose holder stopped renewing its lease.
-    TakenOver,
-    /// The stored response was returned.
-    Replayed,
-    /// Another request holds the key: 409.
-    ConflictInFlight,
-    /// The key was used with another payload: 422.
-    Mismatch,
-    /// The work failed; the key was released for a retry.
-    Released,
-    /// The work failed after its recovery point (its call to another system may have taken
-    /// effect): the key was kept for the next attempt to resume.
-    Suspended,
-    /// The recovery job took over a suspended key to resume its work.
-    Recovered,
-    /// The lease was lost before completion; the effect was rolled back.
-    LeaseLost,
-    /// A suspended key passed the recovery window and was held for an operator, or a request
-    /// met a key so held (409 `idempotency-key-held`).
-    Held,
-}
-
-impl KeyOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Executed => "executed",
-            Self::TakenOver => "takeover",
-            Self::Replayed => "replayed",
-            Self::ConflictInFlight => "conflict_in_flight",
-            Self::Mismatch => "mismatch",
-            Self::Released => "released",
-            Self::Suspended => "suspended",
-            Self::Recovered => "recovered",
-            Self::LeaseLost => "lease_lost",
-            Self::Held => "held",
-        }
-    }
-
-    /// Counts the outcome, the processor's apart, and records it on the request's span.
-    pub fn record(self, service: crate::idempotency::Service) {
-        let series = match service {
-            crate::idempotency::Service::Api => KEY_OUTCOMES,
-            crate::idempotency::Service::Processor => PROCESSOR_KEY_OUTCOMES,
-        };
-        counter!(series, "outcome" => self.as_str()).increment(1);
-        tracing::Span::current().record("key_outcome", self.as_str());
-    }
-}
 
 /// The process-wide recorder. The metrics macros report to one global recorder, so every
 /// application in the process shares it (tests start several).

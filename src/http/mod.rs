@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod pagination;
 mod problems;
+mod refusals;
 
 pub use problems::Figures;
 pub mod server;
@@ -41,14 +42,16 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::accounts::{self, AccountCache, RateLimit};
 use crate::config::Settings;
-use crate::idempotency::Resumers;
-use crate::idempotency::{Idempotency, MAX_KEY_LEN, Policy, Service};
 use crate::jobs::Jobs;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSecrets;
 use crate::webhooks::delivery::{Deliverer, Sender};
-use crate::{disputes, events, expiry, idempotency, ids, payments, recovery, refunds, webhooks};
+use crate::{
+    disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks,
+};
 use error::{Problem, ProblemKind};
+use idempotency::Resumers;
+use idempotency::{Idempotency, MAX_KEY_LEN, Policy};
 use openapi::ApiDoc;
 
 /// Request bodies above this size are refused with 413.
@@ -101,6 +104,8 @@ impl FromRef<AppState> for RateLimit {
 
 /// idempay's requests are owned by the account that authenticates them: every key is scoped to it.
 impl idempotency::Owners for AppState {
+    type Rejection = error::ApiError;
+
     async fn owner(
         &self,
         parts: &mut axum::http::request::Parts,
@@ -108,6 +113,12 @@ impl idempotency::Owners for AppState {
         use axum::extract::FromRequestParts;
         let account = accounts::Account::from_request_parts(parts, self).await?;
         Ok(account.id().to_string())
+    }
+}
+
+impl FromRef<AppState> for Idempotency {
+    fn from_ref(state: &AppState) -> Self {
+        state.idempotency.clone()
     }
 }
 
@@ -135,7 +146,9 @@ impl AppState {
         Self(Arc::new(Shared {
             accounts: AccountCache::new(pool.clone()),
             rate_limit: RateLimit::per_second(settings.rate_limit),
-            idempotency: Idempotency::new(Service::Api, pool.clone(), policy),
+            idempotency: Idempotency::new(pool.clone(), policy)
+                .counted_as(metrics::KEY_OUTCOMES)
+                .crash_points(failpoint::hit),
             processor,
             webhook_secrets: settings.webhook_secrets.clone(),
             event_ttl: settings.event_ttl,
@@ -174,7 +187,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(refunds::router())
         .merge(disputes::router())
         .merge(events::router())
-        .merge(idempotency::router())
+        .merge(keys::router())
         .merge(webhooks::router())
         .merge(problems::router())
         .merge(health::router())
@@ -462,7 +475,7 @@ impl Application {
 }
 
 /// The work the recovery job resumes, by recovery point: the same units of work the routes run.
-fn resumers(state: &AppState) -> Resumers {
+fn resumers(state: &AppState) -> Resumers<error::ApiError> {
     let charges = state.processor.clone();
     let refunds = state.processor.clone();
     let pool = state.pool.clone();

@@ -21,9 +21,9 @@ use crate::accounts::AccountId;
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
-use crate::idempotency::{Completion, Lease, StoredResponse};
 use crate::processor::client;
 use crate::processor::{Charge, ChargeRequest, ChargeStatus, Outcome, ProcessorClient};
+use idempotency::{Completion, Lease, StoredResponse};
 
 /// The recovery point of a payment: the charge was (about to be) requested.
 pub const CHARGE_REQUESTED: &str = "payment.charge_requested";
@@ -115,10 +115,11 @@ async fn record(
         ChargeStatus::Succeeded => StoredResponse::json(StatusCode::CREATED, &payment)
             .map_err(anyhow::Error::from)?
             .with_header(header::LOCATION, payment.location()),
-        ChargeStatus::Declined => StoredResponse::problem(&Problem::card_declined(
+        ChargeStatus::Declined => Problem::card_declined(
             payment.id.as_str(),
             charge.decline_code.as_deref().unwrap_or("generic_decline"),
-        )),
+        )
+        .stored(),
     };
     let event = NewEvent::payment(kind, payment.clone(), payment.created_at)
         .map_err(anyhow::Error::from)?;

@@ -20,8 +20,8 @@ use crate::http::error::{
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::idempotency::{Fence, IdempotencyKey, Idempotent};
 use crate::metadata::Metadata;
+use idempotency::{Fence, IdempotencyKey, Idempotent};
 
 pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 pub use currency::Currency;

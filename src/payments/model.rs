@@ -9,9 +9,9 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::currency::Currency;
-use crate::decimal::Decimal;
 use crate::ids;
 use crate::metadata::Metadata;
+use idempotency::decimal::Decimal;
 
 /// The largest amount accepted, in minor units (999 999.99 in a two-decimal currency).
 pub const MAX_AMOUNT: i64 = 99_999_999;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{Charge, Dispute, ProcessorRefund};
 use crate::http::error::{Problem, ProblemKind};
-use crate::idempotency::EarlierCalls;
+use idempotency::EarlierCalls;
 
 /// The largest page the processor serves.
 const PAGE: usize = 100;

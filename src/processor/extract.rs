@@ -1,5 +1,5 @@
 //! The processor's extractors: its bearer key, and the keyed request of a mutating route, checked
-//! before anything is reserved as idempay's own [`Idempotent`](crate::idempotency::Idempotent) is.
+//! before anything is reserved as idempay's own [`Idempotent`](idempotency::Idempotent) is.
 //! Only who may call differs: one API key for the processor, where idempay has accounts.
 
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 
 use super::ProcessorState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError, KeyedRequest, Scope};
+use idempotency::{Fingerprint, IdempotencyKey, KeyError, KeyedRequest, Scope};
 
 /// The owner of every processor key's scope (`processor:POST /v1/charges`). No account id has this
 /// shape, so the processor's keys never meet idempay's in the shared table.

@@ -2,7 +2,7 @@
 //! idempay's payments and refunds do: the ledger rows, the outbox event and the key's completion
 //! commit in one transaction, and a retry with the same key is answered from the stored response.
 //!
-//! [`Idempotency::run`]: crate::idempotency::Idempotency::run
+//! [`Idempotency::run`]: idempotency::Idempotency::run
 
 use std::future::Future;
 use std::time::Duration;
@@ -29,11 +29,9 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
 use crate::http::server::Hangup;
-use crate::idempotency::{
-    Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse,
-};
 use crate::payments::PaymentMethod;
 use crate::webhooks::delivery;
+use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
 
 /// The decline code of `pm_card_chargeDeclined`, as Stripe's test card answers.
 const DECLINE_CODE: &str = "generic_decline";
@@ -163,7 +161,7 @@ async fn charge(
         None => StoredResponse::json(StatusCode::CREATED, &tagged("charge", &charge))
             .map_err(anyhow::Error::from)?
             .with_header(header::LOCATION, format!("/v1/charges/{}", charge.id)),
-        Some(code) => StoredResponse::problem(&Problem::charge_declined(&charge.id, code)),
+        Some(code) => Problem::charge_declined(&charge.id, code).stored(),
     };
     let kind = match charge.status {
         ChargeStatus::Succeeded => "charge.succeeded",
@@ -413,7 +411,7 @@ pub(super) async fn create_refund(
                 StoredResponse::json(StatusCode::CREATED, &tagged("refund", &refund))
                     .map_err(anyhow::Error::from)?
             }
-            Err(refusal) => StoredResponse::problem(&refusal),
+            Err(refusal) => refusal.stored(),
         };
         Ok(lease.complete(tx, response).await?)
     });

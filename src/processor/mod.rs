@@ -36,7 +36,10 @@ use tower_http::trace::TraceLayer;
 use crate::expiry;
 use crate::http::error::{Problem, ProblemKind};
 use crate::http::{MAX_BODY_BYTES, server};
-use crate::idempotency::{Idempotency, Policy, Service};
+use idempotency::{Idempotency, Policy};
+
+use crate::failpoint;
+use crate::http::metrics::PROCESSOR_KEY_OUTCOMES;
 use crate::jobs::Jobs;
 use crate::webhooks::delivery::Deliverer;
 
@@ -158,7 +161,6 @@ impl Processor {
         };
         let state = ProcessorState(Arc::new(Shared {
             idempotency: Idempotency::new(
-                Service::Processor,
                 pool.clone(),
                 Policy {
                     key_ttl: KEY_TTL,
@@ -166,7 +168,10 @@ impl Processor {
                     // The processor calls no one: its keys never reach a recovery point.
                     recovery_window: KEY_TTL,
                 },
-            ),
+            )
+            .counted_as(PROCESSOR_KEY_OUTCOMES)
+            // Named apart, so that a fault test of idempay's never fires in the embedded one.
+            .crash_points(|point| failpoint::hit(&format!("processor:{point}"))),
             api_key: settings.api_key,
             slow_charge: settings.slow_charge,
             faults: std::sync::RwLock::new(settings.faults),

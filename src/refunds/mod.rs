@@ -20,7 +20,7 @@ use crate::http::error::{
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::idempotency::{IdempotencyKey, Idempotent};
+use idempotency::{IdempotencyKey, Idempotent};
 
 use crate::metadata::Metadata;
 use crate::payments::{Amount, PaymentId};

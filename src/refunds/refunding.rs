@@ -12,12 +12,12 @@ use super::{Refund, RefundRow, payment_not_found};
 use crate::accounts::AccountId;
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::idempotency::{Completion, Lease, StoredResponse};
 use crate::ids;
 use crate::metadata::Metadata;
 use crate::payments::{Payment, PaymentId, PaymentRow};
 use crate::processor::client;
 use crate::processor::{Outcome, ProcessorClient, ProcessorRefund};
+use idempotency::{Completion, Lease, StoredResponse};
 
 /// The recovery point of a refund: the refund was (about to be) requested at the processor.
 pub const REFUND_REQUESTED: &str = "refund.refund_requested";
@@ -170,7 +170,7 @@ fn refundable(amount: i64, refunded: i64, disputed: i64) -> i64 {
 /// Stores a refusal as the key's result.
 async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError> {
     let tx = lease.begin().await?;
-    Ok(lease.complete(tx, StoredResponse::problem(refusal)).await?)
+    Ok(lease.complete(tx, refusal.stored()).await?)
 }
 
 /// Records the processor's refund and the payment's new totals, with their events

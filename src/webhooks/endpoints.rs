@@ -22,8 +22,8 @@ use crate::http::error::{
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
 use crate::ids;
+use idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
 const MAX_URL_LEN: usize = 2048;

@@ -263,7 +263,7 @@ async fn process(
 }
 
 /// Deletes up to [`BATCH`](crate::expiry::BATCH) expired event records, as
-/// [`Idempotency::expire_batch`](crate::idempotency::Idempotency::expire_batch) does for keys
+/// [`Idempotency::expire_batch`](idempotency::Idempotency::expire_batch) does for keys
 /// (where the literal batch size and the batch locked once in `ARRAY(…)` are explained).
 pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {
     let deleted = sqlx::query!(

@@ -21,7 +21,7 @@ use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
-use crate::idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
+use idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(retry_event))

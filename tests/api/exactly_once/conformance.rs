@@ -6,8 +6,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use idempay::idempotency::Policy;
 use idempay_test_macros::api_test;
+use idempotency::Policy;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::process::Command;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use idempay::config::Settings;
 use idempay::db::Engine;
-use idempay::idempotency::Idempotency;
 use idempay_test_macros::api_test;
+use idempotency::Idempotency;
 
 use crate::support::helpers::{
     TestApp, bare_database, new_key, one_connection_planning_for_empty, payment, wait_until,

@@ -7,11 +7,10 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use idempay::accounts::Account;
 use idempay::http::error::{ApiError, ProblemKind};
-use idempay::idempotency::{
-    Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Resumers, Scope, Service,
-    StoredResponse,
-};
 use idempay_test_macros::api_test;
+use idempotency::{
+    Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Resumers, Scope, StoredResponse,
+};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
@@ -31,7 +30,7 @@ async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
     let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
     let request = keyed(&account, "/v1/things");
 
-    let panicked = idempotency
+    let panicked: Result<_, ApiError> = idempotency
         .run(request.clone(), |_lease| async {
             std::panic::panic_any(EXPECTED_PANIC)
         })
@@ -96,7 +95,7 @@ async fn the_work_goes_on_while_a_renewal_of_its_lease_waits_for_the_key_row() {
         lease: Duration::from_secs(3),
         recovery_window: Duration::from_secs(12 * 60 * 60),
     };
-    let idempotency = Idempotency::new(Service::Api, app.db.clone(), policy);
+    let idempotency = Idempotency::new(app.db.clone(), policy);
     let (reserved_tx, reserved) = oneshot::channel();
     let (go_tx, go) = oneshot::channel::<()>();
     let (went_tx, went) = oneshot::channel();
@@ -156,7 +155,7 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     let db = PgPool::connect(&database_url).await.unwrap();
     let (account, _) = idempay::accounts::create(&db, "recovery").await.unwrap();
     let pool = one_connection_planning_for_empty(&database_url, &["idempotency_keys"]).await;
-    let idempotency = Idempotency::new(Service::Api, pool, POLICY);
+    let idempotency = Idempotency::new(pool, POLICY);
     let resumers = Resumers::default().on(POINT, complete_with_201);
     assert_eq!(
         idempotency
@@ -204,7 +203,7 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
 /// The mechanism on its own, on a fresh database with one account.
 async fn mechanism_on_a_fresh_database() -> (TestApp, Idempotency, Account) {
     let app = TestApp::spawn().await;
-    let idempotency = Idempotency::new(Service::Api, app.db.clone(), POLICY);
+    let idempotency = Idempotency::new(app.db.clone(), POLICY);
     let (account, _) = idempay::accounts::create(&app.db, "mechanism")
         .await
         .unwrap();
@@ -220,9 +219,7 @@ fn keyed(account: &Account, route: &str) -> KeyedRequest {
     )
 }
 
-async fn complete_with_201(
-    lease: idempay::idempotency::Lease,
-) -> Result<idempay::idempotency::Completion, ApiError> {
+async fn complete_with_201(lease: idempotency::Lease) -> Result<idempotency::Completion, ApiError> {
     let tx = lease.begin().await?;
     let response = StoredResponse::json(StatusCode::CREATED, &json!({ "ok": true }))
         .map_err(anyhow::Error::from)?;

@@ -606,7 +606,7 @@ pub async fn reserve_as_a_dead_process(
     body: &serde_json::Value,
     locked_until: &str,
 ) {
-    let fingerprint = idempay::idempotency::Fingerprint::of_request("/v1/payments", body);
+    let fingerprint = idempotency::Fingerprint::of_request("/v1/payments", body);
     sqlx::query(&format!(
         "INSERT INTO idempotency_keys
              (account_id, scope, idem_key, request_hash, status, lock_token, locked_until,

@@ -16,9 +16,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
-use super::request::{invalid_body, is_json, key_from};
-use super::{Completion, Fingerprint, Idempotency, KeyedRequest, Lease, Owners, Scope};
-use crate::http::error::{ApiError, Problem, ProblemKind};
+use super::request::{invalid_body, is_json, key_from, refused};
+use super::{
+    BodyError, Completion, Error, Fingerprint, Idempotency, KeyedRequest, Lease, Owners, Scope,
+};
 
 /// The headers of a handler's response kept with its key and replayed: the ones a client relies
 /// on. Every other header is the transport's or is computed again on each answer.
@@ -48,8 +49,7 @@ pub const MAX_STORED_BODY: usize = 64 * 1024 * 1024;
 /// use axum::http::request::Parts;
 /// use axum::routing::{get, post};
 /// use axum::{Router, middleware};
-/// use idempay::http::error::ApiError;
-/// use idempay::idempotency::{self, Idempotency, Owners};
+/// use idempotency::{Error, Idempotency, Owners};
 ///
 /// #[derive(Clone)]
 /// struct Shop {
@@ -63,7 +63,9 @@ pub const MAX_STORED_BODY: usize = 64 * 1024 * 1024;
 /// }
 ///
 /// impl Owners for Shop {
-///     async fn owner(&self, _parts: &mut Parts) -> Result<String, ApiError> {
+///     type Rejection = Error;
+///
+///     async fn owner(&self, _parts: &mut Parts) -> Result<String, Error> {
 ///         Ok("shop".to_owned()) // one owner; a service with accounts authenticates here
 ///     }
 /// }
@@ -102,7 +104,7 @@ fn is_safe(method: &Method) -> bool {
 #[derive(Clone, Copy, Debug)]
 pub struct NotStored;
 
-async fn keyed<S>(state: S, request: Request, next: Next) -> Result<Response, ApiError>
+async fn keyed<S>(state: S, request: Request, next: Next) -> Result<Response, S::Rejection>
 where
     S: Owners + Clone + 'static,
     Idempotency: FromRef<S>,
@@ -110,22 +112,23 @@ where
     let (mut parts, body) = request.into_parts();
     let owner = state.owner(&mut parts).await?;
     let scope = Scope::of(&owner, &parts);
-    let key = key_from(&parts.headers)
-        .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
+    let key = key_from(&parts.headers).map_err(refused)?;
     // The body limit and the read timeout of the service apply, as to any extractor.
     let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), &state)
         .await
-        .map_err(Problem::from)?;
+        .map_err(refused)?;
     let target = parts
         .uri
         .path_and_query()
         .map_or("/", |target| target.as_str());
-    let keyed = fingerprint(target, &parts.headers, &bytes).map(|digests| match digests {
-        (fingerprint, Some(fields)) => {
-            KeyedRequest::new(scope, key, fingerprint).with_fields(fields)
-        }
-        (fingerprint, None) => KeyedRequest::new(scope, key, fingerprint),
-    })?;
+    let keyed = fingerprint(target, &parts.headers, &bytes)
+        .map(|digests| match digests {
+            (fingerprint, Some(fields)) => {
+                KeyedRequest::new(scope, key, fingerprint).with_fields(fields)
+            }
+            (fingerprint, None) => KeyedRequest::new(scope, key, fingerprint),
+        })
+        .map_err(refused)?;
 
     // A response that is not a result goes back to the client as the handler made it.
     let passed: Arc<Mutex<Option<Response>>> = Arc::default();
@@ -137,9 +140,10 @@ where
             let status = response.status();
             if status.is_server_error() || response.extensions().get::<NotStored>().is_some() {
                 *kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(response);
-                return Err(anyhow::anyhow!("the handler answered {status}: not a result").into());
+                let fault = anyhow::anyhow!("the handler answered {status}: not a result");
+                return Err(S::Rejection::from(Error::Internal(fault)));
             }
-            complete(lease, response).await
+            complete(lease, response).await.map_err(S::Rejection::from)
         })
         .await;
     let passed = passed.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -155,7 +159,7 @@ fn fingerprint(
     target: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(Fingerprint, Option<super::FieldDigests>), Problem> {
+) -> Result<(Fingerprint, Option<super::FieldDigests>), BodyError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
@@ -169,7 +173,7 @@ fn fingerprint(
 
 /// Stores the handler's response with the key: its status, the headers a client relies on and
 /// its body's bytes.
-async fn complete(lease: Lease, response: Response) -> Result<Completion, ApiError> {
+async fn complete(lease: Lease, response: Response) -> Result<Completion, Error> {
     let (parts, body) = response.into_parts();
     let body = axum::body::to_bytes(body, MAX_STORED_BODY)
         .await

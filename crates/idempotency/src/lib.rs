@@ -25,10 +25,16 @@
 //! PostgreSQL unique constraint on `(account_id, scope, idem_key)` decides between concurrent
 //! requests, and every clock reading is the database's `now()`.
 
+pub mod body;
+pub mod connections;
+pub mod decimal;
+pub mod engine;
+mod error;
 mod fingerprint;
 mod inspect;
 mod key;
 mod layer;
+pub mod metrics;
 mod recovery;
 mod request;
 mod response;
@@ -51,20 +57,23 @@ use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::db::{Engine, KnownEngine, Lot};
-use crate::failpoint;
-use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::http::metrics::KeyOutcome;
+use connections::Lot;
+use engine::KnownEngine;
+use metrics::KeyOutcome;
 use store::Reservation;
 
+pub use body::BodyError;
+pub use engine::Engine;
+pub use error::{Error, Refusal};
 pub use fingerprint::{FieldDigests, Fingerprint};
-pub use inspect::router;
+pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
 use recovery::RecoveryBounds;
 pub use recovery::{EarlierCalls, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumer, Resumers};
-pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope};
+pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
+pub use store::BATCH as EXPIRY_BATCH;
 
 /// How long keys live and how long a request may hold one without renewing it.
 #[derive(Clone, Copy, Debug)]
@@ -79,23 +88,30 @@ pub struct Policy {
     pub recovery_window: Duration,
 }
 
-/// Which service a mechanism serves: its outcomes are counted apart, and its crash points are
-/// named apart (the processor's with a `processor:` prefix), so one service's fault tests never
-/// fire in the other when both run in one process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Service {
-    /// idempay's API.
-    Api,
-    /// The simulated card processor.
-    Processor,
+/// How an instance of the mechanism tells what it does: the counter its outcomes go to, and the
+/// hook its crash points call, so that two instances in one process (a service and the processor
+/// it calls, in tests) are counted apart and crashed apart.
+#[derive(Clone, Copy, Debug)]
+struct Instrumentation {
+    outcomes: &'static str,
+    crash_point: fn(&'static str),
 }
 
-impl Service {
-    /// Aborts the process at `point` if a fault test chose it for this service.
+impl Instrumentation {
+    fn record(self, outcome: KeyOutcome) {
+        outcome.record(self.outcomes);
+    }
+
     fn crash_point(self, point: &'static str) {
-        match self {
-            Self::Api => failpoint::hit(point),
-            Self::Processor => failpoint::hit(&format!("processor:{point}")),
+        (self.crash_point)(point);
+    }
+}
+
+impl Default for Instrumentation {
+    fn default() -> Self {
+        Self {
+            outcomes: metrics::OUTCOMES,
+            crash_point: |_| {},
         }
     }
 }
@@ -103,7 +119,7 @@ impl Service {
 /// The idempotency mechanism, shared by every mutating route.
 #[derive(Clone)]
 pub struct Idempotency {
-    service: Service,
+    instrumentation: Instrumentation,
     pool: PgPool,
     /// Where the reservation and the completion run: connections taken back without sqlx's
     /// release ping (see [`Lot`]); the pool serves the rest.
@@ -124,15 +140,31 @@ impl fmt::Debug for Idempotency {
 }
 
 impl Idempotency {
-    pub fn new(service: Service, pool: PgPool, policy: Policy) -> Self {
+    pub fn new(pool: PgPool, policy: Policy) -> Self {
         Self {
-            service,
+            instrumentation: Instrumentation::default(),
             lot: Lot::beside(&pool),
             engine: KnownEngine::default(),
             pool,
             policy,
             replays: Arc::new(Cache::new(CACHED_REPLAYS)),
         }
+    }
+
+    /// Counts this instance's outcomes in the counter `name` (by default [`metrics::OUTCOMES`]),
+    /// labelled `outcome`.
+    #[must_use]
+    pub fn counted_as(mut self, name: &'static str) -> Self {
+        self.instrumentation.outcomes = name;
+        self
+    }
+
+    /// Calls `hook` at each crash point of the lifecycle (`after-reserve`, `before-commit`,
+    /// `after-commit`), for fault tests that abort the process there; by default nothing.
+    #[must_use]
+    pub fn crash_points(mut self, hook: fn(&'static str)) -> Self {
+        self.instrumentation.crash_point = hook;
+        self
     }
 
     /// The database the keys live in, asked once per instance: the engine [`Lease::engine`] tells
@@ -149,41 +181,42 @@ impl Idempotency {
     /// to complete or release it, nor cut short an effect that happened (a charge at the processor
     /// must be recorded). If `work` fails or panics, nothing is stored and the key is released for
     /// a retry.
-    pub async fn run<W, F>(&self, request: KeyedRequest, work: W) -> Result<Response, ApiError>
+    ///
+    /// The work fails with the service's own error type `E`; the mechanism's refusals and faults
+    /// become one through `From<Error>`.
+    pub async fn run<W, F, E>(&self, request: KeyedRequest, work: W) -> Result<Response, E>
     where
         W: FnOnce(Lease) -> F + Send + 'static,
-        F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+        F: Future<Output = Result<Completion, E>> + Send + 'static,
+        E: From<Error> + fmt::Display + Send + 'static,
     {
         let span = tracing::Span::current();
         span.record("scope", request.scope.as_str());
         // A key this instance saw completed is answered here: no database, no task to strand.
         if let Some(answer) = self.decide_from_cache(&request) {
-            return answer.respond(self.service);
+            return answer.respond(self.instrumentation).map_err(E::from);
         }
         let mechanism = self.clone();
         // The task carries the request's span, so its logs and the key's outcome stay with it.
         tokio::spawn(mechanism.decide_and_answer(request, work).instrument(span))
             .await
-            .map_err(|error| ApiError::Internal(error.into()))?
+            .map_err(|error| E::from(Error::Internal(error.into())))?
     }
 
-    async fn decide_and_answer<W, F>(
-        self,
-        request: KeyedRequest,
-        work: W,
-    ) -> Result<Response, ApiError>
+    async fn decide_and_answer<W, F, E>(self, request: KeyedRequest, work: W) -> Result<Response, E>
     where
         W: FnOnce(Lease) -> F,
-        F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+        F: Future<Output = Result<Completion, E>> + Send + 'static,
+        E: From<Error> + fmt::Display + Send + 'static,
     {
         match self.decide(&request).await? {
             Decision::Execute(lease) => {
-                self.service.crash_point("after-reserve");
-                lease.outcome.record(self.service);
+                self.instrumentation.crash_point("after-reserve");
+                self.instrumentation.record(lease.outcome);
                 let held = HeldLease::from(&lease);
                 self.execute(&request, held, work(lease)).await
             }
-            Decision::Answer(answer) => answer.respond(self.service),
+            Decision::Answer(answer) => answer.respond(self.instrumentation).map_err(E::from),
         }
     }
 }
@@ -219,23 +252,23 @@ enum Answer {
 
 impl Answer {
     /// The replay or the refusal, with its outcome counted.
-    fn respond(self, service: Service) -> Result<Response, ApiError> {
+    fn respond(self, instrumentation: Instrumentation) -> Result<Response, Error> {
         match self {
             Answer::Replay(stored) => {
-                KeyOutcome::Replayed.record(service);
+                instrumentation.record(KeyOutcome::Replayed);
                 Ok(stored.replay())
             }
             Answer::InFlight { retry_after } => {
-                KeyOutcome::ConflictInFlight.record(service);
-                Err(in_flight(retry_after).into())
+                instrumentation.record(KeyOutcome::ConflictInFlight);
+                Err(Refusal::InFlight { retry_after }.into())
             }
             Answer::Mismatch(fields) => {
-                KeyOutcome::Mismatch.record(service);
-                Err(mismatch(fields).into())
+                instrumentation.record(KeyOutcome::Mismatch);
+                Err(Refusal::Mismatch { fields }.into())
             }
             Answer::Held => {
-                KeyOutcome::Held.record(service);
-                Err(held().into())
+                instrumentation.record(KeyOutcome::Held);
+                Err(Refusal::Held.into())
             }
         }
     }
@@ -280,7 +313,7 @@ const DECIDE_ATTEMPTS: usize = 5;
 impl Idempotency {
     /// Reserves the key with a single `INSERT … ON CONFLICT DO NOTHING`; when the key exists, the
     /// same statement returns its row, and the decision follows from it.
-    async fn decide(&self, request: &KeyedRequest) -> Result<Decision, ApiError> {
+    async fn decide(&self, request: &KeyedRequest) -> Result<Decision, Error> {
         for _ in 0..DECIDE_ATTEMPTS {
             let token = Uuid::new_v4();
             // Before the statement: `now() + expires_in` seen from here is then no later than the
@@ -323,7 +356,7 @@ impl Idempotency {
         request: &KeyedRequest,
         existing: ExistingKey,
         asked: Instant,
-    ) -> Result<Option<Decision>, ApiError> {
+    ) -> Result<Option<Decision>, Error> {
         // An expired key is new again, whatever it was used for: the documented expiry policy.
         if existing.expired {
             return Ok(self
@@ -500,7 +533,7 @@ impl Idempotency {
         request: &KeyedRequest,
     ) -> Lease {
         Lease {
-            service: self.service,
+            instrumentation: self.instrumentation,
             pool: self.pool.clone(),
             lot: self.lot.clone(),
             engine: self.engine.clone(),
@@ -526,7 +559,7 @@ impl Idempotency {
 /// so the effect and the key's completion commit together or not at all.
 #[derive(Debug)]
 pub struct Lease {
-    service: Service,
+    instrumentation: Instrumentation,
     pool: PgPool,
     lot: Lot,
     engine: KnownEngine,
@@ -569,14 +602,15 @@ impl From<&Lease> for HeldLease {
 
 impl Idempotency {
     /// Runs the work while renewing the lease, then answers from its completion or releases the key.
-    async fn execute<F>(
+    async fn execute<F, E>(
         &self,
         request: &KeyedRequest,
         held: HeldLease,
         work: F,
-    ) -> Result<Response, ApiError>
+    ) -> Result<Response, E>
     where
-        F: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+        F: Future<Output = Result<Completion, E>> + Send + 'static,
+        E: From<Error> + fmt::Display + Send + 'static,
     {
         // A panic in the work is caught here, so the key is released. The work runs in this task
         // (already one of its own, see `run`): a task more would cost a wake-up per request. The
@@ -595,8 +629,8 @@ impl Idempotency {
                 Ok(response.into_response())
             }
             Ok(Ok(Completion(Completed::LeaseLost))) => {
-                KeyOutcome::LeaseLost.record(self.service);
-                self.answer_after_lost_lease(request).await
+                self.instrumentation.record(KeyOutcome::LeaseLost);
+                self.answer_after_lost_lease(request).await.map_err(E::from)
             }
             // A failure of a request that no longer held the key is no answer of its own: another
             // request took the key over, and may already have written the same effect (a holder's
@@ -604,7 +638,7 @@ impl Idempotency {
             Ok(Err(error)) => match self.release(&held).await {
                 Some(store::Released::NotHeld) => {
                     tracing::warn!(%error, "the work failed after losing its lease");
-                    self.answer_after_lost_lease(request).await
+                    self.answer_after_lost_lease(request).await.map_err(E::from)
                 }
                 _ => Err(error),
             },
@@ -615,7 +649,7 @@ impl Idempotency {
                     .map(|message| (*message).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                Err(anyhow::anyhow!("the unit of work panicked: {message}").into())
+                Err(Error::Internal(anyhow::anyhow!("the unit of work panicked: {message}")).into())
             }
         }
     }
@@ -625,7 +659,7 @@ impl Idempotency {
     /// abandoned, so renewals never pile up; a renewal that lands by then sets the lease a whole
     /// lease past its own `now()`, so after any successful renewal two more start (and end) before
     /// the lease runs out, and one stuck renewal does not lose the key. Start-up checks that the
-    /// pool can serve a renewal within its third ([`crate::config::check_lease`]).
+    /// pool can serve a renewal within its third (the adopting service checks that at start).
     async fn heartbeat(&self, held: &HeldLease) -> Infallible {
         let period = self.policy.lease / 3;
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -666,10 +700,13 @@ impl Idempotency {
 
     /// The work ran but another request had taken the key over, so this run's effect was rolled
     /// back: answer with the winner's response, or 409 while it is still working.
-    async fn answer_after_lost_lease(&self, request: &KeyedRequest) -> Result<Response, ApiError> {
+    async fn answer_after_lost_lease(&self, request: &KeyedRequest) -> Result<Response, Error> {
         match store::completed_response(&self.pool, request).await? {
             Some(stored) => Ok(stored.replay()),
-            None => Err(in_flight(IN_FLIGHT_RETRY_HINT).into()),
+            None => Err(Refusal::InFlight {
+                retry_after: IN_FLIGHT_RETRY_HINT,
+            }
+            .into()),
         }
     }
 }
@@ -764,7 +801,7 @@ impl Lease {
     {
         let fence = self.fence(&response);
         // The statement is the commit: before it, nothing of this request is in the database.
-        self.service.crash_point("before-commit");
+        self.instrumentation.crash_point("before-commit");
         let mut connection = self.lot.lend().await?;
         let written = effect(&mut connection, fence).await;
         match connection.settle(written) {
@@ -772,7 +809,7 @@ impl Lease {
             Err(error) if store::is_lease_lost(&error) => return Ok(self.lost()),
             Err(error) => return Err(error),
         }
-        self.service.crash_point("after-commit");
+        self.instrumentation.crash_point("after-commit");
         Ok(Completion(Completed::Stored(response)))
     }
 
@@ -796,9 +833,9 @@ impl Lease {
             tx.rollback().await?;
             return Ok(self.lost());
         }
-        self.service.crash_point("before-commit");
+        self.instrumentation.crash_point("before-commit");
         tx.commit().await?;
-        self.service.crash_point("after-commit");
+        self.instrumentation.crash_point("after-commit");
         Ok(Completion(Completed::Stored(response)))
     }
 
@@ -829,21 +866,21 @@ impl Idempotency {
         match store::release(&self.pool, &held.owner, held.key_id, held.token).await {
             Ok(released) => {
                 match released {
-                    store::Released::Deleted => KeyOutcome::Released.record(self.service),
+                    store::Released::Deleted => self.instrumentation.record(KeyOutcome::Released),
                     store::Released::Suspended => {
-                        KeyOutcome::Suspended.record(self.service);
+                        self.instrumentation.record(KeyOutcome::Suspended);
                         tracing::warn!(
                             key_id = held.key_id,
                             "work failed after its recovery point; the key waits for a retry or \
                              the recovery job"
                         );
                     }
-                    store::Released::NotHeld => KeyOutcome::LeaseLost.record(self.service),
+                    store::Released::NotHeld => self.instrumentation.record(KeyOutcome::LeaseLost),
                 }
                 Some(released)
             }
             Err(error) => {
-                KeyOutcome::Released.record(self.service);
+                self.instrumentation.record(KeyOutcome::Released);
                 tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
                 None
             }
@@ -856,7 +893,7 @@ impl Idempotency {
 // ===========================================================================================
 
 impl Idempotency {
-    /// Deletes up to [`BATCH`](crate::expiry::BATCH) expired keys and returns how many it
+    /// Deletes up to [`EXPIRY_BATCH`] expired keys and returns how many it
     /// deleted. `SKIP LOCKED` keeps locks short and lets several instances run this at once
     /// without waiting on each other; the index on `expires_at` keeps each batch an index scan. A
     /// key whose request still holds a live lease is left alone.
@@ -870,36 +907,6 @@ impl Idempotency {
             Engine::Citus => store::expire_batch_unlocked(pool).await,
         }
     }
-}
-
-// The refusals of the mechanism.
-
-fn held() -> Problem {
-    Problem::new(
-        ProblemKind::IdempotencyKeyHeld,
-        "The call to the processor made for this Idempotency-Key could not be settled within the \
-         recovery window, so whether it took effect is not known, and it is held for an operator \
-         to settle. Do not retry this intent under a new key: it may have taken effect. This key \
-         answers the same until the operator settles it, then with its result.",
-    )
-}
-
-fn in_flight(retry_after: Duration) -> Problem {
-    Problem::new(
-        ProblemKind::IdempotencyKeyInUse,
-        "A request with this Idempotency-Key is still being processed. Retry after the time given \
-         in Retry-After to receive its result.",
-    )
-    .retry_after(retry_after)
-}
-
-fn mismatch(fields: Option<Vec<String>>) -> Problem {
-    Problem::new(
-        ProblemKind::IdempotencyKeyMismatch,
-        "This Idempotency-Key was already used with a different request body. Use a new key for a \
-         new request.",
-    )
-    .mismatched_fields(fields)
 }
 
 /// The pointers of the top-level members in which a request differs from the stored one. `None`

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{granted_at, millis};
-use crate::idempotency::{EarlierCalls, RecoveryBounds, RecoveryPoint};
+use crate::{EarlierCalls, RecoveryBounds, RecoveryPoint};
 
 // -------------------------------------------------------------------------------------------
 // Recovery points: recorded before a call to another system, fenced by the token; claimed by the
@@ -19,7 +19,7 @@ use crate::idempotency::{EarlierCalls, RecoveryBounds, RecoveryPoint};
 /// Records `point` with `state` on the key held under `token`, and the downstream key
 /// (`downstream_key` unless the key already has one, which is kept); `None` when the key was taken
 /// over.
-pub(in crate::idempotency) async fn record_recovery_point(
+pub(crate) async fn record_recovery_point(
     pool: &PgPool,
     owner: &str,
     key_id: i64,
@@ -56,7 +56,7 @@ pub(in crate::idempotency) async fn record_recovery_point(
 
 /// Clears the key's recovery point (the downstream key stays with the row); `false` when the key
 /// was taken over.
-pub(in crate::idempotency) async fn clear_recovery_point(
+pub(crate) async fn clear_recovery_point(
     pool: &PgPool,
     owner: &str,
     key_id: i64,
@@ -77,7 +77,7 @@ pub(in crate::idempotency) async fn clear_recovery_point(
 }
 
 /// A key the recovery job took over: everything needed to resume its work under a new lease.
-pub(in crate::idempotency) struct Recoverable {
+pub(crate) struct Recoverable {
     pub key_id: i64,
     pub token: Uuid,
     pub now: DateTime<Utc>,
@@ -93,7 +93,7 @@ pub(in crate::idempotency) struct Recoverable {
 /// several instances run the job at once without waiting on each other. The batch size is a
 /// literal, and the batch is locked once in `ARRAY(…)`, for the reasons given at [`expire_batch`];
 /// each key claimed is a call to another system, so batches stay small.
-pub(in crate::idempotency) async fn claim_recoverable(
+pub(crate) async fn claim_recoverable(
     pool: &PgPool,
     points: &[String],
     lease: Duration,
@@ -154,7 +154,7 @@ pub(in crate::idempotency) async fn claim_recoverable(
 /// Holds up to 100 suspended keys whose recovery point is older than the window for an operator,
 /// and returns the key ids it held. `SKIP LOCKED`, as the claim: instances running it at once
 /// share the work.
-pub(in crate::idempotency) async fn hold_overdue(
+pub(crate) async fn hold_overdue(
     pool: &PgPool,
     window: Duration,
 ) -> Result<Vec<HeldKey>, sqlx::Error> {
@@ -182,7 +182,7 @@ pub(in crate::idempotency) async fn hold_overdue(
 
 /// [`hold_overdue`] for a distributed table: the batch read without locks, each key held by a
 /// statement routed to its node, with the conditions checked again.
-pub(in crate::idempotency) async fn hold_overdue_unlocked(
+pub(crate) async fn hold_overdue_unlocked(
     pool: &PgPool,
     window: Duration,
 ) -> Result<Vec<HeldKey>, sqlx::Error> {
@@ -222,7 +222,7 @@ pub(in crate::idempotency) async fn hold_overdue_unlocked(
 }
 
 /// A key held for an operator, as the statement that held it returned it.
-pub(in crate::idempotency) struct HeldKey {
+pub(crate) struct HeldKey {
     pub id: i64,
     pub scope: String,
     pub recovery_point: String,
@@ -232,7 +232,7 @@ pub(in crate::idempotency) struct HeldKey {
 /// Holds a suspended key whose recovery point is older than `window` for an operator: nothing
 /// resumes it by itself from now on. `true` when this statement held it; `false` when the key is
 /// not such a key (any more: the decision then reads it again, and finds it held, say).
-pub(in crate::idempotency) async fn hold(
+pub(crate) async fn hold(
     pool: &PgPool,
     owner: &str,
     key_id: i64,
@@ -259,7 +259,7 @@ pub(in crate::idempotency) async fn hold(
 /// [`claim_recoverable`] for a distributed table: the candidates are read without locks, and the
 /// update claims those whose lease is still dead when it reaches them. Of two instances claiming
 /// the same key, the second waits on the first's row lock, then finds its lease alive and leaves it.
-pub(in crate::idempotency) async fn claim_recoverable_unlocked(
+pub(crate) async fn claim_recoverable_unlocked(
     pool: &PgPool,
     points: &[String],
     lease: Duration,

@@ -13,8 +13,9 @@ use super::{
     ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest, RecoveryPoint,
     StoredResponse,
 };
-use crate::db::{Engine, Lot};
-use crate::http::error::ApiError;
+use crate::Error;
+use crate::connections::Lot;
+use crate::engine::Engine;
 
 mod recovery;
 
@@ -97,7 +98,7 @@ pub(super) async fn reserve(
     lease: Duration,
     key_ttl: Duration,
     first_point: Option<&RecoveryPoint>,
-) -> Result<Reservation, ApiError> {
+) -> Result<Reservation, Error> {
     if engine == Engine::Citus {
         return reserve_routed(lot, request, token, lease, key_ttl, first_point).await;
     }
@@ -191,7 +192,7 @@ struct KeyRow {
     field_digests: Option<Json<FieldDigests>>,
 }
 
-fn existing(row: KeyRow) -> Result<Reservation, ApiError> {
+fn existing(row: KeyRow) -> Result<Reservation, Error> {
     let state = match row.status {
         Some(KeyStatus::Completed) => KeyState::Completed(StoredResponse::from_row(
             row.response_code,
@@ -227,7 +228,7 @@ async fn reserve_routed(
     lease: Duration,
     key_ttl: Duration,
     first_point: Option<&RecoveryPoint>,
-) -> Result<Reservation, ApiError> {
+) -> Result<Reservation, Error> {
     let mut connection = lot.lend().await?;
     let reserved = sqlx::query!(
         r#"
@@ -439,7 +440,7 @@ pub(super) async fn renew(
 pub(super) async fn completed_response(
     pool: &PgPool,
     request: &KeyedRequest,
-) -> Result<Option<StoredResponse>, ApiError> {
+) -> Result<Option<StoredResponse>, Error> {
     let row = sqlx::query!(
         r#"
         SELECT request_hash, status AS "status: KeyStatus",
@@ -569,7 +570,11 @@ pub(super) async fn release(
 // Expire: batched, `SKIP LOCKED`, an index scan on `expires_at`.
 // -------------------------------------------------------------------------------------------
 
-/// Deletes up to [`BATCH`](crate::expiry::BATCH) expired keys and returns how many. The batch size
+/// Keys per expiry batch: small enough to keep each statement's locks short. The statements carry
+/// it as a literal `LIMIT 1000`.
+pub const BATCH: u64 = 1_000;
+
+/// Deletes up to [`BATCH`] expired keys and returns how many. The batch size
 /// is written into the statement, not passed to it: a generic plan of a prepared statement does
 /// not know a parameter's value, guesses a large share of the table, and joins the batch to it
 /// with a scan of the whole table.

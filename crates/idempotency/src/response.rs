@@ -8,8 +8,6 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::http::error::{PROBLEM_JSON, Problem};
-
 /// The header a replayed response carries, as Stripe and the IETF draft's examples name it.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
@@ -29,17 +27,6 @@ impl StoredResponse {
             "application/json",
             serde_json::to_vec(value)?,
         ))
-    }
-
-    /// A problem that is a result, not a fault (a declined card), stored and replayed like one.
-    pub fn problem(problem: &Problem) -> Self {
-        let mut stored = Self::new(problem.status(), PROBLEM_JSON, problem.to_json());
-        for (name, value) in problem.extra_headers() {
-            if let Ok(value) = value.to_str() {
-                stored = stored.with_header(name, value);
-            }
-        }
-        stored
     }
 
     /// A response of any media type: its status and body bytes, with no header yet; add its
@@ -71,16 +58,16 @@ impl StoredResponse {
         self.status
     }
 
-    pub(super) fn body_bytes(&self) -> Bytes {
+    pub(crate) fn body_bytes(&self) -> Bytes {
         self.body.clone()
     }
 
-    pub(super) fn headers_json(&self) -> serde_json::Value {
+    pub(crate) fn headers_json(&self) -> serde_json::Value {
         serde_json::to_value(&self.headers).expect("a string map always serializes")
     }
 
     /// Rebuilds a stored response from its columns. A row that cannot be one is a fault.
-    pub(super) fn from_row(
+    pub(crate) fn from_row(
         code: Option<i16>,
         headers: Option<serde_json::Value>,
         body: Option<Vec<u8>>,

@@ -3,16 +3,17 @@
 //! checks the key and the body **before** anything is reserved, so a rejected request leaves
 //! nothing behind and does not burn its key.
 
+use std::fmt;
 use std::future::Future;
 
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::{FieldDigests, Fingerprint, IdempotencyKey, KeyError};
-use crate::http::error::{ApiError, Problem, ProblemKind};
+use super::{BodyError, Error, FieldDigests, Fingerprint, IdempotencyKey, KeyError, Refusal};
 
 /// The header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -27,28 +28,40 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// `:` (the scope's separator), and it is what a key row is found by first: on Citus, the value
 /// that decides which node holds the key.
 ///
+/// The service's error type, [`Owners::Rejection`], answers every refusal of the requests it
+/// owns: its own (401, 429…) and the mechanism's, which it takes in through `From<Error>`, so
+/// each is one of the service's problem documents. A service without a catalogue of its own can
+/// take [`Error`], which answers plain RFC 9457 documents.
+///
 /// ```
 /// use axum::http::request::Parts;
-/// use idempay::http::error::{ApiError, Problem, ProblemKind};
-/// use idempay::idempotency::Owners;
+/// use idempotency::{Error, Owners};
 ///
 /// #[derive(Clone)]
 /// struct Shop;
 ///
 /// impl Owners for Shop {
-///     async fn owner(&self, parts: &mut Parts) -> Result<String, ApiError> {
+///     type Rejection = Error;
+///
+///     async fn owner(&self, parts: &mut Parts) -> Result<String, Error> {
 ///         // A real service checks a credential here; the owner is whoever it names.
 ///         match parts.headers.get("x-tenant").and_then(|value| value.to_str().ok()) {
 ///             Some(tenant) => Ok(format!("tenant_{tenant}")),
-///             None => Err(Problem::new(ProblemKind::Unauthorized, "Send X-Tenant.").into()),
+///             None => Err(anyhow::anyhow!("no tenant").into()),
 ///         }
 ///     }
 /// }
 /// ```
 pub trait Owners: Send + Sync {
+    /// How the service answers a refused request, the mechanism's refusals included.
+    type Rejection: IntoResponse + From<Error> + fmt::Display + Send + 'static;
+
     /// The owner of the request, or the refusal (401, 429…) that ends it before anything is
     /// reserved.
-    fn owner(&self, parts: &mut Parts) -> impl Future<Output = Result<String, ApiError>> + Send;
+    fn owner(
+        &self,
+        parts: &mut Parts,
+    ) -> impl Future<Output = Result<String, Self::Rejection>> + Send;
 }
 
 /// The owner of a request, as the state's [`Owners`] names it.
@@ -56,9 +69,9 @@ pub trait Owners: Send + Sync {
 pub struct Owner(pub String);
 
 impl<S: Owners> FromRequestParts<S> for Owner {
-    type Rejection = ApiError;
+    type Rejection = S::Rejection;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, S::Rejection> {
         state.owner(parts).await.map(Self)
     }
 }
@@ -164,7 +177,7 @@ where
     S: Owners,
     T: DeserializeOwned + Send + 'static,
 {
-    type Rejection = ApiError;
+    type Rejection = S::Rejection;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (mut parts, body) = req.into_parts();
@@ -172,19 +185,16 @@ where
         let scope = Scope::of(&owner, &parts);
         let target = parts.uri.path().to_owned();
         let req = Request::from_parts(parts, body);
-        let key = key_from(req.headers())
-            .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
+        let key = key_from(req.headers()).map_err(refused)?;
         let typed = req.headers().contains_key(header::CONTENT_TYPE);
         if typed {
-            require_json(req.headers())?;
+            require_json(req.headers()).map_err(refused)?;
         }
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(Problem::from)?;
+        let bytes = Bytes::from_request(req, state).await.map_err(refused)?;
         // No body at all, or `null`, is an empty object, as a full refund is asked for with a bare
         // POST; a body needs its content type.
         let bytes = match (typed, bytes.is_empty()) {
-            (false, false) => return Err(not_json().into()),
+            (false, false) => return Err(refused(Refusal::NotJson)),
             (false, true) => Bytes::from_static(b"{}"),
             // An empty body is no body, whatever its Content-Type says: generated clients send
             // `Content-Type: application/json` with nothing after it for an optional body left out.
@@ -196,18 +206,19 @@ where
         let bytes_len = bytes.len();
         // Typed parsing straight from the bytes refuses what a generic parse would let through,
         // such as a field given twice.
-        let parse = move || -> Result<(T, (Fingerprint, FieldDigests)), ApiError> {
+        let parse = move || -> Result<(T, (Fingerprint, FieldDigests)), Refusal> {
             let body = serde_json::from_slice::<T>(&bytes)
-                .map_err(|error| Problem::invalid_body::<T>(&bytes, &error))?;
+                .map_err(|error| BodyError::of::<T>(&bytes, &error))?;
             let digests = Fingerprint::with_fields(&target, &bytes).map_err(invalid_body)?;
             Ok((body, digests))
         };
         let (body, (fingerprint, fields)) = if bytes_len <= INLINE_BODY_BYTES {
-            parse()?
+            parse().map_err(refused)?
         } else {
             tokio::task::spawn_blocking(parse)
                 .await
-                .map_err(|error| ApiError::Internal(error.into()))??
+                .map_err(|error| S::Rejection::from(Error::Internal(error.into())))?
+                .map_err(refused)?
         };
         Ok(Self {
             request: KeyedRequest::new(scope, key, fingerprint).with_fields(fields),
@@ -226,15 +237,20 @@ pub(super) fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> 
     IdempotencyKey::parse(value.as_bytes())
 }
 
+/// A refusal in the service's own terms.
+pub(super) fn refused<R: From<Error>>(refusal: impl Into<Refusal>) -> R {
+    R::from(Error::Refused(refusal.into()))
+}
+
 /// Accepts `application/json` and `application/*+json`, with parameters such as `charset`.
-fn require_json(headers: &HeaderMap) -> Result<(), Problem> {
+fn require_json(headers: &HeaderMap) -> Result<(), Refusal> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok());
     if content_type.is_some_and(is_json) {
         Ok(())
     } else {
-        Err(not_json())
+        Err(Refusal::NotJson)
     }
 }
 
@@ -250,17 +266,10 @@ pub(super) fn is_json(content_type: &str) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-fn not_json() -> Problem {
-    Problem::new(
-        ProblemKind::UnsupportedMediaType,
-        "Send the request body as JSON with Content-Type: application/json.",
-    )
-}
-
 /// A body the typed parse accepted and the fingerprint's generic one refused (or the other way
 /// round, for a body only fingerprinted): rare, and never one field's.
-pub(super) fn invalid_body(error: serde_json::Error) -> Problem {
-    Problem::invalid_body::<serde_json::Value>(&[], &error)
+pub(super) fn invalid_body(error: serde_json::Error) -> BodyError {
+    BodyError::of::<serde_json::Value>(&[], &error)
 }
 
 /// What the API description says of the header: the whole mechanism, from the client's side.
@@ -310,7 +319,7 @@ impl utoipa::IntoParams for IdempotencyKey {
 
 /// The schema of a key wherever the API description names one: the header, and the path of
 /// `GET /v1/idempotency_keys/{key}`.
-pub(super) fn key_schema() -> utoipa::openapi::schema::ObjectBuilder {
+pub fn key_schema() -> utoipa::openapi::schema::ObjectBuilder {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
 
     ObjectBuilder::new()

@@ -13,11 +13,9 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
-use super::{Completion, HeldLease, Idempotency, KeyedRequest, Lease, Scope, store};
-use super::{Fingerprint, IdempotencyKey};
-use crate::db::Engine;
-use crate::http::error::ApiError;
-use crate::http::metrics::KeyOutcome;
+use super::{Completion, Error, HeldLease, Idempotency, KeyedRequest, Lease, Scope, store};
+use super::{Engine, Fingerprint, IdempotencyKey};
+use crate::metrics::KeyOutcome;
 
 // ===========================================================================================
 // 3b. Recovery points: "once a call to another system has been sent, a failure no longer means
@@ -131,7 +129,7 @@ impl Lease {
             &new_downstream_key(),
         )
         .await?;
-        self.service.crash_point("after-recovery-point");
+        self.instrumentation.crash_point("after-recovery-point");
         self.recovery = recorded;
         Ok(self.recovery.as_ref())
     }
@@ -179,17 +177,22 @@ pub const LONGEST_RECOVERY_BACKOFF: Duration = Duration::from_secs(15 * 60);
 
 /// Resumes the work of a suspended key from its recovery point, under a lease the recovery job
 /// took: the same unit of work a retry would run, so it stores the response the retry would get.
-pub type Resumer = Arc<
-    dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, Result<Completion, ApiError>>
-        + Send
-        + Sync,
+/// It fails with the service's error type `E`, as the work does.
+pub type Resumer<E> = Arc<
+    dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, Result<Completion, E>> + Send + Sync,
 >;
 
 /// The resumers of the work that records recovery points, by point name.
-#[derive(Clone, Default)]
-pub struct Resumers(Vec<(String, Resumer)>);
+#[derive(Clone)]
+pub struct Resumers<E>(Vec<(String, Resumer<E>)>);
 
-impl fmt::Debug for Resumers {
+impl<E> Default for Resumers<E> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<E> fmt::Debug for Resumers<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
             .entries(self.0.iter().map(|(name, _)| name))
@@ -197,15 +200,15 @@ impl fmt::Debug for Resumers {
     }
 }
 
-impl Resumers {
+impl<E> Resumers<E> {
     /// Resumes keys suspended at the point `name` with `resume`.
     #[must_use]
     pub fn on<F, Fut>(mut self, name: &str, resume: F) -> Self
     where
         F: Fn(Lease) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Completion, ApiError>> + Send + 'static,
+        Fut: Future<Output = Result<Completion, E>> + Send + 'static,
     {
-        let resume: Resumer = Arc::new(move |lease| resume(lease).boxed());
+        let resume: Resumer<E> = Arc::new(move |lease| resume(lease).boxed());
         self.0.push((name.to_owned(), resume));
         self
     }
@@ -214,7 +217,7 @@ impl Resumers {
         self.0.iter().map(|(name, _)| name.clone()).collect()
     }
 
-    fn get(&self, name: &str) -> Option<&Resumer> {
+    fn get(&self, name: &str) -> Option<&Resumer<E>> {
         self.0
             .iter()
             .find(|(known, _)| known == name)
@@ -231,11 +234,14 @@ impl Idempotency {
     /// Each key is tried again only after a wait that starts at `interval` (the job's) and doubles
     /// with every try, up to [`LONGEST_RECOVERY_BACKOFF`]; a key past the recovery window is
     /// held for an operator instead (see [`Idempotency::hold_overdue`]).
-    pub async fn recover_batch(
+    pub async fn recover_batch<E>(
         &self,
-        resumers: &Resumers,
+        resumers: &Resumers<E>,
         interval: Duration,
-    ) -> Result<usize, sqlx::Error> {
+    ) -> Result<usize, sqlx::Error>
+    where
+        E: From<Error> + fmt::Display + Send + 'static,
+    {
         let bounds = RecoveryBounds {
             window: self.policy.recovery_window,
             first_backoff: interval,
@@ -281,12 +287,12 @@ impl Idempotency {
                 "recovering a key its request left at a recovery point"
             );
             lease.recovery = Some(key.recovery);
-            lease.outcome.record(self.service);
+            self.instrumentation.record(lease.outcome);
             let held = HeldLease::from(&lease);
             let key_id = held.key_id;
             let mechanism = self.clone();
             resumed.push(tokio::spawn(async move {
-                let answer = mechanism.execute(&request, held, resume(lease)).await;
+                let answer: Result<_, E> = mechanism.execute(&request, held, resume(lease)).await;
                 match answer {
                     Ok(response) => {
                         tracing::info!(key_id, status = response.status().as_u16(), "recovered")
@@ -321,7 +327,7 @@ impl Idempotency {
             Engine::Citus => store::hold_overdue_unlocked(&self.pool, window).await?,
         };
         for key in &held {
-            KeyOutcome::Held.record(self.service);
+            self.instrumentation.record(KeyOutcome::Held);
             tracing::error!(
                 key_id = key.id,
                 scope = key.scope,
