@@ -20,9 +20,9 @@ done
 rm -rf .sqlx
 mkdir .sqlx
 # The query macros write their data when SQLX_OFFLINE_DIR is set; touching the sources makes
-# them expand again.
-touch src/lib.rs
+# them expand again. Every crate of the workspace reads the one .sqlx/ at its root.
+touch src/lib.rs crates/*/src/lib.rs
 SQLX_OFFLINE=false SQLX_OFFLINE_DIR="$PWD/.sqlx" \
   DATABASE_URL="postgres://postgres:postgres@127.0.0.1:$port/postgres" \
-  cargo check --all-targets --quiet
+  cargo check --workspace --all-targets --all-features --quiet
 echo "wrote $(ls .sqlx | wc -l) query files to .sqlx/" >&2

@@ -9,16 +9,13 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use idempotency::{Idempotency, Resumers};
-
-use crate::http::error::ApiError;
+use idempotency::Idempotency;
 
 /// Every `interval` until `shutdown` is cancelled, resumes what is waiting, a batch at a time.
 /// Safe to run on every instance at once: each key is claimed by one of them (`SKIP LOCKED` and a
 /// conditional takeover), and a key whose holder is alive (renewing its lease) is left alone.
 pub fn spawn(
     idempotency: Idempotency,
-    resumers: Resumers<ApiError>,
     interval: Duration,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
@@ -45,7 +42,7 @@ pub fn spawn(
             }
             // A full batch may mean more are waiting; a short one, or a failure, waits a tick.
             while !shutdown.is_cancelled() {
-                match idempotency.recover_batch(&resumers, interval).await {
+                match idempotency.recover_batch(interval).await {
                     Ok(claimed) if claimed > 0 => {
                         tracing::info!(claimed, "recovery job resumed keys");
                         if claimed < 20 {

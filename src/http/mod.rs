@@ -147,6 +147,7 @@ impl AppState {
             accounts: AccountCache::new(pool.clone()),
             rate_limit: RateLimit::per_second(settings.rate_limit),
             idempotency: Idempotency::new(pool.clone(), policy)
+                .resuming(resumers(&processor, &pool))
                 .counted_as(metrics::KEY_OUTCOMES)
                 .crash_points(failpoint::hit),
             processor,
@@ -424,7 +425,6 @@ impl Application {
                 "recovery",
                 recovery::spawn(
                     self.state.idempotency.clone(),
-                    resumers(&self.state),
                     self.settings.recovery_interval,
                     stop.clone(),
                 ),
@@ -475,10 +475,10 @@ impl Application {
 }
 
 /// The work the recovery job resumes, by recovery point: the same units of work the routes run.
-fn resumers(state: &AppState) -> Resumers<error::ApiError> {
-    let charges = state.processor.clone();
-    let refunds = state.processor.clone();
-    let pool = state.pool.clone();
+fn resumers(processor: &ProcessorClient, pool: &PgPool) -> Resumers {
+    let charges = processor.clone();
+    let refunds = processor.clone();
+    let pool = pool.clone();
     Resumers::default()
         .on(payments::CHARGE_REQUESTED, move |lease| {
             payments::charge_and_record(charges.clone(), lease)

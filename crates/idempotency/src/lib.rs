@@ -70,7 +70,7 @@ pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
 use recovery::RecoveryBounds;
-pub use recovery::{EarlierCalls, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumer, Resumers};
+pub use recovery::{EarlierCalls, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers};
 pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
 pub use store::BATCH as EXPIRY_BATCH;
@@ -127,6 +127,9 @@ pub struct Idempotency {
     /// The kind of database, asked once (see [`Lease::engine`]).
     engine: KnownEngine,
     policy: Policy,
+    /// The work that records recovery points, by point: what the recovery job resumes, and the
+    /// only points a lease may record.
+    resumers: Arc<Resumers>,
     replays: Arc<Cache<String, CachedReplay>>,
 }
 
@@ -147,6 +150,7 @@ impl Idempotency {
             engine: KnownEngine::default(),
             pool,
             policy,
+            resumers: Arc::default(),
             replays: Arc::new(Cache::new(CACHED_REPLAYS)),
         }
     }
@@ -165,6 +169,23 @@ impl Idempotency {
     pub fn crash_points(mut self, hook: fn(&'static str)) -> Self {
         self.instrumentation.crash_point = hook;
         self
+    }
+
+    /// Resumes keys suspended at a recovery point with `resumers` (the recovery job, and a retry
+    /// or takeover through the work itself). A point none of them names is refused when the work
+    /// records it, so a unit of work registered nowhere fails at its first use, loudly, instead of
+    /// leaving keys the recovery job would never resume.
+    #[must_use]
+    pub fn resuming(mut self, resumers: Resumers) -> Self {
+        self.resumers = Arc::new(resumers);
+        self
+    }
+
+    /// The recovery points of suspended keys that no resumer of this instance knows, with how
+    /// many keys wait at each: a service that finds any at start lacks the code that resumes
+    /// them (a unit of work removed or renamed), and should refuse to start.
+    pub async fn unresumable(&self) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        store::unresumable(&self.pool, &self.resumers.names()).await
     }
 
     /// The database the keys live in, asked once per instance: the engine [`Lease::engine`] tells
@@ -319,6 +340,9 @@ impl Idempotency {
             // Before the statement: `now() + expires_in` seen from here is then no later than the
             // database's `expires_at`.
             let asked = Instant::now();
+            if let Some((name, _)) = &request.first_point {
+                self.resumers.require(name)?;
+            }
             let first_point = RecoveryPoint::first(request);
             let engine = self.engine().await?;
             let reservation = store::reserve(
@@ -534,6 +558,7 @@ impl Idempotency {
     ) -> Lease {
         Lease {
             instrumentation: self.instrumentation,
+            resumers: Arc::clone(&self.resumers),
             pool: self.pool.clone(),
             lot: self.lot.clone(),
             engine: self.engine.clone(),
@@ -560,6 +585,8 @@ impl Idempotency {
 #[derive(Debug)]
 pub struct Lease {
     instrumentation: Instrumentation,
+    /// The points this lease may record.
+    resumers: Arc<Resumers>,
     pool: PgPool,
     lot: Lot,
     engine: KnownEngine,

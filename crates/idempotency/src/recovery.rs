@@ -114,11 +114,14 @@ impl Lease {
     /// not release the key but suspends it (see [`Idempotency::release`]).
     ///
     /// `None` when another request took the key over: the work must stop, with [`Lease::lost`].
+    ///
+    /// A point no resumer of the mechanism knows is refused before anything is recorded.
     pub async fn record_recovery_point(
         &mut self,
         name: &str,
         state: serde_json::Value,
-    ) -> Result<Option<&RecoveryPoint>, sqlx::Error> {
+    ) -> Result<Option<&RecoveryPoint>, Error> {
+        self.resumers.require(name)?;
         let recorded = store::record_recovery_point(
             &self.pool,
             &self.owner,
@@ -177,22 +180,20 @@ pub const LONGEST_RECOVERY_BACKOFF: Duration = Duration::from_secs(15 * 60);
 
 /// Resumes the work of a suspended key from its recovery point, under a lease the recovery job
 /// took: the same unit of work a retry would run, so it stores the response the retry would get.
-/// It fails with the service's error type `E`, as the work does.
-pub type Resumer<E> = Arc<
-    dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, Result<Completion, E>> + Send + Sync,
+/// Its failure, in the service's own error type, is only logged: the key waits for the next try.
+type Resumer = Arc<
+    dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, Result<Completion, Error>>
+        + Send
+        + Sync,
 >;
 
-/// The resumers of the work that records recovery points, by point name.
-#[derive(Clone)]
-pub struct Resumers<E>(Vec<(String, Resumer<E>)>);
+/// The resumers of the work that records recovery points, by point name: handed to the mechanism
+/// once ([`Idempotency::resuming`]), which then refuses to record a point none of them resumes
+/// and tells, at start, of suspended keys at such a point ([`Idempotency::unresumable`]).
+#[derive(Clone, Default)]
+pub struct Resumers(Vec<(String, Resumer)>);
 
-impl<E> Default for Resumers<E> {
-    fn default() -> Self {
-        Self(Vec::new())
-    }
-}
-
-impl<E> fmt::Debug for Resumers<E> {
+impl fmt::Debug for Resumers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
             .entries(self.0.iter().map(|(name, _)| name))
@@ -200,24 +201,43 @@ impl<E> fmt::Debug for Resumers<E> {
     }
 }
 
-impl<E> Resumers<E> {
-    /// Resumes keys suspended at the point `name` with `resume`.
+impl Resumers {
+    /// Resumes keys suspended at the point `name` with `resume`, a unit of work that fails with
+    /// the service's own error type.
     #[must_use]
-    pub fn on<F, Fut>(mut self, name: &str, resume: F) -> Self
+    pub fn on<F, Fut, E>(mut self, name: &str, resume: F) -> Self
     where
         F: Fn(Lease) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Completion, E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
     {
-        let resume: Resumer<E> = Arc::new(move |lease| resume(lease).boxed());
+        let resume: Resumer = Arc::new(move |lease| {
+            resume(lease)
+                .map(|done| done.map_err(|error| Error::Internal(anyhow::anyhow!("{error}"))))
+                .boxed()
+        });
         self.0.push((name.to_owned(), resume));
         self
     }
 
-    fn names(&self) -> Vec<String> {
+    /// The names of the points resumed.
+    pub fn names(&self) -> Vec<String> {
         self.0.iter().map(|(name, _)| name.clone()).collect()
     }
 
-    fn get(&self, name: &str) -> Option<&Resumer<E>> {
+    /// Refuses a point no resumer knows: a key suspended there would never be resumed.
+    pub(crate) fn require(&self, name: &str) -> Result<(), Error> {
+        if self.0.iter().any(|(known, _)| known == name) {
+            Ok(())
+        } else {
+            Err(Error::Internal(anyhow::anyhow!(
+                "no resumer for the recovery point `{name}`: register one with \
+                 Idempotency::resuming before recording it"
+            )))
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&Resumer> {
         self.0
             .iter()
             .find(|(known, _)| known == name)
@@ -234,14 +254,8 @@ impl Idempotency {
     /// Each key is tried again only after a wait that starts at `interval` (the job's) and doubles
     /// with every try, up to [`LONGEST_RECOVERY_BACKOFF`]; a key past the recovery window is
     /// held for an operator instead (see [`Idempotency::hold_overdue`]).
-    pub async fn recover_batch<E>(
-        &self,
-        resumers: &Resumers<E>,
-        interval: Duration,
-    ) -> Result<usize, sqlx::Error>
-    where
-        E: From<Error> + fmt::Display + Send + 'static,
-    {
+    pub async fn recover_batch(&self, interval: Duration) -> Result<usize, sqlx::Error> {
+        let resumers = &self.resumers;
         let bounds = RecoveryBounds {
             window: self.policy.recovery_window,
             first_backoff: interval,
@@ -292,7 +306,8 @@ impl Idempotency {
             let key_id = held.key_id;
             let mechanism = self.clone();
             resumed.push(tokio::spawn(async move {
-                let answer: Result<_, E> = mechanism.execute(&request, held, resume(lease)).await;
+                let answer: Result<_, Error> =
+                    mechanism.execute(&request, held, resume(lease)).await;
                 match answer {
                     Ok(response) => {
                         tracing::info!(key_id, status = response.status().as_u16(), "recovered")

@@ -155,11 +155,11 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     let db = PgPool::connect(&database_url).await.unwrap();
     let (account, _) = idempay::accounts::create(&db, "recovery").await.unwrap();
     let pool = one_connection_planning_for_empty(&database_url, &["idempotency_keys"]).await;
-    let idempotency = Idempotency::new(pool, POLICY);
-    let resumers = Resumers::default().on(POINT, complete_with_201);
+    let idempotency =
+        Idempotency::new(pool, POLICY).resuming(Resumers::default().on(POINT, complete_with_201));
     assert_eq!(
         idempotency
-            .recover_batch(&resumers, Duration::from_secs(1))
+            .recover_batch(Duration::from_secs(1))
             .await
             .unwrap(),
         0
@@ -185,7 +185,7 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     for _ in 0..3 {
         batches.push(
             idempotency
-                .recover_batch(&resumers, Duration::from_secs(1))
+                .recover_batch(Duration::from_secs(1))
                 .await
                 .unwrap(),
         );

@@ -330,3 +330,25 @@ pub(crate) async fn claim_recoverable_unlocked(
     }
     Ok(claimed)
 }
+
+/// The recovery points of unsettled keys (in progress or held, at a point) that are none of
+/// `known`, with how many keys wait at each.
+pub(crate) async fn unresumable(
+    pool: &PgPool,
+    known: &[String],
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT recovery_point AS "point!", count(*) AS "keys!"
+        FROM idempotency_keys
+        WHERE recovery_point IS NOT NULL AND status <> 'completed'
+          AND NOT (recovery_point = ANY($1))
+        GROUP BY recovery_point
+        ORDER BY recovery_point
+        "#,
+        known,
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|row| (row.point, row.keys)).collect())
+}
