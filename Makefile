@@ -12,9 +12,10 @@ TEST_THREADS ?= 8
 run:
 	$(CARGO) run --bin idempay -- dev
 
-## Unit and integration tests; PostgreSQL runs in a container started by the tests.
+## Unit and integration tests, the client crate's included; PostgreSQL runs in a container started
+## by the tests.
 test:
-	$(CARGO) test --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
+	$(CARGO) test --workspace --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
 
 ## The fault-schedule explorer (tests/explore/): seeded schedules of faults on real processes, each
 ## ending with the ledgers' invariants; the regression seeds first, then SCHEDULES seeds drawn from

@@ -595,6 +595,22 @@ mod tests {
         );
     }
 
+    /// The retrying client (the crate `client`) ends a call only at its deadline, and a key held
+    /// by an instance that died answers 409 until the lease runs out; the retry that takes it over
+    /// then calls the processor. A deadline shorter than twice both would give up on a key still
+    /// held, and an application that starts over with a new key charges twice.
+    #[test]
+    fn the_client_s_default_deadline_outlasts_the_default_lease_and_a_processor_call() {
+        let settings = Settings::default();
+        let covered = settings.lease + settings.processor.timeout;
+        let deadline = client::RetryPolicy::default().deadline;
+        assert!(
+            deadline >= covered * 2,
+            "the client's default deadline of {deadline:?} against a lease and a processor call \
+             of {covered:?}: lengthen client::RetryPolicy::DEFAULT_DEADLINE"
+        );
+    }
+
     #[test]
     fn a_client_timeout_of_zero_is_refused() {
         assert!(Cli::try_parse_from(["idempay", "--header-read-timeout", "0s"]).is_err());

@@ -7,13 +7,14 @@
 //!   each with its router.
 //! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
 //! - [`http`]: the plumbing that owns the state: router, accept loop, errors, docs, metrics.
-//! - [`client`]: the retrying client that keeps one key per intent.
 //! - `dev` (the `dev` feature): `idempay dev`, the demo, `idempay fixture` (the conformance suite's
 //!   fixture behind the mechanism) and the dev commands, apart from the service.
+//!
+//! The retrying client that keeps one key per intent is the crate `client` beside this one
+//! (crates/client/), so a merchant adds it without the server.
 
 pub mod accounts;
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod db;
 #[cfg(feature = "dev")]

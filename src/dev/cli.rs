@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use client::{Client, ClientError, RetryPolicy};
 
 use super::demo as lossy;
 use crate::cli::Exit;
-use crate::client::{self, Client, ClientError, RetryPolicy};
 use crate::config::{ListenArgs, Settings};
 use crate::webhooks::{self, WebhookSecrets};
 

@@ -1,11 +1,11 @@
-//! The clients: each intent sent with `idempay::client` (one key per intent, the same body on
+//! The clients: each intent sent with the crate `client` (one key per intent, the same body on
 //! every retry) over the instances, the cardholder's bank opening disputes at the processor, and
 //! processor events delivered again.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idempay::client::{AttemptResult, Client, ClientError, NewPayment, NewRefund, RetryPolicy};
+use client::{AttemptResult, Client, ClientError, NewPayment, NewRefund, RetryPolicy};
 use serde_json::{Value, json};
 
 use crate::plan::{Rng, Want};
@@ -34,7 +34,7 @@ pub async fn send(
     let intent = &s.plan.intents[k];
     let observer = {
         let s = Arc::clone(s);
-        move |attempt: &idempay::client::Attempt| {
+        move |attempt: &client::Attempt| {
             let result = match attempt.result {
                 AttemptResult::NotSent => "not sent".to_owned(),
                 AttemptResult::NoAnswer => "no answer".to_owned(),
@@ -95,7 +95,7 @@ pub async fn send(
 
 /// A client's result as a final answer, or why it is none.
 fn answer<T>(
-    result: Result<idempay::client::Answer<T>, ClientError>,
+    result: Result<client::Answer<T>, ClientError>,
     id: impl Fn(&T) -> String,
 ) -> Result<Answer, String> {
     match result {

@@ -18,10 +18,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use client::{Client, ClientError, NewPayment, RetryPolicy};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::client::{Client, ClientError, NewPayment, RetryPolicy};
 use crate::processor::ProcessorClient;
 
 pub use proxy::{Faults, LossyProxy, ProxyStats};

@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
+use client::{Client, NewPayment};
 use futures::StreamExt;
-use idempay::client::{Client, NewPayment};
 use idempay::config::{ProcessorLink, Settings};
 use idempay::processor::{Fraction, ProcessorSettings};
 use idempay::webhooks::{RetrySchedule, WebhookSecrets};

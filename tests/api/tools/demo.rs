@@ -1,7 +1,7 @@
 //! The client half: intents through a lossy network end in exactly one payment each, and every
 //! intent's final answer is the response the server stored for its key.
 
-use idempay::client::{Client, ClientError, NewPayment, NewRefund};
+use client::{Client, ClientError, NewPayment, NewRefund};
 use idempay::dev::demo::{self, Faults, Options};
 use idempay_test_macros::api_test;
 

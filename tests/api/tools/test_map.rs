@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use idempay_test_macros::api_test;
 
 /// Where `*(unit)*` starts the unit tests of a "proven by" cell: the names before it are
-/// black-box tests of this suite, those after it unit tests in `src/`.
+/// black-box tests of this suite, those after it unit tests in `src/` or in a crate of `crates/`.
 const UNIT_MARK: &str = "*(unit)*";
 
 #[api_test]
@@ -16,10 +16,16 @@ async fn every_test_the_readme_names_is_a_test() {
     let map = std::fs::read_to_string(root.join("tests/README.md")).expect("tests/README.md");
     let cited = cited_names(&map);
     let api_tests = test_functions(&root.join("tests/api"), &["#[api_test"]);
-    let unit_tests = test_functions(
-        &root.join("src"),
-        &["#[test]", "#[tokio::test", "#[sqlx::test"],
-    );
+    // The service's unit tests, and those of the crates beside it (the client's).
+    let unit_tests: BTreeSet<String> = ["src", "crates"]
+        .into_iter()
+        .flat_map(|dir| {
+            test_functions(
+                &root.join(dir),
+                &["#[test]", "#[tokio::test", "#[sqlx::test"],
+            )
+        })
+        .collect();
 
     let cited_unit = cited.iter().filter(|name| name.unit).count();
     eprintln!(
@@ -45,7 +51,11 @@ async fn every_test_the_readme_names_is_a_test() {
         })
         .map(|name| {
             let (kind, other, others) = if name.unit {
-                ("unit test in src/", "a black-box test", &api_tests)
+                (
+                    "unit test in src/ or crates/",
+                    "a black-box test",
+                    &api_tests,
+                )
             } else {
                 ("#[api_test] in tests/api/", "a unit test", &unit_tests)
             };

@@ -270,14 +270,16 @@ mod tests {
         assert!(retry > 8, "{retry} retries: more than a count of 8 allowed");
     }
 
+    /// The server's defaults the default deadline is sized against (see
+    /// [`RetryPolicy::DEFAULT_DEADLINE`]). idempay's src/config.rs tests its own default settings
+    /// against the same rule, so the two cannot drift apart unnoticed.
     #[test]
-    fn the_default_deadline_outlasts_the_default_lease_and_a_processor_call() {
-        let settings = crate::config::Settings::default();
-        let covered = settings.lease + settings.processor.timeout;
+    fn the_default_deadline_outlasts_twice_a_default_lease_and_processor_call() {
+        let (lease, processor_timeout) = (Duration::from_secs(30), Duration::from_secs(10));
         let deadline = RetryPolicy::default().deadline;
         assert!(
-            deadline >= covered * 2,
-            "{deadline:?} against a lease and a processor call of {covered:?}"
+            deadline >= (lease + processor_timeout) * 2,
+            "{deadline:?} against a lease of {lease:?} and a processor call of {processor_timeout:?}"
         );
     }
 }

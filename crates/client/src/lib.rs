@@ -1,6 +1,6 @@
-//! The client half of the mechanism: a typed client for the payment API that keeps one
-//! idempotency key per business intent and reuses it on every retry, so "at least once" on the
-//! wire becomes "exactly once" in the ledger.
+//! The client half of idempay: a typed client for its payment API that keeps one idempotency key
+//! per business intent and reuses it on every retry, so "at least once" on the wire becomes
+//! "exactly once" in the ledger. A crate of its own, so a merchant adds it without the server.
 //!
 //! It retries when no answer came (connection errors, resets, timeouts), on 409 (the key is still
 //! in progress), on 429 and on 5xx (nothing was stored), with exponential backoff and full jitter,
