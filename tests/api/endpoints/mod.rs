@@ -10,3 +10,7 @@ mod listing;
 mod payments;
 mod refunds;
 mod webhooks;
+mod webhooks_effects;
+mod webhooks_once;
+mod webhooks_refusals;
+mod webhooks_send_command;

@@ -15,3 +15,8 @@ mod mechanism;
 mod rebalance;
 mod suspension;
 mod two_hops;
+mod two_hops_charge;
+mod two_hops_outage;
+mod two_hops_reconcile;
+mod two_hops_recovery;
+mod two_hops_refund;

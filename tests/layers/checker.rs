@@ -1,0 +1,253 @@
+//! The checker itself, on trees and texts of its own: it finds what it should, and fails.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::graph::Graph;
+use crate::lengths::check_lengths;
+use crate::read::references;
+
+/// A directory of its own under the system's temporary directory, removed when dropped.
+struct Tree(PathBuf);
+
+impl Tree {
+    fn new(name: &str, files: &[(&str, &str)]) -> Tree {
+        let root =
+            std::env::temp_dir().join(format!("idempay-layers-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for (path, text) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        Tree(root)
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Four layers, `config` under `store` under `payments`, and `web` over all; `store` reaches back
+/// up to `web` through a doc link, and `payments` to `web` through a nested `use` tree, which
+/// closes two cycles. A crate under `crates/` has a cycle of its own.
+fn layered_tree(name: &str) -> Tree {
+    Tree::new(
+        name,
+        &[
+            (
+                "src/lib.rs",
+                "pub mod config; pub mod payments; pub mod store; pub mod web;",
+            ),
+            ("src/main.rs", "use crate::web::serve;"),
+            (
+                "src/config.rs",
+                "pub struct Settings;\n// crate::web::Nothing: a comment only\n",
+            ),
+            (
+                "src/store.rs",
+                "mod pool;\nuse crate::config::Settings;\n/// Called by [`crate::web::serve`].\npub fn open() {}\n",
+            ),
+            (
+                "src/store/pool.rs",
+                "use super::super::config;\npub fn pool() { let _ = \"crate::web\"; }\n",
+            ),
+            (
+                "src/payments/mod.rs",
+                "pub mod charging;\nuse crate::{store::{self, open}, web::{AppState, extract::{Json, Query}}};\n\
+                 use self::charging::charge;\n#[cfg(test)]\nmod tests { use super::*; }\n",
+            ),
+            (
+                "src/payments/charging.rs",
+                "pub fn charge() { super::super::store::open(); super::charge_more(); }\n",
+            ),
+            (
+                "src/web/mod.rs",
+                "pub mod extract;\npub struct AppState;\npub fn serve() { crate::payments::charging::charge(); }\n",
+            ),
+            (
+                "src/web/extract.rs",
+                "use crate::config::Settings as S;\npub struct Json; pub struct Query;\n",
+            ),
+            ("crates/other/src/lib.rs", "pub mod a; pub mod b;"),
+            ("crates/other/src/a.rs", "use crate::b::B; pub struct A;"),
+            ("crates/other/src/b.rs", "pub struct B(crate::a::A);"),
+        ],
+    )
+}
+
+fn edges_of(graph: &Graph) -> Vec<String> {
+    graph
+        .edges
+        .keys()
+        .map(|(from, to)| format!("{from} -> {to}"))
+        .collect()
+}
+
+#[test]
+fn the_graph_of_a_tree_has_its_edges_from_use_trees_paths_and_doc_links() {
+    let tree = layered_tree("edges");
+    let graph = Graph::of(&tree.0);
+    assert_eq!(
+        edges_of(&graph),
+        [
+            "crates/other:a -> crates/other:b",
+            "crates/other:b -> crates/other:a",
+            "payments -> store",
+            "payments -> web",
+            "store -> config",
+            "store -> web",
+            "web -> config",
+            "web -> payments",
+        ]
+    );
+    let names = |from: &str, to: &str, file: &str| -> Vec<String> {
+        graph.edges[&(from.to_owned(), to.to_owned())][file]
+            .keys()
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        names("payments", "web", "src/payments/mod.rs"),
+        ["web::AppState", "web::extract::Json", "web::extract::Query"]
+    );
+    assert_eq!(
+        names("payments", "store", "src/payments/mod.rs"),
+        ["store", "store::open"]
+    );
+    assert_eq!(
+        names("payments", "store", "src/payments/charging.rs"),
+        ["store::open"]
+    );
+    assert_eq!(names("store", "web", "src/store.rs"), ["web::serve"]);
+    assert_eq!(names("store", "config", "src/store/pool.rs"), ["config"]);
+    assert_eq!(
+        names("web", "config", "src/web/extract.rs"),
+        ["config::Settings"]
+    );
+}
+
+#[test]
+fn the_checker_fails_on_a_cycle_naming_each_edge_s_files_and_names() {
+    let tree = layered_tree("cycle");
+    let graph = Graph::of(&tree.0);
+    let failures = graph.check(&[]);
+    let report = failures.join("\n\n");
+    assert_eq!(failures.len(), 3, "{report}");
+    assert!(
+        report.contains("  payments -> web -> payments\n"),
+        "{report}"
+    );
+    assert!(
+        report.contains("  payments -> store -> web -> payments\n"),
+        "{report}"
+    );
+    assert!(
+        report.contains("    src/store.rs: web::serve (line 3)\n"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "    src/payments/mod.rs: web::AppState (line 2), web::extract::Json (line 2), \
+             web::extract::Query (line 2)\n"
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains("  crates/other:a -> crates/other:b -> crates/other:a\n"),
+        "{report}"
+    );
+}
+
+#[test]
+fn listed_back_edges_pass_and_a_stale_entry_fails() {
+    let tree = layered_tree("ratchet");
+    let graph = Graph::of(&tree.0);
+    let back_edges = [
+        ("payments", "web"),
+        ("store", "web"),
+        ("crates/other:b", "crates/other:a"),
+    ];
+    assert_eq!(graph.check(&back_edges), Vec::<String>::new());
+    let mut gone = back_edges.to_vec();
+    gone.push(("config", "web"));
+    assert_eq!(
+        graph.check(&gone),
+        ["the listed back edge config -> web is gone from the code: remove it from BACK_EDGES"]
+    );
+    let mut acyclic = back_edges.to_vec();
+    acyclic.push(("store", "config"));
+    assert_eq!(
+        graph.check(&acyclic),
+        [
+            "the listed back edge store -> config closes no cycle the other listed edges leave: \
+             remove it from BACK_EDGES"
+        ]
+    );
+}
+
+#[test]
+fn strings_comments_and_lifetimes_hide_no_path_and_invent_none() {
+    let text = r##"
+        fn f<'a>(x: &'a str) -> char { let _ = r#"crate::hidden"#; let _ = b"crate::hidden"; 'c' }
+        // crate::hidden
+        /* crate::hidden /* nested */ crate::hidden */
+        fn g() -> char { '\'' }
+        //! see [`crate::docs::Shown`] and super::up::Shown
+        pub(crate) fn h() { let r#type = crate::code::Shown; crate::macros::shown!(); }
+        pub(super) fn i() {}
+        use crate::a::{b::{c, d as e}, f::*, self as g};
+        impl Trait for X where Y: Z + use<'a> {}
+    "##;
+    let module = vec!["m".to_owned(), "n".to_owned()];
+    let found: Vec<String> = references(text, &module)
+        .into_iter()
+        .map(|reference| format!("{}:{}", reference.path.join("::"), reference.line))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "docs::Shown:6",
+            "m::up::Shown:6",
+            "code::Shown:7",
+            "macros::shown:7",
+            "a::b::c:9",
+            "a::b::d:9",
+            "a::f:9",
+            "a:9",
+        ]
+    );
+}
+
+#[test]
+fn file_lengths_are_held_by_the_limit_and_the_listed_ceilings() {
+    let lengths: BTreeMap<String, usize> = [
+        ("src/short.rs", 10),
+        ("src/long.rs", 900),
+        ("src/listed.rs", 850),
+        ("src/grown.rs", 870),
+        ("src/shrunk.rs", 700),
+        ("src/lowered.rs", 820),
+    ]
+    .into_iter()
+    .map(|(file, lines)| (file.to_owned(), lines))
+    .collect();
+    let listed = [
+        ("src/listed.rs", 850),
+        ("src/grown.rs", 860),
+        ("src/shrunk.rs", 810),
+        ("src/lowered.rs", 830),
+        ("src/gone.rs", 900),
+    ];
+    assert_eq!(
+        check_lengths(&lengths, &listed),
+        [
+            "src/grown.rs has 870 lines, more than the 860 LONG_FILES allows it: it may only shrink",
+            "src/long.rs has 900 lines, over 800: split it by theme",
+            "src/gone.rs is listed in LONG_FILES but is gone: remove it",
+            "src/shrunk.rs has 700 lines now, within 800: remove it from LONG_FILES",
+        ]
+    );
+}
