@@ -32,10 +32,13 @@ pub mod engine;
 mod error;
 mod fingerprint;
 mod inspect;
+mod instrumentation;
 mod key;
 mod layer;
+mod lease;
 pub mod metrics;
 mod recovery;
+mod replays;
 mod request;
 mod response;
 mod store;
@@ -59,7 +62,11 @@ use uuid::Uuid;
 
 use connections::Lot;
 use engine::KnownEngine;
+use instrumentation::Instrumentation;
+use lease::{Completed, HeldLease};
+pub use lease::{Completion, Fence, Lease};
 use metrics::KeyOutcome;
+use replays::{CACHED_REPLAYS, CachedReplay};
 use store::Reservation;
 
 pub use body::BodyError;
@@ -86,34 +93,6 @@ pub struct Policy {
     /// retry, a takeover, the recovery job). It must end before the other system forgets the
     /// downstream key; after it, the key is held for an operator.
     pub recovery_window: Duration,
-}
-
-/// How an instance of the mechanism tells what it does: the counter its outcomes go to, and the
-/// hook its crash points call, so that two instances in one process (a service and the processor
-/// it calls, in tests) are counted apart and crashed apart.
-#[derive(Clone, Copy, Debug)]
-struct Instrumentation {
-    outcomes: &'static str,
-    crash_point: fn(&'static str),
-}
-
-impl Instrumentation {
-    fn record(self, outcome: KeyOutcome) {
-        outcome.record(self.outcomes);
-    }
-
-    fn crash_point(self, point: &'static str) {
-        (self.crash_point)(point);
-    }
-}
-
-impl Default for Instrumentation {
-    fn default() -> Self {
-        Self {
-            outcomes: metrics::OUTCOMES,
-            crash_point: |_| {},
-        }
-    }
 }
 
 /// The idempotency mechanism, shared by every mutating route.
@@ -434,57 +413,6 @@ impl Idempotency {
     }
 }
 
-/// Completed responses kept in memory at most; each is a few hundred bytes.
-const CACHED_REPLAYS: usize = 10_000;
-
-/// A completed key's response, served without a round trip to the database. It is safe to keep:
-/// a completed row never changes until it expires, and the entry is dropped before that.
-#[derive(Clone)]
-struct CachedReplay {
-    fingerprint: Fingerprint,
-    fields: Option<FieldDigests>,
-    response: StoredResponse,
-    /// No later than the key's `expires_at`, on this instance's monotonic clock.
-    until: Instant,
-}
-
-impl Idempotency {
-    /// Answers a key this instance saw completed without asking the database: the stored
-    /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
-    fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Answer> {
-        let key = cache_key(request);
-        let cached = self.replays.get(&key)?;
-        if cached.until <= Instant::now() {
-            self.replays.remove(&key);
-            return None;
-        }
-        Some(if cached.fingerprint == request.fingerprint {
-            Answer::Replay(cached.response)
-        } else {
-            let fields = mismatched_fields(cached.fields.as_ref(), request.fields.as_ref());
-            Answer::Mismatch(fields)
-        })
-    }
-
-    fn remember(&self, request: &KeyedRequest, response: &StoredResponse, until: Instant) {
-        self.replays.insert(
-            cache_key(request),
-            CachedReplay {
-                fingerprint: request.fingerprint,
-                // The request's digests are the stored ones: its fingerprint is the stored one.
-                fields: request.fields.clone(),
-                response: response.clone(),
-                until,
-            },
-        );
-    }
-}
-
-/// Keys are cached per scope, as they are stored.
-fn cache_key(request: &KeyedRequest) -> String {
-    format!("{}\n{}", request.scope.as_str(), request.key.as_str())
-}
-
 // ===========================================================================================
 // 2. Take over: a request whose process died stops renewing its lease; a retry may then execute.
 //    Recycle: an expired key is new again.
@@ -578,54 +506,6 @@ impl Idempotency {
 // ===========================================================================================
 // 3. Execute: the work runs under the lease, renewed while it runs.
 // ===========================================================================================
-
-/// The right to execute the work of one key, held by exactly one request at a time. The work
-/// writes its effect in the transaction from [`Lease::begin`] and hands it to [`Lease::complete`],
-/// so the effect and the key's completion commit together or not at all.
-#[derive(Debug)]
-pub struct Lease {
-    instrumentation: Instrumentation,
-    /// The points this lease may record.
-    resumers: Arc<Resumers>,
-    pool: PgPool,
-    lot: Lot,
-    engine: KnownEngine,
-    /// How this request came to hold the key: a fresh or recycled one, or a takeover.
-    outcome: KeyOutcome,
-    /// When this instance was granted the lease, on its monotonic clock and on the database's.
-    granted: Instant,
-    granted_at: DateTime<Utc>,
-    /// The key's row: its owner (the scope's first part) and id.
-    owner: Arc<str>,
-    key_id: i64,
-    token: Uuid,
-    key: IdempotencyKey,
-    key_ttl: Duration,
-    /// Where an earlier holder of the key left its work, if it recorded a recovery point.
-    recovery: Option<RecoveryPoint>,
-}
-
-/// What the mechanism keeps of a lease it handed to the work: enough to renew and release it.
-#[derive(Clone, Debug)]
-struct HeldLease {
-    owner: Arc<str>,
-    key_id: i64,
-    token: Uuid,
-    /// When the lease was granted: earlier than the completing transaction's `now()`, so
-    /// `reserved + key_ttl` is no later than the key's `expires_at`.
-    reserved: Instant,
-}
-
-impl From<&Lease> for HeldLease {
-    fn from(lease: &Lease) -> Self {
-        Self {
-            owner: lease.owner.clone(),
-            key_id: lease.key_id,
-            token: lease.token,
-            reserved: lease.granted,
-        }
-    }
-}
 
 impl Idempotency {
     /// Runs the work while renewing the lease, then answers from its completion or releases the key.
@@ -741,40 +621,6 @@ impl Idempotency {
 // ===========================================================================================
 // 4a. Complete: "the business write and the key's status update share one transaction".
 // ===========================================================================================
-
-/// Proof that the work ran [`Lease::complete`]: the only way to finish a unit of work.
-#[derive(Debug)]
-pub struct Completion(Completed);
-
-impl Completion {
-    /// Whether the effect committed with the key; `false` when another request had taken the key
-    /// over and the effect rolled back.
-    pub fn committed(&self) -> bool {
-        matches!(self.0, Completed::Stored(_))
-    }
-}
-
-#[derive(Debug)]
-enum Completed {
-    /// The effect and the response were committed with the key.
-    Stored(StoredResponse),
-    /// Another request took the key over; nothing was committed.
-    LeaseLost,
-}
-
-/// What the completion needs to know, bound as the parameters of `idempotency_complete($1, $2, $3,
-/// $4, $5, $6, $7)`, in this order: the key (its owner and id), the lease's token, the response
-/// (status, headers, body) and how long the key lives from now.
-#[derive(Debug)]
-pub struct Fence {
-    pub owner: Arc<str>,
-    pub key_id: i64,
-    pub token: Uuid,
-    pub response_code: i16,
-    pub response_headers: serde_json::Value,
-    pub response_body: bytes::Bytes,
-    pub ttl_ms: i64,
-}
 
 impl Lease {
     /// The key this lease is for, for records that keep it.

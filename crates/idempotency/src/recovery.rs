@@ -13,7 +13,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
-use super::{Completion, Error, HeldLease, Idempotency, KeyedRequest, Lease, Scope, store};
+use super::lease::HeldLease;
+use super::{Completion, Error, Idempotency, KeyedRequest, Lease, Scope, store};
 use super::{Engine, Fingerprint, IdempotencyKey};
 use crate::metrics::KeyOutcome;
 

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use client::{Client, NewPayment};
+use futures::StreamExt;
 use idempay::config::{ProcessorLink, Settings};
 use idempay::processor::Fraction;
 use idempay_test_macros::api_test;

@@ -1,0 +1,63 @@
+//! Completed keys this instance saw, answered from memory: no round trip for a replay.
+
+use std::time::Instant;
+
+use crate::{
+    Answer, FieldDigests, Fingerprint, Idempotency, KeyedRequest, StoredResponse, mismatched_fields,
+};
+
+/// Completed responses kept in memory at most; each is a few hundred bytes.
+pub(crate) const CACHED_REPLAYS: usize = 10_000;
+
+/// A completed key's response, served without a round trip to the database. It is safe to keep:
+/// a completed row never changes until it expires, and the entry is dropped before that.
+#[derive(Clone)]
+pub(crate) struct CachedReplay {
+    fingerprint: Fingerprint,
+    fields: Option<FieldDigests>,
+    response: StoredResponse,
+    /// No later than the key's `expires_at`, on this instance's monotonic clock.
+    until: Instant,
+}
+
+impl Idempotency {
+    /// Answers a key this instance saw completed without asking the database: the stored
+    /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
+    pub(crate) fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Answer> {
+        let key = cache_key(request);
+        let cached = self.replays.get(&key)?;
+        if cached.until <= Instant::now() {
+            self.replays.remove(&key);
+            return None;
+        }
+        Some(if cached.fingerprint == request.fingerprint {
+            Answer::Replay(cached.response)
+        } else {
+            let fields = mismatched_fields(cached.fields.as_ref(), request.fields.as_ref());
+            Answer::Mismatch(fields)
+        })
+    }
+
+    pub(crate) fn remember(
+        &self,
+        request: &KeyedRequest,
+        response: &StoredResponse,
+        until: Instant,
+    ) {
+        self.replays.insert(
+            cache_key(request),
+            CachedReplay {
+                fingerprint: request.fingerprint,
+                // The request's digests are the stored ones: its fingerprint is the stored one.
+                fields: request.fields.clone(),
+                response: response.clone(),
+                until,
+            },
+        );
+    }
+}
+
+/// Keys are cached per scope, as they are stored.
+fn cache_key(request: &KeyedRequest) -> String {
+    format!("{}\n{}", request.scope.as_str(), request.key.as_str())
+}
