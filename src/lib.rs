@@ -33,5 +33,6 @@ pub mod processor;
 pub mod reconcile;
 pub mod recovery;
 pub mod refunds;
+pub mod settings;
 pub mod telemetry;
 pub mod webhooks;

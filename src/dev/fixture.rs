@@ -36,7 +36,9 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DatabaseArgs, check_lease, parse_lease, positive};
+use crate::config::DatabaseArgs;
+use crate::db::check_lease;
+use crate::settings::{parse_lease, positive};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::shutdown_signal;
 use crate::idempotency::{self, Idempotency, NotStored, Owners, Policy, Service};

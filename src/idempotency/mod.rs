@@ -625,7 +625,7 @@ impl Idempotency {
     /// abandoned, so renewals never pile up; a renewal that lands by then sets the lease a whole
     /// lease past its own `now()`, so after any successful renewal two more start (and end) before
     /// the lease runs out, and one stuck renewal does not lose the key. Start-up checks that the
-    /// pool can serve a renewal within its third ([`crate::config::check_lease`]).
+    /// pool can serve a renewal within its third ([`crate::db::check_lease`]).
     async fn heartbeat(&self, held: &HeldLease) -> Infallible {
         let period = self.policy.lease / 3;
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
