@@ -111,6 +111,13 @@ impl idempotency::Owners for AppState {
     }
 }
 
+/// The gauges a scrape of `/metrics` reads.
+impl FromRef<AppState> for metrics::Readings {
+    fn from_ref(_: &AppState) -> Self {
+        metrics::Readings(&[webhooks::metrics::read_oldest_pending])
+    }
+}
+
 impl FromRef<AppState> for PgPool {
     fn from_ref(state: &AppState) -> Self {
         state.pool.clone()
@@ -316,7 +323,12 @@ impl Application {
     /// Fails when the processor settings are incomplete (a URL without an API key) or the
     /// embedded processor cannot be set up.
     pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> anyhow::Result<Self> {
-        metrics::install();
+        metrics::install(|| {
+            accounts::metrics::describe();
+            events::describe_metrics();
+            webhooks::metrics::describe();
+            expiry::describe_metrics();
+        });
         crate::config::check_delivery_retention(
             settings.webhook_delivery_retention,
             &settings.webhook_retry_schedule,

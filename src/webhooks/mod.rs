@@ -19,6 +19,7 @@ mod attempts;
 pub mod delivery;
 pub mod endpoints;
 mod events;
+pub mod metrics;
 pub mod retention;
 mod retry;
 mod schedule;
@@ -163,12 +164,12 @@ async fn receive(
     let outcome = match process(&state.pool, engine, &id, &envelope, state.event_ttl).await? {
         Ok(outcome) => outcome,
         Err(not_recorded) => {
-            crate::http::metrics::webhook_event_not_recorded();
+            metrics::webhook_event_not_recorded();
             tracing::info!(event = %id, kind = %envelope.kind, object = %not_recorded.object, "webhook refused: its object is not recorded yet");
             return Err(not_recorded_problem(&not_recorded).into());
         }
     };
-    crate::http::metrics::webhook_event(outcome);
+    metrics::webhook_event(outcome);
     tracing::info!(event = %id, kind = %envelope.kind, ?outcome, "webhook processed");
     Ok(axum::Json(Acknowledgement { event: id, outcome }).into_response())
 }
