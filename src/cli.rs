@@ -7,8 +7,9 @@
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
+use crate::app::{self, Application};
 use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
-use crate::http::{Application, openapi, shutdown_signal};
+use crate::http::server::shutdown_signal;
 use crate::processor::{Processor, ProcessorListen, ProcessorSettings};
 use crate::{accounts, db, reconcile};
 
@@ -230,7 +231,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Command::Openapi => print!("{}", openapi::spec_json()),
+        Command::Openapi => print!("{}", app::spec_json()),
         #[cfg(feature = "dev")]
         Command::Dev(command) => crate::dev::cli::run(command).await?,
     }

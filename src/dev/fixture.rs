@@ -38,10 +38,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::DatabaseArgs;
 use crate::db::check_lease;
-use crate::settings::{parse_lease, positive};
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::http::shutdown_signal;
+use crate::http::server::shutdown_signal;
 use crate::idempotency::{self, Idempotency, NotStored, Owners, Policy, Service};
+use crate::settings::{parse_lease, positive};
 use crate::{db, expiry};
 
 /// The one account every fixture request belongs to: the fixture asks for no API key, and its
