@@ -7,10 +7,11 @@
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
+use crate::app::{self, Application};
 use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
-use crate::http::{Application, openapi, shutdown_signal};
+use crate::http::server::shutdown_signal;
 use crate::processor::{Processor, ProcessorListen, ProcessorSettings};
-use crate::{accounts, config, db, reconcile};
+use crate::{accounts, db, reconcile};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -131,7 +132,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            config::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            db::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -144,7 +145,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            config::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            db::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -230,7 +231,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Command::Openapi => print!("{}", openapi::spec_json()),
+        Command::Openapi => print!("{}", app::spec_json()),
         #[cfg(feature = "dev")]
         Command::Dev(command) => crate::dev::cli::run(command).await?,
     }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::db::PoolLimits;
+use crate::settings::{any_length, duration, parse_lease, positive};
 use crate::webhooks::{RetrySchedule, WebhookSecrets};
 
 /// How the service behaves, independent of where its database and listener are.
@@ -239,99 +241,6 @@ pub struct DatabaseArgs {
     pub pool: PoolLimits,
 }
 
-/// The connection pool's bounds: a request never waits long for a connection.
-#[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolLimits {
-    /// Connections of the pool. Slow work holds none, so a few serve many requests; but a commit
-    /// holds its connection while it waits for the disk, and commits that wait together share one
-    /// flush, so the default is chosen from `make bench-pools` with durable commits (see
-    /// bench/README.md). The lot a new key's statements run on (`db::Lot`) has as many again,
-    /// opened as needed.
-    #[arg(
-        long = "database-max-connections",
-        env = "IDEMPAY_DATABASE_MAX_CONNECTIONS",
-        default_value_t = DEFAULT_MAX_CONNECTIONS,
-        value_parser = at_least_one("IDEMPAY_DATABASE_MAX_CONNECTIONS")
-    )]
-    pub max_connections: u32,
-
-    /// How long a request waits for a free connection before it is answered with 503.
-    #[arg(long = "database-acquire-timeout", env = "IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT"))]
-    pub acquire_timeout: Duration,
-}
-
-/// The pool's size unless set: with durable commits, 16 served new keys at c=16 and c=64 at least
-/// as fast as 8 or 32 did in every run of `make bench-pools` (bench/README.md).
-pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
-
-impl Default for PoolLimits {
-    fn default() -> Self {
-        Self {
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            acquire_timeout: Duration::from_secs(5),
-        }
-    }
-}
-
-/// The longest any duration setting may be, a year. Longer makes no sense for any of them (the processor
-/// forgets its keys after a day, senders retry webhooks for days), and a job that adds a
-/// duration of centuries to a clock would overflow it.
-pub const LONGEST: Duration = Duration::from_secs(31_557_600);
-
-/// Reads a duration `setting` (named in every error, as the environment spells it) from its
-/// human form: at least `shortest`, at most [`LONGEST`].
-fn duration(setting: &str, raw: &str, shortest: Duration) -> Result<Duration, String> {
-    let value = humantime::parse_duration(raw).map_err(|error| format!("{setting}: {error}"))?;
-    if value < shortest {
-        return Err(if shortest == Duration::from_nanos(1) {
-            format!("{setting} must be longer than zero")
-        } else {
-            format!(
-                "{setting} must be at least {}",
-                humantime::format_duration(shortest)
-            )
-        });
-    }
-    if value > LONGEST {
-        return Err(format!(
-            "{setting} must be at most {}",
-            humantime::format_duration(LONGEST)
-        ));
-    }
-    Ok(value)
-}
-
-/// The parser of an interval or a timeout: zero would spin a job (tokio refuses an interval of
-/// zero, with a panic) or cut every request off.
-pub fn positive(
-    setting: &'static str,
-) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
-    move |raw| duration(setting, raw, Duration::from_nanos(1))
-}
-
-/// The parser of a duration for which zero means none (a simulated delay).
-pub fn any_length(
-    setting: &'static str,
-) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
-    move |raw| duration(setting, raw, Duration::ZERO)
-}
-
-/// The parser of a count of which there must be at least one (connections).
-fn at_least_one(
-    setting: &'static str,
-) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync + 'static {
-    move |raw| match raw.trim().parse::<u32>() {
-        Ok(0) => Err(format!("{setting} must be at least 1")),
-        Ok(count) => Ok(count),
-        Err(error) => Err(format!("{setting}: {error}")),
-    }
-}
-
-/// A lease is renewed at a third of its length, so it must leave room for that.
-pub(crate) fn parse_lease(raw: &str) -> Result<Duration, String> {
-    duration("IDEMPAY_LEASE", raw, Duration::from_millis(300))
-}
-
 /// A delivery is accepted while its timestamp is within the tolerance: an event id forgotten
 /// sooner could be replayed, with its valid signature, and applied again.
 fn parse_event_ttl(raw: &str) -> Result<Duration, String> {
@@ -344,30 +253,6 @@ fn parse_event_ttl(raw: &str) -> Result<Duration, String> {
         ));
     }
     Ok(ttl)
-}
-
-/// Refuses at start a lease the pool could not renew in time. The lease is renewed every third of
-/// its length, each renewal abandoned when the next is due (`idempotency::Idempotency::heartbeat`),
-/// and a renewal first waits for a pool connection, up to the acquire timeout. A third of the lease
-/// must cover that wait: otherwise, under load, renewals are abandoned while the pool would still
-/// serve them, and a slow but alive request loses its key to a takeover (safely, the completion is
-/// fenced, but its work is then done for nothing and its client answered 409). The session's
-/// statement and lock timeouts (`db.rs`) do not enter: a renewal is one UPDATE of one row by its
-/// primary key, which runs in a millisecond or waits for that row's lock, held only by another
-/// one-row statement (a completion, a takeover) or by nobody, and its third bounds that wait.
-pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
-    let needed = pool.acquire_timeout * 3;
-    if lease < needed {
-        return Err(format!(
-            "IDEMPAY_LEASE ({}) must be at least 3 × IDEMPAY_DATABASE_ACQUIRE_TIMEOUT ({}) = {}: \
-             the lease is renewed every third of its length, and a renewal may wait that long for \
-             a connection. Lengthen the lease or shorten the acquire timeout.",
-            humantime::format_duration(lease),
-            humantime::format_duration(pool.acquire_timeout),
-            humantime::format_duration(needed),
-        ));
-    }
-    Ok(())
 }
 
 /// Refuses at start a delivery retention shorter than a delivery can last. An endpoint whose
@@ -412,6 +297,7 @@ fn parse_recovery_window(raw: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::check_lease;
     use clap::Parser;
 
     #[derive(Parser)]

@@ -8,13 +8,73 @@ pub use idempotency::engine::{Engine, KnownEngine, engine};
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use clap::Args;
 use futures_util::FutureExt;
 pub use idempotency::connections::{Lent, Lot, Server};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::config::PoolLimits;
+use crate::settings::{at_least_one, positive};
+
+/// The connection pool's bounds: a request never waits long for a connection.
+#[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// Connections of the pool. Slow work holds none, so a few serve many requests; but a commit
+    /// holds its connection while it waits for the disk, and commits that wait together share one
+    /// flush, so the default is chosen from `make bench-pools` with durable commits (see
+    /// bench/README.md). The lot a new key's statements run on (`db::Lot`) has as many again,
+    /// opened as needed.
+    #[arg(
+        long = "database-max-connections",
+        env = "IDEMPAY_DATABASE_MAX_CONNECTIONS",
+        default_value_t = DEFAULT_MAX_CONNECTIONS,
+        value_parser = at_least_one("IDEMPAY_DATABASE_MAX_CONNECTIONS")
+    )]
+    pub max_connections: u32,
+
+    /// How long a request waits for a free connection before it is answered with 503.
+    #[arg(long = "database-acquire-timeout", env = "IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT"))]
+    pub acquire_timeout: Duration,
+}
+
+/// The pool's size unless set: with durable commits, 16 served new keys at c=16 and c=64 at least
+/// as fast as 8 or 32 did in every run of `make bench-pools` (bench/README.md).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Refuses at start a lease the pool could not renew in time. The lease is renewed every third of
+/// its length, each renewal abandoned when the next is due (`idempotency::Idempotency::heartbeat`),
+/// and a renewal first waits for a pool connection, up to the acquire timeout. A third of the lease
+/// must cover that wait: otherwise, under load, renewals are abandoned while the pool would still
+/// serve them, and a slow but alive request loses its key to a takeover (safely, the completion is
+/// fenced, but its work is then done for nothing and its client answered 409). The session's
+/// statement and lock timeouts (`db.rs`) do not enter: a renewal is one UPDATE of one row by its
+/// primary key, which runs in a millisecond or waits for that row's lock, held only by another
+/// one-row statement (a completion, a takeover) or by nobody, and its third bounds that wait.
+pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
+    let needed = pool.acquire_timeout * 3;
+    if lease < needed {
+        return Err(format!(
+            "IDEMPAY_LEASE ({}) must be at least 3 × IDEMPAY_DATABASE_ACQUIRE_TIMEOUT ({}) = {}: \
+             the lease is renewed every third of its length, and a renewal may wait that long for \
+             a connection. Lengthen the lease or shorten the acquire timeout.",
+            humantime::format_duration(lease),
+            humantime::format_duration(pool.acquire_timeout),
+            humantime::format_duration(needed),
+        ));
+    }
+    Ok(())
+}
 
 /// Limits every session sets, so a stuck query or a forgotten transaction cannot hold a pool
 /// connection (and the locks it took) for long. Every statement of the service takes milliseconds.

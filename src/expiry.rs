@@ -9,10 +9,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::KnownEngine;
-use crate::http::metrics;
+use idempotency::Idempotency;
 use crate::webhooks;
 use crate::webhooks::retention::{self, Owner};
-use idempotency::Idempotency;
 
 /// Rows per delete: small enough to keep each statement's locks short. The delete statements
 /// carry it as a literal `LIMIT 1000`, the mechanism's batch of keys.
@@ -103,8 +102,8 @@ pub fn spawn(pool: PgPool, expiry: Expiry, shutdown: CancellationToken) -> JoinH
                 }
                 None => 0,
             };
-            metrics::expiry_run(keys, processed, started.elapsed());
-            metrics::retention_run(owner, pruned_deliveries, pruned_events);
+            count_run(keys, processed, started.elapsed());
+            count_retention(owner, pruned_deliveries, pruned_events);
             if keys + processed + pruned_deliveries + pruned_events > 0 {
                 tracing::info!(
                     keys,
@@ -147,4 +146,41 @@ where
         }
     }
     deleted
+}
+
+const EXPIRY_DELETED: &str = "idempay_expiry_deleted_rows_total";
+const EXPIRY_DURATION: &str = "idempay_expiry_run_duration_seconds";
+
+/// Describes the expiry job's series to the recorder.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        EXPIRY_DELETED,
+        "Expired rows deleted by the expiry job, by table."
+    );
+    metrics::describe_histogram!(
+        EXPIRY_DURATION,
+        metrics::Unit::Seconds,
+        "Time of one run of the expiry job."
+    );
+}
+
+/// Records one run of the expiry job.
+fn count_run(keys: u64, events: u64, took: Duration) {
+    metrics::counter!(EXPIRY_DELETED, "table" => "idempotency_keys").increment(keys);
+    metrics::counter!(EXPIRY_DELETED, "table" => "processed_events").increment(events);
+    metrics::histogram!(EXPIRY_DURATION).record(took.as_secs_f64());
+}
+
+/// Counts what one run of the expiry job deleted past its retention: the deliveries of `owner`
+/// (their attempts go with them) and the merchants' events.
+fn count_retention(owner: Option<Owner>, deliveries: u64, events: u64) {
+    let table = match owner {
+        Some(Owner::Endpoints) => "webhook_deliveries",
+        Some(Owner::Processor) => "processor_webhook_deliveries",
+        None => return,
+    };
+    metrics::counter!(EXPIRY_DELETED, "table" => table).increment(deliveries);
+    if owner == Some(Owner::Endpoints) {
+        metrics::counter!(EXPIRY_DELETED, "table" => "events").increment(events);
+    }
 }

@@ -110,7 +110,7 @@ mod tests {
     /// idempotent route must join [`IDEMPOTENT_ROUTES`], or its keys would never be shown.
     #[test]
     fn the_inspected_routes_are_the_operations_that_take_a_key() {
-        let description = serde_json::to_value(crate::http::openapi::spec()).unwrap();
+        let description = serde_json::to_value(crate::app::spec()).unwrap();
         let mut keyed: Vec<String> = Vec::new();
         for (path, item) in description["paths"].as_object().unwrap() {
             for (method, operation) in item.as_object().unwrap() {

@@ -6,7 +6,10 @@
 //! - [`payments`], [`refunds`], [`disputes`], [`events`], [`webhooks`], [`accounts`]: the domains,
 //!   each with its router.
 //! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
-//! - [`http`]: the plumbing that owns the state: router, accept loop, errors, docs, metrics.
+//! - [`app`]: the assembly, on top: the state, the sub-states each domain asks of it, every router
+//!   merged, and [`app::Application`], which serves them beside the background jobs.
+//! - [`http`]: the plumbing below the domains, naming none: middleware, accept loop, errors,
+//!   extractors, docs, metrics.
 //! - `dev` (the `dev` feature): `idempay dev`, the demo, `idempay fixture` (the conformance suite's
 //!   fixture behind the mechanism) and the dev commands, apart from the service.
 //!
@@ -14,6 +17,7 @@
 //! (crates/client/), so a merchant adds it without the server.
 
 pub mod accounts;
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod db;
@@ -33,5 +37,6 @@ pub mod processor;
 pub mod reconcile;
 pub mod recovery;
 pub mod refunds;
+pub mod settings;
 pub mod telemetry;
 pub mod webhooks;

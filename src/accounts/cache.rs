@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Account;
-use crate::http::metrics;
+use super::metrics;
 
 /// The channel every change of an API key is told on, with the hex of the changed hash (see the
 /// trigger `accounts_api_key_changed` in `migrations/`).

@@ -4,6 +4,7 @@
 
 mod api_key;
 mod cache;
+pub mod metrics;
 mod rate_limit;
 
 use std::fmt;

@@ -10,9 +10,8 @@ use std::sync::Arc;
 use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota};
 
-use super::AccountId;
+use super::{AccountId, metrics};
 use crate::http::error::{Problem, ProblemKind};
-use crate::http::metrics;
 
 /// Requests per second per account, with a burst of as many: a generic cell rate (GCRA) that lets
 /// an idle account send a second's worth at once, then one request per 1/rate seconds.

@@ -36,9 +36,11 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DatabaseArgs, check_lease, parse_lease, positive};
+use crate::config::DatabaseArgs;
+use crate::db::check_lease;
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::http::shutdown_signal;
+use crate::http::server::shutdown_signal;
+use crate::settings::{parse_lease, positive};
 use crate::{db, expiry};
 use idempotency::{self, Idempotency, NotStored, Owners, Policy};
 

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use tokio::net::TcpListener;
 
-use crate::http::shutdown_signal;
+use crate::http::server::shutdown_signal;
 use crate::webhooks::{Rejection, WebhookSecrets};
 
 /// What the receiver remembers: the event ids it acknowledged, and how many deliveries it still

@@ -26,8 +26,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{PoolLimits, Settings, check_lease};
-use crate::http::{Application, shutdown_signal};
+use crate::app::Application;
+use crate::config::Settings;
+use crate::db::{PoolLimits, check_lease};
+use crate::http::server::shutdown_signal;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use crate::webhooks::{RetrySchedule, WebhookSecrets};
 use crate::{accounts, db, ids};

@@ -3,16 +3,16 @@
 //! per processor dispute id). `GET /v1/disputes` lists the account's, a page at a time, and
 //! `GET /v1/disputes/{id}` reads one.
 
-use axum::extract::{Query, State};
+use axum::extract::{FromRef, Query, State};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::accounts::Account;
-use crate::http::AppState;
+use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
@@ -21,7 +21,13 @@ use crate::payments::PaymentId;
 /// The longest dispute id, as the table's CHECK bounds it: the processor chooses them.
 const MAX_ID_LEN: usize = 100;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new()
         .routes(routes!(list_disputes))
         .routes(routes!(get_dispute))
@@ -161,7 +167,7 @@ impl DisputesQuery {
     )
 )]
 async fn list_disputes(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     query: Result<Query<DisputesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -186,7 +192,7 @@ async fn list_disputes(
                 cursor,
                 payment,
             )
-            .fetch_optional(&state.pool)
+            .fetch_optional(&pool)
             .await?
             .ok_or_else(|| unknown_cursor(cursor))?,
         ),
@@ -216,7 +222,7 @@ async fn list_disputes(
                 after.id,
                 page.fetch(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
         (_, before) => {
@@ -238,7 +244,7 @@ async fn list_disputes(
                 before.as_ref().map(|position| position.id.as_str()),
                 page.fetch(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
     };
@@ -266,7 +272,7 @@ async fn list_disputes(
     )
 )]
 async fn get_dispute(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -285,7 +291,7 @@ async fn get_dispute(
         account.id().as_str(),
         id,
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?
     .ok_or_else(not_found)?;
     Ok(axum::Json(Dispute::from(row)).into_response())

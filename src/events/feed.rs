@@ -1,22 +1,28 @@
 //! The feed: `GET /v1/events` lists an account's events in commit order, and
 //! `GET /v1/events/{id}` reads one. Both serve the bytes written with the event.
 
-use axum::extract::{Query, State};
+use axum::extract::{FromRef, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{Event, EventType, is_event_id};
-use crate::accounts::Account;
-use crate::http::AppState;
+use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, unknown_cursor};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new()
         .routes(routes!(list_events))
         .routes(routes!(get_event))
@@ -99,7 +105,7 @@ struct FeedRow {
     )
 )]
 async fn list_events(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     query: Result<Query<FeedQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -115,7 +121,7 @@ async fn list_events(
     // newer than their snapshot, so every event below it is committed and visible to them.
     let bound =
         sqlx::query_scalar!(r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS "bound!""#)
-            .fetch_one(&state.pool)
+            .fetch_one(&pool)
             .await?;
     let cursor = match &page.cursor {
         Cursor::First => None,
@@ -134,7 +140,7 @@ async fn list_events(
                     account,
                     bound,
                 )
-                .fetch_optional(&state.pool)
+                .fetch_optional(&pool)
                 .await?
                 .unwrap_or(false);
             if !listed {
@@ -163,7 +169,7 @@ async fn list_events(
                 page.fetch(),
                 bound,
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
         Cursor::First | Cursor::After(_) => {
@@ -185,7 +191,7 @@ async fn list_events(
                 page.fetch(),
                 bound,
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
     };
@@ -215,7 +221,7 @@ async fn list_events(
     )
 )]
 async fn get_event(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -228,7 +234,7 @@ async fn get_event(
         id,
         account.id().as_str(),
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?
     .ok_or_else(not_found)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())

@@ -282,11 +282,21 @@ async fn write_routed(
     Ok(())
 }
 
-/// Counts events whose transaction committed.
+const EVENTS_WRITTEN: &str = "idempay_events_written_total";
+
+/// Counts events whose transaction committed, by type.
 pub fn written<'a>(events: impl IntoIterator<Item = &'a NewEvent>) {
     for event in events {
-        crate::http::metrics::event_written(event.kind);
+        metrics::counter!(EVENTS_WRITTEN, "type" => event.kind.as_str()).increment(1);
     }
+}
+
+/// Describes the events' series to the recorder.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        EVENTS_WRITTEN,
+        "Events written (their change committed), by type."
+    );
 }
 
 /// Whether `id` has the shape of an event id, before any query sees it.

@@ -2,20 +2,26 @@
 
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::http::AppState;
 use crate::http::error::{Problem, ProblemKind};
+use crate::jobs::Jobs;
 
 /// How long readiness waits for the database before calling it unreachable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    Jobs: FromRef<S>,
+{
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
@@ -60,8 +66,8 @@ async fn healthz() -> Response {
             headers(("Retry-After" = i64, description = "Seconds to wait before asking again."))),
     )
 )]
-async fn readyz(State(state): State<AppState>) -> Response {
-    if let Some(death) = state.jobs.first_death() {
+async fn readyz(State(pool): State<PgPool>, State(jobs): State<Jobs>) -> Response {
+    if let Some(death) = jobs.first_death() {
         tracing::warn!(job = death.job, cause = %death.cause, "readiness check failed");
         return Problem::new(
             ProblemKind::ServiceUnavailable,
@@ -73,8 +79,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
         .retry_after(Duration::from_secs(1))
         .into_response();
     }
-    let pool = &state.pool;
-    let ping = tokio::time::timeout(READY_TIMEOUT, sqlx::query("SELECT 1").execute(pool)).await;
+    let ping = tokio::time::timeout(READY_TIMEOUT, sqlx::query("SELECT 1").execute(&pool)).await;
     match ping {
         Ok(Ok(_)) => axum::Json(Health { status: "ready" }).into_response(),
         Ok(Err(error)) => unavailable(&error.to_string()),

@@ -1,12 +1,11 @@
 //! The OpenAPI description of the API, generated from the handlers' annotations and doc comments.
 //! Routes are registered through `utoipa-axum`, so a route cannot exist without its operation.
-//! Served at `/openapi.json`, browsable at `/docs`, printed by `idempay openapi`.
+//! Here the root document and the finish every description gets; the application merges the
+//! routes into it (`app::spec`). Served at `/openapi.json`, browsable at `/docs`, printed by
+//! `idempay openapi`.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
-
-use super::Figures;
-use crate::config::Settings;
 
 /// The parts of the description that belong to no single route.
 #[derive(OpenApi)]
@@ -70,19 +69,15 @@ impl Modify for BearerApiKey {
     }
 }
 
-/// The complete description: this document with every route's operation.
-pub fn spec() -> utoipa::openapi::OpenApi {
-    finish(super::routes().into_openapi())
-}
-
 /// The description as served and committed, from what the routes' annotations generate: the
-/// shapes code generators need (below) and the figures its texts name.
+/// shapes code generators need (below). The figures its texts name are filled in by
+/// [`with_figures`].
 pub fn finish(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     let mut description = optional_bodies_as_named_schemas(description);
     if let Some(components) = description.components.as_mut() {
         components.schemas.values_mut().for_each(name_enum_values);
     }
-    with_default_figures(list_items_by_reference(description))
+    list_items_by_reference(description)
 }
 
 /// Gives a string enum whose values are not identifiers (`payment.succeeded`, `*`) the names a
@@ -210,96 +205,14 @@ fn optional_bodies_as_named_schemas(
     description
 }
 
-/// The description with the figures its texts name (`{key_ttl}`, …) filled in from the default
-/// settings and the constants, so no text retypes a figure that the code could change. The
-/// placeholders are filled in the serialized text: a figure is plain words, valid inside any JSON
-/// string, and parsing the text back keeps the order of every member.
-fn with_default_figures(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+/// The description with the figures its texts name (`{key_ttl}`, …) filled in by `fill`, so no
+/// text retypes a figure that the code could change. The placeholders are filled in the serialized
+/// text: a figure is plain words, valid inside any JSON string, and parsing the text back keeps
+/// the order of every member.
+pub fn with_figures(
+    description: utoipa::openapi::OpenApi,
+    fill: impl FnOnce(&str) -> String,
+) -> utoipa::openapi::OpenApi {
     let text = serde_json::to_string(&description).expect("the API description serializes");
-    let settings = Settings::default();
-    // The retry schedule is not `Copy`, as `Figures` is: filled in here, from the same settings.
-    let filled = Figures::of(&settings)
-        .fill(&text)
-        .replace(
-            "{webhook_retry_schedule}",
-            &settings.webhook_retry_schedule.to_string(),
-        )
-        .replace(
-            "{webhook_jitter}",
-            &format!("±{}%", crate::webhooks::JITTER * 100.0),
-        );
-    serde_json::from_str(&filled).expect("filling in figures keeps the description valid")
-}
-
-/// The description as committed under `openapi/openapi.json`.
-pub fn spec_json() -> String {
-    let mut json = spec()
-        .to_pretty_json()
-        .expect("the API description always serializes");
-    json.push('\n');
-    json
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::{Value, json};
-
-    fn description() -> Value {
-        serde_json::from_str(&super::spec_json()).unwrap()
-    }
-
-    #[test]
-    fn an_optional_body_is_not_required_and_names_its_schema() {
-        let spec = description();
-        let body = &spec["paths"]["/v1/payments/{id}/refunds"]["post"]["requestBody"];
-        assert_eq!(body["required"], false, "{body}");
-        assert_eq!(
-            body["content"]["application/json"]["schema"],
-            json!({ "$ref": "#/components/schemas/NewRefund" })
-        );
-        let text = spec.to_string();
-        assert!(
-            !text.contains(r#"{"type":"null"}"#),
-            "no body or member is only null"
-        );
-    }
-
-    #[test]
-    fn every_list_refers_to_its_items_named_schema() {
-        let spec = description();
-        let schemas = spec["components"]["schemas"].as_object().unwrap();
-        let lists: Vec<&String> = schemas
-            .keys()
-            .filter(|name| name.starts_with("List_"))
-            .collect();
-        assert!(lists.len() >= 5, "{lists:?}");
-        for list in lists {
-            let item = list.trim_start_matches("List_");
-            assert_eq!(
-                schemas[list]["properties"]["data"]["items"],
-                json!({ "$ref": format!("#/components/schemas/{item}") }),
-                "{list}"
-            );
-        }
-    }
-
-    #[test]
-    fn enum_values_that_are_not_identifiers_have_names_for_generators() {
-        let spec = description();
-        let schemas = &spec["components"]["schemas"];
-        assert_eq!(
-            schemas["EventType"]["x-enum-varnames"][0],
-            "PAYMENT_SUCCEEDED"
-        );
-        let events = &schemas["NewWebhookEndpoint"]["properties"]["enabled_events"]["items"];
-        let values = events["enum"].as_array().unwrap();
-        let names = events["x-enum-varnames"].as_array().unwrap();
-        assert_eq!(values.len(), names.len());
-        let all = values.iter().position(|value| value == "*").unwrap();
-        assert_eq!(names[all], "ALL");
-        assert!(
-            schemas["KeyUseState"].get("x-enum-varnames").is_none(),
-            "identifiers keep their own names"
-        );
-    }
+    serde_json::from_str(&fill(&text)).expect("filling in figures keeps the description valid")
 }

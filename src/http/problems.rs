@@ -3,13 +3,12 @@
 
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AppState;
 use super::error::{Problem, ProblemKind};
 use super::extract::Path;
 
@@ -27,6 +26,8 @@ pub struct Figures {
     pub webhook_delivery_timeout: Duration,
     pub max_signatures: usize,
     pub max_key_len: usize,
+    /// Webhook endpoints per account.
+    pub max_webhook_endpoints: i64,
     /// Requests per second per account; 0 for no limit.
     pub rate_limit: u32,
 }
@@ -59,7 +60,7 @@ impl Figures {
             .replace("{max_key_len}", &self.max_key_len.to_string())
             .replace(
                 "{max_webhook_endpoints}",
-                &crate::webhooks::endpoints::MAX_ENDPOINTS.to_string(),
+                &self.max_webhook_endpoints.to_string(),
             )
             .replace("{rate_limit}", &rate_in_words(self.rate_limit))
             .replace("{problem_kinds}", &problem_kinds())
@@ -100,7 +101,11 @@ fn in_words(duration: Duration) -> String {
     format!("{count} {unit}{}", if count == 1 { "" } else { "s" })
 }
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Figures: FromRef<S>,
+{
     OpenApiRouter::new().routes(routes!(problem_page))
 }
 
@@ -120,7 +125,7 @@ pub fn router() -> OpenApiRouter<AppState> {
             body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn problem_page(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+async fn problem_page(State(figures): State<Figures>, Path(name): Path<String>) -> Response {
     let Some(kind) = ProblemKind::from_slug(&name) else {
         return Problem::new(ProblemKind::NotFound, format!("No problem type `{name}`."))
             .into_response();
@@ -133,7 +138,7 @@ async fn problem_page(State(state): State<AppState>, Path(name): Path<String>) -
         title = kind.title(),
         status = kind.status().as_u16(),
         uri = kind.type_uri(),
-        explanation = to_html(&state.figures.explain(kind)),
+        explanation = to_html(&figures.explain(kind)),
     );
     (
         [(header::CACHE_CONTROL, "public, max-age=86400")],
@@ -176,6 +181,7 @@ mod tests {
             webhook_delivery_timeout: Duration::from_secs(10),
             max_signatures: 8,
             max_key_len: 255,
+            max_webhook_endpoints: 16,
             rate_limit: 1000,
         }
     }

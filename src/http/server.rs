@@ -7,7 +7,7 @@
 //!   including the wait of an idle keep-alive connection. A client that sends its headers one byte
 //!   at a time (slowloris), or nothing at all, is cut off.
 //! - Headers are limited to [`MAX_HEADER_BYTES`]: larger ones are refused with 431.
-//! - Bodies are bounded by the router: a size limit and a read timeout (`app::router`).
+//! - Bodies are bounded by the router: a size limit and a read timeout ([`super::router`]).
 //! - On shutdown the loop stops accepting, idle connections are closed, in-flight requests finish.
 
 use std::future::Future;
@@ -186,4 +186,32 @@ fn is_about_one_connection(error: &io::Error) -> bool {
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionRefused
     )
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
 }

@@ -5,23 +5,23 @@ mod charging;
 mod currency;
 mod model;
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
-use sqlx::PgConnection;
 use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::accounts::{Account, AccountId};
+use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::events::NewEvent;
-use crate::http::AppState;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use idempotency::{Fence, Idempotency, IdempotencyKey, Idempotent, Owners};
 use crate::metadata::Metadata;
-use idempotency::{Fence, IdempotencyKey, Idempotent};
+use crate::processor::ProcessorClient;
 
 pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 pub use currency::Currency;
@@ -29,7 +29,15 @@ pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentSt
 
 pub(crate) use model::PaymentRow;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Owners + Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    Idempotency: FromRef<S>,
+    ProcessorClient: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new()
         .routes(routes!(create_payment, list_payments))
         .routes(routes!(get_payment))
@@ -71,18 +79,17 @@ pub fn router() -> OpenApiRouter<AppState> {
     )
 )]
 async fn create_payment(
-    State(state): State<AppState>,
+    State(idempotency): State<Idempotency>,
+    State(processor): State<ProcessorClient>,
     account: Account,
     Idempotent { request, body }: Idempotent<NewPayment>,
 ) -> Result<Response, ApiError> {
-    let processor = state.processor.clone();
     let intent = ChargeRequested::new(account.id().clone(), body);
     let state_json = serde_json::to_value(&intent).map_err(anyhow::Error::from)?;
     // The charge is the work's first step: the reservation records its recovery point, so a new
     // key costs no round trip more for it.
     let request = request.starting_at(CHARGE_REQUESTED, state_json);
-    state
-        .idempotency
+    idempotency
         .run(request, move |lease| charge_and_record(processor, lease))
         .await
 }
@@ -106,7 +113,7 @@ async fn create_payment(
     )
 )]
 async fn get_payment(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -126,7 +133,7 @@ async fn get_payment(
         payment_id.as_str(),
         account.id().as_str(),
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?
     .ok_or_else(not_found)?;
     Ok(axum::Json(Payment::from(row)).into_response())
@@ -158,7 +165,7 @@ async fn get_payment(
     )
 )]
 async fn list_payments(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     page: PageRequest,
 ) -> Result<Response, ApiError> {
@@ -166,7 +173,7 @@ async fn list_payments(
     let position = match &page.cursor {
         Cursor::First => None,
         Cursor::After(id) | Cursor::Before(id) => Some(
-            position_of(&state.pool, account, id)
+            position_of(&pool, account, id)
                 .await?
                 .ok_or_else(|| unknown_cursor(id))?,
         ),
@@ -189,7 +196,7 @@ async fn list_payments(
                 after.id,
                 page.fetch(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
         (_, before) => {
@@ -210,7 +217,7 @@ async fn list_payments(
                 before.as_ref().map(|position| position.id.as_str()),
                 page.fetch(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
     };

@@ -31,7 +31,7 @@ pub struct ProcessorSettings {
     pub api_key: ProcessorApiKey,
 
     /// Processing time of the test payment method `pm_card_slow`.
-    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = crate::config::any_length("IDEMPAY_SLOW_CHARGE"))]
+    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = crate::settings::any_length("IDEMPAY_SLOW_CHARGE"))]
     pub slow_charge: Duration,
 
     /// The `whsec_…` secrets, space separated: the events are signed with the first (the
@@ -49,22 +49,22 @@ pub struct ProcessorSettings {
     pub webhook_retry_schedule: RetrySchedule,
 
     /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = crate::config::positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = crate::settings::positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
     pub webhook_delivery_timeout: Duration,
 
     /// How long one of its deliveries, with its attempts, is kept after it was acknowledged or
     /// given up; then its expiry job deletes it. A pending delivery is never deleted. The same
     /// setting as idempay's, for its merchant endpoints.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = "30days", value_parser = crate::config::positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = "30days", value_parser = crate::settings::positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
     pub webhook_delivery_retention: Duration,
 
     /// How often its expiry job deletes its expired keys and its deliveries past their retention.
-    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = crate::config::positive("IDEMPAY_EXPIRY_INTERVAL"))]
+    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = crate::settings::positive("IDEMPAY_EXPIRY_INTERVAL"))]
     pub expiry_interval: Duration,
 
     /// How long an in-progress key of the processor blocks retries before one may take it over;
     /// embedded, the processor takes idempay's.
-    #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = crate::config::parse_lease)]
+    #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = crate::settings::parse_lease)]
     pub lease: Duration,
 
     #[command(flatten)]

@@ -4,30 +4,39 @@
 
 mod refunding;
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
 use sqlx::types::Json;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::accounts::Account;
-use crate::http::AppState;
+use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use idempotency::{IdempotencyKey, Idempotent};
+use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
 
 use crate::metadata::Metadata;
 use crate::payments::{Amount, PaymentId};
+use crate::processor::ProcessorClient;
 
 const MAX_REASON_LEN: usize = 500;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Owners + Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    Idempotency: FromRef<S>,
+    ProcessorClient: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new()
         .routes(routes!(create_refund, list_refunds))
         .routes(routes!(get_refund))
@@ -193,7 +202,9 @@ impl From<RefundRow> for Refund {
     )
 )]
 async fn create_refund(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
+    State(idempotency): State<Idempotency>,
+    State(processor): State<ProcessorClient>,
     account: Account,
     Path(id): Path<String>,
     Idempotent { request, body }: Idempotent<NewRefund>,
@@ -202,8 +213,6 @@ async fn create_refund(
     let Some(payment) = PaymentId::parse(&id) else {
         return Err(payment_not_found(&id).into());
     };
-    let processor = state.processor.clone();
-    let pool = state.pool.clone();
     let asked = RefundAsked {
         account: account.id().clone(),
         payment,
@@ -211,8 +220,7 @@ async fn create_refund(
         reason: body.reason.map(|reason| reason.0),
         metadata: body.metadata,
     };
-    state
-        .idempotency
+    idempotency
         .run(request, move |lease| {
             refund_and_record(processor, pool, lease, Some(asked))
         })
@@ -239,7 +247,7 @@ async fn create_refund(
     )
 )]
 async fn list_refunds(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
     page: PageRequest,
@@ -252,7 +260,7 @@ async fn list_refunds(
         payment.as_str(),
         account.id().as_str(),
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?;
     let Some(payment) = owned else {
         return Err(payment_not_found(&id).into());
@@ -273,7 +281,7 @@ async fn list_refunds(
                 payment,
                 account.id().as_str(),
             )
-            .fetch_optional(&state.pool)
+            .fetch_optional(&pool)
             .await?
             .ok_or_else(|| unknown_cursor(cursor))?,
         ),
@@ -296,7 +304,7 @@ async fn list_refunds(
                 page.fetch(),
                 account.id().as_str(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
         (_, before) => {
@@ -317,7 +325,7 @@ async fn list_refunds(
                 page.fetch(),
                 account.id().as_str(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
     };
@@ -343,7 +351,7 @@ async fn list_refunds(
     )
 )]
 async fn get_refund(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -362,7 +370,7 @@ async fn get_refund(
         id,
         account.id().as_str(),
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?
     .ok_or_else(not_found)?;
     Ok(axum::Json(Refund::from(row)).into_response())

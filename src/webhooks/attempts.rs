@@ -1,16 +1,16 @@
 //! `GET /v1/events/{id}/attempts`: every attempt to deliver one of the account's events to its
 //! endpoints, as it went, so a merchant can see why an event did not arrive.
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::accounts::Account;
-use crate::http::AppState;
+use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::List;
@@ -19,7 +19,13 @@ use crate::http::pagination::List;
 /// schedule, stays a bounded answer (`has_more` says when more were made).
 const MAX_ATTEMPTS: i64 = 100;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new().routes(routes!(list_event_attempts))
 }
 
@@ -72,7 +78,7 @@ pub struct WebhookAttempt {
     )
 )]
 async fn list_event_attempts(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -82,7 +88,7 @@ async fn list_event_attempts(
         id,
         account,
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?;
     if known.is_none() {
         return Err(Problem::new(ProblemKind::NotFound, format!("No event `{id}`.")).into());
@@ -103,7 +109,7 @@ async fn list_event_attempts(
         MAX_ATTEMPTS + 1,
         account,
     )
-    .fetch_all(&state.pool)
+    .fetch_all(&pool)
     .await?
     .into_iter()
     .map(|row| WebhookAttempt {

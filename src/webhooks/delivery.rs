@@ -545,7 +545,7 @@ impl Deliverer {
             disable_if_dead(&mut tx, &due.account_id, endpoint, due.created_at).await?;
         }
         tx.commit().await?;
-        crate::http::metrics::webhook_delivery(self.sender.label(), outcome);
+        super::metrics::webhook_delivery(self.sender.label(), outcome);
         match outcome {
             Outcome::Delivered => {}
             Outcome::Retried => {

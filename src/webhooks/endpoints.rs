@@ -4,26 +4,28 @@
 //! subscribed type is then queued for it by the `events` trigger and sent by the delivery loop
 //! (`delivery.rs`).
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{WebhookSecret, address};
-use crate::accounts::{Account, AccountId};
+use super::{WebhookSecret, WebhookSettings, address};
+use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::events::EventType;
-use crate::http::AppState;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use idempotency::{
+    Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
+};
 use crate::ids;
-use idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
 const MAX_URL_LEN: usize = 2048;
@@ -35,7 +37,15 @@ const MAX_URL_LEN: usize = 2048;
 /// of this many).
 pub const MAX_ENDPOINTS: i64 = 16;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Owners + Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    Idempotency: FromRef<S>,
+    WebhookSettings: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new()
         .routes(routes!(create_webhook_endpoint, list_webhook_endpoints))
         .routes(routes!(get_webhook_endpoint, delete_webhook_endpoint))
@@ -271,17 +281,17 @@ impl From<EndpointRow> for WebhookEndpoint {
     )
 )]
 async fn create_webhook_endpoint(
-    State(state): State<AppState>,
+    State(idempotency): State<Idempotency>,
+    State(settings): State<WebhookSettings>,
     account: Account,
     Idempotent { request, body }: Idempotent<NewWebhookEndpoint>,
 ) -> Result<Response, ApiError> {
     // Checked before the key is reserved: a lookup that fails now may succeed on a retry.
-    address::check(&body.url.0, state.webhook_allow_private)
+    address::check(&body.url.0, settings.allow_private)
         .await
         .map_err(|refused| Problem::new(ProblemKind::InvalidRequest, format!("{refused}.")))?;
     let account = account.id().clone();
-    state
-        .idempotency
+    idempotency
         .run(request, move |lease| register(lease, account, body))
         .await
 }
@@ -370,7 +380,7 @@ async fn register(
     )
 )]
 async fn list_webhook_endpoints(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     page: PageRequest,
 ) -> Result<Response, ApiError> {
@@ -387,7 +397,7 @@ async fn list_webhook_endpoints(
                 cursor,
                 account,
             )
-            .fetch_optional(&state.pool)
+            .fetch_optional(&pool)
             .await?
             .ok_or_else(|| unknown_cursor(cursor))?,
         ),
@@ -408,7 +418,7 @@ async fn list_webhook_endpoints(
                 after.id,
                 page.fetch(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
         (_, before) => {
@@ -427,7 +437,7 @@ async fn list_webhook_endpoints(
                 before.as_ref().map(|position| position.id.as_str()),
                 page.fetch(),
             )
-            .fetch_all(&state.pool)
+            .fetch_all(&pool)
             .await?
         }
     };
@@ -453,7 +463,7 @@ async fn list_webhook_endpoints(
     )
 )]
 async fn get_webhook_endpoint(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -470,7 +480,7 @@ async fn get_webhook_endpoint(
         id,
         account.id().as_str(),
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?
     .ok_or_else(|| endpoint_not_found(&id))?;
     Ok(axum::Json(WebhookEndpoint::from(row)).into_response())
@@ -495,7 +505,7 @@ async fn get_webhook_endpoint(
     )
 )]
 async fn delete_webhook_endpoint(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -507,7 +517,7 @@ async fn delete_webhook_endpoint(
         id,
         account.id().as_str(),
     )
-    .fetch_optional(&state.pool)
+    .fetch_optional(&pool)
     .await?
     .ok_or_else(|| endpoint_not_found(&id))?;
     Ok(axum::Json(DeletedWebhookEndpoint {

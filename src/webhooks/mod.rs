@@ -19,6 +19,7 @@ mod attempts;
 pub mod delivery;
 pub mod endpoints;
 mod events;
+pub mod metrics;
 pub mod retention;
 mod retry;
 mod schedule;
@@ -27,7 +28,7 @@ mod signature;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -36,9 +37,10 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::accounts::{AccountCache, RateLimit};
 use crate::db::Engine;
-use crate::http::AppState;
 use crate::http::error::{ApiError, Problem, ProblemKind};
+use idempotency::{Idempotency, Owners};
 
 pub use events::{Envelope, NotRecorded, Outcome, unreadable};
 pub use schedule::{JITTER, RetrySchedule};
@@ -46,7 +48,26 @@ pub use signature::{
     MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,
 };
 
-pub fn router() -> OpenApiRouter<AppState> {
+/// What the webhook routes are configured with, beside the pool and the mechanism.
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    /// Verify the processor's webhooks, any of them; without any they are refused.
+    pub secrets: Option<WebhookSecrets>,
+    /// How long processed webhook event ids are remembered.
+    pub event_ttl: Duration,
+    /// Whether merchant endpoints may point at non-public addresses (development only).
+    pub allow_private: bool,
+}
+
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Owners + Clone + Send + Sync + 'static,
+    PgPool: FromRef<S>,
+    Idempotency: FromRef<S>,
+    WebhookSettings: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new()
         .routes(routes!(receive))
         .merge(endpoints::router())
@@ -125,11 +146,13 @@ pub struct Acknowledgement {
     )
 )]
 async fn receive(
-    State(state): State<AppState>,
+    State(pool): State<PgPool>,
+    State(idempotency): State<Idempotency>,
+    State(settings): State<WebhookSettings>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let Some(secrets) = state.webhook_secrets.as_ref() else {
+    let Some(secrets) = settings.secrets.as_ref() else {
         return Err(Problem::new(
             ProblemKind::ServiceUnavailable,
             "No webhook secret is configured (IDEMPAY_WEBHOOK_SECRET).",
@@ -159,16 +182,16 @@ async fn receive(
         )
         .into());
     }
-    let engine = state.idempotency.engine().await?;
-    let outcome = match process(&state.pool, engine, &id, &envelope, state.event_ttl).await? {
+    let engine = idempotency.engine().await?;
+    let outcome = match process(&pool, engine, &id, &envelope, settings.event_ttl).await? {
         Ok(outcome) => outcome,
         Err(not_recorded) => {
-            crate::http::metrics::webhook_event_not_recorded();
+            metrics::webhook_event_not_recorded();
             tracing::info!(event = %id, kind = %envelope.kind, object = %not_recorded.object, "webhook refused: its object is not recorded yet");
             return Err(not_recorded_problem(&not_recorded).into());
         }
     };
-    crate::http::metrics::webhook_event(outcome);
+    metrics::webhook_event(outcome);
     tracing::info!(event = %id, kind = %envelope.kind, ?outcome, "webhook processed");
     Ok(axum::Json(Acknowledgement { event: id, outcome }).into_response())
 }

@@ -4,7 +4,7 @@
 //! fan-out's, sent by the same loop on the same schedule, with the same body and the event's id as
 //! `webhook-id`: a receiver that already applied the event recognises it.
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
@@ -14,16 +14,23 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::endpoints::is_endpoint_id;
-use crate::accounts::{Account, AccountId};
+use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::events::is_event_id;
-use crate::http::AppState;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
-use idempotency::{Completion, IdempotencyKey, Idempotent, Lease, StoredResponse};
+use idempotency::{
+    Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
+};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub fn router<S>() -> OpenApiRouter<S>
+where
+    S: Owners + Clone + Send + Sync + 'static,
+    Idempotency: FromRef<S>,
+    AccountCache: FromRef<S>,
+    RateLimit: FromRef<S>,
+{
     OpenApiRouter::new().routes(routes!(retry_event))
 }
 
@@ -119,7 +126,7 @@ pub struct WebhookDelivery {
     )
 )]
 async fn retry_event(
-    State(state): State<AppState>,
+    State(idempotency): State<Idempotency>,
     account: Account,
     Path(id): Path<String>,
     Idempotent { request, body }: Idempotent<EventRetry>,
@@ -129,8 +136,7 @@ async fn retry_event(
         return Err(event_not_found(&id).into());
     }
     let account = account.id().clone();
-    state
-        .idempotency
+    idempotency
         .run(request, move |lease| {
             queue(lease, account, id, body.endpoint)
         })

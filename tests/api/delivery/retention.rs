@@ -271,7 +271,7 @@ async fn a_delivery_retention_shorter_than_the_retry_schedule_is_refused_at_star
         &crate::support::helpers::fresh_database().await,
     ))
     .unwrap();
-    let refused = idempay::http::Application::build(settings, pool, listener)
+    let refused = idempay::app::Application::build(settings, pool, listener)
         .err()
         .expect("refused");
     assert!(

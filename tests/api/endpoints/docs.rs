@@ -11,7 +11,7 @@ use crate::support::helpers::TestApp;
 async fn the_committed_description_is_what_the_code_generates() {
     let committed = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"));
     assert!(
-        idempay::http::openapi::spec_json() == committed,
+        idempay::app::spec_json() == committed,
         "openapi/openapi.json is stale: run `make openapi` and commit it"
     );
 }

@@ -323,7 +323,7 @@ async fn without_its_database_the_service_answers_503_and_is_not_ready() {
     // Nothing listens on port 1: every connection attempt is refused at once.
     let pool = idempay::db::pool("postgres://postgres@127.0.0.1:1/idempay").unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = idempay::http::Application::build(Default::default(), pool, listener).unwrap();
+    let app = idempay::app::Application::build(Default::default(), pool, listener).unwrap();
     let base = format!("http://{}", app.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(app.run_until_stopped(stop.clone().cancelled_owned()));

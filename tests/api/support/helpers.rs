@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use idempay::app::Application;
 use idempay::config::Settings;
-use idempay::http::Application;
 use idempay::webhooks::WebhookSecrets;
 use reqwest::header::HeaderMap;
 use serde_json::Value;

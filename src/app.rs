@@ -1,0 +1,520 @@
+//! The application, assembled in one place: the state the routes share and the sub-states each
+//! domain asks of it (`FromRef`), every route merged into one router with its description, and
+//! [`Application`], which serves it on a bound listener beside the background jobs until told to
+//! stop. It sits on top: it names every domain and the plumbing (`http`), and none of them names it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::FromRef;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::accounts::{self, AccountCache, RateLimit};
+use crate::config::Settings;
+use crate::http::error::ApiError;
+use crate::http::openapi::{self, ApiDoc};
+use crate::http::{Figures, MAX_BODY_BYTES, Timeouts, health, metrics, problems, server};
+use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
+use crate::jobs::Jobs;
+use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
+use crate::webhooks::WebhookSettings;
+use crate::webhooks::delivery::{Deliverer, Sender};
+use crate::{disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks};
+
+/// What the handlers share. No domain names it: each asks for the parts it uses (`State<PgPool>`,
+/// `State<Idempotency>`, `State<WebhookSettings>`…), which the `FromRef`s below take from it.
+/// Every request clones the state, so it is one reference-counted pointer: a clone costs an
+/// increment, not a copy of each part.
+#[derive(Clone, Debug)]
+pub struct AppState(Arc<Shared>);
+
+/// The parts of [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
+    pub pool: PgPool,
+    pub accounts: AccountCache,
+    /// Each account's requests per second, checked as it authenticates.
+    pub rate_limit: RateLimit,
+    pub idempotency: Idempotency,
+    /// Charges and refunds go through it, each call with a downstream key of its own.
+    pub processor: ProcessorClient,
+    /// What the webhook routes are configured with: the processor's secrets, how long event ids
+    /// are remembered, whether endpoints may be private.
+    pub webhooks: WebhookSettings,
+    /// How long a request body may stall before the request is answered with 408.
+    pub body_read_timeout: Duration,
+    /// How long a request may take before it is answered with 503.
+    pub request_timeout: Duration,
+    /// The limits the problem pages explain, as this instance applies them.
+    pub figures: Figures,
+    /// The background jobs that died: any takes readiness down.
+    pub jobs: Jobs,
+}
+
+impl FromRef<AppState> for AccountCache {
+    fn from_ref(state: &AppState) -> Self {
+        state.accounts.clone()
+    }
+}
+
+impl FromRef<AppState> for RateLimit {
+    fn from_ref(state: &AppState) -> Self {
+        state.rate_limit.clone()
+    }
+}
+
+/// idempay's requests are owned by the account that authenticates them: every key is scoped to it.
+impl idempotency::Owners for AppState {
+    type Rejection = ApiError;
+
+    async fn owner(&self, parts: &mut axum::http::request::Parts) -> Result<String, ApiError> {
+        use axum::extract::FromRequestParts;
+        let account = accounts::Account::from_request_parts(parts, self).await?;
+        Ok(account.id().to_string())
+    }
+}
+
+impl FromRef<AppState> for PgPool {
+    fn from_ref(state: &AppState) -> Self {
+        state.pool.clone()
+    }
+}
+
+impl FromRef<AppState> for Idempotency {
+    fn from_ref(state: &AppState) -> Self {
+        state.idempotency.clone()
+    }
+}
+
+impl FromRef<AppState> for ProcessorClient {
+    fn from_ref(state: &AppState) -> Self {
+        state.processor.clone()
+    }
+}
+
+impl FromRef<AppState> for WebhookSettings {
+    fn from_ref(state: &AppState) -> Self {
+        state.webhooks.clone()
+    }
+}
+
+impl FromRef<AppState> for Figures {
+    fn from_ref(state: &AppState) -> Self {
+        state.figures
+    }
+}
+
+impl FromRef<AppState> for Jobs {
+    fn from_ref(state: &AppState) -> Self {
+        state.jobs.clone()
+    }
+}
+
+/// The gauges a scrape of `/metrics` reads, the domains' own.
+impl FromRef<AppState> for metrics::Readings {
+    fn from_ref(_: &AppState) -> Self {
+        metrics::Readings(&[webhooks::metrics::read_oldest_pending])
+    }
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, settings: &Settings, processor: ProcessorClient) -> Self {
+        let policy = Policy {
+            key_ttl: settings.key_ttl,
+            lease: settings.lease,
+            recovery_window: settings.recovery_window,
+        };
+        Self(Arc::new(Shared {
+            accounts: AccountCache::new(pool.clone()),
+            rate_limit: RateLimit::per_second(settings.rate_limit),
+            idempotency: Idempotency::new(pool.clone(), policy)
+                .resuming(resumers(&processor, &pool))
+                .counted_as(metrics::KEY_OUTCOMES)
+                .crash_points(failpoint::hit),
+            processor,
+            webhooks: WebhookSettings {
+                secrets: settings.webhook_secrets.clone(),
+                event_ttl: settings.event_ttl,
+                allow_private: settings.webhook_allow_private,
+            },
+            body_read_timeout: settings.body_read_timeout,
+            request_timeout: settings.request_timeout,
+            figures: Figures::of(settings),
+            jobs: Jobs::default(),
+            pool,
+        }))
+    }
+}
+
+impl Figures {
+    /// The figures of a service that runs with `settings`.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            key_ttl: settings.key_ttl,
+            event_ttl: settings.event_ttl,
+            lease: settings.lease,
+            body_limit_bytes: MAX_BODY_BYTES,
+            body_read_timeout: settings.body_read_timeout,
+            webhook_tolerance: webhooks::TOLERANCE,
+            webhook_delivery_timeout: settings.webhook_delivery_timeout,
+            max_signatures: webhooks::MAX_SIGNATURES,
+            max_key_len: MAX_KEY_LEN,
+            max_webhook_endpoints: webhooks::endpoints::MAX_ENDPOINTS,
+            rate_limit: settings.rate_limit,
+        }
+    }
+}
+
+/// Every documented route, with its operation in the API description.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(payments::router())
+        .merge(refunds::router())
+        .merge(disputes::router())
+        .merge(events::router())
+        .merge(keys::router())
+        .merge(webhooks::router())
+        .merge(problems::router())
+        .merge(health::router())
+        .merge(metrics::router())
+}
+
+/// The whole HTTP API, its description at `/openapi.json` and the browsable docs at `/docs`.
+/// Everything answers errors as problem documents, including unknown routes and methods.
+pub fn router(state: AppState) -> Router {
+    router_beside(state, |_| Router::new())
+}
+
+/// [`router`], with more routes `beside` it, made from the API's routes: the checkout page, which
+/// calls them in process. They pass through the same outer layers as the API (request id, logs,
+/// body limits) but are not part of its description.
+fn router_beside(state: AppState, beside: impl FnOnce(Router) -> Router) -> Router {
+    let timeouts = Timeouts {
+        request: state.request_timeout,
+        body_read: state.body_read_timeout,
+    };
+    let (api, description) = routes().split_for_parts();
+    crate::http::router(api, state, described(description), timeouts, beside)
+}
+
+/// The complete description: this document with every route's operation.
+pub fn spec() -> utoipa::openapi::OpenApi {
+    described(routes().into_openapi())
+}
+
+/// The description as committed under `openapi/openapi.json`.
+pub fn spec_json() -> String {
+    let mut json = spec()
+        .to_pretty_json()
+        .expect("the API description always serializes");
+    json.push('\n');
+    json
+}
+
+/// The description as served and committed: the shapes code generators need
+/// ([`openapi::finish`]), and the figures its texts name (`{key_ttl}`, …) filled in from the
+/// default settings and the constants, so no text retypes a figure that the code could change.
+fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    let settings = Settings::default();
+    openapi::with_figures(openapi::finish(description), |text| {
+        // The retry schedule is not `Copy`, as `Figures` is: filled in here, from the same settings.
+        Figures::of(&settings)
+            .fill(text)
+            .replace(
+                "{webhook_retry_schedule}",
+                &settings.webhook_retry_schedule.to_string(),
+            )
+            .replace(
+                "{webhook_jitter}",
+                &format!("±{}%", webhooks::JITTER * 100.0),
+            )
+    })
+}
+
+/// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
+/// recovery job, the listener that tells the account cache of API key changes, the loop that
+/// delivers events to merchant endpoints and, when no processor URL is configured, the embedded
+/// processor. With `IDEMPAY_DEMO_UI` (and the `dev` feature), the checkout page is served beside
+/// the API too.
+///
+/// Taking a bound listener lets a test bind port 0 and learn the address before serving.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+    settings: Settings,
+    embedded: Option<Processor>,
+    deliverer: Deliverer,
+    /// The checkout page, when `IDEMPAY_DEMO_UI` is on: a dev tool, absent from a build without
+    /// the `dev` feature.
+    #[cfg(feature = "dev")]
+    checkout: Option<crate::dev::checkout::Checkout>,
+}
+
+impl Application {
+    /// Fails when the processor settings are incomplete (a URL without an API key) or the
+    /// embedded processor cannot be set up.
+    pub fn build(settings: Settings, pool: PgPool, listener: TcpListener) -> anyhow::Result<Self> {
+        metrics::install(|| {
+            accounts::metrics::describe();
+            events::describe_metrics();
+            webhooks::metrics::describe();
+            expiry::describe_metrics();
+        });
+        crate::config::check_delivery_retention(
+            settings.webhook_delivery_retention,
+            &settings.webhook_retry_schedule,
+            settings.webhook_delivery_timeout,
+        )
+        .map_err(anyhow::Error::msg)?;
+        let (client, embedded) = match settings.processor.client()? {
+            Some(client) => (client, None),
+            None => {
+                let (embedded, api_key) = embedded_processor(&settings, &pool)?;
+                let url = format!("http://{}", embedded.local_addr()?);
+                let client = settings.processor.configure(ProcessorClient::new(
+                    &url,
+                    api_key,
+                    settings.processor.timeout,
+                )?);
+                (client, Some(embedded))
+            }
+        };
+        #[cfg(feature = "dev")]
+        let checkout = settings
+            .demo_ui
+            .then(|| crate::dev::checkout::Checkout::new(pool.clone()));
+        #[cfg(not(feature = "dev"))]
+        anyhow::ensure!(
+            !settings.demo_ui,
+            "IDEMPAY_DEMO_UI needs the dev tools, and this binary was built without the `dev` feature"
+        );
+        let deliverer = Deliverer::new(
+            pool.clone(),
+            Sender::Endpoints {
+                allow_private: settings.webhook_allow_private,
+            },
+            settings.webhook_retry_schedule.clone(),
+            settings.webhook_delivery_timeout,
+        )?
+        .with_poll_interval(settings.webhook_poll_interval);
+        Ok(Self {
+            state: AppState::new(pool, &settings, client),
+            deliverer,
+            listener,
+            settings,
+            embedded,
+            #[cfg(feature = "dev")]
+            checkout,
+        })
+    }
+
+    /// Makes the checkout page, if `IDEMPAY_DEMO_UI` is on, pay as the account of `key` rather
+    /// than as an account of its own (`idempay dev`: the account its banner shows).
+    #[cfg(feature = "dev")]
+    pub fn with_demo_account(mut self, key: crate::accounts::ApiKey) -> Self {
+        if self.checkout.is_some() {
+            self.checkout = Some(crate::dev::checkout::Checkout::paying_as(
+                self.state.pool.clone(),
+                key,
+            ));
+        }
+        self
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then lets in-flight requests finish and stops the
+    /// expiry job.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let stop = CancellationToken::new();
+        // Each job watched: one that dies is logged and takes readiness down (`jobs`).
+        let watch = |job, task| self.state.jobs.watch(job, task, &stop);
+        let mut jobs = vec![
+            watch(
+                "expiry",
+                expiry::spawn(
+                    self.state.pool.clone(),
+                    expiry::Expiry {
+                        interval: self.settings.expiry_interval,
+                        keys: true,
+                        retention: Some(expiry::Retention::Merchants {
+                            events: self.settings.event_retention,
+                            deliveries: self.settings.webhook_delivery_retention,
+                        }),
+                    },
+                    stop.clone(),
+                ),
+            ),
+            watch(
+                "recovery",
+                recovery::spawn(
+                    self.state.idempotency.clone(),
+                    self.settings.recovery_interval,
+                    stop.clone(),
+                ),
+            ),
+            watch(
+                "api-key-listener",
+                accounts::listen(self.state.accounts.clone(), stop.clone()),
+            ),
+            watch("webhook-delivery", self.deliverer.spawn(stop.clone())),
+        ];
+        // The embedded processor stops last: requests finishing now may still be calling it.
+        if let Some(processor) = self.embedded {
+            let stopped = stop.clone();
+            jobs.push(watch(
+                "embedded-processor",
+                tokio::spawn(async move {
+                    let stopped = async move { stopped.cancelled().await };
+                    if let Err(error) = processor.run_until_stopped(stopped).await {
+                        tracing::error!(%error, "the embedded processor failed");
+                    }
+                }),
+            ));
+        }
+        #[cfg(feature = "dev")]
+        let router = match self.checkout {
+            Some(checkout) => router_beside(self.state, |api| checkout.router(api)),
+            None => router(self.state),
+        };
+        #[cfg(not(feature = "dev"))]
+        let router = router(self.state);
+        let served = server::serve(
+            self.listener,
+            router,
+            self.settings.header_read_timeout,
+            async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing in-flight requests");
+            },
+        )
+        .await;
+        stop.cancel();
+        // The watchers log whatever became of their jobs; they do not fail themselves.
+        for job in jobs {
+            job.await.ok();
+        }
+        served
+    }
+}
+
+/// The work the recovery job resumes, by recovery point: the same units of work the routes run.
+fn resumers(processor: &ProcessorClient, pool: &PgPool) -> Resumers {
+    let charges = processor.clone();
+    let refunds = processor.clone();
+    let pool = pool.clone();
+    Resumers::default()
+        .on(payments::CHARGE_REQUESTED, move |lease| {
+            payments::charge_and_record(charges.clone(), lease)
+        })
+        .on(refunds::REFUND_REQUESTED, move |lease| {
+            refunds::refund_and_record(refunds.clone(), pool.clone(), lease, None)
+        })
+}
+
+/// The processor `serve` runs when no URL names one: the same service as `idempay processor`,
+/// on a loopback port of its own, its ledger in idempay's database, its API key made up here. It
+/// sends no events: idempay learns each charge's outcome from its answer, and an event about it,
+/// delivered later, would race the events a test or an operator sends (`idempay dev` runs the
+/// processor as a service of its own, with its events).
+fn embedded_processor(settings: &Settings, pool: &PgPool) -> anyhow::Result<(Processor, String)> {
+    let api_key = ids::generate("sk_embedded", 32);
+    let mut embedded =
+        ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
+    embedded.slow_charge = settings.slow_charge;
+    // A key the processor holds for a request of a dead instance is freed as soon as idempay's.
+    embedded.lease = settings.lease;
+    // It sends no events, but its job is idempay's in all else.
+    embedded.expiry_interval = settings.expiry_interval;
+    embedded.webhook_delivery_retention = settings.webhook_delivery_retention;
+    let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+    socket.set_nonblocking(true)?;
+    let processor =
+        Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?.sharing_expiry();
+    Ok((processor, api_key))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    fn description() -> Value {
+        serde_json::from_str(&super::spec_json()).unwrap()
+    }
+
+    #[test]
+    fn an_optional_body_is_not_required_and_names_its_schema() {
+        let spec = description();
+        let body = &spec["paths"]["/v1/payments/{id}/refunds"]["post"]["requestBody"];
+        assert_eq!(body["required"], false, "{body}");
+        assert_eq!(
+            body["content"]["application/json"]["schema"],
+            json!({ "$ref": "#/components/schemas/NewRefund" })
+        );
+        let text = spec.to_string();
+        assert!(
+            !text.contains(r#"{"type":"null"}"#),
+            "no body or member is only null"
+        );
+    }
+
+    #[test]
+    fn every_list_refers_to_its_items_named_schema() {
+        let spec = description();
+        let schemas = spec["components"]["schemas"].as_object().unwrap();
+        let lists: Vec<&String> = schemas
+            .keys()
+            .filter(|name| name.starts_with("List_"))
+            .collect();
+        assert!(lists.len() >= 5, "{lists:?}");
+        for list in lists {
+            let item = list.trim_start_matches("List_");
+            assert_eq!(
+                schemas[list]["properties"]["data"]["items"],
+                json!({ "$ref": format!("#/components/schemas/{item}") }),
+                "{list}"
+            );
+        }
+    }
+
+    #[test]
+    fn enum_values_that_are_not_identifiers_have_names_for_generators() {
+        let spec = description();
+        let schemas = &spec["components"]["schemas"];
+        assert_eq!(
+            schemas["EventType"]["x-enum-varnames"][0],
+            "PAYMENT_SUCCEEDED"
+        );
+        let events = &schemas["NewWebhookEndpoint"]["properties"]["enabled_events"]["items"];
+        let values = events["enum"].as_array().unwrap();
+        let names = events["x-enum-varnames"].as_array().unwrap();
+        assert_eq!(values.len(), names.len());
+        let all = values.iter().position(|value| value == "*").unwrap();
+        assert_eq!(names[all], "ALL");
+        assert!(
+            schemas["KeyUseState"].get("x-enum-varnames").is_none(),
+            "identifiers keep their own names"
+        );
+    }
+}
