@@ -22,12 +22,14 @@ use crate::config::Settings;
 use crate::http::error::ApiError;
 use crate::http::openapi::{self, ApiDoc};
 use crate::http::{Figures, MAX_BODY_BYTES, Timeouts, health, metrics, problems, server};
-use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
 use crate::jobs::Jobs;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
 use crate::webhooks::delivery::{Deliverer, Sender};
-use crate::{disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks};
+use crate::{
+    disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks,
+};
+use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
 
 /// What the handlers share. No domain names it: each asks for the parts it uses (`State<PgPool>`,
 /// `State<Idempotency>`, `State<WebhookSettings>`…), which the `FromRef`s below take from it.
@@ -250,8 +252,8 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
 /// recovery job, the listener that tells the account cache of API key changes, the loop that
 /// delivers events to merchant endpoints and, when no processor URL is configured, the embedded
-/// processor. With `IDEMPAY_DEMO_UI` (and the `dev` feature), the checkout page is served beside
-/// the API too.
+/// processor. More routes may be served beside the API ([`Application::with_routes_beside`]: the
+/// dev tools' checkout page, when `IDEMPAY_DEMO_UI` is on).
 ///
 /// Taking a bound listener lets a test bind port 0 and learn the address before serving.
 pub struct Application {
@@ -260,11 +262,12 @@ pub struct Application {
     settings: Settings,
     embedded: Option<Processor>,
     deliverer: Deliverer,
-    /// The checkout page, when `IDEMPAY_DEMO_UI` is on: a dev tool, absent from a build without
-    /// the `dev` feature.
-    #[cfg(feature = "dev")]
-    checkout: Option<crate::dev::checkout::Checkout>,
+    /// Routes served beside the API, made from it (see [`router_beside`]).
+    beside: Option<Beside>,
 }
+
+/// Makes routes to serve beside the API from the API's own router, which they may call in process.
+type Beside = Box<dyn FnOnce(Router) -> Router + Send>;
 
 impl Application {
     /// Fails when the processor settings are incomplete (a URL without an API key) or the
@@ -295,10 +298,6 @@ impl Application {
                 (client, Some(embedded))
             }
         };
-        #[cfg(feature = "dev")]
-        let checkout = settings
-            .demo_ui
-            .then(|| crate::dev::checkout::Checkout::new(pool.clone()));
         #[cfg(not(feature = "dev"))]
         anyhow::ensure!(
             !settings.demo_ui,
@@ -319,22 +318,29 @@ impl Application {
             listener,
             settings,
             embedded,
-            #[cfg(feature = "dev")]
-            checkout,
+            beside: None,
         })
     }
 
-    /// Makes the checkout page, if `IDEMPAY_DEMO_UI` is on, pay as the account of `key` rather
-    /// than as an account of its own (`idempay dev`: the account its banner shows).
-    #[cfg(feature = "dev")]
-    pub fn with_demo_account(mut self, key: crate::accounts::ApiKey) -> Self {
-        if self.checkout.is_some() {
-            self.checkout = Some(crate::dev::checkout::Checkout::paying_as(
-                self.state.pool.clone(),
-                key,
-            ));
-        }
+    /// Serves the routes `beside` makes from the API's router beside the API, through the same
+    /// outer layers (request id, logs, body limits), outside its description: how the dev tools
+    /// add their checkout page, which the service itself does not know.
+    pub fn with_routes_beside(
+        mut self,
+        beside: impl FnOnce(Router) -> Router + Send + 'static,
+    ) -> Self {
+        self.beside = Some(Box::new(beside));
         self
+    }
+
+    /// The settings the service runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The service's pool, for what is served beside it.
+    pub fn pool(&self) -> &PgPool {
+        &self.state.pool
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -393,13 +399,10 @@ impl Application {
                 }),
             ));
         }
-        #[cfg(feature = "dev")]
-        let router = match self.checkout {
-            Some(checkout) => router_beside(self.state, |api| checkout.router(api)),
+        let router = match self.beside {
+            Some(beside) => router_beside(self.state, beside),
             None => router(self.state),
         };
-        #[cfg(not(feature = "dev"))]
-        let router = router(self.state);
         let served = server::serve(
             self.listener,
             router,
@@ -516,5 +519,27 @@ mod tests {
             schemas["KeyUseState"].get("x-enum-varnames").is_none(),
             "identifiers keep their own names"
         );
+    }
+
+    /// Every operation that takes an `Idempotency-Key` is a route the inspection reads: a new
+    /// idempotent route must join [`keys::IDEMPOTENT_ROUTES`], or its keys would never be shown.
+    #[test]
+    fn the_inspected_routes_are_the_operations_that_take_a_key() {
+        let description = description();
+        let mut keyed: Vec<String> = Vec::new();
+        for (path, item) in description["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                let takes_key = operation["parameters"].as_array().is_some_and(|params| {
+                    params
+                        .iter()
+                        .any(|param| param["name"] == "Idempotency-Key")
+                });
+                if takes_key {
+                    keyed.push(format!("{} {path}", method.to_uppercase()));
+                }
+            }
+        }
+        keyed.sort();
+        assert_eq!(keyed, crate::keys::IDEMPOTENT_ROUTES);
     }
 }

@@ -115,16 +115,6 @@ fn api_key(raw: &str) -> anyhow::Result<accounts::ApiKey> {
     })
 }
 
-/// A failure with an exit code of its own, for a command whose callers must tell its failures
-/// apart (`idempay pay`: refused, or its outcome unknown). `main` exits with `code`; any other
-/// error exits 1.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct Exit {
-    pub code: u8,
-    pub message: String,
-}
-
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
@@ -137,6 +127,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
             let app = Application::build(settings, pool, listener)?;
+            #[cfg(feature = "dev")]
+            let app = crate::dev::checkout::mount(app, None);
             tracing::info!(address = %app.local_addr()?, "serving");
             app.run_until_stopped(shutdown_signal()).await?;
         }

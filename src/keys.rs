@@ -101,30 +101,3 @@ async fn get_idempotency_key(
         .into()),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every operation that takes an `Idempotency-Key` is a route the inspection reads: a new
-    /// idempotent route must join [`IDEMPOTENT_ROUTES`], or its keys would never be shown.
-    #[test]
-    fn the_inspected_routes_are_the_operations_that_take_a_key() {
-        let description = serde_json::to_value(crate::app::spec()).unwrap();
-        let mut keyed: Vec<String> = Vec::new();
-        for (path, item) in description["paths"].as_object().unwrap() {
-            for (method, operation) in item.as_object().unwrap() {
-                let takes_key = operation["parameters"].as_array().is_some_and(|params| {
-                    params
-                        .iter()
-                        .any(|param| param["name"] == "Idempotency-Key")
-                });
-                if takes_key {
-                    keyed.push(format!("{} {path}", method.to_uppercase()));
-                }
-            }
-        }
-        keyed.sort();
-        assert_eq!(keyed, IDEMPOTENT_ROUTES);
-    }
-}

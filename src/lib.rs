@@ -25,6 +25,7 @@ pub mod db;
 pub mod dev;
 pub mod disputes;
 pub mod events;
+pub mod exit;
 pub mod expiry;
 pub mod failpoint;
 pub mod http;

@@ -18,7 +18,7 @@ async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("error: {error:#}");
             error
-                .downcast_ref::<idempay::cli::Exit>()
+                .downcast_ref::<idempay::exit::Exit>()
                 .map_or(ExitCode::FAILURE, |exit| ExitCode::from(exit.code))
         }
     }

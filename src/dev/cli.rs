@@ -2,7 +2,7 @@
 //! client), `keys show` (what became of a key), `demo` (intents through a lossy network),
 //! `webhook send` (events signed as the processor signs them), `webhook listen` (a receiver for a
 //! merchant endpoint's events) and `fixture` (the conformance suite's fixture behind the
-//! mechanism). They join the service's commands in [`crate::cli`].
+//! mechanism). They join the service's commands in `cli.rs`.
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -12,8 +12,8 @@ use clap::{Args, Subcommand};
 use client::{Client, ClientError, RetryPolicy};
 
 use super::demo as lossy;
-use crate::cli::Exit;
 use crate::config::{ListenArgs, Settings};
+use crate::exit::Exit;
 use crate::webhooks::{self, WebhookSecrets};
 
 /// `idempay pay`'s exit code when the API refused the payment with a final answer (printed).

@@ -116,7 +116,7 @@ async fn serve(
         schedule: settings.webhook_retry_schedule.clone(),
     };
     let endpoint_banner = endpoint_banner(&base, key.expose(), &exe, &receiver);
-    let app = Application::build(settings, pool, listener)?.with_demo_account(key);
+    let app = checkout::mount(Application::build(settings, pool, listener)?, Some(key));
     println!("{banner}");
     println!(
         "{}",

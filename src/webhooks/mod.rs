@@ -285,7 +285,7 @@ async fn process(
     Ok(Ok(outcome))
 }
 
-/// Deletes up to [`BATCH`](crate::expiry::BATCH) expired event records, as
+/// Deletes up to [`EXPIRY_BATCH`](idempotency::EXPIRY_BATCH) expired event records, as
 /// [`Idempotency::expire_batch`](idempotency::Idempotency::expire_batch) does for keys
 /// (where the literal batch size and the batch locked once in `ARRAY(…)` are explained).
 pub async fn expire_batch(pool: &PgPool) -> Result<u64, sqlx::Error> {

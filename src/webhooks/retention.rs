@@ -1,5 +1,5 @@
 //! Retention of the outbox: events, and deliveries with their attempts, are deleted once older
-//! than their retention, in batches, by the expiry job (`crate::expiry`), so that neither the feed
+//! than their retention, in batches, by the expiry job (`expiry.rs`), so that neither the feed
 //! nor the outbox grows without end. A delivery still pending (neither acknowledged nor given up)
 //! is never deleted, whatever its age, and neither is an event while a delivery of it is pending:
 //! a receiver that has been down for the whole retention still gets what it is owed, and the
@@ -30,7 +30,7 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Deletes up to [`BATCH`](crate::expiry::BATCH) deliveries of `owner` acknowledged or given up
+/// Deletes up to [`EXPIRY_BATCH`](idempotency::EXPIRY_BATCH) deliveries of `owner` acknowledged or given up
 /// more than `retention` ago, their attempts with them (the foreign key cascades), and returns
 /// how many deliveries.
 pub async fn prune_deliveries(
@@ -106,7 +106,7 @@ async fn prune_deliveries_unlocked(
     Ok(deleted.rows_affected())
 }
 
-/// Deletes up to [`BATCH`](crate::expiry::BATCH) events created more than `retention` ago of
+/// Deletes up to [`EXPIRY_BATCH`](idempotency::EXPIRY_BATCH) events created more than `retention` ago of
 /// which no delivery is pending, and returns how many. Deliveries of an event are written in the
 /// event's own transaction only, never later, so an event found without a pending one cannot get
 /// one while it is deleted.

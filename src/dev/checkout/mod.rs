@@ -23,6 +23,7 @@ use tokio::sync::OnceCell;
 use tower::ServiceExt;
 
 use crate::accounts::{self, ApiKey};
+use crate::app::Application;
 use crate::http::error::{Problem, ProblemKind};
 use session::Sessions;
 pub use session::{SESSION_COOKIE, SESSION_TTL};
@@ -68,6 +69,21 @@ impl DemoAccount {
             })
             .await
     }
+}
+
+/// Serves the checkout page beside `app` when its settings turn the demo UI on
+/// (`IDEMPAY_DEMO_UI`): paying as `key`'s account (`idempay dev`: the account its banner shows),
+/// or as a demo account it creates on first use. Every command that serves the API calls it.
+pub fn mount(app: Application, key: Option<ApiKey>) -> Application {
+    if !app.settings().demo_ui {
+        return app;
+    }
+    let pool = app.pool().clone();
+    let checkout = match key {
+        Some(key) => Checkout::paying_as(pool, key),
+        None => Checkout::new(pool),
+    };
+    app.with_routes_beside(move |api| checkout.router(api))
 }
 
 impl Checkout {

@@ -129,6 +129,7 @@ impl TestApp {
         let url = database_url(database);
         let pool = idempay::db::pool(&url).expect("pool");
         let app = Application::build(settings, pool, listener).expect("build");
+        let app = idempay::dev::checkout::mount(app, None);
         let address = format!("http://{}", app.local_addr().expect("address"));
         let stop = CancellationToken::new();
         let stopped = stop.clone();
