@@ -22,12 +22,15 @@ use crate::config::Settings;
 use crate::http::error::ApiError;
 use crate::http::openapi::{self, ApiDoc};
 use crate::http::{Figures, MAX_BODY_BYTES, Timeouts, health, metrics, problems, server};
-use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
 use crate::jobs::Jobs;
+use crate::processor::call::CallResumers;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
 use crate::webhooks::delivery::{Deliverer, Sender};
-use crate::{disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks};
+use crate::{
+    disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks,
+};
+use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
 
 /// What the handlers share. No domain names it: each asks for the parts it uses (`State<PgPool>`,
 /// `State<Idempotency>`, `State<WebhookSettings>`…), which the `FromRef`s below take from it.
@@ -144,7 +147,7 @@ impl AppState {
             accounts: AccountCache::new(pool.clone()),
             rate_limit: RateLimit::per_second(settings.rate_limit),
             idempotency: Idempotency::new(pool.clone(), policy)
-                .resuming(resumers(&processor, &pool))
+                .resuming(resumers(&processor))
                 .counted_as(metrics::KEY_OUTCOMES)
                 .crash_points(failpoint::hit),
             processor,
@@ -419,18 +422,12 @@ impl Application {
     }
 }
 
-/// The work the recovery job resumes, by recovery point: the same units of work the routes run.
-fn resumers(processor: &ProcessorClient, pool: &PgPool) -> Resumers {
-    let charges = processor.clone();
-    let refunds = processor.clone();
-    let pool = pool.clone();
+/// The work the recovery job resumes, by recovery point: the same units of work the routes run,
+/// one line each. A unit left out here has its point refused when recorded.
+fn resumers(processor: &ProcessorClient) -> Resumers {
     Resumers::default()
-        .on(payments::CHARGE_REQUESTED, move |lease| {
-            payments::charge_and_record(charges.clone(), lease)
-        })
-        .on(refunds::REFUND_REQUESTED, move |lease| {
-            refunds::refund_and_record(refunds.clone(), pool.clone(), lease, None)
-        })
+        .unit::<payments::ChargeRequested>(processor)
+        .unit::<refunds::RefundRequested>(processor)
 }
 
 /// The processor `serve` runs when no URL names one: the same service as `idempay processor`,
