@@ -23,6 +23,7 @@ use crate::http::error::ApiError;
 use crate::http::openapi::{self, ApiDoc};
 use crate::http::{Figures, MAX_BODY_BYTES, Timeouts, health, metrics, problems, server};
 use crate::jobs::Jobs;
+use crate::processor::call::CallResumers;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
 use crate::webhooks::delivery::{Deliverer, Sender};
@@ -146,7 +147,7 @@ impl AppState {
             accounts: AccountCache::new(pool.clone()),
             rate_limit: RateLimit::per_second(settings.rate_limit),
             idempotency: Idempotency::new(pool.clone(), policy)
-                .resuming(resumers(&processor, &pool))
+                .resuming(resumers(&processor))
                 .counted_as(metrics::KEY_OUTCOMES)
                 .crash_points(failpoint::hit),
             processor,
@@ -347,6 +348,17 @@ impl Application {
         self.listener.local_addr()
     }
 
+    /// Refuses to serve a database where keys wait at a recovery point that no unit of work of
+    /// this build resumes (one removed or renamed since they were suspended): the recovery job
+    /// would never finish them, nor would their retries. `serve` asks right after migrating.
+    pub async fn refuse_unresumable(&self) -> anyhow::Result<()> {
+        let unresumable = self.state.idempotency.unresumable().await?;
+        match unresumable_refusal(&unresumable) {
+            Some(refusal) => Err(anyhow::Error::msg(refusal)),
+            None => Ok(()),
+        }
+    }
+
     /// Serves until `shutdown` completes, then lets in-flight requests finish and stops the
     /// expiry job.
     pub async fn run_until_stopped(
@@ -422,18 +434,35 @@ impl Application {
     }
 }
 
-/// The work the recovery job resumes, by recovery point: the same units of work the routes run.
-fn resumers(processor: &ProcessorClient, pool: &PgPool) -> Resumers {
-    let charges = processor.clone();
-    let refunds = processor.clone();
-    let pool = pool.clone();
+/// The work the recovery job resumes, by recovery point: the same units of work the routes run,
+/// one line each. A unit left out here has its point refused when recorded, and keys already
+/// suspended at it refuse the start ([`Application::refuse_unresumable`]).
+fn resumers(processor: &ProcessorClient) -> Resumers {
     Resumers::default()
-        .on(payments::CHARGE_REQUESTED, move |lease| {
-            payments::charge_and_record(charges.clone(), lease)
+        .unit::<payments::ChargeRequested>(processor)
+        .unit::<refunds::RefundRequested>(processor)
+}
+
+/// Why a start is refused while keys wait at `unresumable` points (each with its number of keys),
+/// and what to do; `None` when none do.
+fn unresumable_refusal(unresumable: &[(String, i64)]) -> Option<String> {
+    if unresumable.is_empty() {
+        return None;
+    }
+    let points: Vec<String> = unresumable
+        .iter()
+        .map(|(point, keys)| {
+            let plural = if *keys == 1 { "key" } else { "keys" };
+            format!("`{point}` ({keys} {plural})")
         })
-        .on(refunds::REFUND_REQUESTED, move |lease| {
-            refunds::refund_and_record(refunds.clone(), pool.clone(), lease, None)
-        })
+        .collect();
+    Some(format!(
+        "refusing to start: suspended keys wait at recovery points that no unit of work of this \
+         build resumes: {}. Run the version that recorded them until its recovery job has settled \
+         them (`idempay reconcile` names any held for an operator), or register a unit of work for \
+         each point (a `.unit::<…>` line in app.rs `resumers`); then start again.",
+        points.join(", ")
+    ))
 }
 
 /// The processor `serve` runs when no URL names one: the same service as `idempay processor`,
@@ -464,6 +493,21 @@ mod tests {
 
     fn description() -> Value {
         serde_json::from_str(&super::spec_json()).unwrap()
+    }
+
+    #[test]
+    fn a_start_is_refused_naming_each_unresumable_point_with_its_keys_and_what_to_do() {
+        assert_eq!(super::unresumable_refusal(&[]), None);
+        let refusal = super::unresumable_refusal(&[
+            ("payment.capture_requested".to_owned(), 1),
+            ("refund.old_point".to_owned(), 3),
+        ])
+        .expect("a refusal");
+        assert!(
+            refusal.contains("`payment.capture_requested` (1 key), `refund.old_point` (3 keys)."),
+            "{refusal}"
+        );
+        assert!(refusal.contains("app.rs `resumers`"), "{refusal}");
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Runs the HTTP API; applies pending migrations at start.
+    /// Runs the HTTP API; applies pending migrations at start, then refuses to start while keys
+    /// wait at a recovery point that no unit of work of this build resumes.
     Serve {
         #[command(flatten)]
         database: DatabaseArgs,
@@ -127,6 +128,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
             let app = Application::build(settings, pool, listener)?;
+            // Right after the migrations, before anything is served or resumed: keys suspended at
+            // a point no unit of work of this build resumes refuse the start.
+            app.refuse_unresumable().await?;
             #[cfg(feature = "dev")]
             let app = crate::dev::checkout::mount(app, None);
             tracing::info!(address = %app.local_addr()?, "serving");

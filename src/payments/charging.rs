@@ -1,6 +1,7 @@
 //! The unit of work of `POST /v1/payments`: charge at the processor exactly once, then record the
-//! payment with the key's completion. The same function serves a fresh request, a retry that
-//! takes over a key its first request left behind, and the recovery job.
+//! payment with the key's completion. What is the charge's own is here ([`ChargeRequested`]); the
+//! steps every call to the processor shares are processor/call.rs, the same for a fresh request, a
+//! retry that takes over a key its first request left behind, and the recovery job.
 //!
 //! 1. **Recovery point**, recorded by the key's reservation itself, before the processor hears of
 //!    the charge: what the charge is (its parameters, the payment id it will be recorded under) and
@@ -12,6 +13,8 @@
 //!    definite "nothing was charged" forgets the point and releases the key; an unknown outcome
 //!    (timeout, lost answer, 5xx) keeps the key for the next attempt.
 
+use std::future::Future;
+
 use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +24,7 @@ use crate::accounts::AccountId;
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
-use crate::processor::client;
+use crate::processor::call::ProcessorCall;
 use crate::processor::{Charge, ChargeRequest, ChargeStatus, Outcome, ProcessorClient};
 use idempotency::{Completion, Lease, StoredResponse};
 
@@ -55,41 +58,29 @@ impl ChargeRequested {
     }
 }
 
-/// Charges and records one payment under `lease`, from the recovery point its key is at: the
-/// reservation (or the takeover) recorded it from the request (see `create_payment`), or an
-/// earlier holder of the key did, whose charge is then resumed with the same downstream key.
-pub async fn charge_and_record(
-    processor: ProcessorClient,
-    mut lease: Lease,
-) -> Result<Completion, ApiError> {
-    let (intent, downstream_key, earlier) = match lease.recovery_point() {
-        Some(point) if point.name == CHARGE_REQUESTED => (
-            serde_json::from_value::<ChargeRequested>(point.state.clone())
-                .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
-            point.downstream_key.clone(),
-            point.earlier_calls,
-        ),
-        _ => return Err(anyhow::anyhow!("a payment's key without its recovery point").into()),
-    };
-    let request = intent.charge_request();
-    let charged = client::until_known("charge", earlier, || {
-        processor.charge(&downstream_key, &request)
-    });
-    match charged.await {
-        Outcome::Done(charge) => record(lease, intent, charge).await,
-        Outcome::NotDone(refusal) => {
-            // Nothing was charged, and no call with the downstream key can have been made
-            // (`until_known` says unknown otherwise): the retry may start afresh, as after any
-            // failure of ours.
-            if !lease.clear_recovery_point().await? {
-                return Ok(lease.lost());
-            }
-            Err(client::refused_problem("charge", &refusal).into())
-        }
-        Outcome::Unknown(reason) => {
-            tracing::warn!(%reason, downstream_key, "the charge's outcome is unknown");
-            Err(client::unknown_problem("charge").into())
-        }
+/// The charge, made and recorded by the unit of work every call to the processor shares
+/// (processor/call.rs): the reservation records its point (see `create_payment`), and a retry, a
+/// takeover or the recovery job resumes it with the same downstream key.
+impl ProcessorCall for ChargeRequested {
+    const POINT: &'static str = CHARGE_REQUESTED;
+    const WHAT: &'static str = "charge";
+    type Answer = Charge;
+
+    fn send(
+        &self,
+        processor: &ProcessorClient,
+        downstream_key: &str,
+    ) -> impl Future<Output = Outcome<Charge>> + Send {
+        let request = self.charge_request();
+        async move { processor.charge(downstream_key, &request).await }
+    }
+
+    fn record(
+        self,
+        lease: Lease,
+        charge: Charge,
+    ) -> impl Future<Output = Result<Completion, ApiError>> + Send {
+        record(lease, self, charge)
     }
 }
 

@@ -21,9 +21,10 @@ use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::metadata::Metadata;
 use crate::processor::ProcessorClient;
+use crate::processor::call;
 use idempotency::{Fence, Idempotency, IdempotencyKey, Idempotent, Owners};
 
-pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
+pub use charging::{CHARGE_REQUESTED, ChargeRequested};
 pub use currency::Currency;
 pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus, reject_nul};
 
@@ -85,12 +86,13 @@ async fn create_payment(
     Idempotent { request, body }: Idempotent<NewPayment>,
 ) -> Result<Response, ApiError> {
     let intent = ChargeRequested::new(account.id().clone(), body);
-    let state_json = serde_json::to_value(&intent).map_err(anyhow::Error::from)?;
     // The charge is the work's first step: the reservation records its recovery point, so a new
     // key costs no round trip more for it.
-    let request = request.starting_at(CHARGE_REQUESTED, state_json);
+    let request = call::starting_at(request, &intent)?;
     idempotency
-        .run(request, move |lease| charge_and_record(processor, lease))
+        .run(request, move |lease| {
+            call::resume::<ChargeRequested>(processor, lease)
+        })
         .await
 }
 

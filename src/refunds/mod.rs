@@ -90,7 +90,7 @@ pub enum RefundStatus {
     Failed,
 }
 
-pub use refunding::{REFUND_REQUESTED, RefundAsked, refund_and_record};
+pub use refunding::{REFUND_REQUESTED, RefundAsked, RefundRequested, refund_and_record};
 
 /// A refund, as the API returns it.
 #[derive(Clone, Debug, Serialize, ToSchema)]
@@ -222,7 +222,7 @@ async fn create_refund(
     };
     idempotency
         .run(request, move |lease| {
-            refund_and_record(processor, pool, lease, Some(asked))
+            refund_and_record(processor, pool, lease, asked)
         })
         .await
 }

@@ -1,7 +1,9 @@
-//! The unit of work of `POST /v1/payments/{id}/refunds`, built like a payment's (see
-//! `payments/charging.rs`): check what is refundable, record a recovery point, refund at the
-//! processor with the key's downstream key, then record the refund with the key's completion. A
-//! refusal (not refundable, more than remains) is a result, stored and replayed.
+//! The unit of work of `POST /v1/payments/{id}/refunds`, on the steps every call to the processor
+//! shares (processor/call.rs), like a payment's: check what is refundable, record a recovery point,
+//! refund at the processor with the key's downstream key, then record the refund with the key's
+//! completion. A refusal (not refundable, more than remains) is a result, stored and replayed.
+
+use std::future::Future;
 
 use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
@@ -15,8 +17,8 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::ids;
 use crate::metadata::Metadata;
 use crate::payments::{Payment, PaymentId, PaymentRow};
-use crate::processor::client;
-use crate::processor::{Outcome, ProcessorClient, ProcessorRefund};
+use crate::processor::call::{self, ProcessorCall};
+use crate::processor::{Outcome, ProcessorClient, ProcessorRefund, Refusal};
 use idempotency::{Completion, Lease, StoredResponse};
 
 /// The recovery point of a refund: the refund was (about to be) requested at the processor.
@@ -35,7 +37,7 @@ pub struct RefundAsked {
 
 /// What resuming a refund needs, recorded on its key with the recovery point.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-struct RefundRequested {
+pub struct RefundRequested {
     account: AccountId,
     payment: PaymentId,
     /// The processor's charge the refund goes back through.
@@ -50,59 +52,56 @@ struct RefundRequested {
 }
 
 /// Refunds and records one refund under `lease`, or resumes the one an earlier holder of the key
-/// requested.
+/// requested: the check first (its refusal is the key's result), then the unit of work every call
+/// to the processor shares (processor/call.rs).
 pub async fn refund_and_record(
     processor: ProcessorClient,
     pool: PgPool,
-    mut lease: Lease,
-    fresh: Option<RefundAsked>,
+    lease: Lease,
+    asked: RefundAsked,
 ) -> Result<Completion, ApiError> {
-    let (intent, downstream_key, earlier) = match lease.recovery_point() {
-        Some(point) if point.name == REFUND_REQUESTED => (
-            serde_json::from_value::<RefundRequested>(point.state.clone())
-                .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
-            point.downstream_key.clone(),
-            point.earlier_calls,
-        ),
-        _ => {
-            let asked = fresh.ok_or_else(|| anyhow::anyhow!("no refund to resume"))?;
-            let intent = match check(&pool, asked).await? {
-                Ok(intent) => intent,
-                Err(refusal) => return refuse(lease, &refusal).await,
-            };
-            let state = serde_json::to_value(&intent).map_err(anyhow::Error::from)?;
-            match lease.record_recovery_point(REFUND_REQUESTED, state).await? {
-                Some(point) => (intent, point.downstream_key.clone(), point.earlier_calls),
-                None => return Ok(lease.lost()),
-            }
-        }
-    };
-    let refunded = client::until_known("refund", earlier, || {
-        processor.refund(&downstream_key, &intent.charge, Some(intent.amount))
-    });
-    match refunded.await {
-        Outcome::Done(refunded) => record(lease, intent, refunded).await,
-        // The processor keeps its own books: a refusal of the amount is a result, like ours.
-        Outcome::NotDone(refusal) if refusal.is_refund_refused() => {
-            let problem = Problem::new(
+    if lease.recovery_point().is_some() {
+        return call::resume::<RefundRequested>(processor, lease).await;
+    }
+    match check(&pool, asked).await? {
+        Ok(intent) => call::start(processor, lease, intent).await,
+        Err(refusal) => call::refuse(lease, &refusal).await,
+    }
+}
+
+/// The refund, made and recorded by the unit of work every call to the processor shares.
+impl ProcessorCall for RefundRequested {
+    const POINT: &'static str = REFUND_REQUESTED;
+    const WHAT: &'static str = "refund";
+    type Answer = ProcessorRefund;
+
+    fn send(
+        &self,
+        processor: &ProcessorClient,
+        downstream_key: &str,
+    ) -> impl Future<Output = Outcome<ProcessorRefund>> + Send {
+        processor.refund(downstream_key, &self.charge, Some(self.amount))
+    }
+
+    fn record(
+        self,
+        lease: Lease,
+        refunded: ProcessorRefund,
+    ) -> impl Future<Output = Result<Completion, ApiError>> + Send {
+        record(lease, self, refunded)
+    }
+
+    /// The processor keeps its own books: a refusal of the amount is a result, like ours.
+    fn refusal_as_result(&self, refusal: &Refusal) -> Option<Problem> {
+        refusal.is_refund_refused().then(|| {
+            Problem::new(
                 ProblemKind::RefundExceedsPayment,
                 format!(
                     "The processor refused to refund {} of payment `{}`: {refusal}",
-                    intent.amount, intent.payment
+                    self.amount, self.payment
                 ),
-            );
-            refuse(lease, &problem).await
-        }
-        Outcome::NotDone(refusal) => {
-            if !lease.clear_recovery_point().await? {
-                return Ok(lease.lost());
-            }
-            Err(client::refused_problem("refund", &refusal).into())
-        }
-        Outcome::Unknown(reason) => {
-            tracing::warn!(%reason, downstream_key, "the refund's outcome is unknown");
-            Err(client::unknown_problem("refund").into())
-        }
+            )
+        })
     }
 }
 
@@ -165,12 +164,6 @@ async fn check(
 /// The same rule as the `payments_refunded_and_disputed` CHECK.
 fn refundable(amount: i64, refunded: i64, disputed: i64) -> i64 {
     (amount - refunded - disputed).max(0)
-}
-
-/// Stores a refusal as the key's result.
-async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError> {
-    let tx = lease.begin().await?;
-    Ok(lease.complete(tx, refusal.stored()).await?)
 }
 
 /// Records the processor's refund and the payment's new totals, with their events

@@ -200,6 +200,68 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     assert_eq!(completed, 50, "every claimed key was resumed and completed");
 }
 
+/// A recovery point that no resumer of the mechanism knows would leave its key suspended with no
+/// one to resume it: it is refused before anything is recorded, whether the work records it
+/// (`Lease::record_recovery_point`) or the reservation does (`KeyedRequest::starting_at`), and the
+/// key is released. A point a resumer knows is recorded.
+#[api_test]
+async fn a_recovery_point_no_resumer_knows_is_refused_before_anything_is_recorded() {
+    let (app, _, account) = mechanism_on_a_fresh_database().await;
+    let idempotency = Idempotency::new(app.db.clone(), POLICY)
+        .resuming(Resumers::default().on("thing.known", complete_with_201));
+    let refused = |error: idempotency::Error| match error {
+        idempotency::Error::Internal(error) => error.to_string(),
+        other => panic!("not an internal error: {other}"),
+    };
+
+    let recorded = idempotency
+        .run(keyed(&account, "/v1/things"), |mut lease| async move {
+            lease
+                .record_recovery_point("thing.unknown", json!({}))
+                .await?;
+            Ok::<_, idempotency::Error>(lease.lost())
+        })
+        .await;
+    assert_eq!(
+        refused(recorded.unwrap_err()),
+        "no resumer for the recovery point `thing.unknown`: register one with \
+         Idempotency::resuming before recording it"
+    );
+    assert_eq!(app.key_count().await, 0, "released, no point recorded");
+
+    let reserved = idempotency
+        .run(
+            keyed(&account, "/v1/things").starting_at("thing.unknown", json!({})),
+            |lease| async move { Ok::<_, idempotency::Error>(lease.lost()) },
+        )
+        .await;
+    assert!(
+        refused(reserved.unwrap_err()).contains("`thing.unknown`"),
+        "the reservation refuses it too"
+    );
+    assert_eq!(app.key_count().await, 0, "nothing was reserved");
+
+    let known = idempotency
+        .run(keyed(&account, "/v1/things"), |mut lease| async move {
+            let point = lease
+                .record_recovery_point("thing.known", json!({}))
+                .await?
+                .expect("the lease is held");
+            assert!(point.downstream_key.starts_with("idk_"), "{point:?}");
+            complete_with_201(lease)
+                .await
+                .map_err(|error| idempotency::Error::Internal(anyhow::anyhow!("{error}")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(known.status(), StatusCode::CREATED);
+    let point: Option<String> = sqlx::query_scalar("SELECT recovery_point FROM idempotency_keys")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(point.as_deref(), Some("thing.known"));
+}
+
 /// The mechanism on its own, on a fresh database with one account.
 async fn mechanism_on_a_fresh_database() -> (TestApp, Idempotency, Account) {
     let app = TestApp::spawn().await;

@@ -19,7 +19,8 @@ use super::two_hops::{
     reconcile,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::helpers::{TestApp, new_key, payment, wait_until};
+use crate::support::helpers::{TestApp, bare_database, new_key, payment, wait_until};
+use crate::support::instance::{Instance, free_port};
 
 /// A payment answered 503 `processor-outcome-unknown` by a processor that fails every call, its key
 /// suspended at its recovery point.
@@ -192,4 +193,75 @@ async fn a_suspended_key_past_its_expires_at_is_shown_and_resumed_by_its_retry()
     assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
     assert!(!paid.replayed());
     assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+/// `idempay serve` on a database where keys wait at recovery points no unit of work of this build
+/// resumes (one removed or renamed since): it refuses to start, right after migrating, naming each
+/// point with its number of keys (suspended or held; a completed key, or one at a known point,
+/// counts for nothing) and what to do. Once those keys are settled, it starts.
+#[api_test]
+async fn serve_refuses_to_start_while_keys_wait_at_a_recovery_point_no_unit_of_work_resumes() {
+    let database_url = bare_database().await;
+    let db = sqlx::PgPool::connect(&database_url).await.unwrap();
+    let (account, _) = idempay::accounts::create(&db, "retired units")
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, lock_token,
+                                       locked_until, held_at, expires_at, recovery_point,
+                                       recovery_state, downstream_key, response_code,
+                                       response_headers, response_body)
+         SELECT $1, $1 || ':POST /v1/things', 'key-' || i, sha256(i::text::bytea), status,
+                CASE WHEN status = 'in_progress' THEN gen_random_uuid() END,
+                CASE WHEN status = 'in_progress' THEN now() - interval '1 minute' END,
+                CASE WHEN status = 'held' THEN now() END,
+                now() + interval '1 day', point, '{}', 'downstream-' || i,
+                CASE WHEN status = 'completed' THEN 201 END,
+                CASE WHEN status = 'completed' THEN '{}'::jsonb END,
+                CASE WHEN status = 'completed' THEN ''::bytea END
+         FROM (VALUES (1, 'in_progress', 'payment.capture_requested'),
+                      (2, 'in_progress', 'payment.capture_requested'),
+                      (3, 'completed', 'payment.capture_requested'),
+                      (4, 'held', 'refund.retired_point'),
+                      (5, 'in_progress', 'payment.charge_requested'))
+              AS keys (i, status, point)",
+    )
+    .bind(account.id().as_str())
+    .execute(&db)
+    .await
+    .unwrap();
+
+    let port = free_port();
+    let serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
+        .arg("serve")
+        .env("DATABASE_URL", &database_url)
+        .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "off")
+        .kill_on_drop(true)
+        .output();
+    let refused = tokio::time::timeout(Duration::from_secs(60), serve)
+        .await
+        .expect("serve refuses to start instead of serving")
+        .unwrap();
+
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: refusing to start: suspended keys wait at recovery points that no unit of \
+             work of this build resumes: `payment.capture_requested` (2 keys), \
+             `refund.retired_point` (1 key). Run the version that recorded them"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("app.rs `resumers`"), "what to do: {stderr}");
+    assert!(!stderr.contains("payment.charge_requested"), "{stderr}");
+
+    // Settled by an operator: the instance starts.
+    sqlx::query("DELETE FROM idempotency_keys")
+        .execute(&db)
+        .await
+        .unwrap();
+    let started = Instance::start(&database_url, &[]).await;
+    assert_eq!(started.get("/readyz").await.status, 200);
 }

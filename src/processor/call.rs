@@ -1,0 +1,153 @@
+//! One unit of work for a call to the processor, whatever the call (a charge, a refund): record the
+//! recovery point, call with the key's downstream key, settle the three outcomes, resume. A call
+//! says only what is its own ([`ProcessorCall`]); its resumer is registered from the same type
+//! ([`CallResumers::unit`]), and a point no resumer knows is refused when recorded, and at start.
+//!
+//! A new processor-calling endpoint (say `POST /v1/payments/{id}/capture`) touches: its domain's
+//! files (the handler, and a `CaptureRequested` that implements [`ProcessorCall`], its client call
+//! in processor/client.rs); a migration for what it records; the spec (openapi/openapi.json, `make
+//! openapi`); its tests in tests/api; and one line in app.rs's `resumers`, `.unit::<…>(processor)`.
+
+use std::future::Future;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::client::{self, Outcome, ProcessorClient, Refusal};
+use crate::http::error::{ApiError, Problem};
+use idempotency::{Completion, EarlierCalls, KeyedRequest, Lease, Resumers};
+
+/// A call to the processor, as its recovery point records it: what resuming it needs, and what is
+/// the call's own (what it sends, how its answer is recorded). The rest is the same for every call
+/// and lives here once.
+pub trait ProcessorCall: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The recovery point recorded on the key before the call, by which it is resumed.
+    const POINT: &'static str;
+    /// What the call makes, as logs and problems name it (`charge`, `refund`).
+    const WHAT: &'static str;
+    /// What the processor answers when it made the call.
+    type Answer: Send;
+
+    /// One attempt at the call, with `downstream_key` as its `Idempotency-Key`.
+    fn send(
+        &self,
+        processor: &ProcessorClient,
+        downstream_key: &str,
+    ) -> impl Future<Output = Outcome<Self::Answer>> + Send;
+
+    /// Records the processor's answer and completes the key.
+    fn record(
+        self,
+        lease: Lease,
+        answer: Self::Answer,
+    ) -> impl Future<Output = Result<Completion, ApiError>> + Send;
+
+    /// A refusal by the processor that is the call's result, stored and replayed like one, rather
+    /// than an outage the key is released after: none, unless the call says otherwise.
+    fn refusal_as_result(&self, _refusal: &Refusal) -> Option<Problem> {
+        None
+    }
+}
+
+/// `request`, starting at the call: its reservation records the recovery point, so a new key costs
+/// no round trip more for it. The work then [`resume`]s from it.
+pub fn starting_at<C: ProcessorCall>(
+    request: KeyedRequest,
+    call: &C,
+) -> Result<KeyedRequest, ApiError> {
+    let state = serde_json::to_value(call).map_err(anyhow::Error::from)?;
+    Ok(request.starting_at(C::POINT, state))
+}
+
+/// Makes the call from the recovery point the key is at: recorded by this request's reservation
+/// (see [`starting_at`]), or by an earlier holder of the key, whose call is then resumed with the
+/// same downstream key (a retry, a takeover, the recovery job).
+pub async fn resume<C: ProcessorCall>(
+    processor: ProcessorClient,
+    lease: Lease,
+) -> Result<Completion, ApiError> {
+    let (call, downstream_key, earlier) = match lease.recovery_point() {
+        Some(point) if point.name == C::POINT => (
+            serde_json::from_value::<C>(point.state.clone())
+                .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
+            point.downstream_key.clone(),
+            point.earlier_calls,
+        ),
+        _ => {
+            return Err(anyhow::anyhow!(
+                "a {}'s key without its recovery point `{}`",
+                C::WHAT,
+                C::POINT
+            )
+            .into());
+        }
+    };
+    settle(processor, lease, call, downstream_key, earlier).await
+}
+
+/// Makes the call from a fresh intent: records its recovery point, then calls.
+pub async fn start<C: ProcessorCall>(
+    processor: ProcessorClient,
+    mut lease: Lease,
+    call: C,
+) -> Result<Completion, ApiError> {
+    let state = serde_json::to_value(&call).map_err(anyhow::Error::from)?;
+    let (downstream_key, earlier) = match lease.record_recovery_point(C::POINT, state).await? {
+        Some(point) => (point.downstream_key.clone(), point.earlier_calls),
+        None => return Ok(lease.lost()),
+    };
+    settle(processor, lease, call, downstream_key, earlier).await
+}
+
+/// Stores a refusal as the key's result, replayed like any other.
+pub async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError> {
+    let tx = lease.begin().await?;
+    Ok(lease.complete(tx, refusal.stored()).await?)
+}
+
+/// Calls until the outcome is known or this request's attempts run out, and settles it: done is
+/// recorded; definitely not done releases the key (or is stored, when the call says the refusal is
+/// its result); unknown keeps the key, and its downstream key, for the next attempt.
+async fn settle<C: ProcessorCall>(
+    processor: ProcessorClient,
+    mut lease: Lease,
+    call: C,
+    downstream_key: String,
+    earlier: EarlierCalls,
+) -> Result<Completion, ApiError> {
+    let outcome = client::until_known(C::WHAT, earlier, || call.send(&processor, &downstream_key));
+    match outcome.await {
+        Outcome::Done(answer) => call.record(lease, answer).await,
+        Outcome::NotDone(refusal) => {
+            if let Some(result) = call.refusal_as_result(&refusal) {
+                return refuse(lease, &result).await;
+            }
+            // Nothing was made, and no call with the downstream key can have been made
+            // (`until_known` says unknown otherwise): the retry may start afresh, as after any
+            // failure of ours.
+            if !lease.clear_recovery_point().await? {
+                return Ok(lease.lost());
+            }
+            Err(client::refused_problem(C::WHAT, &refusal).into())
+        }
+        Outcome::Unknown(reason) => {
+            tracing::warn!(%reason, downstream_key, "the {}'s outcome is unknown", C::WHAT);
+            Err(client::unknown_problem(C::WHAT).into())
+        }
+    }
+}
+
+/// Registers a call's resumer from the call's type: its point and its [`resume`], nothing to
+/// write by hand, so the registration cannot name one point and resume another.
+pub trait CallResumers {
+    /// Resumes keys suspended at `C`'s recovery point with [`resume`].
+    #[must_use]
+    fn unit<C: ProcessorCall>(self, processor: &ProcessorClient) -> Self;
+}
+
+impl CallResumers for Resumers {
+    fn unit<C: ProcessorCall>(self, processor: &ProcessorClient) -> Self {
+        let processor = processor.clone();
+        self.on(C::POINT, move |lease| resume::<C>(processor.clone(), lease))
+    }
+}
