@@ -9,9 +9,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::KnownEngine;
-use idempotency::Idempotency;
 use crate::webhooks;
 use crate::webhooks::retention::{self, Owner};
+use idempotency::Idempotency;
 
 /// Rows per delete: small enough to keep each statement's locks short. The delete statements
 /// carry it as a literal `LIMIT 1000`, the mechanism's batch of keys.

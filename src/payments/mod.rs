@@ -19,9 +19,9 @@ use crate::http::error::{
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use idempotency::{Fence, Idempotency, IdempotencyKey, Idempotent, Owners};
 use crate::metadata::Metadata;
 use crate::processor::ProcessorClient;
+use idempotency::{Fence, Idempotency, IdempotencyKey, Idempotent, Owners};
 
 pub use charging::{CHARGE_REQUESTED, ChargeRequested, charge_and_record};
 pub use currency::Currency;
