@@ -45,7 +45,7 @@ use crate::webhooks::delivery::Deliverer;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
 pub use faults::{Faults, Fraction};
-pub use model::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
+pub use model::{Charge, ChargeStatus, Dispute, ProcessorEventType, ProcessorRefund, RefundStatus};
 pub use settings::{
     DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, ProcessorApiKey, ProcessorListen, ProcessorSettings,
     SharedArgs,
