@@ -20,7 +20,6 @@ use sqlx::types::Json;
 use utoipa::ToSchema;
 
 use crate::db::Engine;
-use crate::disputes::DisputeStatus;
 use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
 use crate::payments::{PaymentRow, PaymentStatus};
@@ -638,12 +637,8 @@ impl Envelope {
             paid.id,
             paid.account_id,
             amount,
-            if fits {
-                DisputeStatus::Open
-            } else {
-                DisputeStatus::NeedsReview
-            }
-            .as_str(),
+            // `disputes::DisputeStatus`'s names (not imported: disputes sits above webhooks).
+            if fits { "open" } else { "needs_review" },
             event_id,
         )
         .fetch_optional(&mut *conn)
