@@ -25,7 +25,7 @@ pub struct ProcessorListen {
 }
 
 /// The settings `idempay serve` and `idempay processor` share, each declared once, with its one
-/// default and parser: flattened into both ([`crate::config::Settings`] and
+/// default and parser: flattened into both (idempay's `Settings`, in `config.rs`, and
 /// [`ProcessorSettings`]), so that an embedded processor (or `idempay dev`'s) takes idempay's values
 /// as one. Here, beside the processor, because the processor may not import idempay's `config`.
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
