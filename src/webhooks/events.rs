@@ -53,9 +53,8 @@ pub struct Envelope {
     pub data: Value,
 }
 
-/// The event types the intake understands: the processor's, naming its charge (`ch_…`) or
-/// refund, and the same events naming idempay's own objects. Any other is acknowledged and
-/// recorded without effect.
+/// The event types the intake understands (the processor's, and the same naming idempay's own
+/// objects); any other is acknowledged and recorded without effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IntakeType {
     PaymentSucceeded,
@@ -637,7 +636,6 @@ impl Envelope {
             paid.id,
             paid.account_id,
             amount,
-            // `disputes::DisputeStatus`'s names (not imported: disputes sits above webhooks).
             if fits { "open" } else { "needs_review" },
             event_id,
         )
