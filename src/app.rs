@@ -140,7 +140,7 @@ impl AppState {
     pub fn new(pool: PgPool, settings: &Settings, processor: ProcessorClient) -> Self {
         let policy = Policy {
             key_ttl: settings.key_ttl,
-            lease: settings.lease,
+            lease: settings.shared.lease,
             recovery_window: settings.recovery_window,
         };
         Self(Arc::new(Shared {
@@ -152,7 +152,7 @@ impl AppState {
                 .crash_points(failpoint::hit),
             processor,
             webhooks: WebhookSettings {
-                secrets: settings.webhook_secrets.clone(),
+                secrets: settings.shared.webhook_secrets.clone(),
                 event_ttl: settings.event_ttl,
                 allow_private: settings.webhook_allow_private,
             },
@@ -171,11 +171,11 @@ impl Figures {
         Self {
             key_ttl: settings.key_ttl,
             event_ttl: settings.event_ttl,
-            lease: settings.lease,
+            lease: settings.shared.lease,
             body_limit_bytes: MAX_BODY_BYTES,
             body_read_timeout: settings.body_read_timeout,
             webhook_tolerance: webhooks::TOLERANCE,
-            webhook_delivery_timeout: settings.webhook_delivery_timeout,
+            webhook_delivery_timeout: settings.shared.webhook_delivery_timeout,
             max_signatures: webhooks::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
             max_webhook_endpoints: webhooks::endpoints::MAX_ENDPOINTS,
@@ -241,7 +241,7 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
             .fill(text)
             .replace(
                 "{webhook_retry_schedule}",
-                &settings.webhook_retry_schedule.to_string(),
+                &settings.shared.webhook_retry_schedule.to_string(),
             )
             .replace(
                 "{webhook_jitter}",
@@ -281,9 +281,9 @@ impl Application {
             expiry::describe_metrics();
         });
         crate::config::check_delivery_retention(
-            settings.webhook_delivery_retention,
-            &settings.webhook_retry_schedule,
-            settings.webhook_delivery_timeout,
+            settings.shared.webhook_delivery_retention,
+            &settings.shared.webhook_retry_schedule,
+            settings.shared.webhook_delivery_timeout,
         )
         .map_err(anyhow::Error::msg)?;
         let (client, embedded) = match settings.processor.client()? {
@@ -309,8 +309,8 @@ impl Application {
             Sender::Endpoints {
                 allow_private: settings.webhook_allow_private,
             },
-            settings.webhook_retry_schedule.clone(),
-            settings.webhook_delivery_timeout,
+            settings.shared.webhook_retry_schedule.clone(),
+            settings.shared.webhook_delivery_timeout,
         )?
         .with_poll_interval(settings.webhook_poll_interval);
         Ok(Self {
@@ -374,11 +374,11 @@ impl Application {
                 expiry::spawn(
                     self.state.pool.clone(),
                     expiry::Expiry {
-                        interval: self.settings.expiry_interval,
+                        interval: self.settings.shared.expiry_interval,
                         keys: true,
                         retention: Some(expiry::Retention::Merchants {
                             events: self.settings.event_retention,
-                            deliveries: self.settings.webhook_delivery_retention,
+                            deliveries: self.settings.shared.webhook_delivery_retention,
                         }),
                     },
                     stop.clone(),
@@ -474,12 +474,10 @@ fn embedded_processor(settings: &Settings, pool: &PgPool) -> anyhow::Result<(Pro
     let api_key = ids::generate("sk_embedded", 32);
     let mut embedded =
         ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
-    embedded.slow_charge = settings.slow_charge;
-    // A key the processor holds for a request of a dead instance is freed as soon as idempay's.
-    embedded.lease = settings.lease;
-    // It sends no events, but its job is idempay's in all else.
-    embedded.expiry_interval = settings.expiry_interval;
-    embedded.webhook_delivery_retention = settings.webhook_delivery_retention;
+    // idempay's values, as one: its slow charge, its lease (a key the processor holds for a
+    // request of a dead instance is freed as soon as idempay's), its expiry job's. The delivery
+    // settings come along unused: with no webhook URL, it sends no events.
+    embedded.shared = settings.shared.clone();
     let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
     socket.set_nonblocking(true)?;
     let processor =

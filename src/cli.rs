@@ -123,7 +123,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            db::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            db::check_lease(settings.shared.lease, &database.pool).map_err(anyhow::Error::msg)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -141,7 +141,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            db::check_lease(settings.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            db::check_lease(settings.shared.lease, &database.pool).map_err(anyhow::Error::msg)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;

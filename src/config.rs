@@ -7,14 +7,18 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::db::PoolLimits;
-use crate::settings::{any_length, duration, parse_lease, positive};
-use crate::webhooks::{RetrySchedule, WebhookSecrets};
+use crate::processor::SharedArgs;
+use crate::settings::{duration, positive};
+use crate::webhooks::RetrySchedule;
+
+/// How long a key lives unless `IDEMPAY_KEY_TTL` says otherwise; `idempay fixture`'s too.
+pub const DEFAULT_KEY_TTL: &str = "24h";
 
 /// How the service behaves, independent of where its database and listener are.
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// How long a key and its stored response live.
-    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = positive("IDEMPAY_KEY_TTL"))]
+    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = DEFAULT_KEY_TTL, value_parser = positive("IDEMPAY_KEY_TTL"))]
     pub key_ttl: Duration,
 
     /// How long a processed webhook event id is remembered, so that its redelivery applies
@@ -29,26 +33,10 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_EVENT_RETENTION", default_value = "30days", value_parser = positive("IDEMPAY_EVENT_RETENTION"))]
     pub event_retention: Duration,
 
-    /// How long a delivery to a merchant endpoint, with its attempts (`GET
-    /// /v1/events/{id}/attempts`), is kept after it was acknowledged or given up; then the expiry
-    /// job deletes it. A pending delivery is never deleted. At least the retry schedule's span
-    /// (`check_delivery_retention`): whether an endpoint is disabled depends on what it
-    /// acknowledged within it.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = "30days", value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
-    pub webhook_delivery_retention: Duration,
-
-    /// How often the expiry job deletes expired keys, and events and deliveries past their
-    /// retention.
-    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
-    pub expiry_interval: Duration,
-
-    /// How long an in-progress key blocks retries before a retry may take it over.
-    #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = parse_lease)]
-    pub lease: Duration,
-
-    /// Processing time of the test payment method `pm_card_slow`, at the embedded processor.
-    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = any_length("IDEMPAY_SLOW_CHARGE"))]
-    pub slow_charge: Duration,
+    /// The lease, the slow charge, the expiry interval and the webhook delivery settings, which
+    /// the processor shares (embedded, it takes these).
+    #[command(flatten)]
+    pub shared: SharedArgs,
 
     #[command(flatten)]
     pub processor: ProcessorLink,
@@ -69,21 +57,6 @@ pub struct Settings {
     /// goes on: a payment that completes later is replayed to a retry with the same key.
     #[arg(long, env = "IDEMPAY_REQUEST_TIMEOUT", default_value = "10s", value_parser = positive("IDEMPAY_REQUEST_TIMEOUT"))]
     pub request_timeout: Duration,
-
-    /// The secrets shared with the payment processor to sign webhooks (`whsec_…`), space
-    /// separated: a delivery signed with any of them is accepted, so one can be rotated.
-    #[arg(long = "webhook-secret", env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
-    pub webhook_secrets: Option<WebhookSecrets>,
-
-    /// The delays between attempts to deliver an event to a merchant endpoint, comma separated,
-    /// each jittered by ±10%: after the last one the delivery is given up, and an endpoint that
-    /// acknowledged nothing for that whole time is disabled.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = RetrySchedule::parse)]
-    pub webhook_retry_schedule: RetrySchedule,
-
-    /// How long a merchant endpoint has to answer a delivery 2xx; later is a failed attempt.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
-    pub webhook_delivery_timeout: Duration,
 
     /// How often each instance looks for deliveries due to merchant endpoints: a new event waits
     /// at most this long for its first attempt, and an idle instance sends the database one
@@ -128,17 +101,11 @@ impl Default for Settings {
             key_ttl: Duration::from_secs(24 * 60 * 60),
             event_ttl: Duration::from_secs(7 * 24 * 60 * 60),
             event_retention: Duration::from_secs(30 * 24 * 60 * 60),
-            webhook_delivery_retention: Duration::from_secs(30 * 24 * 60 * 60),
-            expiry_interval: Duration::from_secs(60),
-            lease: Duration::from_secs(30),
-            slow_charge: Duration::from_secs(2),
+            shared: SharedArgs::default(),
             processor: ProcessorLink::default(),
             recovery_interval: Duration::from_secs(10),
             recovery_window: Duration::from_secs(12 * 60 * 60),
             request_timeout: Duration::from_secs(10),
-            webhook_secrets: None,
-            webhook_retry_schedule: RetrySchedule::default(),
-            webhook_delivery_timeout: Duration::from_secs(10),
             webhook_poll_interval: Duration::from_secs(1),
             webhook_allow_private: false,
             header_read_timeout: Duration::from_secs(10),
@@ -318,7 +285,7 @@ mod tests {
     #[test]
     fn durations_are_read_in_human_form() {
         let parsed = Cli::parse_from(["idempay", "--lease", "1s", "--key-ttl", "90m"]).settings;
-        assert_eq!(parsed.lease, Duration::from_secs(1));
+        assert_eq!(parsed.shared.lease, Duration::from_secs(1));
         assert_eq!(parsed.key_ttl, Duration::from_secs(90 * 60));
         assert!(Cli::try_parse_from(["idempay", "--lease", "10ms"]).is_err());
     }
@@ -336,7 +303,7 @@ mod tests {
     #[test]
     fn a_lease_shorter_than_three_acquire_timeouts_is_refused() {
         let pool = PoolLimits::default();
-        assert_eq!(check_lease(Settings::default().lease, &pool), Ok(()));
+        assert_eq!(check_lease(Settings::default().shared.lease, &pool), Ok(()));
         assert_eq!(check_lease(pool.acquire_timeout * 3, &pool), Ok(()));
         let refused = check_lease(Duration::from_secs(2), &pool).unwrap_err();
         assert!(refused.contains("IDEMPAY_LEASE (2s)"), "{refused}");
@@ -350,7 +317,7 @@ mod tests {
 
     #[test]
     fn a_delivery_retention_shorter_than_the_retry_schedule_is_refused() {
-        let settings = Settings::default();
+        let settings = Settings::default().shared;
         assert_eq!(
             check_delivery_retention(
                 settings.webhook_delivery_retention,
@@ -387,7 +354,7 @@ mod tests {
             Duration::from_secs(90 * 24 * 60 * 60)
         );
         assert_eq!(
-            parsed.webhook_delivery_retention,
+            parsed.shared.webhook_delivery_retention,
             Duration::from_secs(15 * 24 * 60 * 60)
         );
     }
@@ -469,7 +436,7 @@ mod tests {
         }
         // A simulated delay of zero is none.
         let parsed = Cli::parse_from(["idempay", "--slow-charge", "0s"]).settings;
-        assert_eq!(parsed.slow_charge, Duration::ZERO);
+        assert_eq!(parsed.shared.slow_charge, Duration::ZERO);
         let error = Cli::try_parse_from(["idempay", "--database-max-connections", "0"])
             .err()
             .expect("no connections is refused");
@@ -488,7 +455,7 @@ mod tests {
     #[test]
     fn the_client_s_default_deadline_outlasts_the_default_lease_and_a_processor_call() {
         let settings = Settings::default();
-        let covered = settings.lease + settings.processor.timeout;
+        let covered = settings.shared.lease + settings.processor.timeout;
         let deadline = client::RetryPolicy::default().deadline;
         assert!(
             deadline >= covered * 2,

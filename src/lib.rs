@@ -40,4 +40,5 @@ pub mod recovery;
 pub mod refunds;
 pub mod settings;
 pub mod telemetry;
+pub mod vocabulary;
 pub mod webhooks;

@@ -18,10 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ProcessorLink;
 use crate::ids;
+use crate::payments::PaymentStatus;
 use crate::processor::{
     Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorClient, ProcessorRefund,
     ProcessorSettings, RefundStatus,
 };
+use crate::refunds::RefundStatus as OurRefundStatus;
+use crate::vocabulary::stored;
 
 /// Reconciles against the processor `link` names or, without a URL, against the processor
 /// embedded in this database (as `serve` runs it), started on a loopback port for the purpose.
@@ -218,7 +221,7 @@ struct OurPayment {
     id: String,
     charge: String,
     amount: i64,
-    status: String,
+    status: PaymentStatus,
     amount_refunded: i64,
     amount_disputed: i64,
 }
@@ -228,7 +231,7 @@ struct OurRefund {
     id: String,
     processor_refund: String,
     amount: i64,
-    status: String,
+    status: OurRefundStatus,
 }
 
 /// A dispute of a charged payment, by the processor's dispute id, with that payment's charge.
@@ -240,24 +243,45 @@ struct OurDispute {
 
 impl Ours {
     async fn read(pool: &PgPool) -> anyhow::Result<Self> {
-        let payments = sqlx::query_as!(
-            OurPayment,
+        // A status none of ours is an error, not a difference to report.
+        let payments = sqlx::query!(
             r#"
             SELECT id, charge AS "charge!", amount, status, amount_refunded, amount_disputed
             FROM payments WHERE charge IS NOT NULL
             "#
         )
         .fetch_all(pool)
-        .await?;
-        let refunds = sqlx::query_as!(
-            OurRefund,
+        .await?
+        .into_iter()
+        .map(|row| {
+            Ok(OurPayment {
+                status: stored(&row.status)?,
+                id: row.id,
+                charge: row.charge,
+                amount: row.amount,
+                amount_refunded: row.amount_refunded,
+                amount_disputed: row.amount_disputed,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()?;
+        let refunds = sqlx::query!(
             r#"
             SELECT id, processor_refund AS "processor_refund!", amount, status
             FROM refunds WHERE processor_refund IS NOT NULL
             "#
         )
         .fetch_all(pool)
-        .await?;
+        .await?
+        .into_iter()
+        .map(|row| {
+            Ok(OurRefund {
+                status: stored(&row.status)?,
+                id: row.id,
+                processor_refund: row.processor_refund,
+                amount: row.amount,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()?;
         // A dispute is recorded under the processor's id for it (`data.dispute` of its event); one
         // of a payment with no charge has nothing at the processor to be compared with.
         let disputes = sqlx::query_as!(
@@ -334,7 +358,7 @@ fn payments_against_charges(ours: &Ours, theirs: &Theirs, differences: &mut Vec<
             continue;
         };
         // `refunded` and `failed` are later states of a succeeded charge.
-        let outcome = if payment.status == "declined" {
+        let outcome = if payment.status == PaymentStatus::Declined {
             ChargeStatus::Declined
         } else {
             ChargeStatus::Succeeded
@@ -405,7 +429,8 @@ fn refunds_against_theirs(
                 ),
             }),
             Some(theirs)
-                if (theirs.status == RefundStatus::Failed) != (refund.status == "failed") =>
+                if (theirs.status == RefundStatus::Failed)
+                    != (refund.status == OurRefundStatus::Failed) =>
             {
                 differences.push(Difference::RefundMismatch {
                     refund: refund.id.clone(),

@@ -36,10 +36,11 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DatabaseArgs;
+use crate::config::{DEFAULT_KEY_TTL, DatabaseArgs};
 use crate::db::check_lease;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::server::shutdown_signal;
+use crate::processor::{DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE};
 use crate::settings::{parse_lease, positive};
 use crate::{db, expiry};
 use idempotency::{self, Idempotency, NotStored, Owners, Policy};
@@ -67,15 +68,15 @@ pub struct FixtureArgs {
 
     /// How long a key and its stored response live (the conformance suite's short-ttl vectors
     /// need at most 2s).
-    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = "24h", value_parser = positive("IDEMPAY_KEY_TTL"))]
+    #[arg(long, env = "IDEMPAY_KEY_TTL", default_value = DEFAULT_KEY_TTL, value_parser = positive("IDEMPAY_KEY_TTL"))]
     pub key_ttl: Duration,
 
     /// How long an in-progress key blocks retries before a retry may take it over.
-    #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = parse_lease)]
+    #[arg(long, env = "IDEMPAY_LEASE", default_value = DEFAULT_LEASE, value_parser = parse_lease)]
     pub lease: Duration,
 
     /// How often the expiry job deletes expired keys.
-    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
+    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = DEFAULT_EXPIRY_INTERVAL, value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
     pub expiry_interval: Duration,
 }
 

@@ -50,16 +50,17 @@ use postgres::Postgres;
 
 pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
     // The dev database's pool has the default limits.
-    check_lease(settings.lease, &PoolLimits::default()).map_err(anyhow::Error::msg)?;
+    check_lease(settings.shared.lease, &PoolLimits::default()).map_err(anyhow::Error::msg)?;
     settings
+        .shared
         .webhook_secrets
         .get_or_insert_with(WebhookSecrets::generate);
     // The endpoints a developer registers are on this machine: `idempay webhook listen`.
     settings.webhook_allow_private = true;
     // Production's schedule unless one was asked for: a schedule equal to the default is taken
     // as not asked for.
-    if settings.webhook_retry_schedule == RetrySchedule::default() {
-        settings.webhook_retry_schedule =
+    if settings.shared.webhook_retry_schedule == RetrySchedule::default() {
+        settings.shared.webhook_retry_schedule =
             RetrySchedule::parse(DEV_RETRY_SCHEDULE).map_err(anyhow::Error::msg)?;
     }
     eprintln!("Starting a throwaway PostgreSQL container…");
@@ -81,6 +82,7 @@ async fn serve(
     let listener = TcpListener::bind(listen).await?;
     let base = format!("http://{}", listener.local_addr()?);
     let webhook_secrets = settings
+        .shared
         .webhook_secrets
         .clone()
         .unwrap_or_else(WebhookSecrets::generate);
@@ -89,12 +91,8 @@ async fn serve(
     let processor_key = ids::generate("sk_dev", 32);
     let mut processor_settings =
         ProcessorSettings::new(ProcessorApiKey::parse(&processor_key).map_err(anyhow::Error::msg)?);
-    processor_settings.slow_charge = settings.slow_charge;
-    processor_settings.lease = settings.lease;
-    processor_settings.expiry_interval = settings.expiry_interval;
-    processor_settings.webhook_delivery_retention = settings.webhook_delivery_retention;
-    processor_settings.webhook_secrets = Some(webhook_secrets.clone());
-    processor_settings.webhook_retry_schedule = settings.webhook_retry_schedule.clone();
+    processor_settings.shared = settings.shared.clone();
+    processor_settings.shared.webhook_secrets = Some(webhook_secrets.clone());
     processor_settings.webhook_url = Some(format!("{base}/v1/webhooks/processor"));
     let processor_listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, PROCESSOR_PORT)).await {
         Ok(listener) => listener,
@@ -113,7 +111,7 @@ async fn serve(
     let banner = banner(&base, account.id().as_str(), key.expose());
     let receiver = Receiver {
         port: receiver_port(),
-        schedule: settings.webhook_retry_schedule.clone(),
+        schedule: settings.shared.webhook_retry_schedule.clone(),
     };
     let endpoint_banner = endpoint_banner(&base, key.expose(), &exe, &receiver);
     let app = checkout::mount(Application::build(settings, pool, listener)?, Some(key));

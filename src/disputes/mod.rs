@@ -17,6 +17,7 @@ use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::payments::PaymentId;
+use crate::vocabulary::{stored, vocabulary};
 
 /// The longest dispute id, as the table's CHECK bounds it: the processor chooses them.
 const MAX_ID_LEN: usize = 100;
@@ -44,6 +45,11 @@ pub enum DisputeStatus {
     /// operator must look.
     NeedsReview,
 }
+
+vocabulary!(DisputeStatus, "dispute status" {
+    Open => "open",
+    NeedsReview => "needs_review",
+});
 
 /// A dispute, as the API returns it.
 #[derive(Clone, Debug, Serialize, ToSchema)]
@@ -89,22 +95,18 @@ struct DisputeRow {
     created_at: DateTime<Utc>,
 }
 
-impl From<DisputeRow> for Dispute {
-    fn from(row: DisputeRow) -> Self {
-        Self {
-            id: row.id,
+impl DisputeRow {
+    /// The dispute this row holds; a decoding error if its status is none the API knows.
+    fn parse(self) -> Result<Dispute, sqlx::Error> {
+        Ok(Dispute {
+            id: self.id,
             object: "dispute",
-            payment: row.payment_id,
-            amount: row.amount,
-            currency: row.currency,
-            // The table's CHECK admits these two.
-            status: if row.status == "needs_review" {
-                DisputeStatus::NeedsReview
-            } else {
-                DisputeStatus::Open
-            },
-            created_at: row.created_at,
-        }
+            payment: self.payment_id,
+            amount: self.amount,
+            currency: self.currency,
+            status: stored(&self.status)?,
+            created_at: self.created_at,
+        })
     }
 }
 
@@ -248,7 +250,10 @@ async fn list_disputes(
             .await?
         }
     };
-    let rows = rows.into_iter().map(Dispute::from).collect();
+    let rows = rows
+        .into_iter()
+        .map(DisputeRow::parse)
+        .collect::<Result<_, _>>()?;
     Ok(axum::Json(List::from_rows(rows, &page)).into_response())
 }
 
@@ -294,7 +299,7 @@ async fn get_dispute(
     .fetch_optional(&pool)
     .await?
     .ok_or_else(not_found)?;
-    Ok(axum::Json(Dispute::from(row)).into_response())
+    Ok(axum::Json(row.parse()?).into_response())
 }
 
 /// Whether `id` could be a dispute's: the processor chooses the ids, so only what the table
@@ -306,6 +311,31 @@ fn is_dispute_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_dispute_status_that_is_none_of_ours_is_an_error() {
+        let row = |status: &str| DisputeRow {
+            id: "dp_1".to_owned(),
+            payment_id: "pay_U5PgTqA02dYsv3cLANIGkqIs".to_owned(),
+            amount: 1500,
+            currency: "eur".to_owned(),
+            status: status.to_owned(),
+            created_at: Utc::now(),
+        };
+        for status in DisputeStatus::ALL {
+            assert_eq!(row(status.as_str()).parse().unwrap().status, *status);
+            assert_eq!(
+                serde_json::to_value(status).unwrap(),
+                serde_json::Value::from(status.as_str())
+            );
+        }
+        // Not taken for `open`, as it once was.
+        let unknown = row("won").parse().unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown dispute status `won`"),
+            "{unknown}"
+        );
+    }
 
     #[test]
     fn a_dispute_id_is_any_text_the_table_admits() {

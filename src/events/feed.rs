@@ -37,7 +37,7 @@ impl TryFrom<String> for EventTypeParam {
     type Error = String;
 
     fn try_from(name: String) -> Result<Self, String> {
-        EventType::parse(&name).map(Self).ok_or_else(|| {
+        name.parse().map(Self).map_err(|_| {
             let known: Vec<&str> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
             format!("unknown event type `{name}`; one of {}", known.join(", "))
         })

@@ -14,6 +14,7 @@ use crate::db::Engine;
 use crate::ids;
 use crate::payments::Payment;
 use crate::refunds::Refund;
+use crate::vocabulary::vocabulary;
 
 pub use feed::router;
 
@@ -44,35 +45,17 @@ pub enum EventType {
     RefundFailed,
 }
 
-impl EventType {
-    /// Every type, in the order the documentation lists them.
-    pub const ALL: [Self; 7] = [
-        Self::PaymentSucceeded,
-        Self::PaymentDeclined,
-        Self::PaymentFailed,
-        Self::PaymentRefunded,
-        Self::PaymentDisputed,
-        Self::RefundCreated,
-        Self::RefundFailed,
-    ];
-
-    /// The type's name, as the API, the `events.type` column and the metrics spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PaymentSucceeded => "payment.succeeded",
-            Self::PaymentDeclined => "payment.declined",
-            Self::PaymentFailed => "payment.failed",
-            Self::PaymentRefunded => "payment.refunded",
-            Self::PaymentDisputed => "payment.disputed",
-            Self::RefundCreated => "refund.created",
-            Self::RefundFailed => "refund.failed",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
-    }
-}
+// In the order the documentation lists them; the names as the API, the `events.type` column
+// and the metrics spell them.
+vocabulary!(EventType, "event type" {
+    PaymentSucceeded => "payment.succeeded",
+    PaymentDeclined => "payment.declined",
+    PaymentFailed => "payment.failed",
+    PaymentRefunded => "payment.refunded",
+    PaymentDisputed => "payment.disputed",
+    RefundCreated => "refund.created",
+    RefundFailed => "refund.failed",
+});
 
 /// An event, as the feed serves it and endpoints receive it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -312,14 +295,20 @@ mod tests {
 
     #[test]
     fn every_type_parses_back_from_its_name() {
-        for kind in EventType::ALL {
-            assert_eq!(EventType::parse(kind.as_str()), Some(kind));
+        for &kind in EventType::ALL {
+            assert_eq!(kind.as_str().parse(), Ok(kind));
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),
                 serde_json::Value::from(kind.as_str())
             );
         }
-        assert_eq!(EventType::parse("payment.created"), None);
+        assert_eq!(
+            "payment.created"
+                .parse::<EventType>()
+                .unwrap_err()
+                .to_string(),
+            "unknown event type `payment.created`"
+        );
     }
 
     #[test]

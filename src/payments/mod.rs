@@ -138,7 +138,7 @@ async fn get_payment(
     .fetch_optional(&pool)
     .await?
     .ok_or_else(not_found)?;
-    Ok(axum::Json(Payment::from(row)).into_response())
+    Ok(axum::Json(row.parse()?).into_response())
 }
 
 /// List payments
@@ -223,7 +223,10 @@ async fn list_payments(
             .await?
         }
     };
-    let rows = rows.into_iter().map(Payment::from).collect();
+    let rows = rows
+        .into_iter()
+        .map(PaymentRow::parse)
+        .collect::<Result<_, _>>()?;
     Ok(axum::Json(List::from_rows(rows, &page)).into_response())
 }
 

@@ -42,9 +42,15 @@ impl Refusal {
     /// charge): a business answer to store as the result, not an outage to retry.
     pub fn is_refund_refused(&self) -> bool {
         matches!(
-            self.problem_type.as_deref(),
-            Some("/problems/refund-exceeds-payment" | "/problems/payment-not-refundable")
+            self.problem(),
+            Some(ProblemKind::RefundExceedsPayment | ProblemKind::PaymentNotRefundable)
         )
+    }
+
+    /// The kind of problem the processor answered with, of the catalogue it answers from (the
+    /// same as idempay's); `None` when it sent no `type`, or one of no kind known here.
+    pub fn problem(&self) -> Option<ProblemKind> {
+        ProblemKind::from_type_uri(self.problem_type.as_deref()?)
     }
 }
 
@@ -423,6 +429,34 @@ fn classify<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> Outcome<T> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refund_is_refused_by_the_processor_s_two_problem_types_and_no_other() {
+        let refusal = |problem_type: Option<&str>| Refusal {
+            reason: "refused".into(),
+            status: Some(400),
+            problem_type: problem_type.map(str::to_owned),
+        };
+        for refused in [
+            "/problems/refund-exceeds-payment",
+            "/problems/payment-not-refundable",
+        ] {
+            assert!(refusal(Some(refused)).is_refund_refused(), "{refused}");
+        }
+        assert_eq!(
+            refusal(Some("/problems/refund-exceeds-payment")).problem(),
+            Some(ProblemKind::RefundExceedsPayment)
+        );
+        for other in [
+            None,
+            Some("/problems/invalid-request"),
+            Some("/problems/refund-exceeds"),
+            Some("refund-exceeds-payment"),
+        ] {
+            assert!(!refusal(other).is_refund_refused(), "{other:?}");
+        }
+        assert_eq!(refusal(Some("/problems/unheard-of")).problem(), None);
+    }
 
     fn outcome(status: u16, body: &str) -> Outcome<ProcessorRefund> {
         classify(StatusCode::from_u16(status).unwrap(), body.as_bytes())

@@ -22,7 +22,7 @@ use super::extract::{Authorized, Keyed};
 use super::faults::{Faults, Fraction};
 use super::model::{
     Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
-    ProcessorRefund, RefundRow, tagged,
+    ProcessorEventType, ProcessorRefund, RefundRow, tagged,
 };
 use crate::db::Engine;
 use crate::http::error::{ApiError, Problem, ProblemKind};
@@ -30,6 +30,7 @@ use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
 use crate::http::server::Hangup;
 use crate::payments::PaymentMethod;
+use crate::vocabulary::stored;
 use crate::webhooks::delivery;
 use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
 
@@ -92,14 +93,14 @@ impl ProcessorState {
     async fn announce(
         &self,
         conn: &mut PgConnection,
-        kind: &str,
+        kind: ProcessorEventType,
         at: DateTime<Utc>,
         data: &impl Serialize,
     ) -> Result<(), ApiError> {
         let Some(url) = &self.webhook_url else {
             return Ok(());
         };
-        let body = delivery::envelope(kind, at, data).map_err(anyhow::Error::from)?;
+        let body = delivery::envelope(kind.as_str(), at, data).map_err(anyhow::Error::from)?;
         delivery::enqueue(
             conn,
             super::extract::SCOPE_OWNER,
@@ -163,10 +164,7 @@ async fn charge(
             .with_header(header::LOCATION, format!("/v1/charges/{}", charge.id)),
         Some(code) => Problem::charge_declined(&charge.id, code).stored(),
     };
-    let kind = match charge.status {
-        ChargeStatus::Succeeded => "charge.succeeded",
-        ChargeStatus::Declined => "charge.declined",
-    };
+    let kind = ProcessorEventType::of_charge(charge.status).as_str();
     let data = json!({ "charge": charge.id, "amount": charge.amount, "currency": charge.currency });
     // The event, when events are delivered: written by the same statement as the charge.
     let event = match &state.webhook_url {
@@ -295,7 +293,7 @@ pub(super) async fn get_charge(
     .fetch_optional(&state.pool)
     .await?
     .ok_or_else(not_found)?;
-    Ok(axum::Json(tagged("charge", &Charge::from(row))).into_response())
+    Ok(axum::Json(tagged("charge", &row.parse()?)).into_response())
 }
 
 /// A page of a list, in Stripe's shape: the list and where it is read.
@@ -366,7 +364,10 @@ pub(super) async fn list_charges(
             .await?
         }
     };
-    let charges: Vec<Charge> = rows.into_iter().map(Charge::from).collect();
+    let charges: Vec<Charge> = rows
+        .into_iter()
+        .map(ChargeRow::parse)
+        .collect::<Result<_, _>>()?;
     let list = List::from_rows(charges, &page);
     let data = list.data.iter().map(|c| tagged("charge", c)).collect();
     Ok(axum::Json(Page {
@@ -406,7 +407,7 @@ pub(super) async fn create_refund(
                 let data =
                     json!({ "charge": refund.charge, "refund": refund.id, "amount": refund.amount });
                 shared
-                    .announce(&mut tx, "charge.refunded", at, &data)
+                    .announce(&mut tx, ProcessorEventType::ChargeRefunded, at, &data)
                     .await?;
                 StoredResponse::json(StatusCode::CREATED, &tagged("refund", &refund))
                     .map_err(anyhow::Error::from)?
@@ -440,7 +441,7 @@ async fn refund(
     else {
         return Ok(Err(charge_not_found(charge)));
     };
-    if ChargeStatus::from_stored(&charged.status) == ChargeStatus::Declined {
+    if stored::<ChargeStatus>(&charged.status)? == ChargeStatus::Declined {
         return Ok(Err(Problem::new(
             ProblemKind::PaymentNotRefundable,
             format!(
@@ -482,7 +483,7 @@ async fn refund(
     )
     .execute(&mut *conn)
     .await?;
-    Ok(Ok(row.into()))
+    Ok(Ok(row.parse()?))
 }
 
 /// `GET /v1/refunds`: every refund, newest first, each naming its charge, for reconciliation.
@@ -543,7 +544,10 @@ pub(super) async fn list_refunds(
             .await?
         }
     };
-    let refunds: Vec<ProcessorRefund> = rows.into_iter().map(ProcessorRefund::from).collect();
+    let refunds: Vec<ProcessorRefund> = rows
+        .into_iter()
+        .map(RefundRow::parse)
+        .collect::<Result<_, _>>()?;
     let list = List::from_rows(refunds, &page);
     let data = list.data.iter().map(|r| tagged("refund", r)).collect();
     Ok(axum::Json(Page {
@@ -587,7 +591,7 @@ pub(super) async fn create_dispute(
         return Err(charge_not_found(&id).into());
     };
     let open = charged.amount - charged.amount_disputed;
-    if ChargeStatus::from_stored(&charged.status) == ChargeStatus::Declined || amount > open {
+    if stored::<ChargeStatus>(&charged.status)? == ChargeStatus::Declined || amount > open {
         return Err(Problem::new(
             ProblemKind::InvalidRequest,
             format!(
@@ -619,7 +623,12 @@ pub(super) async fn create_dispute(
     .await?;
     let data = json!({ "charge": dispute.charge, "dispute": dispute.id, "amount": dispute.amount });
     state
-        .announce(&mut tx, "charge.dispute.created", dispute.created_at, &data)
+        .announce(
+            &mut tx,
+            ProcessorEventType::ChargeDisputeCreated,
+            dispute.created_at,
+            &data,
+        )
         .await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, axum::Json(tagged("dispute", &dispute))).into_response())
@@ -657,11 +666,11 @@ pub(super) async fn fail_refund(
     )
     .execute(&mut *tx)
     .await?;
-    let refund = ProcessorRefund::from(failed);
+    let refund = failed.parse()?;
     let at = chrono::Utc::now();
     let data = json!({ "charge": refund.charge, "refund": refund.id, "amount": refund.amount });
     state
-        .announce(&mut tx, "charge.refund.failed", at, &data)
+        .announce(&mut tx, ProcessorEventType::ChargeRefundFailed, at, &data)
         .await?;
     tx.commit().await?;
     Ok(axum::Json(tagged("refund", &refund)).into_response())

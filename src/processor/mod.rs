@@ -47,8 +47,11 @@ use crate::webhooks::delivery::Deliverer;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
 pub use faults::{Faults, Fraction};
-pub use model::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
-pub use settings::{ProcessorApiKey, ProcessorListen, ProcessorSettings};
+pub use model::{Charge, ChargeStatus, Dispute, ProcessorEventType, ProcessorRefund, RefundStatus};
+pub use settings::{
+    DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, ProcessorApiKey, ProcessorListen, ProcessorSettings,
+    SharedArgs,
+};
 
 /// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
 /// find their first charge.
@@ -148,7 +151,7 @@ impl Processor {
         pool: PgPool,
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
-        let deliveries = match (&settings.webhook_url, &settings.webhook_secrets) {
+        let deliveries = match (&settings.webhook_url, &settings.shared.webhook_secrets) {
             (None, _) => None,
             (Some(_), None) => anyhow::bail!(
                 "IDEMPAY_PROCESSOR_WEBHOOK_URL is set but IDEMPAY_WEBHOOK_SECRET is not: events \
@@ -157,8 +160,8 @@ impl Processor {
             (Some(_), Some(secrets)) => Some(Deliverer::processor(
                 pool.clone(),
                 secrets,
-                settings.webhook_retry_schedule.clone(),
-                settings.webhook_delivery_timeout,
+                settings.shared.webhook_retry_schedule.clone(),
+                settings.shared.webhook_delivery_timeout,
             )?),
         };
         let state = ProcessorState(Arc::new(Shared {
@@ -166,7 +169,7 @@ impl Processor {
                 pool.clone(),
                 Policy {
                     key_ttl: KEY_TTL,
-                    lease: settings.lease,
+                    lease: settings.shared.lease,
                     // The processor calls no one: its keys never reach a recovery point.
                     recovery_window: KEY_TTL,
                 },
@@ -175,7 +178,7 @@ impl Processor {
             // Named apart, so that a fault test of idempay's never fires in the embedded one.
             .crash_points(|point| failpoint::hit(&format!("processor:{point}"))),
             api_key: settings.api_key,
-            slow_charge: settings.slow_charge,
+            slow_charge: settings.shared.slow_charge,
             faults: std::sync::RwLock::new(settings.faults),
             webhook_url: settings.webhook_url,
             pool,
@@ -185,8 +188,8 @@ impl Processor {
             state,
             deliveries,
             runs_expiry: true,
-            expiry_interval: settings.expiry_interval,
-            delivery_retention: settings.webhook_delivery_retention,
+            expiry_interval: settings.shared.expiry_interval,
+            delivery_retention: settings.shared.webhook_delivery_retention,
         })
     }
 

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids;
 use crate::payments::{Amount, Currency, PaymentMethod};
+use crate::vocabulary::{stored, vocabulary};
 
 /// The length of the random part of every processor id.
 const ID_LEN: usize = 24;
@@ -43,23 +44,10 @@ pub enum ChargeStatus {
     Declined,
 }
 
-impl ChargeStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Succeeded => "succeeded",
-            Self::Declined => "declined",
-        }
-    }
-
-    /// The column's value; its CHECK constraint admits no other.
-    pub(super) fn from_stored(status: &str) -> Self {
-        if status == "declined" {
-            Self::Declined
-        } else {
-            Self::Succeeded
-        }
-    }
-}
+vocabulary!(ChargeStatus, "charge status" {
+    Succeeded => "succeeded",
+    Declined => "declined",
+});
 
 /// A charge, as `GET /v1/charges/{id}` answers it (with `"object": "charge"`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +71,40 @@ pub struct Charge {
 pub enum RefundStatus {
     Succeeded,
     Failed,
+}
+
+vocabulary!(RefundStatus, "processor refund status" {
+    Succeeded => "succeeded",
+    Failed => "failed",
+});
+
+/// The types of the events the processor sends (to `IDEMPAY_PROCESSOR_WEBHOOK_URL`), each written
+/// to its outbox with the change it announces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessorEventType {
+    ChargeSucceeded,
+    ChargeDeclined,
+    ChargeRefunded,
+    ChargeDisputeCreated,
+    ChargeRefundFailed,
+}
+
+vocabulary!(ProcessorEventType, "processor event type" {
+    ChargeSucceeded => "charge.succeeded",
+    ChargeDeclined => "charge.declined",
+    ChargeRefunded => "charge.refunded",
+    ChargeDisputeCreated => "charge.dispute.created",
+    ChargeRefundFailed => "charge.refund.failed",
+});
+
+impl ProcessorEventType {
+    /// The event that announces a charge with this result.
+    pub fn of_charge(status: ChargeStatus) -> Self {
+        match status {
+            ChargeStatus::Succeeded => Self::ChargeSucceeded,
+            ChargeStatus::Declined => Self::ChargeDeclined,
+        }
+    }
 }
 
 /// A refund, as the processor lists it (with `"object": "refund"`). Its id is `pyr_…`, apart from
@@ -164,18 +186,19 @@ pub(super) struct ChargeRow {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<ChargeRow> for Charge {
-    fn from(row: ChargeRow) -> Self {
-        Self {
-            id: row.id,
-            amount: row.amount,
-            currency: row.currency,
-            status: ChargeStatus::from_stored(&row.status),
-            payment_method: row.payment_method,
-            decline_code: row.decline_code,
-            amount_refunded: row.amount_refunded,
-            created_at: row.created_at,
-        }
+impl ChargeRow {
+    /// The charge this row holds; a decoding error if its status is unknown.
+    pub(super) fn parse(self) -> Result<Charge, sqlx::Error> {
+        Ok(Charge {
+            id: self.id,
+            amount: self.amount,
+            currency: self.currency,
+            status: stored(&self.status)?,
+            payment_method: self.payment_method,
+            decline_code: self.decline_code,
+            amount_refunded: self.amount_refunded,
+            created_at: self.created_at,
+        })
     }
 }
 
@@ -188,25 +211,82 @@ pub(super) struct RefundRow {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<RefundRow> for ProcessorRefund {
-    fn from(row: RefundRow) -> Self {
-        Self {
-            id: row.id,
-            charge: row.charge_id,
-            amount: row.amount,
-            status: if row.status == "failed" {
-                RefundStatus::Failed
-            } else {
-                RefundStatus::Succeeded
-            },
-            created_at: row.created_at,
-        }
+impl RefundRow {
+    /// The refund this row holds; a decoding error if its status is unknown.
+    pub(super) fn parse(self) -> Result<ProcessorRefund, sqlx::Error> {
+        Ok(ProcessorRefund {
+            id: self.id,
+            charge: self.charge_id,
+            amount: self.amount,
+            status: stored(&self.status)?,
+            created_at: self.created_at,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_charge_or_refund_status_that_is_none_of_ours_is_an_error() {
+        let charge = |status: &str| ChargeRow {
+            id: "ch_1".to_owned(),
+            amount: 100,
+            currency: "eur".to_owned(),
+            status: status.to_owned(),
+            payment_method: "pm_card_visa".to_owned(),
+            decline_code: None,
+            amount_refunded: 0,
+            created_at: Utc::now(),
+        };
+        let refund = |status: &str| RefundRow {
+            id: "pyr_1".to_owned(),
+            charge_id: "ch_1".to_owned(),
+            amount: 5,
+            status: status.to_owned(),
+            created_at: Utc::now(),
+        };
+        for status in ChargeStatus::ALL {
+            assert_eq!(charge(status.as_str()).parse().unwrap().status, *status);
+            assert_eq!(
+                serde_json::to_value(status).unwrap(),
+                serde_json::Value::from(status.as_str())
+            );
+        }
+        for status in RefundStatus::ALL {
+            assert_eq!(refund(status.as_str()).parse().unwrap().status, *status);
+            assert_eq!(
+                serde_json::to_value(status).unwrap(),
+                serde_json::Value::from(status.as_str())
+            );
+        }
+        // Neither is taken for `succeeded`, as they once were.
+        let unknown = charge("pending").parse().unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .contains("unknown charge status `pending`"),
+            "{unknown}"
+        );
+        let unknown = refund("FAILED").parse().unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .contains("unknown processor refund status `FAILED`"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn every_event_the_processor_sends_is_one_idempay_s_intake_understands() {
+        for kind in ProcessorEventType::ALL {
+            assert!(
+                kind.as_str().parse::<crate::webhooks::IntakeType>().is_ok(),
+                "{kind}"
+            );
+        }
+    }
 
     #[test]
     fn ids_have_their_own_prefixes_and_are_recognised() {

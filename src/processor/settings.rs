@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::faults::Faults;
+use crate::settings::{any_length, parse_lease, positive};
 use crate::webhooks::RetrySchedule;
 use crate::webhooks::WebhookSecrets;
 
@@ -23,6 +24,81 @@ pub struct ProcessorListen {
     pub listen: SocketAddr,
 }
 
+/// The settings `idempay serve` and `idempay processor` share, each declared once, with its one
+/// default and parser: flattened into both (idempay's `Settings`, in `config.rs`, and
+/// [`ProcessorSettings`]), so that an embedded processor (or `idempay dev`'s) takes idempay's values
+/// as one. Here, beside the processor, because the processor may not import idempay's `config`.
+#[derive(Args, Clone, Debug, PartialEq, Eq)]
+pub struct SharedArgs {
+    /// How long an in-progress key blocks retries before a retry may take it over (idempay's keys,
+    /// and the processor's).
+    #[arg(long, env = "IDEMPAY_LEASE", default_value = DEFAULT_LEASE, value_parser = parse_lease)]
+    pub lease: Duration,
+
+    /// Processing time of the test payment method `pm_card_slow`, at the processor (embedded or
+    /// not).
+    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = DEFAULT_SLOW_CHARGE, value_parser = any_length("IDEMPAY_SLOW_CHARGE"))]
+    pub slow_charge: Duration,
+
+    /// How often the expiry job deletes expired keys, and events and deliveries past their
+    /// retention (the processor's job: its keys and its deliveries).
+    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = DEFAULT_EXPIRY_INTERVAL, value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
+    pub expiry_interval: Duration,
+
+    /// The `whsec_…` secrets webhooks are signed with, space separated: idempay accepts a
+    /// delivery signed with any of them, so one can be rotated; the processor signs its events
+    /// with the first.
+    #[arg(long = "webhook-secret", env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
+    pub webhook_secrets: Option<WebhookSecrets>,
+
+    /// The delays between attempts to deliver an event (idempay's to a merchant endpoint, the
+    /// processor's to idempay), comma separated, each jittered by ±10%: after the last one the
+    /// delivery is given up, and a merchant endpoint that acknowledged nothing for that whole
+    /// time is disabled.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = RetrySchedule::parse)]
+    pub webhook_retry_schedule: RetrySchedule,
+
+    /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = DEFAULT_WEBHOOK_DELIVERY_TIMEOUT, value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
+    pub webhook_delivery_timeout: Duration,
+
+    /// How long a delivery, with its attempts (`GET /v1/events/{id}/attempts` for a merchant
+    /// endpoint's), is kept after it was acknowledged or given up; then the expiry job deletes
+    /// it. A pending delivery is never deleted. For idempay at least the retry schedule's span
+    /// (`config::check_delivery_retention`): whether an endpoint is disabled depends on what it
+    /// acknowledged within it.
+    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = DEFAULT_WEBHOOK_DELIVERY_RETENTION, value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
+    pub webhook_delivery_retention: Duration,
+}
+
+/// The defaults of [`SharedArgs`], as the command line spells them; [`SharedArgs::default`]
+/// reads them with the same parsers. The lease's and the expiry interval's are `idempay
+/// fixture`'s too.
+pub const DEFAULT_LEASE: &str = "30s";
+pub const DEFAULT_SLOW_CHARGE: &str = "2s";
+pub const DEFAULT_EXPIRY_INTERVAL: &str = "60s";
+const DEFAULT_WEBHOOK_DELIVERY_TIMEOUT: &str = "10s";
+const DEFAULT_WEBHOOK_DELIVERY_RETENTION: &str = "30days";
+
+impl Default for SharedArgs {
+    fn default() -> Self {
+        let read = |parsed: Result<Duration, String>| parsed.expect("a default setting parses");
+        Self {
+            lease: read(parse_lease(DEFAULT_LEASE)),
+            slow_charge: read(any_length("IDEMPAY_SLOW_CHARGE")(DEFAULT_SLOW_CHARGE)),
+            expiry_interval: read(positive("IDEMPAY_EXPIRY_INTERVAL")(DEFAULT_EXPIRY_INTERVAL)),
+            webhook_secrets: None,
+            webhook_retry_schedule: RetrySchedule::default(),
+            webhook_delivery_timeout: read(positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT")(
+                DEFAULT_WEBHOOK_DELIVERY_TIMEOUT,
+            )),
+            webhook_delivery_retention: read(positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION")(
+                DEFAULT_WEBHOOK_DELIVERY_RETENTION,
+            )),
+        }
+    }
+}
+
 /// How the simulated processor behaves.
 #[derive(Args, Clone, Debug)]
 pub struct ProcessorSettings {
@@ -30,42 +106,14 @@ pub struct ProcessorSettings {
     #[arg(long, env = "IDEMPAY_PROCESSOR_API_KEY", hide_env_values = true, value_parser = ProcessorApiKey::parse)]
     pub api_key: ProcessorApiKey,
 
-    /// Processing time of the test payment method `pm_card_slow`.
-    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = "2s", value_parser = crate::settings::any_length("IDEMPAY_SLOW_CHARGE"))]
-    pub slow_charge: Duration,
-
-    /// The `whsec_…` secrets, space separated: the events are signed with the first (the
-    /// others are the receiver's business, listed here so both sides can share one setting).
-    #[arg(long = "webhook-secret", env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
-    pub webhook_secrets: Option<WebhookSecrets>,
+    /// The lease, the slow charge, the expiry interval and the webhook delivery settings, the
+    /// same as idempay's: embedded (or beside idempay in `idempay dev`), it takes idempay's.
+    #[command(flatten)]
+    pub shared: SharedArgs,
 
     /// Where the events are delivered; none are recorded or sent without it (or without a secret).
     #[arg(long, env = "IDEMPAY_PROCESSOR_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
-
-    /// The delays between delivery attempts, comma separated, each jittered by ±10%; after the
-    /// last one a delivery is given up. The same setting as idempay's, for its merchant endpoints.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = RetrySchedule::parse)]
-    pub webhook_retry_schedule: RetrySchedule,
-
-    /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = "10s", value_parser = crate::settings::positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
-    pub webhook_delivery_timeout: Duration,
-
-    /// How long one of its deliveries, with its attempts, is kept after it was acknowledged or
-    /// given up; then its expiry job deletes it. A pending delivery is never deleted. The same
-    /// setting as idempay's, for its merchant endpoints.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = "30days", value_parser = crate::settings::positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
-    pub webhook_delivery_retention: Duration,
-
-    /// How often its expiry job deletes its expired keys and its deliveries past their retention.
-    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = "60s", value_parser = crate::settings::positive("IDEMPAY_EXPIRY_INTERVAL"))]
-    pub expiry_interval: Duration,
-
-    /// How long an in-progress key of the processor blocks retries before one may take it over;
-    /// embedded, the processor takes idempay's.
-    #[arg(long, env = "IDEMPAY_LEASE", default_value = "30s", value_parser = crate::settings::parse_lease)]
-    pub lease: Duration,
 
     #[command(flatten)]
     pub faults: Faults,
@@ -76,14 +124,8 @@ impl ProcessorSettings {
     pub fn new(api_key: ProcessorApiKey) -> Self {
         Self {
             api_key,
-            slow_charge: Duration::from_secs(2),
-            webhook_secrets: None,
+            shared: SharedArgs::default(),
             webhook_url: None,
-            webhook_retry_schedule: RetrySchedule::default(),
-            webhook_delivery_timeout: Duration::from_secs(10),
-            webhook_delivery_retention: Duration::from_secs(30 * 24 * 60 * 60),
-            expiry_interval: Duration::from_secs(60),
-            lease: Duration::from_secs(30),
             faults: Faults::default(),
         }
     }
@@ -140,19 +182,25 @@ mod tests {
     fn the_defaults_are_those_of_new() {
         let parsed = Cli::parse_from(["processor", "--api-key", "pk_test"]).settings;
         let new = ProcessorSettings::new(ProcessorApiKey::parse("pk_test").unwrap());
-        assert_eq!(parsed.slow_charge, new.slow_charge);
-        assert_eq!(parsed.webhook_retry_schedule, new.webhook_retry_schedule);
-        assert_eq!(
-            parsed.webhook_delivery_timeout,
-            new.webhook_delivery_timeout
-        );
+        assert_eq!(parsed.shared, new.shared);
+        assert_eq!(parsed.shared, SharedArgs::default());
         assert_eq!(parsed.faults, new.faults);
-        assert_eq!(
-            parsed.webhook_delivery_retention,
-            new.webhook_delivery_retention
-        );
-        assert_eq!(parsed.expiry_interval, new.expiry_interval);
+        assert_eq!(parsed.webhook_url, new.webhook_url);
         assert!(parsed.api_key == new.api_key);
+    }
+
+    #[test]
+    fn the_shared_defaults_are_the_documented_values() {
+        let shared = SharedArgs::default();
+        assert_eq!(shared.lease, Duration::from_secs(30));
+        assert_eq!(shared.slow_charge, Duration::from_secs(2));
+        assert_eq!(shared.expiry_interval, Duration::from_secs(60));
+        assert_eq!(shared.webhook_delivery_timeout, Duration::from_secs(10));
+        assert_eq!(
+            shared.webhook_delivery_retention,
+            Duration::from_secs(30 * 24 * 60 * 60)
+        );
+        assert_eq!(shared.webhook_secrets, None);
     }
 
     #[test]

@@ -10,15 +10,16 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use super::{Refund, RefundRow, payment_not_found};
+use super::{RefundRow, payment_not_found};
 use crate::accounts::AccountId;
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::ids;
 use crate::metadata::Metadata;
-use crate::payments::{Payment, PaymentId, PaymentRow};
+use crate::payments::{PaymentId, PaymentRow, PaymentStatus};
 use crate::processor::call::{self, ProcessorCall};
 use crate::processor::{Outcome, ProcessorClient, ProcessorRefund, Refusal};
+use crate::vocabulary::stored;
 use idempotency::{Completion, Lease, StoredResponse};
 
 /// The recovery point of a refund: the refund was (about to be) requested at the processor.
@@ -127,7 +128,8 @@ async fn check(
         return Ok(Err(payment_not_found(asked.payment.as_str())));
     };
     let payment = &asked.payment;
-    let (Some(charge), "succeeded") = (paid.charge, paid.status.as_str()) else {
+    let status: PaymentStatus = stored(&paid.status)?;
+    let (Some(charge), PaymentStatus::Succeeded) = (paid.charge, status) else {
         return Ok(Err(Problem::new(
             ProblemKind::PaymentNotRefundable,
             format!(
@@ -248,8 +250,8 @@ async fn record(
         .execute(&mut *tx)
         .await?;
     }
-    let refund = Refund::from(row);
-    let payment = Payment::from(PaymentRow {
+    let refund = row.parse()?;
+    let payment = PaymentRow {
         id: paid.id,
         amount: paid.amount,
         currency: paid.currency,
@@ -262,7 +264,8 @@ async fn record(
         charge: paid.charge,
         created_at: paid.created_at,
         metadata: paid.metadata,
-    });
+    }
+    .parse()?;
     // The refund's `created_at` is its transaction's `now()`: the time of both events.
     let at = refund.created_at;
     let written = [

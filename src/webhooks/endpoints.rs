@@ -23,6 +23,7 @@ use crate::http::error::{
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::ids;
+use crate::vocabulary::{stored, vocabulary};
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
@@ -105,8 +106,8 @@ impl TryFrom<Vec<String>> for EnabledEvents {
             return Err("`*` in enabled_events stands alone: it means every type".to_owned());
         }
         for (index, kind) in types.iter().enumerate() {
-            if kind != "*" && EventType::parse(kind).is_none() {
-                let types: Vec<&str> = EventType::ALL.into_iter().map(EventType::as_str).collect();
+            if kind != "*" && kind.parse::<EventType>().is_err() {
+                let types: Vec<&str> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
                 return Err(format!(
                     "`{kind}` is no event type; the types are {}, or `*` for all",
                     types.join(", ")
@@ -125,10 +126,7 @@ impl TryFrom<Vec<String>> for EnabledEvents {
 impl utoipa::PartialSchema for EnabledEvents {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
-        let names = EventType::ALL
-            .into_iter()
-            .map(EventType::as_str)
-            .chain(["*"]);
+        let names = EventType::ALL.iter().map(|kind| kind.as_str()).chain(["*"]);
         ArrayBuilder::new()
             .description(Some(
                 "The event types to send, each once, or `[\"*\"]` alone for all of them.",
@@ -156,6 +154,11 @@ pub enum EndpointStatus {
     /// It acknowledged no delivery for the whole retry schedule: it is sent nothing more.
     Disabled,
 }
+
+vocabulary!(EndpointStatus, "webhook endpoint status" {
+    Enabled => "enabled",
+    Disabled => "disabled",
+});
 
 /// A webhook endpoint, as the API returns it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -208,21 +211,22 @@ struct EndpointRow {
     created_at: DateTime<Utc>,
 }
 
-impl From<EndpointRow> for WebhookEndpoint {
-    fn from(row: EndpointRow) -> Self {
-        Self {
-            id: row.id,
-            object: "webhook_endpoint",
-            url: row.url,
-            enabled_events: row.enabled_events,
-            status: if row.status == "disabled" {
-                EndpointStatus::Disabled
-            } else {
-                EndpointStatus::Enabled
-            },
-            secret: None,
-            created_at: row.created_at,
+impl EndpointRow {
+    /// The endpoint this row holds; a decoding error if its status, or one of its event types
+    /// (other than `*`), is unknown.
+    fn parse(self) -> Result<WebhookEndpoint, sqlx::Error> {
+        for kind in self.enabled_events.iter().filter(|kind| *kind != "*") {
+            stored::<EventType>(kind)?;
         }
+        Ok(WebhookEndpoint {
+            id: self.id,
+            object: "webhook_endpoint",
+            url: self.url,
+            enabled_events: self.enabled_events,
+            status: stored(&self.status)?,
+            secret: None,
+            created_at: self.created_at,
+        })
     }
 }
 
@@ -348,7 +352,7 @@ async fn register(
     )
     .fetch_one(&mut *tx)
     .await?;
-    let mut created = WebhookEndpoint::from(row);
+    let mut created = row.parse()?;
     created.secret = Some(secret);
     let response = StoredResponse::json(StatusCode::CREATED, &created)
         .map_err(anyhow::Error::from)?
@@ -441,7 +445,10 @@ async fn list_webhook_endpoints(
             .await?
         }
     };
-    let rows = rows.into_iter().map(WebhookEndpoint::from).collect();
+    let rows = rows
+        .into_iter()
+        .map(EndpointRow::parse)
+        .collect::<Result<_, _>>()?;
     Ok(axum::Json(List::from_rows(rows, &page)).into_response())
 }
 
@@ -483,7 +490,7 @@ async fn get_webhook_endpoint(
     .fetch_optional(&pool)
     .await?
     .ok_or_else(|| endpoint_not_found(&id))?;
-    Ok(axum::Json(WebhookEndpoint::from(row)).into_response())
+    Ok(axum::Json(row.parse()?).into_response())
 }
 
 /// Delete a webhook endpoint
@@ -546,6 +553,41 @@ fn endpoint_not_found(id: &str) -> Problem {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_stored_endpoint_status_or_event_type_that_is_none_of_ours_is_an_error() {
+        let row = |status: &str, events: &[&str]| EndpointRow {
+            id: "we_Jx8bq2LkR5Vn0Ww3Zt7YcA1d".to_owned(),
+            url: "https://example.com/".to_owned(),
+            enabled_events: events.iter().map(|kind| (*kind).to_owned()).collect(),
+            status: status.to_owned(),
+            created_at: Utc::now(),
+        };
+        for status in EndpointStatus::ALL {
+            let endpoint = row(status.as_str(), &["*"]).parse().unwrap();
+            assert_eq!(endpoint.status, *status);
+            assert_eq!(
+                serde_json::to_value(status).unwrap(),
+                serde_json::Value::from(status.as_str())
+            );
+        }
+        assert!(row("enabled", &["payment.succeeded"]).parse().is_ok());
+        // Not taken for `enabled`, as it once was.
+        let unknown = row("paused", &["*"]).parse().unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .contains("unknown webhook endpoint status `paused`"),
+            "{unknown}"
+        );
+        let unknown = row("enabled", &["payment.created"]).parse().unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .contains("unknown event type `payment.created`"),
+            "{unknown}"
+        );
+    }
+
     fn events(types: &[&str]) -> Result<EnabledEvents, String> {
         EnabledEvents::try_from(
             types
@@ -559,7 +601,8 @@ mod tests {
     fn enabled_events_are_known_types_once_each_or_a_lone_star() {
         assert!(events(&["*"]).is_ok());
         assert!(events(&["payment.succeeded", "refund.created"]).is_ok());
-        assert!(events(&EventType::ALL.map(EventType::as_str)).is_ok());
+        let all: Vec<&str> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
+        assert!(events(&all).is_ok());
         assert!(events(&[]).is_err());
         assert!(events(&["*", "payment.succeeded"]).is_err());
         assert!(events(&["payment.succeeded", "payment.succeeded"]).is_err());

@@ -22,8 +22,9 @@ use utoipa::ToSchema;
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
-use crate::payments::{Payment, PaymentRow, PaymentStatus};
-use crate::refunds::{Refund, RefundRow};
+use crate::payments::{PaymentRow, PaymentStatus};
+use crate::refunds::RefundRow;
+use crate::vocabulary::{stored, vocabulary};
 
 /// A delivery's body: the Standard Webhooks envelope.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -51,6 +52,35 @@ pub struct Envelope {
     #[schema(value_type = Object)]
     pub data: Value,
 }
+
+/// The event types the intake understands (the processor's, and the same naming idempay's own
+/// objects); any other is acknowledged and recorded without effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntakeType {
+    PaymentSucceeded,
+    ChargeSucceeded,
+    PaymentFailed,
+    ChargeFailed,
+    DisputeCreated,
+    ChargeDisputeCreated,
+    RefundFailed,
+    ChargeRefundFailed,
+    ChargeDeclined,
+    ChargeRefunded,
+}
+
+vocabulary!(IntakeType, "event type" {
+    PaymentSucceeded => "payment.succeeded",
+    ChargeSucceeded => "charge.succeeded",
+    PaymentFailed => "payment.failed",
+    ChargeFailed => "charge.failed",
+    DisputeCreated => "dispute.created",
+    ChargeDisputeCreated => "charge.dispute.created",
+    RefundFailed => "refund.failed",
+    ChargeRefundFailed => "charge.refund.failed",
+    ChargeDeclined => "charge.declined",
+    ChargeRefunded => "charge.refunded",
+});
 
 /// The events the service understands.
 #[derive(Debug)]
@@ -187,18 +217,14 @@ pub enum Outcome {
     NeedsReview,
 }
 
-impl Outcome {
-    /// The outcome's name, as the API, the processed events and the metrics spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Applied => "applied",
-            Self::Ignored => "ignored",
-            Self::Duplicate => "duplicate",
-            Self::Stale => "stale",
-            Self::NeedsReview => "needs_review",
-        }
-    }
-}
+// The outcomes' names, as the API, the processed events and the metrics spell them.
+vocabulary!(Outcome, "webhook event outcome" {
+    Applied => "applied",
+    Ignored => "ignored",
+    Duplicate => "duplicate",
+    Stale => "stale",
+    NeedsReview => "needs_review",
+});
 
 /// What applying an event did: its outcome, and the event it wrote about the change, if any.
 #[derive(Debug)]
@@ -251,44 +277,50 @@ pub fn unreadable(kind: &str, data: &Value) -> Option<String> {
 fn parse(kind: &str, data: &Value) -> Result<Event, String> {
     let malformed = |error: serde_json::Error| format!("malformed {kind} data: {error}");
     let data = data.clone();
-    match kind {
-        kind if !known_id_shapes(&data) => Err(format!("{kind} names no object of ours")),
-        "payment.succeeded" => serde_json::from_value::<PaymentData>(data)
+    if !known_id_shapes(&data) {
+        return Err(format!("{kind} names no object of ours"));
+    }
+    let Ok(known) = kind.parse::<IntakeType>() else {
+        return Err(format!("unknown event type `{kind}`"));
+    };
+    match known {
+        IntakeType::PaymentSucceeded => serde_json::from_value::<PaymentData>(data)
             .map(|d| Event::PaymentSucceeded {
                 payment: Target::Payment(d.payment),
             })
             .map_err(malformed),
-        "charge.succeeded" => serde_json::from_value::<ChargeData>(data)
+        IntakeType::ChargeSucceeded => serde_json::from_value::<ChargeData>(data)
             .map(|d| Event::PaymentSucceeded {
                 payment: Target::Charge(d.charge),
             })
             .map_err(malformed),
-        "payment.failed" => serde_json::from_value::<PaymentData>(data)
+        IntakeType::PaymentFailed => serde_json::from_value::<PaymentData>(data)
             .map(|d| Event::PaymentFailed {
                 payment: Target::Payment(d.payment),
             })
             .map_err(malformed),
-        "charge.failed" => serde_json::from_value::<ChargeData>(data)
+        IntakeType::ChargeFailed => serde_json::from_value::<ChargeData>(data)
             .map(|d| Event::PaymentFailed {
                 payment: Target::Charge(d.charge),
             })
             .map_err(malformed),
-        "dispute.created" => serde_json::from_value::<DisputeData>(data)
+        IntakeType::DisputeCreated => serde_json::from_value::<DisputeData>(data)
             .map_err(malformed)
             .and_then(|d| dispute(Target::Payment(d.payment), d.dispute, d.amount)),
-        "charge.dispute.created" => serde_json::from_value::<ChargeDisputeData>(data)
+        IntakeType::ChargeDisputeCreated => serde_json::from_value::<ChargeDisputeData>(data)
             .map_err(malformed)
             .and_then(|d| dispute(Target::Charge(d.charge), d.dispute, d.amount)),
-        "refund.failed" | "charge.refund.failed" => serde_json::from_value::<RefundData>(data)
-            .map(|d| Event::RefundFailed { refund: d.refund })
-            .map_err(malformed),
-        "charge.declined" => serde_json::from_value::<ChargeData>(data)
+        IntakeType::RefundFailed | IntakeType::ChargeRefundFailed => {
+            serde_json::from_value::<RefundData>(data)
+                .map(|d| Event::RefundFailed { refund: d.refund })
+                .map_err(malformed)
+        }
+        IntakeType::ChargeDeclined => serde_json::from_value::<ChargeData>(data)
             .map(|d| Event::Confirms(Recorded::Charge(d.charge)))
             .map_err(malformed),
-        "charge.refunded" => serde_json::from_value::<RefundData>(data)
+        IntakeType::ChargeRefunded => serde_json::from_value::<RefundData>(data)
             .map(|d| Event::Confirms(Recorded::Refund(d.refund)))
             .map_err(malformed),
-        other => Err(format!("unknown event type `{other}`")),
     }
 }
 
@@ -408,7 +440,7 @@ impl Envelope {
             let outcome = self.status_outcome(conn, &account, payment).await?;
             return Ok(Ok(Applied::without_event(outcome)));
         };
-        let event = if updated.prior_status == status.as_str() {
+        let event = if stored::<PaymentStatus>(&updated.prior_status)? == status {
             None
         } else {
             let row = PaymentRow {
@@ -425,8 +457,8 @@ impl Envelope {
                 created_at: updated.created_at,
                 metadata: updated.metadata,
             };
-            let event = NewEvent::payment(kind, Payment::from(row), now(conn).await?)
-                .map_err(unencodable)?;
+            let event =
+                NewEvent::payment(kind, row.parse()?, now(conn).await?).map_err(unencodable)?;
             events::write(
                 conn,
                 engine,
@@ -500,7 +532,7 @@ impl Envelope {
             created_at: failed.created_at,
             metadata: failed.metadata,
         };
-        let event = NewEvent::refund(EventType::RefundFailed, Refund::from(row), now(conn).await?)
+        let event = NewEvent::refund(EventType::RefundFailed, row.parse()?, now(conn).await?)
             .map_err(unencodable)?;
         events::write(
             conn,
@@ -641,12 +673,8 @@ impl Envelope {
             created_at: disputed.created_at,
             metadata: disputed.metadata,
         };
-        let event = NewEvent::payment(
-            EventType::PaymentDisputed,
-            Payment::from(row),
-            now(conn).await?,
-        )
-        .map_err(unencodable)?;
+        let event = NewEvent::payment(EventType::PaymentDisputed, row.parse()?, now(conn).await?)
+            .map_err(unencodable)?;
         events::write(conn, engine, &paid.account_id, std::slice::from_ref(&event)).await?;
         let outcome = if fits {
             Outcome::Applied

@@ -42,7 +42,7 @@ use crate::db::Engine;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use idempotency::{Idempotency, Owners};
 
-pub use events::{Envelope, NotRecorded, Outcome, unreadable};
+pub use events::{Envelope, IntakeType, NotRecorded, Outcome, unreadable};
 pub use schedule::{JITTER, RetrySchedule};
 pub use signature::{
     MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,

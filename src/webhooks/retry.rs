@@ -13,13 +13,14 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::endpoints::is_endpoint_id;
+use super::endpoints::{EndpointStatus, is_endpoint_id};
 use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::events::is_event_id;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
+use crate::vocabulary::stored;
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
@@ -181,7 +182,7 @@ async fn queue(
             format!("No webhook endpoint `{}`.", endpoint.0),
         )
     })?;
-    if target.status == "disabled" {
+    if stored::<EndpointStatus>(&target.status)? == EndpointStatus::Disabled {
         return Err(Problem::new(
             ProblemKind::WebhookEndpointDisabled,
             format!(

@@ -278,4 +278,12 @@ impl ProblemKind {
     pub fn from_slug(slug: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|kind| kind.slug() == slug)
     }
+
+    /// The kind whose `type` URI is `uri` (`/problems/{slug}`), as a client reads it back.
+    pub fn from_type_uri(uri: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|kind| kind.type_uri() == uri)
+    }
 }

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::endpoints::MAX_ENDPOINTS;
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -70,11 +71,15 @@ async fn deliveries(db: &PgPool, account: &str) -> (i64, i64) {
 #[api_test]
 async fn the_fan_out_to_16_endpoints_measured_against_none() {
     // No job runs while it measures: no delivery is attempted, nothing expires.
+    let local = local("1s");
     let settings = Settings {
         webhook_poll_interval: Duration::from_secs(86_400),
-        expiry_interval: Duration::from_secs(86_400),
+        shared: SharedArgs {
+            expiry_interval: Duration::from_secs(86_400),
+            ..local.shared
+        },
         recovery_interval: Duration::from_secs(86_400),
-        ..local("1s")
+        ..local
     };
     let app = TestApp::spawn_with(settings).await;
     let (fanned, fanned_key) = app.create_account("sixteen endpoints").await;

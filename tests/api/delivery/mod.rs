@@ -26,6 +26,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::RetrySchedule;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -95,7 +96,10 @@ async fn receive(State(inbox): State<Inbox>, headers: HeaderMap, body: Bytes) ->
 pub fn local(schedule: &str) -> Settings {
     Settings {
         webhook_allow_private: true,
-        webhook_retry_schedule: RetrySchedule::parse(schedule).unwrap(),
+        shared: SharedArgs {
+            webhook_retry_schedule: RetrySchedule::parse(schedule).unwrap(),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     }
 }

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -18,13 +19,17 @@ use crate::support::helpers::{TestApp, new_key, payment};
 /// Settings whose retention is a second, checked five times a second, with a retry schedule and
 /// delivery timeout short enough for a second's retention to be allowed.
 fn short_retention() -> Settings {
+    let local = local("100ms");
     Settings {
         event_retention: Duration::from_secs(1),
-        webhook_delivery_retention: Duration::from_secs(1),
-        expiry_interval: Duration::from_millis(200),
-        webhook_delivery_timeout: Duration::from_millis(200),
+        shared: SharedArgs {
+            webhook_delivery_retention: Duration::from_secs(1),
+            expiry_interval: Duration::from_millis(200),
+            webhook_delivery_timeout: Duration::from_millis(200),
+            ..local.shared
+        },
         webhook_poll_interval: Duration::from_millis(50),
-        ..local("100ms")
+        ..local
     }
 }
 
@@ -263,7 +268,10 @@ async fn a_pending_delivery_its_attempts_and_its_event_are_kept_whatever_their_a
 #[api_test]
 async fn a_delivery_retention_shorter_than_the_retry_schedule_is_refused_at_start() {
     let settings = Settings {
-        webhook_delivery_retention: Duration::from_secs(1),
+        shared: SharedArgs {
+            webhook_delivery_retention: Duration::from_secs(1),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -287,10 +295,11 @@ async fn the_processor_s_outbox_keeps_its_deliveries_for_their_retention_only() 
     let receiver = Receiver::start(0).await;
     let mut settings = crate::processor::settings();
     settings.webhook_url = Some(receiver.url.clone());
-    settings.webhook_secrets = Some(WebhookSecrets::generate());
-    settings.webhook_retry_schedule = idempay::webhooks::RetrySchedule::parse("100ms").unwrap();
-    settings.webhook_delivery_retention = Duration::from_secs(1);
-    settings.expiry_interval = Duration::from_millis(200);
+    settings.shared.webhook_secrets = Some(WebhookSecrets::generate());
+    settings.shared.webhook_retry_schedule =
+        idempay::webhooks::RetrySchedule::parse("100ms").unwrap();
+    settings.shared.webhook_delivery_retention = Duration::from_secs(1);
+    settings.shared.expiry_interval = Duration::from_millis(200);
     let processor = TestProcessor::spawn_with(settings).await;
     // A pending delivery of the processor's, due only in a day: kept whatever its age.
     sqlx::query(

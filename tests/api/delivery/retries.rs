@@ -356,11 +356,9 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
 /// An endpoint slower than the delivery timeout has failed the attempt, with no status.
 #[api_test]
 async fn an_answer_later_than_the_delivery_timeout_is_a_failed_attempt() {
-    let app = TestApp::spawn_with(Settings {
-        webhook_delivery_timeout: Duration::from_millis(300),
-        ..local("1h")
-    })
-    .await;
+    let mut settings = local("1h");
+    settings.shared.webhook_delivery_timeout = Duration::from_millis(300);
+    let app = TestApp::spawn_with(settings).await;
     let slow = axum::Router::new().route(
         "/hooks",
         axum::routing::post(|| async {

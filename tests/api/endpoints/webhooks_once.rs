@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
@@ -112,8 +113,11 @@ async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
     let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
         key_ttl: Duration::from_secs(1),
-        expiry_interval: Duration::from_millis(100),
-        webhook_secrets: Some(secret.clone()),
+        shared: SharedArgs {
+            expiry_interval: Duration::from_millis(100),
+            webhook_secrets: Some(secret.clone()),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     })
     .await;
@@ -144,8 +148,11 @@ async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
 async fn a_dispute_redelivered_after_its_event_id_expired_changes_nothing() {
     let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
-        expiry_interval: Duration::from_millis(100),
-        webhook_secrets: Some(secret.clone()),
+        shared: SharedArgs {
+            expiry_interval: Duration::from_millis(100),
+            webhook_secrets: Some(secret.clone()),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     })
     .await;

@@ -3,6 +3,7 @@
 //! secrets listed during a rotation.
 
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::{MAX_SIGNATURES, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -140,7 +141,10 @@ async fn a_delivery_signed_with_any_listed_secret_is_accepted_and_with_neither_r
     let (new, old) = (WebhookSecrets::generate(), WebhookSecrets::generate());
     let both = WebhookSecrets::parse(&format!("{} {}", new.expose(), old.expose())).unwrap();
     let app = TestApp::spawn_with(Settings {
-        webhook_secrets: Some(both),
+        shared: SharedArgs {
+            webhook_secrets: Some(both),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     })
     .await;

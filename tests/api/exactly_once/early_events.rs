@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use idempay::config::{ProcessorLink, Settings};
 use idempay::processor::ProcessorSettings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -40,14 +41,17 @@ async fn delivering_events(
     let app = TestApp::spawn_with(linked_to(
         &address,
         Settings {
-            webhook_secrets: Some(secret.clone()),
+            shared: SharedArgs {
+                webhook_secrets: Some(secret.clone()),
+                ..settings.shared
+            },
             ..settings
         },
     ))
     .await;
     processor.webhook_url = Some(app.url("/v1/webhooks/processor"));
-    processor.webhook_secrets = Some(secret.clone());
-    processor.webhook_retry_schedule = schedule;
+    processor.shared.webhook_secrets = Some(secret.clone());
+    processor.shared.webhook_retry_schedule = schedule;
     let processor = TestProcessor::beside_on(&app, processor, listener).await;
     (app, processor, secret)
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use idempay::config::Settings;
 use idempay::db::Engine;
+use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use idempotency::Idempotency;
 
@@ -79,7 +80,10 @@ async fn a_replay_kept_in_memory_ends_when_its_key_expires() {
 #[api_test(citus)]
 async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
     let app = TestApp::spawn_with(Settings {
-        expiry_interval: Duration::from_millis(200),
+        shared: SharedArgs {
+            expiry_interval: Duration::from_millis(200),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     })
     .await;
@@ -133,7 +137,10 @@ async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
 fn keys_living_one_second(expiry_interval: Duration) -> Settings {
     Settings {
         key_ttl: Duration::from_secs(1),
-        expiry_interval,
+        shared: SharedArgs {
+            expiry_interval,
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     }
 }
@@ -144,7 +151,10 @@ fn keys_living_one_second(expiry_interval: Duration) -> Settings {
 #[api_test]
 async fn the_job_deletes_at_most_1000_keys_per_statement() {
     let app = TestApp::spawn_with(Settings {
-        expiry_interval: Duration::from_millis(200),
+        shared: SharedArgs {
+            expiry_interval: Duration::from_millis(200),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     })
     .await;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
@@ -242,8 +243,11 @@ async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
 async fn a_slow_request_renews_its_lease_and_is_never_taken_over() {
     // The charge outlasts the lease twice over; only the heartbeat keeps the key held.
     let settings = Settings {
-        lease: Duration::from_millis(1000),
-        slow_charge: Duration::from_millis(2400),
+        shared: SharedArgs {
+            lease: Duration::from_millis(1000),
+            slow_charge: Duration::from_millis(2400),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     };
     let app = TestApp::spawn_with(settings).await;
@@ -514,8 +518,12 @@ async fn the_work_of_a_request_answered_503_at_its_timeout_goes_on_and_its_retry
         // Room for the request to reach its charge (the key reserved) before the timeout, even on
         // a loaded machine: a request cut off before that started nothing, and proves nothing.
         request_timeout: Duration::from_secs(2),
-        // Far beyond the request timeout, so that the 503 is read while the charge still runs.
-        slow_charge: Duration::from_secs(5),
+        shared: SharedArgs {
+            // Far beyond the request timeout, so that the 503 is read while the charge still
+            // runs.
+            slow_charge: Duration::from_secs(5),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     };
     let app = TestApp::spawn_with(settings).await;

@@ -142,7 +142,7 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
  {
     let (app, processor) = idempay_and_processor(
         Settings::default(),
-        faulty(|s| s.slow_charge = Duration::from_secs(3)),
+        faulty(|s| s.shared.slow_charge = Duration::from_secs(3)),
     )
     .await;
     let instance = Instance::start(

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use idempay::config::Settings;
 use idempay::processor::Fraction;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -91,12 +92,15 @@ async fn events_delivered_while_idempay_is_down_are_redelivered_and_applied_once
     let intake = free_port();
     let mut settings = processor::settings();
     settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.webhook_secrets = Some(secret.clone());
+    settings.shared.webhook_secrets = Some(secret.clone());
     // Retried every 200 ms for 20 s: longer than idempay is down.
-    settings.webhook_retry_schedule =
+    settings.shared.webhook_retry_schedule =
         RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
     let with_secret = Settings {
-        webhook_secrets: Some(secret),
+        shared: SharedArgs {
+            webhook_secrets: Some(secret),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     };
     let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;

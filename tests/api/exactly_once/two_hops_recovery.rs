@@ -29,7 +29,7 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
     let (app, processor) = idempay_and_processor(
         Settings::default(),
         // Long enough to kill the instance while it runs, even on a loaded machine.
-        faulty(|s| s.slow_charge = Duration::from_secs(3)),
+        faulty(|s| s.shared.slow_charge = Duration::from_secs(3)),
     )
     .await;
     let recovering = instance_env(
@@ -127,7 +127,7 @@ async fn an_instance_killed_during_the_charge_is_recovered_by_its_restart_withou
 async fn a_request_that_loses_its_lease_during_the_charge_and_its_takeover_name_one_charge() {
     let (app, processor) = idempay_and_processor(
         Settings::default(),
-        faulty(|s| s.slow_charge = Duration::from_secs(3)),
+        faulty(|s| s.shared.slow_charge = Duration::from_secs(3)),
     )
     .await;
     let key = new_key();

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -28,11 +29,14 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
     let intake = free_port();
     let mut settings = processor::settings();
     settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.webhook_secrets = Some(secret.clone());
-    settings.webhook_retry_schedule =
+    settings.shared.webhook_secrets = Some(secret.clone());
+    settings.shared.webhook_retry_schedule =
         RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
     let with_secret = Settings {
-        webhook_secrets: Some(secret),
+        shared: SharedArgs {
+            webhook_secrets: Some(secret),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     };
     let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
@@ -119,7 +123,10 @@ async fn a_refund_recorded_after_a_dispute_took_its_room_flags_the_dispute_for_r
     let secret = WebhookSecrets::generate();
     let (app, _processor) = idempay_and_processor(
         Settings {
-            webhook_secrets: Some(secret.clone()),
+            shared: SharedArgs {
+                webhook_secrets: Some(secret.clone()),
+                ..SharedArgs::default()
+            },
             ..Settings::default()
         },
         // Every charge and refund takes this long at the processor.

@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::delivery::{self, Deliverer};
 use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
@@ -86,10 +87,10 @@ async fn receive(State(inbox): State<Inbox>, headers: HeaderMap, body: Bytes) ->
 async fn delivering_to(url: &str, secret: &WebhookSecrets) -> TestProcessor {
     let mut settings = settings();
     settings.webhook_url = Some(url.to_owned());
-    settings.webhook_secrets = Some(secret.clone());
-    settings.webhook_retry_schedule =
+    settings.shared.webhook_secrets = Some(secret.clone());
+    settings.shared.webhook_retry_schedule =
         RetrySchedule::parse("50ms,100ms,200ms,200ms,200ms,200ms").unwrap();
-    settings.webhook_delivery_timeout = Duration::from_secs(2);
+    settings.shared.webhook_delivery_timeout = Duration::from_secs(2);
     TestProcessor::spawn_with(settings).await
 }
 
@@ -368,7 +369,10 @@ async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_mos
 async fn a_delivery_verifies_at_idempay_s_own_intake() {
     let secret = WebhookSecrets::generate();
     let idempay = TestApp::spawn_with(Settings {
-        webhook_secrets: Some(secret.clone()),
+        shared: SharedArgs {
+            webhook_secrets: Some(secret.clone()),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     })
     .await;

@@ -164,11 +164,9 @@ async fn a_body_that_stalls_halfway_is_answered_408_and_nothing_is_recorded() {
 
 #[api_test]
 async fn a_stalled_webhook_body_is_answered_408() {
-    let app = TestApp::spawn_with(Settings {
-        webhook_secrets: Some(WebhookSecrets::generate()),
-        ..limits()
-    })
-    .await;
+    let mut settings = limits();
+    settings.shared.webhook_secrets = Some(WebhookSecrets::generate());
+    let app = TestApp::spawn_with(settings).await;
     let body =
         br#"{"type": "payment.succeeded", "data": {"payment": "pay_000000000000000000000000"}}"#;
     let head = "POST /v1/webhooks/processor HTTP/1.1\r\nwebhook-id: evt_1\r\n\

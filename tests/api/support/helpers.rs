@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use idempay::app::Application;
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::WebhookSecrets;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
@@ -483,7 +484,10 @@ impl TestApp {
     pub async fn spawn_with_webhooks() -> (Self, WebhookSecrets) {
         let secret = WebhookSecrets::generate();
         let app = Self::spawn_with(Settings {
-            webhook_secrets: Some(secret.clone()),
+            shared: SharedArgs {
+                webhook_secrets: Some(secret.clone()),
+                ..SharedArgs::default()
+            },
             ..Settings::default()
         })
         .await;
@@ -520,7 +524,10 @@ pub async fn one_storm_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
 /// 60 s) deleted keys no instance's metrics counted.
 pub fn jobs_off() -> Settings {
     Settings {
-        expiry_interval: Duration::from_secs(86_400),
+        shared: SharedArgs {
+            expiry_interval: Duration::from_secs(86_400),
+            ..SharedArgs::default()
+        },
         recovery_interval: Duration::from_secs(86_400),
         ..Settings::default()
     }
@@ -566,7 +573,10 @@ pub async fn one_connection_planning_for_empty(database_url: &str, tables: &[&st
 /// Settings with a short slow charge, so in-flight tests are quick.
 pub fn with_slow_charge(slow_charge: Duration) -> Settings {
     Settings {
-        slow_charge,
+        shared: SharedArgs {
+            slow_charge,
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     }
 }

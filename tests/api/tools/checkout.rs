@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use idempay::config::Settings;
 use idempay::dev::checkout::{SESSION_COOKIE, SESSION_TTL};
+use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
@@ -16,7 +17,10 @@ use crate::support::instance::Instance;
 fn demo_ui() -> Settings {
     Settings {
         demo_ui: true,
-        slow_charge: Duration::from_millis(1500),
+        shared: SharedArgs {
+            slow_charge: Duration::from_millis(1500),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     }
 }

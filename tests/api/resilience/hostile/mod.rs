@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use idempay::config::Settings;
+use idempay::processor::SharedArgs;
 use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use rand::rngs::StdRng;
@@ -62,8 +63,11 @@ async fn a_bounded_storm_of_hostile_requests_gets_no_5xx_and_leaves_payments_exa
     eprintln!("hostile: seed {seed} (HOSTILE_SEED={seed} reproduces this run)");
     let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
-        slow_charge: Duration::from_millis(50),
-        webhook_secrets: Some(secret.clone()),
+        shared: SharedArgs {
+            slow_charge: Duration::from_millis(50),
+            webhook_secrets: Some(secret.clone()),
+            ..SharedArgs::default()
+        },
         ..Settings::default()
     })
     .await;

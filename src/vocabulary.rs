@@ -1,0 +1,103 @@
+//! Closed vocabularies: the enums whose values are stored or sent as strings (statuses, event
+//! types, problem types). [`vocabulary!`] declares each one's names once, as a table, and derives
+//! `as_str`, `ALL` and a `FromStr` that refuses any other string with [`Unknown`]: a stored value
+//! that is none of them is an error, never taken for a default.
+
+/// A string that is none of a vocabulary's names.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{value}`")]
+pub struct Unknown {
+    /// The vocabulary, in words: "payment status".
+    pub what: &'static str,
+    pub value: String,
+}
+
+impl Unknown {
+    pub fn new(what: &'static str, value: &str) -> Self {
+        Self {
+            what,
+            value: value.to_owned(),
+        }
+    }
+}
+
+/// A column read back with a value its type does not know is a decoding error, as sqlx reports
+/// one of its own types'.
+impl From<Unknown> for sqlx::Error {
+    fn from(unknown: Unknown) -> Self {
+        sqlx::Error::Decode(Box::new(unknown))
+    }
+}
+
+/// Reads a stored `value` of a vocabulary: [`Unknown`], as a decoding error, when it is none.
+pub fn stored<T: std::str::FromStr<Err = Unknown>>(value: &str) -> Result<T, sqlx::Error> {
+    value.parse().map_err(sqlx::Error::from)
+}
+
+/// Declares the names of an enum's variants, once: `vocabulary!(Status, "payment status" {
+/// Succeeded => "succeeded", … })` gives `Status::ALL` (in this order), `as_str`, `Display` and
+/// `FromStr` (which refuses any other string with [`Unknown`]). `as_str` matches exhaustively, so
+/// a variant left out of the table does not compile.
+macro_rules! vocabulary {
+    ($name:ident, $what:literal { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $name {
+            /// Every value, in the order of its declaration.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The value's name, as it is stored and sent.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+        }
+
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::vocabulary::Unknown;
+
+            fn from_str(raw: &str) -> Result<Self, Self::Err> {
+                match raw {
+                    $($text => Ok(Self::$variant),)+
+                    _ => Err($crate::vocabulary::Unknown::new($what, raw)),
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+pub(crate) use vocabulary;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Colour {
+        Red,
+        DarkBlue,
+    }
+
+    vocabulary!(Colour, "colour" { Red => "red", DarkBlue => "dark_blue" });
+
+    #[test]
+    fn every_name_reads_back_and_any_other_is_refused_naming_the_vocabulary() {
+        for colour in Colour::ALL {
+            assert_eq!(colour.as_str().parse::<Colour>(), Ok(*colour));
+        }
+        assert_eq!(Colour::DarkBlue.to_string(), "dark_blue");
+        let unknown = "Red".parse::<Colour>().unwrap_err();
+        assert_eq!(unknown.to_string(), "unknown colour `Red`");
+        let decoded = stored::<Colour>("green").unwrap_err();
+        assert!(matches!(decoded, sqlx::Error::Decode(_)), "{decoded}");
+        assert!(
+            decoded.to_string().contains("unknown colour `green`"),
+            "{decoded}"
+        );
+    }
+}
