@@ -350,10 +350,6 @@ impl PaymentRow {
     }
 }
 
-/// Only for `refunds::refunding`, which is being reworked on another branch: it should call
-/// [`PaymentRow::parse`] instead, and this impl then goes. A row whose status or payment method
-/// is unknown (the table's CHECK constraints admit none) panics here, rather than being read as
-/// some other value.
 #[cfg(test)]
 mod tests {
     use super::*;

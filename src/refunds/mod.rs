@@ -168,9 +168,6 @@ impl RefundRow {
     }
 }
 
-/// Only for `refunding`, which is being reworked on another branch: it should call
-/// [`RefundRow::parse`] instead, and this impl then goes. A row whose status is unknown (the
-/// table's CHECK constraint admits none) panics here, rather than being read as another status.
 /// Refund a payment
 ///
 /// Refunds part or all of a succeeded payment, at most once per `Idempotency-Key`. What remains
