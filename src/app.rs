@@ -124,7 +124,7 @@ impl FromRef<AppState> for Jobs {
 /// The gauges a scrape of `/metrics` reads, the domains' own.
 impl FromRef<AppState> for metrics::Readings {
     fn from_ref(_: &AppState) -> Self {
-        metrics::Readings(&[webhooks::metrics::read_oldest_pending])
+        metrics::Readings(&[webhooks::delivery::read_oldest_pending])
     }
 }
 

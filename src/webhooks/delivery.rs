@@ -545,7 +545,7 @@ impl Deliverer {
             disable_if_dead(&mut tx, &due.account_id, endpoint, due.created_at).await?;
         }
         tx.commit().await?;
-        super::metrics::webhook_delivery(self.sender.label(), outcome);
+        super::metrics::webhook_delivery(self.sender.label(), outcome.as_str());
         match outcome {
             Outcome::Delivered => {}
             Outcome::Retried => {
@@ -604,6 +604,17 @@ async fn disable_if_dead(
         );
     }
     Ok(())
+}
+
+/// Reads the age of the oldest pending delivery into its gauge; a scrape calls it. A scrape while
+/// the database is down still answers, with the last age it read.
+pub fn read_oldest_pending(pool: &PgPool) -> futures_util::future::BoxFuture<'_, ()> {
+    Box::pin(async move {
+        match oldest_pending_age(pool).await {
+            Ok(age) => super::metrics::oldest_pending(age),
+            Err(error) => tracing::warn!(%error, "cannot read the oldest pending webhook delivery"),
+        }
+    })
 }
 
 /// The age of the oldest delivery not yet acknowledged nor given up, of either sender; zero when

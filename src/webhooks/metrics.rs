@@ -1,12 +1,11 @@
 //! The webhooks' series: the events received, by what became of them, the delivery attempts sent,
 //! and the age of the oldest pending delivery, read at each scrape.
 
-use futures_util::future::BoxFuture;
+use std::time::Duration;
+
 use metrics::{counter, describe_counter, describe_gauge, gauge};
-use sqlx::PgPool;
 
 use super::Outcome;
-use super::delivery;
 
 const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
 const WEBHOOK_DELIVERIES: &str = "idempay_webhook_deliveries_total";
@@ -32,20 +31,14 @@ pub fn describe() {
     );
 }
 
-/// Reads the age of the oldest pending delivery into its gauge; a scrape calls it. A scrape while
-/// the database is down still answers, with the last age it read.
-pub fn read_oldest_pending(pool: &PgPool) -> BoxFuture<'_, ()> {
-    Box::pin(async move {
-        match delivery::oldest_pending_age(pool).await {
-            Ok(age) => gauge!(WEBHOOK_OLDEST_PENDING).set(age.as_secs_f64()),
-            Err(error) => tracing::warn!(%error, "cannot read the oldest pending webhook delivery"),
-        }
-    })
+/// Sets the age of the oldest pending delivery, as a scrape read it.
+pub(super) fn oldest_pending(age: Duration) {
+    gauge!(WEBHOOK_OLDEST_PENDING).set(age.as_secs_f64());
 }
 
-/// Counts one delivery attempt by what became of its delivery.
-pub(super) fn webhook_delivery(sender: &'static str, outcome: delivery::Outcome) {
-    counter!(WEBHOOK_DELIVERIES, "sender" => sender, "outcome" => outcome.as_str()).increment(1);
+/// Counts one delivery attempt by what became of its delivery (`delivered`, `retried`, `failed`).
+pub(super) fn webhook_delivery(sender: &'static str, outcome: &'static str) {
+    counter!(WEBHOOK_DELIVERIES, "sender" => sender, "outcome" => outcome).increment(1);
 }
 
 /// Counts one webhook event by what became of it: a rising `needs_review` is disputes the ledger
