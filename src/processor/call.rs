@@ -115,7 +115,10 @@ async fn settle<C: ProcessorCall>(
     downstream_key: String,
     earlier: EarlierCalls,
 ) -> Result<Completion, ApiError> {
-    let outcome = client::until_known(C::WHAT, earlier, || call.send(&processor, &downstream_key));
+    let is_result = |refusal: &Refusal| call.refusal_as_result(refusal).is_some();
+    let outcome = client::until_known(C::WHAT, earlier, is_result, || {
+        call.send(&processor, &downstream_key)
+    });
     match outcome.await {
         Outcome::Done(answer) => call.record(lease, answer).await,
         Outcome::NotDone(refusal) => {

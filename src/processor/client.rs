@@ -93,10 +93,16 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// processor: `earlier` says whether one before this request may have (an earlier holder of the
 /// key), and every unknown outcome of this request's own attempts says so too. After that, a
 /// refused connection or a 4xx says nothing about the earlier attempt, which may have charged: the
-/// outcome stays unknown and the key keeps its downstream key. Only the processor's answer about
-/// the key itself (a refund it refused, which it would have answered with the first result had
-/// that one been made) is final whatever came before.
-pub async fn until_known<T, F, Fut>(what: &str, earlier: EarlierCalls, mut call: F) -> Outcome<T>
+/// outcome stays unknown and the key keeps its downstream key. Only a refusal the call takes for
+/// its result (`is_result`: the processor's answer about the key itself, such as a refund it
+/// refused, which it would have answered with the first result had that one been made) is final
+/// whatever came before.
+pub async fn until_known<T, F, Fut>(
+    what: &str,
+    earlier: EarlierCalls,
+    is_result: impl Fn(&Refusal) -> bool,
+    mut call: F,
+) -> Outcome<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Outcome<T>>,
@@ -113,7 +119,7 @@ where
                 pause *= 2;
                 attempt += 1;
             }
-            Outcome::NotDone(refusal) if maybe_sent && !refusal.is_refund_refused() => {
+            Outcome::NotDone(refusal) if maybe_sent && !is_result(&refusal) => {
                 return Outcome::Unknown(format!(
                     "{refusal}, after an earlier attempt with the same key that may have reached \
                      the processor"
@@ -503,7 +509,7 @@ mod tests {
     /// Runs `until_known` over scripted answers, one per attempt.
     async fn known_after(earlier: EarlierCalls, answers: Vec<Outcome<()>>) -> Outcome<()> {
         let answers = std::sync::Mutex::new(answers.into_iter());
-        until_known("charge", earlier, || {
+        until_known("refund", earlier, Refusal::is_refund_refused, || {
             let next = answers
                 .lock()
                 .unwrap()
