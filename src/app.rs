@@ -279,6 +279,7 @@ impl Application {
             events::describe_metrics();
             webhooks::metrics::describe();
             expiry::describe_metrics();
+            crate::processor::describe_metrics();
         });
         crate::config::check_delivery_retention(
             settings.shared.webhook_delivery_retention,

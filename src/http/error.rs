@@ -48,7 +48,7 @@ pub struct Problem {
     /// When one field of the request is at fault: its JSON pointer (RFC 6901) in the request
     /// body (`/amount`, `/metadata/order_id`), as Stripe's `param` names it. Left out when the
     /// problem is not one field's.
-    // Boxed, as `charge` is, to keep the problem small.
+    // Boxed, to keep the problem (carried by every `Result` of the HTTP layer) small.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, example = "/amount")]
     param: Option<Box<Text>>,
@@ -56,12 +56,6 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     payment: Option<Box<Text>>,
-    /// For `card-declined` at the simulated processor: the charge recorded as declined. Left out
-    /// of idempay's API description, whose problems never carry it. Boxed, as `retry_after` is
-    /// kept small, so that a problem stays under clippy's large-error bound.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
-    charge: Option<Box<ChargeRef>>,
     /// For `card-declined`: why the processor declined.
     #[serde(skip_serializing_if = "Option::is_none")]
     decline_code: Option<Box<str>>,
@@ -79,20 +73,15 @@ pub struct Problem {
     retry_after: Option<NonZeroU64>,
 }
 
-/// The JSON pointers of a mismatch, boxed in the problem for the same reason as `charge`.
+/// The JSON pointers of a mismatch, boxed in the problem for the same reason as `param`.
 #[derive(Debug, Clone, Serialize)]
 #[serde(transparent)]
 struct FieldPointers(Vec<String>);
 
-/// A member's text, boxed in the problem for the same reason as `charge`: one pointer wide.
+/// A member's text, boxed in the problem to keep it small: one pointer wide.
 #[derive(Debug, Clone, Serialize)]
 #[serde(transparent)]
 struct Text(String);
-
-/// The id of a charge at the simulated processor, as a `card-declined` problem of its names it.
-#[derive(Debug, Clone, Serialize)]
-#[serde(transparent)]
-struct ChargeRef(String);
 
 /// The problems any operation that needs an API key may answer, as the API description lists them.
 #[derive(IntoResponses)]
@@ -191,7 +180,6 @@ impl Problem {
             detail: sentence(detail.into()),
             param: None,
             payment: None,
-            charge: None,
             decline_code: None,
             mismatched_fields: None,
             retry_after: None,
@@ -206,18 +194,6 @@ impl Problem {
             ..Self::new(
                 ProblemKind::CardDeclined,
                 format!("The card was declined ({decline_code})."),
-            )
-        }
-    }
-
-    /// A charge the simulated processor declined: names the charge recorded as declined and why.
-    pub fn charge_declined(charge: &str, decline_code: &str) -> Self {
-        Self {
-            charge: Some(Box::new(ChargeRef(charge.to_owned()))),
-            decline_code: Some(decline_code.into()),
-            ..Self::new(
-                ProblemKind::CardDeclined,
-                format!("The card was declined ({decline_code}); charge `{charge}` records it."),
             )
         }
     }
@@ -323,7 +299,7 @@ impl ApiError {
     pub fn into_problem(self) -> Problem {
         match self {
             Self::Problem(problem) => problem,
-            Self::Database(error) if is_unavailable(&error) => {
+            Self::Database(error) if idempotency::is_unavailable(&error) => {
                 tracing::error!(error = %error, "database unavailable");
                 Problem::new(
                     ProblemKind::ServiceUnavailable,
@@ -349,35 +325,6 @@ fn internal() -> Problem {
         "The request failed on our side and nothing was recorded; it is safe to retry it as it \
          was (a POST with the same Idempotency-Key).",
     )
-}
-
-/// Errors that say the database cannot serve this request right now, as opposed to a bad query:
-/// the same request is worth retrying in a moment.
-fn is_unavailable(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Io(_)
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(error) => error.code().is_some_and(|code| is_transient(&code)),
-        _ => false,
-    }
-}
-
-/// SQLSTATEs of a database that is going away, overloaded or busy, never of a wrong statement.
-fn is_transient(sqlstate: &str) -> bool {
-    sqlstate.starts_with("08") // connection exception
-        || matches!(
-            sqlstate,
-            "57P01" // admin_shutdown: the server is stopping
-            | "57P02" // crash_shutdown
-            | "57P03" // cannot_connect_now: starting up or shutting down
-            | "53300" // too_many_connections
-            | "57014" // query_canceled: the statement timeout fired
-            | "55P03" // lock_not_available: the lock timeout fired
-            | "40001" // serialization_failure
-            | "40P01" // deadlock_detected
-        )
 }
 
 impl IntoResponse for ApiError {
@@ -480,20 +427,6 @@ mod tests {
         assert_eq!(sentence("failed to parse".into()), "Failed to parse.");
         assert_eq!(sentence(" Done. ".into()), "Done.");
         assert_eq!(sentence("Why?".into()), "Why?");
-    }
-
-    #[test]
-    fn a_database_going_away_or_too_busy_is_unavailable_and_a_bad_statement_is_not() {
-        for sqlstate in [
-            "08006", "57P01", "57P03", "53300", "57014", "55P03", "40001", "40P01",
-        ] {
-            assert!(is_transient(sqlstate), "{sqlstate}");
-        }
-        for sqlstate in ["23505", "22003", "42P01", "23514"] {
-            assert!(!is_transient(sqlstate), "{sqlstate}");
-        }
-        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
-        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
     }
 
     #[test]

@@ -22,7 +22,6 @@ use utoipa_axum::routes;
 const REQUESTS: &str = "idempay_http_requests_total";
 const REQUEST_DURATION: &str = "idempay_http_request_duration_seconds";
 pub const KEY_OUTCOMES: &str = "idempay_idempotency_outcomes_total";
-pub const PROCESSOR_KEY_OUTCOMES: &str = "idempay_processor_idempotency_outcomes_total";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
 
 /// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
@@ -83,11 +82,6 @@ fn describe() {
     describe_counter!(
         KEY_OUTCOMES,
         "Requests with an Idempotency-Key, by what became of them."
-    );
-    describe_counter!(
-        PROCESSOR_KEY_OUTCOMES,
-        "Requests to the simulated processor (embedded or not) with an Idempotency-Key, by what \
-         became of them."
     );
     describe_gauge!(
         POOL_CONNECTIONS,

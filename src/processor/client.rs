@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::model::{Charge, Dispute, ProcessorRefund};
+use super::problem::ProblemKind as ProcessorProblem;
 use crate::http::error::{Problem, ProblemKind};
 use idempotency::EarlierCalls;
 
@@ -43,14 +44,14 @@ impl Refusal {
     pub fn is_refund_refused(&self) -> bool {
         matches!(
             self.problem(),
-            Some(ProblemKind::RefundExceedsPayment | ProblemKind::PaymentNotRefundable)
+            Some(ProcessorProblem::RefundExceedsPayment | ProcessorProblem::PaymentNotRefundable)
         )
     }
 
-    /// The kind of problem the processor answered with, of the catalogue it answers from (the
-    /// same as idempay's); `None` when it sent no `type`, or one of no kind known here.
-    pub fn problem(&self) -> Option<ProblemKind> {
-        ProblemKind::from_type_uri(self.problem_type.as_deref()?)
+    /// The kind of problem the processor answered with, of its own catalogue; `None` when it sent
+    /// no `type`, or one of no kind it has.
+    pub fn problem(&self) -> Option<ProcessorProblem> {
+        ProcessorProblem::from_type_uri(self.problem_type.as_deref()?)
     }
 }
 
@@ -451,7 +452,7 @@ mod tests {
         }
         assert_eq!(
             refusal(Some("/problems/refund-exceeds-payment")).problem(),
-            Some(ProblemKind::RefundExceedsPayment)
+            Some(ProcessorProblem::RefundExceedsPayment)
         );
         for other in [
             None,

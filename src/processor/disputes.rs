@@ -11,15 +11,15 @@ use super::ProcessorState;
 use super::extract::Authorized;
 use super::handlers::Page;
 use super::model::{Dispute, IdKind, tagged};
-use crate::http::error::ApiError;
-use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
+use super::problem::{Error, unknown_cursor};
+use crate::http::pagination::{Cursor, List, PageRequest, Position};
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
 pub(super) async fn list_disputes(
     State(state): State<ProcessorState>,
     _: Authorized,
     page: PageRequest,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     let position = match &page.cursor {
         Cursor::First => None,
         Cursor::After(id) | Cursor::Before(id) if !IdKind::Dispute.is(id) => {

@@ -2,6 +2,7 @@
 //! before anything is reserved as idempay's own [`Idempotent`](idempotency::Idempotent) is.
 //! Only who may call differs: one API key for the processor, where idempay has accounts.
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
@@ -9,7 +10,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::ProcessorState;
-use crate::http::error::{ApiError, Problem, ProblemKind};
+use super::problem::{Error, Problem, ProblemKind};
 use idempotency::{Fingerprint, IdempotencyKey, KeyError, KeyedRequest, Scope};
 
 /// The owner of every processor key's scope (`processor:POST /v1/charges`). No account id has this
@@ -18,6 +19,20 @@ pub const SCOPE_OWNER: &str = "processor";
 
 /// The header that carries the key, as idempay's own routes read it.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// A path parameter; one that cannot be decoded names no resource: 404.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(Problem))]
+pub struct Path<T>(pub T);
+
+impl From<PathRejection> for Problem {
+    fn from(rejection: PathRejection) -> Self {
+        Problem::new(
+            ProblemKind::NotFound,
+            format!("No such resource: {}.", rejection.body_text()),
+        )
+    }
+}
 
 /// Proof that the request carried the processor's API key.
 #[derive(Debug)]
@@ -56,9 +71,9 @@ impl<T> FromRequest<ProcessorState> for Keyed<T>
 where
     T: DeserializeOwned,
 {
-    type Rejection = ApiError;
+    type Rejection = Error;
 
-    async fn from_request(req: Request, state: &ProcessorState) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &ProcessorState) -> Result<Self, Error> {
         let (mut parts, body) = req.into_parts();
         Authorized::from_request_parts(&mut parts, state).await?;
         let route = parts.extensions.get::<MatchedPath>().map_or_else(

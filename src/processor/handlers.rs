@@ -18,18 +18,16 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use super::ProcessorState;
-use super::extract::{Authorized, Keyed};
+use super::extract::{Authorized, Keyed, Path};
 use super::faults::{Faults, Fraction};
 use super::model::{
     Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
-    ProcessorEventType, ProcessorRefund, RefundRow, tagged,
+    PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
 };
+use super::problem::{Error, Problem, ProblemKind, unknown_cursor};
 use crate::db::Engine;
-use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
+use crate::http::pagination::{Cursor, List, PageRequest, Position};
 use crate::http::server::Hangup;
-use crate::payments::PaymentMethod;
 use crate::vocabulary::stored;
 use crate::webhooks::delivery;
 use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
@@ -47,8 +45,8 @@ impl ProcessorState {
     async fn with_faults(
         &self,
         hangup: Option<Extension<Hangup>>,
-        answer: impl Future<Output = Result<Response, ApiError>>,
-    ) -> Result<Response, ApiError> {
+        answer: impl Future<Output = Result<Response, Error>>,
+    ) -> Result<Response, Error> {
         let faults = self.faults();
         if faults.fail.happens() {
             return Err(Problem::new(
@@ -96,7 +94,7 @@ impl ProcessorState {
         kind: ProcessorEventType,
         at: DateTime<Utc>,
         data: &impl Serialize,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Error> {
         let Some(url) = &self.webhook_url else {
             return Ok(());
         };
@@ -123,7 +121,7 @@ pub(super) async fn create_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     Keyed { request, body }: Keyed<NewCharge>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     let shared = state.clone();
     let answer = state
         .idempotency
@@ -131,11 +129,7 @@ pub(super) async fn create_charge(
     state.with_faults(hangup, answer).await
 }
 
-async fn charge(
-    state: ProcessorState,
-    lease: Lease,
-    new: NewCharge,
-) -> Result<Completion, ApiError> {
+async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<Completion, Error> {
     state.delay().await;
     let decline_code = match new.payment_method {
         PaymentMethod::CardVisa => None,
@@ -275,7 +269,7 @@ pub(super) async fn get_charge(
     State(state): State<ProcessorState>,
     _: Authorized,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     let not_found = || Problem::new(ProblemKind::NotFound, format!("No charge `{id}`."));
     if !IdKind::Charge.is(&id) {
         return Err(not_found().into());
@@ -309,7 +303,7 @@ pub(super) async fn list_charges(
     State(state): State<ProcessorState>,
     _: Authorized,
     page: PageRequest,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     let position = match &page.cursor {
         Cursor::First => None,
         Cursor::After(id) | Cursor::Before(id) if !IdKind::Charge.is(id) => {
@@ -392,7 +386,7 @@ pub(super) async fn create_refund(
     hangup: Option<Extension<Hangup>>,
     Path(id): Path<String>,
     Keyed { request, body }: Keyed<NewRefund>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     // An id that cannot name a charge is refused before the key is reserved.
     if !IdKind::Charge.is(&id) {
         return Err(charge_not_found(&id).into());
@@ -491,7 +485,7 @@ pub(super) async fn list_refunds(
     State(state): State<ProcessorState>,
     _: Authorized,
     page: PageRequest,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     let position = match &page.cursor {
         Cursor::First => None,
         Cursor::After(id) | Cursor::Before(id) if !IdKind::Refund.is(id) => {
@@ -572,7 +566,7 @@ pub(super) async fn create_dispute(
     _: Authorized,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     if !IdKind::Charge.is(&id) {
         return Err(charge_not_found(&id).into());
     }
@@ -641,7 +635,7 @@ pub(super) async fn fail_refund(
     State(state): State<ProcessorState>,
     _: Authorized,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Error> {
     let not_found = || Problem::new(ProblemKind::NotFound, format!("No refund `{id}`."));
     if !IdKind::Refund.is(&id) {
         return Err(not_found().into());
@@ -723,7 +717,7 @@ pub(super) async fn set_faults(
     State(state): State<ProcessorState>,
     _: Authorized,
     body: Result<axum::Json<FaultsBody>, axum::extract::rejection::JsonRejection>,
-) -> Result<axum::Json<FaultsBody>, ApiError> {
+) -> Result<axum::Json<FaultsBody>, Error> {
     let axum::Json(body) =
         body.map_err(|rejection| Problem::new(ProblemKind::InvalidRequest, rejection.body_text()))?;
     let fraction = |name: &str, value: f64| {

@@ -17,6 +17,7 @@ mod extract;
 pub mod faults;
 mod handlers;
 mod model;
+pub mod problem;
 mod settings;
 
 use std::future::Future;
@@ -36,18 +37,20 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::expiry;
-use crate::http::error::{Problem, ProblemKind};
-use crate::http::{MAX_BODY_BYTES, server};
+use crate::http::server;
 use idempotency::{Idempotency, Policy};
+use problem::{Problem, ProblemKind};
 
 use crate::failpoint;
-use crate::http::metrics::PROCESSOR_KEY_OUTCOMES;
 use crate::jobs::Jobs;
 use crate::webhooks::delivery::Deliverer;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
 pub use faults::{Faults, Fraction};
-pub use model::{Charge, ChargeStatus, Dispute, ProcessorEventType, ProcessorRefund, RefundStatus};
+pub use model::{
+    Amount, Charge, ChargeStatus, Currency, Dispute, PaymentMethod, ProcessorEventType,
+    ProcessorRefund, RefundStatus,
+};
 pub use settings::{
     DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, ProcessorApiKey, ProcessorListen, ProcessorSettings,
     SharedArgs,
@@ -56,6 +59,22 @@ pub use settings::{
 /// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
 /// find their first charge.
 pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The largest request body the processor reads.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The counter of the processor's key outcomes: its own instance of the mechanism, apart from
+/// idempay's.
+pub const KEY_OUTCOMES: &str = "idempay_processor_idempotency_outcomes_total";
+
+/// Describes the processor's metrics to the recorder of the process that runs it.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        KEY_OUTCOMES,
+        "Requests to the simulated processor (embedded or not) with an Idempotency-Key, by what \
+         became of them."
+    );
+}
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -174,7 +193,7 @@ impl Processor {
                     recovery_window: KEY_TTL,
                 },
             )
-            .counted_as(PROCESSOR_KEY_OUTCOMES)
+            .counted_as(KEY_OUTCOMES)
             // Named apart, so that a fault test of idempay's never fires in the embedded one.
             .crash_points(|point| failpoint::hit(&format!("processor:{point}"))),
             api_key: settings.api_key,

@@ -5,11 +5,87 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::ids;
-use crate::payments::{Amount, Currency, PaymentMethod};
 use crate::vocabulary::{stored, vocabulary};
 
 /// The length of the random part of every processor id.
 const ID_LEN: usize = 24;
+
+/// The most one charge may be, in minor units: a card network's bound, not a client's.
+const MAX_AMOUNT: i64 = 99_999_999;
+
+/// An amount of money in the currency's minor units (cents for `eur`), 1 to [`MAX_AMOUNT`]: what
+/// is charged, refunded or disputed. An integer in JSON; a fraction is refused, never rounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub struct Amount(i64);
+
+impl TryFrom<i64> for Amount {
+    type Error = String;
+
+    fn try_from(minor_units: i64) -> Result<Self, Self::Error> {
+        if (1..=MAX_AMOUNT).contains(&minor_units) {
+            Ok(Self(minor_units))
+        } else {
+            Err(format!(
+                "amount must be an integer from 1 to {MAX_AMOUNT} in minor units, got {minor_units}"
+            ))
+        }
+    }
+}
+
+impl From<Amount> for i64 {
+    fn from(amount: Amount) -> Self {
+        amount.0
+    }
+}
+
+/// A currency code as ISO 4217 has it, in lowercase (`eur`): three letters. Which currencies a
+/// merchant may use is the merchant's service's to say (idempay checks its list before it calls);
+/// the processor records what it charged in.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Currency(String);
+
+impl TryFrom<String> for Currency {
+    type Error = String;
+
+    fn try_from(code: String) -> Result<Self, Self::Error> {
+        if code.len() == 3 && code.bytes().all(|b| b.is_ascii_lowercase()) {
+            Ok(Self(code))
+        } else {
+            Err(format!(
+                "`{code}` is not a currency code of three lowercase letters (such as `eur`)"
+            ))
+        }
+    }
+}
+
+impl Currency {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The test cards, which decide a charge's outcome as Stripe's test payment methods do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum PaymentMethod {
+    /// Always succeeds.
+    #[default]
+    #[serde(rename = "pm_card_visa")]
+    CardVisa,
+    /// Always declined: the charge is recorded as `declined` and answered 402.
+    #[serde(rename = "pm_card_chargeDeclined")]
+    CardChargeDeclined,
+    /// Succeeds after `IDEMPAY_SLOW_CHARGE`.
+    #[serde(rename = "pm_card_slow")]
+    CardSlow,
+}
+
+vocabulary!(PaymentMethod, "payment method" {
+    CardVisa => "pm_card_visa",
+    CardChargeDeclined => "pm_card_chargeDeclined",
+    CardSlow => "pm_card_slow",
+});
 
 /// A charge to make. Unknown fields are refused. `pm_card_visa` when no method is given.
 #[derive(Clone, Debug, Deserialize)]
@@ -279,12 +355,20 @@ mod tests {
     }
 
     #[test]
-    fn every_event_the_processor_sends_is_one_idempay_s_intake_understands() {
-        for kind in ProcessorEventType::ALL {
-            assert!(
-                kind.as_str().parse::<crate::webhooks::IntakeType>().is_ok(),
-                "{kind}"
-            );
+    fn an_amount_is_a_positive_integer_and_a_currency_three_lowercase_letters() {
+        let new = |body: &str| serde_json::from_str::<NewCharge>(body);
+        let charge = new(r#"{"amount": 4200, "currency": "eur"}"#).unwrap();
+        assert_eq!(i64::from(charge.amount), 4200);
+        assert_eq!(charge.payment_method, PaymentMethod::CardVisa);
+        for refused in [
+            r#"{"amount": 0, "currency": "eur"}"#,
+            r#"{"amount": 42.5, "currency": "eur"}"#,
+            r#"{"amount": 100000000, "currency": "eur"}"#,
+            r#"{"amount": 1, "currency": "EUR"}"#,
+            r#"{"amount": 1, "currency": "euro"}"#,
+            r#"{"amount": 1, "currency": "eur", "payment_method": "pm_card_unknown"}"#,
+        ] {
+            assert!(new(refused).is_err(), "{refused}");
         }
     }
 

@@ -333,3 +333,16 @@ pub async fn send(
     let status = response.status().as_u16();
     Ok((status, response.text().await?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::IntakeType;
+    use crate::processor::ProcessorEventType;
+
+    #[test]
+    fn every_event_the_processor_sends_is_one_the_intake_understands() {
+        for kind in ProcessorEventType::ALL {
+            assert!(kind.as_str().parse::<IntakeType>().is_ok(), "{kind}");
+        }
+    }
+}

@@ -154,6 +154,36 @@ impl IntoResponse for Error {
     }
 }
 
+/// Whether a database error says the database cannot serve this request right now, as opposed to
+/// a bad statement: the same request is worth retrying in a moment, with the same key. A service
+/// answers such an error 503 with `Retry-After`.
+pub fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(error) => error.code().is_some_and(|code| is_transient(&code)),
+        _ => false,
+    }
+}
+
+/// SQLSTATEs of a database that is going away, overloaded or busy, never of a wrong statement.
+fn is_transient(sqlstate: &str) -> bool {
+    sqlstate.starts_with("08") // connection exception
+        || matches!(
+            sqlstate,
+            "57P01" // admin_shutdown: the server is stopping
+            | "57P02" // crash_shutdown
+            | "57P03" // cannot_connect_now: starting up or shutting down
+            | "53300" // too_many_connections
+            | "57014" // query_canceled: the statement timeout fired
+            | "55P03" // lock_not_available: the lock timeout fired
+            | "40001" // serialization_failure
+            | "40P01" // deadlock_detected
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +217,19 @@ mod tests {
         );
         let fault = Error::from(anyhow::anyhow!("secret cause")).into_response();
         assert_eq!(fault.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn a_database_going_away_or_too_busy_is_unavailable_and_a_bad_statement_is_not() {
+        for sqlstate in [
+            "08006", "57P01", "57P03", "53300", "57014", "55P03", "40001", "40P01",
+        ] {
+            assert!(is_transient(sqlstate), "{sqlstate}");
+        }
+        for sqlstate in ["23505", "22003", "42P01", "23514"] {
+            assert!(!is_transient(sqlstate), "{sqlstate}");
+        }
+        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
+        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
     }
 }

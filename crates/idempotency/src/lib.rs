@@ -71,7 +71,7 @@ use store::Reservation;
 
 pub use body::BodyError;
 pub use engine::Engine;
-pub use error::{Error, Refusal};
+pub use error::{Error, Refusal, is_unavailable};
 pub use fingerprint::{FieldDigests, Fingerprint};
 pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};

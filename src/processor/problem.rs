@@ -1,0 +1,359 @@
+//! The processor's problem documents (RFC 9457), from a catalogue of its own: it is another
+//! company's API, and idempay reads its answers as any client would (`ProblemKind::from_type_uri`
+//! in idempay's client). The slugs are those a Stripe-like acquirer answers with, and a refusal
+//! idempay stores as a result (`refund-exceeds-payment`, `payment-not-refundable`) is told apart by
+//! its `type` alone.
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idempotency::{BodyError, Refusal, StoredResponse};
+use serde::Serialize;
+
+/// The media type of every error body.
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Declares the catalogue once: each kind with its slug, status and title, from which the enum,
+/// [`ProblemKind::ALL`] and the accessors are derived.
+macro_rules! catalogue {
+    ($($kind:ident => $slug:literal, $status:ident, $title:literal;)*) => {
+        /// The kinds of problem the processor answers with; `type` is `/problems/{slug}`.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum ProblemKind {
+            $($kind,)*
+        }
+
+        impl ProblemKind {
+            pub const ALL: &[ProblemKind] = &[$(Self::$kind,)*];
+
+            /// The `type` URI, relative to the processor's address.
+            pub fn type_uri(self) -> &'static str {
+                match self {
+                    $(Self::$kind => concat!("/problems/", $slug),)*
+                }
+            }
+
+            pub fn status(self) -> StatusCode {
+                match self {
+                    $(Self::$kind => StatusCode::$status,)*
+                }
+            }
+
+            pub fn title(self) -> &'static str {
+                match self {
+                    $(Self::$kind => $title,)*
+                }
+            }
+        }
+    };
+}
+
+catalogue! {
+    InvalidRequest => "invalid-request", BAD_REQUEST, "The request is invalid";
+    InvalidIdempotencyKey => "invalid-idempotency-key", BAD_REQUEST,
+        "The Idempotency-Key header is missing or invalid";
+    Unauthorized => "unauthorized", UNAUTHORIZED, "Authentication required";
+    CardDeclined => "card-declined", PAYMENT_REQUIRED, "The card was declined";
+    NotFound => "not-found", NOT_FOUND, "Not found";
+    RequestTimeout => "request-timeout", REQUEST_TIMEOUT, "The request body stopped arriving";
+    IdempotencyKeyInUse => "idempotency-key-in-use", CONFLICT,
+        "A request with this Idempotency-Key is still in progress";
+    IdempotencyKeyHeld => "idempotency-key-held", CONFLICT,
+        "This Idempotency-Key's request is held for an operator";
+    PayloadTooLarge => "payload-too-large", PAYLOAD_TOO_LARGE, "The request body is too large";
+    UnsupportedMediaType => "unsupported-media-type", UNSUPPORTED_MEDIA_TYPE,
+        "The request body must be application/json";
+    IdempotencyKeyMismatch => "idempotency-key-mismatch", UNPROCESSABLE_ENTITY,
+        "The Idempotency-Key was already used with a different request";
+    PaymentNotRefundable => "payment-not-refundable", BAD_REQUEST,
+        "The charge cannot be refunded";
+    RefundExceedsPayment => "refund-exceeds-payment", BAD_REQUEST,
+        "The refund exceeds what remains refundable";
+    Internal => "internal", INTERNAL_SERVER_ERROR, "Internal server error";
+    ServiceUnavailable => "service-unavailable", SERVICE_UNAVAILABLE,
+        "Service temporarily unavailable";
+}
+
+impl ProblemKind {
+    /// The kind whose `type` this is; `None` for a type of no kind of the catalogue.
+    pub fn from_type_uri(type_uri: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|kind| kind.type_uri() == type_uri)
+    }
+
+    /// The last segment of `type`, sent as `code` for a program to branch on.
+    fn slug(self) -> &'static str {
+        self.type_uri().trim_start_matches("/problems/")
+    }
+}
+
+/// A problem document of the processor's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    type_uri: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    /// The slug of `type`, as Stripe's `code`.
+    code: &'static str,
+    /// The JSON pointer of the one request field at fault, if one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<String>,
+    /// For `card-declined`: the charge recorded as declined, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    charge: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decline_code: Option<String>,
+    /// For `idempotency-key-mismatch`: the top-level members that differ, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mismatched_fields: Option<Vec<String>>,
+    #[serde(skip)]
+    retry_after: Option<NonZeroU64>,
+}
+
+impl Problem {
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
+        Self {
+            type_uri: kind.type_uri(),
+            title: kind.title(),
+            status: kind.status().as_u16(),
+            detail: sentence(&detail.into()),
+            code: kind.slug(),
+            param: None,
+            charge: None,
+            decline_code: None,
+            mismatched_fields: None,
+            retry_after: None,
+        }
+    }
+
+    /// A charge declined: names the charge recorded as declined and why.
+    pub fn charge_declined(charge: &str, decline_code: &str) -> Self {
+        Self {
+            charge: Some(charge.to_owned()),
+            decline_code: Some(decline_code.to_owned()),
+            ..Self::new(
+                ProblemKind::CardDeclined,
+                format!("The card was declined ({decline_code}); charge `{charge}` records it."),
+            )
+        }
+    }
+
+    /// A body that is not the JSON the route takes, naming the field at fault where one is.
+    pub fn invalid_body<T: serde::de::DeserializeOwned>(
+        bytes: &[u8],
+        error: &serde_json::Error,
+    ) -> Self {
+        Self::from(BodyError::of::<T>(bytes, error))
+    }
+
+    /// When a retry may succeed, rounded up to whole seconds (at least one).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        self.retry_after = NonZeroU64::new(seconds.max(1));
+        self
+    }
+
+    fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a problem document always serializes")
+    }
+
+    /// The problem as a result, not a fault (a declined card, a refund refused): stored with its
+    /// key and replayed like any response.
+    pub fn stored(&self) -> StoredResponse {
+        let mut stored = StoredResponse::raw(self.status(), self.to_json().into())
+            .with_header(header::CONTENT_TYPE, PROBLEM_JSON);
+        if let Some(seconds) = self.retry_after {
+            stored = stored.with_header(header::RETRY_AFTER, seconds.to_string());
+        }
+        stored
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status(),
+            [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))],
+            self.to_json(),
+        )
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.get()));
+        }
+        if self.type_uri == ProblemKind::Unauthorized.type_uri() {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"processor\""),
+            );
+        }
+        response
+    }
+}
+
+/// Upper-cases the first letter and ends with a stop: details are sentences.
+fn sentence(text: &str) -> String {
+    let mut chars = text.trim().chars();
+    let mut sentence: String = chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default();
+    if !sentence.is_empty() && !sentence.ends_with(['.', '!', '?']) {
+        sentence.push('.');
+    }
+    sentence
+}
+
+impl From<Refusal> for Problem {
+    fn from(refusal: Refusal) -> Self {
+        let detail = refusal.detail();
+        match refusal {
+            Refusal::InvalidKey(_) => Self::new(ProblemKind::InvalidIdempotencyKey, detail),
+            Refusal::NotJson => Self::new(ProblemKind::UnsupportedMediaType, detail),
+            Refusal::InvalidBody(error) => error.into(),
+            Refusal::Unreadable(rejection) => rejection.into(),
+            Refusal::InFlight { retry_after } => {
+                Self::new(ProblemKind::IdempotencyKeyInUse, detail).retry_after(retry_after)
+            }
+            Refusal::Mismatch { fields } => Self {
+                mismatched_fields: fields,
+                ..Self::new(ProblemKind::IdempotencyKeyMismatch, detail)
+            },
+            Refusal::Held => Self::new(ProblemKind::IdempotencyKeyHeld, detail),
+        }
+    }
+}
+
+impl From<BodyError> for Problem {
+    fn from(error: BodyError) -> Self {
+        Self {
+            param: error.pointer().map(str::to_owned),
+            ..Self::new(ProblemKind::InvalidRequest, error.detail())
+        }
+    }
+}
+
+impl From<BytesRejection> for Problem {
+    fn from(rejection: BytesRejection) -> Self {
+        let kind = match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ProblemKind::PayloadTooLarge,
+            StatusCode::REQUEST_TIMEOUT => ProblemKind::RequestTimeout,
+            _ => ProblemKind::InvalidRequest,
+        };
+        Self::new(kind, rejection.body_text())
+    }
+}
+
+/// What a handler of the processor fails with: a problem for the client, or a fault of its own,
+/// logged and answered 503 (the database is away: retry with the same key) or 500.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}", .0.detail)]
+    Problem(Problem),
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl From<Problem> for Error {
+    fn from(problem: Problem) -> Self {
+        Self::Problem(problem)
+    }
+}
+
+impl From<idempotency::Error> for Error {
+    fn from(error: idempotency::Error) -> Self {
+        match error {
+            idempotency::Error::Refused(refusal) => Self::Problem(refusal.into()),
+            idempotency::Error::Database(error) => Self::Database(error),
+            idempotency::Error::Internal(error) => Self::Internal(error),
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Problem(problem) => problem.into_response(),
+            Self::Database(error) if idempotency::is_unavailable(&error) => {
+                tracing::error!(error = %error, "processor database unavailable");
+                Problem::new(
+                    ProblemKind::ServiceUnavailable,
+                    "The processor's database is unreachable; retry with the same Idempotency-Key.",
+                )
+                .retry_after(Duration::from_secs(1))
+                .into_response()
+            }
+            Self::Database(error) => {
+                tracing::error!(error = ?error, "processor database error");
+                internal().into_response()
+            }
+            Self::Internal(error) => {
+                tracing::error!(error = ?error, "processor internal error");
+                internal().into_response()
+            }
+        }
+    }
+}
+
+/// A list's cursor that names no object of it: like any id that names nothing, 404.
+pub fn unknown_cursor(id: &str) -> Problem {
+    Problem::new(
+        ProblemKind::NotFound,
+        format!("`{id}` is no object of this list to page from."),
+    )
+}
+
+/// The answer to a fault of the processor's: nothing was recorded.
+pub fn internal() -> Problem {
+    Problem::new(
+        ProblemKind::Internal,
+        "The request failed on the processor and nothing was recorded; retry it with the same \
+         Idempotency-Key.",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_type_and_is_found_by_it() {
+        for kind in ProblemKind::ALL {
+            assert_eq!(ProblemKind::from_type_uri(kind.type_uri()), Some(*kind));
+        }
+        assert_eq!(ProblemKind::from_type_uri("/problems/unheard-of"), None);
+    }
+
+    #[test]
+    fn a_declined_charge_names_its_charge_and_reason() {
+        let body: serde_json::Value =
+            serde_json::from_slice(&Problem::charge_declined("ch_1", "generic_decline").to_json())
+                .unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "type": "/problems/card-declined",
+                "title": "The card was declined",
+                "status": 402,
+                "detail": "The card was declined (generic_decline); charge `ch_1` records it.",
+                "code": "card-declined",
+                "charge": "ch_1",
+                "decline_code": "generic_decline",
+            })
+        );
+    }
+}
