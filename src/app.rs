@@ -19,12 +19,13 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::accounts::{self, AccountCache, RateLimit};
 use crate::config::Settings;
+use crate::downstream::ProcessorClient;
+use crate::downstream::call::CallResumers;
 use crate::http::error::ApiError;
 use crate::http::openapi::{self, ApiDoc};
 use crate::http::{Figures, MAX_BODY_BYTES, Timeouts, health, metrics, problems, server};
 use crate::jobs::Jobs;
-use crate::processor::call::CallResumers;
-use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
+use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
 use crate::webhooks::delivery::{Deliverer, Sender};
 use crate::{

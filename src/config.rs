@@ -164,8 +164,8 @@ impl ProcessorLink {
     /// Applies the unsafe demo setting, when it is on, to a client of any processor.
     pub fn configure(
         &self,
-        client: crate::processor::ProcessorClient,
-    ) -> crate::processor::ProcessorClient {
+        client: crate::downstream::ProcessorClient,
+    ) -> crate::downstream::ProcessorClient {
         if self.new_key_per_call {
             tracing::warn!(
                 "IDEMPAY_UNSAFE_NEW_PROCESSOR_KEY_PER_CALL is on: a retried charge can be charged twice"
@@ -177,14 +177,14 @@ impl ProcessorLink {
     }
 
     /// A client for the configured processor; `None` when no URL is set.
-    pub fn client(&self) -> anyhow::Result<Option<crate::processor::ProcessorClient>> {
+    pub fn client(&self) -> anyhow::Result<Option<crate::downstream::ProcessorClient>> {
         let Some(url) = &self.url else {
             return Ok(None);
         };
         let api_key = self.api_key.clone().ok_or_else(|| {
             anyhow::anyhow!("IDEMPAY_PROCESSOR_URL is set but IDEMPAY_PROCESSOR_API_KEY is not")
         })?;
-        crate::processor::ProcessorClient::new(url, api_key, self.timeout)
+        crate::downstream::ProcessorClient::new(url, api_key, self.timeout)
             .map(|client| Some(self.configure(client)))
     }
 }

@@ -24,6 +24,7 @@ pub mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod disputes;
+pub mod downstream;
 pub mod events;
 pub mod exit;
 pub mod expiry;

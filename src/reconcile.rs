@@ -17,11 +17,12 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProcessorLink;
+use crate::downstream::ProcessorClient;
 use crate::ids;
 use crate::payments::PaymentStatus;
 use crate::processor::{
-    Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorClient, ProcessorRefund,
-    ProcessorSettings, RefundStatus,
+    Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorRefund, ProcessorSettings,
+    RefundStatus,
 };
 use crate::refunds::RefundStatus as OurRefundStatus;
 use crate::vocabulary::stored;

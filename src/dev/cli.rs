@@ -433,7 +433,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         processor: match (&args.processor_url, args.processor_api_key) {
             (Some(url), Some(key)) => Some((
-                crate::processor::ProcessorClient::new(
+                crate::downstream::ProcessorClient::new(
                     url,
                     key,
                     std::time::Duration::from_secs(10),

@@ -22,10 +22,11 @@ use super::model::{Payment, PaymentId, PaymentStatus};
 use super::{NewPayment, insert, insert_and_complete};
 use crate::accounts::AccountId;
 use crate::db::Engine;
+use crate::downstream::call::ProcessorCall;
+use crate::downstream::{ChargeRequest, Outcome, ProcessorClient};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
-use crate::processor::call::ProcessorCall;
-use crate::processor::{Charge, ChargeRequest, ChargeStatus, Outcome, ProcessorClient};
+use crate::processor::{Charge, ChargeStatus};
 use idempotency::{Completion, Lease, StoredResponse};
 
 /// The recovery point of a payment: the charge was (about to be) requested.

@@ -13,6 +13,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
+use crate::downstream::ProcessorClient;
+use crate::downstream::call;
 use crate::events::NewEvent;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
@@ -20,8 +22,6 @@ use crate::http::error::{
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::metadata::Metadata;
-use crate::processor::ProcessorClient;
-use crate::processor::call;
 use idempotency::{Fence, Idempotency, IdempotencyKey, Idempotent, Owners};
 
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};

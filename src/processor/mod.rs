@@ -3,15 +3,12 @@
 //! real one. It keeps a ledger of charges, refunds and disputes, answers each keyed request once
 //! with **the same idempotency mechanism** as idempay's own routes (proof that it is reusable),
 //! announces its changes as signed webhooks from an outbox, and injects the faults of a real
-//! network on demand ([`faults`]). [`client`] is how idempay calls it, and [`call`] the unit of
-//! work every call to it shares (recovery point, downstream key, three outcomes, resume).
+//! network on demand ([`faults`]). How idempay calls it is idempay's own (`src/downstream/`).
 //!
 //! Routes: `POST /v1/charges`, `GET /v1/charges`, `GET /v1/charges/{id}`,
 //! `POST /v1/charges/{id}/refunds`, `POST /v1/charges/{id}/disputes` (a test helper),
 //! `GET /v1/refunds` and `GET /v1/disputes`; all need `Authorization: Bearer <IDEMPAY_PROCESSOR_API_KEY>`.
 
-pub mod call;
-pub mod client;
 mod disputes;
 mod extract;
 pub mod faults;
@@ -45,7 +42,6 @@ use crate::failpoint;
 use crate::jobs::Jobs;
 use crate::webhooks::delivery::Deliverer;
 
-pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
 pub use faults::{Faults, Fraction};
 pub use model::{
     Amount, Charge, ChargeStatus, Currency, Dispute, PaymentMethod, ProcessorEventType,

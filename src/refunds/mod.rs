@@ -22,9 +22,9 @@ use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
 
+use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
 use crate::payments::{Amount, PaymentId};
-use crate::processor::ProcessorClient;
 use crate::vocabulary::{stored, vocabulary};
 
 const MAX_REASON_LEN: usize = 500;

@@ -12,13 +12,14 @@ use sqlx::types::Json;
 
 use super::{RefundRow, payment_not_found};
 use crate::accounts::AccountId;
+use crate::downstream::call::{self, ProcessorCall};
+use crate::downstream::{Outcome, ProcessorClient, Refusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::ids;
 use crate::metadata::Metadata;
 use crate::payments::{PaymentId, PaymentRow, PaymentStatus};
-use crate::processor::call::{self, ProcessorCall};
-use crate::processor::{Outcome, ProcessorClient, ProcessorRefund, Refusal};
+use crate::processor::ProcessorRefund;
 use crate::vocabulary::stored;
 use idempotency::{Completion, Lease, StoredResponse};
 

@@ -40,9 +40,6 @@ const BACK_EDGES: &[(&str, &str)] = &[
     ("events", "payments"),
     // events/mod.rs builds payloads from refunds::Refund, while refunds record their events.
     ("events", "refunds"),
-    // The simulated processor's model borrows idempay's Amount, Currency and PaymentMethod: it
-    // goes with the processor crate (issue 30), which gets model types of its own.
-    ("processor", "payments"),
     // The processor sends its events through idempay's outbox and signing (webhooks::delivery):
     // they go to a crate both services share (issue 30).
     ("processor", "webhooks"),

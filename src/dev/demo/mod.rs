@@ -22,7 +22,7 @@ use client::{Client, ClientError, NewPayment, RetryPolicy};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::processor::ProcessorClient;
+use crate::downstream::ProcessorClient;
 
 pub use proxy::{Faults, LossyProxy, ProxyStats};
 

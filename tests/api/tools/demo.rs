@@ -6,7 +6,7 @@ use idempay::dev::demo::{self, Faults, Options};
 use idempay_test_macros::api_test;
 
 use idempay::config::Settings;
-use idempay::processor::ProcessorClient;
+use idempay::downstream::ProcessorClient;
 
 use crate::processor::{API_KEY, TestProcessor};
 use crate::support::helpers::TestApp;

@@ -10,9 +10,9 @@ use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::model::{Charge, Dispute, ProcessorRefund};
-use super::problem::ProblemKind as ProcessorProblem;
 use crate::http::error::{Problem, ProblemKind};
+use crate::processor::problem::ProblemKind as ProcessorProblem;
+use crate::processor::{Charge, Dispute, ProcessorRefund};
 use idempotency::EarlierCalls;
 
 /// The largest page the processor serves.
