@@ -5,15 +5,18 @@
 
 mod feed;
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use serde_json::value::RawValue;
 use sqlx::PgConnection;
 use utoipa::ToSchema;
+use utoipa::openapi::schema::{OneOfBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
 
 use crate::db::Engine;
 use crate::ids;
-use crate::payments::Payment;
-use crate::refunds::Refund;
 use crate::vocabulary::vocabulary;
 
 pub use feed::router;
@@ -98,12 +101,27 @@ pub struct EventData {
     pub object: EventObject,
 }
 
-/// The object of an event, as the API represents it.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(untagged)]
-pub enum EventObject {
-    Payment(Payment),
-    Refund(Refund),
+/// The object of an event, as the API represents it: a payment or a refund, serialized by the
+/// domain that changed it. Events import neither domain (both write events), so the description
+/// names their schemas, `Payment` and `Refund`, which their own routes register.
+#[derive(Debug, Serialize)]
+#[serde(transparent)]
+pub struct EventObject(Box<RawValue>);
+
+impl utoipa::PartialSchema for EventObject {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("Payment"))
+            .item(Ref::from_schema_name("Refund"))
+            .description(Some("The object of an event, as the API represents it."))
+            .into()
+    }
+}
+
+impl ToSchema for EventObject {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("EventObject")
+    }
 }
 
 /// An event to write, its body serialized once: the feed serves these bytes and every delivery
@@ -117,29 +135,14 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
-    /// The event `kind` about a payment, as it is after the change made at `created_at`.
-    pub fn payment(
+    /// The event `kind` about `object` (the payment of a `payment.*` event, the refund of a
+    /// `refund.*` one), as it is after the change made at `created_at`.
+    pub fn new(
         kind: EventType,
-        payment: Payment,
+        object: &impl Serialize,
         created_at: DateTime<Utc>,
     ) -> Result<Self, serde_json::Error> {
-        Self::new(kind, EventObject::Payment(payment), created_at)
-    }
-
-    /// The event `kind` about a refund, as it is after the change made at `created_at`.
-    pub fn refund(
-        kind: EventType,
-        refund: Refund,
-        created_at: DateTime<Utc>,
-    ) -> Result<Self, serde_json::Error> {
-        Self::new(kind, EventObject::Refund(refund), created_at)
-    }
-
-    fn new(
-        kind: EventType,
-        object: EventObject,
-        created_at: DateTime<Utc>,
-    ) -> Result<Self, serde_json::Error> {
+        let object = EventObject(serde_json::value::to_raw_value(object)?);
         let event = Event {
             id: ids::generate("evt", 24),
             object: "event",

@@ -113,8 +113,7 @@ async fn record(
         )
         .stored(),
     };
-    let event = NewEvent::payment(kind, payment.clone(), payment.created_at)
-        .map_err(anyhow::Error::from)?;
+    let event = NewEvent::new(kind, &payment, payment.created_at).map_err(anyhow::Error::from)?;
     let key = lease.key().clone();
     let account = intent.account;
     if lease.engine().await? == Engine::Citus {

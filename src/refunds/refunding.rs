@@ -270,9 +270,8 @@ async fn record(
     // The refund's `created_at` is its transaction's `now()`: the time of both events.
     let at = refund.created_at;
     let written = [
-        NewEvent::refund(EventType::RefundCreated, refund.clone(), at)
-            .map_err(anyhow::Error::from)?,
-        NewEvent::payment(EventType::PaymentRefunded, payment, at).map_err(anyhow::Error::from)?,
+        NewEvent::new(EventType::RefundCreated, &refund, at).map_err(anyhow::Error::from)?,
+        NewEvent::new(EventType::PaymentRefunded, &payment, at).map_err(anyhow::Error::from)?,
     ];
     let engine = lease.engine().await?;
     events::write(&mut tx, engine, intent.account.as_str(), &written).await?;

@@ -458,7 +458,7 @@ impl Envelope {
                 metadata: updated.metadata,
             };
             let event =
-                NewEvent::payment(kind, row.parse()?, now(conn).await?).map_err(unencodable)?;
+                NewEvent::new(kind, &row.parse()?, now(conn).await?).map_err(unencodable)?;
             events::write(
                 conn,
                 engine,
@@ -532,7 +532,7 @@ impl Envelope {
             created_at: failed.created_at,
             metadata: failed.metadata,
         };
-        let event = NewEvent::refund(EventType::RefundFailed, row.parse()?, now(conn).await?)
+        let event = NewEvent::new(EventType::RefundFailed, &row.parse()?, now(conn).await?)
             .map_err(unencodable)?;
         events::write(
             conn,
@@ -673,7 +673,7 @@ impl Envelope {
             created_at: disputed.created_at,
             metadata: disputed.metadata,
         };
-        let event = NewEvent::payment(EventType::PaymentDisputed, row.parse()?, now(conn).await?)
+        let event = NewEvent::new(EventType::PaymentDisputed, &row.parse()?, now(conn).await?)
             .map_err(unencodable)?;
         events::write(conn, engine, &paid.account_id, std::slice::from_ref(&event)).await?;
         let outcome = if fits {

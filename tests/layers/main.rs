@@ -36,10 +36,6 @@ const MAX_LINES: usize = 800;
 /// so its edges to the domains are the leaks: they come from the application's assembly in
 /// http/mod.rs (and a few labels in metrics.rs, openapi.rs, problems.rs).
 const BACK_EDGES: &[(&str, &str)] = &[
-    // events/mod.rs builds payloads from payments::Payment, while payments record their events.
-    ("events", "payments"),
-    // events/mod.rs builds payloads from refunds::Refund, while refunds record their events.
-    ("events", "refunds"),
     // The processor sends its events through idempay's outbox and signing (webhooks::delivery):
     // they go to a crate both services share (issue 30).
     ("processor", "webhooks"),
