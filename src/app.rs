@@ -29,7 +29,7 @@ use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
 use crate::webhooks::delivery::{Deliverer, Sender};
 use crate::{
-    disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks,
+    disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, sweeps, webhooks,
 };
 use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
 
@@ -279,7 +279,7 @@ impl Application {
             accounts::metrics::describe();
             events::describe_metrics();
             webhooks::metrics::describe();
-            expiry::describe_metrics();
+            sweeps::describe_metrics();
             crate::processor::describe_metrics();
         });
         crate::config::check_delivery_retention(
@@ -373,16 +373,13 @@ impl Application {
         let mut jobs = vec![
             watch(
                 "expiry",
-                expiry::spawn(
+                sweeps::spawn(
                     self.state.pool.clone(),
-                    expiry::Expiry {
-                        interval: self.settings.shared.expiry_interval,
-                        keys: true,
-                        retention: Some(expiry::Retention::Merchants {
-                            events: self.settings.event_retention,
-                            deliveries: self.settings.shared.webhook_delivery_retention,
-                        }),
-                    },
+                    self.settings.shared.expiry_interval,
+                    expiry::all(expiry::Retention {
+                        events: self.settings.event_retention,
+                        deliveries: self.settings.shared.webhook_delivery_retention,
+                    }),
                     stop.clone(),
                 ),
             ),

@@ -40,6 +40,7 @@ pub mod reconcile;
 pub mod recovery;
 pub mod refunds;
 pub mod settings;
+pub mod sweeps;
 pub mod telemetry;
 pub mod vocabulary;
 pub mod webhooks;

@@ -42,7 +42,7 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::server::shutdown_signal;
 use crate::processor::{DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE};
 use crate::settings::{parse_lease, positive};
-use crate::{db, expiry};
+use crate::{db, expiry, sweeps};
 use idempotency::{self, Idempotency, NotStored, Owners, Policy};
 
 /// The one account every fixture request belongs to: the fixture asks for no API key, and its
@@ -93,9 +93,10 @@ pub async fn run(args: FixtureArgs) -> anyhow::Result<()> {
         recovery_window: args.key_ttl,
     };
     let stop = CancellationToken::new();
-    let expiry = expiry::spawn(
+    let expiry = sweeps::spawn(
         pool.clone(),
-        expiry::Expiry::keys(args.expiry_interval),
+        args.expiry_interval,
+        expiry::keys(),
         stop.clone(),
     );
     tracing::info!(address = %listener.local_addr()?, "fixture serving");

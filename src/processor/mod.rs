@@ -33,8 +33,9 @@ use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::expiry;
 use crate::http::server;
+use crate::sweeps::{self, Sweep};
+use crate::webhooks::retention::{self, Owner};
 use idempotency::{Idempotency, Policy};
 use problem::{Problem, ProblemKind};
 
@@ -232,14 +233,25 @@ impl Processor {
         // (The processor has no readiness probe; embedded, its jobs are idempay's: see `jobs`.)
         let jobs = Jobs::default();
         let expiry = {
-            let job = expiry::Expiry {
-                interval: self.expiry_interval,
-                keys: self.runs_expiry,
-                retention: Some(expiry::Retention::Processor {
-                    deliveries: self.delivery_retention,
-                }),
-            };
-            let task = expiry::spawn(self.state.pool.clone(), job, stop.clone());
+            let mut sweeps = Vec::new();
+            if self.runs_expiry {
+                sweeps.push(Sweep::new("idempotency_keys", |pool, engine| async move {
+                    Idempotency::expire_batch(&pool, engine).await
+                }));
+            }
+            let retention = self.delivery_retention;
+            sweeps.push(Sweep::new(
+                "processor_webhook_deliveries",
+                move |pool, engine| async move {
+                    retention::prune_deliveries(&pool, engine, Owner::Processor, retention).await
+                },
+            ));
+            let task = sweeps::spawn(
+                self.state.pool.clone(),
+                self.expiry_interval,
+                sweeps,
+                stop.clone(),
+            );
             jobs.watch("processor-expiry", task, &stop)
         };
         let deliveries = self

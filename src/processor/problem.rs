@@ -92,17 +92,21 @@ impl ProblemKind {
     }
 }
 
-/// A problem document of the processor's.
-#[derive(Debug, Clone, Serialize)]
+/// A problem document of the processor's: its kind, the occurrence's detail, and the members
+/// only some kinds carry. Small, as every `Result` of a handler carries it.
+#[derive(Debug, Clone)]
 pub struct Problem {
-    #[serde(rename = "type")]
-    type_uri: &'static str,
-    title: &'static str,
-    status: u16,
+    kind: ProblemKind,
     detail: String,
-    /// The slug of `type`, as Stripe's `code`.
-    code: &'static str,
-    /// The JSON pointer of the one request field at fault, if one is.
+    extensions: Option<Box<Extensions>>,
+    /// Whole seconds, already rounded up.
+    retry_after: Option<NonZeroU64>,
+}
+
+/// The members some kinds add to the document.
+#[derive(Debug, Clone, Default, Serialize)]
+struct Extensions {
+    /// The JSON pointer of the one request field at fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     param: Option<String>,
     /// For `card-declined`: the charge recorded as declined, and why.
@@ -113,36 +117,47 @@ pub struct Problem {
     /// For `idempotency-key-mismatch`: the top-level members that differ, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     mismatched_fields: Option<Vec<String>>,
-    #[serde(skip)]
-    retry_after: Option<NonZeroU64>,
+}
+
+/// The document as it is sent: RFC 9457's members, `code` (the slug, as Stripe's), then the
+/// extensions.
+#[derive(Serialize)]
+struct Document<'a> {
+    #[serde(rename = "type")]
+    type_uri: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: &'a str,
+    code: &'static str,
+    #[serde(flatten)]
+    extensions: Option<&'a Extensions>,
 }
 
 impl Problem {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
         Self {
-            type_uri: kind.type_uri(),
-            title: kind.title(),
-            status: kind.status().as_u16(),
+            kind,
             detail: sentence(&detail.into()),
-            code: kind.slug(),
-            param: None,
-            charge: None,
-            decline_code: None,
-            mismatched_fields: None,
+            extensions: None,
             retry_after: None,
         }
     }
 
+    fn with(mut self, extend: impl FnOnce(&mut Extensions)) -> Self {
+        extend(self.extensions.get_or_insert_with(Box::default));
+        self
+    }
+
     /// A charge declined: names the charge recorded as declined and why.
     pub fn charge_declined(charge: &str, decline_code: &str) -> Self {
-        Self {
-            charge: Some(charge.to_owned()),
-            decline_code: Some(decline_code.to_owned()),
-            ..Self::new(
-                ProblemKind::CardDeclined,
-                format!("The card was declined ({decline_code}); charge `{charge}` records it."),
-            )
-        }
+        Self::new(
+            ProblemKind::CardDeclined,
+            format!("The card was declined ({decline_code}); charge `{charge}` records it."),
+        )
+        .with(|extensions| {
+            extensions.charge = Some(charge.to_owned());
+            extensions.decline_code = Some(decline_code.to_owned());
+        })
     }
 
     /// A body that is not the JSON the route takes, naming the field at fault where one is.
@@ -160,18 +175,22 @@ impl Problem {
         self
     }
 
-    fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-    }
-
     fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a problem document always serializes")
+        let document = Document {
+            type_uri: self.kind.type_uri(),
+            title: self.kind.title(),
+            status: self.kind.status().as_u16(),
+            detail: &self.detail,
+            code: self.kind.slug(),
+            extensions: self.extensions.as_deref(),
+        };
+        serde_json::to_vec(&document).expect("a problem document always serializes")
     }
 
     /// The problem as a result, not a fault (a declined card, a refund refused): stored with its
     /// key and replayed like any response.
     pub fn stored(&self) -> StoredResponse {
-        let mut stored = StoredResponse::raw(self.status(), self.to_json().into())
+        let mut stored = StoredResponse::raw(self.kind.status(), self.to_json().into())
             .with_header(header::CONTENT_TYPE, PROBLEM_JSON);
         if let Some(seconds) = self.retry_after {
             stored = stored.with_header(header::RETRY_AFTER, seconds.to_string());
@@ -183,7 +202,7 @@ impl Problem {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let mut response = (
-            self.status(),
+            self.kind.status(),
             [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))],
             self.to_json(),
         )
@@ -193,7 +212,7 @@ impl IntoResponse for Problem {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds.get()));
         }
-        if self.type_uri == ProblemKind::Unauthorized.type_uri() {
+        if self.kind == ProblemKind::Unauthorized {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"processor\""),
@@ -227,9 +246,10 @@ impl From<Refusal> for Problem {
             Refusal::InFlight { retry_after } => {
                 Self::new(ProblemKind::IdempotencyKeyInUse, detail).retry_after(retry_after)
             }
-            Refusal::Mismatch { fields } => Self {
-                mismatched_fields: fields,
-                ..Self::new(ProblemKind::IdempotencyKeyMismatch, detail)
+            Refusal::Mismatch { fields } => match fields {
+                Some(fields) => Self::new(ProblemKind::IdempotencyKeyMismatch, detail)
+                    .with(|extensions| extensions.mismatched_fields = Some(fields)),
+                None => Self::new(ProblemKind::IdempotencyKeyMismatch, detail),
             },
             Refusal::Held => Self::new(ProblemKind::IdempotencyKeyHeld, detail),
         }
@@ -238,9 +258,10 @@ impl From<Refusal> for Problem {
 
 impl From<BodyError> for Problem {
     fn from(error: BodyError) -> Self {
-        Self {
-            param: error.pointer().map(str::to_owned),
-            ..Self::new(ProblemKind::InvalidRequest, error.detail())
+        let problem = Self::new(ProblemKind::InvalidRequest, error.detail());
+        match error.pointer() {
+            Some(pointer) => problem.with(|extensions| extensions.param = Some(pointer.to_owned())),
+            None => problem,
         }
     }
 }

@@ -1,0 +1,131 @@
+//! The expiry job every service runs: each interval, it deletes what has expired, table after
+//! table, in bounded batches, so that no table grows without end. A service says what to delete
+//! (its [`Sweep`]s, in order); the job paces them, counts them and keeps going when one fails.
+//!
+//! Safe to run on every instance at once: each batch skips rows another instance has locked.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use idempotency::engine::{Engine, KnownEngine};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::failpoint;
+
+/// Rows per delete: small enough to keep each statement's locks short. Every batch statement
+/// carries it as a literal `LIMIT 1000`, the mechanism's batch of keys.
+pub const BATCH: u64 = idempotency::EXPIRY_BATCH;
+
+const DELETED: &str = "idempay_expiry_deleted_rows_total";
+const DURATION: &str = "idempay_expiry_run_duration_seconds";
+
+/// The table whose deletions make the job panic under the `expiry-job-panic` crash point: the
+/// test of a job that dies wants it to die after a run that did something.
+const KEYS: &str = "idempotency_keys";
+
+type Batch =
+    Box<dyn Fn(PgPool, Engine) -> BoxFuture<'static, Result<u64, sqlx::Error>> + Send + Sync>;
+
+/// What one batch statement deletes, and the table it is counted under.
+pub struct Sweep {
+    table: &'static str,
+    batch: Batch,
+}
+
+impl Sweep {
+    /// `batch` deletes up to [`BATCH`] rows and says how many; it is run until it deletes fewer.
+    /// `table` labels the count (`idempay_expiry_deleted_rows_total{table}`).
+    pub fn new<F, Fut>(table: &'static str, batch: F) -> Self
+    where
+        F: Fn(PgPool, Engine) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<u64, sqlx::Error>> + Send + 'static,
+    {
+        Self {
+            table,
+            batch: Box::new(move |pool, engine| Box::pin(batch(pool, engine))),
+        }
+    }
+}
+
+/// Every `interval` until `shutdown` is cancelled, runs the sweeps in their order.
+pub fn spawn(
+    pool: PgPool,
+    interval: Duration,
+    sweeps: Vec<Sweep>,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let engine = KnownEngine::default();
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            let started = Instant::now();
+            let engine = match engine.get(&pool).await {
+                Ok(engine) => engine,
+                Err(error) => {
+                    tracing::warn!(%error, "expiry failed; it runs again next interval");
+                    continue;
+                }
+            };
+            let mut deleted = Vec::with_capacity(sweeps.len());
+            for sweep in &sweeps {
+                let count = drain(&shutdown, || (sweep.batch)(pool.clone(), engine)).await;
+                metrics::counter!(DELETED, "table" => sweep.table).increment(count);
+                deleted.push((sweep.table, count));
+            }
+            metrics::histogram!(DURATION).record(started.elapsed().as_secs_f64());
+            if deleted.iter().any(|&(_, count)| count > 0) {
+                tracing::info!(?deleted, "expired rows deleted");
+            }
+            if deleted
+                .iter()
+                .any(|&(table, count)| table == KEYS && count > 0)
+            {
+                failpoint::panic("expiry-job-panic");
+            }
+        }
+        tracing::debug!("expiry job stopped");
+    })
+}
+
+/// Runs `expire` batch after batch until one comes back short, a batch fails, or shutdown.
+async fn drain<F, Fut>(shutdown: &CancellationToken, expire: F) -> u64
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<u64, sqlx::Error>>,
+{
+    let mut deleted = 0;
+    // Checked between batches too, so a long drain does not delay shutdown.
+    while !shutdown.is_cancelled() {
+        match expire().await {
+            Ok(count) => {
+                deleted += count;
+                if count < BATCH {
+                    break;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "expiry failed; it runs again next interval");
+                break;
+            }
+        }
+    }
+    deleted
+}
+
+/// Describes the expiry job's series to the recorder.
+pub fn describe_metrics() {
+    metrics::describe_counter!(DELETED, "Expired rows deleted by the expiry job, by table.");
+    metrics::describe_histogram!(
+        DURATION,
+        metrics::Unit::Seconds,
+        "Time of one run of the expiry job."
+    );
+}
