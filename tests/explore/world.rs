@@ -211,7 +211,7 @@ impl Process {
             let mut command = Command::new(binary());
             command
                 .args(&self.args)
-                .env("RUST_LOG", "warn,idempay::processor::client=info")
+                .env("RUST_LOG", "warn,idempay::downstream::client=info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)

@@ -52,7 +52,7 @@ async fn a_hundred_intents_through_a_processor_losing_30_percent_of_its_answers_
         &app.database_url(),
         &instance_env(
             &processor,
-            &[("RUST_LOG", "warn,idempay::processor::client=info")],
+            &[("RUST_LOG", "warn,idempay::downstream::client=info")],
         ),
     )
     .await;
@@ -255,7 +255,7 @@ async fn three_instances_under_a_retry_storm_through_a_lossy_processor_charge_on
     .await;
     let env = instance_env(
         &processor,
-        &[("RUST_LOG", "warn,idempay::processor::client=info")],
+        &[("RUST_LOG", "warn,idempay::downstream::client=info")],
     );
     let mut logs = Vec::new();
     let mut clients = Vec::new();
