@@ -21,16 +21,16 @@ use crate::accounts::{self, AccountCache, RateLimit};
 use crate::config::Settings;
 use crate::http::error::ApiError;
 use crate::http::openapi::{self, ApiDoc};
-use crate::http::{Figures, MAX_BODY_BYTES, Timeouts, health, metrics, problems, server};
-use crate::jobs::Jobs;
+use crate::http::{Figures, Timeouts, health, metrics, problems};
 use crate::processor::call::CallResumers;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
 use crate::webhooks::delivery::{Deliverer, Sender};
-use crate::{
-    disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, webhooks,
-};
+use crate::{disputes, events, expiry, keys, payments, recovery, refunds, webhooks};
 use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
+use service::jobs::Jobs;
+use service::server::{self, MAX_BODY_BYTES};
+use service::{failpoint, ids};
 
 /// What the handlers share. No domain names it: each asks for the parts it uses (`State<PgPool>`,
 /// `State<Idempotency>`, `State<WebhookSettings>`…), which the `FromRef`s below take from it.
@@ -366,7 +366,7 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        // Each job watched: one that dies is logged and takes readiness down (`jobs`).
+        // Each job watched: one that dies is logged and takes readiness down (`service::jobs`).
         let watch = |job, task| self.state.jobs.watch(job, task, &stop);
         let mut jobs = vec![
             watch(

@@ -8,8 +8,8 @@ use clap::Args;
 
 use crate::db::PoolLimits;
 use crate::processor::SharedArgs;
-use crate::settings::{duration, positive};
 use crate::webhooks::RetrySchedule;
+use service::settings::{duration, positive};
 
 /// How long a key lives unless `IDEMPAY_KEY_TTL` says otherwise; `idempay fixture`'s too.
 pub const DEFAULT_KEY_TTL: &str = "24h";

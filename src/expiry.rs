@@ -116,7 +116,7 @@ pub fn spawn(pool: PgPool, expiry: Expiry, shutdown: CancellationToken) -> JoinH
             // For the test of a job that dies: after a run that did something, so the instance
             // was ready first.
             if keys > 0 {
-                crate::failpoint::panic("expiry-job-panic");
+                service::failpoint::panic("expiry-job-panic");
             }
         }
         tracing::debug!("expiry job stopped");

@@ -11,10 +11,10 @@ use sqlx::PgConnection;
 use utoipa::ToSchema;
 
 use crate::db::Engine;
-use crate::ids;
 use crate::payments::Payment;
 use crate::refunds::Refund;
-use crate::vocabulary::vocabulary;
+use service::ids;
+use service::vocabulary::vocabulary;
 
 pub use feed::router;
 

@@ -28,11 +28,11 @@ use crate::db::Engine;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
-use crate::http::server::Hangup;
 use crate::payments::PaymentMethod;
-use crate::vocabulary::stored;
 use crate::webhooks::delivery;
 use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
+use service::server::Hangup;
+use service::vocabulary::stored;
 
 /// The decline code of `pm_card_chargeDeclined`, as Stripe's test card answers.
 const DECLINE_CODE: &str = "generic_decline";

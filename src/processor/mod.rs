@@ -37,13 +37,13 @@ use tower_http::trace::TraceLayer;
 
 use crate::expiry;
 use crate::http::error::{Problem, ProblemKind};
-use crate::http::{MAX_BODY_BYTES, server};
 use idempotency::{Idempotency, Policy};
+use service::server::{self, MAX_BODY_BYTES};
 
-use crate::failpoint;
 use crate::http::metrics::PROCESSOR_KEY_OUTCOMES;
-use crate::jobs::Jobs;
 use crate::webhooks::delivery::Deliverer;
+use service::failpoint;
+use service::jobs::Jobs;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
 pub use faults::{Faults, Fraction};
@@ -214,7 +214,7 @@ impl Processor {
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
         // Watched, so that a job that dies is logged as an error when it dies, not at shutdown.
-        // (The processor has no readiness probe; embedded, its jobs are idempay's: see `jobs`.)
+        // (The processor has no readiness probe; embedded, its jobs are idempay's: see `service::jobs`.)
         let jobs = Jobs::default();
         let expiry = {
             let job = expiry::Expiry {

@@ -25,7 +25,7 @@ use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
 use crate::metadata::Metadata;
 use crate::payments::{Amount, PaymentId};
 use crate::processor::ProcessorClient;
-use crate::vocabulary::{stored, vocabulary};
+use service::vocabulary::{stored, vocabulary};
 
 const MAX_REASON_LEN: usize = 500;
 

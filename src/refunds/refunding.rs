@@ -14,13 +14,13 @@ use super::{RefundRow, payment_not_found};
 use crate::accounts::AccountId;
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::ids;
 use crate::metadata::Metadata;
 use crate::payments::{PaymentId, PaymentRow, PaymentStatus};
 use crate::processor::call::{self, ProcessorCall};
 use crate::processor::{Outcome, ProcessorClient, ProcessorRefund, Refusal};
-use crate::vocabulary::stored;
 use idempotency::{Completion, Lease, StoredResponse};
+use service::ids;
+use service::vocabulary::stored;
 
 /// The recovery point of a refund: the refund was (about to be) requested at the processor.
 pub const REFUND_REQUESTED: &str = "refund.refund_requested";

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::schedule::RetrySchedule;
 use super::{WebhookSecret, WebhookSecrets, address};
 use crate::db::{Engine, KnownEngine};
-use crate::ids;
+use service::ids;
 
 /// How many deliveries one tick claims at most: a backlog drains in bounded bites, and the claim
 /// lock is held for one short statement.

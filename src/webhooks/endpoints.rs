@@ -22,11 +22,11 @@ use crate::http::error::{
 };
 use crate::http::extract::Path;
 use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::ids;
-use crate::vocabulary::{stored, vocabulary};
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
+use service::ids;
+use service::vocabulary::{stored, vocabulary};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
 const MAX_URL_LEN: usize = 2048;

@@ -279,7 +279,7 @@ async fn process(
     }
     // A process that dies here has applied the event, written its event for merchants and
     // recorded it as processed, all uncommitted: none of it stays, and the redelivery applies it.
-    crate::failpoint::hit("webhook-before-commit");
+    service::failpoint::hit("webhook-before-commit");
     tx.commit().await?;
     crate::events::written(&applied.event);
     Ok(Ok(outcome))
