@@ -1,7 +1,8 @@
 //! The HTTP plumbing, below the domains and naming none of them: the middleware every request
 //! passes through ([`router`]), and what every route shares (the problem+json error type,
-//! extractors, pagination, the OpenAPI root, health, the problem pages and metrics). The accept
-//! loop is the crate `service`'s (`service::server`), shared with the processor. The domains'
+//! extractors, the OpenAPI root, health, the problem pages and metrics). The accept loop and
+//! keyset pagination are the crate `service`'s (`service::server`, `service::pagination`), shared
+//! with the processor; `extract.rs` answers pagination's refusals as problem documents. The domains'
 //! routers are merged in `src/app.rs`, which hands each the sub-state it asks for.
 
 pub mod error;
@@ -9,7 +10,6 @@ pub mod extract;
 pub mod health;
 pub mod metrics;
 pub mod openapi;
-pub mod pagination;
 pub mod problems;
 mod refusals;
 

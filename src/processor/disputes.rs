@@ -12,13 +12,14 @@ use super::extract::Authorized;
 use super::handlers::Page;
 use super::model::{Dispute, IdKind, tagged};
 use crate::http::error::ApiError;
-use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
+use crate::http::extract::PageQuery;
+use service::pagination::{Cursor, List, Position, unknown_cursor};
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
 pub(super) async fn list_disputes(
     State(state): State<ProcessorState>,
     _: Authorized,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let position = match &page.cursor {
         Cursor::First => None,

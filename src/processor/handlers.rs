@@ -26,11 +26,11 @@ use super::model::{
 };
 use crate::db::Engine;
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, PageRequest, Position, unknown_cursor};
+use crate::http::extract::{PageQuery, Path};
 use crate::payments::PaymentMethod;
 use crate::webhooks::delivery;
 use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
+use service::pagination::{Cursor, List, Position, unknown_cursor};
 use service::server::Hangup;
 use service::vocabulary::stored;
 
@@ -308,7 +308,7 @@ pub(super) struct Page<T> {
 pub(super) async fn list_charges(
     State(state): State<ProcessorState>,
     _: Authorized,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let position = match &page.cursor {
         Cursor::First => None,
@@ -490,7 +490,7 @@ async fn refund(
 pub(super) async fn list_refunds(
     State(state): State<ProcessorState>,
     _: Authorized,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let position = match &page.cursor {
         Cursor::First => None,

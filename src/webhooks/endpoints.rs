@@ -20,12 +20,12 @@ use crate::events::EventType;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
-use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use crate::http::extract::{PageQuery, Path};
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
 use service::ids;
+use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
@@ -386,7 +386,7 @@ async fn register(
 async fn list_webhook_endpoints(
     State(pool): State<PgPool>,
     account: Account,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
     let position = match &page.cursor {

@@ -32,7 +32,7 @@ const MAX_LINES: usize = 800;
 /// The top-level edges that still close a cycle, `(from, to)`: each the upward one of its cycle, the
 /// leak the refactor cuts. A module of a crate under `crates/` is named `crates/NAME:module`.
 ///
-/// `http` is plumbing the domains build on (errors, extractors, pagination, metrics, the server),
+/// `http` is plumbing the domains build on (errors, extractors, metrics, the middleware),
 /// so its edges to the domains are the leaks: they come from the application's assembly in
 /// http/mod.rs (and a few labels in metrics.rs, openapi.rs, problems.rs).
 const BACK_EDGES: &[(&str, &str)] = &[
