@@ -25,10 +25,10 @@ use crate::http::{Figures, Timeouts, health, metrics, problems};
 use crate::processor::call::CallResumers;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorClient, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
-use crate::webhooks::delivery::{Deliverer, Sender};
 use crate::{disputes, events, expiry, keys, payments, recovery, refunds, webhooks};
 use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
 use service::jobs::Jobs;
+use service::outbox::delivery::{Deliverer, Sender};
 use service::server::{self, MAX_BODY_BYTES};
 use service::{failpoint, ids};
 
@@ -124,7 +124,7 @@ impl FromRef<AppState> for Jobs {
 /// The gauges a scrape of `/metrics` reads, the domains' own.
 impl FromRef<AppState> for metrics::Readings {
     fn from_ref(_: &AppState) -> Self {
-        metrics::Readings(&[webhooks::delivery::read_oldest_pending])
+        metrics::Readings(&[service::outbox::delivery::read_oldest_pending])
     }
 }
 
@@ -174,9 +174,9 @@ impl Figures {
             lease: settings.shared.lease,
             body_limit_bytes: MAX_BODY_BYTES,
             body_read_timeout: settings.body_read_timeout,
-            webhook_tolerance: webhooks::TOLERANCE,
+            webhook_tolerance: service::outbox::TOLERANCE,
             webhook_delivery_timeout: settings.shared.webhook_delivery_timeout,
-            max_signatures: webhooks::MAX_SIGNATURES,
+            max_signatures: service::outbox::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
             max_webhook_endpoints: webhooks::endpoints::MAX_ENDPOINTS,
             rate_limit: settings.rate_limit,
@@ -245,7 +245,7 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
             )
             .replace(
                 "{webhook_jitter}",
-                &format!("±{}%", webhooks::JITTER * 100.0),
+                &format!("±{}%", service::outbox::JITTER * 100.0),
             )
     })
 }

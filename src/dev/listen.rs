@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use tokio::net::TcpListener;
 
-use crate::webhooks::{Rejection, WebhookSecrets};
+use service::outbox::{Rejection, WebhookSecrets};
 use service::server::shutdown_signal;
 
 /// What the receiver remembers: the event ids it acknowledged, and how many deliveries it still

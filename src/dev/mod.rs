@@ -30,9 +30,9 @@ use crate::app::Application;
 use crate::config::Settings;
 use crate::db::{PoolLimits, check_lease};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
-use crate::webhooks::{RetrySchedule, WebhookSecrets};
 use crate::{accounts, db};
 use service::ids;
+use service::outbox::{RetrySchedule, WebhookSecrets};
 use service::server::shutdown_signal;
 
 /// Where `idempay dev` runs the processor, as `idempay processor` does by default; any free

@@ -41,9 +41,9 @@ use idempotency::{Idempotency, Policy};
 use service::server::{self, MAX_BODY_BYTES};
 
 use crate::http::metrics::PROCESSOR_KEY_OUTCOMES;
-use crate::webhooks::delivery::Deliverer;
 use service::failpoint;
 use service::jobs::Jobs;
+use service::outbox::delivery::Deliverer;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
 pub use faults::{Faults, Fraction};

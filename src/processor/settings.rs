@@ -8,8 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::faults::Faults;
-use crate::webhooks::RetrySchedule;
-use crate::webhooks::WebhookSecrets;
+use service::outbox::{RetrySchedule, WebhookSecrets};
 use service::settings::{any_length, parse_lease, positive};
 
 /// Where `idempay processor` listens.

@@ -2,7 +2,7 @@
 //! registers one, once per idempotency key, and answers with the `whsec_…` secret its deliveries
 //! are signed with; the secret is shown in that answer (and its replays) only. Every event of a
 //! subscribed type is then queued for it by the `events` trigger and sent by the delivery loop
-//! (`delivery.rs`).
+//! (`service::outbox::delivery`).
 
 use axum::extract::{FromRef, State};
 use axum::http::{StatusCode, header};
@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{WebhookSecret, WebhookSettings, address};
+use super::WebhookSettings;
 use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::events::EventType;
 use crate::http::error::{
@@ -25,6 +25,7 @@ use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
 use service::ids;
+use service::outbox::{WebhookSecret, address};
 use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 use service::vocabulary::{stored, vocabulary};
 

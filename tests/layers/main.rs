@@ -43,8 +43,8 @@ const BACK_EDGES: &[(&str, &str)] = &[
     // The simulated processor's model borrows idempay's Amount, Currency and PaymentMethod: it
     // goes with the processor crate (issue 30), which gets model types of its own.
     ("processor", "payments"),
-    // The processor sends its events through idempay's outbox and signing (webhooks::delivery):
-    // they go to a crate both services share (issue 30).
+    // The processor's model test checks its event types against idempay's intake (IntakeType);
+    // its outbox and signing are the crate service's now (issue 30).
     ("processor", "webhooks"),
     // The processor runs idempay's expiry job on its outbox: it goes with the shared crate.
     ("processor", "expiry"),

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use idempay::config::Settings;
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
+use service::outbox::WebhookSecrets;
 use service::server::MAX_HEADER_BYTES;
 use tokio::io::AsyncWriteExt;
 
