@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::db::KnownEngine;
 use crate::webhooks;
-use crate::webhooks::retention::{self, Owner};
 use idempotency::Idempotency;
+use service::outbox::retention::{self, Owner};
 
 /// Rows per delete: small enough to keep each statement's locks short. The delete statements
 /// carry it as a literal `LIMIT 1000`, the mechanism's batch of keys.
@@ -98,7 +98,10 @@ pub fn spawn(pool: PgPool, expiry: Expiry, shutdown: CancellationToken) -> JoinH
             };
             let pruned_events = match events {
                 Some(kept) => {
-                    drain(&shutdown, || retention::prune_events(&pool, engine, kept)).await
+                    drain(&shutdown, || {
+                        webhooks::retention::prune_events(&pool, engine, kept)
+                    })
+                    .await
                 }
                 None => 0,
             };

@@ -46,7 +46,9 @@ const BACK_EDGES: &[(&str, &str)] = &[
     // The processor's model test checks its event types against idempay's intake (IntakeType);
     // its outbox and signing are the crate service's now (issue 30).
     ("processor", "webhooks"),
-    // The processor runs idempay's expiry job on its outbox: it goes with the shared crate.
+    // The processor runs idempay's expiry job on its outbox. The outbox's batches are the crate
+    // service's now; the job still drains idempay's tables too (processed events, events), and
+    // needs a seam (the service names its batches) before it can move there.
     ("processor", "expiry"),
 ];
 

@@ -11,11 +11,14 @@
 //! - [`signature`]: signing and verifying ([`WebhookSecret`], [`WebhookSecrets`]);
 //! - [`address`]: the addresses a merchant's URL may not reach, checked at every delivery by the
 //!   loop itself, so no sender can deliver around it;
+//! - [`retention`]: the batches that delete finished deliveries past their retention, which each
+//!   service's expiry job runs on its own rows;
 //! - [`metrics`]: the deliveries' series.
 
 pub mod address;
 pub mod delivery;
 pub mod metrics;
+pub mod retention;
 pub mod schedule;
 pub mod signature;
 
