@@ -23,15 +23,15 @@ use crate::downstream::ProcessorClient;
 use crate::downstream::call::CallResumers;
 use crate::http::error::ApiError;
 use crate::http::openapi::{self, ApiDoc};
-use crate::http::{Figures, MAX_BODY_BYTES, Timeouts, health, metrics, problems, server};
-use crate::jobs::Jobs;
+use crate::http::{Figures, Timeouts, health, metrics, problems};
 use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
-use crate::webhooks::delivery::{Deliverer, Sender};
-use crate::{
-    disputes, events, expiry, failpoint, ids, keys, payments, recovery, refunds, sweeps, webhooks,
-};
+use crate::{disputes, events, expiry, keys, payments, recovery, refunds, webhooks};
 use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
+use service::jobs::Jobs;
+use service::outbox::delivery::{Deliverer, Sender};
+use service::server::{self, MAX_BODY_BYTES};
+use service::{failpoint, ids, sweeps};
 
 /// What the handlers share. No domain names it: each asks for the parts it uses (`State<PgPool>`,
 /// `State<Idempotency>`, `State<WebhookSettings>`…), which the `FromRef`s below take from it.
@@ -125,7 +125,7 @@ impl FromRef<AppState> for Jobs {
 /// The gauges a scrape of `/metrics` reads, the domains' own.
 impl FromRef<AppState> for metrics::Readings {
     fn from_ref(_: &AppState) -> Self {
-        metrics::Readings(&[webhooks::delivery::read_oldest_pending])
+        metrics::Readings(&[service::outbox::delivery::read_oldest_pending])
     }
 }
 
@@ -175,9 +175,9 @@ impl Figures {
             lease: settings.shared.lease,
             body_limit_bytes: MAX_BODY_BYTES,
             body_read_timeout: settings.body_read_timeout,
-            webhook_tolerance: webhooks::TOLERANCE,
+            webhook_tolerance: service::outbox::TOLERANCE,
             webhook_delivery_timeout: settings.shared.webhook_delivery_timeout,
-            max_signatures: webhooks::MAX_SIGNATURES,
+            max_signatures: service::outbox::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
             max_webhook_endpoints: webhooks::endpoints::MAX_ENDPOINTS,
             rate_limit: settings.rate_limit,
@@ -246,7 +246,7 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
             )
             .replace(
                 "{webhook_jitter}",
-                &format!("±{}%", webhooks::JITTER * 100.0),
+                &format!("±{}%", service::outbox::JITTER * 100.0),
             )
     })
 }
@@ -368,7 +368,7 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        // Each job watched: one that dies is logged and takes readiness down (`jobs`).
+        // Each job watched: one that dies is logged and takes readiness down (`service::jobs`).
         let watch = |job, task| self.state.jobs.watch(job, task, &stop);
         let mut jobs = vec![
             watch(

@@ -9,9 +9,9 @@ use tokio::net::TcpListener;
 
 use crate::app::{self, Application};
 use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
-use crate::http::server::shutdown_signal;
 use crate::processor::{Processor, ProcessorListen, ProcessorSettings};
 use crate::{accounts, db, reconcile};
+use service::server::shutdown_signal;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -8,8 +8,8 @@ use clap::Args;
 
 use crate::db::PoolLimits;
 use crate::processor::SharedArgs;
-use crate::settings::{duration, positive};
-use crate::webhooks::RetrySchedule;
+use service::outbox::RetrySchedule;
+use service::settings::{duration, positive};
 
 /// How long a key lives unless `IDEMPAY_KEY_TTL` says otherwise; `idempay fixture`'s too.
 pub const DEFAULT_KEY_TTL: &str = "24h";
@@ -212,7 +212,7 @@ pub struct DatabaseArgs {
 /// sooner could be replayed, with its valid signature, and applied again.
 fn parse_event_ttl(raw: &str) -> Result<Duration, String> {
     let ttl = duration("IDEMPAY_EVENT_TTL", raw, Duration::from_nanos(1))?;
-    let tolerance = crate::webhooks::TOLERANCE;
+    let tolerance = service::outbox::TOLERANCE;
     if ttl < tolerance {
         return Err(format!(
             "IDEMPAY_EVENT_TTL must be at least the webhook timestamp tolerance, {}",
@@ -224,7 +224,7 @@ fn parse_event_ttl(raw: &str) -> Result<Duration, String> {
 
 /// Refuses at start a delivery retention shorter than a delivery can last. An endpoint whose
 /// delivery is given up is disabled when it acknowledged no delivery since that one was created
-/// (`webhooks::delivery`), up to the retry schedule's whole span ago: an acknowledged delivery
+/// (`service::outbox::delivery`), up to the retry schedule's whole span ago: an acknowledged delivery
 /// deleted sooner would make a live endpoint look dead.
 pub fn check_delivery_retention(
     retention: Duration,
@@ -297,7 +297,7 @@ mod tests {
             .expect("4 minutes is refused");
         assert!(error.to_string().contains("tolerance, 5m"), "{error}");
         let parsed = Cli::parse_from(["idempay", "--event-ttl", "5m"]).settings;
-        assert_eq!(parsed.event_ttl, crate::webhooks::TOLERANCE);
+        assert_eq!(parsed.event_ttl, service::outbox::TOLERANCE);
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub use idempotency::connections::{Lent, Lot, Server};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::settings::{at_least_one, positive};
+use service::settings::{at_least_one, positive};
 
 /// The connection pool's bounds: a request never waits long for a connection.
 #[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]

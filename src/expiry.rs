@@ -1,14 +1,14 @@
-//! What idempay's expiry job deletes (the job itself is [`sweeps`](crate::sweeps)): expired
+//! What idempay's expiry job deletes (the job itself is `service::sweeps`): expired
 //! idempotency keys and processed webhook event ids, and the merchants' events and their webhook
 //! deliveries (with their attempts) past their retention.
 
 use std::time::Duration;
 
 use idempotency::Idempotency;
+use service::outbox::retention::{self, Owner};
+use service::sweeps::Sweep;
 
-use crate::sweeps::Sweep;
 use crate::webhooks;
-use crate::webhooks::retention::{self, Owner};
 
 /// How long idempay's outbox keeps what it no longer needs, counted from each row's creation (an
 /// event) or its end (a delivery acknowledged or given up).
@@ -42,7 +42,7 @@ pub fn all(retention: Retention) -> Vec<Sweep> {
         },
     ));
     sweeps.push(Sweep::new("events", move |pool, engine| async move {
-        retention::prune_events(&pool, engine, retention.events).await
+        webhooks::retention::prune_events(&pool, engine, retention.events).await
     }));
     sweeps
 }

@@ -8,13 +8,15 @@
 //! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
 //! - [`app`]: the assembly, on top: the state, the sub-states each domain asks of it, every router
 //!   merged, and [`app::Application`], which serves them beside the background jobs.
-//! - [`http`]: the plumbing below the domains, naming none: middleware, accept loop, errors,
-//!   extractors, docs, metrics.
+//! - [`http`]: the plumbing below the domains, naming none: middleware, errors, extractors, docs,
+//!   metrics.
 //! - `dev` (the `dev` feature): `idempay dev`, the demo, `idempay fixture` (the conformance suite's
 //!   fixture behind the mechanism) and the dev commands, apart from the service.
 //!
 //! The retrying client that keeps one key per intent is the crate `client` beside this one
-//! (crates/client/), so a merchant adds it without the server.
+//! (crates/client/), so a merchant adds it without the server. What idempay and the processor both
+//! run on (the accept loop, the jobs' watch, setting parsers, ids, vocabularies, crash points) is
+//! the crate `service` (crates/service/), which names neither.
 
 pub mod accounts;
 pub mod app;
@@ -28,10 +30,7 @@ pub mod downstream;
 pub mod events;
 pub mod exit;
 pub mod expiry;
-pub mod failpoint;
 pub mod http;
-mod ids;
-pub mod jobs;
 pub mod keys;
 pub mod metadata;
 pub mod payments;
@@ -39,8 +38,5 @@ pub mod processor;
 pub mod reconcile;
 pub mod recovery;
 pub mod refunds;
-pub mod settings;
-pub mod sweeps;
 pub mod telemetry;
-pub mod vocabulary;
 pub mod webhooks;

@@ -18,14 +18,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ProcessorLink;
 use crate::downstream::ProcessorClient;
-use crate::ids;
 use crate::payments::PaymentStatus;
 use crate::processor::{
     Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorRefund, ProcessorSettings,
     RefundStatus,
 };
 use crate::refunds::RefundStatus as OurRefundStatus;
-use crate::vocabulary::stored;
+use service::ids;
+use service::vocabulary::stored;
 
 /// Reconciles against the processor `link` names or, without a URL, against the processor
 /// embedded in this database (as `serve` runs it), started on a loopback port for the purpose.

@@ -2,7 +2,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::ids;
+use service::ids;
 
 const PREFIX: &str = "sk";
 const RANDOM_CHARS: usize = 40;

@@ -15,7 +15,7 @@ use axum::http::request::Parts;
 use sqlx::PgPool;
 
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::ids;
+use service::ids;
 
 pub use api_key::ApiKey;
 pub use cache::{ACCOUNT_TTL, AccountCache, CHANNEL, UNKNOWN_TTL, listen};

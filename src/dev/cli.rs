@@ -14,7 +14,8 @@ use client::{Client, ClientError, RetryPolicy};
 use super::demo as lossy;
 use crate::config::{ListenArgs, Settings};
 use crate::exit::Exit;
-use crate::webhooks::{self, WebhookSecrets};
+use crate::webhooks;
+use service::outbox::WebhookSecrets;
 
 /// `idempay pay`'s exit code when the API refused the payment with a final answer (printed).
 pub const EXIT_REFUSED: u8 = 1;

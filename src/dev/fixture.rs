@@ -39,11 +39,12 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{DEFAULT_KEY_TTL, DatabaseArgs};
 use crate::db::check_lease;
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::http::server::shutdown_signal;
 use crate::processor::{DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE};
-use crate::settings::{parse_lease, positive};
-use crate::{db, expiry, sweeps};
+use crate::{db, expiry};
 use idempotency::{self, Idempotency, NotStored, Owners, Policy};
+use service::server::shutdown_signal;
+use service::settings::{parse_lease, positive};
+use service::sweeps;
 
 /// The one account every fixture request belongs to: the fixture asks for no API key, and its
 /// keys' scopes are still account + method + route (`acct_fixture:POST /echo`). No account of the

@@ -13,8 +13,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use tokio::net::TcpListener;
 
-use crate::http::server::shutdown_signal;
-use crate::webhooks::{Rejection, WebhookSecrets};
+use service::outbox::{Rejection, WebhookSecrets};
+use service::server::shutdown_signal;
 
 /// What the receiver remembers: the event ids it acknowledged, and how many deliveries it still
 /// fails on purpose.

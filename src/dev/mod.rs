@@ -29,10 +29,11 @@ use tokio_util::sync::CancellationToken;
 use crate::app::Application;
 use crate::config::Settings;
 use crate::db::{PoolLimits, check_lease};
-use crate::http::server::shutdown_signal;
 use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
-use crate::webhooks::{RetrySchedule, WebhookSecrets};
-use crate::{accounts, db, ids};
+use crate::{accounts, db};
+use service::ids;
+use service::outbox::{RetrySchedule, WebhookSecrets};
+use service::server::shutdown_signal;
 
 /// Where `idempay dev` runs the processor, as `idempay processor` does by default; any free
 /// loopback port when another process holds it.

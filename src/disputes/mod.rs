@@ -15,9 +15,9 @@ use utoipa_axum::routes;
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
 use crate::payments::PaymentId;
-use crate::vocabulary::{stored, vocabulary};
+use service::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use service::vocabulary::{stored, vocabulary};
 
 /// The longest dispute id, as the table's CHECK bounds it: the processor chooses them.
 const MAX_ID_LEN: usize = 100;

@@ -14,7 +14,7 @@ use super::{Event, EventType, is_event_id};
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, ListParams, PageRequest, unknown_cursor};
+use service::pagination::{Cursor, List, ListParams, PageRequest, unknown_cursor};
 
 pub fn router<S>() -> OpenApiRouter<S>
 where

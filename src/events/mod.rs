@@ -16,8 +16,8 @@ use utoipa::openapi::schema::{OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 
 use crate::db::Engine;
-use crate::ids;
-use crate::vocabulary::vocabulary;
+use service::ids;
+use service::vocabulary::vocabulary;
 
 pub use feed::router;
 

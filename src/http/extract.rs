@@ -5,8 +5,10 @@ use std::error::Error;
 use axum::extract::FromRequestParts;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
+use service::pagination::{PageError, PageRequest};
 
-use crate::http::error::{Problem, ProblemKind};
+use crate::http::error::{ApiError, Problem, ProblemKind};
 
 /// A path parameter. A segment that cannot be decoded (not UTF-8) names no resource: 404.
 #[derive(Debug, FromRequestParts)]
@@ -19,6 +21,38 @@ impl From<PathRejection> for Problem {
             ProblemKind::NotFound,
             format!("No such resource: {}.", rejection.body_text()),
         )
+    }
+}
+
+/// The page a list request asks for (`?limit=&starting_after=&ending_before=`, parsed by
+/// [`PageRequest::from_uri`]): `PageQuery(page): PageQuery`. A query that is malformed, out of bounds or has
+/// any other parameter is a 400 problem.
+#[derive(Debug, Clone)]
+pub struct PageQuery(pub PageRequest);
+
+impl<S: Send + Sync> FromRequestParts<S> for PageQuery {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        Ok(Self(PageRequest::from_uri(&parts.uri)?))
+    }
+}
+
+/// A list request idempay cannot answer: an invalid query is 400 `invalid-request`, a cursor that
+/// names no object of the list 404 `not-found`, each with the pagination's words as its detail.
+impl From<PageError> for Problem {
+    fn from(error: PageError) -> Self {
+        let kind = match error {
+            PageError::Invalid(_) => ProblemKind::InvalidRequest,
+            PageError::UnknownCursor(_) => ProblemKind::NotFound,
+        };
+        Problem::new(kind, error.to_string())
+    }
+}
+
+impl From<PageError> for ApiError {
+    fn from(error: PageError) -> Self {
+        Problem::from(error).into()
     }
 }
 

@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::http::error::{Problem, ProblemKind};
-use crate::jobs::Jobs;
+use service::jobs::Jobs;
 
 /// How long readiness waits for the database before calling it unreachable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);

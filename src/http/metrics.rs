@@ -1,7 +1,7 @@
 //! Prometheus metrics at `GET /metrics`: the recorder, the scrape, and the series of the plumbing
 //! (requests by route and status with their latency, the idempotency outcomes, the connection
-//! pool). Each domain counts its own (`webhooks::metrics`, `accounts::metrics`, the events written,
-//! the expiry job), and the assembly hands their descriptions to [`install`] and their gauges read
+//! pool). Each domain counts its own (`webhooks::metrics` with the outbox's, `accounts::metrics`,
+//! the events written, the expiry job), and the assembly hands their descriptions to [`install`] and their gauges read
 //! at a scrape to [`Readings`]. The names and what each says are in `src/http/README.md`; every one
 //! starts with `idempay_`.
 

@@ -1,20 +1,19 @@
 //! The HTTP plumbing, below the domains and naming none of them: the middleware every request
-//! passes through ([`router`]), the accept loop ([`server`]), and what every route shares (the
-//! problem+json error type, extractors, pagination, the OpenAPI root, health, the problem pages
-//! and metrics). The domains' routers are merged in `src/app.rs`, which hands each the sub-state
-//! it asks for.
+//! passes through ([`router`]), and what every route shares (the problem+json error type,
+//! extractors, the OpenAPI root, health, the problem pages and metrics). The accept loop and
+//! keyset pagination are the crate `service`'s (`service::server`, `service::pagination`), shared
+//! with the processor; `extract.rs` answers pagination's refusals as problem documents. The domains'
+//! routers are merged in `src/app.rs`, which hands each the sub-state it asks for.
 
 pub mod error;
 pub mod extract;
 pub mod health;
 pub mod metrics;
 pub mod openapi;
-pub mod pagination;
 pub mod problems;
 mod refusals;
 
 pub use problems::Figures;
-pub mod server;
 
 use std::time::Duration;
 
@@ -32,9 +31,7 @@ use tracing::Level;
 use utoipa_swagger_ui::SwaggerUi;
 
 use error::{Problem, ProblemKind};
-
-/// Request bodies above this size are refused with 413.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+use service::server::MAX_BODY_BYTES;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 

@@ -19,10 +19,10 @@ use crate::events::NewEvent;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
-use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use crate::http::extract::{PageQuery, Path};
 use crate::metadata::Metadata;
 use idempotency::{Fence, Idempotency, IdempotencyKey, Idempotent, Owners};
+use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
 pub use currency::Currency;
@@ -169,7 +169,7 @@ async fn get_payment(
 async fn list_payments(
     State(pool): State<PgPool>,
     account: Account,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
     let position = match &page.cursor {

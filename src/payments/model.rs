@@ -9,10 +9,10 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::currency::Currency;
-use crate::ids;
 use crate::metadata::Metadata;
-use crate::vocabulary::{stored, vocabulary};
 use idempotency::decimal::Decimal;
+use service::ids;
+use service::vocabulary::{stored, vocabulary};
 
 /// The largest amount accepted, in minor units (999 999.99 in a two-decimal currency).
 pub const MAX_AMOUNT: i64 = 99_999_999;

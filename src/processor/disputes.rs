@@ -9,16 +9,17 @@ use axum::response::{IntoResponse, Response};
 
 use super::ProcessorState;
 use super::extract::Authorized;
+use super::extract::PageQuery;
 use super::handlers::Page;
 use super::model::{Dispute, IdKind, tagged};
-use super::problem::{Error, unknown_cursor};
-use crate::http::pagination::{Cursor, List, PageRequest, Position};
+use super::problem::Error;
+use service::pagination::{Cursor, List, Position, unknown_cursor};
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
 pub(super) async fn list_disputes(
     State(state): State<ProcessorState>,
     _: Authorized,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, Error> {
     let position = match &page.cursor {
         Cursor::First => None,

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use super::ProcessorState;
 use super::problem::{Error, Problem, ProblemKind};
 use idempotency::{Fingerprint, IdempotencyKey, KeyError, KeyedRequest, Scope};
+use service::pagination::PageRequest;
 
 /// The owner of every processor key's scope (`processor:POST /v1/charges`). No account id has this
 /// shape, so the processor's keys never meet idempay's in the shared table.
@@ -31,6 +32,18 @@ impl From<PathRejection> for Problem {
             ProblemKind::NotFound,
             format!("No such resource: {}.", rejection.body_text()),
         )
+    }
+}
+
+/// The page a list request asks for (`?limit=&starting_after=&ending_before=`, nothing else).
+#[derive(Debug)]
+pub struct PageQuery(pub PageRequest);
+
+impl<S: Send + Sync> FromRequestParts<S> for PageQuery {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        Ok(Self(PageRequest::from_uri(&parts.uri)?))
     }
 }
 

@@ -56,7 +56,7 @@ pub struct Faults {
     pub fail: Fraction,
 
     /// A delay added to every charge and refund, before its effect.
-    #[arg(long, env = "IDEMPAY_PROCESSOR_LATENCY", default_value = "0s", value_parser = crate::settings::any_length("IDEMPAY_PROCESSOR_LATENCY"))]
+    #[arg(long, env = "IDEMPAY_PROCESSOR_LATENCY", default_value = "0s", value_parser = service::settings::any_length("IDEMPAY_PROCESSOR_LATENCY"))]
     pub latency: Duration,
 }
 

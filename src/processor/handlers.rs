@@ -18,19 +18,19 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use super::ProcessorState;
-use super::extract::{Authorized, Keyed, Path};
+use super::extract::{Authorized, Keyed, PageQuery, Path};
 use super::faults::{Faults, Fraction};
 use super::model::{
     Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
     PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
 };
-use super::problem::{Error, Problem, ProblemKind, unknown_cursor};
+use super::problem::{Error, Problem, ProblemKind};
 use crate::db::Engine;
-use crate::http::pagination::{Cursor, List, PageRequest, Position};
-use crate::http::server::Hangup;
-use crate::vocabulary::stored;
-use crate::webhooks::delivery;
 use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
+use service::outbox::delivery;
+use service::pagination::{Cursor, List, Position, unknown_cursor};
+use service::server::Hangup;
+use service::vocabulary::stored;
 
 /// The decline code of `pm_card_chargeDeclined`, as Stripe's test card answers.
 const DECLINE_CODE: &str = "generic_decline";
@@ -302,7 +302,7 @@ pub(super) struct Page<T> {
 pub(super) async fn list_charges(
     State(state): State<ProcessorState>,
     _: Authorized,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, Error> {
     let position = match &page.cursor {
         Cursor::First => None,
@@ -484,7 +484,7 @@ async fn refund(
 pub(super) async fn list_refunds(
     State(state): State<ProcessorState>,
     _: Authorized,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, Error> {
     let position = match &page.cursor {
         Cursor::First => None,

@@ -33,15 +33,14 @@ use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::http::server;
-use crate::sweeps::{self, Sweep};
-use crate::webhooks::retention::{self, Owner};
 use idempotency::{Idempotency, Policy};
 use problem::{Problem, ProblemKind};
-
-use crate::failpoint;
-use crate::jobs::Jobs;
-use crate::webhooks::delivery::Deliverer;
+use service::failpoint;
+use service::jobs::Jobs;
+use service::outbox::delivery::Deliverer;
+use service::outbox::retention::{self, Owner};
+use service::server::{self, MAX_BODY_BYTES};
+use service::sweeps::{self, Sweep};
 
 pub use faults::{Faults, Fraction};
 pub use model::{
@@ -56,9 +55,6 @@ pub use settings::{
 /// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
 /// find their first charge.
 pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// The largest request body the processor reads.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The counter of the processor's key outcomes: its own instance of the mechanism, apart from
 /// idempay's.
@@ -230,7 +226,7 @@ impl Processor {
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
         // Watched, so that a job that dies is logged as an error when it dies, not at shutdown.
-        // (The processor has no readiness probe; embedded, its jobs are idempay's: see `jobs`.)
+        // (The processor has no readiness probe; embedded, its jobs are idempay's: see `service::jobs`.)
         let jobs = Jobs::default();
         let expiry = {
             let mut sweeps = Vec::new();

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::ids;
-use crate::vocabulary::{stored, vocabulary};
+use service::ids;
+use service::vocabulary::{stored, vocabulary};
 
 /// The length of the random part of every processor id.
 const ID_LEN: usize = 24;

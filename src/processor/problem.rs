@@ -12,6 +12,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idempotency::{BodyError, Refusal, StoredResponse};
 use serde::Serialize;
+use service::pagination::PageError;
 
 /// The media type of every error body.
 const PROBLEM_JSON: &str = "application/problem+json";
@@ -330,12 +331,22 @@ impl IntoResponse for Error {
     }
 }
 
-/// A list's cursor that names no object of it: like any id that names nothing, 404.
-pub fn unknown_cursor(id: &str) -> Problem {
-    Problem::new(
-        ProblemKind::NotFound,
-        format!("`{id}` is no object of this list to page from."),
-    )
+/// A list request the processor cannot answer: an invalid query is 400, a cursor that names no
+/// object of the list 404, each with the pagination's words as its detail.
+impl From<PageError> for Problem {
+    fn from(error: PageError) -> Self {
+        let kind = match error {
+            PageError::Invalid(_) => ProblemKind::InvalidRequest,
+            PageError::UnknownCursor(_) => ProblemKind::NotFound,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
+impl From<PageError> for Error {
+    fn from(error: PageError) -> Self {
+        Self::Problem(error.into())
+    }
 }
 
 /// The answer to a fault of the processor's: nothing was recorded.

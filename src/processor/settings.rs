@@ -8,9 +8,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::faults::Faults;
-use crate::settings::{any_length, parse_lease, positive};
-use crate::webhooks::RetrySchedule;
-use crate::webhooks::WebhookSecrets;
+use service::outbox::{RetrySchedule, WebhookSecrets};
+use service::settings::{any_length, parse_lease, positive};
 
 /// Where `idempay processor` listens.
 #[derive(Args, Clone, Debug)]

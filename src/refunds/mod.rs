@@ -18,14 +18,14 @@ use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
-use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use crate::http::extract::{PageQuery, Path};
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
+use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
 use crate::payments::{Amount, PaymentId};
-use crate::vocabulary::{stored, vocabulary};
+use service::vocabulary::{stored, vocabulary};
 
 const MAX_REASON_LEN: usize = 500;
 
@@ -253,7 +253,7 @@ async fn list_refunds(
     State(pool): State<PgPool>,
     account: Account,
     Path(id): Path<String>,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let Some(payment) = PaymentId::parse(&id) else {
         return Err(payment_not_found(&id).into());

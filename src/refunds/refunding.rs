@@ -16,12 +16,12 @@ use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{Outcome, ProcessorClient, Refusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::ids;
 use crate::metadata::Metadata;
 use crate::payments::{PaymentId, PaymentRow, PaymentStatus};
 use crate::processor::ProcessorRefund;
-use crate::vocabulary::stored;
 use idempotency::{Completion, Lease, StoredResponse};
+use service::ids;
+use service::vocabulary::stored;
 
 /// The recovery point of a refund: the refund was (about to be) requested at the processor.
 pub const REFUND_REQUESTED: &str = "refund.refund_requested";

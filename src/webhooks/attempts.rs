@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
-use crate::http::pagination::List;
+use service::pagination::List;
 
 /// The most attempts one answer lists: an event sent to many endpoints, each tried the whole
 /// schedule, stays a bounded answer (`has_more` says when more were made).

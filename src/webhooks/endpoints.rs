@@ -2,7 +2,7 @@
 //! registers one, once per idempotency key, and answers with the `whsec_…` secret its deliveries
 //! are signed with; the secret is shown in that answer (and its replays) only. Every event of a
 //! subscribed type is then queued for it by the `events` trigger and sent by the delivery loop
-//! (`delivery.rs`).
+//! (`service::outbox::delivery`).
 
 use axum::extract::{FromRef, State};
 use axum::http::{StatusCode, header};
@@ -14,19 +14,20 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{WebhookSecret, WebhookSettings, address};
+use super::WebhookSettings;
 use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::events::EventType;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
-use crate::http::extract::Path;
-use crate::http::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
-use crate::ids;
-use crate::vocabulary::{stored, vocabulary};
+use crate::http::extract::{PageQuery, Path};
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
+use service::ids;
+use service::outbox::{WebhookSecret, address};
+use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
+use service::vocabulary::{stored, vocabulary};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
 const MAX_URL_LEN: usize = 2048;
@@ -386,7 +387,7 @@ async fn register(
 async fn list_webhook_endpoints(
     State(pool): State<PgPool>,
     account: Account,
-    page: PageRequest,
+    PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
     let position = match &page.cursor {

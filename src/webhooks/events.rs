@@ -24,7 +24,7 @@ use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
 use crate::payments::{PaymentRow, PaymentStatus};
 use crate::refunds::RefundRow;
-use crate::vocabulary::{stored, vocabulary};
+use service::vocabulary::{stored, vocabulary};
 
 /// A delivery's body: the Standard Webhooks envelope.
 #[derive(Debug, Deserialize, ToSchema)]

@@ -8,22 +8,18 @@
 //! it applied (an older one is `stale`), so a late redelivery cannot undo a later change. See
 //! `events.rs` for each event's rule.
 //!
-//! [`delivery`] is the other way: the outbox any sender writes its events to (the simulated
-//! processor, and idempay itself for the merchants' [`endpoints`]), and the loop that delivers
-//! them, signed, until they are acknowledged or the retry schedule runs out; `retry.rs` queues one
-//! more delivery of an event when a merchant asks for it. The delivery
-//! contract a merchant's receiver must keep is in `README.md` beside this file.
+//! The other way is the outbox both services share (`service::outbox`, crates/service/): any sender
+//! writes its events to it (the simulated processor, and idempay itself for the merchants'
+//! [`endpoints`]), and its loop delivers them, signed, until they are acknowledged or the retry
+//! schedule runs out; `retry.rs` queues one more delivery of an event when a merchant asks for it.
+//! The delivery contract a merchant's receiver must keep is in `README.md` beside this file.
 
-pub mod address;
 mod attempts;
-pub mod delivery;
 pub mod endpoints;
 mod events;
 pub mod metrics;
 pub mod retention;
 mod retry;
-mod schedule;
-mod signature;
 
 use std::time::Duration;
 
@@ -41,12 +37,9 @@ use crate::accounts::{AccountCache, RateLimit};
 use crate::db::Engine;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use idempotency::{Idempotency, Owners};
+use service::outbox::{Rejection, WebhookSecrets};
 
 pub use events::{Envelope, IntakeType, NotRecorded, Outcome, unreadable};
-pub use schedule::{JITTER, RetrySchedule};
-pub use signature::{
-    MAX_ID_LEN, MAX_SIGNATURES, NotUtf8, Rejection, TOLERANCE, WebhookSecret, WebhookSecrets,
-};
 
 /// What the webhook routes are configured with, beside the pool and the mechanism.
 #[derive(Clone, Debug)]
@@ -279,7 +272,7 @@ async fn process(
     }
     // A process that dies here has applied the event, written its event for merchants and
     // recorded it as processed, all uncommitted: none of it stays, and the redelivery applies it.
-    crate::failpoint::hit("webhook-before-commit");
+    service::failpoint::hit("webhook-before-commit");
     tx.commit().await?;
     crate::events::written(&applied.event);
     Ok(Ok(outcome))

@@ -20,10 +20,10 @@ use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::Path;
-use crate::vocabulary::stored;
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
+use service::vocabulary::stored;
 
 pub fn router<S>() -> OpenApiRouter<S>
 where

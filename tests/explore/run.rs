@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idempay::webhooks::WebhookSecrets;
+use service::outbox::WebhookSecrets;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::Mutex as AsyncMutex;

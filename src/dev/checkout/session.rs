@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::header::{self, HeaderMap, HeaderValue};
 
-use crate::ids;
+use service::ids;
 
 /// How long a session lasts: time to play with the page, short enough that a copied cookie is
 /// soon worthless. The page says to reload once it has run out.

@@ -3,8 +3,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
+use service::outbox::WebhookSecrets;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
 

@@ -27,8 +27,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::RetrySchedule;
 use serde_json::{Value, json};
+use service::outbox::RetrySchedule;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use idempay::config::Settings;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::json;
+use service::outbox::WebhookSecrets;
 use sqlx::PgPool;
 
 use super::{Receiver, endpoint_for_all, local, post_endpoint, wait_for};
@@ -297,7 +297,7 @@ async fn the_processor_s_outbox_keeps_its_deliveries_for_their_retention_only() 
     settings.webhook_url = Some(receiver.url.clone());
     settings.shared.webhook_secrets = Some(WebhookSecrets::generate());
     settings.shared.webhook_retry_schedule =
-        idempay::webhooks::RetrySchedule::parse("100ms").unwrap();
+        service::outbox::RetrySchedule::parse("100ms").unwrap();
     settings.shared.webhook_delivery_retention = Duration::from_secs(1);
     settings.shared.expiry_interval = Duration::from_millis(200);
     let processor = TestProcessor::spawn_with(settings).await;

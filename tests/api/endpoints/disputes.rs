@@ -20,7 +20,7 @@ fn ids(page: &Value) -> Vec<&str> {
 /// Three disputes over two payments, recorded one after another by the processor's events: the
 /// first two payments' ids, and the disputes `dp_a` (500 of the first), `dp_b` (700 of the
 /// second, more than it has left: flagged) and `dp_c` (300 of the first).
-async fn three_disputes(app: &TestApp, secret: &idempay::webhooks::WebhookSecrets) -> [String; 2] {
+async fn three_disputes(app: &TestApp, secret: &service::outbox::WebhookSecrets) -> [String; 2] {
     let first = app.paid(5000).await;
     let second = app.paid(600).await;
     for (event, payment, dispute, amount) in [

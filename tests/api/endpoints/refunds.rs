@@ -1,9 +1,9 @@
 //! Refunds: exactly once per key, never more than was paid, replayed refusals.
 
 use futures::future::join_all;
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::json;
+use service::outbox::WebhookSecrets;
 
 use crate::support::helpers::{TestApp, new_key};
 

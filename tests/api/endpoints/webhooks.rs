@@ -1,8 +1,8 @@
 //! Webhook intake, what its tests share (`webhooks_*.rs` here, `events.rs`, `disputes.rs`):
 //! envelopes, signed deliveries, and the processed events and disputes as recorded.
 
-use idempay::webhooks::WebhookSecrets;
 use serde_json::{Value, json};
+use service::outbox::WebhookSecrets;
 
 use crate::support::helpers::{TestApp, TestResponse};
 

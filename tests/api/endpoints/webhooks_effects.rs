@@ -1,9 +1,9 @@
 //! Webhook intake, what an event does to its payment: status syncs, stale and unknown events,
 //! failed refunds, and disputes that take only what fits.
 
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
+use service::outbox::WebhookSecrets;
 
 use super::webhooks::{deliver, deliver_at, disputes, event_outcomes};
 use crate::support::helpers::{TestApp, new_key};

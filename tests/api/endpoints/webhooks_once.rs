@@ -6,9 +6,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use idempay::config::Settings;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
+use service::outbox::WebhookSecrets;
 
 use super::webhooks::{deliver, disputes, envelope, event_count, event_outcomes};
 use crate::support::helpers::{TestApp, wait_until};

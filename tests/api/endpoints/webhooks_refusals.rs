@@ -4,9 +4,9 @@
 
 use idempay::config::Settings;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::{MAX_SIGNATURES, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
+use service::outbox::{MAX_SIGNATURES, WebhookSecrets};
 
 use super::webhooks::{deliver, envelope, event_count, post};
 use crate::support::helpers::TestApp;
@@ -53,7 +53,7 @@ async fn a_timestamp_more_than_five_minutes_away_is_refused_with_400() {
     );
     // Ten seconds past the tolerance: timestamps are whole seconds, and a loaded machine may take
     // a second or more between signing here and checking there (at +301 s that crossing made the
-    // delivery 300 s away, in tolerance). The exact boundary is unit-tested in signature.rs.
+    // delivery 300 s away, in tolerance). The exact boundary is unit-tested in service::outbox::signature.
     for offset in [-310, 310, -3600] {
         let then = chrono::Utc::now().timestamp() + offset;
         let signature = secret.sign("evt_old", then, &body).unwrap();

@@ -14,9 +14,9 @@ use std::time::Duration;
 use idempay::config::{ProcessorLink, Settings};
 use idempay::processor::ProcessorSettings;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
+use service::outbox::{RetrySchedule, WebhookSecrets};
 use tokio::net::TcpListener;
 
 use super::two_hops::{assert_ledgers_agree, faulty, key_row, linked_to, reconcile, the_charge};

@@ -6,9 +6,9 @@ use std::time::Duration;
 use idempay::config::Settings;
 use idempay::processor::Fraction;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::json;
+use service::outbox::{RetrySchedule, WebhookSecrets};
 
 use super::two_hops::{
     assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,

@@ -13,10 +13,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::delivery::{self, Deliverer};
-use idempay::webhooks::{RetrySchedule, WebhookSecrets};
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
+use service::outbox::delivery::{self, Deliverer};
+use service::outbox::{RetrySchedule, WebhookSecrets};
 use tokio::net::TcpListener;
 
 use super::{TestProcessor, charge, settings};

@@ -9,8 +9,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use idempay::config::Settings;
-use idempay::http::server::MAX_HEADER_BYTES;
 use idempay_test_macros::api_test;
+use service::server::MAX_HEADER_BYTES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

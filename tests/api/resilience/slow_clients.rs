@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use idempay::config::Settings;
-use idempay::http::server::MAX_HEADER_BYTES;
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
+use service::outbox::WebhookSecrets;
+use service::server::MAX_HEADER_BYTES;
 use tokio::io::AsyncWriteExt;
 
 use crate::support::helpers::{TestApp, new_key, payment};

@@ -233,7 +233,7 @@ async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknow
         .as_str()
         .unwrap()
         .to_owned();
-    let secret = idempay::webhooks::WebhookSecrets::generate();
+    let secret = service::outbox::WebhookSecrets::generate();
     let (log, file) = crate::support::instance::LogFile::create();
     let exposed = secret.expose();
     let instance = Instance::start_logging_to(

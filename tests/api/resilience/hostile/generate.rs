@@ -3,10 +3,10 @@
 
 use std::net::SocketAddr;
 
-use idempay::webhooks::WebhookSecrets;
 use rand::Rng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
+use service::outbox::WebhookSecrets;
 
 use crate::support::helpers::{new_key, payment};
 

@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use idempay::config::Settings;
 use idempay::processor::SharedArgs;
-use idempay::webhooks::WebhookSecrets;
 use idempay_test_macros::api_test;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
+use service::outbox::WebhookSecrets;
 
 use crate::support::helpers::{TestApp, new_key, one_storm_at_a_time, payment, with_slow_charge};
 use crate::support::invariants::assert_exactly_once;

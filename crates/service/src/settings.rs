@@ -1,6 +1,6 @@
 //! How a setting's value is read: durations in human form (`2s`, `30s`, `24h`), bounded, and
 //! counts, each error naming the setting as the environment spells it. Below every module that
-//! declares settings (the service's `config`, the processor's, the pool's in `db`, the dev tools).
+//! declares settings (idempay's `config`, the processor's, the pool's in `db`, the dev tools).
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ pub const LONGEST: Duration = Duration::from_secs(31_557_600);
 
 /// Reads a duration `setting` (named in every error, as the environment spells it) from its
 /// human form: at least `shortest`, at most [`LONGEST`].
-pub(crate) fn duration(setting: &str, raw: &str, shortest: Duration) -> Result<Duration, String> {
+pub fn duration(setting: &str, raw: &str, shortest: Duration) -> Result<Duration, String> {
     let value = humantime::parse_duration(raw).map_err(|error| format!("{setting}: {error}"))?;
     if value < shortest {
         return Err(if shortest == Duration::from_nanos(1) {
@@ -48,7 +48,7 @@ pub fn any_length(
 }
 
 /// The parser of a count of which there must be at least one (connections).
-pub(crate) fn at_least_one(
+pub fn at_least_one(
     setting: &'static str,
 ) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync + 'static {
     move |raw| match raw.trim().parse::<u32>() {
@@ -59,6 +59,6 @@ pub(crate) fn at_least_one(
 }
 
 /// A lease is renewed at a third of its length, so it must leave room for that.
-pub(crate) fn parse_lease(raw: &str) -> Result<Duration, String> {
+pub fn parse_lease(raw: &str) -> Result<Duration, String> {
     duration("IDEMPAY_LEASE", raw, Duration::from_millis(300))
 }

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::schedule::RetrySchedule;
 use super::{WebhookSecret, WebhookSecrets, address};
-use crate::db::{Engine, KnownEngine};
 use crate::ids;
+use idempotency::engine::{Engine, KnownEngine};
 
 /// How many deliveries one tick claims at most: a backlog drains in bounded bites, and the claim
 /// lock is held for one short statement.

@@ -13,17 +13,20 @@
 //!   object commits: the older one then commits later but sorts behind it. A client that polls
 //!   for new objects with `ending_before` the newest it saw never sees such an object.
 //!
-//! Following every change reliably needs the feed of events, `GET /v1/events` (`src/events/`),
-//! which pages by commit order instead: an event is listed only once every transaction older than
-//! its own has ended, so polling it forward with `ending_before` never misses one.
+//! Following every change reliably needs idempay's feed of events, `GET /v1/events`
+//! (`src/events/`), which pages by commit order instead: an event is listed only once every
+//! transaction older than its own has ended, so polling it forward with `ending_before` never
+//! misses one.
+//!
+//! A refusal is a [`PageError`], which each service answers as a problem document of its own
+//! catalogue (idempay: `PageQuery`, its extractor, and the `From` impls beside it in
+//! `src/http/extract.rs`).
 
-use axum::extract::{FromRequestParts, Query};
-use axum::http::request::Parts;
+use axum::extract::Query;
+use axum::http::Uri;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-
-use crate::http::error::{Problem, ProblemKind};
 
 const DEFAULT_LIMIT: i64 = 10;
 const MAX_LIMIT: i64 = 100;
@@ -68,6 +71,19 @@ pub enum Cursor {
     Before(String),
 }
 
+/// Why a list request cannot be answered. The crate knows no service's problem catalogue: each
+/// service maps this to its own problem documents (idempay: 400 `invalid-request` with the detail,
+/// 404 `not-found`), with [`PageError`]'s text as their detail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PageError {
+    /// The query is malformed or out of bounds; the text says how.
+    #[error("{0}")]
+    Invalid(String),
+    /// The cursor names no object of this list: like any id that names nothing, a 404.
+    #[error("`{0}` is no object of this list to page from.")]
+    UnknownCursor(String),
+}
+
 /// A validated list request.
 #[derive(Debug, Clone)]
 pub struct PageRequest {
@@ -80,15 +96,23 @@ impl PageRequest {
     pub fn fetch(&self) -> i64 {
         self.limit + 1
     }
+
+    /// The page the query of `uri` asks for (`?limit=&starting_after=&ending_before=` and nothing
+    /// else): what a service's extractor reads, rejecting with its own problem document.
+    pub fn from_uri(uri: &Uri) -> Result<Self, PageError> {
+        let Query(params) = Query::<ListParams>::try_from_uri(uri)
+            .map_err(|rejection| PageError::Invalid(rejection.body_text()))?;
+        Self::try_from(params)
+    }
 }
 
 impl TryFrom<ListParams> for PageRequest {
-    type Error = Problem;
+    type Error = PageError;
 
-    fn try_from(params: ListParams) -> Result<Self, Problem> {
+    fn try_from(params: ListParams) -> Result<Self, PageError> {
         let limit = params.limit.unwrap_or(DEFAULT_LIMIT);
         if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(invalid(format!(
+            return Err(PageError::Invalid(format!(
                 "limit must be from 1 to {MAX_LIMIT}, got {limit}."
             )));
         }
@@ -102,23 +126,12 @@ impl TryFrom<ListParams> for PageRequest {
             (Some(id), None) => Cursor::After(id),
             (None, Some(id)) => Cursor::Before(id),
             (Some(_), Some(_)) => {
-                return Err(invalid(
+                return Err(PageError::Invalid(
                     "Give starting_after or ending_before, not both.".to_owned(),
                 ));
             }
         };
         Ok(Self { limit, cursor })
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for PageRequest {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Query(params) = Query::<ListParams>::from_request_parts(parts, state)
-            .await
-            .map_err(|rejection| invalid(rejection.body_text()))?;
-        Self::try_from(params)
     }
 }
 
@@ -160,15 +173,8 @@ impl<T> List<T> {
 }
 
 /// The cursor names no object of this list: like any id that names nothing, 404.
-pub fn unknown_cursor(id: &str) -> Problem {
-    Problem::new(
-        ProblemKind::NotFound,
-        format!("`{id}` is no object of this list to page from."),
-    )
-}
-
-fn invalid(detail: String) -> Problem {
-    Problem::new(ProblemKind::InvalidRequest, detail)
+pub fn unknown_cursor(id: &str) -> PageError {
+    PageError::UnknownCursor(id.to_owned())
 }
 
 #[cfg(test)]
@@ -190,6 +196,29 @@ mod tests {
         assert!(PageRequest::try_from(params(Some(0))).is_err());
         assert!(PageRequest::try_from(params(Some(101))).is_err());
         assert!(PageRequest::try_from(params(Some(100))).is_ok());
+    }
+
+    #[test]
+    fn a_query_is_read_from_the_uri_and_a_malformed_one_is_invalid() {
+        let uri = |text: &str| text.parse::<Uri>().unwrap();
+        let page =
+            PageRequest::from_uri(&uri("/v1/payments?limit=3&starting_after=pay_1")).unwrap();
+        assert_eq!(
+            (page.limit, page.cursor),
+            (3, Cursor::After("pay_1".into()))
+        );
+        assert!(matches!(
+            PageRequest::from_uri(&uri("/v1/payments?limit=many")),
+            Err(PageError::Invalid(_))
+        ));
+        assert!(matches!(
+            PageRequest::from_uri(&uri("/v1/payments?colour=red")),
+            Err(PageError::Invalid(_))
+        ));
+        assert_eq!(
+            unknown_cursor("pay_1").to_string(),
+            "`pay_1` is no object of this list to page from."
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   including the wait of an idle keep-alive connection. A client that sends its headers one byte
 //!   at a time (slowloris), or nothing at all, is cut off.
 //! - Headers are limited to [`MAX_HEADER_BYTES`]: larger ones are refused with 431.
-//! - Bodies are bounded by the router: a size limit and a read timeout ([`super::router`]).
+//! - Bodies are bounded by each service's router: a size limit ([`MAX_BODY_BYTES`]) and, in
+//!   idempay's (`http::router`), a read timeout.
 //! - On shutdown the loop stops accepting, idle connections are closed, in-flight requests finish.
 
 use std::future::Future;
@@ -32,6 +33,9 @@ use tower::ServiceExt;
 /// 8 KiB), so no client that works behind common proxies sends more. Larger headers are answered
 /// 431 and the connection is closed.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Request bodies above this size are refused with 413, by the router of either service.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// HTTP/2 connections are pinged this often when nothing else arrives, so a peer that vanished
 /// without closing its connection is noticed.

@@ -38,7 +38,12 @@ pub fn stored<T: std::str::FromStr<Err = Unknown>>(value: &str) -> Result<T, sql
 /// Succeeded => "succeeded", … })` gives `Status::ALL` (in this order), `as_str`, `Display` and
 /// `FromStr` (which refuses any other string with [`Unknown`]). `as_str` matches exhaustively, so
 /// a variant left out of the table does not compile.
-macro_rules! vocabulary {
+///
+/// Exported at the crate's root under a hidden name, and named here: `use
+/// service::vocabulary::vocabulary` from any crate, whose `$crate` paths still find [`Unknown`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __vocabulary {
     ($name:ident, $what:literal { $($variant:ident => $text:literal),+ $(,)? }) => {
         impl $name {
             /// Every value, in the order of its declaration.
@@ -71,7 +76,7 @@ macro_rules! vocabulary {
     };
 }
 
-pub(crate) use vocabulary;
+pub use crate::__vocabulary as vocabulary;
 
 #[cfg(test)]
 mod tests {

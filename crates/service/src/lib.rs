@@ -1,0 +1,19 @@
+//! What idempay and its simulated card processor both run on, so that neither service imports the
+//! other (issue 30): the outbox their events are delivered from, signed ([`outbox`]), the accept
+//! loop ([`server`]), the watch over background jobs ([`jobs`]), how a
+//! setting's value is read ([`settings`]), keyset pagination ([`pagination`]), public ids
+//! ([`ids`]), closed vocabularies ([`vocabulary`]) and the crash points of the fault-injection
+//! tests ([`failpoint`]).
+//!
+//! It names no service and none of their domains: each service keeps its own routes, problem
+//! catalogue and settings, and builds them on these pieces.
+
+pub mod failpoint;
+pub mod ids;
+pub mod jobs;
+pub mod outbox;
+pub mod pagination;
+pub mod server;
+pub mod settings;
+pub mod sweeps;
+pub mod vocabulary;

@@ -1,0 +1,35 @@
+//! The outbox's series: the delivery attempts sent, by sender and what became of the delivery, and
+//! the age of the oldest pending delivery, read at each scrape. Their names are idempay's
+//! (`idempay_webhook_…`), as dashboards and the docs know them, whichever service sends.
+
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+
+const WEBHOOK_DELIVERIES: &str = "idempay_webhook_deliveries_total";
+const WEBHOOK_OLDEST_PENDING: &str = "idempay_webhook_oldest_pending_seconds";
+
+/// Describes the outbox's series to the recorder.
+pub fn describe() {
+    describe_counter!(
+        WEBHOOK_DELIVERIES,
+        "Webhook delivery attempts sent, by sender (processor, endpoints) and what became of the \
+         delivery (delivered, retried, failed: given up after the whole retry schedule)."
+    );
+    describe_gauge!(
+        WEBHOOK_OLDEST_PENDING,
+        metrics::Unit::Seconds,
+        "Age of the oldest event delivery neither acknowledged nor given up, read at the scrape; 0 \
+         when none is pending. A steady rise means the delivery loops are stuck or behind."
+    );
+}
+
+/// Sets the age of the oldest pending delivery, as a scrape read it.
+pub(super) fn oldest_pending(age: Duration) {
+    gauge!(WEBHOOK_OLDEST_PENDING).set(age.as_secs_f64());
+}
+
+/// Counts one delivery attempt by what became of its delivery (`delivered`, `retried`, `failed`).
+pub(super) fn webhook_delivery(sender: &'static str, outcome: &'static str) {
+    counter!(WEBHOOK_DELIVERIES, "sender" => sender, "outcome" => outcome).increment(1);
+}
