@@ -24,10 +24,10 @@ use crate::downstream::call::CallResumers;
 use crate::http::error::ApiError;
 use crate::http::openapi::{self, ApiDoc};
 use crate::http::{Figures, Timeouts, health, metrics, problems};
-use crate::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use crate::webhooks::WebhookSettings;
 use crate::{disputes, events, expiry, keys, payments, recovery, refunds, webhooks};
 use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
+use processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use service::jobs::Jobs;
 use service::outbox::delivery::{Deliverer, Sender};
 use service::server::{self, MAX_BODY_BYTES};
@@ -280,7 +280,7 @@ impl Application {
             events::describe_metrics();
             webhooks::metrics::describe();
             sweeps::describe_metrics();
-            crate::processor::describe_metrics();
+            processor::describe_metrics();
         });
         crate::config::check_delivery_retention(
             settings.shared.webhook_delivery_retention,

@@ -9,8 +9,8 @@ use tokio::net::TcpListener;
 
 use crate::app::{self, Application};
 use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
-use crate::processor::{Processor, ProcessorListen, ProcessorSettings};
 use crate::{accounts, db, reconcile};
+use processor::{Processor, ProcessorListen, ProcessorSettings};
 use service::server::shutdown_signal;
 
 #[derive(Parser, Debug)]
@@ -293,7 +293,7 @@ mod tests {
         // The settings table beside config.rs, and the processor's own beside its code.
         let tables = [
             include_str!("config.md"),
-            include_str!("processor/README.md"),
+            include_str!("../crates/processor/README.md"),
         ];
         let documented: BTreeMap<String, String> = tables
             .iter()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::db::PoolLimits;
-use crate::processor::SharedArgs;
+use processor::SharedArgs;
 use service::outbox::RetrySchedule;
 use service::settings::{duration, positive};
 
@@ -249,7 +249,7 @@ pub fn check_delivery_retention(
 /// after that would be a new charge under the old key.
 fn parse_recovery_window(raw: &str) -> Result<Duration, String> {
     let window = duration("IDEMPAY_RECOVERY_WINDOW", raw, Duration::from_nanos(1))?;
-    let remembered = crate::processor::KEY_TTL;
+    let remembered = processor::KEY_TTL;
     if window >= remembered {
         return Err(format!(
             "IDEMPAY_RECOVERY_WINDOW must be shorter than the time the processor remembers its \

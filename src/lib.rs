@@ -34,7 +34,6 @@ pub mod http;
 pub mod keys;
 pub mod metadata;
 pub mod payments;
-pub mod processor;
 pub mod reconcile;
 pub mod recovery;
 pub mod refunds;

@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ProcessorLink;
 use crate::downstream::ProcessorClient;
 use crate::payments::PaymentStatus;
-use crate::processor::{
+use crate::refunds::RefundStatus as OurRefundStatus;
+use processor::{
     Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorRefund, ProcessorSettings,
     RefundStatus,
 };
-use crate::refunds::RefundStatus as OurRefundStatus;
 use service::ids;
 use service::vocabulary::stored;
 

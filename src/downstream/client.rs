@@ -11,9 +11,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::http::error::{Problem, ProblemKind};
-use crate::processor::problem::ProblemKind as ProcessorProblem;
-use crate::processor::{Charge, Dispute, ProcessorRefund};
 use idempotency::EarlierCalls;
+use processor::problem::ProblemKind as ProcessorProblem;
+use processor::{Charge, Dispute, ProcessorRefund};
 
 /// The largest page the processor serves.
 const PAGE: usize = 100;

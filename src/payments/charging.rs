@@ -26,8 +26,8 @@ use crate::downstream::call::ProcessorCall;
 use crate::downstream::{ChargeRequest, Outcome, ProcessorClient};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
-use crate::processor::{Charge, ChargeStatus};
 use idempotency::{Completion, Lease, StoredResponse};
+use processor::{Charge, ChargeStatus};
 
 /// The recovery point of a payment: the charge was (about to be) requested.
 pub const CHARGE_REQUESTED: &str = "payment.charge_requested";

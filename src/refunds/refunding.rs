@@ -18,8 +18,8 @@ use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
 use crate::payments::{PaymentId, PaymentRow, PaymentStatus};
-use crate::processor::ProcessorRefund;
 use idempotency::{Completion, Lease, StoredResponse};
+use processor::ProcessorRefund;
 use service::ids;
 use service::vocabulary::stored;
 

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use ::processor::SharedArgs;
 use idempay::config::Settings;
-use idempay::processor::SharedArgs;
 use idempay::webhooks::endpoints::MAX_ENDPOINTS;
 use idempay_test_macros::api_test;
 use serde_json::json;

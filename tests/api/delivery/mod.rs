@@ -20,13 +20,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ::processor::SharedArgs;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use idempay::config::Settings;
-use idempay::processor::SharedArgs;
 use serde_json::{Value, json};
 use service::outbox::RetrySchedule;
 use sqlx::PgPool;

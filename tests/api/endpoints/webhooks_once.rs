@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use ::processor::SharedArgs;
 use futures::future::join_all;
 use idempay::config::Settings;
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 use service::outbox::WebhookSecrets;

@@ -2,8 +2,8 @@
 //! stale timestamps, no secret configured, a body that is no envelope, an oversized id; and the
 //! secrets listed during a rotation.
 
+use ::processor::SharedArgs;
 use idempay::config::Settings;
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::json;
 use service::outbox::{MAX_SIGNATURES, WebhookSecrets};

@@ -11,9 +11,9 @@
 
 use std::time::Duration;
 
+use ::processor::ProcessorSettings;
+use ::processor::SharedArgs;
 use idempay::config::{ProcessorLink, Settings};
-use idempay::processor::ProcessorSettings;
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::json;
 use service::outbox::{RetrySchedule, WebhookSecrets};

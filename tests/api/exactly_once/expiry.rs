@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use ::processor::SharedArgs;
 use idempay::config::Settings;
 use idempay::db::Engine;
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use idempotency::Idempotency;
 

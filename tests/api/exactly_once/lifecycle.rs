@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use ::processor::SharedArgs;
 use idempay::config::Settings;
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::json;
 

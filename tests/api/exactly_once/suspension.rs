@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
+use ::processor::Fraction;
 use idempay::config::Settings;
-use idempay::processor::Fraction;
 use idempay_test_macros::api_test;
 
 use super::two_hops::{
@@ -54,7 +54,7 @@ where
     .unwrap()
 }
 
-fn failing() -> idempay::processor::ProcessorSettings {
+fn failing() -> ::processor::ProcessorSettings {
     faulty(|s| s.faults.fail = Fraction::ALWAYS)
 }
 

@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
+use ::processor::ProcessorSettings;
 use idempay::config::{ProcessorLink, Settings};
-use idempay::processor::ProcessorSettings;
 use tokio::net::TcpListener;
 
 use crate::processor::{self, API_KEY, TestProcessor};

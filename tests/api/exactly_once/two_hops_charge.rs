@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use ::processor::Fraction;
 use client::{Client, NewPayment};
 use futures::StreamExt;
 use idempay::config::{ProcessorLink, Settings};
-use idempay::processor::Fraction;
 use idempay_test_macros::api_test;
 
 use super::two_hops::{

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use ::processor::Fraction;
+use ::processor::SharedArgs;
 use idempay::config::Settings;
-use idempay::processor::Fraction;
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::json;
 use service::outbox::{RetrySchedule, WebhookSecrets};

@@ -11,8 +11,8 @@ mod processor_client;
 
 use std::time::Duration;
 
+use ::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use idempay::downstream::ProcessorClient;
-use idempay::processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::net::TcpListener;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use ::processor::{ChargeStatus, Fraction, ProcessorSettings};
 use idempay::downstream::{ChargeRequest, Outcome, ProcessorClient, Refusal};
-use idempay::processor::{ChargeStatus, Fraction, ProcessorSettings};
 use idempay_test_macros::api_test;
 
 use super::{API_KEY, TestProcessor, settings};

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use ::processor::SharedArgs;
 use idempay::app::Application;
 use idempay::config::Settings;
-use idempay::processor::SharedArgs;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 use service::outbox::WebhookSecrets;

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use ::processor::SharedArgs;
 use idempay::config::Settings;
 use idempay::dev::checkout::{SESSION_COOKIE, SESSION_TTL};
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use serde_json::json;
 

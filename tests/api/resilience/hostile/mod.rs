@@ -18,9 +18,9 @@ mod judge;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use ::processor::SharedArgs;
 use futures::StreamExt;
 use idempay::config::Settings;
-use idempay::processor::SharedArgs;
 use idempay_test_macros::api_test;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

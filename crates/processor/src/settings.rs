@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::faults::Faults;
+use crate::faults::Faults;
 use service::outbox::{RetrySchedule, WebhookSecrets};
 use service::settings::{any_length, parse_lease, positive};
 

@@ -7,16 +7,16 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
-use super::ProcessorState;
-use super::extract::Authorized;
-use super::extract::PageQuery;
-use super::handlers::Page;
-use super::model::{Dispute, IdKind, tagged};
-use super::problem::Error;
+use crate::ProcessorState;
+use crate::extract::Authorized;
+use crate::extract::PageQuery;
+use crate::handlers::Page;
+use crate::model::{Dispute, IdKind, tagged};
+use crate::problem::Error;
 use service::pagination::{Cursor, List, Position, unknown_cursor};
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
-pub(super) async fn list_disputes(
+pub(crate) async fn list_disputes(
     State(state): State<ProcessorState>,
     _: Authorized,
     PageQuery(page): PageQuery,

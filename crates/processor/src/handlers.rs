@@ -17,15 +17,15 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::PgConnection;
 
-use super::ProcessorState;
-use super::extract::{Authorized, Keyed, PageQuery, Path};
-use super::faults::{Faults, Fraction};
-use super::model::{
+use crate::ProcessorState;
+use crate::extract::{Authorized, Keyed, PageQuery, Path};
+use crate::faults::{Faults, Fraction};
+use crate::model::{
     Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
     PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
 };
-use super::problem::{Error, Problem, ProblemKind};
-use crate::db::Engine;
+use crate::problem::{Error, Problem, ProblemKind};
+use idempotency::engine::Engine;
 use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
 use service::outbox::delivery;
 use service::pagination::{Cursor, List, Position, unknown_cursor};
@@ -101,7 +101,7 @@ impl ProcessorState {
         let body = delivery::envelope(kind.as_str(), at, data).map_err(anyhow::Error::from)?;
         delivery::enqueue(
             conn,
-            super::extract::SCOPE_OWNER,
+            crate::extract::SCOPE_OWNER,
             &delivery::event_id(),
             url,
             &body,
@@ -117,7 +117,7 @@ impl ProcessorState {
 
 /// `POST /v1/charges`: 201 with the charge, or 402 naming the declined charge; both are results,
 /// recorded and replayed.
-pub(super) async fn create_charge(
+pub(crate) async fn create_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     Keyed { request, body }: Keyed<NewCharge>,
@@ -176,7 +176,7 @@ async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<C
         let mut tx = lease.begin().await?;
         insert_charge(&mut tx, &charge, &key).await?;
         if let Some((id, url, body)) = &event {
-            delivery::enqueue(&mut tx, super::extract::SCOPE_OWNER, id, url, body).await?;
+            delivery::enqueue(&mut tx, crate::extract::SCOPE_OWNER, id, url, body).await?;
         }
         return Ok(lease.complete(tx, response).await?);
     }
@@ -265,7 +265,7 @@ async fn record_charge(
 }
 
 /// `GET /v1/charges/{id}`.
-pub(super) async fn get_charge(
+pub(crate) async fn get_charge(
     State(state): State<ProcessorState>,
     _: Authorized,
     Path(id): Path<String>,
@@ -292,14 +292,14 @@ pub(super) async fn get_charge(
 
 /// A page of a list, in Stripe's shape: the list and where it is read.
 #[derive(Serialize)]
-pub(super) struct Page<T> {
+pub(crate) struct Page<T> {
     #[serde(flatten)]
-    pub(super) list: List<T>,
-    pub(super) url: &'static str,
+    pub(crate) list: List<T>,
+    pub(crate) url: &'static str,
 }
 
 /// `GET /v1/charges`: newest first, a keyset page at a time.
-pub(super) async fn list_charges(
+pub(crate) async fn list_charges(
     State(state): State<ProcessorState>,
     _: Authorized,
     PageQuery(page): PageQuery,
@@ -381,7 +381,7 @@ pub(super) async fn list_charges(
 
 /// `POST /v1/charges/{id}/refunds`: 201 with the refund; never beyond what the charge has left.
 /// A refusal (unknown or declined charge, too much asked) is a stored result, like idempay's.
-pub(super) async fn create_refund(
+pub(crate) async fn create_refund(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     Path(id): Path<String>,
@@ -481,7 +481,7 @@ async fn refund(
 }
 
 /// `GET /v1/refunds`: every refund, newest first, each naming its charge, for reconciliation.
-pub(super) async fn list_refunds(
+pub(crate) async fn list_refunds(
     State(state): State<ProcessorState>,
     _: Authorized,
     PageQuery(page): PageQuery,
@@ -561,7 +561,7 @@ pub(super) async fn list_refunds(
 
 /// `POST /v1/charges/{id}/disputes {amount}`: opens a dispute of up to what the charge has not
 /// had disputed yet. Not keyed: a test opens each dispute once.
-pub(super) async fn create_dispute(
+pub(crate) async fn create_dispute(
     State(state): State<ProcessorState>,
     _: Authorized,
     Path(id): Path<String>,
@@ -631,7 +631,7 @@ pub(super) async fn create_dispute(
 /// `POST /v1/refunds/{id}/failure`: the card network gave the refund back (a closed card): the
 /// refund fails, its amount is the charge's again, and `charge.refund.failed` is announced. A test
 /// helper, like disputes; a refund fails once.
-pub(super) async fn fail_refund(
+pub(crate) async fn fail_refund(
     State(state): State<ProcessorState>,
     _: Authorized,
     Path(id): Path<String>,
@@ -681,7 +681,7 @@ fn charge_not_found(id: &str) -> Problem {
 /// The faults as `GET` and `PUT /v1/test/faults` show and take them.
 #[derive(Debug, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct FaultsBody {
+pub(crate) struct FaultsBody {
     /// The fraction (0 to 1) of answers lost after the effect committed.
     #[serde(default)]
     lose_answers: f64,
@@ -704,7 +704,7 @@ impl From<Faults> for FaultsBody {
 }
 
 /// `GET /v1/test/faults`: the faults in force.
-pub(super) async fn get_faults(
+pub(crate) async fn get_faults(
     State(state): State<ProcessorState>,
     _: Authorized,
 ) -> axum::Json<FaultsBody> {
@@ -713,7 +713,7 @@ pub(super) async fn get_faults(
 
 /// `PUT /v1/test/faults`: replaces the faults in force, as `IDEMPAY_PROCESSOR_*` set them at start
 /// (`idempay demo --processor-loss` uses it to make a running processor lose answers).
-pub(super) async fn set_faults(
+pub(crate) async fn set_faults(
     State(state): State<ProcessorState>,
     _: Authorized,
     body: Result<axum::Json<FaultsBody>, axum::extract::rejection::JsonRejection>,

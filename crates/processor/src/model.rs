@@ -209,19 +209,19 @@ pub struct Dispute {
 /// A resource with its `object` member, as the API sends it: the types stay free of a constant
 /// field, and the client reads them back ignoring it.
 #[derive(Serialize)]
-pub(super) struct Tagged<'a, T> {
+pub(crate) struct Tagged<'a, T> {
     object: &'static str,
     #[serde(flatten)]
     resource: &'a T,
 }
 
-pub(super) fn tagged<'a, T>(object: &'static str, resource: &'a T) -> Tagged<'a, T> {
+pub(crate) fn tagged<'a, T>(object: &'static str, resource: &'a T) -> Tagged<'a, T> {
     Tagged { object, resource }
 }
 
 /// The kinds of id the processor hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum IdKind {
+pub(crate) enum IdKind {
     Charge,
     Refund,
     Dispute,
@@ -236,12 +236,12 @@ impl IdKind {
         }
     }
 
-    pub(super) fn generate(self) -> String {
+    pub(crate) fn generate(self) -> String {
         ids::generate(self.prefix(), ID_LEN)
     }
 
     /// Whether `raw` has this kind's shape; anything else names nothing and is not worth a query.
-    pub(super) fn is(self, raw: &str) -> bool {
+    pub(crate) fn is(self, raw: &str) -> bool {
         raw.strip_prefix(self.prefix())
             .and_then(|rest| rest.strip_prefix('_'))
             .is_some_and(|random| {
@@ -251,7 +251,7 @@ impl IdKind {
 }
 
 /// A `processor_charges` row.
-pub(super) struct ChargeRow {
+pub(crate) struct ChargeRow {
     pub id: String,
     pub amount: i64,
     pub currency: String,
@@ -264,7 +264,7 @@ pub(super) struct ChargeRow {
 
 impl ChargeRow {
     /// The charge this row holds; a decoding error if its status is unknown.
-    pub(super) fn parse(self) -> Result<Charge, sqlx::Error> {
+    pub(crate) fn parse(self) -> Result<Charge, sqlx::Error> {
         Ok(Charge {
             id: self.id,
             amount: self.amount,
@@ -279,7 +279,7 @@ impl ChargeRow {
 }
 
 /// A `processor_refunds` row.
-pub(super) struct RefundRow {
+pub(crate) struct RefundRow {
     pub id: String,
     pub charge_id: String,
     pub amount: i64,
@@ -289,7 +289,7 @@ pub(super) struct RefundRow {
 
 impl RefundRow {
     /// The refund this row holds; a decoding error if its status is unknown.
-    pub(super) fn parse(self) -> Result<ProcessorRefund, sqlx::Error> {
+    pub(crate) fn parse(self) -> Result<ProcessorRefund, sqlx::Error> {
         Ok(ProcessorRefund {
             id: self.id,
             charge: self.charge_id,

@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, header};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::ProcessorState;
-use super::problem::{Error, Problem, ProblemKind};
+use crate::ProcessorState;
+use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::{Fingerprint, IdempotencyKey, KeyError, KeyedRequest, Scope};
 use service::pagination::PageRequest;
 
