@@ -1,6 +1,6 @@
 //! The unit of work of `POST /v1/payments`: charge at the processor exactly once, then record the
 //! payment with the key's completion. What is the charge's own is here ([`ChargeRequested`]); the
-//! steps every call to the processor shares are processor/call.rs, the same for a fresh request, a
+//! steps every call to the processor shares are downstream/call.rs, the same for a fresh request, a
 //! retry that takes over a key its first request left behind, and the recovery job.
 //!
 //! 1. **Recovery point**, recorded by the key's reservation itself, before the processor hears of
@@ -60,7 +60,7 @@ impl ChargeRequested {
 }
 
 /// The charge, made and recorded by the unit of work every call to the processor shares
-/// (processor/call.rs): the reservation records its point (see `create_payment`), and a retry, a
+/// (downstream/call.rs): the reservation records its point (see `create_payment`), and a retry, a
 /// takeover or the recovery job resumes it with the same downstream key.
 impl ProcessorCall for ChargeRequested {
     const POINT: &'static str = CHARGE_REQUESTED;

@@ -1,5 +1,5 @@
 //! The unit of work of `POST /v1/payments/{id}/refunds`, on the steps every call to the processor
-//! shares (processor/call.rs), like a payment's: check what is refundable, record a recovery point,
+//! shares (downstream/call.rs), like a payment's: check what is refundable, record a recovery point,
 //! refund at the processor with the key's downstream key, then record the refund with the key's
 //! completion. A refusal (not refundable, more than remains) is a result, stored and replayed.
 
@@ -55,7 +55,7 @@ pub struct RefundRequested {
 
 /// Refunds and records one refund under `lease`, or resumes the one an earlier holder of the key
 /// requested: the check first (its refusal is the key's result), then the unit of work every call
-/// to the processor shares (processor/call.rs).
+/// to the processor shares (downstream/call.rs).
 pub async fn refund_and_record(
     processor: ProcessorClient,
     pool: PgPool,
