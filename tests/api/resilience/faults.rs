@@ -371,7 +371,7 @@ async fn three_instances_drain_expired_keys_together_each_row_once_without_deadl
     // Each instance logs to a file of its own, with the expiry job's runs (info) and any failure.
     let env = [
         ("IDEMPAY_EXPIRY_INTERVAL", "50ms"),
-        ("RUST_LOG", "warn,idempay::expiry=info"),
+        ("RUST_LOG", "warn,service::sweeps=info"),
     ];
     let mut instances = Vec::new();
     let mut logs = Vec::new();
