@@ -537,3 +537,17 @@ prepare_stack() {
   start_postgres
   prepare_database
 }
+
+# WAL segments made ahead of a measurement: BENCH_WAL_PREWARM_MB of WAL is written (a small record
+# and a segment switch, over and over) and the CHECKPOINT that settle() runs next recycles the
+# segments as the next ones to use, kept while min_wal_size allows. So no commit during the
+# measurement waits while a backend creates (and, with wal_init_zero, zero-fills and fsyncs) a new
+# 16 MB segment. 0 makes none; more than min_wal_size is not kept.
+prewarm_wal() {
+  local mb=${BENCH_WAL_PREWARM_MB:-1024}
+  [ "$mb" -gt 0 ] || return 0
+  sql -c "DO \$\$ BEGIN FOR i IN 1..($mb / 16) LOOP
+            PERFORM pg_logical_emit_message(false, 'bench', 'prewarm'); PERFORM pg_switch_wal();
+          END LOOP; END \$\$" >/dev/null
+  sql -c "CHECKPOINT" >/dev/null
+}

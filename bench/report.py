@@ -494,6 +494,91 @@ def check(args):
     return 0
 
 
+def stalls(args):
+    """bench/stalls.sh: one pgbench run's worst seconds beside what PostgreSQL and the disk did."""
+    import datetime
+    per_second, latencies = {}, []
+    for path in glob.glob(args.prefix + ".pgb.*"):
+        for line in open(path):
+            f = line.split()
+            if len(f) >= 15:  # --aggregate-interval=1: second, count, sum, sum², min, max
+                sec, count, worst = int(f[0]), int(f[1]), int(f[5])
+                n, w = per_second.get(sec, (0, 0))
+                per_second[sec] = (n + count, max(w, worst))
+                continue
+            if len(f) < 6 or not f[2].isdigit():
+                continue
+            lat, sec = int(f[2]), int(f[4])
+            latencies.append(lat)
+            n, worst = per_second.get(sec, (0, 0))
+            per_second[sec] = (n + 1, max(worst, lat))
+    samples = {}
+    for line in open(args.prefix + ".seconds"):
+        f = line.split()
+        if len(f) == 11 and f[1] != "-":
+            samples[int(f[0])] = [float(x) for x in f[1:]]
+    waits = {}
+    for line in open(args.prefix + ".waits"):
+        f = line.split(" ", 1)
+        if len(f) == 2 and f[0].isdigit():
+            for w in f[1].strip().split(","):
+                if w and w != "cpu" and w != "Client:ClientRead":
+                    waits.setdefault(int(f[0]), {}).setdefault(w, 0)
+                    waits[int(f[0])][w] += 1
+    events = {}
+    for line in open(args.prefix + ".pg.log"):
+        m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.\d+ UTC \[\d+\] LOG:  (.*)", line)
+        if m and re.match(r"checkpoint|automatic (auto)?vacuum|automatic analyze", m.group(2)):
+            t = int(datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+                    .replace(tzinfo=datetime.timezone.utc).timestamp())
+            events.setdefault(t, []).append(m.group(2)[:90])
+    s = latency_summary(latencies)
+    secs = sorted(per_second)
+    times = sorted(samples)
+    def delta(t, i):  # the change of sampled column i over second t (sample at t+1 minus at t)
+        a = samples.get(t)
+        b = samples.get(t + 1)
+        return None if a is None or b is None else b[i] - a[i]
+    walfiles = (samples[times[-1]][0] - samples[times[0]][0]) if times else None
+    print(f"{args.label}: {sum(n for n, _ in per_second.values())} tx in {len(secs)} s, p50 {s['p50_ms']} p99 {s['p99_ms']} "
+          f"max {s['max_ms']} ms; WAL files in pg_wal {fmt(samples[times[0]][0] if times else None, 0)}"
+          f" -> {fmt(samples[times[-1]][0] if times else None, 0)}; "
+          f"checkpoints {fmt(delta(times[0], 5) if False else (samples[times[-1]][5] - samples[times[0]][5]) if times else None, 0)}; "
+          f"log events: {sum(len(v) for v in events.values())}")
+    # Each second's mean WAL flush (sync time / syncs) and disk write time, for the 5 worst seconds
+    # by latency and for the rest: a stall that is the disk's shows as slower flushes.
+    rows = []
+    for t in secs:
+        a, b = samples.get(t - 1), samples.get(t)
+        if a and b and b[2] > a[2]:
+            rows.append((per_second[t][1], (b[3] - a[3]) / (b[2] - a[2]), b[9] - a[9], b[2] - a[2]))
+    if len(rows) > 5:
+        rows.sort(reverse=True)
+        avg = lambda xs: sum(xs) / len(xs)
+        worst, rest = rows[:5], rows[5:]
+        print(f"  mean WAL flush (fdatasync): 5 worst seconds {avg([r[1] for r in worst]):.2f} ms "
+              f"({avg([r[3] for r in worst]):.0f} flushes/s, disk busy writing "
+              f"{avg([r[2] for r in worst]):.0f} ms/s), other {len(rest)} sampled seconds "
+              f"{avg([r[1] for r in rest]):.2f} ms ({avg([r[3] for r in rest]):.0f}/s, "
+              f"{avg([r[2] for r in rest]):.0f} ms/s)")
+    print("  second  tx  worst_ms  walfiles+ wal_MB syncs sync_ms write_ms ckpt  hostDirtyMB hostWbMB disk_wr_ms  waits (50 ms samples) | log")
+    slow = args.slow_ms * 1000
+    for t in secs:
+        n, worst = per_second[t]
+        if worst < slow and not args.all:
+            continue
+        d = [delta(t - 1, i) for i in range(10)]  # the sample at t-1 .. t covers second t's end
+        cur = samples.get(t)
+        w = " ".join(f"{k}x{v}" for k, v in sorted(waits.get(t, {}).items(), key=lambda kv: -kv[1])[:4])
+        ev = "; ".join(events.get(t, []) + events.get(t - 1, []))
+        def c(v, digits=0, scale=1):
+            return "–" if v is None else f"{v / scale:.{digits}f}"
+        print(f"  {t % 100000:>6} {n:>4} {worst / 1000:>8.1f}  {c(d[0]):>8} {c(d[1], 1, 2**20):>6} "
+              f"{c(d[2]):>5} {c(d[3], 1):>7} {c(d[4], 1):>8} {c(d[5]):>4}  "
+              f"{c(cur[7] if cur else None, 0, 1024):>10} {c(cur[8] if cur else None, 0, 1024):>8} "
+              f"{c(d[9]):>10}  {w} | {ev}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -519,6 +604,12 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("files", nargs="+")
     p.set_defaults(func=plans)
+    p = sub.add_parser("stalls")
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--label", default="")
+    p.add_argument("--slow-ms", type=float, default=100)
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=stalls)
     args = parser.parse_args()
     return args.func(args)
 
