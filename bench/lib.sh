@@ -29,7 +29,8 @@ PY
 }
 OUT_DIR="$REPO_DIR/target/bench"
 # BENCH_IDEMPAY_BIN runs a binary built elsewhere (another revision) instead of building this tree.
-IDEMPAY=${BENCH_IDEMPAY_BIN:-"$REPO_DIR/target/release/idempay"}
+# cargo builds into CARGO_TARGET_DIR when set, the tree's target/ otherwise.
+IDEMPAY=${BENCH_IDEMPAY_BIN:-"${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/idempay"}
 export SQLX_OFFLINE=true
 
 # The same server settings for both sides of every comparison, with PostgreSQL's durable defaults
