@@ -81,6 +81,14 @@ def pgbench_summary(args):
         json.dump(result, out, indent=1)
 
 
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else round((values[mid - 1] + values[mid]) / 2, 2)
+
+
 def load(path):
     with open(path) as f:
         return json.load(f)
@@ -114,11 +122,15 @@ def bench(args):
     # Rounds of the table by synchronous_commit: "on" (durable, the headline) runs are named
     # main-…, "off" runs async-….
     rounds = meta.get("synchronous_commit", ["on"])
-    for commits, workload, conns in (
-        (c, w, n) for c in rounds for w in meta["workloads"] for n in meta["concurrency"]
+    measure_rounds = meta.get("rounds", 1)
+    for commits, workload, conns, rnd in (
+        (c, w, n, r) for c in rounds for w in meta["workloads"] for n in meta["concurrency"]
+        for r in range(1, measure_rounds + 1)
     ):
         prefix = "main" if commits == "on" else "async"
-        limit = load(os.path.join(raw, f"{prefix}-{workload}-c{conns}-limit.json"))
+        # round 1 keeps the raw runs' old names, later rounds end in -rN
+        name = f"{prefix}-{workload}-c{conns}" + (f"-r{rnd}" if rnd > 1 else "")
+        limit = load(os.path.join(raw, f"{name}-limit.json"))
         for part in ("machine", "postgres"):
             if limit.get("requests") and limit.get(f"{part}_cpu_s") is not None:
                 limit[f"{part}_cpu_us_per_request"] = round(
@@ -126,7 +138,7 @@ def bench(args):
                 )
         for mode in modes:
             suffix = "" if mode == "http" else f"-{mode}"
-            idem = load(os.path.join(raw, f"{prefix}-{workload}-c{conns}-idempay{suffix}.json"))
+            idem = load(os.path.join(raw, f"{name}-idempay{suffix}.json"))
             if idem.get("requests"):
                 for part in ("server", "processor", "machine", "postgres"):
                     if idem.get(f"{part}_cpu_s") is not None:
@@ -139,6 +151,7 @@ def bench(args):
                     "workload": workload,
                     "concurrency": conns,
                     "processor": mode,
+                    "round": rnd,
                     "limit": limit,
                     "idempay": idem,
                     "ratio": {
@@ -148,6 +161,25 @@ def bench(args):
                     },
                 }
             )
+    # With several rounds: the median of each round's ratio, per measurement and mode.
+    medians = []
+    if measure_rounds > 1:
+        groups = {}
+        for r in results:
+            key = (r["synchronous_commit"], r["workload"], r["concurrency"], r["processor"])
+            groups.setdefault(key, []).append(r)
+        for (commits, workload, conns, mode), rs in groups.items():
+            entry = {"synchronous_commit": commits, "workload": workload, "concurrency": conns,
+                     "processor": mode, "rounds": len(rs)}
+            for k in ("rps", "p50", "p99"):
+                values = [r["ratio"][k] for r in rs if r["ratio"][k] is not None]
+                entry[f"{k}_ratios"] = values
+                entry[f"{k}_median"] = median(values)
+            entry["limit_p99_ms"] = [r["limit"]["p99_ms"] for r in rs]
+            entry["idempay_p99_ms"] = [r["idempay"]["p99_ms"] for r in rs]
+            entry["flush_ms"] = [(r["limit"].get("wal_flush_ms_mean"), r["idempay"].get("wal_flush_ms_mean"))
+                                 for r in rs]
+            medians.append(entry)
     rss = []
     rss_path = os.path.join(raw, "rss.txt")
     if os.path.exists(rss_path):
@@ -171,7 +203,8 @@ def bench(args):
                     entry[f"{workload}_{side}"] = load(path)
         entry["actual_rows"] = meta.get("size_actual_rows", {}).get(str(rows))
         sizes.append(entry)
-    report = {"meta": meta, "results": results, "rss": rss_summary, "table_size": sizes}
+    report = {"meta": meta, "results": results, "medians": medians, "rss": rss_summary,
+              "table_size": sizes}
     with open(os.path.join(args.dir, "bench.json"), "w") as out:
         json.dump(report, out, indent=1)
 
@@ -182,9 +215,15 @@ def bench(args):
     md.append(
         f"Run {meta['started']}, commit {meta['commit']}, {meta['cores']} cores shared by the load "
         f"generator, idempay and PostgreSQL (1-minute load average {meta.get('loadavg_before')} "
-        f"before the run{load_note}); {meta['seconds']} s per measurement; idempay pool "
+        f"before the run{load_note}); {meta['seconds']} s per measurement"
+        f"{'' if measure_rounds == 1 else f', {measure_rounds} rounds of each (the limit and every mode, again)'}; idempay pool "
         f"{meta['pool_size']} connections{'' if meta['pool_configurable'] else ' (fixed)'}; "
-        f"PostgreSQL `{meta['pg_opts']}`."
+        f"PostgreSQL `{meta['pg_opts']}`"
+        + (f"; {meta['wal_prewarm_mb']} MB of WAL segments made before the first measurement "
+           f"({meta.get('wal_files_after_prewarm')} files in pg_wal then, "
+           f"{meta.get('wal_files_at_end')} at the end); a `CHECKPOINT` before each side of each "
+           "measurement" if meta.get("wal_prewarm_mb") is not None else "")
+        + "."
     )
     md.append("")
     md.append(
@@ -242,6 +281,7 @@ def bench(args):
                 r["workload"],
                 r["concurrency"],
                 r.get("processor", "http"),
+                r.get("round", 1),
                 fmt(lim["rps"], 0),
                 fmt(lim["p50_ms"]),
                 fmt(lim["p99_ms"]),
@@ -256,6 +296,7 @@ def bench(args):
                 f"{fmt(idem.get('machine_cpu_us_per_request'), 0)}",
                 f"{fmt(lim.get('postgres_cpu_us_per_request'), 0)} / "
                 f"{fmt(idem.get('postgres_cpu_us_per_request'), 0)}",
+                f"{fmt(lim.get('wal_flush_ms_mean'), 3)} / {fmt(idem.get('wal_flush_ms_mean'), 3)}",
                 f"{100 * idem.get('replayed', 0) / max(idem.get('answers', 0), 1):.0f} %",
                 f"{errors} / {lim.get('failed', 0)}",
             ]
@@ -267,6 +308,7 @@ def bench(args):
                 "workload",
                 "c",
                 "processor",
+                "round",
                 "limit req/s",
                 "limit p50 ms",
                 "limit p99 ms",
@@ -279,6 +321,7 @@ def bench(args):
                 "idempay CPU µs/req",
                 "machine CPU µs/req limit / idempay",
                 "PostgreSQL CPU µs/req limit / idempay",
+                "mean WAL flush ms limit / idempay",
                 "replayed",
                 "errors idempay / limit",
             ],
@@ -286,6 +329,29 @@ def bench(args):
         )
     )
     md.append("")
+    if medians:
+        md.append(
+            f"Each measurement in {measure_rounds} rounds, each round the limit then every mode; "
+            "the median of the rounds' ratios, and each round's:"
+        )
+        md.append("")
+        md.append(
+            md_table(
+                ["synchronous_commit", "workload", "c", "processor", "req/s ratio (median)",
+                 "p99 ratio (median)", "p99 ratio each round", "limit p99 ms each round",
+                 "idempay p99 ms each round", "mean WAL flush ms each round, limit / idempay"],
+                [
+                    [m["synchronous_commit"], m["workload"], m["concurrency"], m["processor"],
+                     fmt(m["rps_median"]), fmt(m["p99_median"]),
+                     ", ".join(fmt(v) for v in m["p99_ratios"]),
+                     ", ".join(fmt(v, 1) for v in m["limit_p99_ms"]),
+                     ", ".join(fmt(v, 1) for v in m["idempay_p99_ms"]),
+                     ", ".join(f"{fmt(a, 2)} / {fmt(b, 2)}" for a, b in m["flush_ms"])]
+                    for m in medians
+                ],
+            )
+        )
+        md.append("")
     if rss_summary["max_vmrss_kb"]:
         md.append(
             f"idempay memory: idle RSS {fmt((rss_summary['idle_rss_kb'] or 0) / 1024, 1)} MiB; "
