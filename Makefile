@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test explore test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus profile
+.PHONY: run test explore test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus bench-stalls profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -87,6 +87,12 @@ bench-expiry:
 ## Results in target/bench/citus.{json,md}.
 bench-citus:
 	bash bench/citus.sh
+
+## The limit alone (pgbench, no build) for 60 s at c=16, each second's worst latency beside WAL
+## flushes, segments, checkpoints, autovacuum and the disk (STALLS_RUNS, STALLS_PG_OPTS,
+## STALLS_PREPARE). Results in target/bench/stalls/.
+bench-stalls:
+	bash bench/stalls.sh
 
 ## Where a new-key request's CPU goes: perf samples of idempay under load, in target/bench/profile.md.
 profile:

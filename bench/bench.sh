@@ -8,10 +8,14 @@
 #   BENCH_SECONDS=10        seconds per measurement
 #   BENCH_SIZE_SECONDS=5    seconds per measurement of the table-size sweep
 #   BENCH_MAX_ROWS=5000000  largest key table of the sweep (sizes: 10k, 100k, 1M, 5M)
-#   BENCH_QUICK=1           2 s per measurement, at most 100k rows: to try it out
+#   BENCH_QUICK=1           2 s per measurement, at most 100k rows, 256 MB of WAL made ahead: to try it
+#   BENCH_WAL_PREWARM_MB=1024  WAL segments made before the first measurement (lib.sh prewarm_wal)
 #   BENCH_POOL=N            idempay's pool size (default: the service's own default)
 #   BENCH_COMMITS="on off"  synchronous_commit of each round of the table: on (durable commits,
 #                           as production runs; the table-size sweep too), then off beside it
+#   BENCH_ROUNDS=1          rounds of each measurement of the table: the limit and every mode,
+#                           again, one round after the other; the report shows each round and the
+#                           median ratio (a stall lands on one side of one round, not on the result)
 #   BENCH_CONCURRENCY, BENCH_WORKLOADS, BENCH_PG_OPTS  narrow the matrix, change the server
 #   BENCH_PROCESSOR="http embedded"  where idempay's charges are made, each mode measured after
 #                           the same limit: `idempay processor` over HTTP, or embedded in idempay
@@ -27,11 +31,15 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   SECONDS_PER_RUN=${BENCH_SECONDS:-2}
   SIZE_SECONDS=${BENCH_SIZE_SECONDS:-2}
   MAX_ROWS=${BENCH_MAX_ROWS:-100000}
+  WAL_PREWARM_MB=${BENCH_WAL_PREWARM_MB:-256}
 else
   SECONDS_PER_RUN=${BENCH_SECONDS:-10}
   SIZE_SECONDS=${BENCH_SIZE_SECONDS:-5}
   MAX_ROWS=${BENCH_MAX_ROWS:-5000000}
+  WAL_PREWARM_MB=${BENCH_WAL_PREWARM_MB:-1024}
 fi
+ROUNDS=${BENCH_ROUNDS:-1}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUNDS is a number of rounds, not $ROUNDS"
 read -ra CONCURRENCY <<<"${BENCH_CONCURRENCY:-1 16 64}"
 read -ra WORKLOADS <<<"${BENCH_WORKLOADS:-new replay mix}"
 # synchronous_commit for each round of the table: on (durable, the headline), then off.
@@ -131,6 +139,9 @@ main() {
   use_server "$own_mode"
   idle_rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
   seed_replay_sets
+  log "making ${WAL_PREWARM_MB} MB of WAL segments ahead (reused by every measurement)"
+  BENCH_WAL_PREWARM_MB=$WAL_PREWARM_MB prewarm_wal
+  WAL_FILES=$(sql -c "SELECT count(*) FROM pg_ls_waldir()")
 
   log "warming up"
   run_pgbench warmup-limit 16 2 new_key.sql@1 replay.sql@1
@@ -147,15 +158,21 @@ main() {
     prefix=$(commit_prefix "$commits")
     for workload in "${WORKLOADS[@]}"; do
       for conns in "${CONCURRENCY[@]}"; do
-        log "synchronous_commit=$commits: $workload keys, c=$conns, ${SECONDS_PER_RUN}s each side"
-        if [ "$conns" = 64 ] && [ "$commits" = on ]; then
-          use_server "$own_mode" # sampled all along, idle while the other modes run
-          start_rss_sampler "$OUT_DIR/raw/rss.txt"
-          measure_pair "$prefix-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
-          stop_rss_sampler
-        else
-          measure_pair "$prefix-$workload-c$conns" "$workload" "$conns" "$SECONDS_PER_RUN"
-        fi
+        local round name
+        for round in $(seq 1 "$ROUNDS"); do
+          # round 1 keeps the name the raw runs always had
+          name="$prefix-$workload-c$conns"
+          [ "$round" = 1 ] || name="$name-r$round"
+          log "synchronous_commit=$commits: $workload keys, c=$conns, ${SECONDS_PER_RUN}s each side, round $round of $ROUNDS"
+          if [ "$conns" = 64 ] && [ "$commits" = on ]; then
+            use_server "$own_mode" # sampled all along, idle while the other modes run
+            start_rss_sampler "$OUT_DIR/raw/rss.txt"
+            measure_pair "$name" "$workload" "$conns" "$SECONDS_PER_RUN"
+            stop_rss_sampler
+          else
+            measure_pair "$name" "$workload" "$conns" "$SECONDS_PER_RUN"
+          fi
+        done
       done
     done
   done
@@ -195,11 +212,15 @@ json.dump({
     "cores": os.cpu_count(),
     "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None),
     "seconds": $SECONDS_PER_RUN,
+    "rounds": $ROUNDS,
     "size_seconds": $SIZE_SECONDS,
     "quick": "${BENCH_QUICK:-0}" == "1",
     "pool_size": $POOL_SIZE,
     "pool_configurable": "$POOL_CONFIGURABLE" == "true",
     "pg_opts": "$BENCH_PG_OPTS",
+    "wal_prewarm_mb": $WAL_PREWARM_MB,
+    "wal_files_after_prewarm": int("$WAL_FILES"),
+    "wal_files_at_end": int("$(sql -c "SELECT count(*) FROM pg_ls_waldir()")"),
     "pg_transport": "$PG_TRANSPORT",
     "two_hop": "${PROCESSOR_URLS[$IDEMPAY]:-}" != "",
     "baseline_bin": "${BENCH_BASELINE_BIN:-}",

@@ -29,7 +29,8 @@ PY
 }
 OUT_DIR="$REPO_DIR/target/bench"
 # BENCH_IDEMPAY_BIN runs a binary built elsewhere (another revision) instead of building this tree.
-IDEMPAY=${BENCH_IDEMPAY_BIN:-"$REPO_DIR/target/release/idempay"}
+# cargo builds into CARGO_TARGET_DIR when set, the tree's target/ otherwise.
+IDEMPAY=${BENCH_IDEMPAY_BIN:-"${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/idempay"}
 export SQLX_OFFLINE=true
 
 # The same server settings for both sides of every comparison, with PostgreSQL's durable defaults
@@ -37,7 +38,13 @@ export SQLX_OFFLINE=true
 # commit waits for its WAL to reach the disk, as production runs. bench.sh measures the table once
 # more with synchronous_commit=off (set with ALTER SYSTEM between the rounds), to show what the
 # disk costs; BENCH_PG_OPTS replaces the whole set.
-BENCH_PG_OPTS=${BENCH_PG_OPTS:-"-c max_connections=500 -c shared_buffers=512MB -c max_wal_size=4GB -c checkpoint_timeout=30min"}
+#
+# The WAL as a server that has been running meets it (bench/README.md, "Stalls"): min_wal_size=1GB
+# keeps up to 1 GB of used segments for reuse at each checkpoint, and BENCH_WAL_PREWARM_MB of them
+# are made before the first measurement (prewarm_wal), so no measurement waits while a new segment
+# is created, whichever side it is. track_wal_io_timing times the WAL's flushes, and each
+# measurement reports its mean flush: the disk's share of a stall shows on the side it hit.
+BENCH_PG_OPTS=${BENCH_PG_OPTS:-"-c max_connections=500 -c shared_buffers=512MB -c max_wal_size=4GB -c checkpoint_timeout=30min -c min_wal_size=1GB -c track_wal_io_timing=on"}
 
 # Sets synchronous_commit for every session, those already open included (a reload reaches them).
 set_synchronous_commit() { # on|off
@@ -393,6 +400,26 @@ seed_replay_keys() {
     --count "$count" --out "$file"
 }
 
+# The WAL flushes so far and the milliseconds spent in them ("syncs ms", from pg_stat_wal; the time
+# needs track_wal_io_timing, else 0): how long the disk took to flush, whichever side was measured.
+wal_flushes() {
+  sql -F ' ' -c "SELECT wal_sync, wal_sync_time FROM pg_stat_wal" 2>/dev/null || echo "0 0"
+}
+
+# add_wal_flushes FILE BEFORE AFTER: adds the measurement's WAL flushes and their mean time to its
+# result: a latency stall that is the disk's shows as slow flushes in the same measurement.
+add_wal_flushes() {
+  python3 - "$@" <<'PY'
+import json, sys
+path, (s0, t0), (s1, t1) = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+result = json.load(open(path))
+flushes = int(s1) - int(s0)
+result["wal_flushes"] = flushes
+result["wal_flush_ms_mean"] = round((float(t1) - float(t0)) / flushes, 3) if flushes else None
+json.dump(result, open(path, "w"), indent=1)
+PY
+}
+
 # run_wrk NAME MODE CONNECTIONS SECONDS: writes the done() JSON of one wrk run to $OUT_DIR/raw/NAME.json.
 run_wrk() {
   local name=$1 mode=$2 conns=$3 secs=$4 threads=2
@@ -403,10 +430,13 @@ run_wrk() {
   [ -z "${PROCESSOR_PID:-}" ] || processor0=$(cpu_seconds "$PROCESSOR_PID")
   postgres0=$(postgres_cpu_seconds)
   machine0=$(machine_cpu_seconds)
+  local wal0 wal1
+  wal0=$(wal_flushes)
   BENCH_API_KEY="$API_KEY" BENCH_MODE="$mode" BENCH_KEYS_FILE="$OUT_DIR/replay-keys.txt" \
     wrk -t"$threads" -c"$conns" -d"${secs}s" --latency --timeout 10s \
     -s "$BENCH_DIR/wrk/payments.lua" "$BASE_URL/v1/payments" >"$OUT_DIR/raw/$name.wrk.txt" 2>&1 ||
     { cat "$OUT_DIR/raw/$name.wrk.txt" >&2; die "wrk failed ($name)"; }
+  wal1=$(wal_flushes)
   machine1=$(machine_cpu_seconds)
   postgres1=$(postgres_cpu_seconds)
   cpu1=$(cpu_seconds "$SERVER_PID")
@@ -425,6 +455,7 @@ result.update(server_cpu_s=float(cpu1) - float(cpu0), connections=int(conns), mo
               loadavg=float(open("/proc/loadavg").read().split()[0]))
 json.dump(result, open(out, "w"), indent=1)
 PY
+  add_wal_flushes "$out" "$wal0" "$wal1"
 }
 
 # run_pgbench NAME CONNECTIONS SECONDS SCRIPT...: the limit, with a per-transaction log.
@@ -438,6 +469,8 @@ run_pgbench() {
   local machine0 machine1 postgres0 postgres1
   postgres0=$(postgres_cpu_seconds)
   machine0=$(machine_cpu_seconds)
+  local wal0 wal1
+  wal0=$(wal_flushes)
   pgbench -n -M prepared -T "$secs" -c "$conns" -j "$threads" \
     -l --log-prefix="$OUT_DIR/raw/pgbench/$name" \
     -D "account_id=$ACCOUNT_ID" -D "scope=$SCOPE" -D "processor_scope=processor:POST /v1/charges" \
@@ -447,6 +480,7 @@ run_pgbench() {
     -D "currency=eur" -D "payment_method=pm_card_visa" -D "payment_status=succeeded" \
     "${scripts[@]}" >"$OUT_DIR/raw/$name.pgbench.txt" 2>&1 ||
     { cat "$OUT_DIR/raw/$name.pgbench.txt" >&2; die "pgbench failed ($name)"; }
+  wal1=$(wal_flushes)
   machine1=$(machine_cpu_seconds)
   postgres1=$(postgres_cpu_seconds)
   python3 "$BENCH_DIR/report.py" pgbench-summary --name "$name" --connections "$conns" \
@@ -454,6 +488,7 @@ run_pgbench() {
     ${postgres0:+${postgres1:+--postgres-cpu-s "$(python3 -c "print($postgres1 - $postgres0)")"}} \
     --stdout "$OUT_DIR/raw/$name.pgbench.txt" --log-prefix "$OUT_DIR/raw/pgbench/$name" \
     --out "$OUT_DIR/raw/$name.json"
+  add_wal_flushes "$OUT_DIR/raw/$name.json" "$wal0" "$wal1"
   rm -f "$OUT_DIR/raw/pgbench/$name".*
 }
 
@@ -536,4 +571,18 @@ prepare_stack() {
   detect_pool_option
   start_postgres
   prepare_database
+}
+
+# WAL segments made ahead of a measurement: BENCH_WAL_PREWARM_MB of WAL is written (a small record
+# and a segment switch, over and over) and the CHECKPOINT that settle() runs next recycles the
+# segments as the next ones to use, kept while min_wal_size allows. So no commit during the
+# measurement waits while a backend creates (and, with wal_init_zero, zero-fills and fsyncs) a new
+# 16 MB segment. 0 makes none; more than min_wal_size is not kept.
+prewarm_wal() {
+  local mb=${BENCH_WAL_PREWARM_MB:-1024}
+  [ "$mb" -gt 0 ] || return 0
+  sql -c "DO \$\$ BEGIN FOR i IN 1..($mb / 16) LOOP
+            PERFORM pg_logical_emit_message(false, 'bench', 'prewarm'); PERFORM pg_switch_wal();
+          END LOOP; END \$\$" >/dev/null
+  sql -c "CHECKPOINT" >/dev/null
 }

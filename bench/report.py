@@ -81,6 +81,14 @@ def pgbench_summary(args):
         json.dump(result, out, indent=1)
 
 
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else round((values[mid - 1] + values[mid]) / 2, 2)
+
+
 def load(path):
     with open(path) as f:
         return json.load(f)
@@ -114,11 +122,15 @@ def bench(args):
     # Rounds of the table by synchronous_commit: "on" (durable, the headline) runs are named
     # main-…, "off" runs async-….
     rounds = meta.get("synchronous_commit", ["on"])
-    for commits, workload, conns in (
-        (c, w, n) for c in rounds for w in meta["workloads"] for n in meta["concurrency"]
+    measure_rounds = meta.get("rounds", 1)
+    for commits, workload, conns, rnd in (
+        (c, w, n, r) for c in rounds for w in meta["workloads"] for n in meta["concurrency"]
+        for r in range(1, measure_rounds + 1)
     ):
         prefix = "main" if commits == "on" else "async"
-        limit = load(os.path.join(raw, f"{prefix}-{workload}-c{conns}-limit.json"))
+        # round 1 keeps the raw runs' old names, later rounds end in -rN
+        name = f"{prefix}-{workload}-c{conns}" + (f"-r{rnd}" if rnd > 1 else "")
+        limit = load(os.path.join(raw, f"{name}-limit.json"))
         for part in ("machine", "postgres"):
             if limit.get("requests") and limit.get(f"{part}_cpu_s") is not None:
                 limit[f"{part}_cpu_us_per_request"] = round(
@@ -126,7 +138,7 @@ def bench(args):
                 )
         for mode in modes:
             suffix = "" if mode == "http" else f"-{mode}"
-            idem = load(os.path.join(raw, f"{prefix}-{workload}-c{conns}-idempay{suffix}.json"))
+            idem = load(os.path.join(raw, f"{name}-idempay{suffix}.json"))
             if idem.get("requests"):
                 for part in ("server", "processor", "machine", "postgres"):
                     if idem.get(f"{part}_cpu_s") is not None:
@@ -139,6 +151,7 @@ def bench(args):
                     "workload": workload,
                     "concurrency": conns,
                     "processor": mode,
+                    "round": rnd,
                     "limit": limit,
                     "idempay": idem,
                     "ratio": {
@@ -148,6 +161,25 @@ def bench(args):
                     },
                 }
             )
+    # With several rounds: the median of each round's ratio, per measurement and mode.
+    medians = []
+    if measure_rounds > 1:
+        groups = {}
+        for r in results:
+            key = (r["synchronous_commit"], r["workload"], r["concurrency"], r["processor"])
+            groups.setdefault(key, []).append(r)
+        for (commits, workload, conns, mode), rs in groups.items():
+            entry = {"synchronous_commit": commits, "workload": workload, "concurrency": conns,
+                     "processor": mode, "rounds": len(rs)}
+            for k in ("rps", "p50", "p99"):
+                values = [r["ratio"][k] for r in rs if r["ratio"][k] is not None]
+                entry[f"{k}_ratios"] = values
+                entry[f"{k}_median"] = median(values)
+            entry["limit_p99_ms"] = [r["limit"]["p99_ms"] for r in rs]
+            entry["idempay_p99_ms"] = [r["idempay"]["p99_ms"] for r in rs]
+            entry["flush_ms"] = [(r["limit"].get("wal_flush_ms_mean"), r["idempay"].get("wal_flush_ms_mean"))
+                                 for r in rs]
+            medians.append(entry)
     rss = []
     rss_path = os.path.join(raw, "rss.txt")
     if os.path.exists(rss_path):
@@ -171,7 +203,8 @@ def bench(args):
                     entry[f"{workload}_{side}"] = load(path)
         entry["actual_rows"] = meta.get("size_actual_rows", {}).get(str(rows))
         sizes.append(entry)
-    report = {"meta": meta, "results": results, "rss": rss_summary, "table_size": sizes}
+    report = {"meta": meta, "results": results, "medians": medians, "rss": rss_summary,
+              "table_size": sizes}
     with open(os.path.join(args.dir, "bench.json"), "w") as out:
         json.dump(report, out, indent=1)
 
@@ -182,9 +215,15 @@ def bench(args):
     md.append(
         f"Run {meta['started']}, commit {meta['commit']}, {meta['cores']} cores shared by the load "
         f"generator, idempay and PostgreSQL (1-minute load average {meta.get('loadavg_before')} "
-        f"before the run{load_note}); {meta['seconds']} s per measurement; idempay pool "
+        f"before the run{load_note}); {meta['seconds']} s per measurement"
+        f"{'' if measure_rounds == 1 else f', {measure_rounds} rounds of each (the limit and every mode, again)'}; idempay pool "
         f"{meta['pool_size']} connections{'' if meta['pool_configurable'] else ' (fixed)'}; "
-        f"PostgreSQL `{meta['pg_opts']}`."
+        f"PostgreSQL `{meta['pg_opts']}`"
+        + (f"; {meta['wal_prewarm_mb']} MB of WAL segments made before the first measurement "
+           f"({meta.get('wal_files_after_prewarm')} files in pg_wal then, "
+           f"{meta.get('wal_files_at_end')} at the end); a `CHECKPOINT` before each side of each "
+           "measurement" if meta.get("wal_prewarm_mb") is not None else "")
+        + "."
     )
     md.append("")
     md.append(
@@ -242,6 +281,7 @@ def bench(args):
                 r["workload"],
                 r["concurrency"],
                 r.get("processor", "http"),
+                r.get("round", 1),
                 fmt(lim["rps"], 0),
                 fmt(lim["p50_ms"]),
                 fmt(lim["p99_ms"]),
@@ -256,6 +296,7 @@ def bench(args):
                 f"{fmt(idem.get('machine_cpu_us_per_request'), 0)}",
                 f"{fmt(lim.get('postgres_cpu_us_per_request'), 0)} / "
                 f"{fmt(idem.get('postgres_cpu_us_per_request'), 0)}",
+                f"{fmt(lim.get('wal_flush_ms_mean'), 3)} / {fmt(idem.get('wal_flush_ms_mean'), 3)}",
                 f"{100 * idem.get('replayed', 0) / max(idem.get('answers', 0), 1):.0f} %",
                 f"{errors} / {lim.get('failed', 0)}",
             ]
@@ -267,6 +308,7 @@ def bench(args):
                 "workload",
                 "c",
                 "processor",
+                "round",
                 "limit req/s",
                 "limit p50 ms",
                 "limit p99 ms",
@@ -279,6 +321,7 @@ def bench(args):
                 "idempay CPU µs/req",
                 "machine CPU µs/req limit / idempay",
                 "PostgreSQL CPU µs/req limit / idempay",
+                "mean WAL flush ms limit / idempay",
                 "replayed",
                 "errors idempay / limit",
             ],
@@ -286,6 +329,29 @@ def bench(args):
         )
     )
     md.append("")
+    if medians:
+        md.append(
+            f"Each measurement in {measure_rounds} rounds, each round the limit then every mode; "
+            "the median of the rounds' ratios, and each round's:"
+        )
+        md.append("")
+        md.append(
+            md_table(
+                ["synchronous_commit", "workload", "c", "processor", "req/s ratio (median)",
+                 "p99 ratio (median)", "p99 ratio each round", "limit p99 ms each round",
+                 "idempay p99 ms each round", "mean WAL flush ms each round, limit / idempay"],
+                [
+                    [m["synchronous_commit"], m["workload"], m["concurrency"], m["processor"],
+                     fmt(m["rps_median"]), fmt(m["p99_median"]),
+                     ", ".join(fmt(v) for v in m["p99_ratios"]),
+                     ", ".join(fmt(v, 1) for v in m["limit_p99_ms"]),
+                     ", ".join(fmt(v, 1) for v in m["idempay_p99_ms"]),
+                     ", ".join(f"{fmt(a, 2)} / {fmt(b, 2)}" for a, b in m["flush_ms"])]
+                    for m in medians
+                ],
+            )
+        )
+        md.append("")
     if rss_summary["max_vmrss_kb"]:
         md.append(
             f"idempay memory: idle RSS {fmt((rss_summary['idle_rss_kb'] or 0) / 1024, 1)} MiB; "
@@ -494,6 +560,91 @@ def check(args):
     return 0
 
 
+def stalls(args):
+    """bench/stalls.sh: one pgbench run's worst seconds beside what PostgreSQL and the disk did."""
+    import datetime
+    per_second, latencies = {}, []
+    for path in glob.glob(args.prefix + ".pgb.*"):
+        for line in open(path):
+            f = line.split()
+            if len(f) >= 15:  # --aggregate-interval=1: second, count, sum, sum², min, max
+                sec, count, worst = int(f[0]), int(f[1]), int(f[5])
+                n, w = per_second.get(sec, (0, 0))
+                per_second[sec] = (n + count, max(w, worst))
+                continue
+            if len(f) < 6 or not f[2].isdigit():
+                continue
+            lat, sec = int(f[2]), int(f[4])
+            latencies.append(lat)
+            n, worst = per_second.get(sec, (0, 0))
+            per_second[sec] = (n + 1, max(worst, lat))
+    samples = {}
+    for line in open(args.prefix + ".seconds"):
+        f = line.split()
+        if len(f) == 11 and f[1] != "-":
+            samples[int(f[0])] = [float(x) for x in f[1:]]
+    waits = {}
+    for line in open(args.prefix + ".waits"):
+        f = line.split(" ", 1)
+        if len(f) == 2 and f[0].isdigit():
+            for w in f[1].strip().split(","):
+                if w and w != "cpu" and w != "Client:ClientRead":
+                    waits.setdefault(int(f[0]), {}).setdefault(w, 0)
+                    waits[int(f[0])][w] += 1
+    events = {}
+    for line in open(args.prefix + ".pg.log"):
+        m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.\d+ UTC \[\d+\] LOG:  (.*)", line)
+        if m and re.match(r"checkpoint|automatic (auto)?vacuum|automatic analyze", m.group(2)):
+            t = int(datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+                    .replace(tzinfo=datetime.timezone.utc).timestamp())
+            events.setdefault(t, []).append(m.group(2)[:90])
+    s = latency_summary(latencies)
+    secs = sorted(per_second)
+    times = sorted(samples)
+    def delta(t, i):  # the change of sampled column i over second t (sample at t+1 minus at t)
+        a = samples.get(t)
+        b = samples.get(t + 1)
+        return None if a is None or b is None else b[i] - a[i]
+    walfiles = (samples[times[-1]][0] - samples[times[0]][0]) if times else None
+    print(f"{args.label}: {sum(n for n, _ in per_second.values())} tx in {len(secs)} s, p50 {s['p50_ms']} p99 {s['p99_ms']} "
+          f"max {s['max_ms']} ms; WAL files in pg_wal {fmt(samples[times[0]][0] if times else None, 0)}"
+          f" -> {fmt(samples[times[-1]][0] if times else None, 0)}; "
+          f"checkpoints {fmt(delta(times[0], 5) if False else (samples[times[-1]][5] - samples[times[0]][5]) if times else None, 0)}; "
+          f"log events: {sum(len(v) for v in events.values())}")
+    # Each second's mean WAL flush (sync time / syncs) and disk write time, for the 5 worst seconds
+    # by latency and for the rest: a stall that is the disk's shows as slower flushes.
+    rows = []
+    for t in secs:
+        a, b = samples.get(t - 1), samples.get(t)
+        if a and b and b[2] > a[2]:
+            rows.append((per_second[t][1], (b[3] - a[3]) / (b[2] - a[2]), b[9] - a[9], b[2] - a[2]))
+    if len(rows) > 5:
+        rows.sort(reverse=True)
+        avg = lambda xs: sum(xs) / len(xs)
+        worst, rest = rows[:5], rows[5:]
+        print(f"  mean WAL flush (fdatasync): 5 worst seconds {avg([r[1] for r in worst]):.2f} ms "
+              f"({avg([r[3] for r in worst]):.0f} flushes/s, disk busy writing "
+              f"{avg([r[2] for r in worst]):.0f} ms/s), other {len(rest)} sampled seconds "
+              f"{avg([r[1] for r in rest]):.2f} ms ({avg([r[3] for r in rest]):.0f}/s, "
+              f"{avg([r[2] for r in rest]):.0f} ms/s)")
+    print("  second  tx  worst_ms  walfiles+ wal_MB syncs sync_ms write_ms ckpt  hostDirtyMB hostWbMB disk_wr_ms  waits (50 ms samples) | log")
+    slow = args.slow_ms * 1000
+    for t in secs:
+        n, worst = per_second[t]
+        if worst < slow and not args.all:
+            continue
+        d = [delta(t - 1, i) for i in range(10)]  # the sample at t-1 .. t covers second t's end
+        cur = samples.get(t)
+        w = " ".join(f"{k}x{v}" for k, v in sorted(waits.get(t, {}).items(), key=lambda kv: -kv[1])[:4])
+        ev = "; ".join(events.get(t, []) + events.get(t - 1, []))
+        def c(v, digits=0, scale=1):
+            return "–" if v is None else f"{v / scale:.{digits}f}"
+        print(f"  {t % 100000:>6} {n:>4} {worst / 1000:>8.1f}  {c(d[0]):>8} {c(d[1], 1, 2**20):>6} "
+              f"{c(d[2]):>5} {c(d[3], 1):>7} {c(d[4], 1):>8} {c(d[5]):>4}  "
+              f"{c(cur[7] if cur else None, 0, 1024):>10} {c(cur[8] if cur else None, 0, 1024):>8} "
+              f"{c(d[9]):>10}  {w} | {ev}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -519,6 +670,12 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("files", nargs="+")
     p.set_defaults(func=plans)
+    p = sub.add_parser("stalls")
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--label", default="")
+    p.add_argument("--slow-ms", type=float, default=100)
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=stalls)
     args = parser.parse_args()
     return args.func(args)
 
