@@ -1,6 +1,6 @@
-//! The simulated card processor: a second HTTP service in the same binary (`idempay processor`,
-//! or embedded with [`Processor::build`]) that idempay calls over the network, as it would call a
-//! real one. It keeps a ledger of charges, refunds and disputes, answers each keyed request once
+//! The simulated card processor: another company's HTTP service, which names no idempay crate and
+//! which idempay calls over the network, as it would call a real one (idempay runs it as `idempay
+//! processor`, or embeds it with [`Processor::build`]). It keeps a ledger of charges, refunds and disputes, answers each keyed request once
 //! with **the same idempotency mechanism** as idempay's own routes (proof that it is reusable),
 //! announces its changes as signed webhooks from an outbox, and injects the faults of a real
 //! network on demand ([`faults`]). How idempay calls it is idempay's own (`src/downstream/`).
