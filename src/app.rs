@@ -457,9 +457,10 @@ fn unresumable_refusal(unresumable: &[(String, i64)]) -> Option<String> {
         .collect();
     Some(format!(
         "refusing to start: suspended keys wait at recovery points that no unit of work of this \
-         build resumes: {}. Run the version that recorded them until its recovery job has settled \
-         them (`idempay reconcile` names any held for an operator), or register a unit of work for \
-         each point (a `.unit::<…>` line in app.rs `resumers`); then start again.",
+         build resumes: {}. Run the version that recorded them until its recovery job has resumed \
+         them (a key it cannot resume within the recovery window is held for an operator, and a \
+         held key blocks no start: `idempay keys settle` settles it), or register a unit of work \
+         for each point (a `.unit::<…>` line in app.rs `resumers`); then start again.",
         points.join(", ")
     ))
 }

@@ -1,5 +1,6 @@
 //! The command line of the service: `serve`, `processor` (the simulated card processor),
-//! `migrate`, `account create`, `account rotate-key`, `account revoke-key` and `openapi`, each
+//! `migrate`, `account create`, `account rotate-key`, `account revoke-key`, `reconcile`,
+//! `keys settle` and `openapi`, each
 //! setting also readable from the environment. With the `dev` feature (on by default) the dev
 //! tools join them: `dev`, `pay`, `demo`, `webhook send`, `webhook listen` and `fixture` (see
 //! [`crate::dev`]).
@@ -9,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::app::{self, Application};
 use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
-use crate::{accounts, db, reconcile};
+use crate::{accounts, db, reconcile, settle};
 use processor::{Processor, ProcessorListen, ProcessorSettings};
 use service::server::shutdown_signal;
 
@@ -68,6 +69,11 @@ pub enum Command {
         #[command(flatten)]
         processor: ProcessorLink,
     },
+    /// An account's idempotency keys: settle one held for an operator, or show one (dev tools).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Prints the OpenAPI description of the API.
     Openapi,
     #[cfg(feature = "dev")]
@@ -106,6 +112,36 @@ pub enum AccountCommand {
         api_key: String,
         #[command(flatten)]
         database: DatabaseArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Settles a key held for an operator (its call to the processor got no known outcome within
+    /// the recovery window): asks the processor what it made under the key's downstream key, a
+    /// read, and records it as the first request would have (the payment or refund, its events,
+    /// the key's answer), or, when it made nothing, completes the key with
+    /// `processor-made-nothing`. The client's retry then gets that answer. Safe to run twice and
+    /// beside running instances; run it with the settings `serve` runs with (the same key TTL and
+    /// processor). Exits 0 when the key is settled (or was), 1 otherwise.
+    Settle {
+        /// The key, as the client sent it in `Idempotency-Key`.
+        key: String,
+        /// The account the key belongs to (`acct_…`, as `idempay reconcile` names it).
+        #[arg(long)]
+        account: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        settings: Settings,
+    },
+    /// Prints what became of a key: one block per route it was used on.
+    #[cfg(feature = "dev")]
+    Show {
+        #[command(flatten)]
+        api: crate::dev::cli::ApiArgs,
+        /// The key, as sent in `Idempotency-Key`.
+        key: String,
     },
 }
 
@@ -227,6 +263,29 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
+        Command::Keys {
+            command:
+                KeysCommand::Settle {
+                    key,
+                    account,
+                    database,
+                    settings,
+                },
+        } => {
+            let pool = db::pool_with(&database.database_url, database.pool)?;
+            let settled = settle::settle(&pool, &settings, &account, &key).await?;
+            for line in &settled.lines {
+                println!("{line}");
+            }
+            if !settled.done {
+                anyhow::bail!("{}", settled.summary);
+            }
+            eprintln!("{}", settled.summary);
+        }
+        #[cfg(feature = "dev")]
+        Command::Keys {
+            command: KeysCommand::Show { api, key },
+        } => crate::dev::cli::show_key(api, &key).await?,
         Command::Openapi => print!("{}", app::spec_json()),
         #[cfg(feature = "dev")]
         Command::Dev(command) => crate::dev::cli::run(command).await?,

@@ -37,5 +37,6 @@ pub mod payments;
 pub mod reconcile;
 pub mod recovery;
 pub mod refunds;
+pub mod settle;
 pub mod telemetry;
 pub mod webhooks;

@@ -13,43 +13,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use sqlx::PgPool;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::ProcessorLink;
 use crate::downstream::ProcessorClient;
+use crate::downstream::link::Linked;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
-use processor::{
-    Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorRefund, ProcessorSettings,
-    RefundStatus,
-};
-use service::ids;
+use processor::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
 use service::vocabulary::stored;
 
 /// Reconciles against the processor `link` names or, without a URL, against the processor
 /// embedded in this database (as `serve` runs it), started on a loopback port for the purpose.
 pub async fn run(pool: &PgPool, link: &ProcessorLink) -> anyhow::Result<Report> {
-    if let Some(client) = link.client()? {
-        return reconcile(pool, &client).await;
-    }
-    let api_key = ids::generate("sk_reconcile", 32);
-    let settings =
-        ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
-    let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
-    let processor = Processor::build(settings, pool.clone(), listener)?.sharing_expiry();
-    let client = ProcessorClient::new(
-        &format!("http://{}", processor.local_addr()?),
-        api_key,
-        link.timeout,
-    )?;
-    let stop = CancellationToken::new();
-    let stopped = stop.clone();
-    let serving =
-        tokio::spawn(processor.run_until_stopped(async move { stopped.cancelled().await }));
-    let report = reconcile(pool, &client).await;
-    stop.cancel();
-    serving.await??;
+    let processor = Linked::to(pool, link).await?;
+    let report = reconcile(pool, &processor.client).await;
+    processor.stop().await?;
     report
 }
 
@@ -141,9 +119,13 @@ impl fmt::Display for Difference {
             } => write!(
                 f,
                 "key {key:?} ({scope}) held for an operator since {}: its call to the processor \
-                 with downstream key {} has no known outcome",
+                 with downstream key {} has no known outcome; settle it with \
+                 `idempay keys settle {key:?} --account {}` (ops/runbooks.md)",
                 since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 downstream_key.as_deref().unwrap_or("(none)"),
+                scope
+                    .split_once(':')
+                    .map_or(scope.as_str(), |(account, _)| account),
             ),
         }
     }

@@ -31,6 +31,16 @@ impl AccountId {
         Self(ids::generate("acct", 16))
     }
 
+    /// An account id as an operator types it: `acct_` and letters and digits. Whether the account
+    /// exists is the database's to say.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let random = raw.trim().strip_prefix("acct_")?;
+        (!random.is_empty()
+            && random.len() <= 64
+            && random.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .then(|| Self(raw.trim().to_owned()))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -41,11 +41,6 @@ pub enum DevCommand {
     /// Pays through the retrying client: one key for the intent, reused on every retry.
     #[command(after_help = PAY_EXIT_CODES)]
     Pay(PayArgs),
-    /// The account's idempotency keys, as the API shows them.
-    Keys {
-        #[command(subcommand)]
-        command: KeysCommand,
-    },
     /// Payment intents through a lossy network: the key turns retries into exactly one charge.
     Demo(DemoArgs),
     /// Sends signed events to a webhook endpoint, as the payment processor does, or receives a
@@ -136,17 +131,6 @@ pub struct DemoArgs {
     pub processor_loss: f64,
 }
 
-#[derive(Subcommand, Debug)]
-pub enum KeysCommand {
-    /// Prints what became of a key: one block per route it was used on.
-    Show {
-        #[command(flatten)]
-        api: ApiArgs,
-        /// The key, as sent in `Idempotency-Key`.
-        key: String,
-    },
-}
-
 /// The data each event type the intake applies needs, as `idempay webhook send --help` lists it
 /// (a unit test reads every example back through the intake's parser). `pay_…` and `re_…` are
 /// idempay's ids; `ch_…`, `pyr_…` and `dp_…` the processor's.
@@ -212,9 +196,6 @@ pub enum WebhookCommand {
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
     match command {
         DevCommand::Pay(args) => pay(args).await,
-        DevCommand::Keys {
-            command: KeysCommand::Show { api, key },
-        } => show_key(api, &key).await,
         DevCommand::Demo(args) => demo(args).await,
         DevCommand::Webhook {
             command:
@@ -362,7 +343,7 @@ fn unreachable(api: &ApiArgs, error: &ClientError) -> anyhow::Error {
 }
 
 /// Prints a key for a person: one block per route, its fields aligned, absent ones left out.
-async fn show_key(api: ApiArgs, key: &str) -> anyhow::Result<()> {
+pub async fn show_key(api: ApiArgs, key: &str) -> anyhow::Result<()> {
     let client = reader(&api);
     match client.get_idempotency_key(key).await {
         Ok(answer) => {
@@ -380,14 +361,16 @@ async fn show_key(api: ApiArgs, key: &str) -> anyhow::Result<()> {
 }
 
 /// The fields of a key's use, in the order a person reads them, with their labels.
-const KEY_FIELDS: [(&str, &str); 11] = [
+const KEY_FIELDS: [(&str, &str); 13] = [
     ("state", "state"),
     ("created_at", "created"),
     ("completed_at", "completed"),
     ("expires_at", "expires"),
     ("locked_until", "locked until"),
     ("recovery_point", "recovery point"),
+    ("recovery_state", "recovery state"),
     ("downstream_key", "downstream key"),
+    ("held_at", "held"),
     ("response_status", "response"),
     ("response_location", "location"),
     ("fingerprint", "fingerprint"),

@@ -13,7 +13,7 @@ use std::future::Future;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::client::{self, Outcome, ProcessorClient, Refusal};
+use super::client::{self, Listed, Outcome, ProcessorClient, Refusal};
 use crate::http::error::{ApiError, Problem};
 use idempotency::{Completion, EarlierCalls, KeyedRequest, Lease, Resumers};
 
@@ -41,6 +41,16 @@ pub trait ProcessorCall: Serialize + DeserializeOwned + Send + Sync + 'static {
         lease: Lease,
         answer: Self::Answer,
     ) -> impl Future<Output = Result<Completion, ApiError>> + Send;
+
+    /// What the processor made under `downstream_key`, read back, never asked for again: how an
+    /// operator settles a key held at this point ([`settle_held`]). `None` when it made nothing;
+    /// an error when it cannot tell (unreachable, still making it) or made something other than
+    /// this call asked (the operator then looks by hand).
+    fn made_under(
+        &self,
+        processor: &ProcessorClient,
+        downstream_key: &str,
+    ) -> impl Future<Output = anyhow::Result<Option<Self::Answer>>> + Send;
 
     /// A refusal by the processor that is the call's result, stored and replayed like one, rather
     /// than an outage the key is released after: none, unless the call says otherwise.
@@ -99,6 +109,59 @@ pub async fn start<C: ProcessorCall>(
     settle(processor, lease, call, downstream_key, earlier).await
 }
 
+/// Settles a key held at `C`'s point: asks the processor what it made under the key's downstream
+/// key, and records it as the first request would have (the payment or refund under the id the
+/// recovery state chose, its events, the key's completion, in one fenced transaction), or, when it
+/// made nothing, completes the key with a final problem saying so. The client's retry then gets
+/// that answer, replayed. Run by `idempay keys settle` through the mechanism, which takes the key
+/// and hands it back, held, if this fails.
+pub async fn settle_held<C: ProcessorCall>(
+    processor: ProcessorClient,
+    lease: Lease,
+) -> Result<Completion, ApiError> {
+    let (call, downstream_key) = match lease.recovery_point() {
+        Some(point) if point.name == C::POINT => (
+            serde_json::from_value::<C>(point.state.clone())
+                .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
+            point.downstream_key.clone(),
+        ),
+        _ => {
+            return Err(anyhow::anyhow!(
+                "a {}'s key without its recovery point `{}`",
+                C::WHAT,
+                C::POINT
+            )
+            .into());
+        }
+    };
+    let made = call
+        .made_under(&processor, &downstream_key)
+        .await
+        .map_err(|error| {
+            anyhow::anyhow!(
+                "asking the processor for the {} under {downstream_key}: {error:#}",
+                C::WHAT
+            )
+        })?;
+    match made {
+        Some(answer) => call.record(lease, answer).await,
+        None => refuse(lease, &client::nothing_made_problem(C::WHAT)).await,
+    }
+}
+
+/// What the processor lists as made under one downstream key: one object, or none. Two would
+/// mean the processor forgot the key and made the call again: not settled by a program.
+pub fn the_one_made<T: Listed>(mut made: Vec<T>) -> anyhow::Result<Option<T>> {
+    match made.len() {
+        0 | 1 => Ok(made.pop()),
+        _ => anyhow::bail!(
+            "the processor made {} objects under this one key ({}): settle it by hand",
+            made.len(),
+            made.iter().map(Listed::id).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
 /// Stores a refusal as the key's result, replayed like any other.
 pub async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiError> {
     let tx = lease.begin().await?;
@@ -140,17 +203,23 @@ async fn settle<C: ProcessorCall>(
     }
 }
 
-/// Registers a call's resumer from the call's type: its point and its [`resume`], nothing to
-/// write by hand, so the registration cannot name one point and resume another.
+/// Registers a call's resumer from the call's type: its point, its [`resume`] and its
+/// [`settle_held`],
+/// nothing to write by hand, so the registration cannot name one point and resume another.
 pub trait CallResumers {
-    /// Resumes keys suspended at `C`'s recovery point with [`resume`].
+    /// Resumes keys suspended at `C`'s recovery point with [`resume`], and settles keys held there
+    /// with [`settle_held`].
     #[must_use]
     fn unit<C: ProcessorCall>(self, processor: &ProcessorClient) -> Self;
 }
 
 impl CallResumers for Resumers {
     fn unit<C: ProcessorCall>(self, processor: &ProcessorClient) -> Self {
-        let processor = processor.clone();
-        self.on(C::POINT, move |lease| resume::<C>(processor.clone(), lease))
+        let resuming = processor.clone();
+        let settling = processor.clone();
+        self.on(C::POINT, move |lease| resume::<C>(resuming.clone(), lease))
+            .settled_by(C::POINT, move |lease| {
+                settle_held::<C>(settling.clone(), lease)
+            })
     }
 }

@@ -158,6 +158,20 @@ pub fn unknown_problem(what: &str) -> Problem {
     .retry_after(RETRY_AFTER)
 }
 
+/// The answer a held key completes with when an operator's settle found that the processor made no
+/// `what` under its downstream key: final, stored and replayed like any result, so the client
+/// knows that nothing happened and that only a new key tries the intent again.
+pub fn nothing_made_problem(what: &str) -> Problem {
+    Problem::new(
+        ProblemKind::ProcessorMadeNothing,
+        format!(
+            "The processor's answer about the {what} never arrived, and an operator settled the \
+             request from the processor's ledger: it made no {what} under this request. Nothing \
+             happened. To try again, send the request with a new Idempotency-Key."
+        ),
+    )
+}
+
 /// The processor's API, for idempay.
 #[derive(Clone, Debug)]
 pub struct ProcessorClient {
@@ -184,8 +198,8 @@ struct Page<T> {
     has_more: bool,
 }
 
-/// What a list item needs to be paged from.
-trait Listed {
+/// What a list item needs to be paged from (and named by).
+pub trait Listed {
     fn id(&self) -> &str;
 }
 
@@ -322,10 +336,27 @@ impl ProcessorClient {
         self.all("v1/disputes").await
     }
 
+    /// The charges made under the idempotency key `downstream_key`, newest first (one, or none):
+    /// a read, safe to repeat and safe after the processor forgot the key, unlike asking for the
+    /// charge again, which it would then make a second time.
+    pub async fn charges_made_under(&self, downstream_key: &str) -> anyhow::Result<Vec<Charge>> {
+        self.all(&under_key("v1/charges", downstream_key)).await
+    }
+
+    /// The refunds made under the idempotency key `downstream_key`, as for charges.
+    pub async fn refunds_made_under(
+        &self,
+        downstream_key: &str,
+    ) -> anyhow::Result<Vec<ProcessorRefund>> {
+        self.all(&under_key("v1/refunds", downstream_key)).await
+    }
+
+    /// Every page of the list at `path` (which may carry a filter of its own).
     async fn all<T: DeserializeOwned + Listed>(&self, path: &str) -> anyhow::Result<Vec<T>> {
         let mut items: Vec<T> = Vec::new();
         loop {
-            let mut query = format!("{path}?limit={PAGE}");
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let mut query = format!("{path}{separator}limit={PAGE}");
             if let Some(last) = items.last() {
                 query.push_str(&format!("&starting_after={}", last.id()));
             }
@@ -364,6 +395,20 @@ impl ProcessorClient {
         let url = self.base.join(path).unwrap_or_else(|_| self.base.clone());
         self.http.request(method, url).bearer_auth(&self.api_key)
     }
+}
+
+/// `path` narrowed to what was made under `key`, the key encoded for a query string.
+fn under_key(path: &str, key: &str) -> String {
+    let encoded: String = key
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(byte).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect();
+    format!("{path}?idempotency_key={encoded}")
 }
 
 /// How often a read for reconciliation is sent before a 503 is its answer, and the pause between.

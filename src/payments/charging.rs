@@ -22,7 +22,7 @@ use super::model::{Payment, PaymentId, PaymentStatus};
 use super::{NewPayment, insert, insert_and_complete};
 use crate::accounts::AccountId;
 use crate::db::Engine;
-use crate::downstream::call::ProcessorCall;
+use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{ChargeRequest, Outcome, ProcessorClient};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
@@ -74,6 +74,30 @@ impl ProcessorCall for ChargeRequested {
     ) -> impl Future<Output = Outcome<Charge>> + Send {
         let request = self.charge_request();
         async move { processor.charge(downstream_key, &request).await }
+    }
+
+    /// The processor's charge made under the key, for this charge's amount and currency.
+    async fn made_under(
+        &self,
+        processor: &ProcessorClient,
+        downstream_key: &str,
+    ) -> anyhow::Result<Option<Charge>> {
+        let made = call::the_one_made(processor.charges_made_under(downstream_key).await?)?;
+        let asked = self.charge_request();
+        if let Some(charge) = &made
+            && (charge.amount != asked.amount || charge.currency != asked.currency)
+        {
+            anyhow::bail!(
+                "the processor's charge {} under this key is {} {}, where the key asked {} {}: \
+                 settle it by hand",
+                charge.id,
+                charge.amount,
+                charge.currency,
+                asked.amount,
+                asked.currency
+            );
+        }
+        Ok(made)
     }
 
     fn record(

@@ -93,6 +93,29 @@ impl ProcessorCall for RefundRequested {
         record(lease, self, refunded)
     }
 
+    /// The processor's refund made under the key, of this refund's charge and amount.
+    async fn made_under(
+        &self,
+        processor: &ProcessorClient,
+        downstream_key: &str,
+    ) -> anyhow::Result<Option<ProcessorRefund>> {
+        let made = call::the_one_made(processor.refunds_made_under(downstream_key).await?)?;
+        if let Some(refund) = &made
+            && (refund.charge != self.charge || refund.amount != self.amount)
+        {
+            anyhow::bail!(
+                "the processor's refund {} under this key is {} of charge {}, where the key asked \
+                 {} of charge {}: settle it by hand",
+                refund.id,
+                refund.amount,
+                refund.charge,
+                self.amount,
+                self.charge
+            );
+        }
+        Ok(made)
+    }
+
     /// The processor keeps its own books: a refusal of the amount is a result, like ours.
     fn refusal_as_result(&self, refusal: &Refusal) -> Option<Problem> {
         refusal.is_refund_refused().then(|| {

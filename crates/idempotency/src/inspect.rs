@@ -22,6 +22,7 @@ use super::{Idempotency, IdempotencyKey};
         "expires_at": "2026-12-02T10:00:00.120000Z",
         "locked_until": null,
         "recovery_point": null,
+        "recovery_state": null,
         "downstream_key": "5b1e0c8f-7d0e-4a9c-9b21-2a3d4c6f1f88",
         "response_status": 201,
         "response_location": "/v1/payments/pay_U5PgTqA02dYsv3cLANIGkqIs",
@@ -69,6 +70,11 @@ pub struct KeyUse {
     /// The step the work recorded before calling the processor, from which the next attempt
     /// resumes (e.g. `payment.charge_requested`).
     recovery_point: Option<String>,
+    /// What resuming the work needs, as it recorded it with its recovery point: for a payment,
+    /// the payment id chosen before the call and the charge asked for. What a settled key records
+    /// (`idempay keys settle`).
+    #[schema(value_type = Option<Object>)]
+    recovery_state: Option<serde_json::Value>,
     /// The key idempay sends to the processor for this key's work, the same on every attempt.
     downstream_key: Option<String>,
     /// When the key was held for an operator; `null` unless `state` is `held`.
@@ -102,7 +108,8 @@ impl Idempotency {
         let rows = sqlx::query!(
             r#"
         SELECT scope, status AS "status: KeyStatus", created_at, completed_at, expires_at,
-               locked_until, recovery_point, downstream_key, held_at, response_code,
+               locked_until, recovery_point, recovery_state, downstream_key, held_at,
+               response_code,
                response_headers ->> 'location' AS response_location, request_hash, takeovers
         FROM idempotency_keys
         WHERE account_id = $3 AND scope = ANY($1) AND idem_key = $2
@@ -141,6 +148,7 @@ impl Idempotency {
                 expires_at: row.expires_at,
                 locked_until: row.locked_until,
                 recovery_point: row.recovery_point,
+                recovery_state: row.recovery_state,
                 downstream_key: row.downstream_key,
                 held_at: row.held_at,
                 response_status: row.response_code.and_then(|code| u16::try_from(code).ok()),

@@ -20,6 +20,8 @@
 //! 5. **Expire**: a background job deletes old keys.
 //! 6. **Recover**: a background job resumes suspended keys no client came back for, within the
 //!    recovery window, and holds for an operator those past it (`recovery.rs`).
+//! 7. **Settle**: an operator completes a held key from the other system's ledger, read under the
+//!    key's downstream key, and the key answers as its first request would have (`settle.rs`).
 //!
 //! The SQL of each step is in [`store`] (of the recovery side, in `store/recovery.rs`). The
 //! PostgreSQL unique constraint on `(account_id, scope, idem_key)` decides between concurrent
@@ -41,6 +43,7 @@ mod recovery;
 mod replays;
 mod request;
 mod response;
+mod settle;
 mod store;
 
 use std::convert::Infallible;
@@ -80,6 +83,7 @@ use recovery::RecoveryBounds;
 pub use recovery::{EarlierCalls, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers};
 pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
+pub use settle::{Settled, Settlement};
 pub use store::BATCH as EXPIRY_BATCH;
 
 /// How long keys live and how long a request may hold one without renewing it.

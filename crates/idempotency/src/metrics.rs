@@ -32,6 +32,8 @@ pub enum KeyOutcome {
     /// A suspended key passed the recovery window and was held for an operator, or a request
     /// met a key so held (409).
     Held,
+    /// An operator settled a held key from the other system's ledger (`Idempotency::settle`).
+    Settled,
 }
 
 impl KeyOutcome {
@@ -47,6 +49,7 @@ impl KeyOutcome {
             Self::Recovered => "recovered",
             Self::LeaseLost => "lease_lost",
             Self::Held => "held",
+            Self::Settled => "settled",
         }
     }
 

@@ -182,7 +182,7 @@ pub const LONGEST_RECOVERY_BACKOFF: Duration = Duration::from_secs(15 * 60);
 /// Resumes the work of a suspended key from its recovery point, under a lease the recovery job
 /// took: the same unit of work a retry would run, so it stores the response the retry would get.
 /// Its failure, in the service's own error type, is only logged: the key waits for the next try.
-type Resumer = Arc<
+pub(crate) type Resumer = Arc<
     dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, Result<Completion, Error>>
         + Send
         + Sync,
@@ -190,16 +190,39 @@ type Resumer = Arc<
 
 /// The resumers of the work that records recovery points, by point name: handed to the mechanism
 /// once ([`Idempotency::resuming`]), which then refuses to record a point none of them resumes
-/// and tells, at start, of suspended keys at such a point ([`Idempotency::unresumable`]).
+/// and tells, at start, of suspended keys at such a point ([`Idempotency::unresumable`]). A unit
+/// may also say how an operator settles a key held at its point ([`Resumers::settled_by`]).
 #[derive(Clone, Default)]
-pub struct Resumers(Vec<(String, Resumer)>);
+pub struct Resumers(Vec<Unit>);
+
+/// The work behind one recovery point: how it is resumed, and how a key held there is settled.
+#[derive(Clone)]
+struct Unit {
+    name: String,
+    resume: Resumer,
+    settle: Option<Resumer>,
+}
 
 impl fmt::Debug for Resumers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
-            .entries(self.0.iter().map(|(name, _)| name))
+            .entries(self.0.iter().map(|unit| &unit.name))
             .finish()
     }
+}
+
+/// A unit of work of the service's, in the mechanism's error type.
+fn boxed<F, Fut, E>(work: F) -> Resumer
+where
+    F: Fn(Lease) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Completion, E>> + Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    Arc::new(move |lease| {
+        work(lease)
+            .map(|done| done.map_err(|error| Error::Internal(anyhow::anyhow!("{error}"))))
+            .boxed()
+    })
 }
 
 impl Resumers {
@@ -212,23 +235,45 @@ impl Resumers {
         Fut: Future<Output = Result<Completion, E>> + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        let resume: Resumer = Arc::new(move |lease| {
-            resume(lease)
-                .map(|done| done.map_err(|error| Error::Internal(anyhow::anyhow!("{error}"))))
-                .boxed()
+        self.0.push(Unit {
+            name: name.to_owned(),
+            resume: boxed(resume),
+            settle: None,
         });
-        self.0.push((name.to_owned(), resume));
+        self
+    }
+
+    /// Settles keys held at the point `name` with `settle` ([`Idempotency::settle`]): a unit of
+    /// work that asks the other system what the call under the key's downstream key made, with
+    /// a read that never makes it again, and completes the key with it. `name` must be resumed
+    /// ([`Resumers::on`]) first: a point is settled by the unit that records it.
+    ///
+    /// # Panics
+    /// When no resumer of `name` is registered: a mistake in the service's assembly, found at start.
+    #[must_use]
+    pub fn settled_by<F, Fut, E>(mut self, name: &str, settle: F) -> Self
+    where
+        F: Fn(Lease) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Completion, E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let unit = self
+            .0
+            .iter_mut()
+            .find(|unit| unit.name == name)
+            .unwrap_or_else(|| panic!("settled_by(`{name}`) before on(`{name}`)"));
+        unit.settle = Some(boxed(settle));
         self
     }
 
     /// The names of the points resumed.
     pub fn names(&self) -> Vec<String> {
-        self.0.iter().map(|(name, _)| name.clone()).collect()
+        self.0.iter().map(|unit| unit.name.clone()).collect()
     }
 
     /// Refuses a point no resumer knows: a key suspended there would never be resumed.
     pub(crate) fn require(&self, name: &str) -> Result<(), Error> {
-        if self.0.iter().any(|(known, _)| known == name) {
+        if self.0.iter().any(|unit| unit.name == name) {
             Ok(())
         } else {
             Err(Error::Internal(anyhow::anyhow!(
@@ -238,11 +283,17 @@ impl Resumers {
         }
     }
 
+    fn unit(&self, name: &str) -> Option<&Unit> {
+        self.0.iter().find(|unit| unit.name == name)
+    }
+
     fn get(&self, name: &str) -> Option<&Resumer> {
-        self.0
-            .iter()
-            .find(|(known, _)| known == name)
-            .map(|(_, resume)| resume)
+        self.unit(name).map(|unit| &unit.resume)
+    }
+
+    /// How a key held at `name` is settled, if its unit says.
+    pub(crate) fn settler(&self, name: &str) -> Option<&Resumer> {
+        self.unit(name).and_then(|unit| unit.settle.as_ref())
     }
 }
 

@@ -58,6 +58,11 @@ impl StoredResponse {
         self.status
     }
 
+    /// A header of the result, such as `Location`.
+    pub fn header(&self, name: HeaderName) -> Option<&str> {
+        self.headers.get(name.as_str()).map(String::as_str)
+    }
+
     pub(crate) fn body_bytes(&self) -> Bytes {
         self.body.clone()
     }

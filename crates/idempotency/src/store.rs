@@ -20,8 +20,8 @@ use crate::engine::Engine;
 mod recovery;
 
 pub(super) use recovery::{
-    claim_recoverable, claim_recoverable_unlocked, clear_recovery_point, hold, hold_overdue,
-    hold_overdue_unlocked, record_recovery_point, unresumable,
+    claim_held, claim_recoverable, claim_recoverable_unlocked, clear_recovery_point, hand_back,
+    hold, hold_overdue, hold_overdue_unlocked, key_states, record_recovery_point, unresumable,
 };
 
 /// A key's `status` column: a request is working on it, or its response is stored, or its work

@@ -47,6 +47,56 @@ impl<S: Send + Sync> FromRequestParts<S> for PageQuery {
     }
 }
 
+/// The page of a list that can also be narrowed to what was made under one idempotency key
+/// (`?limit=&starting_after=&ending_before=&idempotency_key=`, nothing else): how a client that
+/// lost the answer to its call, and can no longer repeat it, finds what the call made.
+#[derive(Debug)]
+pub struct KeyedPageQuery {
+    pub page: PageRequest,
+    pub idempotency_key: Option<IdempotencyKey>,
+}
+
+/// The query string of a [`KeyedPageQuery`].
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyedListParams {
+    limit: Option<i64>,
+    starting_after: Option<String>,
+    ending_before: Option<String>,
+    idempotency_key: Option<String>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyedPageQuery {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        let axum::extract::Query(params) = axum::extract::Query::<KeyedListParams>::try_from_uri(
+            &parts.uri,
+        )
+        .map_err(|rejection| Problem::new(ProblemKind::InvalidRequest, rejection.body_text()))?;
+        let idempotency_key = params
+            .idempotency_key
+            .map(|key| {
+                IdempotencyKey::parse(key.as_bytes()).map_err(|error| {
+                    Problem::new(
+                        ProblemKind::InvalidRequest,
+                        format!("idempotency_key is no idempotency key: {error}."),
+                    )
+                })
+            })
+            .transpose()?;
+        let page = PageRequest::try_from(service::pagination::ListParams::new(
+            params.limit,
+            params.starting_after,
+            params.ending_before,
+        ))?;
+        Ok(Self {
+            page,
+            idempotency_key,
+        })
+    }
+}
+
 /// Proof that the request carried the processor's API key.
 #[derive(Debug)]
 pub struct Authorized;

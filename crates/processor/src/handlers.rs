@@ -18,7 +18,7 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use crate::ProcessorState;
-use crate::extract::{Authorized, Keyed, PageQuery, Path};
+use crate::extract::{Authorized, Keyed, KeyedPageQuery, Path};
 use crate::faults::{Faults, Fraction};
 use crate::model::{
     Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
@@ -150,6 +150,7 @@ async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<C
         payment_method: new.payment_method.as_str().to_owned(),
         decline_code: decline_code.map(str::to_owned),
         amount_refunded: 0,
+        idempotency_key: Some(lease.key().as_str().to_owned()),
         created_at: lease.now(),
     };
     let response = match decline_code {
@@ -278,7 +279,7 @@ pub(crate) async fn get_charge(
         ChargeRow,
         r#"
         SELECT id, amount, currency, status, payment_method, decline_code, amount_refunded,
-               created_at
+               idempotency_key, created_at
         FROM processor_charges
         WHERE id = $1
         "#,
@@ -290,6 +291,34 @@ pub(crate) async fn get_charge(
     Ok(axum::Json(tagged("charge", &row.parse()?)).into_response())
 }
 
+/// Refuses to answer what was made under `key` on `route` while a request under that key is still
+/// making it: the list would say "nothing" and be wrong a moment later.
+async fn still_making(state: &ProcessorState, route: &str, key: &str) -> Result<(), Error> {
+    let scope = format!("{}:{route}", crate::extract::SCOPE_OWNER);
+    let in_progress = sqlx::query_scalar!(
+        r#"
+        SELECT EXISTS (
+            SELECT 1 FROM idempotency_keys
+            WHERE account_id = $1 AND scope = $2 AND idem_key = $3 AND status = 'in_progress'
+        ) AS "in_progress!"
+        "#,
+        crate::extract::SCOPE_OWNER,
+        scope,
+        key,
+    )
+    .fetch_one(&state.pool)
+    .await?;
+    if in_progress {
+        return Err(Problem::new(
+            ProblemKind::IdempotencyKeyInUse,
+            format!("A request under the Idempotency-Key `{key}` is still in progress: ask again."),
+        )
+        .retry_after(Duration::from_secs(1))
+        .into());
+    }
+    Ok(())
+}
+
 /// A page of a list, in Stripe's shape: the list and where it is read.
 #[derive(Serialize)]
 pub(crate) struct Page<T> {
@@ -298,12 +327,22 @@ pub(crate) struct Page<T> {
     pub(crate) url: &'static str,
 }
 
-/// `GET /v1/charges`: newest first, a keyset page at a time.
+/// `GET /v1/charges`: newest first, a keyset page at a time; with `idempotency_key`, only the
+/// charges made under that key (one, or none: a client that lost the answer to its charge, and
+/// can no longer repeat it because the key may have expired here, learns what it made). While a
+/// charge under that key is still being made, 409: the answer would not be final.
 pub(crate) async fn list_charges(
     State(state): State<ProcessorState>,
     _: Authorized,
-    PageQuery(page): PageQuery,
+    KeyedPageQuery {
+        page,
+        idempotency_key,
+    }: KeyedPageQuery,
 ) -> Result<Response, Error> {
+    let key = idempotency_key.as_ref().map(IdempotencyKey::as_str);
+    if let Some(key) = key {
+        still_making(&state, "POST /v1/charges", key).await?;
+    }
     let position = match &page.cursor {
         Cursor::First => None,
         Cursor::After(id) | Cursor::Before(id) if !IdKind::Charge.is(id) => {
@@ -326,15 +365,17 @@ pub(crate) async fn list_charges(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, created_at
+                       amount_refunded, idempotency_key, created_at
                 FROM processor_charges
                 WHERE (created_at, id) > ($1, $2)
+                  AND ($4::text IS NULL OR idempotency_key = $4)
                 ORDER BY created_at, id
                 LIMIT $3
                 "#,
                 after.created_at,
                 after.id,
                 page.fetch(),
+                key,
             )
             .fetch_all(&state.pool)
             .await?
@@ -344,15 +385,17 @@ pub(crate) async fn list_charges(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, created_at
+                       amount_refunded, idempotency_key, created_at
                 FROM processor_charges
                 WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
+                  AND ($4::text IS NULL OR idempotency_key = $4)
                 ORDER BY created_at DESC, id DESC
                 LIMIT $3
                 "#,
                 before.as_ref().map(|position| position.created_at),
                 before.as_ref().map(|position| position.id.as_str()),
                 page.fetch(),
+                key,
             )
             .fetch_all(&state.pool)
             .await?
@@ -460,7 +503,7 @@ async fn refund(
         r#"
         INSERT INTO processor_refunds (id, charge_id, amount, status, idempotency_key, created_at)
         VALUES ($1, $2, $3, 'succeeded', $4, $5)
-        RETURNING id, charge_id, amount, status, created_at
+        RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
         IdKind::Refund.generate(),
         charge,
@@ -480,12 +523,20 @@ async fn refund(
     Ok(Ok(row.parse()?))
 }
 
-/// `GET /v1/refunds`: every refund, newest first, each naming its charge, for reconciliation.
+/// `GET /v1/refunds`: every refund, newest first, each naming its charge, for reconciliation;
+/// with `idempotency_key`, only those made under that key, as for charges.
 pub(crate) async fn list_refunds(
     State(state): State<ProcessorState>,
     _: Authorized,
-    PageQuery(page): PageQuery,
+    KeyedPageQuery {
+        page,
+        idempotency_key,
+    }: KeyedPageQuery,
 ) -> Result<Response, Error> {
+    let key = idempotency_key.as_ref().map(IdempotencyKey::as_str);
+    if let Some(key) = key {
+        still_making(&state, "POST /v1/charges/{id}/refunds", key).await?;
+    }
     let position = match &page.cursor {
         Cursor::First => None,
         Cursor::After(id) | Cursor::Before(id) if !IdKind::Refund.is(id) => {
@@ -507,15 +558,17 @@ pub(crate) async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-                SELECT id, charge_id, amount, status, created_at
+                SELECT id, charge_id, amount, status, idempotency_key, created_at
                 FROM processor_refunds
                 WHERE (created_at, id) > ($1, $2)
+                  AND ($4::text IS NULL OR idempotency_key = $4)
                 ORDER BY created_at, id
                 LIMIT $3
                 "#,
                 after.created_at,
                 after.id,
                 page.fetch(),
+                key,
             )
             .fetch_all(&state.pool)
             .await?
@@ -524,15 +577,17 @@ pub(crate) async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-                SELECT id, charge_id, amount, status, created_at
+                SELECT id, charge_id, amount, status, idempotency_key, created_at
                 FROM processor_refunds
                 WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
+                  AND ($4::text IS NULL OR idempotency_key = $4)
                 ORDER BY created_at DESC, id DESC
                 LIMIT $3
                 "#,
                 before.as_ref().map(|position| position.created_at),
                 before.as_ref().map(|position| position.id.as_str()),
                 page.fetch(),
+                key,
             )
             .fetch_all(&state.pool)
             .await?
@@ -646,7 +701,7 @@ pub(crate) async fn fail_refund(
         r#"
         UPDATE processor_refunds SET status = 'failed'
         WHERE id = $1 AND status = 'succeeded'
-        RETURNING id, charge_id, amount, status, created_at
+        RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
         id,
     )

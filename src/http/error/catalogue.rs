@@ -120,8 +120,22 @@ problem_catalogue! {
             the time within which idempay resumes such a call with the same key of its own \
             (`IDEMPAY_RECOVERY_WINDOW`, shorter than the processor remembers keys) passed. The \
             charge or refund may or may not have been made, so nothing resumes it by itself: an \
-            operator settles it, and this key then answers with the result. Do not retry the \
-            intent under a new key, which could charge twice; there is no `Retry-After`.",
+            operator settles it from the processor's ledger (`idempay keys settle`, \
+            ops/runbooks.md), and this key then answers with the result, replayed: the payment or \
+            refund the processor made, or `processor-made-nothing` if it made none. Do not retry \
+            the intent under a new key, which could charge twice; there is no `Retry-After`, and \
+            retrying this key later (minutes to hours) gets the result once it is settled.",
+    }
+    ProcessorMadeNothing {
+        slug: "processor-made-nothing",
+        status: CONFLICT,
+        title: "The processor made nothing under this request",
+        explanation: "The request's call to the card processor never got a known outcome, and it \
+            was held for an operator (`idempotency-key-held`). The operator settled it from the \
+            processor's ledger (`idempay keys settle`), which holds no charge or refund made under \
+            this request: nothing was charged or refunded. This answer is final: it is stored \
+            with the key and replayed. To try the intent again, send it with a new \
+            Idempotency-Key.",
     }
     PayloadTooLarge {
         slug: "payload-too-large",

@@ -13,6 +13,7 @@ mod forever;
 mod lifecycle;
 mod mechanism;
 mod rebalance;
+mod settle;
 mod suspension;
 mod two_hops;
 mod two_hops_charge;

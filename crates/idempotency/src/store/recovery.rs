@@ -1,6 +1,6 @@
 //! The SQL of the recovery side of the lifecycle: recovery points recorded before a call to another
 //! system and cleared when it certainly did nothing, the recovery job's claims (with their
-//! growing waits), and the holds of keys past the recovery window.
+//! growing waits), the holds of keys past the recovery window, and an operator's settles of them.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{granted_at, millis};
+use super::{KeyStatus, granted_at, millis};
 use crate::{EarlierCalls, RecoveryBounds, RecoveryPoint};
 
 // -------------------------------------------------------------------------------------------
@@ -331,8 +331,10 @@ pub(crate) async fn claim_recoverable_unlocked(
     Ok(claimed)
 }
 
-/// The recovery points of unsettled keys (in progress or held, at a point) that are none of
-/// `known`, with how many keys wait at each.
+/// The recovery points of suspended keys (in progress at a point) that are none of `known`, with
+/// how many keys wait at each. Held keys are not counted: nothing of a build resumes them, so no
+/// build lacks what they need; an operator settles them (a settle by a build that cannot read
+/// their point fails, and leaves them held).
 pub(crate) async fn unresumable(
     pool: &PgPool,
     known: &[String],
@@ -341,7 +343,7 @@ pub(crate) async fn unresumable(
         r#"
         SELECT recovery_point AS "point!", count(*) AS "keys!"
         FROM idempotency_keys
-        WHERE recovery_point IS NOT NULL AND status <> 'completed'
+        WHERE recovery_point IS NOT NULL AND status = 'in_progress'
           AND NOT (recovery_point = ANY($1))
         GROUP BY recovery_point
         ORDER BY recovery_point
@@ -351,4 +353,113 @@ pub(crate) async fn unresumable(
     .fetch_all(pool)
     .await?;
     Ok(rows.into_iter().map(|row| (row.point, row.keys)).collect())
+}
+
+// -------------------------------------------------------------------------------------------
+// Settle: an operator takes a held key, under a lease like any holder's, to complete it from the
+// other system's ledger; a settle that fails hands the key back, held as before.
+// -------------------------------------------------------------------------------------------
+
+/// A held key an operator's settle took: everything the settling work needs, under a new lease.
+pub(crate) struct Claimed {
+    pub key_id: i64,
+    pub now: DateTime<Utc>,
+    pub fingerprint: Vec<u8>,
+    pub recovery: RecoveryPoint,
+}
+
+/// Takes the key `key` of `scope` if it is held, under `token` for a lease's length: one
+/// conditional update, so of two settles (or a settle and anything else) at most one wins it. The
+/// key stays past the recovery window, so no retry takes it over, and the recovery job never
+/// claims it: if this settle dies, its lease runs out and the job's [`hold_overdue`] holds it again.
+pub(crate) async fn claim_held(
+    pool: &PgPool,
+    owner: &str,
+    scope: &str,
+    key: &str,
+    token: Uuid,
+    lease: Duration,
+) -> Result<Option<Claimed>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+        SET status = 'in_progress', lock_token = $4,
+            locked_until = now() + $5::bigint * interval '1 millisecond',
+            takeovers = takeovers + 1
+        WHERE account_id = $1 AND scope = $2 AND idem_key = $3 AND status = 'held'
+        RETURNING id, locked_until AS "locked_until!", request_hash,
+                  recovery_point AS "recovery_point!", recovery_state AS "recovery_state!",
+                  downstream_key AS "downstream_key!"
+        "#,
+        owner,
+        scope,
+        key,
+        token,
+        millis(lease),
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|row| Claimed {
+        key_id: row.id,
+        now: granted_at(row.locked_until, lease),
+        fingerprint: row.request_hash,
+        recovery: RecoveryPoint {
+            name: row.recovery_point,
+            state: row.recovery_state,
+            downstream_key: row.downstream_key,
+            // Held: calls with the downstream key may have reached the other system.
+            earlier_calls: EarlierCalls::Possible,
+        },
+    }))
+}
+
+/// Holds again a key a settle took under `token` and could not complete (the other system did not
+/// answer, say): as it was, for the next settle. `false` when the key is no longer under that
+/// token (it completed, or the settle's lease ran out and the recovery job held it already).
+pub(crate) async fn hand_back(
+    pool: &PgPool,
+    owner: &str,
+    key_id: i64,
+    token: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let held = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+        SET status = 'held', lock_token = NULL, locked_until = NULL,
+            held_at = COALESCE(held_at, now())
+        WHERE account_id = $1 AND id = $2 AND lock_token = $3 AND status = 'in_progress'
+        "#,
+        owner,
+        key_id,
+        token,
+    )
+    .execute(pool)
+    .await?;
+    Ok(held.rows_affected() > 0)
+}
+
+/// The state of `key` on each of `scopes` that has it: for a settle to say what it found.
+pub(crate) async fn key_states(
+    pool: &PgPool,
+    owner: &str,
+    scopes: &[String],
+    key: &str,
+) -> Result<Vec<(String, KeyStatus)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT scope, status AS "status: KeyStatus"
+        FROM idempotency_keys
+        WHERE account_id = $1 AND scope = ANY($2) AND idem_key = $3
+        ORDER BY scope
+        "#,
+        owner,
+        scopes,
+        key,
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.scope, row.status))
+        .collect())
 }

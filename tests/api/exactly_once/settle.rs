@@ -1,0 +1,376 @@
+//! The way out of a held key: `idempay keys settle` reads the processor's ledger under the key's
+//! downstream key and completes the key with the answer its first request would have had, or, when
+//! the processor made nothing, with a final `processor-made-nothing`; the client's retry then gets
+//! it, replayed. Before it, a held key answered 409 forever: the customer charged, no payment, the
+//! key never expiring.
+//!
+//! Each scenario leaves a key held as an operator finds it: the processor made the charge (or
+//! refund) and its answer was lost, or it failed before making anything; the recovery window
+//! passed; the processor is healthy again.
+
+use std::time::Duration;
+
+use ::processor::{Fraction, ProcessorSettings};
+use idempay::config::Settings;
+use idempay_test_macros::api_test;
+
+use super::two_hops::{
+    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
+};
+use crate::processor::{self, API_KEY, TestProcessor};
+use crate::support::helpers::{TestApp, new_key, payment};
+use crate::support::instance::idempay;
+
+/// The recovery window of these scenarios: long enough for the first request's attempts (the
+/// processor's timeout is short), short enough to wait out.
+const WINDOW: Duration = Duration::from_secs(2);
+
+fn settings() -> Settings {
+    let mut settings = Settings {
+        recovery_window: WINDOW,
+        ..Settings::default()
+    };
+    settings.processor.timeout = Duration::from_millis(300);
+    settings
+}
+
+/// A processor slower than idempay waits: the charge or refund is made after idempay gave up on
+/// every attempt, so its outcome is unknown to idempay.
+fn losing_answers() -> ProcessorSettings {
+    faulty(|s| s.faults.latency = Duration::from_secs(1))
+}
+
+fn failing() -> ProcessorSettings {
+    faulty(|s| s.faults.fail = Fraction::ALWAYS)
+}
+
+/// Replaces the processor by one with `settings` on the same port and database.
+async fn replace(app: &TestApp, old: TestProcessor, settings: ProcessorSettings) -> TestProcessor {
+    let port = port_of(&old);
+    old.stop();
+    TestProcessor::beside_on(app, settings, rebind(port).await).await
+}
+
+/// Waits out the recovery window, after which the key's retry finds it held.
+async fn past_the_window() {
+    tokio::time::sleep(WINDOW + Duration::from_millis(300)).await;
+}
+
+/// The retry's answer: held for an operator, and the key row says so.
+async fn assert_held(app: &TestApp, key: &str, retry: crate::support::helpers::TestResponse) {
+    retry.assert_problem(409, "idempotency-key-held");
+    let (status, _, _) = key_row(app, key).await.expect("kept");
+    assert_eq!(status, "held");
+}
+
+/// `idempay keys settle KEY --account …` run as an operator runs it, against `processor`.
+async fn settle(app: &TestApp, processor: &TestProcessor, key: &str) -> std::process::Output {
+    idempay(
+        &["keys", "settle", key, "--account", &app.account_id],
+        &[
+            ("DATABASE_URL", &app.database_url()),
+            ("IDEMPAY_PROCESSOR_URL", &processor.address),
+            ("IDEMPAY_PROCESSOR_API_KEY", API_KEY),
+        ],
+    )
+    .await
+}
+
+fn stdout(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The recovery state's payment or refund id: what the key chose before the call.
+async fn chosen(app: &TestApp, key: &str, member: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT recovery_state ->> $2 FROM idempotency_keys
+         WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'",
+    )
+    .bind(key)
+    .bind(member)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+/// The processor charged and its answer was lost; the key was held. The settle records the
+/// payment under the id the key chose, from the processor's charge under its downstream key, and
+/// the client's retry gets the 201 the first request would have had, replayed. A second settle
+/// changes nothing; a recovery job running beside it never touches the key.
+#[api_test]
+async fn a_held_charge_is_settled_from_the_processors_ledger_and_its_retry_gets_the_payment() {
+    let (app, losing) = idempay_and_processor(settings(), losing_answers()).await;
+    let key = new_key();
+    app.post_payment(&key, &payment(4200))
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_eq!(losing.count("processor_charges").await, 1, "charged");
+    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    let processor = replace(&app, losing, processor::settings()).await;
+    let payment_id = chosen(&app, &key, "payment").await;
+    // The recovery job of another instance runs beside the settle, every 100 ms.
+    let _recovering = app
+        .another_instance(Settings {
+            recovery_interval: Duration::from_millis(100),
+            ..linked_to(&processor.address, settings())
+        })
+        .await;
+    // Inspection shows the operator what is at stake: the state names the chosen payment.
+    let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await.json();
+    assert_eq!(
+        inspected["uses"][0]["recovery_state"]["payment"], payment_id,
+        "{inspected}"
+    );
+
+    let settled = settle(&app, &processor, &key).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    assert_eq!(
+        stdout(&settled),
+        format!(
+            "POST /v1/payments: settled: the key now answers 201 (/v1/payments/{payment_id})\n"
+        )
+    );
+    let retry = app.post_payment(&key, &payment(4200)).await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(retry.replayed(), "the first request's answer, replayed");
+    let body = retry.json();
+    assert_eq!(body["id"], payment_id);
+    let (charge,): (String,) = sqlx::query_as("SELECT id FROM processor_charges")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(body["charge"], charge);
+    assert_eq!(
+        retry.header("location"),
+        Some(format!("/v1/payments/{payment_id}").as_str())
+    );
+    // Its event, as any payment's.
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM events
+         WHERE type = 'payment.succeeded'
+           AND convert_from(body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id' = $1",
+    )
+    .bind(&payment_id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(events, 1);
+    assert_ledgers_agree(&app, &processor, 1).await;
+
+    let again = settle(&app, &processor, &key).await;
+    assert!(again.status.success(), "{again:?}");
+    assert_eq!(
+        stdout(&again),
+        "POST /v1/payments: already completed: nothing to settle\n"
+    );
+    assert_eq!(processor.count("processor_charges").await, 1);
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+/// The processor failed before charging, every time; the key was held. The settle finds nothing
+/// under its downstream key and completes it with `processor-made-nothing`, final and replayed:
+/// the client learns that nothing was charged and that only a new key tries again.
+#[api_test]
+async fn a_held_charge_the_processor_never_made_completes_with_a_final_nothing_made() {
+    let (app, failing) = idempay_and_processor(settings(), failing()).await;
+    let key = new_key();
+    app.post_payment(&key, &payment(4200))
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    let processor = replace(&app, failing, processor::settings()).await;
+
+    let settled = settle(&app, &processor, &key).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    assert_eq!(
+        stdout(&settled),
+        "POST /v1/payments: settled: the key now answers 409\n"
+    );
+    let retry = app.post_payment(&key, &payment(4200)).await;
+    retry.assert_problem(409, "processor-made-nothing");
+    assert!(retry.replayed());
+    assert_eq!(retry.header("retry-after"), None, "final");
+    assert_eq!(processor.count("processor_charges").await, 0);
+    assert_ledgers_agree(&app, &processor, 0).await;
+    // A new key tries the intent again, and pays.
+    let paid = app.post_payment(&new_key(), &payment(4200)).await;
+    assert_eq!(paid.status, 201);
+}
+
+/// A settle that cannot reach the processor changes nothing: the key is handed back, held, and
+/// the command fails; once the processor answers, the same command settles it.
+#[api_test]
+async fn a_settle_that_cannot_ask_the_processor_leaves_the_key_held() {
+    let (app, losing) = idempay_and_processor(settings(), losing_answers()).await;
+    let key = new_key();
+    app.post_payment(&key, &payment(4200))
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    let port = port_of(&losing);
+    losing.stop();
+
+    let unreachable = settle(&app, &losing, &key).await;
+
+    assert_eq!(unreachable.status.code(), Some(1), "{unreachable:?}");
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(
+        stderr.contains("asking the processor for the charge under idk_"),
+        "{stderr}"
+    );
+    let (status, _, _) = key_row(&app, &key).await.expect("kept");
+    assert_eq!(status, "held", "handed back");
+    app.post_payment(&key, &payment(4200))
+        .await
+        .assert_problem(409, "idempotency-key-held");
+
+    let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
+    let settled = settle(&app, &processor, &key).await;
+    assert!(settled.status.success(), "{settled:?}");
+    assert_eq!(app.post_payment(&key, &payment(4200)).await.status, 201);
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+/// Refunds alike: the processor refunded and the answer was lost; the key was held; the settle
+/// records the refund under the id the key chose, and the retry gets the 201.
+#[api_test]
+async fn a_held_refund_is_settled_from_the_processors_ledger() {
+    let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
+    let paid = app.post_payment(&new_key(), &payment(4200)).await;
+    assert_eq!(paid.status, 201);
+    let payment_id = paid.json()["id"].as_str().unwrap().to_owned();
+    let losing = replace(&app, healthy, losing_answers()).await;
+    let key = new_key();
+    let refund = serde_json::json!({ "amount": 1500 });
+    app.post_refund(&payment_id, &key, &refund)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_eq!(losing.count("processor_refunds").await, 1, "refunded");
+    assert_held(
+        &app,
+        &key,
+        app.post_refund(&payment_id, &key, &refund).await,
+    )
+    .await;
+    let processor = replace(&app, losing, processor::settings()).await;
+    let refund_id = chosen(&app, &key, "refund").await;
+
+    let settled = settle(&app, &processor, &key).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    assert_eq!(
+        stdout(&settled),
+        format!(
+            "POST /v1/payments/{{id}}/refunds: settled: the key now answers 201 (/v1/refunds/{refund_id})\n"
+        )
+    );
+    let retry = app.post_refund(&payment_id, &key, &refund).await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["id"], refund_id);
+    let payment = app.get(&format!("/v1/payments/{payment_id}")).await.json();
+    assert_eq!(payment["amount_refunded"], 1500);
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+/// A refund the processor failed before making: settled as nothing refunded, and the payment is
+/// whole.
+#[api_test]
+async fn a_held_refund_the_processor_never_made_completes_with_a_final_nothing_made() {
+    let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
+    let paid = app.post_payment(&new_key(), &payment(4200)).await;
+    let payment_id = paid.json()["id"].as_str().unwrap().to_owned();
+    let failing = replace(&app, healthy, failing()).await;
+    let key = new_key();
+    let refund = serde_json::json!({ "amount": 1500 });
+    app.post_refund(&payment_id, &key, &refund)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(
+        &app,
+        &key,
+        app.post_refund(&payment_id, &key, &refund).await,
+    )
+    .await;
+    let processor = replace(&app, failing, processor::settings()).await;
+
+    let settled = settle(&app, &processor, &key).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    let retry = app.post_refund(&payment_id, &key, &refund).await;
+    retry.assert_problem(409, "processor-made-nothing");
+    assert!(retry.replayed());
+    let payment = app.get(&format!("/v1/payments/{payment_id}")).await.json();
+    assert_eq!(payment["amount_refunded"], 0);
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+/// The processor's side of a settle: its charges are found by the key they were made under, and
+/// a key it is still charging under is answered 409, not "nothing".
+#[api_test]
+async fn the_processor_lists_the_charges_made_under_an_idempotency_key() {
+    let processor = TestProcessor::spawn().await;
+    let made = processor
+        .charge("settle-key-1", &processor::charge(700, "pm_card_visa"))
+        .await;
+    assert_eq!(made.status, 201);
+    processor
+        .charge("settle-key-2", &processor::charge(800, "pm_card_visa"))
+        .await;
+
+    let found = processor
+        .get("/v1/charges?idempotency_key=settle-key-1")
+        .await;
+    assert_eq!(found.status, 200);
+    let found = found.json();
+    assert_eq!(found["data"].as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found["data"][0]["id"], made.json()["id"]);
+    assert_eq!(found["data"][0]["idempotency_key"], "settle-key-1");
+    let none = processor
+        .get("/v1/charges?idempotency_key=never-used")
+        .await
+        .json();
+    assert_eq!(none["data"].as_array().unwrap().len(), 0);
+    let refunds = processor
+        .get("/v1/refunds?idempotency_key=settle-key-1")
+        .await
+        .json();
+    assert_eq!(refunds["data"].as_array().unwrap().len(), 0);
+
+    let invalid = processor.get("/v1/charges?idempotency_key=").await;
+    assert_eq!(invalid.status, 400);
+    let unknown = processor.get("/v1/charges?key=settle-key-1").await;
+    assert_eq!(unknown.status, 400);
+
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status,
+                                       lock_token, locked_until, expires_at)
+         VALUES ('processor', 'processor:POST /v1/charges', 'settle-key-3', sha256('x'),
+                 'in_progress', gen_random_uuid(), now() + interval '1 minute',
+                 now() + interval '1 day')",
+    )
+    .execute(&processor.db)
+    .await
+    .unwrap();
+    let busy = processor
+        .get("/v1/charges?idempotency_key=settle-key-3")
+        .await;
+    assert_eq!(busy.status, 409);
+}
