@@ -132,8 +132,9 @@ pub enum KeysCommand {
         account: String,
         #[command(flatten)]
         database: DatabaseArgs,
+        /// Boxed: the other command of the group is small.
         #[command(flatten)]
-        settings: Settings,
+        settings: Box<Settings>,
     },
     /// Prints what became of a key: one block per route it was used on.
     #[cfg(feature = "dev")]

@@ -1,4 +1,4 @@
-//! 7. Settle: a held key is not an end state but a handover. An operator asks the other system's
+//! Step 7 of the lifecycle, settle: a held key is not an end state but a handover. An operator asks the other system's
 //! ledger what the call under the key's downstream key made (a read, never the call again: the
 //! other system may have forgotten the key, and would act a second time), and the key completes
 //! with the answer its first request would have had, in one transaction fenced like any holder's.
