@@ -244,6 +244,7 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
                 "{webhook_retry_schedule}",
                 &settings.shared.webhook_retry_schedule.to_string(),
             )
+            .replace("{max_parked}", &webhooks::parked::MAX_PARKED.to_string())
             .replace(
                 "{webhook_jitter}",
                 &format!("±{}%", service::outbox::JITTER * 100.0),
@@ -252,7 +253,7 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
 }
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
-/// recovery job, the listener that tells the account cache of API key changes, the loop that
+/// recovery job, the sweep of parked webhooks, the listener that tells the account cache of API key changes, the loop that
 /// delivers events to merchant endpoints and, when no processor URL is configured, the embedded
 /// processor. More routes may be served beside the API ([`Application::with_routes_beside`]: the
 /// dev tools' checkout page, when `IDEMPAY_DEMO_UI` is on).
@@ -301,6 +302,10 @@ impl Application {
                 (client, Some(embedded))
             }
         };
+        // The events that came before the objects they name wait in the intake's park until a
+        // recording of those objects applies them.
+        let client =
+            client.when_recorded(webhooks::parked::when_recorded(pool.clone(), settings.event_ttl));
         #[cfg(not(feature = "dev"))]
         anyhow::ensure!(
             !settings.demo_ui,
@@ -387,6 +392,15 @@ impl Application {
                 "recovery",
                 recovery::spawn(
                     self.state.idempotency.clone(),
+                    self.settings.recovery_interval,
+                    stop.clone(),
+                ),
+            ),
+            watch(
+                "parked-webhooks",
+                webhooks::parked::spawn(
+                    self.state.pool.clone(),
+                    self.settings.event_ttl,
                     self.settings.recovery_interval,
                     stop.clone(),
                 ),

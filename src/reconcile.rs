@@ -7,7 +7,8 @@
 //! [`reconcile`] reads both ledgers once, then compares them one section at a time (payments with
 //! charges, refunds, disputes), each section a function adding its differences: another check is
 //! another section. A key held for an operator (its call to the processor unsettled past the
-//! recovery window) is a difference too: the ledgers cannot agree until someone settles it.
+//! recovery window) is a difference too: the ledgers cannot agree until someone settles it; and so
+//! is a processor's event parked for an object idempay has not recorded.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -20,6 +21,7 @@ use crate::config::ProcessorLink;
 use crate::downstream::ProcessorClient;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
+use crate::webhooks;
 use processor::{
     Charge, ChargeStatus, Dispute, Processor, ProcessorApiKey, ProcessorRefund, ProcessorSettings,
     RefundStatus,
@@ -92,6 +94,14 @@ pub enum Difference {
         downstream_key: Option<String>,
         since: chrono::DateTime<chrono::Utc>,
     },
+    /// A processor's event about a charge or refund that idempay has not recorded, kept since
+    /// `since` to be applied once it is: one whose object is never recorded waits for good.
+    EventParked {
+        event: String,
+        kind: String,
+        object: String,
+        since: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 impl fmt::Display for Difference {
@@ -144,6 +154,17 @@ impl fmt::Display for Difference {
                  with downstream key {} has no known outcome",
                 since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 downstream_key.as_deref().unwrap_or("(none)"),
+            ),
+            Self::EventParked {
+                event,
+                kind,
+                object,
+                since,
+            } => write!(
+                f,
+                "event {event} ({kind}) parked since {}: waits for {object}, which idempay has \
+                 not recorded",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             ),
         }
     }
@@ -328,6 +349,13 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
         key: key.idem_key,
         downstream_key: key.downstream_key,
         since: key.held_at,
+    }));
+    let parked = webhooks::parked::waiting(pool).await?;
+    differences.extend(parked.into_iter().map(|event| Difference::EventParked {
+        event: event.id,
+        kind: event.kind,
+        object: event.object,
+        since: event.received_at,
     }));
     Ok(Report {
         charges: theirs.charges.len(),

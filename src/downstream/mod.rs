@@ -6,4 +6,4 @@
 pub mod call;
 pub mod client;
 
-pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
+pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal, WhenRecorded};
