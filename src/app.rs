@@ -304,8 +304,10 @@ impl Application {
         };
         // The events that came before the objects they name wait in the intake's park until a
         // recording of those objects applies them.
-        let client =
-            client.when_recorded(webhooks::parked::when_recorded(pool.clone(), settings.event_ttl));
+        let client = client.when_recorded(webhooks::parked::when_recorded(
+            pool.clone(),
+            settings.event_ttl,
+        ));
         #[cfg(not(feature = "dev"))]
         anyhow::ensure!(
             !settings.demo_ui,

@@ -122,7 +122,7 @@ pub struct Acknowledgement {
     responses(
         (status = 200, description = "The event was applied, ignored, already processed, stale, recorded for review, or parked until its object is recorded.",
             body = Acknowledgement, content_type = "application/json"),
-        (status = 409, description = "The event names a charge or refund of the processor's that idempay has not recorded yet, and {max_parked} events already wait (`webhook-object-not-recorded`); nothing was applied or recorded: deliver it again.",
+        (status = 409, description = "The event names a charge or refund of the processor's that idempay has not recorded yet, and {max_parked} events of its account (or of no known account) already wait (`webhook-object-not-recorded`); nothing was applied or recorded: deliver it again.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = i64, description = "Seconds to wait before delivering again."))),
         (status = 400, description = "The timestamp is more than {webhook_tolerance} away (`webhook-timestamp-out-of-range`); a header is missing or malformed, `webhook-signature` has more than {max_signatures} entries, or the body is not UTF-8 or no event envelope (`invalid-request`).",
@@ -267,6 +267,15 @@ async fn process(
             .await?;
             tx.commit().await?;
             tracing::info!(event = %id, kind = %envelope.kind, object = %not_recorded.object, "webhook parked: its object is not recorded yet");
+            // The object may have been recorded while this transaction ran, and its recorder have
+            // looked for parked events before this one committed: looked for again now, one of
+            // the two sees the other. (An error leaves it to the sweep.)
+            if outcome == Outcome::Parked {
+                let object = &not_recorded.object;
+                if let Err(error) = parked::apply_waiting(pool, engine, ttl, object).await {
+                    tracing::warn!(%error, object, "parked events not applied; the sweep will");
+                }
+            }
             return Ok(Ok(outcome));
         }
     };

@@ -7,8 +7,10 @@
 //!
 //! - right after the recording, by whoever recorded it (`downstream::call::record` runs
 //!   [`when_recorded`]);
-//! - by the [`spawn`]ed sweep, for an event parked while its object's recording committed (each
-//!   transaction saw the other not yet), or whose recorder died before applying it.
+//! - right after the parking, by the intake, for an object recorded while the event was being
+//!   parked: the recording's look for parked events may have come before the parking committed,
+//!   but then the intake's look comes after the recording committed;
+//! - by the [`spawn`]ed sweep, for an event whose recorder or intake died before applying it.
 //!
 //! Each application takes its event's `processed_events` row, then deletes its parked row, in the
 //! transaction that applies it: two appliers of one event take turns, and the second finds it gone.
@@ -58,7 +60,10 @@ pub(super) async fn park(
 ) -> Result<Parking, sqlx::Error> {
     // Every event of the processor names its charge, a refund's event too: when that charge is
     // recorded, the account is known.
-    let charge = envelope.data.get("charge").and_then(|charge| charge.as_str());
+    let charge = envelope
+        .data
+        .get("charge")
+        .and_then(|charge| charge.as_str());
     let account = match charge {
         Some(charge) => {
             sqlx::query_scalar!(
@@ -83,7 +88,12 @@ pub(super) async fn park(
     .fetch_one(&mut *conn)
     .await?;
     if parked >= MAX_PARKED {
-        tracing::warn!(event = id, account, parked, "parked events at their bound: refused");
+        tracing::warn!(
+            event = id,
+            account,
+            parked,
+            "parked events at their bound: refused"
+        );
         return Ok(Parking::Full);
     }
     let inserted = sqlx::query_scalar!(
@@ -115,7 +125,8 @@ pub fn when_recorded(pool: PgPool, ttl: Duration) -> WhenRecorded {
     WhenRecorded::new(move |object| {
         let (pool, engine) = (pool.clone(), engine.clone());
         async move {
-            let applied = async { apply_waiting(&pool, engine.get(&pool).await?, ttl, &object).await };
+            let applied =
+                async { apply_waiting(&pool, engine.get(&pool).await?, ttl, &object).await };
             if let Err(error) = applied.await {
                 tracing::warn!(%error, object, "parked events not applied; the sweep will");
             }
@@ -124,8 +135,8 @@ pub fn when_recorded(pool: PgPool, ttl: Duration) -> WhenRecorded {
 }
 
 /// Applies the events parked for `object`, oldest first, each in its own transaction; how many
-/// were applied now.
-async fn apply_waiting(
+/// were applied now (none while the object is not recorded).
+pub(super) async fn apply_waiting(
     pool: &PgPool,
     engine: Engine,
     ttl: Duration,
@@ -173,12 +184,10 @@ async fn apply(
     )
     .fetch_one(&mut *tx)
     .await?;
-    let Some(body) = sqlx::query_scalar!(
-        "DELETE FROM parked_events WHERE id = $1 RETURNING body",
-        id
-    )
-    .fetch_optional(&mut *tx)
-    .await?
+    let Some(body) =
+        sqlx::query_scalar!("DELETE FROM parked_events WHERE id = $1 RETURNING body", id)
+            .fetch_optional(&mut *tx)
+            .await?
     else {
         tx.rollback().await?;
         return Ok(false);
