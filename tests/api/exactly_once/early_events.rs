@@ -271,12 +271,13 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_parked_t
 }
 
 /// The client never retries: the recovery job records the payment, and the dispute parked before
-/// it is applied then, once.
+/// it is applied then, once. The job runs on another instance, started once the event is parked, so
+/// that the event surely comes first.
 #[api_test]
 async fn a_dispute_parked_before_its_payment_is_applied_once_the_recovery_job_records_it() {
     let (settings, slow) = slower_than_idempay_waits();
     let (app, processor, _) =
-        delivering_events(settings, slow, patiently(), Duration::from_millis(300)).await;
+        delivering_events(settings, slow, patiently(), NOT_WITHIN_THE_TEST).await;
     let (_, charge, dispute) = a_dispute_before_its_payment(&app, &processor, 1500).await;
     wait_until("the dispute's event is acknowledged", || async {
         delivery_naming(&app, &dispute)
@@ -284,7 +285,20 @@ async fn a_dispute_parked_before_its_payment_is_applied_once_the_recovery_job_re
             .is_some_and(|(_, _, _, acknowledged)| acknowledged)
     })
     .await;
+    let (event, _, _, _) = delivery_naming(&app, &dispute).await.unwrap();
+    assert_eq!(processed(&app, &event).await.as_deref(), Some("parked"));
+    assert_eq!(
+        app.payment_count().await,
+        0,
+        "the payment is not recorded yet"
+    );
 
+    let _recovering = app
+        .another_instance(Settings {
+            recovery_interval: Duration::from_millis(100),
+            ..linked_to(&processor.address, Settings::default())
+        })
+        .await;
     wait_until("the recovery job records the payment", || async {
         app.payment_count().await == 1
     })
@@ -294,11 +308,11 @@ async fn a_dispute_parked_before_its_payment_is_applied_once_the_recovery_job_re
         .fetch_one(&app.db)
         .await
         .unwrap();
-    wait_until("the parked dispute is applied", || async {
+    wait_until("the parked events are applied", || async {
         parked(&app).await.is_empty()
     })
     .await;
-    let (event, attempts, _, _) = delivery_naming(&app, &dispute).await.unwrap();
+    let (_, attempts, _, _) = delivery_naming(&app, &dispute).await.unwrap();
     assert_eq!(attempts, 1, "the sender delivered it once");
     assert_eq!(processed(&app, &event).await.as_deref(), Some("applied"));
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
