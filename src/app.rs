@@ -180,6 +180,7 @@ impl Figures {
             max_signatures: service::outbox::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
             max_webhook_endpoints: webhooks::endpoints::MAX_ENDPOINTS,
+            max_parked: webhooks::parked::MAX_PARKED,
             rate_limit: settings.rate_limit,
         }
     }
@@ -244,7 +245,6 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
                 "{webhook_retry_schedule}",
                 &settings.shared.webhook_retry_schedule.to_string(),
             )
-            .replace("{max_parked}", &webhooks::parked::MAX_PARKED.to_string())
             .replace(
                 "{webhook_jitter}",
                 &format!("±{}%", service::outbox::JITTER * 100.0),
