@@ -25,9 +25,11 @@ CREATE INDEX parked_events_object ON parked_events (object);
 -- The count of an account's parked events, taken before one more is parked.
 CREATE INDEX parked_events_account ON parked_events (account_id);
 
--- 'parked': received and kept until its object is recorded. NOT VALID: every row holds one of the
--- outcomes the narrower check allowed, so there is nothing to validate, and the new check takes
--- effect for new rows without scanning the table under its lock.
+-- 'parked': received and kept until its object is recorded. The check is widened, so dropping the
+-- narrower one removes nothing the previous release relies on (it never writes 'parked' and reads
+-- no outcome). NOT VALID: every row holds one of the outcomes the narrower check allowed, so there
+-- is nothing to validate, and the new check takes effect for new rows without scanning the table
+-- under its lock.
 ALTER TABLE processed_events
     DROP CONSTRAINT processed_events_outcome_check,
     ADD CONSTRAINT processed_events_outcome_check
