@@ -180,6 +180,7 @@ impl Figures {
             max_signatures: service::outbox::MAX_SIGNATURES,
             max_key_len: MAX_KEY_LEN,
             max_webhook_endpoints: webhooks::endpoints::MAX_ENDPOINTS,
+            max_parked: webhooks::parked::MAX_PARKED,
             rate_limit: settings.rate_limit,
         }
     }
@@ -252,7 +253,7 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
 }
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the
-/// recovery job, the listener that tells the account cache of API key changes, the loop that
+/// recovery job, the sweep of parked webhooks, the listener that tells the account cache of API key changes, the loop that
 /// delivers events to merchant endpoints and, when no processor URL is configured, the embedded
 /// processor. More routes may be served beside the API ([`Application::with_routes_beside`]: the
 /// dev tools' checkout page, when `IDEMPAY_DEMO_UI` is on).
@@ -301,6 +302,12 @@ impl Application {
                 (client, Some(embedded))
             }
         };
+        // The events that came before the objects they name wait in the intake's park until a
+        // recording of those objects applies them.
+        let client = client.when_recorded(webhooks::parked::when_recorded(
+            pool.clone(),
+            settings.event_ttl,
+        ));
         #[cfg(not(feature = "dev"))]
         anyhow::ensure!(
             !settings.demo_ui,
@@ -387,6 +394,15 @@ impl Application {
                 "recovery",
                 recovery::spawn(
                     self.state.idempotency.clone(),
+                    self.settings.recovery_interval,
+                    stop.clone(),
+                ),
+            ),
+            watch(
+                "parked-webhooks",
+                webhooks::parked::spawn(
+                    self.state.pool.clone(),
+                    self.settings.event_ttl,
                     self.settings.recovery_interval,
                     stop.clone(),
                 ),

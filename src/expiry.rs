@@ -1,6 +1,9 @@
 //! What idempay's expiry job deletes (the job itself is `service::sweeps`): expired
 //! idempotency keys and processed webhook event ids, and the merchants' events and their webhook
-//! deliveries (with their attempts) past their retention.
+//! deliveries (with their attempts) past their retention. Not parked webhook events: one whose
+//! object is never recorded is a difference `idempay reconcile` shows, not something to forget
+//! (`webhooks/parked.rs`); a parked event's processed id that expires is recorded again when it
+//! is applied.
 
 use std::time::Duration;
 

@@ -7,7 +7,8 @@
 //! [`reconcile`] reads both ledgers once, then compares them one section at a time (payments with
 //! charges, refunds, disputes), each section a function adding its differences: another check is
 //! another section. A key held for an operator (its call to the processor unsettled past the
-//! recovery window) is a difference too: the ledgers cannot agree until someone settles it.
+//! recovery window) is a difference too: the ledgers cannot agree until someone settles it; and so
+//! is a processor's event parked for an object idempay has not recorded.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -19,6 +20,7 @@ use crate::downstream::ProcessorClient;
 use crate::downstream::link::Linked;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
+use crate::webhooks;
 use processor::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
 use service::vocabulary::stored;
 
@@ -68,6 +70,14 @@ pub enum Difference {
         scope: String,
         key: String,
         downstream_key: Option<String>,
+        since: chrono::DateTime<chrono::Utc>,
+    },
+    /// A processor's event about a charge or refund that idempay has not recorded, kept since
+    /// `since` to be applied once it is: one whose object is never recorded waits for good.
+    EventParked {
+        event: String,
+        kind: String,
+        object: String,
         since: chrono::DateTime<chrono::Utc>,
     },
 }
@@ -126,6 +136,17 @@ impl fmt::Display for Difference {
                 scope
                     .split_once(':')
                     .map_or(scope.as_str(), |(account, _)| account),
+            ),
+            Self::EventParked {
+                event,
+                kind,
+                object,
+                since,
+            } => write!(
+                f,
+                "event {event} ({kind}) parked since {}: waits for {object}, which idempay has \
+                 not recorded",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             ),
         }
     }
@@ -310,6 +331,13 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
         key: key.idem_key,
         downstream_key: key.downstream_key,
         since: key.held_at,
+    }));
+    let parked = webhooks::parked::waiting(pool).await?;
+    differences.extend(parked.into_iter().map(|event| Difference::EventParked {
+        event: event.id,
+        kind: event.kind,
+        object: event.object,
+        since: event.received_at,
     }));
     Ok(Report {
         charges: theirs.charges.len(),

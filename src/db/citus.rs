@@ -9,7 +9,7 @@
 //! co-located on `account_id`: the shards that hold one account's key, payment, refunds, events
 //! and deliveries are on the same node, so each request's statements run on that one node and its
 //! transaction commits there, without a two-phase commit. The processor's tables and the record of
-//! processed webhooks stay on the coordinator: they are not per account (the processor stands for
+//! processed (and parked) webhooks stay on the coordinator: they are not per account (the processor stands for
 //! another company's system, best given a database of its own).
 //!
 //! The calls are Citus functions, which a plain PostgreSQL does not have: they are built at run

@@ -35,7 +35,8 @@ pub trait ProcessorCall: Serialize + DeserializeOwned + Send + Sync + 'static {
         downstream_key: &str,
     ) -> impl Future<Output = Outcome<Self::Answer>> + Send;
 
-    /// Records the processor's answer and completes the key.
+    /// Records the processor's answer and completes the key. Called through [`record`], which
+    /// applies what waited for the answer's object afterwards.
     fn record(
         self,
         lease: Lease,
@@ -51,6 +52,10 @@ pub trait ProcessorCall: Serialize + DeserializeOwned + Send + Sync + 'static {
         processor: &ProcessorClient,
         downstream_key: &str,
     ) -> impl Future<Output = anyhow::Result<Option<Self::Answer>>> + Send;
+
+    /// The processor's id of what it made (a charge `ch_…`, a refund `pyr_…`): the object its
+    /// events name.
+    fn object(answer: &Self::Answer) -> &str;
 
     /// A refusal by the processor that is the call's result, stored and replayed like one, rather
     /// than an outage the key is released after: none, unless the call says otherwise.
@@ -144,7 +149,7 @@ pub async fn settle_held<C: ProcessorCall>(
             )
         })?;
     match made {
-        Some(answer) => call.record(lease, answer).await,
+        Some(answer) => record(&processor, lease, call, answer).await,
         None => refuse(lease, &client::nothing_made_problem(C::WHAT)).await,
     }
 }
@@ -183,7 +188,7 @@ async fn settle<C: ProcessorCall>(
         call.send(&processor, &downstream_key)
     });
     match outcome.await {
-        Outcome::Done(answer) => call.record(lease, answer).await,
+        Outcome::Done(answer) => record(&processor, lease, call, answer).await,
         Outcome::NotDone(refusal) => {
             if let Some(result) = call.refusal_as_result(&refusal) {
                 return refuse(lease, &result).await;
@@ -203,9 +208,28 @@ async fn settle<C: ProcessorCall>(
     }
 }
 
+/// Records the processor's answer with the call's own [`ProcessorCall::record`] and, once that
+/// committed, applies the processor's events that arrived about its object before (kept by the
+/// intake, see [`ProcessorClient::recorded`]). Every recording of an answer comes here: a fresh
+/// request's, a retry's, the recovery job's and an operator's settling of a held key. One that
+/// fails to apply them (or whose instance dies first) leaves them to the intake's sweep.
+pub async fn record<C: ProcessorCall>(
+    processor: &ProcessorClient,
+    lease: Lease,
+    call: C,
+    answer: C::Answer,
+) -> Result<Completion, ApiError> {
+    let object = C::object(&answer).to_owned();
+    let completion = call.record(lease, answer).await?;
+    if completion.committed() {
+        processor.recorded(&object).await;
+    }
+    Ok(completion)
+}
+
 /// Registers a call's resumer from the call's type: its point, its [`resume`] and its
-/// [`settle_held`],
-/// nothing to write by hand, so the registration cannot name one point and resume another.
+/// [`settle_held`], nothing to write by hand, so the registration cannot name one point and
+/// resume another.
 pub trait CallResumers {
     /// Resumes keys suspended at `C`'s recovery point with [`resume`], and settles keys held there
     /// with [`settle_held`].

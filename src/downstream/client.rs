@@ -4,8 +4,11 @@
 //! else after sending is "unknown", and the caller asks again with the same key, which the
 //! processor answers with the first result.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -180,6 +183,31 @@ pub struct ProcessorClient {
     api_key: String,
     /// Wrong on purpose, for the demo: a new key for every call instead of the downstream key.
     new_key_per_call: bool,
+    /// What is done once idempay recorded an object the processor made; nothing unless set.
+    when_recorded: Option<WhenRecorded>,
+}
+
+/// What idempay does once it recorded a charge or refund the processor made (its id): apply the
+/// processor's events that arrived about it before it was recorded, which the intake keeps. The
+/// intake sits above the domains that record objects, so they cannot call it: the assembly
+/// (app.rs) gives the client this, and every recording of an answer runs it (`call::record`).
+#[derive(Clone)]
+pub struct WhenRecorded(Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>);
+
+impl WhenRecorded {
+    pub fn new<F, Fut>(then: F) -> Self
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Self(Arc::new(move |object| Box::pin(then(object))))
+    }
+}
+
+impl std::fmt::Debug for WhenRecorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WhenRecorded")
+    }
 }
 
 /// The members of a problem document the client reads.
@@ -239,7 +267,23 @@ impl ProcessorClient {
             base,
             api_key,
             new_key_per_call: false,
+            when_recorded: None,
         })
+    }
+
+    /// Runs `then` each time idempay recorded an object this processor made.
+    #[must_use]
+    pub fn when_recorded(mut self, then: WhenRecorded) -> Self {
+        self.when_recorded = Some(then);
+        self
+    }
+
+    /// What follows the recording of `object`, a charge or refund this processor made. It cannot
+    /// fail the recording, which committed: it logs its own failures.
+    pub async fn recorded(&self, object: &str) {
+        if let Some(WhenRecorded(then)) = &self.when_recorded {
+            then(object.to_owned()).await;
+        }
     }
 
     /// Sends a new key with every call instead of the downstream key it is given: what a service

@@ -8,4 +8,4 @@ pub mod call;
 pub mod client;
 pub mod link;
 
-pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal};
+pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal, WhenRecorded};

@@ -28,6 +28,8 @@ pub struct Figures {
     pub max_key_len: usize,
     /// Webhook endpoints per account.
     pub max_webhook_endpoints: i64,
+    /// The processor's events kept per account until the objects they name are recorded.
+    pub max_parked: i64,
     /// Requests per second per account; 0 for no limit.
     pub rate_limit: u32,
 }
@@ -40,7 +42,7 @@ impl Figures {
 
     /// `text` with each placeholder (`{key_ttl}`, `{event_ttl}`, `{lease}`, `{body_limit}`,
     /// `{body_read_timeout}`, `{webhook_tolerance}`, `{webhook_delivery_timeout}`,
-    /// `{max_signatures}`, `{max_key_len}`, `{max_webhook_endpoints}`,
+    /// `{max_signatures}`, `{max_key_len}`, `{max_webhook_endpoints}`, `{max_parked}`,
     /// `{rate_limit}`, `{problem_kinds}`) replaced by its figure.
     pub fn fill(&self, text: &str) -> String {
         text.replace("{key_ttl}", &in_words(self.key_ttl))
@@ -62,6 +64,7 @@ impl Figures {
                 "{max_webhook_endpoints}",
                 &self.max_webhook_endpoints.to_string(),
             )
+            .replace("{max_parked}", &self.max_parked.to_string())
             .replace("{rate_limit}", &rate_in_words(self.rate_limit))
             .replace("{problem_kinds}", &problem_kinds())
     }
@@ -182,6 +185,7 @@ mod tests {
             max_signatures: 8,
             max_key_len: 255,
             max_webhook_endpoints: 16,
+            max_parked: 10_000,
             rate_limit: 1000,
         }
     }

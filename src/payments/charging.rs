@@ -107,6 +107,10 @@ impl ProcessorCall for ChargeRequested {
     ) -> impl Future<Output = Result<Completion, ApiError>> + Send {
         record(lease, self, charge)
     }
+
+    fn object(charge: &Charge) -> &str {
+        &charge.id
+    }
 }
 
 /// Records the processor's charge as the payment, with its event, and completes the key, in one

@@ -116,6 +116,10 @@ impl ProcessorCall for RefundRequested {
         Ok(made)
     }
 
+    fn object(refunded: &ProcessorRefund) -> &str {
+        &refunded.id
+    }
+
     /// The processor keeps its own books: a refusal of the amount is a result, like ours.
     fn refusal_as_result(&self, refusal: &Refusal) -> Option<Problem> {
         refusal.is_refund_refused().then(|| {

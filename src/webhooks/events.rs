@@ -3,14 +3,11 @@
 //! change (`payment.failed`, `payment.disputed`, `refund.failed`) in it.
 //!
 //! An event about an object of the processor's (a charge `ch_…`, a refund `pyr_…`) that idempay
-//! has not recorded is [`NotRecorded`]: not an outcome, but a refusal, so that the sender
-//! delivers it again (`not_recorded_problem` in `mod.rs`, and `README.md`, say why refused rather
-//! than parked). The processor answers idempay and delivers its event independently, and the
-//! event may come first: while a payment's charge is unknown (503 `processor-outcome-unknown`, the
-//! key suspended), its charge exists at the processor and no payment names it yet. Acknowledging
-//! such an event would lose it (its dispute never shown on the payment once recorded); an id of
-//! idempay's own (`pay_…`, `re_…`), by contrast, is known to nobody before it is recorded, so an
-//! unknown one is acknowledged and `ignored` as before.
+//! has not recorded is [`NotRecorded`], which the intake parks (`parked.rs`) to apply once the
+//! object is recorded: the processor answers idempay and delivers its events independently, and
+//! while a payment's charge is unknown (503 `processor-outcome-unknown`) its event may come first.
+//! An id of idempay's own (`pay_…`, `re_…`) is known to nobody before it is recorded, so an
+//! unknown one is acknowledged and `ignored`.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -39,7 +36,7 @@ pub struct Envelope {
     /// naming idempay's own objects: `payment.succeeded`, `payment.failed`, `dispute.created` and
     /// `refund.failed`. The processor's `charge.declined` and `charge.refunded` change nothing
     /// (idempay records their effect from the processor's answer to its call) but, like the
-    /// others, are refused while their charge or refund is not recorded. Other types are
+    /// others, are parked while their charge or refund is not recorded. Other types are
     /// acknowledged and recorded without effect.
     #[serde(rename = "type")]
     pub kind: String,
@@ -114,8 +111,8 @@ enum Recorded {
 }
 
 /// The event names an object of the processor's that idempay has not recorded (yet): a charge
-/// (`ch_…`) no payment names, a processor refund (`pyr_…`) no refund names. The event is not
-/// acknowledged, so that its sender delivers it again, by which time the object may be recorded.
+/// (`ch_…`) no payment names, a processor refund (`pyr_…`) no refund names. Decided before the
+/// event writes anything, so the caller may keep its transaction: the intake parks the event.
 #[derive(Debug)]
 pub struct NotRecorded {
     /// The processor's id of the object.
@@ -202,8 +199,7 @@ pub enum Outcome {
     /// `charge.refunded`), what it names is recorded.
     Applied,
     /// Acknowledged without effect: an unknown type, an object of idempay's own (`pay_…`, `re_…`)
-    /// that does not exist, or data that cannot apply. (An object of the processor's not recorded
-    /// yet is refused with 409 instead: it may be recorded later.)
+    /// that does not exist, or data that cannot apply.
     Ignored,
     /// A redelivery of an event already processed, or an effect already recorded under another
     /// event id (a dispute already known by its dispute id): nothing was applied again.
@@ -215,6 +211,9 @@ pub enum Outcome {
     /// recorded and flagged for an operator's review; the payment's `amount_disputed` took only
     /// what remained.
     NeedsReview,
+    /// About a charge or refund of the processor's that idempay has not recorded yet: kept, and
+    /// applied once when it is recorded (by the client's retry, the recovery job or an operator).
+    Parked,
 }
 
 // The outcomes' names, as the API, the processed events and the metrics spell them.
@@ -224,6 +223,7 @@ vocabulary!(Outcome, "webhook event outcome" {
     Duplicate => "duplicate",
     Stale => "stale",
     NeedsReview => "needs_review",
+    Parked => "parked",
 });
 
 /// What applying an event did: its outcome, and the event it wrote about the change, if any.
@@ -243,7 +243,7 @@ impl Applied {
     }
 }
 
-/// What an event came to: applied (whatever its outcome), or refused until its object is recorded.
+/// What an event came to: applied (whatever its outcome), or waiting until its object is recorded.
 pub type Applying = Result<Applied, NotRecorded>;
 
 /// `Ok(Ignored)` for an object of ours that does not exist, which nobody can know of before it is
@@ -331,9 +331,9 @@ impl Envelope {
     }
 
     /// Applies the event's effect, recorded as processed under `event_id`; `Ignored` when it has
-    /// none; [`NotRecorded`] when it names an object of the processor's that idempay has not
-    /// recorded (the caller then rolls back, recording nothing). A change of a payment or a
-    /// refund writes its event in the same transaction.
+    /// none; [`NotRecorded`], having written nothing, when it names an object of the processor's
+    /// that idempay has not recorded. A change of a payment or a refund writes its event in the
+    /// same transaction.
     pub async fn apply(
         &self,
         conn: &mut PgConnection,

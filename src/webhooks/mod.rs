@@ -18,6 +18,7 @@ mod attempts;
 pub mod endpoints;
 mod events;
 pub mod metrics;
+pub mod parked;
 pub mod retention;
 mod retry;
 
@@ -100,12 +101,13 @@ pub struct Acknowledgement {
 /// redelivering them.
 ///
 /// An event naming an object of the processor's that idempay has not recorded yet (a charge no
-/// payment names, a processor refund no refund names) is refused with 409
-/// `webhook-object-not-recorded` and recorded nowhere: the processor's event can arrive before
-/// idempay has its answer (a payment answered 503 `processor-outcome-unknown` is recorded by the
-/// client's retry or the recovery job), so the sender must deliver it again, and it applies once
-/// the object is recorded. One about an object that is never recorded is refused until the
-/// sender's retry schedule gives it up.
+/// payment names, a processor refund no refund names) is kept and acknowledged with outcome
+/// `parked`: the processor's event can arrive before idempay has its answer (a payment answered
+/// 503 `processor-outcome-unknown` is recorded by the client's retry, the recovery job or an
+/// operator), and it is applied once, when the object is recorded, whatever the sender does; a
+/// redelivery of it is a `duplicate`. At most {max_parked} events wait per account (and as many
+/// whose account is not known yet); past that one is refused with 409
+/// `webhook-object-not-recorded`, recorded nowhere, for the sender to deliver again.
 #[utoipa::path(
     post,
     path = "/v1/webhooks/processor",
@@ -118,9 +120,9 @@ pub struct Acknowledgement {
     ),
     request_body(content = Envelope, content_type = "application/json"),
     responses(
-        (status = 200, description = "The event was applied, ignored, already processed, stale, or recorded for review.",
+        (status = 200, description = "The event was applied, ignored, already processed, stale, recorded for review, or parked until its object is recorded.",
             body = Acknowledgement, content_type = "application/json"),
-        (status = 409, description = "The event names a charge or refund of the processor's that idempay has not recorded yet (`webhook-object-not-recorded`); nothing was applied or recorded: deliver it again.",
+        (status = 409, description = "The event names a charge or refund of the processor's that idempay has not recorded yet, and {max_parked} events of its account (or of no known account) already wait (`webhook-object-not-recorded`); nothing was applied or recorded: deliver it again.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = i64, description = "Seconds to wait before delivering again."))),
         (status = 400, description = "The timestamp is more than {webhook_tolerance} away (`webhook-timestamp-out-of-range`); a header is missing or malformed, `webhook-signature` has more than {max_signatures} entries, or the body is not UTF-8 or no event envelope (`invalid-request`).",
@@ -176,11 +178,12 @@ async fn receive(
         .into());
     }
     let engine = idempotency.engine().await?;
-    let outcome = match process(&pool, engine, &id, &envelope, settings.event_ttl).await? {
+    let processed = process(&pool, engine, &id, &envelope, &body, settings.event_ttl).await?;
+    let outcome = match processed {
         Ok(outcome) => outcome,
         Err(not_recorded) => {
             metrics::webhook_event_not_recorded();
-            tracing::info!(event = %id, kind = %envelope.kind, object = %not_recorded.object, "webhook refused: its object is not recorded yet");
+            tracing::warn!(event = %id, kind = %envelope.kind, object = %not_recorded.object, "webhook refused: its object is not recorded yet, and the parked events are at their bound");
             return Err(not_recorded_problem(&not_recorded).into());
         }
     };
@@ -190,30 +193,16 @@ async fn receive(
 }
 
 /// When a sender that reads `Retry-After` should deliver an event about an object not recorded
-/// again: about the default interval of the recovery job, which records a payment or refund whose
-/// outcome was unknown if its client does not retry first.
+/// again, once the parked events are at their bound: about the default interval of the recovery
+/// job, which records a payment or refund whose outcome was unknown if its client does not retry
+/// first; by then the park may have room again.
 const NOT_RECORDED_RETRY_AFTER: Duration = Duration::from_secs(10);
 
-/// Why an event about an object idempay has not recorded is refused rather than parked (the same
-/// reasons, for a sender, in `README.md`):
-///
-/// - The sender already keeps it. The processor's outbox (any Standard Webhooks sender) retries a
-///   non-2xx answer on its schedule, `IDEMPAY_WEBHOOK_RETRY_SCHEDULE`, over 27 h by default:
-///   longer than the processor keeps its keys (24 h), within which a payment or refund whose
-///   outcome is unknown must be recorded or handed to an operator anyway. A parked copy would be
-///   a second outbox, with its own expiry, its own replay on the object's recording (in the
-///   transactions of payments, refunds and the recovery job) and its own operator view, for what
-///   the sender does already.
-/// - Nothing waits on it. Each delivery is retried on its own, a refusal holds no lock and
-///   records nothing, and the processor's deliveries belong to no endpoint that could be
-///   disabled: an event about an object never recorded (a charge made outside idempay) is
-///   refused until the sender gives it up, which `idempay reconcile` then reports as the
-///   difference it is, while every other event keeps being applied.
-/// - Recording nothing keeps the event's id free: the delivery that finds the object recorded is
-///   applied once and recorded as processed then, and its redeliveries are duplicates, as for any
-///   event.
-///
-/// 409, not 503: the service is well; the event conflicts with what it has recorded so far.
+/// The refusal of an event about an object not recorded, when no more can be parked
+/// ([`parked::MAX_PARKED`]): what the intake answered to every such event before it parked them.
+/// Nothing is recorded, so the sender delivers it again, and the delivery that finds room, or its
+/// object recorded, is the one recorded. 409, not 503: the service is well; the event conflicts
+/// with what it has recorded so far.
 fn not_recorded_problem(not_recorded: &NotRecorded) -> Problem {
     Problem::new(
         ProblemKind::WebhookObjectNotRecorded,
@@ -228,12 +217,15 @@ fn not_recorded_problem(not_recorded: &NotRecorded) -> Problem {
 
 /// Records the event and applies it in one transaction. The insert comes first: a concurrent
 /// redelivery waits on its primary key until this transaction ends, then finds the event recorded.
-/// An event about an object not recorded yet rolls all of it back: its id stays unprocessed.
+/// An event about an object not recorded yet is parked (its verified `body` kept) in the same
+/// transaction, recorded as `parked`; if the park is at its bound, all of it rolls back and its id
+/// stays unprocessed.
 async fn process(
     pool: &PgPool,
     engine: Engine,
     id: &str,
     envelope: &Envelope,
+    body: &[u8],
     ttl: Duration,
 ) -> Result<Result<Outcome, NotRecorded>, sqlx::Error> {
     let mut tx = pool.begin().await?;
@@ -255,9 +247,36 @@ async fn process(
     }
     let applied = match envelope.apply(&mut tx, engine, id).await? {
         Ok(applied) => applied,
+        // `apply` wrote nothing: the transaction holds the event's record alone.
         Err(not_recorded) => {
-            tx.rollback().await?;
-            return Ok(Err(not_recorded));
+            let outcome = match parked::park(&mut tx, id, envelope, body, &not_recorded).await? {
+                parked::Parking::Parked => Outcome::Parked,
+                parked::Parking::AlreadyParked => Outcome::Duplicate,
+                parked::Parking::Full => {
+                    tx.rollback().await?;
+                    return Ok(Err(not_recorded));
+                }
+            };
+            // Recorded as `parked` either way: the event waits, whichever delivery parked it.
+            sqlx::query!(
+                "UPDATE processed_events SET outcome = $2 WHERE id = $1",
+                id,
+                Outcome::Parked.as_str(),
+            )
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            tracing::info!(event = %id, kind = %envelope.kind, object = %not_recorded.object, "webhook parked: its object is not recorded yet");
+            // The object may have been recorded while this transaction ran, and its recorder have
+            // looked for parked events before this one committed: looked for again now, one of
+            // the two sees the other. (An error leaves it to the sweep.)
+            if outcome == Outcome::Parked {
+                let object = &not_recorded.object;
+                if let Err(error) = parked::apply_waiting(pool, engine, ttl, object).await {
+                    tracing::warn!(%error, object, "parked events not applied; the sweep will");
+                }
+            }
+            return Ok(Ok(outcome));
         }
     };
     let outcome = applied.outcome;

@@ -192,11 +192,12 @@ problem_catalogue! {
         status: CONFLICT,
         title: "The event names an object not recorded yet",
         explanation: "The processor's event names a charge or refund of its own that idempay has \
-            not recorded yet: its answer to idempay's call may be late (the payment or refund was \
-            answered 503 `processor-outcome-unknown`, and is recorded when the client retries or \
-            the recovery job resumes it). Nothing was applied and the event id was not recorded \
-            as processed: deliver the same event again, with its `webhook-id`, after \
-            `Retry-After` seconds; once the object is recorded it is applied, once.",
+            not recorded yet (its answer to idempay's call may be late: the payment or refund was \
+            answered 503 `processor-outcome-unknown`), and idempay already keeps as many such \
+            events as it may ({max_parked} per account), to apply when their objects are \
+            recorded. Nothing was applied and the event id was not recorded as processed: deliver \
+            the same event again, with its `webhook-id`, after `Retry-After` seconds; it is kept \
+            or applied then, once.",
     }
     WebhookEndpointLimit {
         slug: "webhook-endpoint-limit",

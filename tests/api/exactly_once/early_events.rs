@@ -1,10 +1,12 @@
-//! The processor's events about objects idempay has not recorded yet (issue 29, defect 2). The
-//! processor answers idempay's call and delivers its events independently: while a payment's
-//! outcome is unknown (503 `processor-outcome-unknown`, the key suspended), its charge exists at
-//! the processor, a dispute can be opened on it, and its event can reach idempay before any payment
-//! names the charge. Such an event is refused (409 `webhook-object-not-recorded`), recorded
-//! nowhere, and applied once when its redelivery finds the payment; and `idempay reconcile`
-//! compares disputed amounts and disputes, so an event that was lost anyway shows.
+//! The processor's events about objects idempay has not recorded yet. The processor answers
+//! idempay's call and delivers its events independently: while a payment's outcome is unknown (503
+//! `processor-outcome-unknown`, the key suspended), its charge exists at the processor, a dispute
+//! can be opened on it, and its event can reach idempay before any payment names the charge. Such
+//! an event is parked (acknowledged, outcome `parked`), and applied once when the payment is
+//! recorded, by the client's retry or the recovery job, whatever the sender does; a sweep applies
+//! one whose object's recording crossed its parking; past the bound of parked events the intake
+//! refuses it (409) as it did before it parked them; and `idempay reconcile` names an event that
+//! waits for an object never recorded, and compares disputed amounts and disputes.
 //!
 //! The processor runs in the test process on the test's database, delivering its events to the
 //! idempay under test, as in `two_hops.rs`, whose helpers these share.
@@ -14,6 +16,7 @@ use std::time::Duration;
 use ::processor::ProcessorSettings;
 use ::processor::SharedArgs;
 use idempay::config::{ProcessorLink, Settings};
+use idempay::webhooks::parked::MAX_PARKED;
 use idempay_test_macros::api_test;
 use serde_json::json;
 use service::outbox::{RetrySchedule, WebhookSecrets};
@@ -21,33 +24,41 @@ use tokio::net::TcpListener;
 
 use super::two_hops::{assert_ledgers_agree, faulty, key_row, linked_to, reconcile, the_charge};
 use crate::processor::{self, TestProcessor};
-use crate::support::helpers::{TestApp, new_key, payment, send, wait_until};
+use crate::support::helpers::{TestApp, TestResponse, new_key, payment, send, wait_until};
 
 /// Every 200 ms for 30 s: longer than any scenario here takes to record its payment.
 fn patiently() -> RetrySchedule {
     RetrySchedule::new(vec![Duration::from_millis(200); 150]).unwrap()
 }
 
+/// A recovery job (and sweep of parked events) that does not run within a test.
+const NOT_WITHIN_THE_TEST: Duration = Duration::from_secs(60 * 60);
+
 /// idempay and a processor on the test's database, the processor delivering its events, signed,
-/// to idempay's intake and retrying a refused one on `schedule`.
+/// to idempay's intake and retrying a refused one on `schedule`; idempay's recovery job and sweep
+/// of parked events run every `recovery`.
 async fn delivering_events(
     settings: Settings,
     mut processor: ProcessorSettings,
     schedule: RetrySchedule,
+    recovery: Duration,
 ) -> (TestApp, TestProcessor, WebhookSecrets) {
     let secret = WebhookSecrets::generate();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = format!("http://{}", listener.local_addr().unwrap());
-    let app = TestApp::spawn_with(linked_to(
-        &address,
-        Settings {
-            shared: SharedArgs {
-                webhook_secrets: Some(secret.clone()),
-                ..settings.shared
+    let app = TestApp::spawn_with(Settings {
+        recovery_interval: recovery,
+        ..linked_to(
+            &address,
+            Settings {
+                shared: SharedArgs {
+                    webhook_secrets: Some(secret.clone()),
+                    ..settings.shared
+                },
+                ..settings
             },
-            ..settings
-        },
-    ))
+        )
+    })
     .await;
     processor.webhook_url = Some(app.url("/v1/webhooks/processor"));
     processor.shared.webhook_secrets = Some(secret.clone());
@@ -87,7 +98,7 @@ async fn delivery_naming(app: &TestApp, object: &str) -> Option<(String, i32, Op
     .unwrap()
 }
 
-/// Whether idempay recorded the event `id` as processed.
+/// Whether idempay recorded the event `id` as processed, and with what outcome.
 async fn processed(app: &TestApp, id: &str) -> Option<String> {
     sqlx::query_scalar("SELECT outcome FROM processed_events WHERE id = $1")
         .bind(id)
@@ -96,28 +107,62 @@ async fn processed(app: &TestApp, id: &str) -> Option<String> {
         .unwrap()
 }
 
-/// The issue's reproduction: a payment answered 503 (the processor slower than idempay waits), a
-/// dispute opened on its charge before the client retries. The dispute's event is refused, not
-/// recorded as processed; the retry records the payment (201); the processor's outbox delivers the
-/// event again and it applies, once: the payment shows the dispute, and the same signed event
-/// delivered once more is a duplicate. On the code before the fix, the first delivery was
-/// acknowledged `ignored` and the payment showed `amount_disputed: 0` for good.
-#[api_test]
-async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_refused_then_applied_once()
-{
-    let (app, processor, secret) = delivering_events(
-        Settings {
-            processor: ProcessorLink {
-                timeout: Duration::from_millis(300),
-                ..ProcessorLink::default()
-            },
-            ..Settings::default()
-        },
-        // Far beyond idempay's attempts: the answer comes after idempay gave up.
-        faulty(|s| s.faults.latency = Duration::from_secs(2)),
-        patiently(),
+/// The ids of the parked events.
+async fn parked(app: &TestApp) -> Vec<String> {
+    sqlx::query_scalar("SELECT id FROM parked_events ORDER BY id")
+        .fetch_all(&app.db)
+        .await
+        .unwrap()
+}
+
+/// How many disputes idempay recorded, and how many `payment.disputed` events it wrote.
+async fn disputes_and_their_events(app: &TestApp) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM disputes),
+                (SELECT count(*) FROM events WHERE type = 'payment.disputed')",
     )
-    .await;
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+/// Delivers `body` to idempay's intake as the processor would, signed with `secret`, under the
+/// event id `event`.
+async fn deliver(
+    app: &TestApp,
+    secret: &WebhookSecrets,
+    event: &str,
+    body: Vec<u8>,
+) -> TestResponse {
+    let now = chrono::Utc::now().timestamp();
+    send(
+        reqwest::Client::new()
+            .post(app.url("/v1/webhooks/processor"))
+            .header("content-type", "application/json")
+            .header("webhook-id", event)
+            .header("webhook-timestamp", now)
+            .header("webhook-signature", secret.sign(event, now, &body).unwrap())
+            .body(body),
+    )
+    .await
+}
+
+/// The body of the processor's delivery of the event `event`.
+async fn body_of(app: &TestApp, event: &str) -> Vec<u8> {
+    sqlx::query_scalar("SELECT body FROM webhook_deliveries WHERE event_id = $1")
+        .bind(event)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+/// A payment answered 503 (the processor slower than idempay waits), whose charge the processor
+/// then makes, and a dispute of `amount` opened on that charge; the key, the charge, the dispute.
+async fn a_dispute_before_its_payment(
+    app: &TestApp,
+    processor: &TestProcessor,
+    amount: i64,
+) -> (String, String, String) {
     let key = new_key();
     app.post_payment(&key, &payment(4200))
         .await
@@ -126,34 +171,77 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_refused_
         app.charge_count().await == 1
     })
     .await;
-    let (charge, _) = the_charge(&app).await;
-    let dispute = dispute_at_the_processor(&processor, &charge, 1500).await;
+    let (charge, _) = the_charge(app).await;
+    let dispute = dispute_at_the_processor(processor, &charge, amount).await;
+    (key, charge, dispute)
+}
 
-    wait_until("the dispute's event is delivered once", || async {
+/// idempay's link to a processor slower than it waits: the answer comes after idempay gave up.
+fn slower_than_idempay_waits() -> (Settings, ProcessorSettings) {
+    (
+        Settings {
+            processor: ProcessorLink {
+                timeout: Duration::from_millis(300),
+                ..ProcessorLink::default()
+            },
+            ..Settings::default()
+        },
+        faulty(|s| s.faults.latency = Duration::from_secs(2)),
+    )
+}
+
+/// The issue's reproduction: a payment answered 503, a dispute opened on its charge before the
+/// client retries. The dispute's event is acknowledged and parked, with nothing applied, at its
+/// first delivery, and its redelivery is a duplicate; the retry records the payment (201) and, in
+/// the same request, applies the parked dispute, once: the payment shows it, the dispute is
+/// recorded, with idempay's `payment.disputed`. The sender delivered it once: nothing waited on it.
+/// Before, the event was refused (409) until the sender's redelivery found the payment, and lost
+/// if the sender gave up first.
+#[api_test]
+async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_parked_then_applied_once_by_the_retry()
+ {
+    let (settings, slow) = slower_than_idempay_waits();
+    let (app, processor, secret) =
+        delivering_events(settings, slow, patiently(), NOT_WITHIN_THE_TEST).await;
+    let (key, charge, dispute) = a_dispute_before_its_payment(&app, &processor, 1500).await;
+
+    wait_until("the dispute's event is delivered", || async {
         delivery_naming(&app, &dispute)
             .await
-            .is_some_and(|(_, attempts, status, _)| attempts >= 1 && status.is_some())
+            .is_some_and(|(_, _, status, _)| status.is_some())
     })
     .await;
-
-    let (event, _, status, acknowledged) = delivery_naming(&app, &dispute).await.unwrap();
+    let (event, attempts, status, acknowledged) = delivery_naming(&app, &dispute).await.unwrap();
     assert_eq!(
-        (status, acknowledged),
-        (Some(409), false),
-        "refused while no payment names the charge"
+        (attempts, status, acknowledged),
+        (1, Some(200), true),
+        "acknowledged at its first delivery"
     );
-    assert_eq!(
-        processed(&app, &event).await,
-        None,
-        "not recorded as processed"
-    );
+    assert_eq!(processed(&app, &event).await.as_deref(), Some("parked"));
+    // The charge's own `charge.succeeded` came before its payment too, and waits beside it.
+    let waiting = parked(&app).await;
+    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    assert!(waiting.contains(&event), "{waiting:?}");
     assert_eq!(
         app.payment_count().await,
         0,
         "the payment is not recorded yet"
     );
+    assert_eq!(
+        disputes_and_their_events(&app).await,
+        (0, 0),
+        "nothing applied"
+    );
     let (_, point, _) = key_row(&app, &key).await.expect("the key is kept");
     assert_eq!(point.as_deref(), Some("payment.charge_requested"));
+
+    // The same event once more, signed as the processor signs it: a duplicate, still one parked.
+    let again = deliver(&app, &secret, &event, body_of(&app, &event).await).await;
+    assert_eq!(
+        (again.status, again.json()["outcome"].as_str()),
+        (200, Some("duplicate"))
+    );
+    assert_eq!(parked(&app).await, waiting);
 
     let retry = app.post_payment(&key, &payment(4200)).await;
     assert_eq!(
@@ -164,60 +252,184 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_refused_
     );
     assert_eq!(retry.json()["charge"], charge.as_str());
     let paid = retry.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
+    assert_eq!(processed(&app, &event).await.as_deref(), Some("applied"));
+    assert!(parked(&app).await.is_empty(), "both applied");
+    assert_eq!(disputes_and_their_events(&app).await, (1, 1));
 
-    wait_until("the outbox delivers the dispute's event again", || async {
+    // After it applied, the event once more is a duplicate, and applies nothing.
+    let again = deliver(&app, &secret, &event, body_of(&app, &event).await).await;
+    assert_eq!(
+        (again.status, again.json()["outcome"].as_str()),
+        (200, Some("duplicate"))
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
+    assert_eq!(disputes_and_their_events(&app).await, (1, 1));
+    let (_, attempts, _, _) = delivery_naming(&app, &dispute).await.unwrap();
+    assert_eq!(attempts, 1, "the sender delivered it once");
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+/// The client never retries: the recovery job records the payment, and the dispute parked before
+/// it is applied then, once. The job runs on another instance, started once the event is parked, so
+/// that the event surely comes first.
+#[api_test]
+async fn a_dispute_parked_before_its_payment_is_applied_once_the_recovery_job_records_it() {
+    let (settings, slow) = slower_than_idempay_waits();
+    let (app, processor, _) =
+        delivering_events(settings, slow, patiently(), NOT_WITHIN_THE_TEST).await;
+    let (_, charge, dispute) = a_dispute_before_its_payment(&app, &processor, 1500).await;
+    wait_until("the dispute's event is acknowledged", || async {
         delivery_naming(&app, &dispute)
             .await
             .is_some_and(|(_, _, _, acknowledged)| acknowledged)
     })
     .await;
-    assert_eq!(processed(&app, &event).await.as_deref(), Some("applied"));
-    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
+    let (event, _, _, _) = delivery_naming(&app, &dispute).await.unwrap();
+    assert_eq!(processed(&app, &event).await.as_deref(), Some("parked"));
+    assert_eq!(
+        app.payment_count().await,
+        0,
+        "the payment is not recorded yet"
+    );
 
-    // The same event once more, signed as the processor signs it, with its webhook id: a
-    // duplicate, applied nothing.
-    let body: Vec<u8> =
-        sqlx::query_scalar("SELECT body FROM webhook_deliveries WHERE event_id = $1")
-            .bind(&event)
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-    let now = chrono::Utc::now().timestamp();
-    let again = send(
-        reqwest::Client::new()
-            .post(app.url("/v1/webhooks/processor"))
-            .header("content-type", "application/json")
-            .header("webhook-id", &event)
-            .header("webhook-timestamp", now)
-            .header(
-                "webhook-signature",
-                secret.sign(&event, now, &body).unwrap(),
-            )
-            .body(body),
-    )
+    let _recovering = app
+        .another_instance(Settings {
+            recovery_interval: Duration::from_millis(100),
+            ..linked_to(&processor.address, Settings::default())
+        })
+        .await;
+    wait_until("the recovery job records the payment", || async {
+        app.payment_count().await == 1
+    })
     .await;
-    assert_eq!(again.status, 200);
-    assert_eq!(again.json()["outcome"], "duplicate");
-    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
-    let disputes: i64 = sqlx::query_scalar("SELECT count(*) FROM disputes")
+    let paid: String = sqlx::query_scalar("SELECT id FROM payments WHERE charge = $1")
+        .bind(&charge)
         .fetch_one(&app.db)
         .await
         .unwrap();
-    assert_eq!(disputes, 1);
+    wait_until("the parked events are applied", || async {
+        parked(&app).await.is_empty()
+    })
+    .await;
+    let (_, attempts, _, _) = delivery_naming(&app, &dispute).await.unwrap();
+    assert_eq!(attempts, 1, "the sender delivered it once");
+    assert_eq!(processed(&app, &event).await.as_deref(), Some("applied"));
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
+    assert_eq!(disputes_and_their_events(&app).await, (1, 1));
     assert_ledgers_agree(&app, &processor, 1).await;
 }
 
-/// An event about a charge idempay will never record (made at the processor directly) wedges
-/// nothing: it is refused at every attempt until the processor's outbox gives it up on its
-/// schedule, recorded nowhere, while the events of a payment idempay records are applied beside
-/// it; and `idempay reconcile` names the charge. On the code before the fix, its first delivery was
-/// acknowledged `ignored` and nothing showed that an event had been dropped.
+/// An event parked while its payment's recording committed (each transaction saw the other not
+/// yet), or whose recorder died before applying it, waits for an object that is recorded: the
+/// sweep applies it, once. Made here by parking it by hand for a payment already recorded.
 #[api_test]
-async fn an_event_about_a_charge_never_recorded_is_refused_until_given_up_and_wedges_nothing() {
+async fn the_sweep_applies_a_parked_event_whose_object_was_recorded_without_applying_it() {
+    let app = TestApp::spawn_with(Settings {
+        recovery_interval: Duration::from_millis(100),
+        ..Settings::default()
+    })
+    .await;
+    let paid = app.paid(5000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let event = "evt_crossed";
+    let body = json!({
+        "type": "charge.dispute.created",
+        "timestamp": chrono::Utc::now(),
+        "data": { "charge": charge, "dispute": "dp_crossed", "amount": 700 },
+    });
+    sqlx::query(
+        "INSERT INTO processed_events (id, type, outcome, expires_at)
+         VALUES ($1, 'charge.dispute.created', 'parked', now() + interval '1 day')",
+    )
+    .bind(event)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO parked_events (id, type, object, body)
+         VALUES ($1, 'charge.dispute.created', $2, $3)",
+    )
+    .bind(event)
+    .bind(&charge)
+    .bind(serde_json::to_vec(&body).unwrap())
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    wait_until("the sweep applies it", || async {
+        parked(&app).await.is_empty()
+    })
+    .await;
+    assert_eq!(processed(&app, event).await.as_deref(), Some("applied"));
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 700);
+    assert_eq!(disputes_and_their_events(&app).await, (1, 1));
+}
+
+/// Parking is bounded: with {MAX_PARKED} events waiting whose account is not known, one more is
+/// refused as before parking (409 `webhook-object-not-recorded`, recorded nowhere), so the sender
+/// keeps it; once one of them is gone, its redelivery is parked.
+#[api_test]
+async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowhere() {
+    let secret = WebhookSecrets::generate();
+    let app = TestApp::spawn_with(Settings {
+        shared: SharedArgs {
+            webhook_secrets: Some(secret.clone()),
+            ..SharedArgs::default()
+        },
+        ..Settings::default()
+    })
+    .await;
+    sqlx::query(
+        "INSERT INTO parked_events (id, type, object, body)
+         SELECT 'evt_filler' || n, 'charge.succeeded', 'ch_filler' || n, '{}'
+         FROM generate_series(1, $1) n",
+    )
+    .bind(MAX_PARKED)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let body = serde_json::to_vec(&json!({
+        "type": "charge.dispute.created",
+        "timestamp": chrono::Utc::now(),
+        "data": { "charge": "ch_notrecorded", "dispute": "dp_one", "amount": 700 },
+    }))
+    .unwrap();
+
+    let refused = deliver(&app, &secret, "evt_one_too_many", body.clone()).await;
+    refused.assert_problem(409, "webhook-object-not-recorded");
+    assert!(refused.header("retry-after").is_some());
+    assert_eq!(processed(&app, "evt_one_too_many").await, None);
+
+    sqlx::query("DELETE FROM parked_events WHERE id = 'evt_filler1'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let kept = deliver(&app, &secret, "evt_one_too_many", body).await;
+    assert_eq!(
+        (kept.status, kept.json()["outcome"].as_str()),
+        (200, Some("parked"))
+    );
+    assert_eq!(
+        processed(&app, "evt_one_too_many").await.as_deref(),
+        Some("parked")
+    );
+}
+
+/// An event about a charge idempay will never record (made at the processor directly) is parked
+/// at its first delivery and wedges nothing: the events of a payment idempay records are applied
+/// beside it, and `idempay reconcile` names the charge and the event that waits for it. Before
+/// events were parked, it was refused at every attempt until the sender gave it up.
+#[api_test]
+async fn an_event_about_a_charge_never_recorded_is_parked_and_reconcile_names_it() {
     let (app, processor, _) = delivering_events(
         Settings::default(),
         processor::settings(),
         RetrySchedule::parse("100ms,100ms,100ms,100ms").unwrap(),
+        NOT_WITHIN_THE_TEST,
     )
     .await;
     let direct = processor
@@ -232,11 +444,10 @@ async fn an_event_about_a_charge_never_recorded_is_refused_until_given_up_and_we
         .to_owned();
     dispute_at_the_processor(&processor, &charge, 1500).await;
 
-    // The stranger's delivery: its event id, attempts, last answer, acknowledged, given up.
+    // The stranger's delivery: its event id, attempts, last answer, acknowledged.
     let delivery = || async {
-        sqlx::query_as::<_, (String, i32, Option<i16>, bool, bool)>(
-            "SELECT event_id, attempts, last_status, delivered_at IS NOT NULL,
-                    failed_at IS NOT NULL
+        sqlx::query_as::<_, (String, i32, Option<i16>, bool)>(
+            "SELECT event_id, attempts, last_status, delivered_at IS NOT NULL
              FROM webhook_deliveries WHERE position($1::bytea IN body) > 0",
         )
         .bind(stranger.as_bytes())
@@ -248,34 +459,29 @@ async fn an_event_about_a_charge_never_recorded_is_refused_until_given_up_and_we
         delivery().await.2.is_some()
     })
     .await;
-    assert_eq!(
-        delivery().await.2,
-        Some(409),
-        "refused: no payment names it"
-    );
-    wait_until("the outbox gives the stranger's event up", || async {
-        delivery().await.4
-    })
-    .await;
-
-    let (event, attempts, status, acknowledged, _) = delivery().await;
-    assert_eq!(
-        (attempts, status, acknowledged),
-        (5, Some(409), false),
-        "refused at each of its five attempts, then given up"
-    );
-    assert_eq!(processed(&app, &event).await, None, "recorded nowhere");
+    let (event, attempts, status, acknowledged) = delivery().await;
+    assert_eq!((attempts, status, acknowledged), (1, Some(200), true));
+    assert_eq!(processed(&app, &event).await.as_deref(), Some("parked"));
     wait_until("the payment's dispute is applied beside it", || async {
         app.get_payment(&paid).await.json()["amount_disputed"] == 1500
     })
     .await;
+    let since: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT received_at FROM parked_events WHERE id = $1")
+            .bind(&event)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
     let output = reconcile(&app, &processor).await;
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert_eq!(
         String::from_utf8(output.stdout).unwrap(),
         format!(
             "charge {stranger} (777) has no payment\n\
-             reconciled 2 charges, 1 payments, 0 refunds and 1 disputes: 1 difference(s)\n"
+             event {event} (charge.succeeded) parked since {}: waits for {stranger}, which \
+             idempay has not recorded\n\
+             reconciled 2 charges, 1 payments, 0 refunds and 1 disputes: 2 difference(s)\n",
+            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         )
     );
 }
@@ -285,8 +491,13 @@ async fn an_event_about_a_charge_never_recorded_is_refused_until_given_up_and_we
 /// Before, it compared no dispute, so a dispute lost on the way showed nowhere.
 #[api_test]
 async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_ledgers() {
-    let (app, processor, _) =
-        delivering_events(Settings::default(), processor::settings(), patiently()).await;
+    let (app, processor, _) = delivering_events(
+        Settings::default(),
+        processor::settings(),
+        patiently(),
+        NOT_WITHIN_THE_TEST,
+    )
+    .await;
     let mut paid = Vec::new();
     for amount in [4000, 5000, 6000] {
         let id = app.paid(amount).await;

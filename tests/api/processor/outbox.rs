@@ -11,6 +11,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
 use axum::routing::post;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
@@ -396,14 +397,72 @@ async fn a_delivery_verifies_at_idempay_s_own_intake() {
     .await;
 
     // A charge made directly at the processor, which no payment records (yet): the signature
-    // verifies (no 401), and the event is refused with 409 so that it comes again, recorded
-    // nowhere (issue 29, defect 2).
+    // verifies (no 401), and the event is acknowledged and parked until a payment records it.
     let (event, _, status, acknowledged) = attempt().await;
-    assert_eq!((status, acknowledged), (Some(409), false));
-    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_events WHERE id = $1")
-        .bind(&event)
-        .fetch_one(&idempay.db)
+    assert_eq!((status, acknowledged), (Some(200), true));
+    let recorded: Option<String> =
+        sqlx::query_scalar("SELECT outcome FROM processed_events WHERE id = $1")
+            .bind(&event)
+            .fetch_optional(&idempay.db)
+            .await
+            .unwrap();
+    assert_eq!(recorded.as_deref(), Some("parked"));
+}
+
+/// A receiver that answers `status` with `Retry-After: 1` to the first delivery, then 200: the
+/// processor comes back about a second later, as asked, though its schedule's next attempt is an
+/// hour away; that early attempt did not use up the schedule. Before, the outbox read no
+/// `Retry-After`, and the second attempt was due after the hour.
+#[api_test]
+async fn a_receiver_s_retry_after_brings_the_next_attempt_forward() {
+    for status in [StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE] {
+        let answered = Arc::new(AtomicUsize::new(0));
+        let counted = answered.clone();
+        let app = Router::new().route(
+            "/hooks",
+            post(move || {
+                let counted = counted.clone();
+                async move {
+                    if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                        (status, [("retry-after", "1")]).into_response()
+                    } else {
+                        StatusCode::OK.into_response()
+                    }
+                }
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut settings = settings();
+        settings.webhook_url = Some(url);
+        settings.shared.webhook_secrets = Some(WebhookSecrets::generate());
+        settings.shared.webhook_retry_schedule = RetrySchedule::parse("1h,1h").unwrap();
+        let processor = TestProcessor::spawn_with(settings).await;
+
+        processor
+            .charge(&new_key(), &charge(5000, "pm_card_visa"))
+            .await;
+        wait_until("the second attempt is acknowledged", || async {
+            sqlx::query_scalar::<_, bool>("SELECT delivered_at IS NOT NULL FROM webhook_deliveries")
+                .fetch_one(&processor.db)
+                .await
+                .unwrap()
+        })
+        .await;
+        let (attempts, early, statuses): (i32, i32, Vec<i16>) = sqlx::query_as(
+            "SELECT d.attempts, d.early_attempts,
+                    (SELECT array_agg(status_code ORDER BY attempt) FROM webhook_attempts)
+             FROM webhook_deliveries d",
+        )
+        .fetch_one(&processor.db)
         .await
         .unwrap();
-    assert_eq!(recorded, 0);
+        assert_eq!(
+            (attempts, early, statuses),
+            (2, 1, vec![i16::try_from(status.as_u16()).unwrap(), 200]),
+            "{status}"
+        );
+        assert_eq!(answered.load(Ordering::SeqCst), 2);
+    }
 }

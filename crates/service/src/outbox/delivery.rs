@@ -11,7 +11,7 @@
 //! LOCKED` and moves their next attempt past the delivery timeout in the same statement, so an
 //! attempt is sent by one loop only, and a loop that dies mid-attempt leaves the row due again.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
@@ -19,7 +19,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::schedule::RetrySchedule;
+use super::schedule::{self, Retry, RetrySchedule};
 use super::{WebhookSecret, WebhookSecrets, address};
 use crate::ids;
 use idempotency::engine::{Engine, KnownEngine};
@@ -114,6 +114,10 @@ struct Due {
     url: String,
     body: Vec<u8>,
     attempts: i32,
+    /// Of `attempts`, those the receiver asked for sooner than the schedule (`Retry-After`).
+    early_attempts: i32,
+    /// Set while the attempt claimed is such an early one: when the schedule's own is due.
+    step_due_at: Option<DateTime<Utc>>,
     endpoint_id: Option<String>,
     /// The endpoint's `whsec_…`; `None` for the processor's rows.
     secret: Option<String>,
@@ -123,7 +127,12 @@ struct Due {
 /// What became of an attempt.
 enum Attempt {
     Acknowledged(u16),
-    Failed { status: Option<u16>, error: String },
+    Failed {
+        status: Option<u16>,
+        error: String,
+        /// How long the receiver asked to be left alone (`Retry-After`), if it said.
+        retry_after: Option<Duration>,
+    },
 }
 
 /// What a delivery became after an attempt, as counted in `idempay_webhook_deliveries_total`.
@@ -131,7 +140,7 @@ enum Attempt {
 pub enum Outcome {
     /// Answered 2xx: done.
     Delivered,
-    /// Failed; tried again after the schedule's next delay.
+    /// Failed; tried again after the schedule's next delay, or sooner if the receiver asked.
     Retried,
     /// Failed after the schedule's last delay: given up.
     Failed,
@@ -299,10 +308,12 @@ impl Deliverer {
                     LIMIT $2
                     FOR UPDATE SKIP LOCKED
                 ))
-                RETURNING account_id, id, event_id, url, body, attempts, endpoint_id, created_at
+                RETURNING account_id, id, event_id, url, body, attempts, early_attempts,
+                          step_due_at, endpoint_id, created_at
             )
             SELECT claimed.account_id AS "account_id!", claimed.id AS "id!", claimed.event_id AS "event_id!", claimed.url AS "url!",
                    claimed.body AS "body!", claimed.attempts AS "attempts!",
+                   claimed.early_attempts AS "early_attempts!", claimed.step_due_at,
                    claimed.endpoint_id, endpoint.secret AS "secret?",
                    claimed.created_at AS "created_at!"
             FROM claimed
@@ -350,7 +361,8 @@ impl Deliverer {
                 next_attempt_at = now() + $3::bigint * interval '1 millisecond'
             WHERE (account_id, id) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))
               AND delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
-            RETURNING account_id, id, event_id, url, body, attempts, endpoint_id, created_at
+            RETURNING account_id, id, event_id, url, body, attempts, early_attempts, step_due_at,
+                      endpoint_id, created_at
             "#,
             &owners,
             &ids,
@@ -379,6 +391,8 @@ impl Deliverer {
                 url: row.url,
                 body: row.body,
                 attempts: row.attempts,
+                early_attempts: row.early_attempts,
+                step_due_at: row.step_due_at,
                 endpoint_id: row.endpoint_id,
                 secret,
                 created_at: row.created_at,
@@ -391,6 +405,7 @@ impl Deliverer {
         let failed = |error: String| Attempt::Failed {
             status: None,
             error,
+            retry_after: None,
         };
         let signer = match (&self.sender, &due.secret) {
             (Sender::Processor(secret), _) => secret.clone(),
@@ -432,6 +447,11 @@ impl Deliverer {
             Ok(response) => Attempt::Failed {
                 status: Some(response.status().as_u16()),
                 error: format!("answered {}", response.status()),
+                retry_after: response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| schedule::retry_after(value, SystemTime::now())),
             },
             // The chain: "error sending request" alone says nothing of why.
             Err(error) => failed(format!("{:#}", anyhow::Error::from(error))),
@@ -451,17 +471,22 @@ impl Deliverer {
         let latency_ms = i32::try_from(latency.as_millis()).unwrap_or(i32::MAX);
         let (status, error) = match &attempt {
             Attempt::Acknowledged(status) => (Some(*status), None),
-            Attempt::Failed { status, error } => (*status, Some(error.as_str())),
+            Attempt::Failed { status, error, .. } => (*status, Some(error.as_str())),
         };
         let status = status.map(|status| i16::try_from(status).unwrap_or(i16::MAX));
-        let retry_in = match attempt {
+        // The schedule's step is counted in the attempts it made itself, not the early ones.
+        let retry = match attempt {
             Attempt::Acknowledged(_) => None,
-            Attempt::Failed { .. } => self.schedule.after(due.attempts),
+            Attempt::Failed { retry_after, .. } => Some(self.schedule.retry(
+                due.attempts - due.early_attempts,
+                due.step_due_at.is_some(),
+                retry_after,
+            )),
         };
-        let outcome = match (&attempt, retry_in) {
-            (Attempt::Acknowledged(_), _) => Outcome::Delivered,
-            (Attempt::Failed { .. }, Some(_)) => Outcome::Retried,
-            (Attempt::Failed { .. }, None) => Outcome::Failed,
+        let outcome = match retry {
+            None => Outcome::Delivered,
+            Some(Retry::GiveUp) => Outcome::Failed,
+            Some(_) => Outcome::Retried,
         };
         let mut tx = self.pool.begin().await?;
         sqlx::query!(
@@ -517,16 +542,29 @@ impl Deliverer {
                 .await?
             }
             Outcome::Retried => {
+                // The wait from now; the step's (an early attempt's); whether the next attempt is
+                // early. Back to a step: due when the step was set for (or now, if past).
+                let (wait, step, early) = match retry {
+                    Some(Retry::Step(wait)) => (wait, None, 0),
+                    Some(Retry::Early { wait, step }) => (wait, Some(step), 1),
+                    _ => (Duration::ZERO, None, 0),
+                };
+                let millis = |wait: Duration| i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
                 sqlx::query!(
                     r#"
                 UPDATE webhook_deliveries
-                SET next_attempt_at = now() + $3::bigint * interval '1 millisecond',
-                    last_status = $4, last_error = $5
-                WHERE account_id = $6 AND id = $1 AND attempts = $2
+                SET next_attempt_at = GREATEST(now() + $3::bigint * interval '1 millisecond',
+                                               COALESCE(step_due_at, '-infinity')),
+                    step_due_at = now() + $4::bigint * interval '1 millisecond',
+                    early_attempts = early_attempts + $5,
+                    last_status = $6, last_error = $7
+                WHERE account_id = $8 AND id = $1 AND attempts = $2
                 "#,
                     due.id,
                     due.attempts,
-                    retry_in.map(|wait| i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
+                    millis(wait),
+                    step.map(millis),
+                    early,
                     status,
                     error,
                     due.account_id,
@@ -549,7 +587,7 @@ impl Deliverer {
         match outcome {
             Outcome::Delivered => {}
             Outcome::Retried => {
-                tracing::info!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?retry_in, ?error, "webhook delivery failed; will retry");
+                tracing::info!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?retry, ?error, "webhook delivery failed; will retry");
             }
             Outcome::Failed => {
                 tracing::warn!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?error, "webhook delivery failed for the whole schedule; given up");

@@ -1,9 +1,10 @@
 //! When a failed delivery is tried again: a fixed list of delays, each jittered, after which the
-//! delivery is given up. One type for every sender, the processor's and the merchant endpoints'.
+//! delivery is given up, and sooner when the receiver's answer says when (`Retry-After`). One type
+//! for every sender, the processor's and the merchant endpoints'.
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// How much a delay may move either way, as a fraction of it: loops that failed together (a
 /// receiver that was down) do not all come back at the same instant.
@@ -77,6 +78,62 @@ impl RetrySchedule {
     }
 }
 
+/// The soonest a receiver's `Retry-After` brings an attempt: `Retry-After: 0` (or a date already
+/// past) from a receiver that answers so every time would otherwise be called as fast as the loop
+/// polls.
+pub const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// When the attempt after a failed one is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// The schedule's next attempt, after this wait.
+    Step(Duration),
+    /// Sooner than the schedule, because the receiver asked (`Retry-After`): after `wait`. It does
+    /// not use up the schedule: its step stays due after `step`, if this attempt fails too.
+    Early { wait: Duration, step: Duration },
+    /// The failed attempt was an early one: the schedule's step it came before, when that was due.
+    BackToStep,
+    /// The schedule ran out: the delivery is given up.
+    GiveUp,
+}
+
+impl RetrySchedule {
+    /// What follows a failed attempt, the `steps`-th of the schedule's own (the first attempt is
+    /// the first), or an `early` one, answered with `retry_after` (see [`retry_after`]).
+    ///
+    /// The receiver's time is honoured when it comes before the schedule's next attempt, at least
+    /// [`MIN_RETRY_AFTER`] on, and once per step: the early attempt does not count against the
+    /// schedule, so a receiver that asks for 10 s at every attempt is not given up after 80
+    /// seconds instead of the schedule's day, nor called every 10 s for that day. A later time is
+    /// not honoured (the schedule's next attempt comes as before): the schedule's
+    /// [`span`](Self::span) is how long a delivery may last, which the retention of deliveries and the
+    /// disabling of an endpoint that acknowledged nothing count on, so a receiver cannot stretch it.
+    pub fn retry(&self, steps: i32, early: bool, retry_after: Option<Duration>) -> Retry {
+        if early {
+            return Retry::BackToStep;
+        }
+        let Some(step) = self.after(steps) else {
+            return Retry::GiveUp;
+        };
+        match retry_after.map(|asked| asked.max(MIN_RETRY_AFTER)) {
+            Some(wait) if wait < step => Retry::Early { wait, step },
+            _ => Retry::Step(step),
+        }
+    }
+}
+
+/// How long a receiver asked to be left alone, from its `Retry-After`: seconds (`120`) or an HTTP
+/// date (`Fri, 05 Dec 2026 10:00:00 GMT`, compared with `now`; one past is zero). `None` when the
+/// value is neither.
+pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
 impl Default for RetrySchedule {
     fn default() -> Self {
         Self::parse(Self::DEFAULT).expect("the default schedule parses")
@@ -141,6 +198,63 @@ mod tests {
         let parsed = RetrySchedule::parse(" 100ms, 2s ").unwrap();
         assert_eq!(parsed.shortest(), Duration::from_millis(100));
         assert_eq!(parsed.to_string(), "100ms,2s");
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_464_800); // 2026-12-05 10:00
+        assert_eq!(retry_after("1", now), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(" 120 ", now), Some(Duration::from_secs(120)));
+        assert_eq!(
+            retry_after("Sat, 05 Dec 2026 10:00:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after("Saturday, 05-Dec-26 10:01:00 GMT", now),
+            Some(Duration::from_secs(60)),
+            "the obsolete RFC 850 form, which HTTP recipients must read too"
+        );
+        assert_eq!(
+            retry_after("Sat, 05 Dec 2026 09:00:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date past"
+        );
+        assert_eq!(retry_after("-1", now), None);
+        assert_eq!(retry_after("soon", now), None);
+        assert_eq!(retry_after("", now), None);
+    }
+
+    #[test]
+    fn a_sooner_retry_after_is_an_early_attempt_once_per_step_and_a_later_one_is_not_honoured() {
+        let hour = Duration::from_secs(3600);
+        let schedule = RetrySchedule::new(vec![hour, hour]).unwrap();
+        let Retry::Early { wait, step } = schedule.retry(1, false, Some(Duration::from_secs(2)))
+        else {
+            panic!("an early attempt");
+        };
+        assert_eq!(wait, Duration::from_secs(2));
+        assert!(step >= hour.mul_f64(1.0 - JITTER), "{step:?}");
+        // Never sooner than a second, whatever the receiver says.
+        assert!(matches!(
+            schedule.retry(1, false, Some(Duration::ZERO)),
+            Retry::Early { wait, .. } if wait == MIN_RETRY_AFTER
+        ));
+        // The early attempt failed: back to the step, whatever it was answered.
+        assert_eq!(
+            schedule.retry(2, true, Some(Duration::from_secs(1))),
+            Retry::BackToStep
+        );
+        // Later than the schedule's own next attempt, or said nothing: the schedule.
+        assert!(matches!(
+            schedule.retry(1, false, Some(hour * 5)),
+            Retry::Step(step) if step <= hour.mul_f64(1.0 + JITTER)
+        ));
+        assert!(matches!(schedule.retry(2, false, None), Retry::Step(_)));
+        // The schedule ran out: given up, even if the receiver asks for a second.
+        assert_eq!(
+            schedule.retry(3, false, Some(Duration::from_secs(1))),
+            Retry::GiveUp
+        );
     }
 
     #[test]
