@@ -139,6 +139,13 @@ impl Deref for AppState {
 
 impl AppState {
     pub fn new(pool: PgPool, settings: &Settings, processor: ProcessorClient) -> Self {
+        // The events that came before the objects they name wait in the intake's park until a
+        // recording of those objects applies them: whoever records (a request, the recovery job,
+        // an operator's settle) runs on this state, so the hook is installed here.
+        let processor = processor.when_recorded(webhooks::parked::when_recorded(
+            pool.clone(),
+            settings.event_ttl,
+        ));
         let policy = Policy {
             key_ttl: settings.key_ttl,
             lease: settings.shared.lease,
@@ -302,12 +309,6 @@ impl Application {
                 (client, Some(embedded))
             }
         };
-        // The events that came before the objects they name wait in the intake's park until a
-        // recording of those objects applies them.
-        let client = client.when_recorded(webhooks::parked::when_recorded(
-            pool.clone(),
-            settings.event_ttl,
-        ));
         #[cfg(not(feature = "dev"))]
         anyhow::ensure!(
             !settings.demo_ui,

@@ -27,17 +27,17 @@ use crate::processor::{self, TestProcessor};
 use crate::support::helpers::{TestApp, TestResponse, new_key, payment, send, wait_until};
 
 /// Every 200 ms for 30 s: longer than any scenario here takes to record its payment.
-fn patiently() -> RetrySchedule {
+pub(crate) fn patiently() -> RetrySchedule {
     RetrySchedule::new(vec![Duration::from_millis(200); 150]).unwrap()
 }
 
 /// A recovery job (and sweep of parked events) that does not run within a test.
-const NOT_WITHIN_THE_TEST: Duration = Duration::from_secs(60 * 60);
+pub(crate) const NOT_WITHIN_THE_TEST: Duration = Duration::from_secs(60 * 60);
 
 /// idempay and a processor on the test's database, the processor delivering its events, signed,
 /// to idempay's intake and retrying a refused one on `schedule`; idempay's recovery job and sweep
 /// of parked events run every `recovery`.
-async fn delivering_events(
+pub(crate) async fn delivering_events(
     settings: Settings,
     mut processor: ProcessorSettings,
     schedule: RetrySchedule,
@@ -68,7 +68,11 @@ async fn delivering_events(
 }
 
 /// Opens a dispute of `amount` on `charge` at the processor, as the cardholder's bank does; its id.
-async fn dispute_at_the_processor(processor: &TestProcessor, charge: &str, amount: i64) -> String {
+pub(crate) async fn dispute_at_the_processor(
+    processor: &TestProcessor,
+    charge: &str,
+    amount: i64,
+) -> String {
     let opened = processor
         .post(
             &format!("/v1/charges/{charge}/disputes"),

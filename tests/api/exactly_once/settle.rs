@@ -14,11 +14,15 @@ use ::processor::{Fraction, ProcessorSettings};
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 
+use super::early_events::{
+    NOT_WITHIN_THE_TEST, delivering_events, dispute_at_the_processor, patiently,
+};
 use super::two_hops::{
     assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
+    the_charge,
 };
 use crate::processor::{self, API_KEY, TestProcessor};
-use crate::support::helpers::{TestApp, new_key, payment};
+use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 use crate::support::instance::idempay;
 
 /// The recovery window of these scenarios: long enough for the first request's attempts (the
@@ -373,4 +377,55 @@ async fn the_processor_lists_the_charges_made_under_an_idempotency_key() {
         .get("/v1/charges?idempotency_key=settle-key-3")
         .await;
     assert_eq!(busy.status, 409);
+}
+
+/// The scenario an operator meets: the customer was charged, the key held, and the cardholder's
+/// bank disputed the charge meanwhile. The processor's dispute event names a charge no payment
+/// records: it is kept, and the settle that records the payment applies it, once (on the code
+/// before, it was refused until the sender gave up, then lost).
+#[api_test]
+async fn a_dispute_opened_while_the_key_was_held_is_applied_once_by_the_settle() {
+    let mut slow = losing_answers();
+    slow.shared.webhook_retry_schedule = patiently();
+    let (app, slow, secret) =
+        delivering_events(settings(), slow, patiently(), NOT_WITHIN_THE_TEST).await;
+    let key = new_key();
+    app.post_payment(&key, &payment(4200))
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    let mut healthy = processor::settings();
+    healthy.webhook_url = Some(app.url("/v1/webhooks/processor"));
+    healthy.shared.webhook_secrets = Some(secret);
+    healthy.shared.webhook_retry_schedule = patiently();
+    let processor = replace(&app, slow, healthy).await;
+    let (charge, _) = the_charge(&app).await;
+    dispute_at_the_processor(&processor, &charge, 1000).await;
+    wait_until("the dispute event is parked", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM parked_events")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+
+    let settled = settle(&app, &processor, &key).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    let payment_id = chosen(&app, &key, "payment").await;
+    let payment = app.get(&format!("/v1/payments/{payment_id}")).await.json();
+    assert_eq!(payment["amount_disputed"], 1000, "{payment}");
+    let disputes: i64 = sqlx::query_scalar("SELECT count(*) FROM disputes")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(disputes, 1);
+    let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM parked_events")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(parked, 0);
+    assert_ledgers_agree(&app, &processor, 1).await;
 }
