@@ -140,3 +140,50 @@ async fn a_background_job_that_dies_takes_readiness_down() {
         "the death is logged as an error: {logs}"
     );
 }
+
+/// The embedded processor's own expiry job panics (a crash point of the `failpoints` feature, on
+/// its first run): idempay's `/readyz` turns 503 naming it, as for a job of idempay's own, and
+/// `/healthz` stays 200. Before, the processor watched its jobs for itself: the death was logged,
+/// and `/readyz` went on answering 200 while the processor's deliveries were never pruned again.
+#[cfg(feature = "failpoints")]
+#[api_test]
+async fn a_job_of_the_embedded_processor_that_dies_takes_readiness_down() {
+    use crate::support::instance::{Instance, LogFile};
+
+    let database_url = bare_database().await;
+    let (logs, log_file) = LogFile::create();
+    // No IDEMPAY_PROCESSOR_URL: `serve` embeds the processor.
+    let instance = Instance::start_alive_logging_to(
+        log_file,
+        &database_url,
+        &[("IDEMPAY_FAILPOINT", "processor:expiry-job-panic")],
+    )
+    .await;
+
+    let started = std::time::Instant::now();
+    let ready = loop {
+        let ready = instance.get("/readyz").await;
+        if ready.status != 200 {
+            break ready;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "/readyz still 200 after {:?}; logs:\n{}",
+            started.elapsed(),
+            logs.read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let problem = ready.assert_problem(503, "service-unavailable");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("`processor-expiry`"),
+        "names the job: {detail}"
+    );
+    assert_eq!(instance.get("/healthz").await.status, 200, "still alive");
+    let logs = logs.read();
+    assert!(
+        logs.contains("failpoint processor:expiry-job-panic: panicking"),
+        "the crash point was hit: {logs}"
+    );
+}
