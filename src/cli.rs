@@ -8,7 +8,8 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use crate::app::{self, Application};
-use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
+use crate::config::{self, DatabaseArgs, ListenArgs, ProcessorLink, Settings};
+use crate::exit::refused_settings;
 use crate::{accounts, db, reconcile};
 use processor::{Processor, ProcessorListen, ProcessorSettings};
 use service::server::shutdown_signal;
@@ -123,7 +124,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            db::check_lease(settings.shared.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            // Settings that contradict each other are refused as one that cannot be read is.
+            db::check_lease(settings.shared.lease, &database.pool).map_err(refused_settings)?;
+            config::check_recovery_window(&settings).map_err(refused_settings)?;
+            config::check_delivery_retention(
+                settings.shared.webhook_delivery_retention,
+                &settings.shared.webhook_retry_schedule,
+                settings.shared.webhook_delivery_timeout,
+            )
+            .map_err(refused_settings)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -141,7 +150,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            db::check_lease(settings.shared.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            db::check_lease(settings.shared.lease, &database.pool).map_err(refused_settings)?;
+            settings.check_redelivery().map_err(refused_settings)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;

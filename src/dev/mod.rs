@@ -43,10 +43,12 @@ const PROCESSOR_PORT: u16 = 8081;
 const RECEIVER_PORT: u16 = 4242;
 /// The delays between webhook delivery attempts in `idempay dev`, both senders' (the processor's
 /// to the API, the API's to merchant endpoints), unless `IDEMPAY_WEBHOOK_RETRY_SCHEDULE` says
-/// otherwise: seconds, where production's default waits minutes then hours, so that a receiver
-/// run with `--fail-first 2` shows both retries within ten seconds, and a processor event refused
-/// until its payment is recorded comes back as soon.
-pub const DEV_RETRY_SCHEDULE: &str = "2s,5s,10s,30s,1m";
+/// otherwise: seconds first, where production's default waits minutes then hours, so that a
+/// receiver run with `--fail-first 2` shows both retries within ten seconds, and a processor event
+/// refused until its payment is recorded comes back as soon; then hours, so that such an event is
+/// still redelivered for as long as its payment may take to be recorded (the recovery window:
+/// `config::check_processor_redelivery`).
+pub const DEV_RETRY_SCHEDULE: &str = "2s,5s,10s,30s,1m,5m,30m,2h,5h,10h";
 use postgres::Postgres;
 
 pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
@@ -64,6 +66,9 @@ pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<(
         settings.shared.webhook_retry_schedule =
             RetrySchedule::parse(DEV_RETRY_SCHEDULE).map_err(anyhow::Error::msg)?;
     }
+    // As `serve` checks them; and here the processor's events come on this schedule.
+    crate::config::check_recovery_window(&settings).map_err(anyhow::Error::msg)?;
+    crate::config::check_processor_redelivery(&settings).map_err(anyhow::Error::msg)?;
     eprintln!("Starting a throwaway PostgreSQL container…");
     let postgres = Postgres::start().await?;
     let served = serve(&postgres, listen, settings).await;

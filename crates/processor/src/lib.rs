@@ -49,7 +49,7 @@ pub use model::{
 };
 pub use settings::{
     DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, ProcessorApiKey, ProcessorListen, ProcessorSettings,
-    SharedArgs,
+    SharedArgs, check_redelivery,
 };
 
 /// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
