@@ -150,6 +150,7 @@ async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<C
         payment_method: new.payment_method.as_str().to_owned(),
         decline_code: decline_code.map(str::to_owned),
         amount_refunded: 0,
+        idempotency_key: Some(lease.key().as_str().to_owned()),
         created_at: lease.now(),
     };
     let response = match decline_code {
@@ -278,7 +279,7 @@ pub(crate) async fn get_charge(
         ChargeRow,
         r#"
         SELECT id, amount, currency, status, payment_method, decline_code, amount_refunded,
-               created_at
+               idempotency_key, created_at
         FROM processor_charges
         WHERE id = $1
         "#,
@@ -326,7 +327,7 @@ pub(crate) async fn list_charges(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, created_at
+                       amount_refunded, idempotency_key, created_at
                 FROM processor_charges
                 WHERE (created_at, id) > ($1, $2)
                 ORDER BY created_at, id
@@ -344,7 +345,7 @@ pub(crate) async fn list_charges(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, created_at
+                       amount_refunded, idempotency_key, created_at
                 FROM processor_charges
                 WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
                 ORDER BY created_at DESC, id DESC
@@ -460,7 +461,7 @@ async fn refund(
         r#"
         INSERT INTO processor_refunds (id, charge_id, amount, status, idempotency_key, created_at)
         VALUES ($1, $2, $3, 'succeeded', $4, $5)
-        RETURNING id, charge_id, amount, status, created_at
+        RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
         IdKind::Refund.generate(),
         charge,
@@ -507,7 +508,7 @@ pub(crate) async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-                SELECT id, charge_id, amount, status, created_at
+                SELECT id, charge_id, amount, status, idempotency_key, created_at
                 FROM processor_refunds
                 WHERE (created_at, id) > ($1, $2)
                 ORDER BY created_at, id
@@ -524,7 +525,7 @@ pub(crate) async fn list_refunds(
             sqlx::query_as!(
                 RefundRow,
                 r#"
-                SELECT id, charge_id, amount, status, created_at
+                SELECT id, charge_id, amount, status, idempotency_key, created_at
                 FROM processor_refunds
                 WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
                 ORDER BY created_at DESC, id DESC
@@ -646,7 +647,7 @@ pub(crate) async fn fail_refund(
         r#"
         UPDATE processor_refunds SET status = 'failed'
         WHERE id = $1 AND status = 'succeeded'
-        RETURNING id, charge_id, amount, status, created_at
+        RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
         id,
     )

@@ -137,6 +137,11 @@ pub struct Charge {
     /// Why the charge was declined; `None` when it succeeded.
     pub decline_code: Option<String>,
     pub amount_refunded: i64,
+    /// The `Idempotency-Key` the charge was made under (by idempay, its downstream key): how
+    /// `idempay reconcile` tells a charge whose payment is still being recorded. Absent from a
+    /// charge read from a stored answer made before charges carried it.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -193,6 +198,9 @@ pub struct ProcessorRefund {
     pub charge: String,
     pub amount: i64,
     pub status: RefundStatus,
+    /// The `Idempotency-Key` the refund was made under, as for a [`Charge`].
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -259,6 +267,7 @@ pub(crate) struct ChargeRow {
     pub payment_method: String,
     pub decline_code: Option<String>,
     pub amount_refunded: i64,
+    pub idempotency_key: String,
     pub created_at: DateTime<Utc>,
 }
 
@@ -273,6 +282,7 @@ impl ChargeRow {
             payment_method: self.payment_method,
             decline_code: self.decline_code,
             amount_refunded: self.amount_refunded,
+            idempotency_key: Some(self.idempotency_key),
             created_at: self.created_at,
         })
     }
@@ -284,6 +294,7 @@ pub(crate) struct RefundRow {
     pub charge_id: String,
     pub amount: i64,
     pub status: String,
+    pub idempotency_key: String,
     pub created_at: DateTime<Utc>,
 }
 
@@ -295,6 +306,7 @@ impl RefundRow {
             charge: self.charge_id,
             amount: self.amount,
             status: stored(&self.status)?,
+            idempotency_key: Some(self.idempotency_key),
             created_at: self.created_at,
         })
     }
@@ -314,6 +326,7 @@ mod tests {
             payment_method: "pm_card_visa".to_owned(),
             decline_code: None,
             amount_refunded: 0,
+            idempotency_key: "idk_1".to_owned(),
             created_at: Utc::now(),
         };
         let refund = |status: &str| RefundRow {
@@ -321,6 +334,7 @@ mod tests {
             charge_id: "ch_1".to_owned(),
             amount: 5,
             status: status.to_owned(),
+            idempotency_key: "idk_2".to_owned(),
             created_at: Utc::now(),
         };
         for status in ChargeStatus::ALL {
@@ -394,6 +408,7 @@ mod tests {
             payment_method: "pm_card_chargeDeclined".into(),
             decline_code: Some("generic_decline".into()),
             amount_refunded: 0,
+            idempotency_key: Some("idk_1".into()),
             created_at: Utc::now(),
         };
         let json = serde_json::to_value(tagged("charge", &charge)).unwrap();
