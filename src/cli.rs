@@ -232,6 +232,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             for difference in &report.differences {
                 println!("{difference}");
             }
+            // Not differences: said, since one that stays in flight may become one.
+            for in_flight in &report.in_flight {
+                println!("{in_flight}");
+            }
             println!("{}", report.summary());
             if !report.is_clean() {
                 std::process::exit(1);
