@@ -10,18 +10,17 @@ AuthenticatedClient, and walks the API with the `sync_detailed` functions (they 
 the headers as well as the parsed body): a payment with an Idempotency-Key, its replay, the key with
 another amount (422), a declined card (402), the list, one payment, a partial refund, a full refund
 with no body, the events, the key's inspection, a webhook endpoint for every event type, and a
-dispute sent as the processor sends it with the `webhook send` command that the banner of
-`idempay dev` (the file SERVER_OUT) shows, read back on the payment. Each step checks what it got
-through the generated models and prints one line; the first failure exits 1 with what was expected
-and what came.
+dispute opened at the processor with the route and key that the banner of `idempay dev` (the file
+SERVER_OUT) shows, read back on the payment once the processor's event arrived. Each step checks
+what it got through the generated models and prints one line; the first failure exits 1 with what
+was expected and what came.
 """
 
 import json
-import os
 import re
-import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 
@@ -53,20 +52,20 @@ def expect(response, status, model):
     return response.parsed
 
 
-def banner_webhook_command(server_out):
-    """The secret, the binary and the URL of the banner's `webhook send` example."""
+def banner_dispute_command(server_out):
+    """The processor's URL and API key, from the banner's dispute example."""
     with open(server_out, encoding="utf-8") as f:
         banner = f.read()
-    # IDEMPAY_WEBHOOK_SECRET='whsec_…' /path/to/idempay webhook send \
-    #   --url http://127.0.0.1:PORT/v1/webhooks/processor --id evt_demo_1 --type dispute.created \
+    # curl -s http://127.0.0.1:PORT/v1/charges/ch_…/disputes \
+    #   -H 'Authorization: Bearer sk_dev_…' \
     found = re.search(
-        r"^IDEMPAY_WEBHOOK_SECRET='(?P<secret>whsec_[^']+)' (?P<exe>\S+) webhook send \\\n"
-        r"\s+--url (?P<url>\S+) ",
+        r"^curl -s (?P<url>\S+)/v1/charges/ch_…/disputes \\\n"
+        r"\s+-H 'Authorization: Bearer (?P<key>[^']+)'",
         banner,
         re.MULTILINE,
     )
-    check(found, f"no `webhook send` command with a secret and --url in the banner ({server_out})")
-    return found["secret"], found["exe"], found["url"]
+    check(found, f"no dispute command with the processor's URL and key in the banner ({server_out})")
+    return found["url"], found["key"]
 
 
 def main(base, api_key, client_dir, server_out):
@@ -79,8 +78,6 @@ def main(base, api_key, client_dir, server_out):
     from idempay_client.api.refunds import create_refund
     from idempay_client.api.webhook_endpoints import create_webhook_endpoint, delete_webhook_endpoint
     from idempay_client.models import (
-        Acknowledgement,
-        AcknowledgementOutcome,
         DeletedWebhookEndpoint,
         Dispute,
         ListDispute,
@@ -298,27 +295,23 @@ def main(base, api_key, client_dir, server_out):
             client=client, body=new_payment(4200, order="tour_2"), idempotency_key=f"tour-{uuid.uuid4()}"
         )
         payment = expect(r, 201, Payment)
-        secret, exe, url = banner_webhook_command(server_out)
-        dispute = f"dp_tour{uuid.uuid4().hex[:16]}"  # a processor id: `dp_` and base62
-        data = f'{{"payment": "{payment.id}", "dispute": "{dispute}", "amount": 500}}'
-        sent = subprocess.run(
-            [exe, "webhook", "send", "--url", url, "--type", "dispute.created", "--data", data],
-            env={**os.environ, "IDEMPAY_WEBHOOK_SECRET": secret},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
+        url, processor_key = banner_dispute_command(server_out)
+        opened = urllib.request.Request(
+            f"{url}/v1/charges/{payment.charge}/disputes",
+            data=b'{"amount": 500}',
+            headers={"Authorization": f"Bearer {processor_key}", "Content-Type": "application/json"},
+            method="POST",
         )
-        check(
-            sent.returncode == 0,
-            f"`webhook send` exited {sent.returncode}: {sent.stderr.strip()} {sent.stdout.strip()}",
-        )
-        try:
-            ack = Acknowledgement.from_dict(json.loads(sent.stdout))
-        except (ValueError, KeyError) as error:
-            raise StepFailed(f"`webhook send` printed no acknowledgement ({error}): {sent.stdout.strip()}")
-        check(ack.outcome == AcknowledgementOutcome.APPLIED, f"the dispute was acknowledged {ack.outcome}")
-        read = expect(get_payment.sync_detailed(payment.id, client=client), 200, Payment)
+        with urllib.request.urlopen(opened, timeout=30) as response:
+            check(response.status == 201, f"the processor answered {response.status} to the dispute")
+            dispute = json.loads(response.read())["id"]
+        # The processor delivers its event on its own: a few tries until the payment shows it.
+        deadline = time.monotonic() + 30
+        while True:
+            read = expect(get_payment.sync_detailed(payment.id, client=client), 200, Payment)
+            if read.amount_disputed == 500 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         check(read.amount_disputed == 500, f"amount_disputed {read.amount_disputed}, not 500")
         # The disputes API: the payment's disputes, and the one by its id.
         page = expect(list_disputes.sync_detailed(client=client, payment=payment.id), 200, ListDispute)

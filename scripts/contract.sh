@@ -13,8 +13,8 @@
 #      target/contract/client) and must warn of nothing (ruff's formatting, run afterwards, may
 #      fail with a warning only); scripts/client-tour.py then walks the API through it: a payment,
 #      its replay, a mismatch (422), a declined card (402), the list, a partial and a body-less full
-#      refund, the events, the key's inspection, a webhook endpoint for `*` and a dispute sent with
-#      the banner's `webhook send`, each step checked through the generated models.
+#      refund, the events, the key's inspection, a webhook endpoint for `*` and a dispute opened
+#      at the processor as the banner shows, each step checked through the generated models.
 # The last line is `contract: N passed, M failed`; the exit status is non-zero when M > 0.
 # Everything it writes (server output, reports, screenshots, the venvs of schemathesis and
 # Selenium and of the client generator, the generated client) is under target/contract/.

@@ -416,6 +416,8 @@ impl Application {
         ];
         // The embedded processor stops last: requests finishing now may still be calling it.
         if let Some(processor) = self.embedded {
+            // Its own jobs are watched as idempay's: one that dies takes `/readyz` down too.
+            let processor = processor.watched_by(self.state.jobs.clone());
             let stopped = stop.clone();
             jobs.push(watch(
                 "embedded-processor",

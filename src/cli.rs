@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use crate::app::{self, Application};
-use crate::config::{DatabaseArgs, ListenArgs, ProcessorLink, Settings};
+use crate::config::{self, DatabaseArgs, ListenArgs, ProcessorLink, Settings};
+use crate::exit::refused_settings;
 use crate::{accounts, db, reconcile, settle};
 use processor::{Processor, ProcessorListen, ProcessorSettings};
 use service::server::shutdown_signal;
@@ -160,7 +161,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            db::check_lease(settings.shared.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            // Settings that contradict each other are refused as one that cannot be read is.
+            db::check_lease(settings.shared.lease, &database.pool).map_err(refused_settings)?;
+            config::check_recovery_window(&settings).map_err(refused_settings)?;
+            config::check_delivery_retention(
+                settings.shared.webhook_delivery_retention,
+                &settings.shared.webhook_retry_schedule,
+                settings.shared.webhook_delivery_timeout,
+            )
+            .map_err(refused_settings)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -178,7 +187,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             settings,
         } => {
-            db::check_lease(settings.shared.lease, &database.pool).map_err(anyhow::Error::msg)?;
+            db::check_lease(settings.shared.lease, &database.pool).map_err(refused_settings)?;
+            settings.check_redelivery().map_err(refused_settings)?;
             let pool = db::pool_with(&database.database_url, database.pool)?;
             db::migrate(&pool).await?;
             let listener = TcpListener::bind(listen.listen).await?;
@@ -258,6 +268,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let report = reconcile::run(&pool, &processor).await?;
             for difference in &report.differences {
                 println!("{difference}");
+            }
+            // Not differences: said, since one that stays in flight may become one.
+            for in_flight in &report.in_flight {
+                println!("{in_flight}");
             }
             println!("{}", report.summary());
             if !report.is_clean() {

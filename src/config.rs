@@ -245,8 +245,88 @@ pub fn check_delivery_retention(
     Ok(())
 }
 
+/// Refuses at start (`serve`, `idempay dev`) a recovery window that does not fit between the
+/// processor calls it bounds:
+///
+/// - At least the longest a request asks the processor about its call (every attempt cut off at
+///   `IDEMPAY_PROCESSOR_TIMEOUT`, and the pauses between them) plus the lease. A key is held for
+///   an operator once it is older than the window and no lease holds it; a request that asked
+///   that long and then died leaves its lease to run out a lease later. With a shorter window, a
+///   key would be held before any retry or the recovery job could take it over even once: every
+///   lost answer would go to an operator (`IDEMPAY_RECOVERY_WINDOW=2s` once started, and did so).
+/// - Plus that asking time, shorter than the processor remembers its keys: a resume claimed just
+///   before the window ends still calls the processor with the downstream key until then, and a
+///   call after the processor forgot the key would be a new charge.
+pub fn check_recovery_window(settings: &Settings) -> Result<(), String> {
+    let window = settings.recovery_window;
+    let timeout = settings.processor.timeout;
+    let asking = crate::downstream::client::longest_asking(timeout);
+    let shortest = asking.saturating_add(settings.shared.lease);
+    let format = humantime::format_duration;
+    if window < shortest {
+        return Err(format!(
+            "IDEMPAY_RECOVERY_WINDOW ({}) must be at least the longest a request asks the \
+             processor about a call, 3 attempts of IDEMPAY_PROCESSOR_TIMEOUT ({}) and the pauses \
+             between them ({}), plus IDEMPAY_LEASE ({}): {}. A key past the window is held for an \
+             operator, and a shorter one would be held before any retry or the recovery job could \
+             resume it. Lengthen the window, or shorten the timeout or the lease.",
+            format(window),
+            format(timeout),
+            format(asking),
+            format(settings.shared.lease),
+            format(shortest),
+        ));
+    }
+    let remembered = processor::KEY_TTL;
+    if window.saturating_add(asking) >= remembered {
+        return Err(format!(
+            "IDEMPAY_RECOVERY_WINDOW ({}) plus the longest a request asks the processor about a \
+             call ({}, from IDEMPAY_PROCESSOR_TIMEOUT {}) must be shorter than the processor \
+             remembers its idempotency keys ({}): a resume that starts at the end of the window \
+             would call it after it forgot the key, and be charged again. Shorten the window or \
+             the timeout.",
+            format(window),
+            format(asking),
+            format(timeout),
+            format(remembered),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses, where the processor's events to this idempay are sent on this schedule (`idempay
+/// dev`, whose processor takes idempay's settings), a schedule that gives one up while its
+/// object may still be unrecorded. idempay refuses (409) an event about a charge or refund it has
+/// not recorded yet, so that the sender comes again, and the charge of a key whose outcome is
+/// unknown is recorded by a retry or the recovery job as late as the window's end, plus the time
+/// that last resume asks the processor: the sender must redeliver at least that long, counted
+/// from its first attempt, which comes after the key was made.
+///
+/// `serve` does not check it: there the schedule is only that of idempay's own deliveries to
+/// merchant endpoints, which no recovery waits for (the embedded processor sends no events, and a
+/// processor of its own, `idempay processor`, has its own schedule, checked against the time it
+/// remembers keys, which the window is shorter than: `ProcessorSettings::check_redelivery`).
+pub fn check_processor_redelivery(settings: &Settings) -> Result<(), String> {
+    let window = settings.recovery_window;
+    let asking = crate::downstream::client::longest_asking(settings.processor.timeout);
+    let format = humantime::format_duration;
+    processor::check_redelivery(
+        &settings.shared.webhook_retry_schedule,
+        window.saturating_add(asking),
+        &format!(
+            "IDEMPAY_RECOVERY_WINDOW ({}) plus the longest a resume asks the processor about a \
+             call ({}, from IDEMPAY_PROCESSOR_TIMEOUT {}): {}",
+            format(window),
+            format(asking),
+            format(settings.processor.timeout),
+            format(window.saturating_add(asking)),
+        ),
+    )
+}
+
 /// The recovery window must end before the processor forgets the downstream key, or a resume
-/// after that would be a new charge under the old key.
+/// after that would be a new charge under the old key. (How it compares with the other settings
+/// is checked at start: [`check_recovery_window`].)
 fn parse_recovery_window(raw: &str) -> Result<Duration, String> {
     let window = duration("IDEMPAY_RECOVERY_WINDOW", raw, Duration::from_nanos(1))?;
     let remembered = processor::KEY_TTL;
@@ -379,6 +459,58 @@ mod tests {
         );
         let parsed = Cli::try_parse_from(["idempay", "--recovery-window", "25h"]);
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn a_recovery_window_shorter_than_a_request_s_calls_and_a_lease_is_refused() {
+        assert_eq!(check_recovery_window(&Settings::default()), Ok(()));
+        let parsed = Cli::parse_from(["idempay", "--recovery-window", "2s"]).settings;
+        let refused = check_recovery_window(&parsed).unwrap_err();
+        assert!(
+            refused.contains("IDEMPAY_RECOVERY_WINDOW (2s) must be at least")
+                && refused.contains("IDEMPAY_PROCESSOR_TIMEOUT (10s)")
+                && refused.contains("(30s 300ms)")
+                && refused.contains("IDEMPAY_LEASE (30s): 1m 300ms"),
+            "{refused}"
+        );
+        let fits = Cli::parse_from([
+            "idempay",
+            "--recovery-window",
+            "2s",
+            "--processor-timeout",
+            "200ms",
+            "--lease",
+            "1s",
+        ])
+        .settings;
+        assert_eq!(check_recovery_window(&fits), Ok(()), "0.6 s + 0.3 s + 1 s");
+        let late = Cli::parse_from(["idempay", "--recovery-window", "23h 59m 45s"]).settings;
+        let refused = check_recovery_window(&late).unwrap_err();
+        assert!(
+            refused.contains("IDEMPAY_RECOVERY_WINDOW (23h 59m 45s) plus")
+                && refused.contains("remembers its idempotency keys (1day)"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_schedule_that_gives_the_processor_s_events_up_within_the_recovery_window_is_refused() {
+        let mut settings = Settings::default();
+        assert_eq!(check_processor_redelivery(&settings), Ok(()));
+        settings.shared.webhook_retry_schedule = RetrySchedule::parse("2s,5s,10s,30s,1m").unwrap();
+        let refused = check_processor_redelivery(&settings).unwrap_err();
+        assert!(
+            refused.contains("IDEMPAY_WEBHOOK_RETRY_SCHEDULE (2s,5s,10s,30s,1m)")
+                && refused.contains("IDEMPAY_RECOVERY_WINDOW (12h) plus")
+                && refused.contains("IDEMPAY_PROCESSOR_TIMEOUT 10s): 12h 30s 300ms"),
+            "{refused}"
+        );
+        settings.recovery_window = Duration::from_secs(60);
+        assert_eq!(
+            check_processor_redelivery(&settings),
+            Ok(()),
+            "96.3 s ≥ 90.3 s"
+        );
     }
 
     #[test]

@@ -10,3 +10,16 @@ pub struct Exit {
     pub code: u8,
     pub message: String,
 }
+
+/// The exit code of a command refused for its settings, as clap exits for a value it cannot read:
+/// a usage error, whether one setting is wrong or two contradict each other.
+pub const USAGE: u8 = 2;
+
+/// A refusal of the settings, `message` naming each setting and its value: exits [`USAGE`].
+pub fn refused_settings(message: String) -> anyhow::Error {
+    Exit {
+        code: USAGE,
+        message,
+    }
+    .into()
+}

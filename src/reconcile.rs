@@ -1,28 +1,45 @@
 //! `idempay reconcile`: idempay's ledger against the processor's. Every charge at the processor
-//! must be recorded by exactly one payment, for the same amount, outcome, refunded and disputed
-//! amounts; every refund by exactly one refund, and every dispute by exactly one dispute, for the
-//! same amount; anything else is a difference, and a difference is a bug (or money taken without a
-//! record). The processor is read through its list API, as an operator would.
+//! must be recorded by exactly one payment, for the same amount, currency, outcome, refunded and
+//! disputed amounts; every refund by exactly one refund, of the same charge, and every dispute by
+//! exactly one dispute, for the same amount; anything else is a difference, and a difference is a
+//! bug (or money taken without a record). The processor is read through its list API, as an
+//! operator would.
 //!
-//! [`reconcile`] reads both ledgers once, then compares them one section at a time (payments with
-//! charges, refunds, disputes), each section a function adding its differences: another check is
-//! another section. A key held for an operator (its call to the processor unsettled past the
-//! recovery window) is a difference too: the ledgers cannot agree until someone settles it; and so
-//! is a processor's event parked for an object idempay has not recorded.
+//! [`reconcile`] reads idempay's ledger in one snapshot, then the processor's, then compares them
+//! one section at a time (payments with charges, refunds, disputes), each section a function adding
+//! its differences: another check is another section. The order makes the comparison consistent
+//! while both keep changing: the processor makes a charge (or refund, or dispute) before idempay
+//! records it, and never deletes one, so whatever idempay's snapshot names is in the processor's
+//! ledger read after it. What the processor has and the snapshot does not is either recorded
+//! since, or in flight (the key that asked for it is still in progress, its outcome being
+//! settled), or a difference: idempay's ledger is read again for those alone ([`Later`]), after
+//! the processor's, when every key that asked for one of them exists already. In flight is said,
+//! not counted as a difference; a charge no key accounts for is one.
+//!
+//! A key held for an operator (its call to the processor unsettled past the recovery window) is a
+//! difference too: the ledgers cannot agree until someone settles it (`idempay keys settle`); and
+//! so is a processor's event parked for an object idempay has not recorded.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use sqlx::PgPool;
 
 use crate::config::ProcessorLink;
+use crate::disputes::DisputeStatus;
 use crate::downstream::ProcessorClient;
 use crate::downstream::link::Linked;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
 use crate::webhooks;
-use processor::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
+use processor::{Charge, Dispute, ProcessorRefund};
 use service::vocabulary::stored;
+
+mod in_flight;
+mod sections;
+
+pub use in_flight::InFlight;
+use in_flight::{Accounted, Later, Unrecorded};
+use sections::{disputes_against_theirs, payments_against_charges, refunds_against_theirs};
 
 /// Reconciles against the processor `link` names or, without a URL, against the processor
 /// embedded in this database (as `serve` runs it), started on a loopback port for the purpose.
@@ -160,6 +177,7 @@ pub struct Report {
     pub refunds: usize,
     pub disputes: usize,
     pub differences: Vec<Difference>,
+    pub in_flight: Vec<InFlight>,
 }
 
 impl Report {
@@ -178,8 +196,12 @@ impl Report {
         ]
         .map(|(count, what)| format!("{count} {what}"));
         let (last, first) = counted.split_last().expect("four counts");
+        let in_flight = match self.in_flight.len() {
+            0 => String::new(),
+            count => format!(", {count} in flight"),
+        };
         format!(
-            "reconciled {} and {last}: {} difference(s)",
+            "reconciled {} and {last}: {} difference(s){in_flight}",
             first.join(", "),
             self.differences.len()
         )
@@ -225,15 +247,18 @@ struct OurPayment {
     id: String,
     charge: String,
     amount: i64,
+    currency: String,
     status: PaymentStatus,
     amount_refunded: i64,
     amount_disputed: i64,
 }
 
-/// A refund with the processor's refund that made it.
+/// A refund with the processor's refund that made it, and its payment's charge. (A refund carries
+/// no currency, here or at the processor: it is in its charge's, whose currency is its payment's.)
 struct OurRefund {
     id: String,
     processor_refund: String,
+    charge: Option<String>,
     amount: i64,
     status: OurRefundStatus,
 }
@@ -243,18 +268,27 @@ struct OurDispute {
     id: String,
     charge: String,
     amount: i64,
+    status: DisputeStatus,
 }
 
 impl Ours {
+    /// The whole ledger in one snapshot (on Citus, one per node, each holding whole accounts: a
+    /// payment is read with its refunds and disputes), so that a payment's figures and the rows
+    /// they sum are of one moment.
     async fn read(pool: &PgPool) -> anyhow::Result<Self> {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
         // A status none of ours is an error, not a difference to report.
         let payments = sqlx::query!(
             r#"
-            SELECT id, charge AS "charge!", amount, status, amount_refunded, amount_disputed
+            SELECT id, charge AS "charge!", amount, currency, status, amount_refunded,
+                   amount_disputed
             FROM payments WHERE charge IS NOT NULL
             "#
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *tx)
         .await?
         .into_iter()
         .map(|row| {
@@ -263,6 +297,7 @@ impl Ours {
                 id: row.id,
                 charge: row.charge,
                 amount: row.amount,
+                currency: row.currency,
                 amount_refunded: row.amount_refunded,
                 amount_disputed: row.amount_disputed,
             })
@@ -270,11 +305,13 @@ impl Ours {
         .collect::<Result<_, sqlx::Error>>()?;
         let refunds = sqlx::query!(
             r#"
-            SELECT id, processor_refund AS "processor_refund!", amount, status
-            FROM refunds WHERE processor_refund IS NOT NULL
+            SELECT r.id, r.processor_refund AS "processor_refund!", r.amount, r.status, p.charge
+            FROM refunds r
+            JOIN payments p ON p.account_id = r.account_id AND p.id = r.payment_id
+            WHERE r.processor_refund IS NOT NULL
             "#
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *tx)
         .await?
         .into_iter()
         .map(|row| {
@@ -282,23 +319,33 @@ impl Ours {
                 status: stored(&row.status)?,
                 id: row.id,
                 processor_refund: row.processor_refund,
+                charge: row.charge,
                 amount: row.amount,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
         // A dispute is recorded under the processor's id for it (`data.dispute` of its event); one
         // of a payment with no charge has nothing at the processor to be compared with.
-        let disputes = sqlx::query_as!(
-            OurDispute,
+        let disputes = sqlx::query!(
             r#"
-            SELECT d.id, p.charge AS "charge!", d.amount
+            SELECT d.id, p.charge AS "charge!", d.amount, d.status
             FROM disputes d
             JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
             WHERE p.charge IS NOT NULL
             "#
         )
-        .fetch_all(pool)
-        .await?;
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|row| {
+            Ok(OurDispute {
+                status: stored(&row.status)?,
+                id: row.id,
+                charge: row.charge,
+                amount: row.amount,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()?;
         let held = sqlx::query_as!(
             HeldKey,
             r#"
@@ -307,8 +354,9 @@ impl Ours {
             ORDER BY held_at
             "#
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(Self {
             payments,
             refunds,
@@ -320,12 +368,21 @@ impl Ours {
 
 /// Compares every payment, refund and dispute with the processor's charges, refunds and disputes.
 pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Result<Report> {
-    let theirs = Theirs::read(processor).await?;
+    // idempay's ledger first: see the module's comment.
     let ours = Ours::read(pool).await?;
+    let theirs = Theirs::read(processor).await?;
+    let unrecorded = Unrecorded::of(&ours, &theirs);
+    let later = if unrecorded.is_empty() {
+        Later::default()
+    } else {
+        Later::read(pool, &unrecorded).await?
+    };
+    let accounted = Accounted::of(&unrecorded, &later);
     let mut differences = Vec::new();
-    payments_against_charges(&ours, &theirs, &mut differences);
+    payments_against_charges(&ours, &theirs, &accounted.since, &mut differences);
     refunds_against_theirs(&ours.refunds, &theirs.refunds, &mut differences);
     disputes_against_theirs(&ours.disputes, &theirs.disputes, &mut differences);
+    differences.extend(accounted.differences);
     differences.extend(ours.held.into_iter().map(|key| Difference::KeyHeld {
         scope: key.scope,
         key: key.idem_key,
@@ -345,170 +402,6 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
         refunds: ours.refunds.len(),
         disputes: ours.disputes.len(),
         differences,
+        in_flight: accounted.in_flight,
     })
-}
-
-/// Each payment against its charge: the amount, the outcome, what was refunded (the charge's
-/// `amount_refunded`) and what is disputed (the sum of the processor's disputes of the charge);
-/// and each charge recorded by a payment.
-fn payments_against_charges(ours: &Ours, theirs: &Theirs, differences: &mut Vec<Difference>) {
-    let by_charge: BTreeMap<&str, &Charge> =
-        theirs.charges.iter().map(|c| (c.id.as_str(), c)).collect();
-    let mut disputed: BTreeMap<&str, i64> = BTreeMap::new();
-    for dispute in &theirs.disputes {
-        *disputed.entry(dispute.charge.as_str()).or_default() += dispute.amount;
-    }
-    let mut recorded = BTreeSet::new();
-    for payment in &ours.payments {
-        recorded.insert(payment.charge.as_str());
-        let Some(charge) = by_charge.get(payment.charge.as_str()) else {
-            differences.push(Difference::PaymentWithoutCharge {
-                payment: payment.id.clone(),
-                charge: payment.charge.clone(),
-            });
-            continue;
-        };
-        // `refunded` and `failed` are later states of a succeeded charge.
-        let outcome = if payment.status == PaymentStatus::Declined {
-            ChargeStatus::Declined
-        } else {
-            ChargeStatus::Succeeded
-        };
-        let charge_disputed = disputed.get(charge.id.as_str()).copied().unwrap_or(0);
-        let figures = [
-            (
-                "amount",
-                payment.amount.to_string(),
-                charge.amount.to_string(),
-            ),
-            (
-                "outcome",
-                outcome.as_str().to_owned(),
-                charge.status.as_str().to_owned(),
-            ),
-            (
-                "amount_refunded",
-                payment.amount_refunded.to_string(),
-                charge.amount_refunded.to_string(),
-            ),
-            (
-                "amount_disputed",
-                payment.amount_disputed.to_string(),
-                charge_disputed.to_string(),
-            ),
-        ];
-        for (field, ours, theirs) in figures {
-            if ours != theirs {
-                differences.push(Difference::Mismatch {
-                    payment: payment.id.clone(),
-                    charge: charge.id.clone(),
-                    field,
-                    ours,
-                    processor: theirs,
-                });
-            }
-        }
-    }
-    for charge in &theirs.charges {
-        if !recorded.contains(charge.id.as_str()) {
-            differences.push(Difference::ChargeWithoutPayment {
-                charge: charge.id.clone(),
-                amount: charge.amount,
-            });
-        }
-    }
-}
-
-/// Each refund against the processor's refund it names (its outcome and amount), and each of the
-/// processor's refunds recorded by a refund.
-fn refunds_against_theirs(
-    ours: &[OurRefund],
-    theirs: &[ProcessorRefund],
-    differences: &mut Vec<Difference>,
-) {
-    let by_refund: BTreeMap<&str, &ProcessorRefund> =
-        theirs.iter().map(|r| (r.id.as_str(), r)).collect();
-    let mut recorded = BTreeSet::new();
-    for refund in ours {
-        recorded.insert(refund.processor_refund.as_str());
-        match by_refund.get(refund.processor_refund.as_str()) {
-            None => differences.push(Difference::RefundMismatch {
-                refund: refund.id.clone(),
-                detail: format!(
-                    "names processor refund {}, which the processor does not have",
-                    refund.processor_refund
-                ),
-            }),
-            Some(theirs)
-                if (theirs.status == RefundStatus::Failed)
-                    != (refund.status == OurRefundStatus::Failed) =>
-            {
-                differences.push(Difference::RefundMismatch {
-                    refund: refund.id.clone(),
-                    detail: format!(
-                        "is {} here, {:?} at the processor",
-                        refund.status, theirs.status
-                    ),
-                });
-            }
-            Some(theirs) if theirs.amount != refund.amount => {
-                differences.push(Difference::RefundMismatch {
-                    refund: refund.id.clone(),
-                    detail: format!(
-                        "amount is {} here, {} at the processor",
-                        refund.amount, theirs.amount
-                    ),
-                });
-            }
-            Some(_) => {}
-        }
-    }
-    for theirs in theirs {
-        if !recorded.contains(theirs.id.as_str()) {
-            differences.push(Difference::RefundWithoutRecord {
-                processor_refund: theirs.id.clone(),
-                amount: theirs.amount,
-            });
-        }
-    }
-}
-
-/// Each dispute against the processor's dispute of the same id (its charge and amount: a dispute
-/// flagged `needs_review` is compared in full, as recorded), and each of the processor's disputes
-/// recorded by a dispute: one whose event was never applied shows here.
-fn disputes_against_theirs(
-    ours: &[OurDispute],
-    theirs: &[Dispute],
-    differences: &mut Vec<Difference>,
-) {
-    let by_dispute: BTreeMap<&str, &Dispute> = theirs.iter().map(|d| (d.id.as_str(), d)).collect();
-    let mut recorded = BTreeSet::new();
-    for dispute in ours {
-        recorded.insert(dispute.id.as_str());
-        let detail = match by_dispute.get(dispute.id.as_str()) {
-            None => "the processor has no such dispute".to_owned(),
-            Some(theirs) if theirs.charge != dispute.charge => format!(
-                "is of charge {} here, {} at the processor",
-                dispute.charge, theirs.charge
-            ),
-            Some(theirs) if theirs.amount != dispute.amount => format!(
-                "amount is {} here, {} at the processor",
-                dispute.amount, theirs.amount
-            ),
-            Some(_) => continue,
-        };
-        differences.push(Difference::DisputeMismatch {
-            dispute: dispute.id.clone(),
-            detail,
-        });
-    }
-    for theirs in theirs {
-        if !recorded.contains(theirs.id.as_str()) {
-            differences.push(Difference::DisputeWithoutRecord {
-                dispute: theirs.id.clone(),
-                charge: theirs.charge.clone(),
-                amount: theirs.amount,
-            });
-        }
-    }
 }

@@ -43,10 +43,12 @@ const PROCESSOR_PORT: u16 = 8081;
 const RECEIVER_PORT: u16 = 4242;
 /// The delays between webhook delivery attempts in `idempay dev`, both senders' (the processor's
 /// to the API, the API's to merchant endpoints), unless `IDEMPAY_WEBHOOK_RETRY_SCHEDULE` says
-/// otherwise: seconds, where production's default waits minutes then hours, so that a receiver
-/// run with `--fail-first 2` shows both retries within ten seconds, and a processor event refused
-/// until its payment is recorded comes back as soon.
-pub const DEV_RETRY_SCHEDULE: &str = "2s,5s,10s,30s,1m";
+/// otherwise: seconds first, where production's default waits minutes then hours, so that a
+/// receiver run with `--fail-first 2` shows both retries within ten seconds, and a processor event
+/// refused until its payment is recorded comes back as soon; then hours, so that such an event is
+/// still redelivered for as long as its payment may take to be recorded (the recovery window:
+/// `config::check_processor_redelivery`).
+pub const DEV_RETRY_SCHEDULE: &str = "2s,5s,10s,30s,1m,5m,30m,2h,5h,10h";
 use postgres::Postgres;
 
 pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<()> {
@@ -64,6 +66,9 @@ pub async fn run(listen: SocketAddr, mut settings: Settings) -> anyhow::Result<(
         settings.shared.webhook_retry_schedule =
             RetrySchedule::parse(DEV_RETRY_SCHEDULE).map_err(anyhow::Error::msg)?;
     }
+    // As `serve` checks them; and here the processor's events come on this schedule.
+    crate::config::check_recovery_window(&settings).map_err(anyhow::Error::msg)?;
+    crate::config::check_processor_redelivery(&settings).map_err(anyhow::Error::msg)?;
     eprintln!("Starting a throwaway PostgreSQL container…");
     let postgres = Postgres::start().await?;
     let served = serve(&postgres, listen, settings).await;
@@ -121,7 +126,13 @@ async fn serve(
         "{}",
         processor_banner(&base, &processor_url, &processor_key)
     );
-    println!("{}", webhook_banner(&base, &webhook_secrets.expose(), &exe));
+    let ledgers = Ledgers {
+        processor_url: &processor_url,
+        processor_key: &processor_key,
+        database_url: &postgres.url("postgres"),
+        exe: &exe,
+    };
+    println!("{}", webhook_banner(&ledgers, &webhook_secrets.expose()));
     println!("{endpoint_banner}");
     // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then
     // the processor.
@@ -179,18 +190,40 @@ fn banner(base: &str, account: &str, key: &str) -> String {
     )
 }
 
-/// The processor's dispute of a payment, as `idempay webhook send` delivers it: the data
-/// `dispute.created` needs (the payment, the processor's dispute id, which keys the dispute, and
-/// the amount), so that the payment shows it in `amount_disputed`.
-fn webhook_banner(base: &str, secret: &str, exe: &str) -> String {
+/// The processor's webhook secret, and a dispute opened where disputes come from: at the
+/// processor, as the cardholder's bank opens one (its route `POST /v1/charges/{id}/disputes`). The
+/// processor records it in its ledger and sends its own `charge.dispute.created`, which idempay
+/// applies: the two ledgers agree, and `idempay reconcile` finds nothing (an event sent by hand
+/// with `idempay webhook send` would name a dispute the processor never made).
+/// Then the two ledgers compared by `idempay reconcile`, as an operator runs it.
+fn webhook_banner(processor: &Ledgers<'_>, secret: &str) -> String {
+    let Ledgers {
+        processor_url,
+        processor_key,
+        database_url,
+        exe,
+    } = processor;
     format!(
         "# The processor's webhooks are signed with\n\n  {secret}\n\n\
-         # A dispute of 500 on a payment, as the processor sends it (put a payment's id for pay_…);\n\
-         # twice with the same --id: applied, then duplicate. The payment then shows amount_disputed.\n\
-         IDEMPAY_WEBHOOK_SECRET='{secret}' {exe} webhook send \\\n  \
-         --url {base}/v1/webhooks/processor --id evt_demo_1 --type dispute.created \\\n  \
-         --data '{{\"payment\": \"pay_…\", \"dispute\": \"dp_demo1\", \"amount\": 500}}'\n"
+         # A dispute of 500 on a payment, opened at the processor as a cardholder's bank would\n\
+         # (put the payment's \"charge\" for ch_…): the processor sends its charge.dispute.created,\n\
+         # and the payment then shows amount_disputed (GET /v1/disputes lists it).\n\
+         curl -s {processor_url}/v1/charges/ch_…/disputes \\\n  \
+         -H 'Authorization: Bearer {processor_key}' \\\n  \
+         -H 'Content-Type: application/json' -d '{{\"amount\": 500}}'\n\n\
+         # The two ledgers compared: every payment, refund and dispute against the processor's\n\
+         # (a line per difference, and exit status 1).\n\
+         DATABASE_URL='{database_url}' IDEMPAY_PROCESSOR_URL={processor_url} \\\n  \
+         IDEMPAY_PROCESSOR_API_KEY={processor_key} {exe} reconcile\n"
     )
+}
+
+/// Where the banner's commands find the two ledgers.
+struct Ledgers<'a> {
+    processor_url: &'a str,
+    processor_key: &'a str,
+    database_url: &'a str,
+    exe: &'a str,
 }
 
 /// Where the banner's receiver listens, and the retry schedule it will see.

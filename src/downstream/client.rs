@@ -90,6 +90,16 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// retry is answered from it.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The longest one request (or one resume of the recovery job) asks the processor about one call
+/// when each answer is lost: its [`ATTEMPTS`] each cut off at `timeout`, and the pauses between
+/// them. The recovery window is checked against it at start (`config::check_recovery_window`).
+pub fn longest_asking(timeout: Duration) -> Duration {
+    let pauses = (0..ATTEMPTS - 1)
+        .map(|repeat| FIRST_PAUSE * 2u32.pow(repeat))
+        .fold(Duration::ZERO, Duration::saturating_add);
+    timeout.saturating_mul(ATTEMPTS).saturating_add(pauses)
+}
+
 /// Makes one request's attempts at a call, `what` (`charge`, `refund`): an unknown outcome is asked
 /// again with the same key (the call itself holds it), done is final.
 ///

@@ -53,7 +53,8 @@ async fn healthz() -> Response {
 ///
 /// The database answers and every background job of the instance runs, so requests can be
 /// served. A job that died (expiry, recovery, webhook delivery, the API key listener, the
-/// embedded processor) keeps this 503 until the instance is restarted.
+/// embedded processor, or one of the embedded processor's own: its expiry job, its outbox) keeps
+/// this 503 until the instance is restarted.
 #[utoipa::path(
     get,
     path = "/readyz",

@@ -291,23 +291,31 @@ async fn create_webhook_endpoint(
     account: Account,
     Idempotent { request, body }: Idempotent<NewWebhookEndpoint>,
 ) -> Result<Response, ApiError> {
-    // Checked before the key is reserved: a lookup that fails now may succeed on a retry.
-    address::check(&body.url.0, settings.allow_private)
-        .await
-        .map_err(|refused| Problem::new(ProblemKind::InvalidRequest, format!("{refused}.")))?;
     let account = account.id().clone();
     idempotency
-        .run(request, move |lease| register(lease, account, body))
+        .run(request, move |lease| {
+            register(lease, account, body, settings.allow_private)
+        })
         .await
 }
 
-/// Writes the endpoint with its new secret and completes the key in one transaction: the stored
-/// response, replayed to a retry, carries the same secret.
+/// Checks where the URL points, then writes the endpoint with its new secret and completes the key
+/// in one transaction: the stored response, replayed to a retry, carries the same secret.
+///
+/// The address is checked here, once the key is decided, not before: a replay of a completed
+/// key is its stored 201 (the secret, shown once, with it), whatever the address check would say
+/// now (a name that resolves elsewhere today, an instance that refuses private addresses). A
+/// refusal fails the work before anything was written, which releases the key: nothing was done,
+/// and a retry may find the name resolving.
 async fn register(
     lease: Lease,
     account: AccountId,
     endpoint: NewWebhookEndpoint,
+    allow_private: bool,
 ) -> Result<Completion, ApiError> {
+    address::check(&endpoint.url.0, allow_private)
+        .await
+        .map_err(|refused| Problem::new(ProblemKind::InvalidRequest, format!("{refused}.")))?;
     let secret = WebhookSecret::generate().expose();
     let mut tx = lease.begin().await?;
     // Counted under a lock of the account's own, held to the commit: two registrations at once

@@ -309,10 +309,12 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
                     instance_ports[0]
                 ),
             ),
-            // Every half second, for longer than any schedule: late, never given up.
+            // Every half second, for longer than any schedule: late, never given up. Then a
+            // last delay of 27 h, as `processor` refuses to give an event up before it forgot its
+            // keys (a day).
             common(
                 "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
-                &vec!["500ms"; 400].join(","),
+                &[vec!["500ms"; 400], vec!["27h"]].concat().join(","),
             ),
             common("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", "2s"),
         ],

@@ -49,7 +49,7 @@ pub use model::{
 };
 pub use settings::{
     DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, ProcessorApiKey, ProcessorListen, ProcessorSettings,
-    SharedArgs,
+    SharedArgs, check_redelivery,
 };
 
 /// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
@@ -153,6 +153,9 @@ pub struct Processor {
     runs_expiry: bool,
     expiry_interval: Duration,
     delivery_retention: Duration,
+    /// Where its background jobs' deaths are told: its own, or the embedding process's
+    /// ([`Processor::watched_by`]).
+    jobs: Jobs,
 }
 
 impl Processor {
@@ -202,7 +205,17 @@ impl Processor {
             runs_expiry: true,
             expiry_interval: settings.shared.expiry_interval,
             delivery_retention: settings.shared.webhook_delivery_retention,
+            jobs: Jobs::default(),
         })
+    }
+
+    /// For a processor embedded in a process with a readiness probe: its background jobs (the
+    /// expiry job, the outbox) are watched as that process's own, so one that dies takes the
+    /// process's readiness down with it, as a job of the process's would.
+    #[must_use]
+    pub fn watched_by(mut self, jobs: Jobs) -> Self {
+        self.jobs = jobs;
+        self
     }
 
     /// For a processor in a process whose idempay already expires keys in the same database (the
@@ -226,8 +239,9 @@ impl Processor {
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
         // Watched, so that a job that dies is logged as an error when it dies, not at shutdown.
-        // (The processor has no readiness probe; embedded, its jobs are idempay's: see `service::jobs`.)
-        let jobs = Jobs::default();
+        // The processor has no readiness probe of its own; embedded, its jobs are watched as the
+        // embedding process's ([`Processor::watched_by`]), whose probe then reports their deaths.
+        let jobs = self.jobs;
         let expiry = {
             let mut sweeps = Vec::new();
             if self.runs_expiry {
@@ -239,6 +253,8 @@ impl Processor {
             sweeps.push(Sweep::new(
                 "processor_webhook_deliveries",
                 move |pool, engine| async move {
+                    // A bug in this job, for the test of a processor job that dies.
+                    failpoint::panic("processor:expiry-job-panic");
                     retention::prune_deliveries(&pool, engine, Owner::Processor, retention).await
                 },
             ));

@@ -138,8 +138,9 @@ pub struct Charge {
     pub decline_code: Option<String>,
     pub amount_refunded: i64,
     /// The `Idempotency-Key` the charge was made under (by idempay, its downstream key): how
-    /// `GET /v1/charges?idempotency_key=…` finds it. Absent from a charge read from a stored
-    /// answer made before charges carried it.
+    /// `GET /v1/charges?idempotency_key=…` finds it, and how `idempay reconcile` tells a charge
+    /// whose payment is still being recorded. Absent from a charge read from a stored answer made
+    /// before charges carried it.
     #[serde(default)]
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,

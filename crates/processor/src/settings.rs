@@ -54,7 +54,7 @@ pub struct SharedArgs {
     /// processor's to idempay), comma separated, each jittered by ±10%: after the last one the
     /// delivery is given up, and a merchant endpoint that acknowledged nothing for that whole
     /// time is disabled.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = RetrySchedule::parse)]
+    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = parse_retry_schedule)]
     pub webhook_retry_schedule: RetrySchedule,
 
     /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
@@ -98,6 +98,34 @@ impl Default for SharedArgs {
     }
 }
 
+/// Reads the retry schedule, its errors naming the variable as every setting's do.
+fn parse_retry_schedule(raw: &str) -> Result<RetrySchedule, String> {
+    RetrySchedule::parse(raw).map_err(|error| format!("IDEMPAY_WEBHOOK_RETRY_SCHEDULE: {error}"))
+}
+
+/// Refuses a retry schedule that gives an event up sooner than its receiver may need to apply it:
+/// idempay refuses (409) an event about a charge or refund it has not recorded yet, so that it
+/// comes again, and records it only once the call that made it is settled, which can take up to
+/// `unresolved` (`why` says what makes it that long, naming the settings). A sender that gives up
+/// sooner loses the event.
+pub fn check_redelivery(
+    schedule: &RetrySchedule,
+    unresolved: Duration,
+    why: &str,
+) -> Result<(), String> {
+    let redelivered = schedule.redelivers_for();
+    if redelivered < unresolved {
+        return Err(format!(
+            "IDEMPAY_WEBHOOK_RETRY_SCHEDULE ({schedule}) redelivers a refused event for {} (each \
+             delay at its shortest jitter), less than {why}: an event about a charge or refund \
+             not recorded yet is refused until it is, and would be given up before. Add delays to \
+             the schedule.",
+            humantime::format_duration(redelivered),
+        ));
+    }
+    Ok(())
+}
+
 /// How the simulated processor behaves.
 #[derive(Args, Clone, Debug)]
 pub struct ProcessorSettings {
@@ -127,6 +155,27 @@ impl ProcessorSettings {
             webhook_url: None,
             faults: Faults::default(),
         }
+    }
+
+    /// `idempay processor`'s check at start, when it sends events: its retry schedule redelivers
+    /// an event for at least as long as it remembers its idempotency keys ([`crate::KEY_TTL`]).
+    /// It cannot know how long its client takes to record a charge whose answer it lost; but a
+    /// client that resumes the call with the same key, as idempay does, must stop before the
+    /// processor forgets the key (idempay refuses a recovery window that would not), so an event
+    /// redelivered that long reaches any such client after it recorded the charge.
+    pub fn check_redelivery(&self) -> Result<(), String> {
+        if self.webhook_url.is_none() {
+            return Ok(());
+        }
+        check_redelivery(
+            &self.shared.webhook_retry_schedule,
+            crate::KEY_TTL,
+            &format!(
+                "the time the processor remembers its idempotency keys ({}), within which its \
+                 client may still record the charge or refund",
+                humantime::format_duration(crate::KEY_TTL)
+            ),
+        )
     }
 }
 
@@ -200,6 +249,47 @@ mod tests {
             Duration::from_secs(30 * 24 * 60 * 60)
         );
         assert_eq!(shared.webhook_secrets, None);
+    }
+
+    #[test]
+    fn a_schedule_that_gives_events_up_before_the_processor_forgets_its_keys_is_refused() {
+        let mut settings = Cli::parse_from(["processor", "--api-key", "pk_test"]).settings;
+        assert_eq!(settings.check_redelivery(), Ok(()), "the default schedule");
+        settings.shared.webhook_retry_schedule = RetrySchedule::parse("1s,1h").unwrap();
+        assert_eq!(
+            settings.check_redelivery(),
+            Ok(()),
+            "no events, nothing to check"
+        );
+        settings.webhook_url = Some("http://127.0.0.1:8080/v1/webhooks/processor".to_owned());
+        let refused = settings.check_redelivery().unwrap_err();
+        assert!(
+            refused.contains(
+                "IDEMPAY_WEBHOOK_RETRY_SCHEDULE (1s,1h) redelivers a refused event for 54m 900ms"
+            ) && refused.contains("remembers its idempotency keys (1day)"),
+            "{refused}"
+        );
+        settings.shared.webhook_retry_schedule = RetrySchedule::parse("1day,4h").unwrap();
+        assert_eq!(settings.check_redelivery(), Ok(()));
+    }
+
+    #[test]
+    fn a_retry_delay_longer_than_a_year_is_refused_naming_the_variable() {
+        let error = Cli::try_parse_from([
+            "processor",
+            "--api-key",
+            "pk_test",
+            "--webhook-retry-schedule",
+            "550000000000years",
+        ])
+        .err()
+        .expect("refused");
+        assert!(
+            error
+                .to_string()
+                .contains("IDEMPAY_WEBHOOK_RETRY_SCHEDULE: a retry delay must be at most 1year"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! The background jobs beside the API (expiry, recovery, webhook delivery, the API key listener,
-//! the embedded processor), watched. A job that dies, by a panic or by an end nobody asked for,
-//! would leave the instance serving while its keys no longer expire or its suspended charges are
-//! no longer resumed: the death is logged as an error at once and takes readiness (`/readyz`)
-//! down with it, so that an orchestrator sends the instance no more traffic and an operator
-//! restarts it. A job is never restarted in place: whatever killed it would likely kill it again,
-//! and a loop of panics hides the cause.
+//! the embedded processor and its own jobs), watched. A job that dies, by a panic or by an end
+//! nobody asked for, would leave the instance serving while its keys no longer expire or its
+//! suspended charges are no longer resumed: the death is logged as an error at once and takes
+//! readiness (`/readyz`) down with it, so that an orchestrator sends the instance no more traffic
+//! and an operator restarts it. A job is never restarted in place: whatever killed it would likely
+//! kill it again, and a loop of panics hides the cause.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -168,3 +168,57 @@ async fn a_private_url_is_refused_unless_private_addresses_are_allowed() {
         assert_eq!(accepted.status, 201, "{url}");
     }
 }
+
+/// The key is decided before the address is checked: an instance that refuses private addresses
+/// replays, byte for byte with its secret, the registration of a loopback URL that an instance
+/// allowing them completed under the same key (before, it checked the address first and answered
+/// 400, and the secret, shown once, was lost). An address it refuses releases the key, as any
+/// failure before an effect: the same key then registers where the address is allowed.
+#[api_test]
+async fn a_completed_registration_is_replayed_even_where_its_address_is_now_refused() {
+    let development = TestApp::spawn_with(local("1s")).await;
+    let production = development.another_instance(Settings::default()).await;
+    let body = json!({ "url": "http://127.0.0.1:9/hooks", "enabled_events": ["*"] });
+    let key = new_key();
+
+    let first = post_endpoint(&development, &development.api_key, &key, &body).await;
+    let replay = post_endpoint(&production, &production.api_key, &key, &body).await;
+
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(
+        replay.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&replay.body)
+    );
+    assert!(replay.replayed());
+    assert_eq!(
+        replay.body, first.body,
+        "byte for byte, the secret included"
+    );
+    assert_eq!(replay.header("location"), first.header("location"));
+
+    let other = new_key();
+    let refused = post_endpoint(&production, &production.api_key, &other, &body).await;
+    let problem = refused.assert_problem(400, "invalid-request");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not a public address"),
+        "{problem}"
+    );
+    let registered = post_endpoint(&development, &development.api_key, &other, &body).await;
+    assert_eq!(registered.status, 201, "the refusal released the key");
+    assert!(!registered.replayed());
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_endpoints")
+        .fetch_one(&development.db)
+        .await
+        .unwrap();
+    assert_eq!(count, 2, "one endpoint per key");
+}

@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 17] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 21] = [
     (
         "SELECT recovery_point AS \"point!\"",
         "the start-up check for suspended keys no unit of work resumes: once per start, across \
@@ -88,8 +88,28 @@ const ACROSS_ACCOUNTS: [(&str, &str); 17] = [
         "`idempay reconcile`: every dispute, against the processor's ledger",
     ),
     (
-        "FROM refunds WHERE processor_refund IS NOT NULL",
+        "WHERE r.processor_refund IS NOT NULL",
         "`idempay reconcile`: every refund, against the processor's ledger",
+    ),
+    (
+        "FROM payments WHERE charge = ANY($1)",
+        "`idempay reconcile`: the processor's charges its first read did not find recorded, \
+         looked for again over every account",
+    ),
+    (
+        "WHERE processor_refund = ANY($1)",
+        "`idempay reconcile`: the processor's refunds its first read did not find recorded, \
+         looked for again over every account",
+    ),
+    (
+        "FROM disputes WHERE id = ANY($1)",
+        "`idempay reconcile`: the processor's disputes its first read did not find recorded, \
+         looked for again over every account",
+    ),
+    (
+        "AND downstream_key = ANY($1)",
+        "`idempay reconcile`: the keys in progress that asked for what the processor made and \
+         idempay has not recorded yet, over every account",
     ),
 ];
 

@@ -593,3 +593,67 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
         Some("reconciled 3 charges, 3 payments, 1 refunds and 2 disputes: 5 difference(s)")
     );
 }
+
+/// A dispute "squeezed" by a refund: of a payment of 4000 refunded 3000, the bank disputes 2000.
+/// The processor records the dispute in full (a bank takes what it claims); idempay records it in
+/// full too, flagged `needs_review`, and its payment's `amount_disputed` takes the 1000 that
+/// remained. That is what both ledgers legitimately hold: reconcile finds them equal. Before, it
+/// compared the payment's 1000 with the processor's 2000 and reported a mismatch for ever. A
+/// disputed amount other than the 1000 that fits is still a difference.
+#[api_test]
+async fn reconcile_finds_a_dispute_squeezed_by_a_refund_equal_on_both_ledgers() {
+    let (app, processor, _) = delivering_events(
+        Settings::default(),
+        processor::settings(),
+        patiently(),
+        NOT_WITHIN_THE_TEST,
+    )
+    .await;
+    let paid = app.paid(4000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let refunded = app
+        .post_refund(&paid, &new_key(), &json!({ "amount": 3000 }))
+        .await;
+    assert_eq!(refunded.status, 201);
+    let dispute = dispute_at_the_processor(&processor, &charge, 2000).await;
+    wait_until("idempay records the dispute", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM disputes")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    let recorded = app.get(&format!("/v1/disputes/{dispute}")).await.json();
+    assert_eq!(
+        (recorded["amount"].as_i64(), recorded["status"].as_str()),
+        (Some(2000), Some("needs_review")),
+        "{recorded}"
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1000);
+
+    assert_ledgers_agree(&app, &processor, 1).await;
+
+    sqlx::query("UPDATE payments SET amount_disputed = 500 WHERE id = $1")
+        .bind(&paid)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let output = reconcile(&app, &processor).await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert_eq!(
+        stdout.lines().next(),
+        Some(
+            format!(
+                "payment {paid} / charge {charge}: amount_disputed is 500 here, 2000 (a dispute \
+                 needs review: at most the 1000 left after the refunds) at the processor"
+            )
+            .as_str()
+        ),
+        "{stdout}"
+    );
+}

@@ -19,7 +19,7 @@ const EXITS_WITHIN: Duration = Duration::from_secs(20);
 /// `serve` with a zero or nonsensical duration exits at once with status 2 (a usage error) and a
 /// message naming the variable; so does `processor`. Before, `IDEMPAY_EXPIRY_INTERVAL=0s` started
 /// the service, whose expiry job panicked on its first tick while `/healthz` and `/readyz` went
-/// on answering 200.
+/// on answering 200; and `IDEMPAY_WEBHOOK_RETRY_SCHEDULE=550000000000years` panicked, exit 101.
 #[api_test]
 async fn a_zero_interval_or_timeout_is_refused_at_start_naming_its_setting() {
     let database_url = bare_database().await;
@@ -30,49 +30,101 @@ async fn a_zero_interval_or_timeout_is_refused_at_start_naming_its_setting() {
         ("serve", "IDEMPAY_KEY_TTL", "0s"),
         ("serve", "IDEMPAY_RECOVERY_INTERVAL", "0s"),
         ("serve", "IDEMPAY_EXPIRY_INTERVAL", "300000000000years"),
+        (
+            "serve",
+            "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
+            "550000000000years",
+        ),
         ("processor", "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", "0s"),
+        (
+            "processor",
+            "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
+            "5s,550000000000years",
+        ),
     ];
     for (command, setting, value) in refused {
-        let port = free_port().to_string();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idempay"))
-            .arg(command)
-            .env("DATABASE_URL", &database_url)
-            .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
-            .env("IDEMPAY_PROCESSOR_LISTEN", format!("127.0.0.1:{port}"))
-            .env("IDEMPAY_PROCESSOR_API_KEY", "pk_test")
-            .env("RUST_LOG", "warn")
-            .env(setting, value)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("idempay runs");
-        let stderr = child.stderr.take().expect("stderr");
-        let read = tokio::spawn(async move {
-            use tokio::io::AsyncReadExt;
-            let mut text = String::new();
-            let mut stderr = stderr;
-            stderr.read_to_string(&mut text).await.ok();
-            text
-        });
-        let Ok(status) = tokio::time::timeout(EXITS_WITHIN, child.wait()).await else {
-            child.kill().await.ok();
-            panic!(
-                "`idempay {command}` with {setting}={value} was still running after {EXITS_WITHIN:?}"
-            );
-        };
-        let status = status.expect("an exit status");
-        let message = read.await.expect("stderr read");
-        assert_eq!(
-            status.code(),
-            Some(2),
-            "{command} with {setting}={value}: {message}"
-        );
+        let message = refused_at_start(&database_url, command, &[(setting, value)]).await;
         assert!(
             message.contains(setting),
             "{command} with {setting}={value}, the message names the setting: {message}"
         );
     }
+}
+
+/// Settings each valid alone but not together are refused as one that cannot be read is (exit
+/// 2), the message naming each setting with its value. Before, `IDEMPAY_RECOVERY_WINDOW=2s`
+/// started `serve`, whose keys were then held for an operator before anything could resume them,
+/// and a processor that gives its events up within hours started too.
+#[api_test]
+async fn settings_that_contradict_each_other_are_refused_at_start_naming_each() {
+    let database_url = bare_database().await;
+    let message =
+        refused_at_start(&database_url, "serve", &[("IDEMPAY_RECOVERY_WINDOW", "2s")]).await;
+    for named in [
+        "IDEMPAY_RECOVERY_WINDOW (2s)",
+        "IDEMPAY_PROCESSOR_TIMEOUT (10s)",
+        "IDEMPAY_LEASE (30s)",
+    ] {
+        assert!(message.contains(named), "names {named}: {message}");
+    }
+    let message = refused_at_start(
+        &database_url,
+        "processor",
+        &[
+            (
+                "IDEMPAY_PROCESSOR_WEBHOOK_URL",
+                "http://127.0.0.1:9/v1/webhooks/processor",
+            ),
+            (
+                "IDEMPAY_WEBHOOK_SECRET",
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwdGVzdA==",
+            ),
+            ("IDEMPAY_WEBHOOK_RETRY_SCHEDULE", "5s,5m,30m,2h"),
+        ],
+    )
+    .await;
+    assert!(
+        message.contains("IDEMPAY_WEBHOOK_RETRY_SCHEDULE (5s,5m,30m,2h)")
+            && message.contains("(1day)"),
+        "{message}"
+    );
+}
+
+/// Runs `idempay command` with `env` on `database_url` and asserts that it exits with status 2
+/// (a usage error) within [`EXITS_WITHIN`]; returns what it printed on stderr.
+async fn refused_at_start(database_url: &str, command: &str, env: &[(&str, &str)]) -> String {
+    let port = free_port().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idempay"));
+    child
+        .arg(command)
+        .env("DATABASE_URL", database_url)
+        .env("IDEMPAY_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IDEMPAY_PROCESSOR_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IDEMPAY_PROCESSOR_API_KEY", "pk_test")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in env {
+        child.env(name, value);
+    }
+    let mut child = child.spawn().expect("idempay runs");
+    let stderr = child.stderr.take().expect("stderr");
+    let read = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut text = String::new();
+        let mut stderr = stderr;
+        stderr.read_to_string(&mut text).await.ok();
+        text
+    });
+    let Ok(status) = tokio::time::timeout(EXITS_WITHIN, child.wait()).await else {
+        child.kill().await.ok();
+        panic!("`idempay {command}` with {env:?} was still running after {EXITS_WITHIN:?}");
+    };
+    let status = status.expect("an exit status");
+    let message = read.await.expect("stderr read");
+    assert_eq!(status.code(), Some(2), "{command} with {env:?}: {message}");
+    message
 }
 
 /// The expiry job panics (a crash point of the `failpoints` feature, after a run that deleted a
@@ -138,5 +190,52 @@ async fn a_background_job_that_dies_takes_readiness_down() {
         logs.lines()
             .any(|line| line.contains("ERROR") && line.contains("expiry")),
         "the death is logged as an error: {logs}"
+    );
+}
+
+/// The embedded processor's own expiry job panics (a crash point of the `failpoints` feature, on
+/// its first run): idempay's `/readyz` turns 503 naming it, as for a job of idempay's own, and
+/// `/healthz` stays 200. Before, the processor watched its jobs for itself: the death was logged,
+/// and `/readyz` went on answering 200 while the processor's deliveries were never pruned again.
+#[cfg(feature = "failpoints")]
+#[api_test]
+async fn a_job_of_the_embedded_processor_that_dies_takes_readiness_down() {
+    use crate::support::instance::{Instance, LogFile};
+
+    let database_url = bare_database().await;
+    let (logs, log_file) = LogFile::create();
+    // No IDEMPAY_PROCESSOR_URL: `serve` embeds the processor.
+    let instance = Instance::start_alive_logging_to(
+        log_file,
+        &database_url,
+        &[("IDEMPAY_FAILPOINT", "processor:expiry-job-panic")],
+    )
+    .await;
+
+    let started = std::time::Instant::now();
+    let ready = loop {
+        let ready = instance.get("/readyz").await;
+        if ready.status != 200 {
+            break ready;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "/readyz still 200 after {:?}; logs:\n{}",
+            started.elapsed(),
+            logs.read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let problem = ready.assert_problem(503, "service-unavailable");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("`processor-expiry`"),
+        "names the job: {detail}"
+    );
+    assert_eq!(instance.get("/healthz").await.status, 200, "still alive");
+    let logs = logs.read();
+    assert!(
+        logs.contains("failpoint processor:expiry-job-panic: panicking"),
+        "the crash point was hit: {logs}"
     );
 }

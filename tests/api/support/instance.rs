@@ -35,6 +35,26 @@ impl Instance {
         database_url: &str,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_answering("/readyz", logs, database_url, env).await
+    }
+
+    /// Starts an instance whose logs go to `logs`, and returns once it is alive (`/healthz`), ready
+    /// or not: for a test of an instance whose readiness goes down as soon as it starts.
+    pub async fn start_alive_logging_to(
+        logs: impl Into<Stdio>,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::start_answering("/healthz", logs, database_url, env).await
+    }
+
+    /// Starts an instance and waits until `probe` answers 2xx.
+    async fn start_answering(
+        probe: &str,
+        logs: impl Into<Stdio>,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let mut command = Command::new(env!("CARGO_BIN_EXE_idempay"));
         command
@@ -59,7 +79,7 @@ impl Instance {
             if let Ok(Some(status)) = instance.child.try_wait() {
                 panic!("idempay serve exited before it was ready: {status}");
             }
-            if reqwest::get(format!("{}/readyz", instance.address))
+            if reqwest::get(format!("{}{probe}", instance.address))
                 .await
                 .is_ok_and(|response| response.status().is_success())
             {

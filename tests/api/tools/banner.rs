@@ -29,7 +29,7 @@ async fn every_command_the_dev_banner_prints_does_what_it_says_from_any_director
             .text
             .clone()
     };
-    assert_eq!(shown.len(), 7, "{shown:#?}");
+    assert_eq!(shown.len(), 8, "{shown:#?}");
     assert!(
         dev.banner.contains("(run the command above once more)"),
         "{}",
@@ -110,20 +110,45 @@ async fn every_command_the_dev_banner_prints_does_what_it_says_from_any_director
         "one charge per payment: {ledger}"
     );
 
-    let dispute = find(What::Dispute).replace("pay_…", &payment_id);
-    let first = elsewhere.output(&dispute).await;
-    let second = elsewhere.output(&dispute).await;
-    assert!(
-        first.success && first.stdout.contains("\"applied\""),
-        "{first:?}"
-    );
-    assert!(
-        second.success && second.stdout.contains("\"duplicate\""),
-        "{second:?}"
+    // The dispute is opened at the processor, which sends its event: the payment shows it once
+    // the event is delivered. Before, the banner sent an event of a dispute the processor never
+    // made, and reconcile then failed (`dispute dp_demo1: the processor has no such dispute`).
+    let charge = payment["charge"].as_str().unwrap();
+    let opened = elsewhere
+        .run(&find(What::Dispute).replace("ch_…", charge))
+        .await;
+    let opened: serde_json::Value = serde_json::from_str(&opened).unwrap();
+    assert_eq!(
+        (opened["object"].as_str(), opened["amount"].as_i64()),
+        (Some("dispute"), Some(500)),
+        "{opened}"
     );
     let key = api_key(&pay);
-    let shown_payment: serde_json::Value = reqwest::Client::new()
-        .get(format!("{}/v1/payments/{payment_id}", dev.base_url(&pay)))
+    let read_payment = || async {
+        reqwest::Client::new()
+            .get(format!("{}/v1/payments/{payment_id}", dev.base_url(&pay)))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    let opened_at = Instant::now();
+    while read_payment().await["amount_disputed"] != 500 {
+        assert!(
+            opened_at.elapsed() < RETRIES_SEEN_WITHIN,
+            "the processor's dispute not applied within {RETRIES_SEEN_WITHIN:?}: {}",
+            read_payment().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let disputes: serde_json::Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/disputes?payment={payment_id}",
+            dev.base_url(&pay)
+        ))
         .bearer_auth(&key)
         .send()
         .await
@@ -131,7 +156,15 @@ async fn every_command_the_dev_banner_prints_does_what_it_says_from_any_director
         .json()
         .await
         .unwrap();
-    assert_eq!(shown_payment["amount_disputed"], 500, "{shown_payment}");
+    assert_eq!(disputes["data"][0]["id"], opened["id"], "{disputes}");
+
+    let reconciled = elsewhere.output(&find(What::Reconcile)).await;
+    assert!(reconciled.success, "{reconciled:?}");
+    assert_eq!(
+        reconciled.stdout,
+        "reconciled 2 charges, 2 payments, 0 refunds and 1 disputes: 0 difference(s)\n",
+        "{reconciled:?}"
+    );
 
     receiver.stop();
     // Nothing of the test outlives it: the receiver's port is free again.
@@ -162,6 +195,7 @@ enum What {
     SlowAndItsRetry,
     ProcessorLedger,
     Dispute,
+    Reconcile,
     RegisterEndpoint,
     Receive,
 }
@@ -176,6 +210,7 @@ impl What {
             ("# A slow charge", Self::SlowAndItsRetry),
             ("The processor's ledger", Self::ProcessorLedger),
             ("# A dispute of 500 on a payment", Self::Dispute),
+            ("# The two ledgers compared", Self::Reconcile),
             ("register an endpoint", Self::RegisterEndpoint),
             ("run a receiver", Self::Receive),
         ];
@@ -201,7 +236,7 @@ fn commands(banner: &str) -> Vec<Shown> {
         if !command.is_empty() {
             let text = command.join("\n");
             // The only blanks left for the reader are those the comments name.
-            let unfilled = text.replace("pay_…", "").replace("whsec_…", "");
+            let unfilled = text.replace("ch_…", "").replace("whsec_…", "");
             assert!(!unfilled.contains('…'), "a blank to fill in: {text}");
             shown.push(Shown {
                 what: What::of(comment),

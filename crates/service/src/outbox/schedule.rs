@@ -6,6 +6,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
+use crate::settings::LONGEST;
+
 /// How much a delay may move either way, as a fraction of it: loops that failed together (a
 /// receiver that was down) do not all come back at the same instant.
 pub const JITTER: f64 = 0.1;
@@ -21,13 +23,22 @@ impl RetrySchedule {
     /// Standard Webhooks for about 28 hours.
     pub const DEFAULT: &'static str = "5s,5m,30m,2h,5h,10h,10h";
 
-    /// A schedule of these delays; at least one, none zero.
+    /// A schedule of these delays; at least one, none zero, none longer than a year (the longest
+    /// any duration setting may be, [`LONGEST`]: a delay of centuries overflows the arithmetic of
+    /// the jitter and the span, and no sender waits that long).
     pub fn new(delays: Vec<Duration>) -> Result<Self, String> {
         if delays.is_empty() {
             return Err("a retry schedule lists at least one delay".to_owned());
         }
         if delays.iter().any(Duration::is_zero) {
             return Err("a retry delay must be longer than zero".to_owned());
+        }
+        if let Some(delay) = delays.iter().find(|delay| **delay > LONGEST) {
+            return Err(format!(
+                "a retry delay must be at most {}; `{}` is longer",
+                humantime::format_duration(LONGEST),
+                humantime::format_duration(*delay)
+            ));
         }
         Ok(Self(delays))
     }
@@ -63,9 +74,24 @@ impl RetrySchedule {
     /// over, as a claim holds a row (`Deliverer::claim`). An endpoint is disabled when it
     /// acknowledged nothing within that span, so what it acknowledged must be kept that long.
     pub fn span(&self, attempt_timeout: Duration) -> Duration {
-        let waits: Duration = self.0.iter().map(|delay| delay.mul_f64(1.0 + JITTER)).sum();
+        let waits = self
+            .0
+            .iter()
+            .map(|delay| delay.mul_f64(1.0 + JITTER))
+            .fold(Duration::ZERO, Duration::saturating_add);
         let attempts = u32::try_from(self.attempts()).unwrap_or(u32::MAX);
         waits.saturating_add(attempt_timeout.saturating_mul(2).saturating_mul(attempts))
+    }
+
+    /// The least time from a delivery's first attempt to its last: every delay at its shortest
+    /// jitter, every attempt instant. A receiver that refuses an event until it can apply it
+    /// (idempay's intake, about an object it has not recorded yet) is asked again for at least
+    /// this long before the sender gives the event up.
+    pub fn redelivers_for(&self) -> Duration {
+        self.0
+            .iter()
+            .map(|delay| delay.mul_f64(1.0 - JITTER))
+            .fold(Duration::ZERO, Duration::saturating_add)
     }
 
     /// The shortest delay: a loop that polls at least this often misses no retry by much.
@@ -198,6 +224,42 @@ mod tests {
         let parsed = RetrySchedule::parse(" 100ms, 2s ").unwrap();
         assert_eq!(parsed.shortest(), Duration::from_millis(100));
         assert_eq!(parsed.to_string(), "100ms,2s");
+    }
+
+    /// `IDEMPAY_WEBHOOK_RETRY_SCHEDULE=550000000000years` made `serve` panic (exit 101) on the
+    /// span's arithmetic: a delay is bounded as every duration setting is.
+    #[test]
+    fn a_delay_longer_than_a_year_is_refused_and_a_year_is_not() {
+        for absurd in ["550000000000years", "5s,2years", "18446744073709551615s"] {
+            let refused = RetrySchedule::parse(absurd).unwrap_err();
+            assert!(
+                refused.contains("must be at most 1year")
+                    || refused.contains("number is too large"),
+                "{absurd}: {refused}"
+            );
+        }
+        let longest = RetrySchedule::parse("1year,1year").unwrap();
+        assert!(longest.span(LONGEST) > longest.redelivers_for());
+    }
+
+    #[test]
+    fn an_event_is_redelivered_for_every_delay_at_its_shortest() {
+        let about = |got: Duration, millis: u64| {
+            let expected = Duration::from_millis(millis);
+            assert!(
+                got.abs_diff(expected) < Duration::from_millis(1),
+                "{got:?}, not {expected:?}"
+            );
+        };
+        about(
+            RetrySchedule::parse("1s,10s").unwrap().redelivers_for(),
+            9_900,
+        );
+        // 27 h 35 min 5 s of delays, less a tenth.
+        about(
+            RetrySchedule::default().redelivers_for(),
+            99_305_000 * 9 / 10,
+        );
     }
 
     #[test]
