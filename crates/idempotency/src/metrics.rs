@@ -32,6 +32,10 @@ pub enum KeyOutcome {
     /// A suspended key passed the recovery window and was held for an operator, or a request
     /// met a key so held (409).
     Held,
+    /// A key in a format this release does not read (its fingerprint, stored response or
+    /// recovery state, written by a later release) was left alone: a request met it (503), or
+    /// the recovery job did, once per instance.
+    UnknownFormat,
 }
 
 impl KeyOutcome {
@@ -47,6 +51,7 @@ impl KeyOutcome {
             Self::Recovered => "recovered",
             Self::LeaseLost => "lease_lost",
             Self::Held => "held",
+            Self::UnknownFormat => "unknown_format",
         }
     }
 
