@@ -342,12 +342,18 @@ impl Resumers {
         if self.reads(name, StateVersion::of(state)) {
             return Ok(());
         }
+        if self.get(name).is_none() {
+            return Err(Error::Internal(anyhow::anyhow!(
+                "no resumer for the recovery point `{name}`: register one with \
+                 Idempotency::resuming before recording it"
+            )));
+        }
         let version = state
             .get("version")
             .map_or_else(|| "1".to_owned(), |v| v.to_string());
         Err(Error::Internal(anyhow::anyhow!(
-            "no resumer for the recovery point `{name}` with a state of version {version}: \
-             register one with Idempotency::resuming before recording it"
+            "the resumer of the recovery point `{name}` reads no state of version {version}: \
+             name the version it writes among those it reads"
         )))
     }
 
