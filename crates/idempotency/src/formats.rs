@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::fingerprint::FingerprintVersion;
 use crate::metrics::KeyOutcome;
-use crate::response::ResponseVersion;
 use crate::{Idempotency, store};
 
 /// A format of a key that this release does not read: which one, and the version the key says.
@@ -31,10 +30,11 @@ impl UnknownFormat {
         }
     }
 
-    pub(crate) fn response(version: ResponseVersion) -> Self {
+    /// A stored response's, `version` as its column holds it.
+    pub(crate) fn response(version: i16) -> Self {
         Self {
             what: "stored response",
-            version: version.get().to_string(),
+            version: version.to_string(),
         }
     }
 

@@ -104,7 +104,7 @@ impl StoredResponse {
     ) -> Result<Result<Self, UnknownFormat>, anyhow::Error> {
         match ResponseVersion::stored(version) {
             ResponseVersion::V1 => Self::from_v1(code, headers, body).map(Ok),
-            other => Ok(Err(UnknownFormat::response(other))),
+            other => Ok(Err(UnknownFormat::response(other.get()))),
         }
     }
 
@@ -191,10 +191,7 @@ mod tests {
         assert_eq!(before_versions.unwrap().status(), StatusCode::CREATED);
         let (code, headers, body) = columns();
         let later = StoredResponse::from_row(Some(2), code, headers, body).unwrap();
-        assert_eq!(
-            later.unwrap_err(),
-            UnknownFormat::response(ResponseVersion(2))
-        );
+        assert_eq!(later.unwrap_err(), UnknownFormat::response(2));
     }
 
     #[test]

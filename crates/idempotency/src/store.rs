@@ -11,12 +11,11 @@ use uuid::Uuid;
 
 use super::{
     Comparison, ExistingKey, Fence, FieldDigests, Fingerprint, FingerprintVersion, KeyState,
-    KeyedRequest, RecoveryPoint, StoredResponse,
+    KeyedRequest, PointAt, RecoveryPoint, StoredResponse,
 };
 use crate::Error;
 use crate::connections::Lot;
 use crate::engine::Engine;
-use crate::recovery::PointAt;
 
 mod recovery;
 
