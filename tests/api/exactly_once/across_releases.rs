@@ -89,7 +89,7 @@ async fn made_under(app: &TestApp, table: &str, downstream_key: &str) -> Vec<Str
 /// wrote it: the API's request nested, no version), and a processor that succeeds: the client's
 /// retry, on this release, charges once under the key's downstream key and records the payment
 /// under the id the state chose; the ledgers agree.
-#[api_test]
+#[api_test(citus)]
 async fn a_charge_suspended_by_the_release_before_versions_is_resumed_by_a_retry() {
     let (app, processor) = idempay_and_processor(Settings::default(), processor::settings()).await;
     let key = new_key();
@@ -256,7 +256,7 @@ async fn suspended_by_a_later_release(app: &TestApp, key: &str) -> i64 {
 /// ready; nothing is charged and the key is unchanged, for a release that reads it. (On the code
 /// before versions, the retry took the key over and failed on the state: a 500, the key's lease
 /// and takeovers changed, and the recovery job tried it again at every run.)
-#[api_test]
+#[api_test(citus)]
 async fn a_state_of_a_version_this_release_does_not_read_is_left_alone_and_reported() {
     let (app, processor) = idempay_and_processor(Settings::default(), processor::settings()).await;
     let key = new_key();
@@ -349,7 +349,7 @@ async fn pay_with_a_query(app: &TestApp, key: &str, body: &Value) -> TestRespons
 /// with: the retry of its request, sent with a query (which version 2, this release's, hashes too),
 /// replays the stored response of the fixture byte for byte, with its headers. Compared under the
 /// current version it would be a 422.
-#[api_test]
+#[api_test(citus)]
 async fn a_key_made_before_fingerprint_versions_is_compared_under_its_version_and_replays() {
     let app = TestApp::spawn().await;
     let key = new_key();
