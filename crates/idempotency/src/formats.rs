@@ -71,15 +71,15 @@ pub(crate) struct Reported(Arc<Mutex<BTreeSet<i64>>>);
 
 impl Idempotency {
     /// Reports the suspended keys that the recovery job leaves alone because no resumer of this
-    /// release reads their recovery state's version: each logged as a warning (its id, its point,
-    /// the version) and counted (`outcome="unknown_format"`) the first time this instance meets it,
-    /// and returned. The recovery job calls it at every run; a rolling deploy that ends (an
-    /// instance that reads them resumes them) ends them.
+    /// release reads their recovery state (its version, or its point: a later release's): each
+    /// logged as a warning (its id, its point, the version) and counted
+    /// (`outcome="unknown_format"`) the first time this instance meets it, and returned. The
+    /// recovery job calls it at every run; the end of a rolling deploy (an instance that reads
+    /// them resumes them) ends them.
     pub async fn report_unknown_states(&self) -> Result<Vec<i64>, sqlx::Error> {
-        let (points, versions) = self.resumers.known_pairs();
+        let known = self.resumers.known_pairs();
         let waiting =
-            store::unknown_states(&self.pool, &points, &versions, self.policy.recovery_window)
-                .await?;
+            store::unknown_states(&self.pool, &known, self.policy.recovery_window).await?;
         let mut reported = self
             .reported
             .0

@@ -438,7 +438,7 @@ impl Idempotency {
             request.scope.owner(),
             key_id,
             fingerprint,
-            &self.resumers.known_pairs().1,
+            &self.resumers.known_pairs(),
             token,
             self.policy.lease,
             self.policy.recovery_window,

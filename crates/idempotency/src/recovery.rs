@@ -326,14 +326,12 @@ impl Resumers {
     }
 
     /// Every point and version resumed, as the statements compare them (see
-    /// [`StateVersion::paired_with`]), and the points alone.
-    pub(crate) fn known_pairs(&self) -> (Vec<String>, Vec<String>) {
-        let pairs = self
-            .0
+    /// [`StateVersion::paired_with`]).
+    pub(crate) fn known_pairs(&self) -> Vec<String> {
+        self.0
             .iter()
             .flat_map(|(name, versions, _)| versions.iter().map(|v| v.paired_with(name)))
-            .collect();
-        (self.names(), pairs)
+            .collect()
     }
 
     /// Refuses a point, or a version of its state, no resumer knows: a key suspended there would
@@ -382,7 +380,7 @@ impl Idempotency {
             longest_backoff: LONGEST_RECOVERY_BACKOFF.max(interval),
         };
         // Only keys whose state a resumer reads: the rest wait for a release that reads them.
-        let (_, known) = resumers.known_pairs();
+        let known = resumers.known_pairs();
         let claimed = match self.engine().await? {
             Engine::Postgres => {
                 store::claim_recoverable(&self.pool, &known, self.policy.lease, &bounds).await?
@@ -520,7 +518,7 @@ mod tests {
         assert!(!resumers.reads("payment.x", Some(StateVersion::new(3))));
         assert!(!resumers.reads("payment.x", None));
         assert!(!resumers.reads("refund.x", Some(StateVersion::FIRST)));
-        assert_eq!(resumers.known_pairs().1, ["1 payment.x", "2 payment.x"]);
+        assert_eq!(resumers.known_pairs(), ["1 payment.x", "2 payment.x"]);
         assert!(
             resumers
                 .require("payment.x", &json!({ "version": 3 }))

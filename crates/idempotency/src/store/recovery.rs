@@ -372,12 +372,12 @@ pub(crate) struct UnknownState {
     pub version: String,
 }
 
-/// Up to 100 suspended keys (in progress, lease dead, within the recovery window) at one of
-/// `points` whose state's version is none of `known` (see [`claim_recoverable`]): what the recovery
-/// job leaves alone. Read only, never locked.
+/// Up to 100 suspended keys (in progress, lease dead, within the recovery window) whose point and
+/// state's version are none of `known` (see [`claim_recoverable`]): what the recovery job leaves
+/// alone, a later release's version of a known point or a point of its own. Read only, never
+/// locked.
 pub(crate) async fn unknown_states(
     pool: &PgPool,
-    points: &[String],
     known: &[String],
     window: Duration,
 ) -> Result<Vec<UnknownState>, sqlx::Error> {
@@ -388,14 +388,13 @@ pub(crate) async fn unknown_states(
                COALESCE(recovery_state -> 'version', '1')::text AS "version!"
         FROM idempotency_keys
         WHERE status = 'in_progress' AND recovery_point IS NOT NULL
-          AND locked_until <= now() AND recovery_point = ANY($1)
+          AND locked_until <= now()
           AND NOT (COALESCE(recovery_state -> 'version', '1')::text || ' ' || recovery_point
-                   = ANY($2))
-          AND created_at > now() - $3::bigint * interval '1 millisecond'
+                   = ANY($1))
+          AND created_at > now() - $2::bigint * interval '1 millisecond'
         ORDER BY id
         LIMIT 100
         "#,
-        points,
         known,
         millis(window),
     )
