@@ -9,8 +9,9 @@
 //! `formats.rs`).
 //!
 //! A new processor-calling endpoint (say `POST /v1/payments/{id}/capture`) touches: its domain's
-//! files (the handler, and a `CaptureRequested` that implements [`ProcessorCall`], its client call
-//! in downstream/client.rs); a migration for what it records; the spec (openapi/openapi.json, `make
+//! files (the handler, and a `CaptureRequested` that implements [`ProcessorCall`], its recovery
+//! state a versioned type of its own with a golden fixture in tests/fixtures/, its client call in
+//! downstream/client.rs); a migration for what it records; the spec (openapi/openapi.json, `make
 //! openapi`); its tests in tests/api; and one line in app.rs's `resumers`, `.unit::<…>(processor)`.
 
 use std::future::Future;
