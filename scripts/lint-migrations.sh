@@ -8,8 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 version=2.70.0
-if ! squawk --version 2>/dev/null | grep -qx "squawk $version"; then
-  python3 -m pip install --quiet --disable-pip-version-check "squawk-cli==$version"
+# Pinned, in a venv of its own under target/ (a system Python may refuse `pip install`), made once
+# and kept.
+venv=target/squawk-venv
+squawk=$venv/bin/squawk
+if ! "$squawk" --version 2>/dev/null | grep -qx "squawk $version"; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "squawk-cli==$version"
 fi
 
 in_transaction=()
@@ -21,7 +26,7 @@ for migration in migrations/*.sql; do
     in_transaction+=("$migration")
   fi
 done
-squawk --config .squawk.toml "${in_transaction[@]}"
+"$squawk" --config .squawk.toml "${in_transaction[@]}"
 if ((${#outside[@]})); then
-  squawk --config .squawk.toml --no-assume-in-transaction "${outside[@]}"
+  "$squawk" --config .squawk.toml --no-assume-in-transaction "${outside[@]}"
 fi
