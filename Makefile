@@ -48,9 +48,10 @@ openapi:
 fmt:
 	$(CARGO) fmt --all
 
-## Formatting and clippy, as CI checks them.
+## Formatting, the migrations (squawk, scripts/lint-migrations.sh) and clippy, as CI checks them.
 lint:
 	$(CARGO) fmt --all --check
+	bash scripts/lint-migrations.sh
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 ## Everything CI runs.

@@ -53,6 +53,17 @@ impl Metadata {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// The pairs, for a format of their own (a recovery state).
+    pub fn into_pairs(self) -> BTreeMap<String, String> {
+        self.0
+    }
+
+    /// Pairs a recovery state kept: they were checked when the request that sent them was
+    /// accepted, and are recorded as they were, whatever the limits are now.
+    pub fn kept(pairs: BTreeMap<String, String>) -> Self {
+        Self(pairs)
+    }
 }
 
 impl TryFrom<BTreeMap<MetadataKey, MetadataValue>> for Metadata {

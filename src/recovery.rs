@@ -2,7 +2,8 @@
 //! refund was requested at the processor, and then the request's instance died, or its answer was
 //! lost and the client never came back. Each such key is taken over (as a retry would), its work
 //! resumed with the same downstream key, and the result recorded and stored for the client's
-//! retry to replay.
+//! retry to replay. A key whose recovery state is in a version this build does not read is left
+//! alone for a release that reads it, and reported.
 
 use std::time::Duration;
 
@@ -39,6 +40,11 @@ pub fn spawn(
                         break;
                     }
                 }
+            }
+            // Keys whose state no unit of work of this build reads (a later release wrote them,
+            // during a rolling deploy or after a rollback) are left alone, and reported.
+            if let Err(error) = idempotency.report_unknown_states().await {
+                tracing::warn!(%error, "looking for keys left alone failed; tried again next interval");
             }
             // A full batch may mean more are waiting; a short one, or a failure, waits a tick.
             while !shutdown.is_cancelled() {

@@ -44,6 +44,11 @@ impl AccountId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// An id as a record kept it (a recovery state): an account's, when it was written.
+    pub fn kept(id: String) -> Self {
+        Self(id)
+    }
 }
 
 impl fmt::Display for AccountId {

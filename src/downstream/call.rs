@@ -3,30 +3,49 @@
 //! says only what is its own ([`ProcessorCall`]); its resumer is registered from the same type
 //! ([`CallResumers::unit`]), and a point no resumer knows is refused when recorded, and at start.
 //!
+//! What a call records is a format of its own, versioned ([`ProcessorCall::VERSIONS`]): it outlives
+//! the release that wrote it, so a later release reads it ([`read_state`]), and a state in a version
+//! a release does not read is left alone by the mechanism (see the `idempotency` crate's
+//! `formats.rs`).
+//!
 //! A new processor-calling endpoint (say `POST /v1/payments/{id}/capture`) touches: its domain's
-//! files (the handler, and a `CaptureRequested` that implements [`ProcessorCall`], its client call
-//! in downstream/client.rs); a migration for what it records; the spec (openapi/openapi.json, `make
+//! files (the handler, and a `CaptureRequested` that implements [`ProcessorCall`], its recovery
+//! state a versioned type of its own with a golden fixture in tests/fixtures/, its client call in
+//! downstream/client.rs); a migration for what it records; the spec (openapi/openapi.json, `make
 //! openapi`); its tests in tests/api; and one line in app.rs's `resumers`, `.unit::<…>(processor)`.
 
 use std::future::Future;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
 use super::client::{self, Listed, Outcome, ProcessorClient, Refusal};
 use crate::http::error::{ApiError, Problem};
-use idempotency::{Completion, EarlierCalls, KeyedRequest, Lease, Resumers};
+use idempotency::{
+    Completion, EarlierCalls, KeyedRequest, Lease, RecoveryPoint, Resumers, StateVersion,
+};
 
 /// A call to the processor, as its recovery point records it: what resuming it needs, and what is
 /// the call's own (what it sends, how its answer is recorded). The rest is the same for every call
 /// and lives here once.
-pub trait ProcessorCall: Serialize + DeserializeOwned + Send + Sync + 'static {
+pub trait ProcessorCall: Send + Sync + 'static {
     /// The recovery point recorded on the key before the call, by which it is resumed.
     const POINT: &'static str;
     /// What the call makes, as logs and problems name it (`charge`, `refund`).
     const WHAT: &'static str;
+    /// The versions of its recovery state this build reads, oldest first; the last is the one it
+    /// writes ([`ProcessorCall::state`]). A change of the state's format is a new version added
+    /// here, with its golden fixture in the tests; an old one stays while keys may wait in it.
+    const VERSIONS: &'static [StateVersion];
     /// What the processor answers when it made the call.
     type Answer: Send;
+
+    /// The recovery state recorded with the point, in the newest version of
+    /// [`ProcessorCall::VERSIONS`], its `version` member included.
+    fn state(&self) -> Result<serde_json::Value, serde_json::Error>;
+
+    /// The call from a state recorded in `version`, one of [`ProcessorCall::VERSIONS`]. Callers
+    /// go through [`read_state`].
+    fn from_state(version: StateVersion, state: &serde_json::Value) -> anyhow::Result<Self>
+    where
+        Self: Sized;
 
     /// One attempt at the call, with `downstream_key` as its `Idempotency-Key`.
     fn send(
@@ -70,8 +89,45 @@ pub fn starting_at<C: ProcessorCall>(
     request: KeyedRequest,
     call: &C,
 ) -> Result<KeyedRequest, ApiError> {
-    let state = serde_json::to_value(call).map_err(anyhow::Error::from)?;
+    let state = call.state().map_err(anyhow::Error::from)?;
     Ok(request.starting_at(C::POINT, state))
+}
+
+/// The call a recovery point records, read from its state in whichever version of
+/// [`ProcessorCall::VERSIONS`] it was written: the one way a state is decoded, for the resume and
+/// for anything else that reads a key's call. An error for another call's point, for a version this
+/// build does not read (the mechanism leaves such keys alone, so a resume never meets one), and
+/// for a state that is not what its version says.
+pub fn read_state<C: ProcessorCall>(point: &RecoveryPoint) -> anyhow::Result<C> {
+    if point.name != C::POINT {
+        anyhow::bail!(
+            "a {}'s key at the recovery point `{}`, not `{}`",
+            C::WHAT,
+            point.name,
+            C::POINT
+        );
+    }
+    match point.version() {
+        Some(version) if C::VERSIONS.contains(&version) => C::from_state(version, &point.state)
+            .map_err(|error| {
+                anyhow::anyhow!(
+                    "unreadable {} state of version {version}: {error:#}",
+                    C::POINT
+                )
+            }),
+        _ => Err(anyhow::anyhow!(
+            "the {} state is of version {}, which this build does not read (it reads {:?})",
+            C::POINT,
+            point
+                .state
+                .get("version")
+                .map_or_else(|| "1".to_owned(), ToString::to_string),
+            C::VERSIONS
+                .iter()
+                .map(|version| version.get())
+                .collect::<Vec<_>>()
+        )),
+    }
 }
 
 /// Makes the call from the recovery point the key is at: recorded by this request's reservation
@@ -82,13 +138,12 @@ pub async fn resume<C: ProcessorCall>(
     lease: Lease,
 ) -> Result<Completion, ApiError> {
     let (call, downstream_key, earlier) = match lease.recovery_point() {
-        Some(point) if point.name == C::POINT => (
-            serde_json::from_value::<C>(point.state.clone())
-                .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
+        Some(point) => (
+            read_state::<C>(point)?,
             point.downstream_key.clone(),
             point.earlier_calls,
         ),
-        _ => {
+        None => {
             return Err(anyhow::anyhow!(
                 "a {}'s key without its recovery point `{}`",
                 C::WHAT,
@@ -106,7 +161,7 @@ pub async fn start<C: ProcessorCall>(
     mut lease: Lease,
     call: C,
 ) -> Result<Completion, ApiError> {
-    let state = serde_json::to_value(&call).map_err(anyhow::Error::from)?;
+    let state = call.state().map_err(anyhow::Error::from)?;
     let (downstream_key, earlier) = match lease.record_recovery_point(C::POINT, state).await? {
         Some(point) => (point.downstream_key.clone(), point.earlier_calls),
         None => return Ok(lease.lost()),
@@ -125,12 +180,8 @@ pub async fn settle_held<C: ProcessorCall>(
     lease: Lease,
 ) -> Result<Completion, ApiError> {
     let (call, downstream_key) = match lease.recovery_point() {
-        Some(point) if point.name == C::POINT => (
-            serde_json::from_value::<C>(point.state.clone())
-                .map_err(|error| anyhow::anyhow!("unreadable recovery point: {error}"))?,
-            point.downstream_key.clone(),
-        ),
-        _ => {
+        Some(point) => (read_state::<C>(point)?, point.downstream_key.clone()),
+        None => {
             return Err(anyhow::anyhow!(
                 "a {}'s key without its recovery point `{}`",
                 C::WHAT,
@@ -227,12 +278,12 @@ pub async fn record<C: ProcessorCall>(
     Ok(completion)
 }
 
-/// Registers a call's resumer from the call's type: its point, its [`resume`] and its
-/// [`settle_held`], nothing to write by hand, so the registration cannot name one point and
-/// resume another.
+/// Registers a call's resumer from the call's type: its point, the versions of its state it reads,
+/// its [`resume`] and its [`settle_held`], nothing to write by hand, so the registration cannot
+/// name one point and resume another.
 pub trait CallResumers {
-    /// Resumes keys suspended at `C`'s recovery point with [`resume`], and settles keys held there
-    /// with [`settle_held`].
+    /// Resumes keys suspended at `C`'s recovery point, in a version of [`ProcessorCall::VERSIONS`],
+    /// with [`resume`], and settles keys held there with [`settle_held`].
     #[must_use]
     fn unit<C: ProcessorCall>(self, processor: &ProcessorClient) -> Self;
 }
@@ -241,9 +292,11 @@ impl CallResumers for Resumers {
     fn unit<C: ProcessorCall>(self, processor: &ProcessorClient) -> Self {
         let resuming = processor.clone();
         let settling = processor.clone();
-        self.on(C::POINT, move |lease| resume::<C>(resuming.clone(), lease))
-            .settled_by(C::POINT, move |lease| {
-                settle_held::<C>(settling.clone(), lease)
-            })
+        self.on(C::POINT, C::VERSIONS, move |lease| {
+            resume::<C>(resuming.clone(), lease)
+        })
+        .settled_by(C::POINT, move |lease| {
+            settle_held::<C>(settling.clone(), lease)
+        })
     }
 }

@@ -104,8 +104,9 @@ pub enum AuthenticatedProblems {
     /// A fault of ours (`internal`). Nothing was recorded: retry, a POST with the same key.
     #[response(status = 500, content_type = "application/problem+json")]
     Internal(Problem),
-    /// The database is unreachable or busy, or the request did not finish in time
-    /// (`service-unavailable`). Retry, a POST with the same key: it receives the first attempt's
+    /// The database is unreachable or busy, or the request did not finish in time, or, during a
+    /// deploy, the key was last written by another release in a format this instance does not
+    /// read (`service-unavailable`). Retry, a POST with the same key: it receives the first attempt's
     /// result if that went through meanwhile. A payment or refund may also answer
     /// `processor-outcome-unknown` (the processor's answer did not arrive: the key is kept, and the
     /// retry records the one charge it made, if any) or `processor-unavailable` (the processor

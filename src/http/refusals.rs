@@ -30,6 +30,10 @@ impl From<Refusal> for Problem {
                 Problem::new(ProblemKind::IdempotencyKeyMismatch, detail).mismatched_fields(fields)
             }
             Refusal::Held => Problem::new(ProblemKind::IdempotencyKeyHeld, detail),
+            // Written by another release: this instance cannot answer it now, one that reads it can.
+            Refusal::UnknownFormat { retry_after } => {
+                Problem::new(ProblemKind::ServiceUnavailable, detail).retry_after(retry_after)
+            }
         }
     }
 }

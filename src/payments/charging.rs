@@ -4,8 +4,9 @@
 //! retry that takes over a key its first request left behind, and the recovery job.
 //!
 //! 1. **Recovery point**, recorded by the key's reservation itself, before the processor hears of
-//!    the charge: what the charge is (its parameters, the payment id it will be recorded under) and
-//!    the downstream key it is sent with. Whoever picks the key up later resumes from here.
+//!    the charge: what the charge is (its parameters, the payment id it will be recorded under,
+//!    in a versioned format of its own, charge_state.rs) and the downstream key it is sent with.
+//!    Whoever picks the key up later, this release or another, resumes from here.
 //! 2. **The charge**, sent with the downstream key as its `Idempotency-Key`, so every attempt of
 //!    every holder of this key names one charge at the processor, which answers repeats with it.
 //! 3. **Three outcomes**: a charge (succeeded or declined) is recorded with its event
@@ -16,8 +17,8 @@
 use std::future::Future;
 
 use axum::http::{StatusCode, header};
-use serde::{Deserialize, Serialize};
 
+use super::charge_state::{self, ChargeState};
 use super::model::{Payment, PaymentId, PaymentStatus};
 use super::{NewPayment, insert, insert_and_complete};
 use crate::accounts::AccountId;
@@ -26,35 +27,29 @@ use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{ChargeRequest, Outcome, ProcessorClient};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
-use idempotency::{Completion, Lease, StoredResponse};
+use crate::metadata::Metadata;
+use idempotency::{Completion, Lease, StateVersion, StoredResponse};
 use processor::{Charge, ChargeStatus};
+use service::vocabulary::stored;
 
 /// The recovery point of a payment: the charge was (about to be) requested.
 pub const CHARGE_REQUESTED: &str = "payment.charge_requested";
 
-/// What resuming a payment needs, recorded on its key with the recovery point.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ChargeRequested {
-    account: AccountId,
-    /// The payment's id, chosen before the charge, so every attempt records the same payment.
-    payment: PaymentId,
-    request: NewPayment,
-}
+/// A payment's charge, as its recovery state records it (charge_state.rs): what resuming it needs.
+#[derive(Clone, Debug)]
+pub struct ChargeRequested(ChargeState);
 
 impl ChargeRequested {
+    /// A new payment of `account`: its id chosen now, so every attempt records the same payment.
     pub fn new(account: AccountId, request: NewPayment) -> Self {
-        Self {
-            account,
-            payment: PaymentId::generate(),
-            request,
-        }
+        Self(ChargeState::new(&account, &PaymentId::generate(), request))
     }
 
     fn charge_request(&self) -> ChargeRequest {
         ChargeRequest {
-            amount: i64::from(self.request.amount),
-            currency: self.request.currency.as_str().to_owned(),
-            payment_method: self.request.payment_method.as_str().to_owned(),
+            amount: self.0.amount,
+            currency: self.0.currency.clone(),
+            payment_method: self.0.payment_method.clone(),
         }
     }
 }
@@ -65,7 +60,16 @@ impl ChargeRequested {
 impl ProcessorCall for ChargeRequested {
     const POINT: &'static str = CHARGE_REQUESTED;
     const WHAT: &'static str = "charge";
+    const VERSIONS: &'static [StateVersion] = charge_state::VERSIONS;
     type Answer = Charge;
+
+    fn state(&self) -> Result<serde_json::Value, serde_json::Error> {
+        self.0.to_value()
+    }
+
+    fn from_state(version: StateVersion, state: &serde_json::Value) -> anyhow::Result<Self> {
+        ChargeState::read(version, state).map(Self)
+    }
 
     fn send(
         &self,
@@ -117,20 +121,31 @@ impl ProcessorCall for ChargeRequested {
 /// statement.
 async fn record(
     lease: Lease,
-    intent: ChargeRequested,
+    ChargeRequested(intent): ChargeRequested,
     charge: Charge,
 ) -> Result<Completion, ApiError> {
     let (status, kind) = match charge.status {
         ChargeStatus::Succeeded => (PaymentStatus::Succeeded, EventType::PaymentSucceeded),
         ChargeStatus::Declined => (PaymentStatus::Declined, EventType::PaymentDeclined),
     };
-    let payment = Payment::new(
-        intent.payment,
-        &intent.request,
+    let id = PaymentId::parse(&intent.payment)
+        .ok_or_else(|| anyhow::anyhow!("the recovery state's payment id `{}`", intent.payment))?;
+    // A new payment, as it is recorded of the processor's charge: nothing refunded or disputed.
+    let payment = Payment {
+        id,
+        object: "payment",
+        amount: intent.amount,
+        currency: intent.currency,
         status,
-        charge.id.clone(),
-        lease.now(),
-    );
+        payment_method: stored(&intent.payment_method)?,
+        order: intent.order,
+        description: intent.description,
+        amount_refunded: 0,
+        amount_disputed: 0,
+        charge: Some(charge.id.clone()),
+        created_at: lease.now(),
+        metadata: Metadata::kept(intent.metadata),
+    };
     let response = match charge.status {
         ChargeStatus::Succeeded => StoredResponse::json(StatusCode::CREATED, &payment)
             .map_err(anyhow::Error::from)?
@@ -143,7 +158,7 @@ async fn record(
     };
     let event = NewEvent::new(kind, &payment, payment.created_at).map_err(anyhow::Error::from)?;
     let key = lease.key().clone();
-    let account = intent.account;
+    let account = AccountId::kept(intent.account);
     if lease.engine().await? == Engine::Citus {
         // The same three writes as separate statements of one transaction, all routed to the
         // account's node, the completion last (see `Lease::engine`).

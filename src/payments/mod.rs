@@ -1,6 +1,7 @@
 //! Payments: `POST /v1/payments` charges exactly once per idempotency key, and
 //! `GET /v1/payments/{id}` reads one back.
 
+mod charge_state;
 mod charging;
 mod currency;
 mod model;

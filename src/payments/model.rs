@@ -280,32 +280,6 @@ pub struct Payment {
 }
 
 impl Payment {
-    /// A new payment, as it is recorded of the processor's `charge`: nothing refunded or disputed
-    /// yet.
-    pub fn new(
-        id: PaymentId,
-        new: &NewPayment,
-        status: PaymentStatus,
-        charge: String,
-        created_at: DateTime<Utc>,
-    ) -> Self {
-        Self {
-            id,
-            object: "payment",
-            amount: i64::from(new.amount),
-            currency: new.currency.as_str().to_owned(),
-            status,
-            payment_method: new.payment_method,
-            order: new.order.clone().map(String::from),
-            description: new.description.clone().map(String::from),
-            amount_refunded: 0,
-            amount_disputed: 0,
-            charge: Some(charge),
-            created_at,
-            metadata: new.metadata.clone(),
-        }
-    }
-
     /// Where the payment can be fetched.
     pub fn location(&self) -> String {
         format!("/v1/payments/{}", self.id)

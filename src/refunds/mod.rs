@@ -2,6 +2,7 @@
 //! and never more than was paid and is not disputed, however many refunds race for the same
 //! payment.
 
+mod refund_state;
 mod refunding;
 
 use axum::extract::{FromRef, State};

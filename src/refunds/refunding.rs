@@ -6,10 +6,10 @@
 use std::future::Future;
 
 use axum::http::{StatusCode, header};
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+use super::refund_state::{self, Refund, RefundState};
 use super::{RefundRow, payment_not_found};
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
@@ -18,7 +18,7 @@ use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
 use crate::payments::{PaymentId, PaymentRow, PaymentStatus};
-use idempotency::{Completion, Lease, StoredResponse};
+use idempotency::{Completion, Lease, StateVersion, StoredResponse};
 use processor::ProcessorRefund;
 use service::ids;
 use service::vocabulary::stored;
@@ -37,21 +37,9 @@ pub struct RefundAsked {
     pub metadata: Metadata,
 }
 
-/// What resuming a refund needs, recorded on its key with the recovery point.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RefundRequested {
-    account: AccountId,
-    payment: PaymentId,
-    /// The processor's charge the refund goes back through.
-    charge: String,
-    amount: i64,
-    reason: Option<String>,
-    /// Absent from a point recorded before refunds carried metadata: none.
-    #[serde(default)]
-    metadata: Metadata,
-    /// The refund's id, chosen before the call, so every attempt records the same refund.
-    refund: String,
-}
+/// A refund, as its recovery state records it (refund_state.rs): what resuming it needs.
+#[derive(Clone, Debug)]
+pub struct RefundRequested(RefundState);
 
 /// Refunds and records one refund under `lease`, or resumes the one an earlier holder of the key
 /// requested: the check first (its refusal is the key's result), then the unit of work every call
@@ -75,14 +63,23 @@ pub async fn refund_and_record(
 impl ProcessorCall for RefundRequested {
     const POINT: &'static str = REFUND_REQUESTED;
     const WHAT: &'static str = "refund";
+    const VERSIONS: &'static [StateVersion] = refund_state::VERSIONS;
     type Answer = ProcessorRefund;
+
+    fn state(&self) -> Result<serde_json::Value, serde_json::Error> {
+        self.0.to_value()
+    }
+
+    fn from_state(version: StateVersion, state: &serde_json::Value) -> anyhow::Result<Self> {
+        RefundState::read(version, state).map(Self)
+    }
 
     fn send(
         &self,
         processor: &ProcessorClient,
         downstream_key: &str,
     ) -> impl Future<Output = Outcome<ProcessorRefund>> + Send {
-        processor.refund(downstream_key, &self.charge, Some(self.amount))
+        processor.refund(downstream_key, &self.0.charge, Some(self.0.amount))
     }
 
     fn record(
@@ -101,7 +98,7 @@ impl ProcessorCall for RefundRequested {
     ) -> anyhow::Result<Option<ProcessorRefund>> {
         let made = call::the_one_made(processor.refunds_made_under(downstream_key).await?)?;
         if let Some(refund) = &made
-            && (refund.charge != self.charge || refund.amount != self.amount)
+            && (refund.charge != self.0.charge || refund.amount != self.0.amount)
         {
             anyhow::bail!(
                 "the processor's refund {} under this key is {} of charge {}, where the key asked \
@@ -109,8 +106,8 @@ impl ProcessorCall for RefundRequested {
                 refund.id,
                 refund.amount,
                 refund.charge,
-                self.amount,
-                self.charge
+                self.0.amount,
+                self.0.charge
             );
         }
         Ok(made)
@@ -127,7 +124,7 @@ impl ProcessorCall for RefundRequested {
                 ProblemKind::RefundExceedsPayment,
                 format!(
                     "The processor refused to refund {} of payment `{}`: {refusal}",
-                    self.amount, self.payment
+                    self.0.amount, self.0.payment
                 ),
             )
         })
@@ -178,15 +175,15 @@ async fn check(
             ),
         )));
     }
-    Ok(Ok(RefundRequested {
-        account: asked.account,
-        payment: asked.payment,
+    Ok(Ok(RefundRequested(RefundState::new(Refund {
+        account: asked.account.as_str().to_owned(),
+        payment: asked.payment.as_str().to_owned(),
         charge,
         amount,
         reason: asked.reason,
-        metadata: asked.metadata,
+        metadata: asked.metadata.into_pairs(),
         refund: ids::generate("re", 24),
-    }))
+    }))))
 }
 
 /// What remains refundable of a payment: what was paid, less what was refunded and what the
@@ -209,7 +206,7 @@ fn refundable(amount: i64, refunded: i64, disputed: i64) -> i64 {
 /// [`refundable`], which the CHECK on `payments` enforces.
 async fn record(
     lease: Lease,
-    intent: RefundRequested,
+    RefundRequested(intent): RefundRequested,
     refunded: ProcessorRefund,
 ) -> Result<Completion, ApiError> {
     let mut tx = lease.begin().await?;
@@ -224,8 +221,8 @@ async fn record(
                   metadata AS "metadata: Json<Metadata>"
         "#,
         intent.refund,
-        intent.payment.as_str(),
-        intent.account.as_str(),
+        intent.payment,
+        intent.account,
         refunded.amount,
         intent.reason.as_deref(),
         lease.key().as_str(),
@@ -255,9 +252,9 @@ async fn record(
                   p.description, p.amount_refunded, p.amount_disputed, p.charge, p.created_at,
                   p.metadata AS "metadata: Json<Metadata>"
         "#,
-        intent.payment.as_str(),
+        intent.payment,
         refunded.amount,
-        intent.account.as_str(),
+        intent.account,
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -272,8 +269,8 @@ async fn record(
             UPDATE disputes SET status = 'needs_review'
             WHERE account_id = $2 AND payment_id = $1 AND status = 'open'
             "#,
-            intent.payment.as_str(),
-            intent.account.as_str(),
+            intent.payment,
+            intent.account,
         )
         .execute(&mut *tx)
         .await?;
@@ -301,7 +298,7 @@ async fn record(
         NewEvent::new(EventType::PaymentRefunded, &payment, at).map_err(anyhow::Error::from)?,
     ];
     let engine = lease.engine().await?;
-    events::write(&mut tx, engine, intent.account.as_str(), &written).await?;
+    events::write(&mut tx, engine, &intent.account, &written).await?;
     let response = StoredResponse::json(StatusCode::CREATED, &refund)
         .map_err(anyhow::Error::from)?
         .with_header(header::LOCATION, refund.location());

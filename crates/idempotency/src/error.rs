@@ -55,6 +55,11 @@ pub enum Refusal {
     /// operator (409).
     #[error("the key is held for an operator")]
     Held,
+    /// The key is in a format this release does not read (a later release wrote it, see
+    /// `formats.rs`): left alone, nothing done (503); retry after `retry_after`, when an instance
+    /// that reads it may answer.
+    #[error("the key is in a format this release does not read")]
+    UnknownFormat { retry_after: Duration },
 }
 
 impl Refusal {
@@ -65,6 +70,7 @@ impl Refusal {
             Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unreadable(rejection) => rejection.status(),
             Self::InFlight { .. } | Self::Held => StatusCode::CONFLICT,
+            Self::UnknownFormat { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Mismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
@@ -81,13 +87,16 @@ impl Refusal {
             Self::InFlight { .. } => IN_FLIGHT.to_owned(),
             Self::Mismatch { .. } => MISMATCH.to_owned(),
             Self::Held => HELD.to_owned(),
+            Self::UnknownFormat { .. } => UNKNOWN_FORMAT.to_owned(),
         }
     }
 
     /// When a retry may succeed, rounded up to whole seconds by whoever writes the header.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::InFlight { retry_after } => Some(*retry_after),
+            Self::InFlight { retry_after } | Self::UnknownFormat { retry_after } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }
@@ -103,6 +112,11 @@ const HELD: &str = "The call to the processor made for this Idempotency-Key coul
     within the recovery window, so whether it took effect is not known, and it is held for an \
     operator to settle. Do not retry this intent under a new key: it may have taken effect. This \
     key answers the same until the operator settles it, then with its result.";
+
+const UNKNOWN_FORMAT: &str = "This Idempotency-Key was last written by another release of the \
+    service, in a format this instance does not read, so it was left as it is and nothing was \
+    done. Retry after the time given in Retry-After, with the same key and body: an instance \
+    that reads it answers.";
 
 /// Upper-cases the first letter and ends with a stop: details are sentences.
 fn sentence(text: &str) -> String {

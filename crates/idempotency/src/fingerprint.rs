@@ -4,9 +4,16 @@
 //! differently (key order, whitespace, `4200` or `42e2`) is the same request. Beside it, one digest
 //! per top-level member ([`FieldDigests`]) lets a mismatch name the members that changed without
 //! the request itself being stored.
+//!
+//! A fingerprint outlives the release that made it: each key records the [`FingerprintVersion`] it
+//! was made with, and a request carries its fingerprint under every version this release computes
+//! ([`Fingerprints`]), so a retry of a key made before a change of the fingerprint's inputs is
+//! compared under the version it was made with, never refused as another payload.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
+use axum::http::Uri;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
@@ -46,14 +53,7 @@ impl Fingerprint {
         body: &[u8],
         fields: Option<&mut FieldDigests>,
     ) -> Result<Self, serde_json::Error> {
-        let document: &RawValue = serde_json::from_slice(body)?;
-        let mut canonical = Vec::with_capacity(body.len());
-        write_canonical(document, &mut canonical, 0, fields)?;
-        let mut hash = Sha256::new();
-        hash.update(target.as_bytes());
-        hash.update(b"\n");
-        hash.update(&canonical);
-        Ok(Self(hash.finalize().into()))
+        Ok(hash(target, &canonical(body, fields)?))
     }
 
     /// Fingerprints a request whose body is not JSON: its raw bytes, together with its media type
@@ -86,6 +86,208 @@ impl Fingerprint {
     pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(Self)
     }
+}
+
+/// What a fingerprint was computed over, recorded with every key (its `fingerprint_version`; none
+/// on the keys of the releases before versions, which are version 1). A change of what is hashed is
+/// a new version, never a change of an existing one: the keys made under the old one are still
+/// compared under it, and a release that meets a version it does not compute leaves the key alone
+/// (it cannot tell a retry from another payload) rather than refuse it as a mismatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FingerprintVersion(i16);
+
+impl FingerprintVersion {
+    /// The body with the target each entry point chose before versions: the path alone for the
+    /// extractors ([`Idempotent`](crate::Idempotent), and services that fingerprint with
+    /// [`Target::of`]), the path and query for [`guard`](crate::guard).
+    pub const V1: Self = Self(1);
+    /// The body with the request's path and query, whatever the entry point: a query is part of
+    /// what the request names (`POST /captures?amount=100` and `?amount=200` are two intents).
+    pub const V2: Self = Self(2);
+    /// The version new keys are made with.
+    pub const CURRENT: Self = Self::V2;
+    /// Every version this release computes, oldest first.
+    pub const KNOWN: [Self; 2] = [Self::V1, Self::V2];
+
+    /// The version a key's `fingerprint_version` column names: none is version 1.
+    pub(crate) fn stored(column: Option<i16>) -> Self {
+        column.map_or(Self::V1, Self)
+    }
+
+    /// The version as the column stores it.
+    pub fn get(self) -> i16 {
+        self.0
+    }
+
+    fn index(self) -> Option<usize> {
+        Self::KNOWN.iter().position(|known| *known == self)
+    }
+}
+
+impl fmt::Display for FingerprintVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The target of a request (what it names besides its body), as each version of the fingerprint
+/// reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    /// Version 1's: what the entry point hashed before versions.
+    pub before_versions: &'a str,
+    /// Version 2's: the path and the query, as the request line has them.
+    pub path_and_query: &'a str,
+}
+
+impl<'a> Target<'a> {
+    /// The target of a request to `uri` taken by an extractor, whose version 1 was the path
+    /// alone.
+    pub fn of(uri: &'a Uri) -> Self {
+        Self {
+            before_versions: uri.path(),
+            path_and_query: uri
+                .path_and_query()
+                .map_or(uri.path(), |target| target.as_str()),
+        }
+    }
+
+    /// The same target under every version: a request without a query, or one under
+    /// [`guard`](crate::guard), whose version 1 already read the query.
+    pub fn same(target: &'a str) -> Self {
+        Self {
+            before_versions: target,
+            path_and_query: target,
+        }
+    }
+
+    fn of_version(self, version: FingerprintVersion) -> &'a str {
+        match version.index() {
+            Some(0) => self.before_versions,
+            _ => self.path_and_query,
+        }
+    }
+}
+
+/// A request's fingerprint under each version this release computes: the current one is recorded
+/// with a new key, and a key made under an older one is compared under that one. A request rebuilt
+/// from its key's row (the recovery job's) has only the fingerprint the row holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fingerprints([Option<Fingerprint>; FingerprintVersion::KNOWN.len()]);
+
+/// How a request's fingerprints compare with the one a key's row holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Comparison {
+    /// The same request: equal under the version the key was made with.
+    Same,
+    /// Another payload (or a stored fingerprint that does not read as one).
+    Differs,
+    /// The key was made under a version this release does not compute: it cannot tell.
+    UnknownVersion(FingerprintVersion),
+}
+
+impl Fingerprints {
+    /// A request with a JSON body, under every version (see [`Fingerprint::with_fields`]); the
+    /// body is made canonical once, and the members' digests do not depend on the version.
+    pub fn of_json(
+        target: Target<'_>,
+        body: &[u8],
+    ) -> Result<(Self, FieldDigests), serde_json::Error> {
+        let mut fields = FieldDigests::default();
+        let canonical = canonical(body, Some(&mut fields))?;
+        Ok((
+            Self::each(target, |target| hash(target, &canonical)),
+            fields,
+        ))
+    }
+
+    /// A request whose body is not JSON, under every version (see [`Fingerprint::of_bytes`]).
+    pub fn of_bytes(target: Target<'_>, content_type: Option<&str>, body: &[u8]) -> Self {
+        Self::each(target, |target| {
+            Fingerprint::of_bytes(target, content_type, body)
+        })
+    }
+
+    /// A parsed body, under every version (see [`Fingerprint::of_request`]).
+    pub fn of_request(target: Target<'_>, body: &Value) -> Self {
+        let text = serde_json::to_vec(body).expect("a JSON value always serializes");
+        Self::of_json(target, &text)
+            .expect("a JSON value's text is JSON")
+            .0
+    }
+
+    /// The one fingerprint a key's row holds, for work rebuilt from the row.
+    pub fn stored(version: FingerprintVersion, fingerprint: Fingerprint) -> Self {
+        let mut each = [None; FingerprintVersion::KNOWN.len()];
+        if let Some(index) = version.index() {
+            each[index] = Some(fingerprint);
+        }
+        Self(each)
+    }
+
+    fn each(target: Target<'_>, hash: impl Fn(&str) -> Fingerprint) -> Self {
+        let mut each = [None; FingerprintVersion::KNOWN.len()];
+        let mut last: Option<(&str, Fingerprint)> = None;
+        for (slot, version) in each.iter_mut().zip(FingerprintVersion::KNOWN) {
+            let target = target.of_version(version);
+            let fingerprint = match last {
+                // A target no version changes is hashed once.
+                Some((hashed, fingerprint)) if hashed == target => fingerprint,
+                _ => hash(target),
+            };
+            last = Some((target, fingerprint));
+            *slot = Some(fingerprint);
+        }
+        Self(each)
+    }
+
+    /// The fingerprint under `version`, if this request has one.
+    pub fn of_version(&self, version: FingerprintVersion) -> Option<Fingerprint> {
+        self.0[version.index()?]
+    }
+
+    /// The newest version this request has a fingerprint of, and that fingerprint: what a new key
+    /// records.
+    pub fn current(&self) -> Option<(FingerprintVersion, Fingerprint)> {
+        FingerprintVersion::KNOWN
+            .iter()
+            .rev()
+            .find_map(|version| Some((*version, self.of_version(*version)?)))
+    }
+
+    /// Compares the request with a key's stored fingerprint (`None` when the row's bytes are no
+    /// fingerprint), under the version the key was made with.
+    pub fn compare(&self, stored: Option<(FingerprintVersion, Fingerprint)>) -> Comparison {
+        let Some((version, stored)) = stored else {
+            return Comparison::Differs;
+        };
+        if version.index().is_none() {
+            return Comparison::UnknownVersion(version);
+        }
+        match self.of_version(version) {
+            Some(mine) if mine == stored => Comparison::Same,
+            Some(_) => Comparison::Differs,
+            // A request rebuilt from another row's version: not this key's request.
+            None => Comparison::Differs,
+        }
+    }
+}
+
+/// The canonical text of a JSON body, its members digested into `fields` on the way.
+fn canonical(body: &[u8], fields: Option<&mut FieldDigests>) -> Result<Vec<u8>, serde_json::Error> {
+    let document: &RawValue = serde_json::from_slice(body)?;
+    let mut canonical = Vec::with_capacity(body.len());
+    write_canonical(document, &mut canonical, 0, fields)?;
+    Ok(canonical)
+}
+
+/// SHA-256 of a target and a canonical body.
+fn hash(target: &str, canonical: &[u8]) -> Fingerprint {
+    let mut hash = Sha256::new();
+    hash.update(target.as_bytes());
+    hash.update(b"\n");
+    hash.update(canonical);
+    Fingerprint(hash.finalize().into())
 }
 
 /// A `Content-Type` in its normal form, for [`Fingerprint::of_bytes`].
@@ -176,6 +378,18 @@ impl FieldDigests {
         }
         pointers
     }
+}
+
+/// The pointers of the top-level members in which a request differs from the stored one. `None`
+/// when either side has no digests (a key reserved before they were recorded), or when no member
+/// differs: then the request went to another resource under the same route (a refund of another
+/// payment), which the list cannot name.
+pub(crate) fn mismatched_fields(
+    stored: Option<&FieldDigests>,
+    sent: Option<&FieldDigests>,
+) -> Option<Vec<String>> {
+    let fields = stored?.mismatched(sent?);
+    (!fields.is_empty()).then_some(fields)
 }
 
 /// Whether a digest is of a member's member, named by its pointer, not of a top-level member.
@@ -411,6 +625,51 @@ mod tests {
         assert_eq!(digests.0.get("b"), Some(&expected));
         // Values are never stored: only names and digests.
         assert!(!serde_json::to_string(&digests).unwrap().contains("\"x\""));
+    }
+
+    #[test]
+    fn each_version_hashes_its_own_target_and_a_key_is_compared_under_its_version() {
+        let uri: Uri = "/v1/payments?source=checkout".parse().unwrap();
+        let (each, fields) =
+            Fingerprints::of_json(Target::of(&uri), br#"{ "b": 2, "a": 1 }"#).unwrap();
+        // Version 1: the path alone, as the extractors hashed it before versions; version 2: the
+        // path and the query.
+        let v1 = Fingerprint(Sha256::digest(b"/v1/payments\n{\"a\":1,\"b\":2}").into());
+        let v2 =
+            Fingerprint(Sha256::digest(b"/v1/payments?source=checkout\n{\"a\":1,\"b\":2}").into());
+        assert_eq!(each.of_version(FingerprintVersion::V1), Some(v1));
+        assert_eq!(each.of_version(FingerprintVersion::V2), Some(v2));
+        assert_eq!(each.current(), Some((FingerprintVersion::V2, v2)));
+        assert_eq!(fields, self::fields(r#"{"a":1,"b":2}"#));
+        // A key made under version 1 (a release before versions) is this request; the same bytes
+        // said to be version 2 are another payload; a version this release does not compute is
+        // neither.
+        let v1_key = Some((FingerprintVersion::V1, v1));
+        assert_eq!(each.compare(v1_key), Comparison::Same);
+        let mislabelled = Some((FingerprintVersion::V2, v1));
+        assert_eq!(each.compare(mislabelled), Comparison::Differs);
+        let later = FingerprintVersion(3);
+        assert_eq!(
+            each.compare(Some((later, v2))),
+            Comparison::UnknownVersion(later)
+        );
+        assert_eq!(each.compare(None), Comparison::Differs);
+        // Without a query, both versions are the one hash; `guard` read the query in both.
+        let bare: Uri = "/v1/payments".parse().unwrap();
+        let body = serde_json::json!({ "a": 1, "b": 2 });
+        let plain = Fingerprints::of_request(Target::of(&bare), &body);
+        assert_eq!(plain.of_version(FingerprintVersion::V1), Some(v1));
+        assert_eq!(plain.of_version(FingerprintVersion::V2), Some(v1));
+        let guarded =
+            Fingerprints::of_request(Target::same(uri.path_and_query().unwrap().as_str()), &body);
+        assert_eq!(guarded.of_version(FingerprintVersion::V1), Some(v2));
+        // A request rebuilt from its row has only the row's.
+        let stored = Fingerprints::stored(FingerprintVersion::V1, v1);
+        assert_eq!(stored.current(), Some((FingerprintVersion::V1, v1)));
+        assert_eq!(
+            stored.compare(Some((FingerprintVersion::V2, v2))),
+            Comparison::Differs
+        );
     }
 
     #[test]

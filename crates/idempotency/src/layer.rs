@@ -18,7 +18,8 @@ use bytes::Bytes;
 
 use super::request::{invalid_body, is_json, key_from, refused};
 use super::{
-    BodyError, Completion, Error, Fingerprint, Idempotency, KeyedRequest, Lease, Owners, Scope,
+    BodyError, Completion, Error, Fingerprints, Idempotency, KeyedRequest, Lease, Owners, Scope,
+    Target,
 };
 
 /// The headers of a handler's response kept with its key and replayed: the ones a client relies
@@ -121,7 +122,7 @@ where
         .uri
         .path_and_query()
         .map_or("/", |target| target.as_str());
-    let keyed = fingerprint(target, &parts.headers, &bytes)
+    let keyed = fingerprint(Target::same(target), &parts.headers, &bytes)
         .map(|digests| match digests {
             (fingerprint, Some(fields)) => {
                 KeyedRequest::new(scope, key, fingerprint).with_fields(fields)
@@ -154,20 +155,21 @@ where
     }
 }
 
-/// The request's fingerprint, with its members' digests when the body is a JSON object.
+/// The request's fingerprints, with its members' digests when the body is a JSON object. The
+/// target is the path and query under every version: `guard` read the query before versions too.
 fn fingerprint(
-    target: &str,
+    target: Target<'_>,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(Fingerprint, Option<super::FieldDigests>), BodyError> {
+) -> Result<(Fingerprints, Option<super::FieldDigests>), BodyError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
     match content_type.as_deref() {
-        Some(json) if is_json(json) && !body.is_empty() => Fingerprint::with_fields(target, body)
+        Some(json) if is_json(json) && !body.is_empty() => Fingerprints::of_json(target, body)
             .map(|(fingerprint, fields)| (fingerprint, Some(fields)))
             .map_err(invalid_body),
-        other => Ok((Fingerprint::of_bytes(target, other, body), None)),
+        other => Ok((Fingerprints::of_bytes(target, other, body), None)),
     }
 }
 

@@ -13,7 +13,10 @@ use crate::connections::Lot;
 use crate::engine::KnownEngine;
 use crate::instrumentation::Instrumentation;
 use crate::metrics::KeyOutcome;
-use crate::{IdempotencyKey, RecoveryPoint, Resumers, StoredResponse};
+use crate::{
+    Fingerprint, FingerprintVersion, IdempotencyKey, KeyedRequest, RecoveryPoint, Resumers,
+    StoredResponse,
+};
 
 /// The right to execute the work of one key, held by exactly one request at a time. The work
 /// writes its effect in the transaction from [`Lease::begin`] and hands it to [`Lease::complete`],
@@ -50,15 +53,23 @@ pub(crate) struct HeldLease {
     /// When the lease was granted: earlier than the completing transaction's `now()`, so
     /// `reserved + key_ttl` is no later than the key's `expires_at`.
     pub(crate) reserved: Instant,
+    /// The key's fingerprint, when the lease made it (a new or recycled key, under the current
+    /// version), for the replay cache; a key taken over keeps the one it was made with, which
+    /// the cache then learns from the row.
+    pub(crate) fingerprint: Option<(FingerprintVersion, Fingerprint)>,
 }
 
-impl From<&Lease> for HeldLease {
-    fn from(lease: &Lease) -> Self {
+impl HeldLease {
+    pub(crate) fn of(lease: &Lease, request: &KeyedRequest) -> Self {
         Self {
             owner: lease.owner.clone(),
             key_id: lease.key_id,
             token: lease.token,
             reserved: lease.granted,
+            fingerprint: match lease.outcome {
+                KeyOutcome::Executed => request.fingerprints.current(),
+                _ => None,
+            },
         }
     }
 }

@@ -27,12 +27,14 @@
 //! PostgreSQL unique constraint on `(account_id, scope, idem_key)` decides between concurrent
 //! requests, and every clock reading is the database's `now()`.
 
+mod answer;
 pub mod body;
 pub mod connections;
 pub mod decimal;
 pub mod engine;
 mod error;
 mod fingerprint;
+mod formats;
 mod inspect;
 mod instrumentation;
 mod key;
@@ -63,26 +65,32 @@ use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use answer::Answer;
 use connections::Lot;
 use engine::KnownEngine;
+use fingerprint::mismatched_fields;
+use formats::{Reported, UnknownFormat};
 use instrumentation::Instrumentation;
 use lease::{Completed, HeldLease};
 pub use lease::{Completion, Fence, Lease};
 use metrics::KeyOutcome;
+use recovery::PointAt;
 use replays::{CACHED_REPLAYS, CachedReplay};
 use store::Reservation;
 
 pub use body::BodyError;
 pub use engine::Engine;
 pub use error::{Error, Refusal, is_unavailable};
-pub use fingerprint::{FieldDigests, Fingerprint};
+pub use fingerprint::{
+    Comparison, FieldDigests, Fingerprint, FingerprintVersion, Fingerprints, Target,
+};
 pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
 use recovery::RecoveryBounds;
-pub use recovery::{EarlierCalls, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers};
+pub use recovery::{EarlierCalls, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers, StateVersion};
 pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
-pub use response::{IDEMPOTENT_REPLAYED, StoredResponse};
+pub use response::{IDEMPOTENT_REPLAYED, ResponseVersion, StoredResponse};
 pub use settle::{Settled, Settlement};
 pub use store::BATCH as EXPIRY_BATCH;
 
@@ -114,6 +122,8 @@ pub struct Idempotency {
     /// only points a lease may record.
     resumers: Arc<Resumers>,
     replays: Arc<Cache<String, CachedReplay>>,
+    /// The suspended keys left alone for their state's version that this instance reported.
+    reported: Reported,
 }
 
 impl fmt::Debug for Idempotency {
@@ -135,6 +145,7 @@ impl Idempotency {
             policy,
             resumers: Arc::default(),
             replays: Arc::new(Cache::new(CACHED_REPLAYS)),
+            reported: Reported::default(),
         }
     }
 
@@ -217,7 +228,7 @@ impl Idempotency {
             Decision::Execute(lease) => {
                 self.instrumentation.crash_point("after-reserve");
                 self.instrumentation.record(lease.outcome);
-                let held = HeldLease::from(&lease);
+                let held = HeldLease::of(&lease, &request);
                 self.execute(&request, held, work(lease)).await
             }
             Decision::Answer(answer) => answer.respond(self.instrumentation).map_err(E::from),
@@ -238,50 +249,11 @@ enum Decision {
     Answer(Answer),
 }
 
-/// How a request that does not execute is answered.
-#[derive(Debug)]
-enum Answer {
-    /// The key completed: answer with the stored response.
-    Replay(StoredResponse),
-    /// Another request holds a live lease on the key.
-    InFlight { retry_after: Duration },
-    /// The key's call to another system stayed unsettled past the recovery window: it waits for
-    /// an operator, and no request resumes it.
-    Held,
-    /// The key was used with a different payload: the pointers of the body's top-level members
-    /// that differ, when the key's row has their digests (keys reserved before they were
-    /// recorded have none, and the 422 then omits the list).
-    Mismatch(Option<Vec<String>>),
-}
-
-impl Answer {
-    /// The replay or the refusal, with its outcome counted.
-    fn respond(self, instrumentation: Instrumentation) -> Result<Response, Error> {
-        match self {
-            Answer::Replay(stored) => {
-                instrumentation.record(KeyOutcome::Replayed);
-                Ok(stored.replay())
-            }
-            Answer::InFlight { retry_after } => {
-                instrumentation.record(KeyOutcome::ConflictInFlight);
-                Err(Refusal::InFlight { retry_after }.into())
-            }
-            Answer::Mismatch(fields) => {
-                instrumentation.record(KeyOutcome::Mismatch);
-                Err(Refusal::Mismatch { fields }.into())
-            }
-            Answer::Held => {
-                instrumentation.record(KeyOutcome::Held);
-                Err(Refusal::Held.into())
-            }
-        }
-    }
-}
-
 /// A key that exists, as the reservation found it.
 struct ExistingKey {
     key_id: i64,
-    fingerprint: Option<Fingerprint>,
+    /// The stored fingerprint and its version; `None` for bytes that are no fingerprint.
+    fingerprint: Option<(FingerprintVersion, Fingerprint)>,
     /// The digests of the stored request's top-level members; `None` for keys reserved before
     /// they were recorded.
     fields: Option<FieldDigests>,
@@ -297,18 +269,23 @@ struct ExistingKey {
 /// The state of an existing key.
 enum KeyState {
     /// A request is working on it; `lease_left` is `None` when its lease ran out (its process
-    /// died, or stopped renewing).
-    InProgress { lease_left: Option<Duration> },
+    /// died, or stopped renewing). `point`, the recovery point its work recorded.
+    InProgress {
+        lease_left: Option<Duration>,
+        point: Option<PointAt>,
+    },
     /// Its response is stored: every repeat gets it.
     Completed(StoredResponse),
     /// Its work stayed unsettled past the recovery window; an operator settles it.
     Held,
+    /// Its response is stored in a format this release does not read.
+    Unreadable(UnknownFormat),
 }
 
 /// The longest `Retry-After` a 409 suggests. A live request usually finishes within it, and a
 /// dead one is taken over once its lease runs out, so a client retrying every second is answered
 /// as soon as either happens, instead of waiting out a whole lease.
-const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_secs(1);
+pub(crate) const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_secs(1);
 
 /// How often an unsettled reservation (see [`Reservation::Unsettled`]) is tried again before the
 /// client is asked to come back.
@@ -323,8 +300,8 @@ impl Idempotency {
             // Before the statement: `now() + expires_in` seen from here is then no later than the
             // database's `expires_at`.
             let asked = Instant::now();
-            if let Some((name, _)) = &request.first_point {
-                self.resumers.require(name)?;
+            if let Some((name, state)) = &request.first_point {
+                self.resumers.require(name, state)?;
             }
             let first_point = RecoveryPoint::first(request);
             let engine = self.engine().await?;
@@ -371,28 +348,50 @@ impl Idempotency {
                 .await?
                 .map(Decision::Execute));
         }
-        // A different payload is refused whatever the key's state, before anything is replayed.
-        if existing.fingerprint != Some(request.fingerprint) {
-            let fields = mismatched_fields(existing.fields.as_ref(), request.fields.as_ref());
-            return Ok(Some(Decision::Answer(Answer::Mismatch(fields))));
-        }
+        // A different payload is refused whatever the key's state, before anything is replayed;
+        // compared under the fingerprint's version the key was made with (`formats.rs`).
+        let left_alone = |unknown: UnknownFormat| {
+            unknown.report(existing.key_id);
+            Ok(Some(Decision::Answer(Answer::UnknownFormat)))
+        };
+        let fingerprint = match (
+            request.fingerprints.compare(existing.fingerprint),
+            existing.fingerprint,
+        ) {
+            (Comparison::Same, Some(fingerprint)) => fingerprint,
+            (Comparison::UnknownVersion(version), _) => {
+                return left_alone(UnknownFormat::fingerprint(version));
+            }
+            _ => {
+                let fields = mismatched_fields(existing.fields.as_ref(), request.fields.as_ref());
+                return Ok(Some(Decision::Answer(Answer::Mismatch(fields))));
+            }
+        };
         Ok(match existing.state {
             // Replay: "the original response is returned unchanged, status code included".
             KeyState::Completed(stored) => {
                 if let Some(expires_in) = existing.expires_in {
-                    self.remember(request, &stored, asked + expires_in);
+                    self.remember(request, fingerprint, &stored, asked + expires_in);
                 }
                 Some(Decision::Answer(Answer::Replay(stored)))
             }
+            KeyState::Unreadable(unknown) => return left_alone(unknown),
             // Conflict: "an identical request is already under way".
             KeyState::InProgress {
                 lease_left: Some(left),
+                ..
             } => Some(Decision::Answer(Answer::InFlight {
                 retry_after: left.min(IN_FLIGHT_RETRY_HINT),
             })),
             KeyState::Held => Some(Decision::Answer(Answer::Held)),
-            KeyState::InProgress { lease_left: None } => {
-                match self.take_over(existing.key_id, request).await? {
+            KeyState::InProgress {
+                lease_left: None,
+                point,
+            } => {
+                match self
+                    .take_over(existing.key_id, fingerprint, request)
+                    .await?
+                {
                     Some(lease) => Some(Decision::Execute(lease)),
                     // Not taken over: someone else was faster (look again), or the key's work is
                     // past the recovery window, and this request holds it for an operator.
@@ -410,7 +409,13 @@ impl Idempotency {
                         );
                         Some(Decision::Answer(Answer::Held))
                     }
-                    None => None,
+                    // Or its state is one no resumer of this release reads: left alone.
+                    None => match point.filter(|at| !self.resumers.reads(&at.name, at.version)) {
+                        Some(at) => {
+                            return left_alone(UnknownFormat::recovery_state(&at.name, at.written));
+                        }
+                        None => None,
+                    },
                 }
             }
         })
@@ -428,6 +433,7 @@ impl Idempotency {
     async fn take_over(
         &self,
         key_id: i64,
+        fingerprint: (FingerprintVersion, Fingerprint),
         request: &KeyedRequest,
     ) -> Result<Option<Lease>, sqlx::Error> {
         let token = Uuid::new_v4();
@@ -435,7 +441,8 @@ impl Idempotency {
             &self.pool,
             request.scope.owner(),
             key_id,
-            &request.fingerprint,
+            fingerprint,
+            &self.resumers.known_pairs(),
             token,
             self.policy.lease,
             self.policy.recovery_window,
@@ -456,11 +463,7 @@ impl Idempotency {
     }
 
     /// Reserves an expired key for a new request, unless its row changed meanwhile.
-    async fn recycle(
-        &self,
-        key_id: i64,
-        request: &KeyedRequest,
-    ) -> Result<Option<Lease>, sqlx::Error> {
+    async fn recycle(&self, key_id: i64, request: &KeyedRequest) -> Result<Option<Lease>, Error> {
         let token = Uuid::new_v4();
         let first_point = RecoveryPoint::first(request);
         let recycled = store::recycle(
@@ -536,7 +539,10 @@ impl Idempotency {
         };
         match joined {
             Ok(Ok(Completion(Completed::Stored(response)))) => {
-                self.remember(request, &response, held.reserved + self.policy.key_ttl);
+                if let Some(fingerprint) = held.fingerprint {
+                    let until = held.reserved + self.policy.key_ttl;
+                    self.remember(request, fingerprint, &response, until);
+                }
                 Ok(response.into_response())
             }
             Ok(Ok(Completion(Completed::LeaseLost))) => {
@@ -784,16 +790,4 @@ impl Idempotency {
             Engine::Citus => store::expire_batch_unlocked(pool).await,
         }
     }
-}
-
-/// The pointers of the top-level members in which a request differs from the stored one. `None`
-/// when either side has no digests (a key reserved before they were recorded), or when no member
-/// differs: then the request went to another resource under the same route (a refund of another
-/// payment), which the list cannot name.
-fn mismatched_fields(
-    stored: Option<&FieldDigests>,
-    sent: Option<&FieldDigests>,
-) -> Option<Vec<String>> {
-    let fields = stored?.mismatched(sent?);
-    (!fields.is_empty()).then_some(fields)
 }

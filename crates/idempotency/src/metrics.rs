@@ -34,6 +34,10 @@ pub enum KeyOutcome {
     Held,
     /// An operator settled a held key from the other system's ledger (`Idempotency::settle`).
     Settled,
+    /// A key in a format this release does not read (its fingerprint, stored response or
+    /// recovery state, written by a later release) was left alone: a request met it (503), or
+    /// the recovery job did, once per instance.
+    UnknownFormat,
 }
 
 impl KeyOutcome {
@@ -50,6 +54,7 @@ impl KeyOutcome {
             Self::LeaseLost => "lease_lost",
             Self::Held => "held",
             Self::Settled => "settled",
+            Self::UnknownFormat => "unknown_format",
         }
     }
 

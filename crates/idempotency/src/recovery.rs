@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::lease::HeldLease;
 use super::{Completion, Error, Idempotency, KeyedRequest, Lease, Scope, store};
-use super::{Engine, Fingerprint, IdempotencyKey};
+use super::{Engine, Fingerprint, FingerprintVersion, Fingerprints, IdempotencyKey};
 use crate::metrics::KeyOutcome;
 
 // ===========================================================================================
@@ -28,7 +28,8 @@ use crate::metrics::KeyOutcome;
 pub struct RecoveryPoint {
     /// The step the work reached, named by the work: the recovery job picks the resumer by it.
     pub name: String,
-    /// What resuming needs, as the work recorded it.
+    /// What resuming needs, as the work recorded it: a JSON object in the format its `version`
+    /// member names ([`StateVersion`]).
     pub state: serde_json::Value,
     /// The key to send downstream as the call's `Idempotency-Key`: the same for every attempt,
     /// takeover and restart of this key, so the other system answers them all with one result.
@@ -65,7 +66,93 @@ impl EarlierCalls {
     }
 }
 
+/// The version of a recovery state's format: its `version` member, a positive integer. A state
+/// without one is version 1, the format of the releases before versions (which wrote none).
+///
+/// The version travels inside the state, in the one column that holds it, so that no statement of
+/// any release, those before versions included, can write a state and leave beside it a version
+/// that is not its own. A resumer reads the versions it names ([`Resumers::on`]); a key whose state
+/// is in another (a later release wrote it) is left alone by this release: not taken over by a
+/// retry (answered 503 with `Retry-After`), not claimed by the recovery job, never released nor
+/// its call resent, and reported ([`Idempotency::report_unknown_states`]). Past the recovery window
+/// it is held for an operator like any other key: the window is the other system's memory, not
+/// the format's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StateVersion(u16);
+
+impl StateVersion {
+    /// The format of the states recorded before versions: no `version` member.
+    pub const FIRST: Self = Self(1);
+
+    /// Version `version`, a positive integer.
+    pub const fn new(version: u16) -> Self {
+        assert!(version > 0, "state versions start at 1");
+        Self(version)
+    }
+
+    pub fn get(self) -> u16 {
+        self.0
+    }
+
+    /// The version of `state`: its `version` member, [`StateVersion::FIRST`] without one. `None`
+    /// when the member is not a positive integer that fits: no resumer reads such a state.
+    pub fn of(state: &serde_json::Value) -> Option<Self> {
+        Self::of_member(state.get("version"))
+    }
+
+    fn of_member(member: Option<&serde_json::Value>) -> Option<Self> {
+        match member {
+            None => Some(Self::FIRST),
+            Some(member) => member
+                .as_u64()
+                .and_then(|version| u16::try_from(version).ok())
+                .filter(|version| *version > 0)
+                .map(Self),
+        }
+    }
+
+    /// How the statements compare a state's version with the ones a resumer reads: the text of
+    /// its `version` member (`COALESCE(recovery_state -> 'version', '1')::text`, so `2`, never
+    /// `2.0` nor `"2"`), a space, the point's name.
+    fn paired_with(self, point: &str) -> String {
+        format!("{} {point}", self.0)
+    }
+}
+
+/// The recovery point a key is at, as the reservation reads it: its name and its state's version,
+/// for the decision to take the key over or leave it alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PointAt {
+    pub(crate) name: String,
+    /// `None` for a `version` member that is no version.
+    pub(crate) version: Option<StateVersion>,
+    /// The member as written, for the report of a key left alone.
+    pub(crate) written: String,
+}
+
+impl PointAt {
+    /// The point `name` whose state's `version` member is `member`.
+    pub(crate) fn new(name: String, member: Option<&serde_json::Value>) -> Self {
+        Self {
+            version: StateVersion::of_member(member),
+            written: member.map_or_else(|| "1".to_owned(), ToString::to_string),
+            name,
+        }
+    }
+}
+
+impl fmt::Display for StateVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 impl RecoveryPoint {
+    /// The version of the point's state; `None` for a state no release reads.
+    pub fn version(&self) -> Option<StateVersion> {
+        StateVersion::of(&self.state)
+    }
+
     /// The point a request starts at (see [`KeyedRequest::starting_at`]), with a fresh downstream
     /// key, for the reservation to record.
     pub(super) fn first(request: &KeyedRequest) -> Option<Self> {
@@ -122,7 +209,7 @@ impl Lease {
         name: &str,
         state: serde_json::Value,
     ) -> Result<Option<&RecoveryPoint>, Error> {
-        self.resumers.require(name)?;
+        self.resumers.require(name, &state)?;
         let recorded = store::record_recovery_point(
             &self.pool,
             &self.owner,
@@ -188,25 +275,29 @@ pub(crate) type Resumer = Arc<
         + Sync,
 >;
 
-/// The resumers of the work that records recovery points, by point name: handed to the mechanism
-/// once ([`Idempotency::resuming`]), which then refuses to record a point none of them resumes
-/// and tells, at start, of suspended keys at such a point ([`Idempotency::unresumable`]). A unit
-/// may also say how an operator settles a key held at its point ([`Resumers::settled_by`]).
+/// The resumers of the work that records recovery points, by point name, each with the versions of
+/// its state it reads: handed to the mechanism once ([`Idempotency::resuming`]), which then refuses
+/// to record a point (or a version of its state) none of them resumes, tells at start of
+/// suspended keys at an unknown point ([`Idempotency::unresumable`]), and leaves alone the keys
+/// whose state is in a version none of them reads. A unit may also say how an operator settles a
+/// key held at its point ([`Resumers::settled_by`]).
 #[derive(Clone, Default)]
 pub struct Resumers(Vec<Unit>);
 
-/// The work behind one recovery point: how it is resumed, and how a key held there is settled.
+/// The work behind one recovery point: the versions of its state it reads, how it is resumed, and
+/// how a key held there is settled.
 #[derive(Clone)]
 struct Unit {
     name: String,
+    versions: Vec<StateVersion>,
     resume: Resumer,
     settle: Option<Resumer>,
 }
 
 impl fmt::Debug for Resumers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.0.iter().map(|unit| &unit.name))
+        f.debug_map()
+            .entries(self.0.iter().map(|unit| (&unit.name, &unit.versions)))
             .finish()
     }
 }
@@ -226,10 +317,10 @@ where
 }
 
 impl Resumers {
-    /// Resumes keys suspended at the point `name` with `resume`, a unit of work that fails with
-    /// the service's own error type.
+    /// Resumes keys suspended at the point `name`, whose state is in one of `versions`, with
+    /// `resume`, a unit of work that fails with the service's own error type.
     #[must_use]
-    pub fn on<F, Fut, E>(mut self, name: &str, resume: F) -> Self
+    pub fn on<F, Fut, E>(mut self, name: &str, versions: &[StateVersion], resume: F) -> Self
     where
         F: Fn(Lease) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Completion, E>> + Send + 'static,
@@ -237,6 +328,7 @@ impl Resumers {
     {
         self.0.push(Unit {
             name: name.to_owned(),
+            versions: versions.to_vec(),
             resume: boxed(resume),
             settle: None,
         });
@@ -246,7 +338,8 @@ impl Resumers {
     /// Settles keys held at the point `name` with `settle` ([`Idempotency::settle`]): a unit of
     /// work that asks the other system what the call under the key's downstream key made, with
     /// a read that never makes it again, and completes the key with it. `name` must be resumed
-    /// ([`Resumers::on`]) first: a point is settled by the unit that records it.
+    /// ([`Resumers::on`]) first: a point is settled by the unit that records it, reading the same
+    /// versions of its state.
     ///
     /// # Panics
     /// When no resumer of `name` is registered: a mistake in the service's assembly, found at start.
@@ -271,16 +364,44 @@ impl Resumers {
         self.0.iter().map(|unit| unit.name.clone()).collect()
     }
 
-    /// Refuses a point no resumer knows: a key suspended there would never be resumed.
-    pub(crate) fn require(&self, name: &str) -> Result<(), Error> {
-        if self.0.iter().any(|unit| unit.name == name) {
-            Ok(())
-        } else {
-            Err(Error::Internal(anyhow::anyhow!(
+    /// Whether a resumer resumes keys at `point` whose state is in `version`.
+    pub fn reads(&self, point: &str, version: Option<StateVersion>) -> bool {
+        let Some(version) = version else {
+            return false;
+        };
+        self.0
+            .iter()
+            .any(|unit| unit.name == point && unit.versions.contains(&version))
+    }
+
+    /// Every point and version resumed, as the statements compare them (see
+    /// [`StateVersion::paired_with`]).
+    pub(crate) fn known_pairs(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .flat_map(|unit| unit.versions.iter().map(|v| v.paired_with(&unit.name)))
+            .collect()
+    }
+
+    /// Refuses a point, or a version of its state, no resumer knows: a key suspended there would
+    /// never be resumed.
+    pub(crate) fn require(&self, name: &str, state: &serde_json::Value) -> Result<(), Error> {
+        if self.reads(name, StateVersion::of(state)) {
+            return Ok(());
+        }
+        if self.get(name).is_none() {
+            return Err(Error::Internal(anyhow::anyhow!(
                 "no resumer for the recovery point `{name}`: register one with \
                  Idempotency::resuming before recording it"
-            )))
+            )));
         }
+        let version = state
+            .get("version")
+            .map_or_else(|| "1".to_owned(), |v| v.to_string());
+        Err(Error::Internal(anyhow::anyhow!(
+            "the resumer of the recovery point `{name}` reads no state of version {version}: \
+             name the version it writes among those it reads"
+        )))
     }
 
     fn unit(&self, name: &str) -> Option<&Unit> {
@@ -313,13 +434,14 @@ impl Idempotency {
             first_backoff: interval,
             longest_backoff: LONGEST_RECOVERY_BACKOFF.max(interval),
         };
-        let names = resumers.names();
+        // Only keys whose state a resumer reads: the rest wait for a release that reads them.
+        let known = resumers.known_pairs();
         let claimed = match self.engine().await? {
             Engine::Postgres => {
-                store::claim_recoverable(&self.pool, &names, self.policy.lease, &bounds).await?
+                store::claim_recoverable(&self.pool, &known, self.policy.lease, &bounds).await?
             }
             Engine::Citus => {
-                store::claim_recoverable_unlocked(&self.pool, &names, self.policy.lease, &bounds)
+                store::claim_recoverable_unlocked(&self.pool, &known, self.policy.lease, &bounds)
                     .await?
             }
         };
@@ -339,7 +461,11 @@ impl Idempotency {
                 );
                 continue;
             };
-            let request = KeyedRequest::new(Scope::stored(key.scope), idem_key, fingerprint);
+            let fingerprints = Fingerprints::stored(
+                FingerprintVersion::stored(key.fingerprint_version),
+                fingerprint,
+            );
+            let request = KeyedRequest::new(Scope::stored(key.scope), idem_key, fingerprints);
             let mut lease = self.lease(
                 KeyOutcome::Recovered,
                 key.key_id,
@@ -354,7 +480,7 @@ impl Idempotency {
             );
             lease.recovery = Some(key.recovery);
             self.instrumentation.record(lease.outcome);
-            let held = HeldLease::from(&lease);
+            let held = HeldLease::of(&lease, &request);
             let key_id = held.key_id;
             let mechanism = self.clone();
             resumed.push(tokio::spawn(async move {
@@ -410,6 +536,51 @@ impl Idempotency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_s_version_is_its_version_member_and_one_without_it() {
+        use serde_json::json;
+        assert_eq!(
+            StateVersion::of(&json!({ "payment": "pay_1" })),
+            Some(StateVersion::FIRST)
+        );
+        assert_eq!(
+            StateVersion::of(&json!({ "version": 2, "payment": "pay_1" })),
+            Some(StateVersion::new(2))
+        );
+        for no_version in [
+            json!("2"),
+            json!(2.0),
+            json!(0),
+            json!(-1),
+            json!(70_000),
+            json!(null),
+        ] {
+            assert_eq!(
+                StateVersion::of(&json!({ "version": no_version })),
+                None,
+                "{no_version}"
+            );
+        }
+        // As the statements compare it: the member's JSON text, a space, the point.
+        assert_eq!(StateVersion::new(2).paired_with("payment.x"), "2 payment.x");
+        let resumers = Resumers::default().on(
+            "payment.x",
+            &[StateVersion::FIRST, StateVersion::new(2)],
+            |_lease: Lease| async { Err::<Completion, _>("never run") },
+        );
+        assert!(resumers.reads("payment.x", Some(StateVersion::new(2))));
+        assert!(!resumers.reads("payment.x", Some(StateVersion::new(3))));
+        assert!(!resumers.reads("payment.x", None));
+        assert!(!resumers.reads("refund.x", Some(StateVersion::FIRST)));
+        assert_eq!(resumers.known_pairs(), ["1 payment.x", "2 payment.x"]);
+        assert!(
+            resumers
+                .require("payment.x", &json!({ "version": 3 }))
+                .is_err()
+        );
+        assert!(resumers.require("payment.x", &json!({})).is_ok());
+    }
 
     #[test]
     fn the_recovery_backoff_doubles_from_the_interval_up_to_its_longest() {

@@ -3,7 +3,8 @@
 use std::time::Instant;
 
 use crate::{
-    Answer, FieldDigests, Fingerprint, Idempotency, KeyedRequest, StoredResponse, mismatched_fields,
+    Answer, Comparison, FieldDigests, Fingerprint, FingerprintVersion, Idempotency, KeyedRequest,
+    StoredResponse, mismatched_fields,
 };
 
 /// Completed responses kept in memory at most; each is a few hundred bytes.
@@ -13,7 +14,8 @@ pub(crate) const CACHED_REPLAYS: usize = 10_000;
 /// a completed row never changes until it expires, and the entry is dropped before that.
 #[derive(Clone)]
 pub(crate) struct CachedReplay {
-    fingerprint: Fingerprint,
+    /// The key's fingerprint, under the version it was made with.
+    fingerprint: (FingerprintVersion, Fingerprint),
     fields: Option<FieldDigests>,
     response: StoredResponse,
     /// No later than the key's `expires_at`, on this instance's monotonic clock.
@@ -30,24 +32,32 @@ impl Idempotency {
             self.replays.remove(&key);
             return None;
         }
-        Some(if cached.fingerprint == request.fingerprint {
-            Answer::Replay(cached.response)
-        } else {
-            let fields = mismatched_fields(cached.fields.as_ref(), request.fields.as_ref());
-            Answer::Mismatch(fields)
-        })
+        Some(
+            match request.fingerprints.compare(Some(cached.fingerprint)) {
+                Comparison::Same => Answer::Replay(cached.response),
+                Comparison::Differs => {
+                    let fields = mismatched_fields(cached.fields.as_ref(), request.fields.as_ref());
+                    Answer::Mismatch(fields)
+                }
+                // Never cached: this release computes the version of every key it completed.
+                Comparison::UnknownVersion(_) => return None,
+            },
+        )
     }
 
+    /// Keeps the response of the key `request` completed or replayed, whose fingerprint is
+    /// `fingerprint`.
     pub(crate) fn remember(
         &self,
         request: &KeyedRequest,
+        fingerprint: (FingerprintVersion, Fingerprint),
         response: &StoredResponse,
         until: Instant,
     ) {
         self.replays.insert(
             cache_key(request),
             CachedReplay {
-                fingerprint: request.fingerprint,
+                fingerprint,
                 // The request's digests are the stored ones: its fingerprint is the stored one.
                 fields: request.fields.clone(),
                 response: response.clone(),

@@ -13,7 +13,9 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::{BodyError, Error, FieldDigests, Fingerprint, IdempotencyKey, KeyError, Refusal};
+use super::{
+    BodyError, Error, FieldDigests, Fingerprints, IdempotencyKey, KeyError, Refusal, Target,
+};
 
 /// The header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -113,12 +115,13 @@ impl Scope {
     }
 }
 
-/// What identifies one business intent: its scope, its key and the fingerprint of its payload.
+/// What identifies one business intent: its scope, its key and the fingerprints of its payload
+/// (one per version of the fingerprint, see [`Fingerprints`]).
 #[derive(Clone, Debug)]
 pub struct KeyedRequest {
     pub(super) scope: Scope,
     pub(super) key: IdempotencyKey,
-    pub(super) fingerprint: Fingerprint,
+    pub(super) fingerprints: Fingerprints,
     /// The digests of the body's top-level members, stored with a new key so that a mismatch can
     /// name the members that changed; `None` when the caller has none (a key rebuilt from its row).
     pub(super) fields: Option<FieldDigests>,
@@ -127,17 +130,17 @@ pub struct KeyedRequest {
 }
 
 impl KeyedRequest {
-    pub fn new(scope: Scope, key: IdempotencyKey, fingerprint: Fingerprint) -> Self {
+    pub fn new(scope: Scope, key: IdempotencyKey, fingerprints: Fingerprints) -> Self {
         Self {
             scope,
             key,
-            fingerprint,
+            fingerprints,
             fields: None,
             first_point: None,
         }
     }
 
-    /// The request's body digested member by member (see [`Fingerprint::with_fields`]).
+    /// The request's body digested member by member (see [`Fingerprints::of_json`]).
     #[must_use]
     pub fn with_fields(mut self, fields: FieldDigests) -> Self {
         self.fields = Some(fields);
@@ -183,7 +186,7 @@ where
         let (mut parts, body) = req.into_parts();
         let owner = state.owner(&mut parts).await?;
         let scope = Scope::of(&owner, &parts);
-        let target = parts.uri.path().to_owned();
+        let uri = parts.uri.clone();
         let req = Request::from_parts(parts, body);
         let key = key_from(req.headers()).map_err(refused)?;
         let typed = req.headers().contains_key(header::CONTENT_TYPE);
@@ -206,10 +209,10 @@ where
         let bytes_len = bytes.len();
         // Typed parsing straight from the bytes refuses what a generic parse would let through,
         // such as a field given twice.
-        let parse = move || -> Result<(T, (Fingerprint, FieldDigests)), Refusal> {
+        let parse = move || -> Result<(T, (Fingerprints, FieldDigests)), Refusal> {
             let body = serde_json::from_slice::<T>(&bytes)
                 .map_err(|error| BodyError::of::<T>(&bytes, &error))?;
-            let digests = Fingerprint::with_fields(&target, &bytes).map_err(invalid_body)?;
+            let digests = Fingerprints::of_json(Target::of(&uri), &bytes).map_err(invalid_body)?;
             Ok((body, digests))
         };
         let (body, (fingerprint, fields)) = if bytes_len <= INLINE_BODY_BYTES {

@@ -8,8 +8,34 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Serialize;
 
+use crate::formats::UnknownFormat;
+
 /// The header a replayed response carries, as Stripe and the IETF draft's examples name it.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// The format of a stored response's columns, recorded with it (`response_version`; none on the
+/// responses of the releases before versions, which are version 1). A change of how the status,
+/// the headers or the body are kept is a new version: the releases that do not read it leave such a
+/// key alone (503 with `Retry-After`), never replay it as something else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseVersion(i16);
+
+impl ResponseVersion {
+    /// The headers as one JSON object, `{"content-type": "application/json", "location": …}`.
+    pub const V1: Self = Self(1);
+    /// The version this release stores.
+    pub const CURRENT: Self = Self::V1;
+
+    /// The version a key's `response_version` column names: none is version 1.
+    pub(crate) fn stored(column: Option<i16>) -> Self {
+        column.map_or(Self::V1, Self)
+    }
+
+    /// The version as the column stores it.
+    pub fn get(self) -> i16 {
+        self.0
+    }
+}
 
 /// The status, the headers a client relies on and the exact body bytes of a response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,8 +97,25 @@ impl StoredResponse {
         serde_json::to_value(&self.headers).expect("a string map always serializes")
     }
 
-    /// Rebuilds a stored response from its columns. A row that cannot be one is a fault.
+    /// Rebuilds a stored response from its columns, in the format `version` names: an
+    /// [`UnknownFormat`] for a version this release does not read (a later release stored it),
+    /// which is left alone, never replayed as something else. A row that cannot be what its
+    /// version says is a fault.
     pub(crate) fn from_row(
+        version: Option<i16>,
+        code: Option<i16>,
+        headers: Option<serde_json::Value>,
+        body: Option<Vec<u8>>,
+    ) -> Result<Result<Self, UnknownFormat>, anyhow::Error> {
+        match ResponseVersion::stored(version) {
+            ResponseVersion::V1 => Self::from_v1(code, headers, body).map(Ok),
+            other => Ok(Err(UnknownFormat::response(other.get()))),
+        }
+    }
+
+    /// Version 1: the status, the body's bytes, and the headers as one JSON object of lower-case
+    /// names to values (one value per name).
+    fn from_v1(
         code: Option<i16>,
         headers: Option<serde_json::Value>,
         body: Option<Vec<u8>>,
@@ -128,12 +171,32 @@ mod tests {
                 .unwrap()
                 .with_header(header::LOCATION, "/v1/payments/pay_1");
         let rebuilt = StoredResponse::from_row(
+            Some(ResponseVersion::CURRENT.get()),
             Some(201),
             Some(stored.headers_json()),
             Some(stored.body_bytes().to_vec()),
         )
+        .unwrap()
         .unwrap();
         assert_eq!(rebuilt, stored);
+    }
+
+    #[test]
+    fn a_stored_response_of_a_version_this_release_does_not_read_is_not_rebuilt() {
+        let columns = || {
+            (
+                Some(201),
+                Some(serde_json::json!({ "content-type": "application/json" })),
+                Some(b"{}".to_vec()),
+            )
+        };
+        // No version is version 1, the responses stored before versions.
+        let (code, headers, body) = columns();
+        let before_versions = StoredResponse::from_row(None, code, headers, body).unwrap();
+        assert_eq!(before_versions.unwrap().status(), StatusCode::CREATED);
+        let (code, headers, body) = columns();
+        let later = StoredResponse::from_row(Some(2), code, headers, body).unwrap();
+        assert_eq!(later.unwrap_err(), UnknownFormat::response(2));
     }
 
     #[test]

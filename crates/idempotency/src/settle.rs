@@ -19,7 +19,10 @@ use uuid::Uuid;
 use crate::lease::{Completed, HeldLease};
 use crate::metrics::KeyOutcome;
 use crate::store::{self, KeyStatus};
-use crate::{Completion, Error, Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Scope};
+use crate::{
+    Completion, Error, Fingerprint, FingerprintVersion, Fingerprints, Idempotency, IdempotencyKey,
+    KeyedRequest, Scope,
+};
 
 /// What a settle did to a key on one route.
 #[derive(Debug)]
@@ -137,7 +140,11 @@ impl Idempotency {
                 "the key's stored fingerprint does not parse"
             ))
         })?;
-        let request = KeyedRequest::new(Scope::stored(scope.to_owned()), key.clone(), fingerprint);
+        let fingerprints = Fingerprints::stored(
+            FingerprintVersion::stored(claimed.fingerprint_version),
+            fingerprint,
+        );
+        let request = KeyedRequest::new(Scope::stored(scope.to_owned()), key.clone(), fingerprints);
         let mut lease = self.lease(
             KeyOutcome::Settled,
             claimed.key_id,
@@ -153,7 +160,7 @@ impl Idempotency {
             recovery_point = point.as_str(),
             "an operator settles a held key"
         );
-        let held = HeldLease::from(&lease);
+        let held = HeldLease::of(&lease, &request);
         // Renewed while the work asks the other system, as any holder's lease: the settle is never
         // taken for dead while it runs (nothing takes over a key past the window, but the recovery
         // job would hold it again).

@@ -10,8 +10,8 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{
-    ExistingKey, Fence, FieldDigests, Fingerprint, KeyState, KeyedRequest, RecoveryPoint,
-    StoredResponse,
+    Comparison, ExistingKey, Fence, FieldDigests, Fingerprint, FingerprintVersion, KeyState,
+    KeyedRequest, PointAt, RecoveryPoint, StoredResponse,
 };
 use crate::Error;
 use crate::connections::Lot;
@@ -21,7 +21,8 @@ mod recovery;
 
 pub(super) use recovery::{
     claim_held, claim_recoverable, claim_recoverable_unlocked, clear_recovery_point, hand_back,
-    hold, hold_overdue, hold_overdue_unlocked, key_states, record_recovery_point, unresumable,
+    hold, hold_overdue, hold_overdue_unlocked, key_states, record_recovery_point, unknown_states,
+    unresumable,
 };
 
 /// A key's `status` column: a request is working on it, or its response is stored, or its work
@@ -102,6 +103,7 @@ pub(super) async fn reserve(
     if engine == Engine::Citus {
         return reserve_routed(lot, request, token, lease, key_ttl, first_point).await;
     }
+    let (fingerprint_version, fingerprint) = current(request)?;
     let mut connection = lot.lend().await?;
     // `$12` is `synchronous_commit` for this statement's own commit: `off` for a key reserved
     // without a recovery point, else the session's (see `Durability`).
@@ -110,11 +112,12 @@ pub(super) async fn reserve(
         WITH reserved AS (
             INSERT INTO idempotency_keys
                 (account_id, scope, idem_key, request_hash, status, lock_token, locked_until,
-                 expires_at, recovery_point, recovery_state, downstream_key, field_digests)
+                 expires_at, recovery_point, recovery_state, downstream_key, field_digests,
+                 fingerprint_version)
             SELECT $11, $1, $2, $3, 'in_progress', $4,
                    now() + $5::bigint * interval '1 millisecond',
                    now() + $6::bigint * interval '1 millisecond',
-                   $7, $8, $9, $10
+                   $7, $8, $9, $10, $13
             FROM (SELECT set_config('synchronous_commit',
                                     COALESCE($12, current_setting('synchronous_commit')),
                                     true)) AS this_commit
@@ -122,15 +125,19 @@ pub(super) async fn reserve(
             RETURNING id
         )
         SELECT id AS "id!", TRUE AS "reserved!",
-               NULL::bytea AS request_hash, NULL::text AS "status: KeyStatus",
-               NULL::smallint AS response_code, NULL::jsonb AS response_headers,
-               NULL::bytea AS response_body, FALSE AS "expired!",
+               NULL::bytea AS request_hash, NULL::smallint AS fingerprint_version,
+               NULL::text AS "status: KeyStatus",
+               NULL::smallint AS response_version, NULL::smallint AS response_code,
+               NULL::jsonb AS response_headers, NULL::bytea AS response_body,
+               NULL::text AS recovery_point, NULL::jsonb AS state_version,
+               FALSE AS "expired!",
                NULL::bigint AS lease_left_ms, NULL::bigint AS expires_in_ms,
-               NULL::jsonb AS "field_digests: Json<FieldDigests>", now() AS "now!"
+               NULL::jsonb AS field_digests, now() AS "now!"
         FROM reserved
         UNION ALL
-        SELECT id, FALSE, request_hash, status, response_code, response_headers,
-               response_body,
+        SELECT id, FALSE, request_hash, fingerprint_version, status, response_version,
+               response_code, response_headers, response_body,
+               recovery_point, recovery_state -> 'version',
                expires_at <= now()
                  AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL)),
                (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,
@@ -142,7 +149,7 @@ pub(super) async fn reserve(
         "#,
         request.scope.as_str(),
         request.key.as_str(),
-        request.fingerprint.as_bytes().as_slice(),
+        fingerprint.as_bytes().as_slice(),
         token,
         millis(lease),
         millis(key_ttl),
@@ -152,6 +159,7 @@ pub(super) async fn reserve(
         request.fields.as_ref().map(Json) as Option<Json<&FieldDigests>>,
         request.scope.owner(),
         Durability::of_reservation(first_point).synchronous_commit(),
+        fingerprint_version.get(),
     )
     .fetch_optional(&mut *connection)
     .await;
@@ -167,10 +175,14 @@ pub(super) async fn reserve(
     existing(KeyRow {
         id: row.id,
         request_hash: row.request_hash,
+        fingerprint_version: row.fingerprint_version,
         status: row.status,
+        response_version: row.response_version,
         response_code: row.response_code,
         response_headers: row.response_headers,
         response_body: row.response_body,
+        recovery_point: row.recovery_point,
+        state_version: row.state_version,
         expired: row.expired,
         lease_left_ms: row.lease_left_ms,
         expires_in_ms: row.expires_in_ms,
@@ -178,30 +190,50 @@ pub(super) async fn reserve(
     })
 }
 
+/// The fingerprint a new key records: the request's under the current version.
+fn current(request: &KeyedRequest) -> Result<(FingerprintVersion, Fingerprint), Error> {
+    request
+        .fingerprints
+        .current()
+        .ok_or_else(|| Error::Internal(anyhow::anyhow!("a request to reserve has no fingerprint")))
+}
+
 /// A key row as the reservation reads it when the key exists.
 struct KeyRow {
     id: i64,
     request_hash: Option<Vec<u8>>,
+    fingerprint_version: Option<i16>,
     status: Option<KeyStatus>,
+    response_version: Option<i16>,
     response_code: Option<i16>,
     response_headers: Option<serde_json::Value>,
     response_body: Option<Vec<u8>>,
+    recovery_point: Option<String>,
+    /// The `version` member of the recovery point's state, if it has one.
+    state_version: Option<serde_json::Value>,
     expired: bool,
     lease_left_ms: Option<i64>,
     expires_in_ms: Option<i64>,
-    field_digests: Option<Json<FieldDigests>>,
+    field_digests: Option<serde_json::Value>,
 }
 
 fn existing(row: KeyRow) -> Result<Reservation, Error> {
     let state = match row.status {
-        Some(KeyStatus::Completed) => KeyState::Completed(StoredResponse::from_row(
+        Some(KeyStatus::Completed) => match StoredResponse::from_row(
+            row.response_version,
             row.response_code,
             row.response_headers,
             row.response_body,
-        )?),
+        )? {
+            Ok(stored) => KeyState::Completed(stored),
+            Err(unknown) => KeyState::Unreadable(unknown),
+        },
         Some(KeyStatus::Held) => KeyState::Held,
         Some(KeyStatus::InProgress) | None => KeyState::InProgress {
             lease_left: positive(row.lease_left_ms),
+            point: row
+                .recovery_point
+                .map(|name| PointAt::new(name, row.state_version.as_ref())),
         },
     };
     Ok(Reservation::Existing(ExistingKey {
@@ -209,8 +241,12 @@ fn existing(row: KeyRow) -> Result<Reservation, Error> {
         fingerprint: row
             .request_hash
             .as_deref()
-            .and_then(Fingerprint::from_slice),
-        fields: row.field_digests.map(|Json(fields)| fields),
+            .and_then(Fingerprint::from_slice)
+            .map(|hash| (FingerprintVersion::stored(row.fingerprint_version), hash)),
+        // Digests in a shape this release does not read name nothing: the 422 omits the list.
+        fields: row
+            .field_digests
+            .and_then(|digests| serde_json::from_value(digests).ok()),
         expired: row.expired,
         expires_in: positive(row.expires_in_ms),
         state,
@@ -229,22 +265,24 @@ async fn reserve_routed(
     key_ttl: Duration,
     first_point: Option<&RecoveryPoint>,
 ) -> Result<Reservation, Error> {
+    let (fingerprint_version, fingerprint) = current(request)?;
     let mut connection = lot.lend().await?;
     let reserved = sqlx::query!(
         r#"
         INSERT INTO idempotency_keys
             (account_id, scope, idem_key, request_hash, status, lock_token, locked_until,
-             expires_at, recovery_point, recovery_state, downstream_key, field_digests)
+             expires_at, recovery_point, recovery_state, downstream_key, field_digests,
+             fingerprint_version)
         VALUES ($11, $1, $2, $3, 'in_progress', $4,
                 now() + $5::bigint * interval '1 millisecond',
                 now() + $6::bigint * interval '1 millisecond',
-                $7, $8, $9, $10)
+                $7, $8, $9, $10, $12)
         ON CONFLICT (account_id, scope, idem_key) DO NOTHING
         RETURNING id, created_at AS now
         "#,
         request.scope.as_str(),
         request.key.as_str(),
-        request.fingerprint.as_bytes().as_slice(),
+        fingerprint.as_bytes().as_slice(),
         token,
         millis(lease),
         millis(key_ttl),
@@ -253,6 +291,7 @@ async fn reserve_routed(
         first_point.map(|point| point.downstream_key.as_str()),
         request.fields.as_ref().map(Json) as Option<Json<&FieldDigests>>,
         request.scope.owner(),
+        fingerprint_version.get(),
     )
     .fetch_optional(&mut *connection)
     .await;
@@ -270,14 +309,15 @@ async fn reserve_routed(
     }
     let row = sqlx::query!(
         r#"
-        SELECT id, request_hash, status AS "status: KeyStatus", response_code, response_headers,
-               response_body,
+        SELECT id, request_hash, fingerprint_version, status AS "status: KeyStatus",
+               response_version, response_code, response_headers, response_body,
+               recovery_point, recovery_state -> 'version' AS state_version,
                expires_at <= now()
                  AND (status = 'completed' OR (locked_until <= now() AND recovery_point IS NULL))
                  AS "expired!",
                (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint AS lease_left_ms,
                (EXTRACT(EPOCH FROM expires_at - now()) * 1000)::bigint AS expires_in_ms,
-               field_digests AS "field_digests: Json<FieldDigests>"
+               field_digests
         FROM idempotency_keys
         WHERE account_id = $3 AND scope = $1 AND idem_key = $2
         "#,
@@ -293,10 +333,14 @@ async fn reserve_routed(
     existing(KeyRow {
         id: row.id,
         request_hash: Some(row.request_hash),
+        fingerprint_version: row.fingerprint_version,
         status: Some(row.status),
+        response_version: row.response_version,
         response_code: row.response_code,
         response_headers: row.response_headers,
         response_body: row.response_body,
+        recovery_point: row.recovery_point,
+        state_version: row.state_version,
         expired: row.expired,
         lease_left_ms: row.lease_left_ms,
         expires_in_ms: row.expires_in_ms,
@@ -315,16 +359,19 @@ pub(super) struct TakenOver {
     pub recovery: Option<RecoveryPoint>,
 }
 
-/// Installs `token` on a key whose lease ran out, if it is still in progress with this payload.
-/// A key that has no recovery point yet gets `first_point`, the one the request starts at (its
-/// earlier holder died before it recorded one, or the key predates recovery points). A key at a
-/// recovery point older than `window` is not taken over: it is for [`hold`].
+/// Installs `token` on a key whose lease ran out, if it is still in progress with this payload
+/// (`fingerprint`, under the version the key was made with). A key that has no recovery point yet
+/// gets `first_point`, the one the request starts at (its earlier holder died before it recorded
+/// one, or the key predates recovery points). A key at a recovery point older than `window` is not
+/// taken over: it is for [`hold`]; nor one whose point and state's version are none of `known`
+/// (see `StateVersion::paired_with`): it is left alone for a release that reads it.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn take_over(
     pool: &PgPool,
     owner: &str,
     key_id: i64,
-    fingerprint: &Fingerprint,
+    fingerprint: (FingerprintVersion, Fingerprint),
+    known: &[String],
     token: Uuid,
     lease: Duration,
     window: Duration,
@@ -339,21 +386,25 @@ pub(super) async fn take_over(
             recovery_state = CASE WHEN recovery_point IS NULL THEN $6 ELSE recovery_state END,
             downstream_key = COALESCE(downstream_key, $7)
         WHERE account_id = $8 AND id = $1 AND status = 'in_progress' AND locked_until <= now()
-          AND request_hash = $4
+          AND request_hash = $4 AND COALESCE(fingerprint_version, 1) = $10::smallint
           AND (recovery_point IS NULL
-               OR created_at > now() - $9::bigint * interval '1 millisecond')
+               OR (created_at > now() - $9::bigint * interval '1 millisecond'
+                   AND COALESCE(recovery_state -> 'version', '1')::text || ' ' || recovery_point
+                       = ANY($11)))
         RETURNING locked_until AS "locked_until!", recovery_point, recovery_state,
                   downstream_key
         "#,
         key_id,
         token,
         millis(lease),
-        fingerprint.as_bytes().as_slice(),
+        fingerprint.1.as_bytes().as_slice(),
         first_point.map(|point| point.name.as_str()),
         first_point.map(|point| &point.state),
         first_point.map(|point| point.downstream_key.as_str()),
         owner,
         millis(window),
+        fingerprint.0.get(),
+        known,
     )
     .fetch_optional(pool)
     .await?;
@@ -378,13 +429,17 @@ pub(super) async fn recycle(
     lease: Duration,
     key_ttl: Duration,
     first_point: Option<&RecoveryPoint>,
-) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    sqlx::query_scalar!(
+) -> Result<Option<DateTime<Utc>>, Error> {
+    let (fingerprint_version, fingerprint) = current(request)?;
+    // Every column of the key's earlier life is written anew, its versions included: a version
+    // left behind would name the format of what this life writes.
+    let recycled = sqlx::query_scalar!(
         r#"
         UPDATE idempotency_keys
-        SET request_hash = $2, status = 'in_progress', lock_token = $3,
+        SET request_hash = $2, fingerprint_version = $11, status = 'in_progress', lock_token = $3,
             locked_until = now() + $4::bigint * interval '1 millisecond',
-            response_code = NULL, response_headers = NULL, response_body = NULL,
+            response_version = NULL, response_code = NULL, response_headers = NULL,
+            response_body = NULL,
             recovery_point = $6, recovery_state = $7, downstream_key = $8,
             field_digests = $9, takeovers = 0, completed_at = NULL,
             created_at = now(), expires_at = now() + $5::bigint * interval '1 millisecond'
@@ -393,7 +448,7 @@ pub(super) async fn recycle(
         RETURNING created_at
         "#,
         key_id,
-        request.fingerprint.as_bytes().as_slice(),
+        fingerprint.as_bytes().as_slice(),
         token,
         millis(lease),
         millis(key_ttl),
@@ -402,9 +457,11 @@ pub(super) async fn recycle(
         first_point.map(|point| point.downstream_key.as_str()),
         request.fields.as_ref().map(Json) as Option<Json<&FieldDigests>>,
         request.scope.owner(),
+        fingerprint_version.get(),
     )
     .fetch_optional(pool)
-    .await
+    .await?;
+    Ok(recycled)
 }
 
 // -------------------------------------------------------------------------------------------
@@ -436,15 +493,15 @@ pub(super) async fn renew(
 }
 
 /// The key's stored response, read after this request lost its lease: `None` while the key is in
-/// progress, gone, or completed for another payload.
+/// progress, gone, completed for another payload, or in a format this release does not read.
 pub(super) async fn completed_response(
     pool: &PgPool,
     request: &KeyedRequest,
 ) -> Result<Option<StoredResponse>, Error> {
     let row = sqlx::query!(
         r#"
-        SELECT request_hash, status AS "status: KeyStatus",
-               response_code, response_headers, response_body
+        SELECT request_hash, fingerprint_version, status AS "status: KeyStatus",
+               response_version, response_code, response_headers, response_body
         FROM idempotency_keys
         WHERE account_id = $3 AND scope = $1 AND idem_key = $2
         "#,
@@ -457,13 +514,20 @@ pub(super) async fn completed_response(
     match row {
         Some(row)
             if row.status == KeyStatus::Completed
-                && Fingerprint::from_slice(&row.request_hash) == Some(request.fingerprint) =>
+                && request
+                    .fingerprints
+                    .compare(Fingerprint::from_slice(&row.request_hash).map(|hash| {
+                        (FingerprintVersion::stored(row.fingerprint_version), hash)
+                    }))
+                    == Comparison::Same =>
         {
-            Ok(Some(StoredResponse::from_row(
+            Ok(StoredResponse::from_row(
+                row.response_version,
                 row.response_code,
                 row.response_headers,
                 row.response_body,
-            )?))
+            )?
+            .ok())
         }
         _ => Ok(None),
     }

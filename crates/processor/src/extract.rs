@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use crate::ProcessorState;
 use crate::problem::{Error, Problem, ProblemKind};
-use idempotency::{Fingerprint, IdempotencyKey, KeyError, KeyedRequest, Scope};
+use idempotency::{Fingerprints, IdempotencyKey, KeyError, KeyedRequest, Scope, Target};
 use service::pagination::PageRequest;
 
 /// The owner of every processor key's scope (`processor:POST /v1/charges`). No account id has this
@@ -144,7 +144,7 @@ where
             |path| path.as_str().to_owned(),
         );
         let scope = Scope::new(SCOPE_OWNER, &parts.method, &route);
-        let target = parts.uri.path().to_owned();
+        let uri = parts.uri.clone();
         let key = key_from(&parts.headers)
             .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
         let bytes = Bytes::from_request(Request::from_parts(parts, body), state)
@@ -157,10 +157,10 @@ where
         };
         let body = serde_json::from_slice::<T>(&bytes)
             .map_err(|error| Problem::invalid_body::<T>(&bytes, &error))?;
-        let (fingerprint, fields) =
-            Fingerprint::with_fields(&target, &bytes).map_err(invalid_body)?;
+        let (fingerprints, fields) =
+            Fingerprints::of_json(Target::of(&uri), &bytes).map_err(invalid_body)?;
         Ok(Self {
-            request: KeyedRequest::new(scope, key, fingerprint).with_fields(fields),
+            request: KeyedRequest::new(scope, key, fingerprints).with_fields(fields),
             body,
         })
     }

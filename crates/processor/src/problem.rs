@@ -253,6 +253,9 @@ impl From<Refusal> for Problem {
                 None => Self::new(ProblemKind::IdempotencyKeyMismatch, detail),
             },
             Refusal::Held => Self::new(ProblemKind::IdempotencyKeyHeld, detail),
+            Refusal::UnknownFormat { retry_after } => {
+                Self::new(ProblemKind::ServiceUnavailable, detail).retry_after(retry_after)
+            }
         }
     }
 }

@@ -258,9 +258,11 @@ problem_catalogue! {
         slug: "service-unavailable",
         status: SERVICE_UNAVAILABLE,
         title: "Service temporarily unavailable",
-        explanation: "The database is unreachable or busy, or the request did not finish in time. \
-            Retry with the same key after `Retry-After` seconds: if the first attempt went \
-            through meanwhile, the retry receives its result; if not, it runs afresh.",
+        explanation: "The database is unreachable or busy, or the request did not finish in time, \
+            or, during a deploy, the key was last written by another release of idempay in a \
+            format this instance does not read (it was left as it is). Retry with the same key \
+            after `Retry-After` seconds: if the first attempt went through meanwhile, the retry \
+            receives its result; if not, it runs afresh.",
     }
 }
 

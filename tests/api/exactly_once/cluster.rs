@@ -18,11 +18,16 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 21] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 22] = [
     (
         "SELECT recovery_point AS \"point!\"",
         "the start-up check for suspended keys no unit of work resumes: once per start, across \
          every account",
+    ),
+    (
+        "AND NOT (COALESCE(recovery_state -> 'version', '1')::text",
+        "the recovery job's report of the keys it leaves alone for their state's version: read \
+         only, across every account",
     ),
     (
         "FOR UPDATE SKIP LOCKED",

@@ -9,7 +9,8 @@ use idempay::accounts::Account;
 use idempay::http::error::{ApiError, ProblemKind};
 use idempay_test_macros::api_test;
 use idempotency::{
-    Fingerprint, Idempotency, IdempotencyKey, KeyedRequest, Policy, Resumers, Scope, StoredResponse,
+    Fingerprints, Idempotency, IdempotencyKey, KeyedRequest, Policy, Resumers, Scope, StateVersion,
+    StoredResponse, Target,
 };
 use serde_json::json;
 use sqlx::PgPool;
@@ -155,8 +156,11 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
     let db = PgPool::connect(&database_url).await.unwrap();
     let (account, _) = idempay::accounts::create(&db, "recovery").await.unwrap();
     let pool = one_connection_planning_for_empty(&database_url, &["idempotency_keys"]).await;
-    let idempotency =
-        Idempotency::new(pool, POLICY).resuming(Resumers::default().on(POINT, complete_with_201));
+    let idempotency = Idempotency::new(pool, POLICY).resuming(Resumers::default().on(
+        POINT,
+        &[StateVersion::FIRST],
+        complete_with_201,
+    ));
     assert_eq!(
         idempotency
             .recover_batch(Duration::from_secs(1))
@@ -207,8 +211,11 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
 #[api_test]
 async fn a_recovery_point_no_resumer_knows_is_refused_before_anything_is_recorded() {
     let (app, _, account) = mechanism_on_a_fresh_database().await;
-    let idempotency = Idempotency::new(app.db.clone(), POLICY)
-        .resuming(Resumers::default().on("thing.known", complete_with_201));
+    let idempotency = Idempotency::new(app.db.clone(), POLICY).resuming(Resumers::default().on(
+        "thing.known",
+        &[StateVersion::FIRST],
+        complete_with_201,
+    ));
     let refused = |error: idempotency::Error| match error {
         idempotency::Error::Internal(error) => error.to_string(),
         other => panic!("not an internal error: {other}"),
@@ -277,7 +284,7 @@ fn keyed(account: &Account, route: &str) -> KeyedRequest {
     KeyedRequest::new(
         Scope::new(account.id().as_str(), &axum::http::Method::POST, route),
         IdempotencyKey::parse(b"the-key").unwrap(),
-        Fingerprint::of_request(route, &json!({ "thing": 1 })),
+        Fingerprints::of_request(Target::same(route), &json!({ "thing": 1 })),
     )
 }
 

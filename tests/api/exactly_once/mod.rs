@@ -4,6 +4,7 @@
 //! and the mechanism as a layer, case by case against the IETF draft, through `idempay fixture`.
 
 mod across_instances;
+mod across_releases;
 mod cluster;
 mod concurrency;
 mod conformance;

@@ -84,18 +84,20 @@ pub(crate) struct Recoverable {
     pub scope: String,
     pub idem_key: String,
     pub fingerprint: Vec<u8>,
+    pub fingerprint_version: Option<i16>,
     pub recovery: RecoveryPoint,
 }
 
 /// Takes over up to 20 in-progress keys whose lease is dead and whose work recorded one of
-/// the recovery points in `points`, each under a fresh token: the same conditional takeover a
+/// the recovery points in `known` with a state of a version resumed there (each a version and a
+/// point, see `StateVersion::paired_with`), each under a fresh token: the same conditional takeover a
 /// retry makes, so a retry arriving meanwhile and the job never both win a key. `SKIP LOCKED` lets
 /// several instances run the job at once without waiting on each other. The batch size is a
 /// literal, and the batch is locked once in `ARRAY(…)`, for the reasons given at [`expire_batch`];
 /// each key claimed is a call to another system, so batches stay small.
 pub(crate) async fn claim_recoverable(
     pool: &PgPool,
-    points: &[String],
+    known: &[String],
     lease: Duration,
     bounds: &RecoveryBounds,
 ) -> Result<Vec<Recoverable>, sqlx::Error> {
@@ -111,7 +113,9 @@ pub(crate) async fn claim_recoverable(
         WHERE ctid = ANY(ARRAY(
             SELECT ctid FROM idempotency_keys
             WHERE status = 'in_progress' AND recovery_point IS NOT NULL
-              AND locked_until <= now() AND recovery_point = ANY($1)
+              AND locked_until <= now()
+              AND COALESCE(recovery_state -> 'version', '1')::text || ' ' || recovery_point
+                  = ANY($1)
               AND created_at > now() - $3::bigint * interval '1 millisecond'
               AND (recover_after IS NULL OR recover_after <= now())
             ORDER BY locked_until
@@ -120,10 +124,10 @@ pub(crate) async fn claim_recoverable(
         ))
           AND status = 'in_progress' AND locked_until <= now()
         RETURNING id, lock_token AS "lock_token!", locked_until AS "locked_until!", scope, idem_key,
-                  request_hash, recovery_point AS "recovery_point!",
+                  request_hash, fingerprint_version, recovery_point AS "recovery_point!",
                   recovery_state AS "recovery_state!", downstream_key AS "downstream_key!"
         "#,
-        points,
+        known,
         millis(lease),
         millis(bounds.window),
         millis(bounds.first_backoff),
@@ -140,6 +144,7 @@ pub(crate) async fn claim_recoverable(
             scope: row.scope,
             idem_key: row.idem_key,
             fingerprint: row.request_hash,
+            fingerprint_version: row.fingerprint_version,
             recovery: RecoveryPoint {
                 name: row.recovery_point,
                 state: row.recovery_state,
@@ -261,7 +266,7 @@ pub(crate) async fn hold(
 /// the same key, the second waits on the first's row lock, then finds its lease alive and leaves it.
 pub(crate) async fn claim_recoverable_unlocked(
     pool: &PgPool,
-    points: &[String],
+    known: &[String],
     lease: Duration,
     bounds: &RecoveryBounds,
 ) -> Result<Vec<Recoverable>, sqlx::Error> {
@@ -269,13 +274,14 @@ pub(crate) async fn claim_recoverable_unlocked(
         r#"
         SELECT account_id, id, recoveries FROM idempotency_keys
         WHERE status = 'in_progress' AND recovery_point IS NOT NULL
-          AND locked_until <= now() AND recovery_point = ANY($1)
+          AND locked_until <= now()
+          AND COALESCE(recovery_state -> 'version', '1')::text || ' ' || recovery_point = ANY($1)
           AND created_at > now() - $2::bigint * interval '1 millisecond'
           AND (recover_after IS NULL OR recover_after <= now())
         ORDER BY locked_until
         LIMIT 20
         "#,
-        points,
+        known,
         millis(bounds.window),
     )
     .fetch_all(pool)
@@ -286,6 +292,7 @@ pub(crate) async fn claim_recoverable_unlocked(
     // One update per key, each routed to its node, with a token and a wait made here: Citus
     // refuses a volatile function such as `gen_random_uuid()` in an update of a distributed table,
     // and a stable one (`now()`) combined with a column (the count of tries the wait grows with).
+    // The state's version is checked again: the key may have been recorded anew meanwhile.
     let mut claimed = Vec::with_capacity(batch.len());
     for candidate in batch {
         let token = Uuid::new_v4();
@@ -299,15 +306,18 @@ pub(crate) async fn claim_recoverable_unlocked(
                 recoveries = recoveries + 1
             WHERE account_id = $1 AND id = $2
               AND status = 'in_progress' AND locked_until <= now()
+              AND COALESCE(recovery_state -> 'version', '1')::text || ' ' || recovery_point
+                  = ANY($6)
             RETURNING id, locked_until AS "locked_until!", scope, idem_key, request_hash,
-                      recovery_point AS "recovery_point!", recovery_state AS "recovery_state!",
-                      downstream_key AS "downstream_key!"
+                      fingerprint_version, recovery_point AS "recovery_point!",
+                      recovery_state AS "recovery_state!", downstream_key AS "downstream_key!"
             "#,
             candidate.account_id,
             candidate.id,
             token,
             millis(lease),
             millis(bounds.backoff(candidate.recoveries)),
+            known,
         )
         .fetch_optional(pool)
         .await?;
@@ -319,6 +329,7 @@ pub(crate) async fn claim_recoverable_unlocked(
                 scope: row.scope,
                 idem_key: row.idem_key,
                 fingerprint: row.request_hash,
+                fingerprint_version: row.fingerprint_version,
                 recovery: RecoveryPoint {
                     name: row.recovery_point,
                     state: row.recovery_state,
@@ -365,6 +376,7 @@ pub(crate) struct Claimed {
     pub key_id: i64,
     pub now: DateTime<Utc>,
     pub fingerprint: Vec<u8>,
+    pub fingerprint_version: Option<i16>,
     pub recovery: RecoveryPoint,
 }
 
@@ -387,7 +399,7 @@ pub(crate) async fn claim_held(
             locked_until = now() + $5::bigint * interval '1 millisecond',
             takeovers = takeovers + 1
         WHERE account_id = $1 AND scope = $2 AND idem_key = $3 AND status = 'held'
-        RETURNING id, locked_until AS "locked_until!", request_hash,
+        RETURNING id, locked_until AS "locked_until!", request_hash, fingerprint_version,
                   recovery_point AS "recovery_point!", recovery_state AS "recovery_state!",
                   downstream_key AS "downstream_key!"
         "#,
@@ -403,6 +415,7 @@ pub(crate) async fn claim_held(
         key_id: row.id,
         now: granted_at(row.locked_until, lease),
         fingerprint: row.request_hash,
+        fingerprint_version: row.fingerprint_version,
         recovery: RecoveryPoint {
             name: row.recovery_point,
             state: row.recovery_state,
@@ -462,4 +475,42 @@ pub(crate) async fn key_states(
         .into_iter()
         .map(|row| (row.scope, row.status))
         .collect())
+}
+
+/// A suspended key whose state is in a version no resumer of this release reads.
+pub(crate) struct UnknownState {
+    pub id: i64,
+    pub recovery_point: String,
+    /// The state's `version` member as text (`1` without one).
+    pub version: String,
+}
+
+/// Up to 100 suspended keys (in progress, lease dead, within the recovery window) whose point and
+/// state's version are none of `known` (see [`claim_recoverable`]): what the recovery job leaves
+/// alone, a later release's version of a known point or a point of its own. Read only, never
+/// locked.
+pub(crate) async fn unknown_states(
+    pool: &PgPool,
+    known: &[String],
+    window: Duration,
+) -> Result<Vec<UnknownState>, sqlx::Error> {
+    sqlx::query_as!(
+        UnknownState,
+        r#"
+        SELECT id, recovery_point AS "recovery_point!",
+               COALESCE(recovery_state -> 'version', '1')::text AS "version!"
+        FROM idempotency_keys
+        WHERE status = 'in_progress' AND recovery_point IS NOT NULL
+          AND locked_until <= now()
+          AND NOT (COALESCE(recovery_state -> 'version', '1')::text || ' ' || recovery_point
+                   = ANY($1))
+          AND created_at > now() - $2::bigint * interval '1 millisecond'
+        ORDER BY id
+        LIMIT 100
+        "#,
+        known,
+        millis(window),
+    )
+    .fetch_all(pool)
+    .await
 }

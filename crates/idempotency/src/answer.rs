@@ -1,0 +1,60 @@
+//! How a request that the mechanism does not execute is answered: the stored response replayed,
+//! or a refusal, each counted as its outcome.
+
+use std::time::Duration;
+
+use axum::response::Response;
+
+use crate::instrumentation::Instrumentation;
+use crate::metrics::KeyOutcome;
+use crate::{Error, IN_FLIGHT_RETRY_HINT, Refusal, StoredResponse};
+
+/// How a request that does not execute is answered.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The key completed: answer with the stored response.
+    Replay(StoredResponse),
+    /// Another request holds a live lease on the key.
+    InFlight { retry_after: Duration },
+    /// The key's call to another system stayed unsettled past the recovery window: it waits for
+    /// an operator, and no request resumes it.
+    Held,
+    /// The key is in a format this release does not read (`formats.rs`): left alone for one
+    /// that reads it.
+    UnknownFormat,
+    /// The key was used with a different payload: the pointers of the body's top-level members
+    /// that differ, when the key's row has their digests (keys reserved before they were
+    /// recorded have none, and the 422 then omits the list).
+    Mismatch(Option<Vec<String>>),
+}
+
+impl Answer {
+    /// The replay or the refusal, with its outcome counted.
+    pub(crate) fn respond(self, instrumentation: Instrumentation) -> Result<Response, Error> {
+        match self {
+            Answer::Replay(stored) => {
+                instrumentation.record(KeyOutcome::Replayed);
+                Ok(stored.replay())
+            }
+            Answer::InFlight { retry_after } => {
+                instrumentation.record(KeyOutcome::ConflictInFlight);
+                Err(Refusal::InFlight { retry_after }.into())
+            }
+            Answer::Mismatch(fields) => {
+                instrumentation.record(KeyOutcome::Mismatch);
+                Err(Refusal::Mismatch { fields }.into())
+            }
+            Answer::Held => {
+                instrumentation.record(KeyOutcome::Held);
+                Err(Refusal::Held.into())
+            }
+            Answer::UnknownFormat => {
+                instrumentation.record(KeyOutcome::UnknownFormat);
+                Err(Refusal::UnknownFormat {
+                    retry_after: IN_FLIGHT_RETRY_HINT,
+                }
+                .into())
+            }
+        }
+    }
+}
