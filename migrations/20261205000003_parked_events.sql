@@ -5,6 +5,10 @@
 --
 -- Not per account, as processed_events is not: the processor's event names none, and nothing of
 -- ours names its object yet. On Citus it stays on the coordinator with processed_events.
+-- Brief locks, never a long wait behind the release still serving (migrations/README.md).
+SET LOCAL lock_timeout = '5s';
+SET LOCAL statement_timeout = '60s';
+
 CREATE TABLE parked_events (
     -- The event's `webhook-id`.
     id          TEXT        PRIMARY KEY,
@@ -31,6 +35,7 @@ CREATE INDEX parked_events_account ON parked_events (account_id);
 -- is nothing to validate, and the new check takes effect for new rows without scanning the table
 -- under its lock.
 ALTER TABLE processed_events
+    -- squawk-ignore ban-drop-constraint
     DROP CONSTRAINT processed_events_outcome_check,
     ADD CONSTRAINT processed_events_outcome_check
         CHECK (outcome IN ('applied', 'ignored', 'duplicate', 'stale', 'needs_review', 'parked'))
