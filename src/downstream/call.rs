@@ -262,17 +262,28 @@ async fn settle<C: ProcessorCall>(
 /// Records the processor's answer with the call's own [`ProcessorCall::record`] and, once that
 /// committed, applies the processor's events that arrived about its object before (kept by the
 /// intake, see [`ProcessorClient::recorded`]). Every recording of an answer comes here: a fresh
-/// request's, a retry's, the recovery job's and an operator's settling of a held key. One that
-/// fails to apply them (or whose instance dies first) leaves them to the intake's sweep.
+/// request's, a retry's, the recovery job's and an operator's settling of a held key.
+///
+/// Only a key an earlier holder left (a retry, a takeover, the recovery job, a settle:
+/// [`EarlierCalls::Possible`]) looks for such events: its object may have existed at the
+/// processor for minutes or hours, long enough for its events to arrive and be kept. A fresh
+/// request records its object milliseconds after the processor made it, before the processor's
+/// outbox usually sends anything, and looking would cost every new payment a statement more; an
+/// event that still wins that race is kept, and the intake's sweep applies it within a recovery
+/// interval. So does the sweep for a recording that fails to apply them (or whose instance dies
+/// first).
 pub async fn record<C: ProcessorCall>(
     processor: &ProcessorClient,
     lease: Lease,
     call: C,
     answer: C::Answer,
 ) -> Result<Completion, ApiError> {
+    let resumed = lease
+        .recovery_point()
+        .is_some_and(|point| point.earlier_calls == EarlierCalls::Possible);
     let object = C::object(&answer).to_owned();
     let completion = call.record(lease, answer).await?;
-    if completion.committed() {
+    if completion.committed() && resumed {
         processor.recorded(&object).await;
     }
     Ok(completion)
