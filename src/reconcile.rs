@@ -44,7 +44,7 @@ use sections::{disputes_against_theirs, payments_against_charges, refunds_agains
 /// Reconciles against the processor `link` names or, without a URL, against the processor
 /// embedded in this database (as `serve` runs it), started on a loopback port for the purpose.
 pub async fn run(pool: &PgPool, link: &ProcessorLink) -> anyhow::Result<Report> {
-    let processor = Linked::to(pool, link).await?;
+    let processor = Linked::to(pool, link.client()?, link.timeout).await?;
     let report = reconcile(pool, &processor.client).await;
     processor.stop().await?;
     report

@@ -42,7 +42,8 @@ pub async fn settle(
             "that is not an account id: an account id is `acct_` and letters and digits"
         )
     })?;
-    let processor = Linked::to(pool, &settings.processor).await?;
+    let link = &settings.processor;
+    let processor = Linked::to(pool, link.client()?, link.timeout).await?;
     let state = AppState::new(pool.clone(), settings, processor.client.clone());
     let settled = state
         .idempotency

@@ -2,13 +2,14 @@
 //! one `IDEMPAY_PROCESSOR_URL` names or, without a URL, the processor embedded in this database
 //! (as `serve` runs it), started on a loopback port for the command and stopped after it.
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::ProcessorClient;
-use crate::config::ProcessorLink;
 use processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use service::ids;
 
@@ -19,10 +20,15 @@ pub struct Linked {
 }
 
 impl Linked {
-    /// The processor `link` names, or one embedded in `pool`'s database, serving until
-    /// [`Linked::stop`].
-    pub async fn to(pool: &PgPool, link: &ProcessorLink) -> anyhow::Result<Self> {
-        if let Some(client) = link.client()? {
+    /// `configured`, the client of the processor the settings name, or, without one, a client of
+    /// a processor embedded in `pool`'s database, serving until [`Linked::stop`], each call of it
+    /// given `timeout`.
+    pub async fn to(
+        pool: &PgPool,
+        configured: Option<ProcessorClient>,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        if let Some(client) = configured {
             return Ok(Self {
                 client,
                 embedded: None,
@@ -36,7 +42,7 @@ impl Linked {
         let client = ProcessorClient::new(
             &format!("http://{}", processor.local_addr()?),
             api_key,
-            link.timeout,
+            timeout,
         )?;
         let stop = CancellationToken::new();
         let stopped = stop.clone();
