@@ -137,22 +137,21 @@ pub async fn resume<C: ProcessorCall>(
     processor: ProcessorClient,
     lease: Lease,
 ) -> Result<Completion, ApiError> {
-    let (call, downstream_key, earlier) = match lease.recovery_point() {
-        Some(point) => (
-            read_state::<C>(point)?,
-            point.downstream_key.clone(),
-            point.earlier_calls,
-        ),
-        None => {
-            return Err(anyhow::anyhow!(
-                "a {}'s key without its recovery point `{}`",
-                C::WHAT,
-                C::POINT
-            )
-            .into());
-        }
-    };
+    let (call, point) = the_call::<C>(&lease)?;
+    let (downstream_key, earlier) = (point.downstream_key.clone(), point.earlier_calls);
     settle(processor, lease, call, downstream_key, earlier).await
+}
+
+/// The call the key's recovery point records, and the point: what a resume and a settle start from.
+fn the_call<C: ProcessorCall>(lease: &Lease) -> Result<(C, &RecoveryPoint), ApiError> {
+    let point = lease.recovery_point().ok_or_else(|| {
+        anyhow::anyhow!(
+            "a {}'s key without its recovery point `{}`",
+            C::WHAT,
+            C::POINT
+        )
+    })?;
+    Ok((read_state::<C>(point)?, point))
 }
 
 /// Makes the call from a fresh intent: records its recovery point, then calls.
@@ -179,17 +178,8 @@ pub async fn settle_held<C: ProcessorCall>(
     processor: ProcessorClient,
     lease: Lease,
 ) -> Result<Completion, ApiError> {
-    let (call, downstream_key) = match lease.recovery_point() {
-        Some(point) => (read_state::<C>(point)?, point.downstream_key.clone()),
-        None => {
-            return Err(anyhow::anyhow!(
-                "a {}'s key without its recovery point `{}`",
-                C::WHAT,
-                C::POINT
-            )
-            .into());
-        }
-    };
+    let (call, point) = the_call::<C>(&lease)?;
+    let downstream_key = point.downstream_key.clone();
     let made = call
         .made_under(&processor, &downstream_key)
         .await

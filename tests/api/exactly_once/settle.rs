@@ -60,6 +60,25 @@ async fn past_the_window() {
     tokio::time::sleep(WINDOW + Duration::from_millis(300)).await;
 }
 
+/// The payment under `key` is answered 503 `processor-outcome-unknown`, then, past the window,
+/// held for an operator.
+async fn hold_payment(app: &TestApp, key: &str) {
+    app.post_payment(key, &payment(4200))
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(app, key, app.post_payment(key, &payment(4200)).await).await;
+}
+
+/// The same for a refund of `payment_id`.
+async fn hold_refund(app: &TestApp, payment_id: &str, key: &str, refund: &serde_json::Value) {
+    app.post_refund(payment_id, key, refund)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(app, key, app.post_refund(payment_id, key, refund).await).await;
+}
+
 /// The retry's answer: held for an operator, and the key row says so.
 async fn assert_held(app: &TestApp, key: &str, retry: crate::support::helpers::TestResponse) {
     retry.assert_problem(409, "idempotency-key-held");
@@ -105,12 +124,8 @@ async fn chosen(app: &TestApp, key: &str, member: &str) -> String {
 async fn a_held_charge_is_settled_from_the_processors_ledger_and_its_retry_gets_the_payment() {
     let (app, losing) = idempay_and_processor(settings(), losing_answers()).await;
     let key = new_key();
-    app.post_payment(&key, &payment(4200))
-        .await
-        .assert_problem(503, "processor-outcome-unknown");
-    past_the_window().await;
+    hold_payment(&app, &key).await;
     assert_eq!(losing.count("processor_charges").await, 1, "charged");
-    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
     let processor = replace(&app, losing, processor::settings()).await;
     let payment_id = chosen(&app, &key, "payment").await;
     // The recovery job of another instance runs beside the settle, every 100 ms.
@@ -185,11 +200,7 @@ async fn a_held_charge_is_settled_from_the_processors_ledger_and_its_retry_gets_
 async fn a_held_charge_the_processor_never_made_completes_with_a_final_nothing_made() {
     let (app, failing) = idempay_and_processor(settings(), failing()).await;
     let key = new_key();
-    app.post_payment(&key, &payment(4200))
-        .await
-        .assert_problem(503, "processor-outcome-unknown");
-    past_the_window().await;
-    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    hold_payment(&app, &key).await;
     let processor = replace(&app, failing, processor::settings()).await;
 
     let settled = settle(&app, &processor, &key).await;
@@ -216,11 +227,7 @@ async fn a_held_charge_the_processor_never_made_completes_with_a_final_nothing_m
 async fn a_settle_that_cannot_ask_the_processor_leaves_the_key_held() {
     let (app, losing) = idempay_and_processor(settings(), losing_answers()).await;
     let key = new_key();
-    app.post_payment(&key, &payment(4200))
-        .await
-        .assert_problem(503, "processor-outcome-unknown");
-    past_the_window().await;
-    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    hold_payment(&app, &key).await;
     let port = port_of(&losing);
     losing.stop();
 
@@ -256,17 +263,8 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
     let losing = replace(&app, healthy, losing_answers()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
-    app.post_refund(&payment_id, &key, &refund)
-        .await
-        .assert_problem(503, "processor-outcome-unknown");
-    past_the_window().await;
+    hold_refund(&app, &payment_id, &key, &refund).await;
     assert_eq!(losing.count("processor_refunds").await, 1, "refunded");
-    assert_held(
-        &app,
-        &key,
-        app.post_refund(&payment_id, &key, &refund).await,
-    )
-    .await;
     let processor = replace(&app, losing, processor::settings()).await;
     let refund_id = chosen(&app, &key, "refund").await;
 
@@ -303,16 +301,7 @@ async fn a_held_refund_the_processor_never_made_completes_with_a_final_nothing_m
     let failing = replace(&app, healthy, failing()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
-    app.post_refund(&payment_id, &key, &refund)
-        .await
-        .assert_problem(503, "processor-outcome-unknown");
-    past_the_window().await;
-    assert_held(
-        &app,
-        &key,
-        app.post_refund(&payment_id, &key, &refund).await,
-    )
-    .await;
+    hold_refund(&app, &payment_id, &key, &refund).await;
     let processor = replace(&app, failing, processor::settings()).await;
 
     let settled = settle(&app, &processor, &key).await;
@@ -390,11 +379,7 @@ async fn a_dispute_opened_while_the_key_was_held_is_applied_once_by_the_settle()
     let (app, slow, secret) =
         delivering_events(settings(), slow, patiently(), NOT_WITHIN_THE_TEST).await;
     let key = new_key();
-    app.post_payment(&key, &payment(4200))
-        .await
-        .assert_problem(503, "processor-outcome-unknown");
-    past_the_window().await;
-    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    hold_payment(&app, &key).await;
     let mut healthy = processor::settings();
     healthy.webhook_url = Some(app.url("/v1/webhooks/processor"));
     healthy.shared.webhook_secrets = Some(secret);
