@@ -135,11 +135,12 @@ impl Idempotency {
                  with the version that recorded it"
             )));
         };
-        let fingerprint = Fingerprint::from_slice(&claimed.fingerprint).ok_or_else(|| {
-            Error::Internal(anyhow::anyhow!(
+        let Some(fingerprint) = Fingerprint::from_slice(&claimed.fingerprint) else {
+            store::hand_back(&self.pool, owner, claimed.key_id, token).await?;
+            return Err(Error::Internal(anyhow::anyhow!(
                 "the key's stored fingerprint does not parse"
-            ))
-        })?;
+            )));
+        };
         let fingerprints = Fingerprints::stored(
             FingerprintVersion::stored(claimed.fingerprint_version),
             fingerprint,
@@ -153,7 +154,6 @@ impl Idempotency {
             &request,
         );
         lease.recovery = Some(claimed.recovery);
-        self.instrumentation.record(KeyOutcome::Settled);
         tracing::warn!(
             key_id = claimed.key_id,
             scope,
@@ -171,6 +171,8 @@ impl Idempotency {
         };
         let failure = match done {
             Ok(Ok(Completion(Completed::Stored(response)))) => {
+                // Counted once the key answers with its result, not when the settle begins.
+                self.instrumentation.record(KeyOutcome::Settled);
                 tracing::info!(
                     key_id = held.key_id,
                     status = response.status().as_u16(),

@@ -427,8 +427,10 @@ pub(crate) async fn claim_held(
 }
 
 /// Holds again a key a settle took under `token` and could not complete (the other system did not
-/// answer, say): as it was, for the next settle. `false` when the key is no longer under that
-/// token (it completed, or the settle's lease ran out and the recovery job held it already).
+/// answer, say): as it was, for the next settle. Its `held_at` is the first hold's: a claim keeps
+/// it (and Citus refuses `COALESCE(held_at, now())` in an update of a distributed table). `false`
+/// when the key is no longer under that token (it completed, or the settle's lease ran out and the
+/// recovery job held it already).
 pub(crate) async fn hand_back(
     pool: &PgPool,
     owner: &str,
@@ -438,8 +440,7 @@ pub(crate) async fn hand_back(
     let held = sqlx::query!(
         r#"
         UPDATE idempotency_keys
-        SET status = 'held', lock_token = NULL, locked_until = NULL,
-            held_at = COALESCE(held_at, now())
+        SET status = 'held', lock_token = NULL, locked_until = NULL
         WHERE account_id = $1 AND id = $2 AND lock_token = $3 AND status = 'in_progress'
         "#,
         owner,
