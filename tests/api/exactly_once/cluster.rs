@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 22] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 23] = [
     (
         "SELECT recovery_point AS \"point!\"",
         "the start-up check for suspended keys no unit of work resumes: once per start, across \
@@ -71,6 +71,11 @@ const ACROSS_ACCOUNTS: [(&str, &str); 22] = [
     (
         "OR charge = $2 LIMIT 1",
         "webhook intake: the account of the payment the processor names",
+    ),
+    (
+        "SELECT account_id FROM payments WHERE charge = $1 LIMIT 1",
+        "webhook intake, parking an event: the account of the charge it names, if recorded (the \
+         processor's event names no account), whose bound of parked events it counts against",
     ),
     (
         "OR processor_refund = $1 LIMIT 1",
