@@ -30,26 +30,30 @@ pub(crate) enum Answer {
 
 impl Answer {
     /// The replay or the refusal, with its outcome counted.
-    pub(crate) fn respond(self, instrumentation: Instrumentation) -> Result<Response, Error> {
+    pub(crate) fn respond(
+        self,
+        instrumentation: Instrumentation,
+        route: &str,
+    ) -> Result<Response, Error> {
         match self {
             Answer::Replay(stored) => {
-                instrumentation.record(KeyOutcome::Replayed);
+                instrumentation.record(KeyOutcome::Replayed, route);
                 Ok(stored.replay())
             }
             Answer::InFlight { retry_after } => {
-                instrumentation.record(KeyOutcome::ConflictInFlight);
+                instrumentation.record(KeyOutcome::ConflictInFlight, route);
                 Err(Refusal::InFlight { retry_after }.into())
             }
             Answer::Mismatch(fields) => {
-                instrumentation.record(KeyOutcome::Mismatch);
+                instrumentation.record(KeyOutcome::Mismatch, route);
                 Err(Refusal::Mismatch { fields }.into())
             }
             Answer::Held => {
-                instrumentation.record(KeyOutcome::Held);
+                instrumentation.record(KeyOutcome::Held, route);
                 Err(Refusal::Held.into())
             }
             Answer::UnknownFormat => {
-                instrumentation.record(KeyOutcome::UnknownFormat);
+                instrumentation.record(KeyOutcome::UnknownFormat, route);
                 Err(Refusal::UnknownFormat {
                     retry_after: IN_FLIGHT_RETRY_HINT,
                 }

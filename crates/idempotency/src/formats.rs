@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::fingerprint::FingerprintVersion;
-use crate::metrics::KeyOutcome;
+use crate::metrics::{KeyOutcome, RECOVERY_ROUTE};
 use crate::{Idempotency, store};
 
 /// A format of a key that this release does not read: which one, and the version the key says.
@@ -88,7 +88,8 @@ impl Idempotency {
         let now: BTreeSet<i64> = waiting.iter().map(|key| key.id).collect();
         for key in &waiting {
             if !reported.contains(&key.id) {
-                self.instrumentation.record(KeyOutcome::UnknownFormat);
+                self.instrumentation
+                    .record(KeyOutcome::UnknownFormat, RECOVERY_ROUTE);
                 UnknownFormat::recovery_state(&key.recovery_point, key.version.clone())
                     .report(key.id);
             }

@@ -14,8 +14,8 @@ pub(crate) struct Instrumentation {
 }
 
 impl Instrumentation {
-    pub(crate) fn record(self, outcome: KeyOutcome) {
-        outcome.record(self.outcomes);
+    pub(crate) fn record(self, outcome: KeyOutcome, route: &str) {
+        outcome.record(self.outcomes, route);
     }
 
     pub(crate) fn crash_point(self, point: &'static str) {

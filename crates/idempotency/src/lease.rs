@@ -57,6 +57,8 @@ pub(crate) struct HeldLease {
     /// version), for the replay cache; a key taken over keeps the one it was made with, which
     /// the cache then learns from the row.
     pub(crate) fingerprint: Option<(FingerprintVersion, Fingerprint)>,
+    /// How the request came to hold the key: what it counts as if its work completes.
+    pub(crate) outcome: KeyOutcome,
 }
 
 impl HeldLease {
@@ -66,6 +68,7 @@ impl HeldLease {
             key_id: lease.key_id,
             token: lease.token,
             reserved: lease.granted,
+            outcome: lease.outcome,
             fingerprint: match lease.outcome {
                 KeyOutcome::Executed => request.fingerprints.current(),
                 _ => None,

@@ -88,7 +88,9 @@ pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
 use recovery::RecoveryBounds;
-pub use recovery::{EarlierCalls, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers, StateVersion};
+pub use recovery::{
+    EarlierCalls, KeyRecovery, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers, StateVersion,
+};
 pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, ResponseVersion, StoredResponse};
 pub use settle::{Settled, Settlement};
@@ -209,7 +211,8 @@ impl Idempotency {
         span.record("scope", request.scope.as_str());
         // A key this instance saw completed is answered here: no database, no task to strand.
         if let Some(answer) = self.decide_from_cache(&request) {
-            return answer.respond(self.instrumentation).map_err(E::from);
+            let route = request.scope.route();
+            return answer.respond(self.instrumentation, route).map_err(E::from);
         }
         let mechanism = self.clone();
         // The task carries the request's span, so its logs and the key's outcome stay with it.
@@ -227,11 +230,12 @@ impl Idempotency {
         match self.decide(&request).await? {
             Decision::Execute(lease) => {
                 self.instrumentation.crash_point("after-reserve");
-                self.instrumentation.record(lease.outcome);
                 let held = HeldLease::of(&lease, &request);
-                self.execute(&request, held, work(lease)).await
+                self.execute(&request, held, work(lease)).await.0
             }
-            Decision::Answer(answer) => answer.respond(self.instrumentation).map_err(E::from),
+            Decision::Answer(answer) => answer
+                .respond(self.instrumentation, request.scope.route())
+                .map_err(E::from),
         }
     }
 }
@@ -515,13 +519,14 @@ impl Idempotency {
 // ===========================================================================================
 
 impl Idempotency {
-    /// Runs the work while renewing the lease, then answers from its completion or releases the key.
+    /// Runs the work while renewing the lease, then answers from its completion or releases the
+    /// key; counts what became of the request (once, by how it ended) and says it.
     async fn execute<F, E>(
         &self,
         request: &KeyedRequest,
         held: HeldLease,
         work: F,
-    ) -> Result<Response, E>
+    ) -> (Result<Response, E>, KeyOutcome)
     where
         F: Future<Output = Result<Completion, E>> + Send + 'static,
         E: From<Error> + fmt::Display + Send + 'static,
@@ -537,38 +542,46 @@ impl Idempotency {
             joined = work => joined,
             never = self.heartbeat(&held) => match never {},
         };
-        match joined {
+        let (answer, outcome) = match joined {
             Ok(Ok(Completion(Completed::Stored(response)))) => {
                 if let Some(fingerprint) = held.fingerprint {
                     let until = held.reserved + self.policy.key_ttl;
                     self.remember(request, fingerprint, &response, until);
                 }
-                Ok(response.into_response())
+                (Ok(response.into_response()), held.outcome)
             }
-            Ok(Ok(Completion(Completed::LeaseLost))) => {
-                self.instrumentation.record(KeyOutcome::LeaseLost);
-                self.answer_after_lost_lease(request).await.map_err(E::from)
-            }
+            Ok(Ok(Completion(Completed::LeaseLost))) => (
+                self.answer_after_lost_lease(request).await.map_err(E::from),
+                KeyOutcome::LeaseLost,
+            ),
             // A failure of a request that no longer held the key is no answer of its own: another
             // request took the key over, and may already have written the same effect (a holder's
             // insert then fails on it). Answer from the key, as after a lost lease.
             Ok(Err(error)) => match self.release(&held).await {
-                Some(store::Released::NotHeld) => {
+                store::Released::NotHeld => {
                     tracing::warn!(%error, "the work failed after losing its lease");
-                    self.answer_after_lost_lease(request).await.map_err(E::from)
+                    let answer = self.answer_after_lost_lease(request).await;
+                    (answer.map_err(E::from), KeyOutcome::LeaseLost)
                 }
-                _ => Err(error),
+                released => (Err(error), released.outcome()),
             },
             Err(panic) => {
-                self.release(&held).await;
+                let released = self.release(&held).await;
                 let message = panic
                     .downcast_ref::<&str>()
                     .map(|message| (*message).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                Err(Error::Internal(anyhow::anyhow!("the unit of work panicked: {message}")).into())
+                let fault = Error::Internal(anyhow::anyhow!("the work panicked: {message}"));
+                (Err(fault.into()), released.outcome())
             }
-        }
+        };
+        let route = match held.outcome {
+            KeyOutcome::Recovered => metrics::RECOVERY_ROUTE,
+            _ => request.scope.route(),
+        };
+        self.instrumentation.record(outcome, route);
+        (answer, outcome)
     }
 
     /// Keeps a slow but alive request from being taken over: renews the lease every third of its
@@ -744,28 +757,22 @@ impl Idempotency {
     ///
     /// A key whose work recorded a recovery point is not deleted but suspended: its call to another
     /// system may have taken effect, so the next attempt must resume, not start over.
-    /// Says what became of the key; `None` when the database could not be asked.
-    async fn release(&self, held: &HeldLease) -> Option<store::Released> {
+    /// Says what became of the key (`Unknown` when the database could not be asked).
+    async fn release(&self, held: &HeldLease) -> store::Released {
         match store::release(&self.pool, &held.owner, held.key_id, held.token).await {
             Ok(released) => {
-                match released {
-                    store::Released::Deleted => self.instrumentation.record(KeyOutcome::Released),
-                    store::Released::Suspended => {
-                        self.instrumentation.record(KeyOutcome::Suspended);
-                        tracing::warn!(
-                            key_id = held.key_id,
-                            "work failed after its recovery point; the key waits for a retry or \
-                             the recovery job"
-                        );
-                    }
-                    store::Released::NotHeld => self.instrumentation.record(KeyOutcome::LeaseLost),
+                if released == store::Released::Suspended {
+                    tracing::warn!(
+                        key_id = held.key_id,
+                        "work failed after its recovery point; the key waits for a retry or \
+                         the recovery job"
+                    );
                 }
-                Some(released)
+                released
             }
             Err(error) => {
-                self.instrumentation.record(KeyOutcome::Released);
                 tracing::error!(%error, key_id = held.key_id, "could not release the key; its lease will expire");
-                None
+                store::Released::Unknown
             }
         }
     }

@@ -4,15 +4,19 @@
 
 use metrics::counter;
 
+/// The route label of what the recovery job does (it serves no request).
+pub const RECOVERY_ROUTE: &str = "recovery";
+
 /// The counter an instance counts its outcomes in unless it names another.
 pub const OUTCOMES: &str = "idempotency_outcomes_total";
 
 /// What became of a request that carried an `Idempotency-Key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyOutcome {
-    /// The work ran under this request's lease (a fresh key, a recycled expired one).
+    /// The work ran under this request's lease (a fresh key, a recycled expired one) and
+    /// completed: its result is stored.
     Executed,
-    /// The work ran after taking over a key whose holder stopped renewing its lease.
+    /// The work ran to completion after taking over a key whose holder stopped renewing its lease.
     TakenOver,
     /// The stored response was returned.
     Replayed,
@@ -25,7 +29,7 @@ pub enum KeyOutcome {
     /// The work failed after its recovery point (its call to another system may have taken
     /// effect): the key was kept for the next attempt to resume.
     Suspended,
-    /// The recovery job took over a suspended key to resume its work.
+    /// The recovery job took over a suspended key and completed its work.
     Recovered,
     /// The lease was lost before completion; the effect was rolled back.
     LeaseLost,
@@ -58,9 +62,10 @@ impl KeyOutcome {
         }
     }
 
-    /// Counts the outcome in `counter` and records it on the request's span.
-    pub(crate) fn record(self, series: &'static str) {
-        counter!(series, "outcome" => self.as_str()).increment(1);
+    /// Counts the outcome in `counter` by route (the route template, or `recovery` for the
+    /// recovery job) and records it on the request's span. Called once per request, when it ends.
+    pub(crate) fn record(self, series: &'static str, route: &str) {
+        counter!(series, "route" => route.to_owned(), "outcome" => self.as_str()).increment(1);
         tracing::Span::current().record("key_outcome", self.as_str());
     }
 }

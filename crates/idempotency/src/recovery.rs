@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::lease::HeldLease;
 use super::{Completion, Error, Idempotency, KeyedRequest, Lease, Scope, store};
 use super::{Engine, Fingerprint, FingerprintVersion, Fingerprints, IdempotencyKey};
-use crate::metrics::KeyOutcome;
+use crate::metrics::{KeyOutcome, RECOVERY_ROUTE};
 
 // ===========================================================================================
 // 3b. Recovery points: "once a call to another system has been sent, a failure no longer means
@@ -428,6 +428,12 @@ impl Idempotency {
     /// with every try, up to [`LONGEST_RECOVERY_BACKOFF`]; a key past the recovery window is
     /// held for an operator instead (see [`Idempotency::hold_overdue`]).
     pub async fn recover_batch(&self, interval: Duration) -> Result<usize, sqlx::Error> {
+        Ok(self.recover(interval).await?.len())
+    }
+
+    /// [`Idempotency::recover_batch`], saying what became of each key it claimed: `Recovered`
+    /// (completed), `Suspended` (still unsettled, tried again later), `Released` or `LeaseLost`.
+    pub async fn recover(&self, interval: Duration) -> Result<Vec<KeyRecovery>, sqlx::Error> {
         let resumers = &self.resumers;
         let bounds = RecoveryBounds {
             window: self.policy.recovery_window,
@@ -478,33 +484,54 @@ impl Idempotency {
                 recovery_point = key.recovery.name.as_str(),
                 "recovering a key its request left at a recovery point"
             );
+            let point = key.recovery.name.clone();
             lease.recovery = Some(key.recovery);
-            self.instrumentation.record(lease.outcome);
             let held = HeldLease::of(&lease, &request);
             let key_id = held.key_id;
             let mechanism = self.clone();
             resumed.push(tokio::spawn(async move {
-                let answer: Result<_, Error> =
+                let (answer, outcome): (Result<_, Error>, _) =
                     mechanism.execute(&request, held, resume(lease)).await;
+                let result = outcome.as_str();
+                let key = request.key.as_str();
                 match answer {
-                    Ok(response) => {
-                        tracing::info!(key_id, status = response.status().as_u16(), "recovered")
-                    }
+                    Ok(response) => tracing::info!(
+                        key_id,
+                        key,
+                        recovery_point = point,
+                        result,
+                        status = response.status().as_u16(),
+                        "recovery resumed a key"
+                    ),
                     Err(error) => tracing::warn!(
                         key_id,
-                        error = %error,
-                        "recovery did not finish; the key waits for the next run"
+                        key,
+                        recovery_point = point,
+                        result,
+                        cause = %error,
+                        "recovery did not settle a key; it waits for the next run"
                     ),
                 }
+                KeyRecovery { key_id, outcome }
             }));
         }
+        let mut results = Vec::with_capacity(count);
         for task in resumed {
-            if let Err(error) = task.await {
-                tracing::error!(%error, "a recovery task failed");
+            match task.await {
+                Ok(result) => results.push(result),
+                Err(error) => tracing::error!(%error, "a recovery task failed"),
             }
         }
-        Ok(count)
+        Ok(results)
     }
+}
+
+/// What became of one key the recovery job claimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRecovery {
+    pub key_id: i64,
+    /// `Recovered` when its work completed; otherwise how the attempt ended.
+    pub outcome: KeyOutcome,
 }
 
 impl Idempotency {
@@ -520,7 +547,8 @@ impl Idempotency {
             Engine::Citus => store::hold_overdue_unlocked(&self.pool, window).await?,
         };
         for key in &held {
-            self.instrumentation.record(KeyOutcome::Held);
+            self.instrumentation
+                .record(KeyOutcome::Held, RECOVERY_ROUTE);
             tracing::error!(
                 key_id = key.id,
                 scope = key.scope,

@@ -106,6 +106,14 @@ impl Scope {
         &self.0
     }
 
+    /// The route template the scope names (`/v1/payments`), the label its outcomes are counted by.
+    pub fn route(&self) -> &str {
+        self.0
+            .split_once(':')
+            .and_then(|(_, rest)| rest.split_once(' '))
+            .map_or("unknown", |(_, route)| route)
+    }
+
     /// The owner the scope starts with: the key row's `account_id`, the value its table is
     /// partitioned by on a distributed database (an owner's name has no `:`).
     pub fn owner(&self) -> &str {

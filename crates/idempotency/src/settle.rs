@@ -172,7 +172,8 @@ impl Idempotency {
         let failure = match done {
             Ok(Ok(Completion(Completed::Stored(response)))) => {
                 // Counted once the key answers with its result, not when the settle begins.
-                self.instrumentation.record(KeyOutcome::Settled);
+                self.instrumentation
+                    .record(KeyOutcome::Settled, request.scope.route());
                 tracing::info!(
                     key_id = held.key_id,
                     status = response.status().as_u16(),

@@ -591,6 +591,20 @@ pub(super) enum Released {
     Suspended,
     /// Neither: the token no longer holds the key (it was taken over).
     NotHeld,
+    /// The database could not be asked: the lease runs out and a retry takes the key over.
+    Unknown,
+}
+
+impl Released {
+    /// How the request that released the key ended, as counted.
+    pub(super) fn outcome(self) -> crate::metrics::KeyOutcome {
+        use crate::metrics::KeyOutcome;
+        match self {
+            Self::Deleted | Self::Unknown => KeyOutcome::Released,
+            Self::Suspended => KeyOutcome::Suspended,
+            Self::NotHeld => KeyOutcome::LeaseLost,
+        }
+    }
 }
 
 /// Deletes the key, or suspends it if it has a recovery point; both fenced by the token. One

@@ -196,20 +196,43 @@ impl Metrics {
         Self(String::from_utf8(body).expect("metrics are UTF-8"))
     }
 
-    /// The value of one series, named with its labels as the exporter writes them, e.g.
-    /// `idempay_idempotency_outcomes_total{outcome="replayed"}`.
+    /// The value of a series named with its labels as the exporter writes them, e.g.
+    /// `idempay_idempotency_outcomes_total{outcome="replayed"}`: the labels given are a subset,
+    /// and the series that have them all are summed (every route's, above). `None` when no series
+    /// has them.
     pub fn value(&self, series: &str) -> Option<f64> {
-        self.0.lines().find_map(|line| {
-            line.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
+        let (name, wanted) = split_series(series);
+        self.0
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let (found, labels) = split_series(series);
+                (found == name && wanted.iter().all(|label| labels.contains(label)))
+                    .then(|| value.trim().parse::<f64>().ok())
+                    .flatten()
+            })
+            .fold(None, |sum, value| Some(sum.unwrap_or(0.0) + value))
     }
 
     pub fn text(&self) -> &str {
         &self.0
+    }
+}
+
+/// A series' name and its labels (`name="value"` each), as the exporter writes them.
+fn split_series(series: &str) -> (&str, Vec<&str>) {
+    match series.split_once('{') {
+        Some((name, labels)) => (
+            name,
+            labels
+                .trim_end_matches('}')
+                .split("\",")
+                .filter(|label| !label.is_empty())
+                .map(|label| label.trim_end_matches('"'))
+                .collect(),
+        ),
+        None => (series, Vec::new()),
     }
 }
 
