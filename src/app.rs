@@ -289,6 +289,7 @@ impl Application {
             webhooks::metrics::describe();
             sweeps::describe_metrics();
             processor::describe_metrics();
+            crate::downstream::metrics::describe();
         });
         crate::config::check_delivery_retention(
             settings.shared.webhook_delivery_retention,

@@ -6,13 +6,14 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::metrics::{self, Operation};
 use crate::http::error::{Problem, ProblemKind};
 use idempotency::EarlierCalls;
 use processor::problem::ProblemKind as ProcessorProblem;
@@ -146,12 +147,18 @@ where
 
 /// idempay's answer when the processor refused the `what` before acting on it: nothing happened,
 /// and the key was released for a fresh retry.
+/// The cause (the processor's address, the connection's error) is logged with the key where the
+/// call is counted (`downstream::metrics`), never told the client.
 pub fn refused_problem(what: &str, refusal: &Refusal) -> Problem {
+    let what_happened = match refusal.status {
+        None => format!("The processor could not be reached, so the {what} was not sent"),
+        Some(status) => format!("The processor refused the {what} before making it ({status})"),
+    };
     Problem::new(
         ProblemKind::ProcessorUnavailable,
         format!(
-            "The processor refused the {what} before making it ({refusal}). Nothing happened; \
-             retry with the same Idempotency-Key."
+            "{what_happened}. Nothing happened; retry with the same Idempotency-Key (a retry \
+             after the Retry-After delay usually succeeds once the processor is back)."
         ),
     )
     .retry_after(RETRY_AFTER)
@@ -327,6 +334,24 @@ impl ProcessorClient {
 
     /// One attempt to charge, with `Idempotency-Key: downstream_key`.
     pub async fn charge(&self, downstream_key: &str, request: &ChargeRequest) -> Outcome<Charge> {
+        let started = Instant::now();
+        let (outcome, declined) = self.charge_once(downstream_key, request).await;
+        metrics::record(
+            Operation::Charge,
+            downstream_key,
+            started,
+            &outcome,
+            declined,
+        );
+        outcome
+    }
+
+    /// One charge, and whether its answer is a decline.
+    async fn charge_once(
+        &self,
+        downstream_key: &str,
+        request: &ChargeRequest,
+    ) -> (Outcome<Charge>, bool) {
         let sent = self
             .request(Method::POST, "v1/charges")
             .header("idempotency-key", self.key_for(downstream_key))
@@ -335,23 +360,34 @@ impl ProcessorClient {
             .await;
         let response = match sent {
             Ok(response) => response,
-            Err(error) => return transport(&error),
+            Err(error) => return (transport(&error), false),
         };
         if response.status() != StatusCode::PAYMENT_REQUIRED {
-            return answered(response).await;
+            return (answered(response).await, false);
         }
         // A decline names its charge; the charge itself is read back, a safe read that a retry of
         // the same key (answered with the same 402) repeats if it fails.
         let problem: ProblemBody = match response.json().await {
             Ok(problem) => problem,
-            Err(error) => return Outcome::Unknown(format!("an unreadable decline: {error}")),
+            Err(error) => {
+                return (
+                    Outcome::Unknown(format!("an unreadable decline: {error}")),
+                    false,
+                );
+            }
         };
         let Some(id) = problem.charge else {
-            return Outcome::Unknown("a decline that names no charge".to_owned());
+            return (
+                Outcome::Unknown("a decline that names no charge".to_owned()),
+                false,
+            );
         };
         match self.get::<Charge>(&format!("v1/charges/{id}")).await {
-            Ok(charge) => Outcome::Done(charge),
-            Err(error) => Outcome::Unknown(format!("declined charge {id} unreadable: {error:#}")),
+            Ok(charge) => (Outcome::Done(charge), true),
+            Err(error) => (
+                Outcome::Unknown(format!("declined charge {id} unreadable: {error:#}")),
+                false,
+            ),
         }
     }
 
@@ -363,16 +399,19 @@ impl ProcessorClient {
         charge: &str,
         amount: Option<i64>,
     ) -> Outcome<ProcessorRefund> {
+        let started = Instant::now();
         let sent = self
             .request(Method::POST, &format!("v1/charges/{charge}/refunds"))
             .header("idempotency-key", self.key_for(downstream_key))
             .json(&serde_json::json!({ "amount": amount }))
             .send()
             .await;
-        match sent {
+        let outcome = match sent {
             Ok(response) => answered(response).await,
             Err(error) => transport(&error),
-        }
+        };
+        metrics::record(Operation::Refund, downstream_key, started, &outcome, false);
+        outcome
     }
 
     /// Every charge, all pages, newest first: for reconciliation.

@@ -7,5 +7,6 @@
 pub mod call;
 pub mod client;
 pub mod link;
+pub mod metrics;
 
 pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal, WhenRecorded};
