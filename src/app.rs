@@ -290,6 +290,8 @@ impl Application {
             sweeps::describe_metrics();
             processor::describe_metrics();
             crate::downstream::metrics::describe();
+            crate::recovery::describe_metrics();
+            service::jobs::describe_metrics();
         });
         crate::config::check_delivery_retention(
             settings.shared.webhook_delivery_retention,
@@ -383,6 +385,7 @@ impl Application {
             watch(
                 "expiry",
                 sweeps::spawn(
+                    "expiry",
                     self.state.pool.clone(),
                     self.settings.shared.expiry_interval,
                     expiry::all(expiry::Retention {

@@ -95,6 +95,7 @@ pub async fn run(args: FixtureArgs) -> anyhow::Result<()> {
     };
     let stop = CancellationToken::new();
     let expiry = sweeps::spawn(
+        "expiry",
         pool.clone(),
         args.expiry_interval,
         expiry::keys(),

@@ -259,6 +259,7 @@ impl Processor {
                 },
             ));
             let task = sweeps::spawn(
+                "processor-expiry",
                 self.state.pool.clone(),
                 self.expiry_interval,
                 sweeps,

@@ -12,6 +12,31 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+const UP: &str = "idempay_job_up";
+const LAST_SUCCESS: &str = "idempay_job_last_success_timestamp_seconds";
+
+/// Marks the end of a successful pass of `job` (its name as [`Jobs::watch`] has it): the time of
+/// the last one is exported, so that a job alive but failing every pass is seen too.
+pub fn succeeded(job: &'static str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64());
+    metrics::gauge!(LAST_SUCCESS, "job" => job).set(now);
+}
+
+/// Describes the jobs' series to the recorder.
+pub fn describe_metrics() {
+    metrics::describe_gauge!(
+        UP,
+        "1 while a background job runs, 0 once it died (the process must be restarted), by job."
+    );
+    metrics::describe_gauge!(
+        LAST_SUCCESS,
+        metrics::Unit::Seconds,
+        "Unix time of the end of a background job's last successful pass, by job."
+    );
+}
+
 /// The jobs of one process that died, shared by their watchers and the readiness probe.
 #[derive(Clone, Debug, Default)]
 pub struct Jobs(Arc<Mutex<Vec<Death>>>);
@@ -36,6 +61,7 @@ impl Jobs {
     ) -> JoinHandle<()> {
         let jobs = self.clone();
         let stop = stop.clone();
+        metrics::gauge!(UP, "job" => job).set(1.0);
         tokio::spawn(async move {
             let cause = match task.await {
                 Ok(()) if stop.is_cancelled() => return,
@@ -50,6 +76,7 @@ impl Jobs {
                 cause,
                 "a background job died: the process must be restarted (idempay's /readyz answers 503 until then)"
             );
+            metrics::gauge!(UP, "job" => job).set(0.0);
             jobs.0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

@@ -50,8 +50,10 @@ impl Sweep {
     }
 }
 
-/// Every `interval` until `shutdown` is cancelled, runs the sweeps in their order.
+/// Every `interval` until `shutdown` is cancelled, runs the sweeps in their order; a pass in which
+/// every sweep succeeded is the success of `job` ([`crate::jobs::succeeded`]).
 pub fn spawn(
+    job: &'static str,
     pool: PgPool,
     interval: Duration,
     sweeps: Vec<Sweep>,
@@ -75,12 +77,17 @@ pub fn spawn(
                 }
             };
             let mut deleted = Vec::with_capacity(sweeps.len());
+            let mut failed = false;
             for sweep in &sweeps {
-                let count = drain(&shutdown, || (sweep.batch)(pool.clone(), engine)).await;
+                let (count, ok) = drain(&shutdown, || (sweep.batch)(pool.clone(), engine)).await;
+                failed |= !ok;
                 metrics::counter!(DELETED, "table" => sweep.table).increment(count);
                 deleted.push((sweep.table, count));
             }
             metrics::histogram!(DURATION).record(started.elapsed().as_secs_f64());
+            if !failed && !shutdown.is_cancelled() {
+                crate::jobs::succeeded(job);
+            }
             if deleted.iter().any(|&(_, count)| count > 0) {
                 tracing::info!(?deleted, "expired rows deleted");
             }
@@ -95,8 +102,9 @@ pub fn spawn(
     })
 }
 
-/// Runs `expire` batch after batch until one comes back short, a batch fails, or shutdown.
-async fn drain<F, Fut>(shutdown: &CancellationToken, expire: F) -> u64
+/// Runs `expire` batch after batch until one comes back short, a batch fails, or shutdown; says
+/// how many rows it deleted and whether no batch failed.
+async fn drain<F, Fut>(shutdown: &CancellationToken, expire: F) -> (u64, bool)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<u64, sqlx::Error>>,
@@ -113,11 +121,11 @@ where
             }
             Err(error) => {
                 tracing::warn!(%error, "expiry failed; it runs again next interval");
-                break;
+                return (deleted, false);
             }
         }
     }
-    deleted
+    (deleted, true)
 }
 
 /// Describes the expiry job's series to the recorder.
