@@ -125,7 +125,10 @@ impl FromRef<AppState> for Jobs {
 /// The gauges a scrape of `/metrics` reads, the domains' own.
 impl FromRef<AppState> for metrics::Readings {
     fn from_ref(_: &AppState) -> Self {
-        metrics::Readings(&[service::outbox::delivery::read_oldest_pending])
+        metrics::Readings(&[
+            service::outbox::delivery::read_oldest_pending,
+            crate::recovery::read_keys,
+        ])
     }
 }
 
@@ -291,7 +294,7 @@ impl Application {
             processor::describe_metrics();
             crate::downstream::metrics::describe();
             crate::recovery::describe_metrics();
-            service::jobs::describe_metrics();
+            crate::recovery::describe_key_gauges();
         });
         crate::config::check_delivery_retention(
             settings.shared.webhook_delivery_retention,

@@ -273,6 +273,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             for in_flight in &report.in_flight {
                 println!("{in_flight}");
             }
+            for suspended in &report.suspended {
+                println!("{suspended}");
+            }
             println!("{}", report.summary());
             if !report.is_clean() {
                 std::process::exit(1);

@@ -178,6 +178,39 @@ pub struct Report {
     pub disputes: usize,
     pub differences: Vec<Difference>,
     pub in_flight: Vec<InFlight>,
+    /// Keys whose call to the processor has an unknown outcome, waiting for their client's retry
+    /// or the recovery job: no difference yet (either settles them), but one an operator watches,
+    /// since a key still suspended at the end of the recovery window is held.
+    pub suspended: Vec<SuspendedKey>,
+}
+
+/// A key suspended at its recovery point (in progress, no request holding it).
+#[derive(Debug)]
+pub struct SuspendedKey {
+    scope: String,
+    idem_key: String,
+    recovery_point: String,
+    downstream_key: Option<String>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    recoveries: i32,
+}
+
+impl fmt::Display for SuspendedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "warning: key {:?} ({}) suspended at {} since {} ({} recovery attempts): its call to \
+             the processor with downstream key {} has no known outcome yet; a retry or the \
+             recovery job settles it, or it is held at the end of the recovery window",
+            self.idem_key,
+            self.scope,
+            self.recovery_point,
+            self.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            self.recoveries,
+            self.downstream_key.as_deref().unwrap_or("(none)"),
+        )
+    }
 }
 
 impl Report {
@@ -232,6 +265,7 @@ struct Ours {
     refunds: Vec<OurRefund>,
     disputes: Vec<OurDispute>,
     held: Vec<HeldKey>,
+    suspended: Vec<SuspendedKey>,
 }
 
 /// A key held for an operator (`status = 'held'`).
@@ -356,12 +390,25 @@ impl Ours {
         )
         .fetch_all(&mut *tx)
         .await?;
+        let suspended = sqlx::query_as!(
+            SuspendedKey,
+            r#"
+            SELECT scope, idem_key, recovery_point AS "recovery_point!", downstream_key,
+                   created_at, recoveries
+            FROM idempotency_keys
+            WHERE status = 'in_progress' AND recovery_point IS NOT NULL AND locked_until <= now()
+            ORDER BY created_at
+            "#
+        )
+        .fetch_all(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(Self {
             payments,
             refunds,
             disputes,
             held,
+            suspended,
         })
     }
 }
@@ -403,5 +450,6 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
         disputes: ours.disputes.len(),
         differences,
         in_flight: accounted.in_flight,
+        suspended: ours.suspended,
     })
 }

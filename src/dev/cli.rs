@@ -361,7 +361,7 @@ pub async fn show_key(api: ApiArgs, key: &str) -> anyhow::Result<()> {
 }
 
 /// The fields of a key's use, in the order a person reads them, with their labels.
-const KEY_FIELDS: [(&str, &str); 13] = [
+const KEY_FIELDS: [(&str, &str); 15] = [
     ("state", "state"),
     ("created_at", "created"),
     ("completed_at", "completed"),
@@ -370,6 +370,8 @@ const KEY_FIELDS: [(&str, &str); 13] = [
     ("recovery_point", "recovery point"),
     ("recovery_state", "recovery state"),
     ("downstream_key", "downstream key"),
+    ("recovery_attempts", "recovery attempts"),
+    ("next_recovery_at", "next recovery try"),
     ("held_at", "held"),
     ("response_status", "response"),
     ("response_location", "location"),

@@ -132,6 +132,11 @@ async fn serve(
         database_url: &postgres.url("postgres"),
         exe: &exe,
     };
+    println!(
+        "# The database, for `{exe} reconcile`, `{exe} keys show` and `{exe} account create`:\n\n  \
+         export DATABASE_URL='{}'\n",
+        ledgers.database_url
+    );
     println!("{}", webhook_banner(&ledgers, &webhook_secrets.expose()));
     println!("{endpoint_banner}");
     // Ctrl-C stops the API first (it finishes its requests, which may call the processor), then

@@ -5,8 +5,7 @@
 //! at a scrape to [`Readings`]. The names and what each says are in `src/http/README.md`; every one
 //! starts with `idempay_`.
 
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::{FromRef, MatchedPath, Request, State};
 use axum::http::header;
@@ -14,7 +13,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -24,41 +22,14 @@ const REQUEST_DURATION: &str = "idempay_http_request_duration_seconds";
 pub const KEY_OUTCOMES: &str = "idempay_idempotency_outcomes_total";
 const POOL_CONNECTIONS: &str = "idempay_db_pool_connections";
 
-/// Latency buckets in seconds: a replay takes well under a millisecond, a slow charge seconds.
-const BUCKETS: [f64; 14] = [
-    0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
-];
-
-/// How often histograms are folded into the exported state, which bounds their memory.
-const UPKEEP_EVERY: Duration = Duration::from_secs(5);
-
-/// The process-wide recorder. The metrics macros report to one global recorder, so every
-/// application in the process shares it (tests start several); the first to install it describes
-/// the series, its own and the domains' (`describe`).
-fn handle(describe_domains: impl FnOnce()) -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| {
-        let handle = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), &BUCKETS)
-            .and_then(PrometheusBuilder::install_recorder)
-            .expect("no other metrics recorder is installed");
+/// Installs the process's recorder (`service::metrics`), so metrics recorded before the first
+/// scrape are kept, and describes the series: the plumbing's, then the domains' with
+/// `describe_domains` (once a process).
+pub fn install(describe_domains: impl FnOnce()) {
+    service::metrics::install(|| {
         describe();
         describe_domains();
-        let upkeep = handle.clone();
-        std::thread::spawn(move || {
-            loop {
-                std::thread::sleep(UPKEEP_EVERY);
-                upkeep.run_upkeep();
-            }
-        });
-        handle
-    })
-}
-
-/// Installs the recorder, so metrics recorded before the first scrape are kept, and describes the
-/// series: the plumbing's, then the domains' with `describe_domains` (once a process).
-pub fn install(describe_domains: impl FnOnce()) {
-    handle(describe_domains);
+    });
 }
 
 /// A gauge that a scrape reads before it renders, such as the age of the oldest pending webhook
@@ -120,9 +91,9 @@ async fn scrape(
         read(&pool).await;
     }
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, service::metrics::CONTENT_TYPE)],
         // Installed by now, with every description: the application installs it as it is built.
-        handle(|| {}).render(),
+        service::metrics::render(),
     )
         .into_response()
 }

@@ -86,7 +86,8 @@ where
                 .layer(
                     TraceLayer::new_for_http()
                         .make_span_with(request_span)
-                        .on_response(DefaultOnResponse::new().level(Level::INFO)),
+                        .on_response(DefaultOnResponse::new().level(Level::INFO))
+                        .on_failure(service::server::log_failure),
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID))
                 .layer(CatchPanicLayer::custom(|_| {

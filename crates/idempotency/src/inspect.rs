@@ -24,6 +24,8 @@ use super::{Idempotency, IdempotencyKey};
         "recovery_point": null,
         "recovery_state": null,
         "downstream_key": "5b1e0c8f-7d0e-4a9c-9b21-2a3d4c6f1f88",
+        "recovery_attempts": 0,
+        "next_recovery_at": null,
         "response_status": 201,
         "response_location": "/v1/payments/pay_U5PgTqA02dYsv3cLANIGkqIs",
         "fingerprint": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
@@ -41,9 +43,12 @@ pub struct KeyInspection {
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyUseState {
-    /// A request holds the key under a lease (`locked_until`), or its work was suspended at a
-    /// recovery point for the next attempt to resume.
+    /// A request holds the key under a lease (`locked_until`) and is working on it.
     InProgress,
+    /// The work's call to the processor has an unknown outcome and no request holds the key: its
+    /// client's retry, or the recovery job at `next_recovery_at`, resumes it from its recovery
+    /// point with the same downstream key.
+    Suspended,
     /// The response is stored: every repeat with the same body receives it.
     Completed,
     /// The work's call to the processor stayed unsettled past the recovery window: nothing
@@ -77,6 +82,10 @@ pub struct KeyUse {
     recovery_state: Option<serde_json::Value>,
     /// The key idempay sends to the processor for this key's work, the same on every attempt.
     downstream_key: Option<String>,
+    /// How many times the recovery job tried to resume the key.
+    recovery_attempts: i32,
+    /// While suspended: the recovery job's next try at the key (each try doubles the wait).
+    next_recovery_at: Option<DateTime<Utc>>,
     /// When the key was held for an operator; `null` unless `state` is `held`.
     held_at: Option<DateTime<Utc>>,
     /// The stored response's status code, once completed.
@@ -110,7 +119,8 @@ impl Idempotency {
         SELECT scope, status AS "status: KeyStatus", created_at, completed_at, expires_at,
                locked_until, recovery_point, recovery_state, downstream_key, held_at,
                response_code,
-               response_headers ->> 'location' AS response_location, request_hash, takeovers
+               response_headers ->> 'location' AS response_location, request_hash, takeovers,
+               recoveries, recover_after, locked_until <= now() AS "lapsed!"
         FROM idempotency_keys
         WHERE account_id = $3 AND scope = ANY($1) AND idem_key = $2
           -- What the reservation treats as expired (new again) is not shown; a key whose call
@@ -139,9 +149,18 @@ impl Idempotency {
                     .unwrap_or(&row.scope)
                     .to_owned(),
                 state: match row.status {
+                    KeyStatus::InProgress if row.lapsed && row.recovery_point.is_some() => {
+                        KeyUseState::Suspended
+                    }
                     KeyStatus::InProgress => KeyUseState::InProgress,
                     KeyStatus::Completed => KeyUseState::Completed,
                     KeyStatus::Held => KeyUseState::Held,
+                },
+                next_recovery_at: match row.status {
+                    KeyStatus::InProgress if row.recovery_point.is_some() => {
+                        row.recover_after.or(row.locked_until)
+                    }
+                    _ => None,
                 },
                 created_at: row.created_at,
                 completed_at: row.completed_at,
@@ -150,6 +169,7 @@ impl Idempotency {
                 recovery_point: row.recovery_point,
                 recovery_state: row.recovery_state,
                 downstream_key: row.downstream_key,
+                recovery_attempts: row.recoveries,
                 held_at: row.held_at,
                 response_status: row.response_code.and_then(|code| u16::try_from(code).ok()),
                 response_location: row.response_location,

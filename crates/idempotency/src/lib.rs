@@ -35,6 +35,7 @@ pub mod engine;
 mod error;
 mod fingerprint;
 mod formats;
+pub mod gauges;
 mod inspect;
 mod instrumentation;
 mod key;
@@ -151,8 +152,7 @@ impl Idempotency {
         }
     }
 
-    /// Counts this instance's outcomes in the counter `name` (by default [`metrics::OUTCOMES`]),
-    /// labelled `outcome`.
+    /// Counts outcomes in the counter `name` (default [`metrics::OUTCOMES`]), by route and outcome.
     #[must_use]
     pub fn counted_as(mut self, name: &'static str) -> Self {
         self.instrumentation.outcomes = name;
@@ -783,10 +783,10 @@ impl Idempotency {
 // ===========================================================================================
 
 impl Idempotency {
-    /// Deletes up to [`EXPIRY_BATCH`] expired keys and returns how many it
-    /// deleted. `SKIP LOCKED` keeps locks short and lets several instances run this at once
-    /// without waiting on each other; the index on `expires_at` keeps each batch an index scan. A
-    /// key whose request still holds a live lease is left alone.
+    /// Deletes up to [`EXPIRY_BATCH`] expired keys and returns how many it deleted. `SKIP LOCKED`
+    /// keeps locks short and lets several instances run this at once without waiting on each
+    /// other; the index on `expires_at` keeps each batch an index scan. A key whose request still
+    /// holds a live lease is left alone.
     ///
     /// On Citus, which locks rows (`FOR UPDATE`) only in a statement on one shard, the batch is
     /// chosen without locks and its rows deleted with the conditions checked again: instances

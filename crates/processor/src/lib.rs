@@ -8,12 +8,15 @@
 //! Routes: `POST /v1/charges`, `GET /v1/charges`, `GET /v1/charges/{id}`,
 //! `POST /v1/charges/{id}/refunds`, `POST /v1/charges/{id}/disputes` (a test helper),
 //! `GET /v1/refunds` and `GET /v1/disputes`; all need `Authorization: Bearer <IDEMPAY_PROCESSOR_API_KEY>`.
+//! For operators, without a key: `GET /healthz`, `GET /readyz` (its database answers) and
+//! `GET /metrics` (Prometheus text).
 
 mod disputes;
 mod extract;
 pub mod faults;
 mod handlers;
 mod model;
+mod probes;
 pub mod problem;
 mod settings;
 
@@ -114,6 +117,9 @@ pub fn router(state: ProcessorState) -> Router {
             "/v1/test/faults",
             get(handlers::get_faults).put(handlers::set_faults),
         )
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
@@ -123,8 +129,24 @@ pub fn router(state: ProcessorState) -> Router {
             )
             .into_response()
         }))
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_failure(server::log_failure),
+        )
         .with_state(state)
+}
+
+/// Every request's span, with the fields the mechanism records (the key's scope and outcome), so
+/// that a failure's log line names them.
+fn request_span(request: &Request) -> tracing::Span {
+    tracing::info_span!(
+        "processor_request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        scope = tracing::field::Empty,
+        key_outcome = tracing::field::Empty,
+    )
 }
 
 async fn not_found(request: Request) -> Response {
@@ -179,6 +201,8 @@ impl Processor {
                 settings.shared.webhook_delivery_timeout,
             )?),
         };
+        // Standalone, the processor's own recorder; embedded, the process's (already installed).
+        service::metrics::install(describe_metrics);
         let state = ProcessorState(Arc::new(Shared {
             idempotency: Idempotency::new(
                 pool.clone(),

@@ -1,6 +1,7 @@
 //! What idempay and its simulated card processor both run on, so that neither service imports the
 //! other (issue 30): the outbox their events are delivered from, signed ([`outbox`]), the accept
-//! loop ([`server`]), the watch over background jobs ([`jobs`]), how a
+//! loop ([`server`]), the watch over background jobs ([`jobs`]), the metrics' recorder
+//! ([`metrics`]), how a
 //! setting's value is read ([`settings`]), keyset pagination ([`pagination`]), public ids
 //! ([`ids`]), closed vocabularies ([`vocabulary`]) and the crash points of the fault-injection
 //! tests ([`failpoint`]).
@@ -11,6 +12,7 @@
 pub mod failpoint;
 pub mod ids;
 pub mod jobs;
+pub mod metrics;
 pub mod outbox;
 pub mod pagination;
 pub mod server;

@@ -192,6 +192,34 @@ fn is_about_one_connection(error: &io::Error) -> bool {
     )
 }
 
+/// How a failed request is logged (tower_http's `on_failure`): a 500 is a fault of ours, an ERROR;
+/// any other 5xx is an answer the service chose (503 for an outcome not yet known, a processor
+/// that refused, an injected fault), a WARN; an error of the transport, an ERROR. Called inside
+/// the request's span, so the line carries its id, account and key.
+pub fn log_failure(
+    class: tower_http::classify::ServerErrorsFailureClass,
+    latency: Duration,
+    _span: &tracing::Span,
+) {
+    use tower_http::classify::ServerErrorsFailureClass;
+    let latency = format!("{} ms", latency.as_millis());
+    match class {
+        ServerErrorsFailureClass::StatusCode(status) if status.as_u16() == 500 => {
+            tracing::error!(status = status.as_u16(), latency, "request failed");
+        }
+        ServerErrorsFailureClass::StatusCode(status) => {
+            tracing::warn!(
+                status = status.as_u16(),
+                latency,
+                "request answered a server error"
+            );
+        }
+        ServerErrorsFailureClass::Error(error) => {
+            tracing::error!(error, latency, "request failed");
+        }
+    }
+}
+
 /// Completes on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

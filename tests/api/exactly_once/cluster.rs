@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 23] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 25] = [
     (
         "SELECT recovery_point AS \"point!\"",
         "the start-up check for suspended keys no unit of work resumes: once per start, across \
@@ -84,6 +84,15 @@ const ACROSS_ACCOUNTS: [(&str, &str); 23] = [
     (
         "min(created_at)",
         "the metrics' age of the oldest pending delivery, over every account",
+    ),
+    (
+        "substring(scope FROM position(' ' IN scope) + 1)",
+        "the metrics' keys past their recovery point (by state, route and point) and the age of \
+         the oldest suspended one, read at a scrape over every account",
+    ),
+    (
+        "recovery_point AS \"recovery_point!\", downstream_key",
+        "`idempay reconcile`: every suspended key, over every account",
     ),
     (
         "FROM payments WHERE charge IS NOT NULL",

@@ -16,7 +16,7 @@ mod mechanism;
 mod rebalance;
 mod settle;
 mod suspension;
-mod two_hops;
+pub(crate) mod two_hops;
 mod two_hops_charge;
 mod two_hops_outage;
 mod two_hops_reconcile;

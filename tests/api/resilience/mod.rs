@@ -12,4 +12,5 @@ mod outage;
 mod rate_limits;
 mod restart;
 mod security;
+mod signals;
 mod slow_clients;
