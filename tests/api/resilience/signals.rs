@@ -1,4 +1,4 @@
-//! What an operator reads when the processor misbehaves: a suspended key named as such in the
+//! What an operator reads when the processor misbehaves (here it fails every call): a suspended key named as such in the
 //! inspection, the keys' gauges by route and recovery point (back to 0 once resolved), the calls
 //! to the processor counted by outcome, key outcomes counted once per request, a problem detail
 //! that carries no internal error, and the processor's own probes and metrics.
@@ -33,7 +33,7 @@ async fn set_faults(processor: &TestProcessor, lose_answers: f64, fail: f64) {
 async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero_once_resolved() {
     let (app, processor) = idempay_and_processor(
         Settings::default(),
-        faulty(|s| s.faults.lose_answers = Fraction::ALWAYS),
+        faulty(|s| s.faults.fail = Fraction::ALWAYS),
     )
     .await;
     let instance = Instance::start(
