@@ -273,8 +273,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             for in_flight in &report.in_flight {
                 println!("{in_flight}");
             }
+            // Not differences either, nor in the report's output: warnings, on stderr.
             for suspended in &report.suspended {
-                println!("{suspended}");
+                eprintln!("{suspended}");
             }
             println!("{}", report.summary());
             if !report.is_clean() {

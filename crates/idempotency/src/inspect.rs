@@ -120,7 +120,7 @@ impl Idempotency {
                locked_until, recovery_point, recovery_state, downstream_key, held_at,
                response_code,
                response_headers ->> 'location' AS response_location, request_hash, takeovers,
-               recoveries, recover_after, locked_until <= now() AS "lapsed!"
+               recoveries, recover_after, COALESCE(locked_until <= now(), false) AS "lapsed!"
         FROM idempotency_keys
         WHERE account_id = $3 AND scope = ANY($1) AND idem_key = $2
           -- What the reservation treats as expired (new again) is not shown; a key whose call

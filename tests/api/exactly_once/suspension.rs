@@ -185,7 +185,7 @@ async fn a_suspended_key_past_its_expires_at_is_shown_and_resumed_by_its_retry()
         "{}",
         String::from_utf8_lossy(&inspected.body)
     );
-    assert_eq!(inspected.json()["uses"][0]["state"], "in_progress");
+    assert_eq!(inspected.json()["uses"][0]["state"], "suspended");
 
     let processor = heal(&app, failing).await;
     let paid = app.post_payment(&key, &payment(4200)).await;

@@ -347,18 +347,22 @@ async fn the_recovery_jobs_of_three_instances_record_a_backlog_of_suspended_keys
     })
     .await;
 
-    let mut recovered = 0.0;
-    for instance in &instances {
-        recovered += instance
-            .metrics()
-            .await
-            .value(r#"idempay_idempotency_outcomes_total{outcome="recovered"}"#)
-            .unwrap_or_default();
-    }
-    assert!(
-        recovered >= KEYS as f64,
-        "each key was resumed by a recovery job: {recovered}"
-    );
+    // Counted once each key's work completed, an instant after its payment commits.
+    wait_until(
+        "each key was resumed by a recovery job, and counted",
+        || async {
+            let mut recovered = 0.0;
+            for instance in &instances {
+                recovered += instance
+                    .metrics()
+                    .await
+                    .value(r#"idempay_idempotency_outcomes_total{outcome="recovered"}"#)
+                    .unwrap_or_default();
+            }
+            recovered >= KEYS as f64
+        },
+    )
+    .await;
     for key in &keys {
         let (status, _, _) = key_row(&app, key).await.unwrap();
         assert_eq!(status, "completed", "{key}");
