@@ -1,4 +1,4 @@
-//! What an operator reads when the processor misbehaves (here it fails every call): a suspended key named as such in the
+//! What an operator reads when the processor misbehaves (here it fails every call), and how it logs it: a suspended key named as such in the
 //! inspection, the keys' gauges by route and recovery point (back to 0 once resolved), the calls
 //! to the processor counted by outcome, key outcomes counted once per request, a problem detail
 //! that carries no internal error, and the processor's own probes and metrics.
@@ -13,7 +13,7 @@ use idempay_test_macros::api_test;
 use crate::exactly_once::two_hops::{faulty, idempay_and_processor, instance_env};
 use crate::processor::{API_KEY, TestProcessor};
 use crate::support::helpers::{new_key, payment, wait_until};
-use crate::support::instance::Instance;
+use crate::support::instance::{Instance, LogFile};
 
 /// Sets the processor's faults as an operator's demo does.
 async fn set_faults(processor: &TestProcessor, lose_answers: f64, fail: f64) {
@@ -36,9 +36,18 @@ async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero
         faulty(|s| s.faults.fail = Fraction::ALWAYS),
     )
     .await;
-    let instance = Instance::start(
+    let (logs, log_file) = LogFile::create();
+    let instance = Instance::start_logging_to(
+        log_file,
         &app.database_url(),
-        &instance_env(&processor, &[("IDEMPAY_RECOVERY_INTERVAL", "1h")]),
+        &instance_env(
+            &processor,
+            &[
+                ("IDEMPAY_RECOVERY_INTERVAL", "1h"),
+                ("RUST_LOG", "info"),
+                ("IDEMPAY_LOG_FORMAT", "json"),
+            ],
+        ),
     )
     .await;
     let key = new_key();
@@ -83,6 +92,29 @@ async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero
             .is_some_and(|calls| calls >= 1.0),
         "{}",
         metrics.text()
+    );
+
+    // The expected 503 is a warning in the request's span, never an error; the failed calls are
+    // logged with their downstream key, outcome and cause.
+    let logs = logs.read();
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    assert!(!lines.iter().any(|line| line["level"] == "ERROR"), "{logs}");
+    assert!(
+        lines.iter().any(|line| line["level"] == "WARN"
+            && line["fields"]["status"] == 503
+            && line["span"]["path"] == "/v1/payments"),
+        "{logs}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["fields"]["outcome"] == "unknown"
+                && line["fields"]["downstream_key"] == used["downstream_key"]
+                && line["fields"]["cause"].is_string()),
+        "{logs}"
     );
 
     // The processor answers again: the retry resumes the key, and the gauge drops to 0.
