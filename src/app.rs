@@ -125,7 +125,11 @@ impl FromRef<AppState> for Jobs {
 /// The gauges a scrape of `/metrics` reads, the domains' own.
 impl FromRef<AppState> for metrics::Readings {
     fn from_ref(_: &AppState) -> Self {
-        metrics::Readings(&[service::outbox::delivery::read_oldest_pending])
+        metrics::Readings(&[
+            service::outbox::delivery::read_oldest_pending,
+            service::outbox::lag::read_oldest_due,
+            crate::webhooks::metrics::read_endpoints,
+        ])
     }
 }
 
