@@ -10,7 +10,7 @@ use super::{Receiver, endpoint_for_all, local, wait_for, write_event};
 use crate::support::helpers::{TestApp, TestResponse, new_key};
 
 /// `POST /v1/events/{event}/retry` as `api_key`.
-async fn post_retry(
+pub(super) async fn post_retry(
     app: &TestApp,
     api_key: &str,
     event: &str,

@@ -334,7 +334,8 @@ async fn two_delivery_loops_send_each_attempt_once() {
 /// for every row it compared, and the first batch claimed all 120 rows (tried; after one empty
 /// poll it did not); locked once in `ARRAY(…)`, the batches are 5 each, each row sent once.
 #[api_test]
-async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_most_5_rows_of_an_endpoint() {
+async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_most_5_rows_of_an_endpoint()
+ {
     let receiver = Receiver::start(0).await;
     // No loop of the processor's own: its outbox is filled by hand.
     let processor = TestProcessor::spawn().await;
@@ -359,7 +360,11 @@ async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_mos
     for _ in 0..25 {
         batches.push(deliverer.deliver_due().await.unwrap());
     }
-    assert_eq!(batches, [[5; 24].as_slice(), &[0]].concat(), "the delivery loop's batches");
+    assert_eq!(
+        batches,
+        [[5; 24].as_slice(), &[0]].concat(),
+        "the delivery loop's batches"
+    );
     assert_eq!(delivery::BATCH, 50);
     assert_eq!(delivery::PER_ENDPOINT, 5);
     let mut ids = receiver.webhook_ids();

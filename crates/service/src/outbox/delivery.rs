@@ -25,8 +25,8 @@ use sqlx::{PgConnection, PgPool};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::fair::{self, Due, Endpoint, InFlight};
 pub use super::fair::PER_ENDPOINT;
+use super::fair::{self, Due, Endpoint, InFlight};
 use super::schedule::{self, Retry, RetrySchedule};
 use super::{WebhookSecret, WebhookSecrets, address};
 use crate::ids;

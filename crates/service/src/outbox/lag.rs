@@ -26,7 +26,9 @@ pub fn read_oldest_due(pool: &PgPool) -> futures_util::future::BoxFuture<'_, ()>
                     .iter()
                     .map(|(sender, endpoint, _)| (sender.clone(), endpoint.clone()))
                     .collect();
-                let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut seen = SEEN
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 for (sender, endpoint) in seen.get_or_insert_with(HashSet::new).iter() {
                     if !now.contains(&(sender.clone(), endpoint.clone())) {
                         super::metrics::oldest_due(sender, endpoint, 0.0);
