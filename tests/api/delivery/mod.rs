@@ -15,6 +15,7 @@ mod proxies;
 mod retention;
 mod retries;
 mod retry_bounds;
+mod throughput;
 mod webhook_endpoints;
 
 use std::collections::HashMap;
