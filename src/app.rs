@@ -128,6 +128,8 @@ impl FromRef<AppState> for metrics::Readings {
         metrics::Readings(&[
             service::outbox::delivery::read_oldest_pending,
             crate::recovery::read_keys,
+            service::outbox::lag::read_oldest_due,
+            crate::webhooks::metrics::read_endpoints,
         ])
     }
 }

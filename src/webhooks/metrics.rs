@@ -1,11 +1,15 @@
 //! The webhook intake's series: the events received, by what became of them. The deliveries' series
 //! are the outbox's (`service::outbox::metrics`).
 
-use metrics::{counter, describe_counter};
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+use sqlx::PgPool;
 
 use super::Outcome;
+use super::retry::ManualRetry;
 
 const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
+const MANUAL_RETRIES: &str = "idempay_webhook_manual_retries_total";
+const ENDPOINTS: &str = "idempay_webhook_endpoints";
 
 /// Describes the webhooks' series to the recorder, the outbox's with them.
 pub fn describe() {
@@ -16,7 +20,47 @@ pub fn describe() {
          applied once that was recorded; not_recorded: refused with 409, the parked events at \
          their bound)."
     );
+    describe_counter!(
+        MANUAL_RETRIES,
+        "Deliveries asked for at POST /v1/events/{id}/retry, by result (queued; pending: refused \
+         while a delivery of the event to the endpoint is pending; limit: refused after 5 of one \
+         event to one endpoint)."
+    );
+    describe_gauge!(
+        ENDPOINTS,
+        "Webhook endpoints of every account, by status (enabled, disabled: acknowledged nothing \
+         for the whole retry schedule), read at the scrape."
+    );
     service::outbox::metrics::describe();
+}
+
+/// Counts one retry asked for by what became of it.
+pub(super) fn manual_retry(result: ManualRetry) {
+    counter!(MANUAL_RETRIES, "result" => result.as_str()).increment(1);
+}
+
+/// Reads how many webhook endpoints are enabled and disabled into their gauge; a scrape calls it.
+/// Both statuses are written, 0 when none has it.
+pub fn read_endpoints(pool: &PgPool) -> futures_util::future::BoxFuture<'_, ()> {
+    Box::pin(async move {
+        let counted = sqlx::query!(
+            r#"
+            SELECT count(*) FILTER (WHERE status = 'enabled') AS "enabled!",
+                   count(*) FILTER (WHERE status = 'disabled') AS "disabled!"
+            FROM webhook_endpoints
+            "#,
+        )
+        .fetch_one(pool)
+        .await;
+        match counted {
+            #[allow(clippy::cast_precision_loss)]
+            Ok(counted) => {
+                gauge!(ENDPOINTS, "status" => "enabled").set(counted.enabled as f64);
+                gauge!(ENDPOINTS, "status" => "disabled").set(counted.disabled as f64);
+            }
+            Err(error) => tracing::warn!(%error, "cannot count the webhook endpoints"),
+        }
+    })
 }
 
 /// Counts one webhook event by what became of it: a rising `needs_review` is disputes the ledger

@@ -25,6 +25,32 @@ use idempotency::{
 };
 use service::vocabulary::stored;
 
+/// How many deliveries of one event to one endpoint may be asked for (`POST
+/// /v1/events/{id}/retry`), besides its own: each sends to a URL the account chose, so an account
+/// cannot have one event sent without end.
+pub const MAX_MANUAL_RETRIES: i64 = 5;
+
+/// What became of a retry, as `idempay_webhook_manual_retries_total` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManualRetry {
+    /// A delivery was queued.
+    Queued,
+    /// Refused: a delivery of the event to the endpoint is pending.
+    Pending,
+    /// Refused: the event was delivered again to the endpoint [`MAX_MANUAL_RETRIES`] times.
+    Limit,
+}
+
+impl ManualRetry {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Pending => "pending",
+            Self::Limit => "limit",
+        }
+    }
+}
+
 pub fn router<S>() -> OpenApiRouter<S>
 where
     S: Owners + Clone + Send + Sync + 'static,
@@ -99,7 +125,10 @@ pub struct WebhookDelivery {
 /// the event's type: asking for it is subscribing to this one delivery.
 ///
 /// An unknown event or endpoint (or another account's) is 404, a disabled endpoint 409
-/// `webhook-endpoint-disabled`: nothing was queued and the key was released.
+/// `webhook-endpoint-disabled`; while a delivery of the event to the endpoint is pending (queued,
+/// or being retried on the schedule), 409 `webhook-retry-pending`; after 5 retries of one event to
+/// one endpoint, 409 `webhook-retry-limit`: in each case nothing was queued and the key was
+/// released.
 #[utoipa::path(
     post,
     path = "/v1/events/{id}/retry",
@@ -120,7 +149,7 @@ pub struct WebhookDelivery {
         IdempotencyProblems,
         // After the mechanism's own 409, which it replaces for this operation: one status, one
         // entry, naming every kind.
-        (status = 409, description = "The endpoint is disabled (`webhook-endpoint-disabled`): nothing was queued and the key was released. Or a request with this key is still being processed (`idempotency-key-in-use`): retry after `Retry-After` seconds with the same key and body to receive its result.",
+        (status = 409, description = "The endpoint is disabled (`webhook-endpoint-disabled`); a delivery of the event to the endpoint is still pending, neither acknowledged nor given up (`webhook-retry-pending`); or the event was already delivered again to the endpoint 5 times on request (`webhook-retry-limit`): nothing was queued and the key was released. Or a request with this key is still being processed (`idempotency-key-in-use`): retry after `Retry-After` seconds with the same key and body to receive its result.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = i64, description = "Seconds to wait before retrying with the same key (`idempotency-key-in-use` only)."))),
         AuthenticatedProblems,
@@ -153,8 +182,11 @@ async fn queue(
     endpoint: EndpointId,
 ) -> Result<Completion, ApiError> {
     let mut tx = lease.begin().await?;
+    // Locked until this commits, against the retention's delete (`retention::prune_events`, which
+    // skips a locked event and looks for pending deliveries again after it locked its batch) and
+    // against another retry of the event: the bounds below read what every earlier retry wrote.
     let body = sqlx::query_scalar!(
-        "SELECT body FROM events WHERE account_id = $1 AND id = $2",
+        "SELECT body FROM events WHERE account_id = $1 AND id = $2 FOR NO KEY UPDATE",
         account.as_str(),
         event,
     )
@@ -193,6 +225,44 @@ async fn queue(
         )
         .into());
     }
+    let earlier = sqlx::query!(
+        r#"
+        SELECT count(*) FILTER (WHERE retry) AS "retries!",
+               count(*) FILTER (WHERE delivered_at IS NULL AND failed_at IS NULL) AS "pending!"
+        FROM webhook_deliveries
+        WHERE account_id = $1 AND event_id = $2 AND endpoint_id = $3
+        "#,
+        account.as_str(),
+        event,
+        endpoint.0,
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if earlier.pending > 0 {
+        super::metrics::manual_retry(ManualRetry::Pending);
+        return Err(Problem::new(
+            ProblemKind::WebhookRetryPending,
+            format!(
+                "A delivery of `{event}` to `{}` is still pending: nothing was queued. Follow it \
+                 at `GET /v1/events/{event}/attempts`, and ask again once it is acknowledged or \
+                 given up.",
+                endpoint.0
+            ),
+        )
+        .into());
+    }
+    if earlier.retries >= MAX_MANUAL_RETRIES {
+        super::metrics::manual_retry(ManualRetry::Limit);
+        return Err(Problem::new(
+            ProblemKind::WebhookRetryLimit,
+            format!(
+                "`{event}` was delivered again to `{}` {MAX_MANUAL_RETRIES} times on request, the \
+                 most it may be: nothing was queued. Read it at `GET /v1/events/{event}`.",
+                endpoint.0
+            ),
+        )
+        .into());
+    }
     let created_at = sqlx::query_scalar!(
         r#"
         INSERT INTO webhook_deliveries (account_id, event_id, url, body, endpoint_id, retry)
@@ -216,7 +286,9 @@ async fn queue(
     };
     let response =
         StoredResponse::json(StatusCode::ACCEPTED, &delivery).map_err(anyhow::Error::from)?;
-    Ok(lease.complete(tx, response).await?)
+    let completion = lease.complete(tx, response).await?;
+    super::metrics::manual_retry(ManualRetry::Queued);
+    Ok(completion)
 }
 
 fn event_not_found(id: &str) -> Problem {

@@ -1,6 +1,7 @@
 //! What an operator's tools ask the processor, without its API key, as they ask idempay: is it
 //! alive (`/healthz`), can it serve (`/readyz`: its database answers), and its metrics
-//! (`/metrics`, the process's recorder: its key outcomes, its jobs, its outbox's deliveries).
+//! (`/metrics`, the process's recorder: its key outcomes, its jobs, its outbox's deliveries and
+//! their lag).
 
 use std::time::Duration;
 
@@ -41,7 +42,9 @@ fn unready(cause: &str) -> Response {
     .into_response()
 }
 
-pub(crate) async fn metrics() -> Response {
+pub(crate) async fn metrics(State(state): State<ProcessorState>) -> Response {
+    // The outbox's lag is read from the processor's own database, where its deliveries are.
+    service::outbox::lag::read_oldest_due(&state.pool).await;
     (
         [(header::CONTENT_TYPE, service::metrics::CONTENT_TYPE)],
         service::metrics::render(),

@@ -219,6 +219,26 @@ problem_catalogue! {
             queued and the Idempotency-Key was released. Register the URL again \
             (`POST /v1/webhook_endpoints`) once it answers, then ask for the delivery there.",
     }
+    WebhookRetryPending {
+        slug: "webhook-retry-pending",
+        status: CONFLICT,
+        title: "A delivery of this event to this endpoint is still pending",
+        explanation: "A delivery of the event to the endpoint is queued or being retried on the \
+            schedule, neither acknowledged nor given up: another one would only send the event \
+            twice. Nothing was queued and the Idempotency-Key was released. Follow the pending \
+            delivery at `GET /v1/events/{id}/attempts`, and ask again once it is acknowledged or \
+            given up.",
+    }
+    WebhookRetryLimit {
+        slug: "webhook-retry-limit",
+        status: CONFLICT,
+        title: "This event was delivered again to this endpoint as often as it may be",
+        explanation: "An event may be delivered again to one endpoint at most 5 times on request \
+            (`POST /v1/events/{id}/retry`), besides its own delivery and that delivery's retries: \
+            every retry sends to a URL the account chose. Nothing was queued and the \
+            Idempotency-Key was released. Read the event at `GET /v1/events/{id}`, or list the \
+            account's events at `GET /v1/events`, to apply it without a delivery.",
+    }
     Internal {
         slug: "internal",
         status: INTERNAL_SERVER_ERROR,

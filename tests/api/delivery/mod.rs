@@ -8,11 +8,14 @@
 
 mod end_to_end;
 mod event_retries;
+mod fairness;
 mod fan_out;
 mod listen;
 mod proxies;
 mod retention;
 mod retries;
+mod retry_bounds;
+mod throughput;
 mod webhook_endpoints;
 
 use std::collections::HashMap;

@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 25] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 28] = [
     (
         "SELECT recovery_point AS \"point!\"",
         "the start-up check for suspended keys no unit of work resumes: once per start, across \
@@ -93,6 +93,19 @@ const ACROSS_ACCOUNTS: [(&str, &str); 25] = [
     (
         "recovery_point AS \"recovery_point!\", downstream_key",
         "`idempay reconcile`: every suspended key, over every account",
+    ),
+    (
+        "min(next_attempt_at)",
+        "the metrics' age of each endpoint's oldest due delivery, over every account",
+    ),
+    (
+        "count(*) FILTER (WHERE status = 'enabled')",
+        "the metrics' count of webhook endpoints by status, over every account",
+    ),
+    (
+        "PARTITION BY account_id, COALESCE(endpoint_id, url)",
+        "the delivery loop on Citus: the due rows it ranks in each endpoint, read across every \
+         account (each account's ranked on its own node)",
     ),
     (
         "FROM payments WHERE charge IS NOT NULL",

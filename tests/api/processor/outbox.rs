@@ -304,8 +304,9 @@ async fn two_delivery_loops_send_each_attempt_once() {
         })
         .collect();
 
-    // Both loops claim at once, again and again, until the outbox is drained.
-    for _ in 0..5 {
+    // Both loops claim at once, again and again, until the outbox is drained (one URL: at most
+    // PER_ENDPOINT a claim).
+    for _ in 0..15 {
         let (a, b) = tokio::join!(loops[0].deliver_due(), loops[1].deliver_due());
         a.unwrap();
         b.unwrap();
@@ -325,15 +326,16 @@ async fn two_delivery_loops_send_each_attempt_once() {
     assert_eq!(undelivered, 0);
 }
 
-/// A delivery loop claims at most [`delivery::BATCH`] rows a batch even when its statement was
+/// A delivery loop claims at most [`delivery::PER_ENDPOINT`] rows of one endpoint a batch even when its statement was
 /// planned while the outbox was empty, on a connection that keeps that plan: a loop polls a quiet
 /// outbox every second, and from the sixth run of a prepared statement on PostgreSQL may keep a
 /// generic plan of it, made without the parameters' values.
 /// Locked in `IN (SELECT … LIMIT $2 FOR UPDATE SKIP LOCKED)`, that plan ran the sub-select again
 /// for every row it compared, and the first batch claimed all 120 rows (tried; after one empty
-/// poll it did not); locked once in `ARRAY(…)`, the batches are 50, 50 and 20, each row sent once.
+/// poll it did not); locked once in `ARRAY(…)`, the batches are 5 each, each row sent once.
 #[api_test]
-async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_most_50_rows() {
+async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_most_5_rows_of_an_endpoint()
+ {
     let receiver = Receiver::start(0).await;
     // No loop of the processor's own: its outbox is filled by hand.
     let processor = TestProcessor::spawn().await;
@@ -353,12 +355,18 @@ async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_mos
 
     fill_outbox(&processor, &receiver.url, 120).await;
 
+    // One URL: one endpoint, of which a batch takes at most PER_ENDPOINT.
     let mut batches = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..25 {
         batches.push(deliverer.deliver_due().await.unwrap());
     }
-    assert_eq!(batches, [50, 50, 20], "the delivery loop's batches");
+    assert_eq!(
+        batches,
+        [[5; 24].as_slice(), &[0]].concat(),
+        "the delivery loop's batches"
+    );
     assert_eq!(delivery::BATCH, 50);
+    assert_eq!(delivery::PER_ENDPOINT, 5);
     let mut ids = receiver.webhook_ids();
     assert_eq!(ids.len(), 120);
     ids.sort_unstable();

@@ -7,25 +7,33 @@
 //! last delay the delivery is given up (`failed_at`), and an endpoint that acknowledged nothing
 //! for that whole time is disabled. Every attempt is recorded in `webhook_attempts`.
 //!
+//! A loop keeps up to [`BATCH`] sends in flight, at most [`PER_ENDPOINT`] to one endpoint, and claims
+//! due rows fairly across endpoints as sends end ([`super::fair`]): an endpoint that never answers
+//! holds its own sends until their timeout, not every merchant's.
+//!
 //! Several loops (instances) may run on one database: each claims due rows with `FOR UPDATE SKIP
 //! LOCKED` and moves their next attempt past the delivery timeout in the same statement, so an
 //! attempt is sent by one loop only, and a loop that dies mid-attempt leaves the row due again.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+pub use super::fair::PER_ENDPOINT;
+use super::fair::{self, Due, Endpoint, InFlight};
 use super::schedule::{self, Retry, RetrySchedule};
 use super::{WebhookSecret, WebhookSecrets, address};
 use crate::ids;
 use idempotency::engine::{Engine, KnownEngine};
 
-/// How many deliveries one tick claims at most: a backlog drains in bounded bites, and the claim
-/// lock is held for one short statement.
+/// How many sends a deliverer keeps in flight at most, and claims at once: a backlog drains in
+/// bounded bites, and the claim lock is held for one short statement.
 pub const BATCH: i64 = 50;
 
 /// The longest a loop sleeps between two looks for due rows.
@@ -104,24 +112,15 @@ impl Sender {
             Self::Endpoints { .. } => "endpoints",
         }
     }
-}
 
-/// One claimed attempt.
-struct Due {
-    account_id: String,
-    id: i64,
-    event_id: String,
-    url: String,
-    body: Vec<u8>,
-    attempts: i32,
-    /// Of `attempts`, those the receiver asked for sooner than the schedule (`Retry-After`).
-    early_attempts: i32,
-    /// Set while the attempt claimed is such an early one: when the schedule's own is due.
-    step_due_at: Option<DateTime<Utc>>,
-    endpoint_id: Option<String>,
-    /// The endpoint's `whsec_…`; `None` for the processor's rows.
-    secret: Option<String>,
-    created_at: DateTime<Utc>,
+    /// The name its loop runs under as a watched job (`crate::jobs`), the same in
+    /// `idempay_job_up` and `idempay_job_last_success_timestamp_seconds`.
+    fn job(&self) -> &'static str {
+        match self {
+            Self::Processor(_) => "processor-outbox",
+            Self::Endpoints { .. } => "webhook-delivery",
+        }
+    }
 }
 
 /// What became of an attempt.
@@ -242,163 +241,97 @@ impl Deliverer {
         self.poll
     }
 
-    /// Claims up to [`BATCH`] due deliveries, sends them at once and records each outcome.
-    /// Returns how many were attempted.
+    /// Claims up to [`BATCH`] due deliveries (at most [`PER_ENDPOINT`] of each endpoint), sends
+    /// them at once and records each outcome. Returns how many were attempted. The loop
+    /// ([`Deliverer::spawn`]) does not wait for a whole batch: it claims more as sends end.
     pub async fn deliver_due(&self) -> Result<usize, sqlx::Error> {
-        let due = self.claim().await?;
+        let due = self.claim(BATCH, &InFlight::default()).await?;
         let attempted = due.len();
-        let sends = due.into_iter().map(|due| async move {
-            let started = Instant::now();
-            let attempt = self.send(&due).await;
-            self.record(&due, attempt, started.elapsed()).await
-        });
+        let sends = due.into_iter().map(|due| self.deliver(due));
         for recorded in futures_util::future::join_all(sends).await {
             recorded?;
         }
         Ok(attempted)
     }
 
-    /// Runs [`Deliverer::deliver_due`] every [`Deliverer::poll_interval`] (at once again while a
-    /// batch came back full) until `stop` is cancelled.
+    /// Sends one claimed attempt and records its outcome.
+    async fn deliver(&self, due: Due) -> Result<(), sqlx::Error> {
+        let started = Instant::now();
+        let attempt = self.send(&due).await;
+        self.record(&due, attempt, started.elapsed()).await
+    }
+
+    /// Keeps up to [`BATCH`] sends in flight, at most [`PER_ENDPOINT`] to one endpoint, until
+    /// `stop` is cancelled: it claims due rows as sends end, and every
+    /// [`Deliverer::poll_interval`] while nothing ends, so a receiver that holds its requests
+    /// until the timeout holds its own sends only. On `stop`, the sends in flight are let end.
     pub fn spawn(self, stop: CancellationToken) -> JoinHandle<()> {
-        let interval = self.poll_interval();
-        tokio::spawn(async move {
-            loop {
-                let full = match self.deliver_due().await {
-                    Ok(attempted) => attempted == usize::try_from(BATCH).unwrap_or(usize::MAX),
-                    Err(error) => {
-                        tracing::warn!(%error, sender = self.sender.label(), "could not deliver webhooks");
-                        false
+        let this = Arc::new(self);
+        tokio::spawn(async move { this.run(stop).await })
+    }
+
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let sender = self.sender.label();
+        let mut sends: JoinSet<()> = JoinSet::new();
+        let mut endpoints: HashMap<tokio::task::Id, Endpoint> = HashMap::new();
+        let mut in_flight = InFlight::default();
+        loop {
+            let room = BATCH - i64::try_from(sends.len()).unwrap_or(BATCH);
+            if room > 0 {
+                match self.claim(room, &in_flight).await {
+                    Ok(due) => {
+                        // A pass succeeds when the claim does: sends that fail are the
+                        // endpoints' trouble, counted per delivery, not the loop's.
+                        crate::jobs::succeeded(self.sender.job());
+                        for due in due {
+                            let endpoint = due.endpoint();
+                            in_flight.start(endpoint.clone());
+                            let this = Arc::clone(&self);
+                            let send = sends.spawn(async move {
+                                if let Err(error) = this.deliver(due).await {
+                                    tracing::warn!(%error, sender = this.sender.label(), "could not record a webhook delivery");
+                                }
+                            });
+                            endpoints.insert(send.id(), endpoint);
+                        }
                     }
-                };
-                if full {
-                    continue;
-                }
-                tokio::select! {
-                    () = stop.cancelled() => break,
-                    () = tokio::time::sleep(interval) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, sender, "could not claim webhook deliveries");
+                    }
                 }
             }
-        })
+            super::metrics::in_flight(sender, sends.len());
+            tokio::select! {
+                () = stop.cancelled() => break,
+                Some(ended) = sends.join_next_with_id(), if !sends.is_empty() => {
+                    ended_send(ended, &mut endpoints, &mut in_flight);
+                    // Those that ended meanwhile too: one claim refills for all of them.
+                    while let Some(ended) = sends.try_join_next_with_id() {
+                        ended_send(ended, &mut endpoints, &mut in_flight);
+                    }
+                }
+                () = tokio::time::sleep(self.poll) => {}
+            }
+        }
+        while let Some(ended) = sends.join_next_with_id().await {
+            ended_send(ended, &mut endpoints, &mut in_flight);
+        }
+        super::metrics::in_flight(sender, 0);
     }
 
-    /// Takes the due rows of this sender that nobody else is taking, and makes them due again
-    /// only after this attempt's timeout (twice over, for the time to record it): one statement,
-    /// one short lock. The batch is locked once, in `ARRAY(…)`, as the expiry's is (see
-    /// `Idempotency::expire_batch`): a sub-select in `IN (…)` may be run again for every row
-    /// compared and then claims past its limit.
-    async fn claim(&self) -> Result<Vec<Due>, sqlx::Error> {
+    /// Takes up to `room` due rows of this sender that nobody else is taking, fairly across
+    /// endpoints and none of an endpoint with [`PER_ENDPOINT`] sends `in_flight` (see
+    /// [`super::fair`]), and makes them due again only after this attempt's timeout (twice over,
+    /// for the time to record it).
+    async fn claim(&self, room: i64, in_flight: &InFlight) -> Result<Vec<Due>, sqlx::Error> {
         let in_flight_ms =
             i64::try_from(self.timeout.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
+        let of_endpoints = self.sender.is_endpoints();
         if self.engine.get(&self.pool).await? == Engine::Citus {
-            return self.claim_unlocked(in_flight_ms).await;
+            return fair::claim_unlocked(&self.pool, of_endpoints, room, in_flight, in_flight_ms)
+                .await;
         }
-        sqlx::query_as!(
-            Due,
-            r#"
-            WITH claimed AS (
-                UPDATE webhook_deliveries
-                SET attempts = attempts + 1,
-                    next_attempt_at = now() + $1::bigint * interval '1 millisecond'
-                WHERE ctid = ANY(ARRAY(
-                    SELECT ctid FROM webhook_deliveries
-                    WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
-                      AND (endpoint_id IS NOT NULL) = $3
-                    ORDER BY next_attempt_at
-                    LIMIT $2
-                    FOR UPDATE SKIP LOCKED
-                ))
-                RETURNING account_id, id, event_id, url, body, attempts, early_attempts,
-                          step_due_at, endpoint_id, created_at
-            )
-            SELECT claimed.account_id AS "account_id!", claimed.id AS "id!", claimed.event_id AS "event_id!", claimed.url AS "url!",
-                   claimed.body AS "body!", claimed.attempts AS "attempts!",
-                   claimed.early_attempts AS "early_attempts!", claimed.step_due_at,
-                   claimed.endpoint_id, endpoint.secret AS "secret?",
-                   claimed.created_at AS "created_at!"
-            FROM claimed
-            LEFT JOIN webhook_endpoints endpoint
-                ON endpoint.account_id = claimed.account_id AND endpoint.id = claimed.endpoint_id
-            "#,
-            in_flight_ms,
-            BATCH,
-            self.sender.is_endpoints(),
-        )
-        .fetch_all(&self.pool)
-        .await
-    }
-
-    /// [`Deliverer::claim`] on Citus, which locks rows only in a statement on one shard: the due
-    /// rows are read without locks, and the update claims those still due when it reaches them.
-    /// Of two loops claiming one row, the second waits on the first's lock, then finds it due
-    /// later and leaves it. The read alone runs while nothing is due: a write to every shard would
-    /// commit by two-phase commit at every poll.
-    async fn claim_unlocked(&self, in_flight_ms: i64) -> Result<Vec<Due>, sqlx::Error> {
-        let batch = sqlx::query!(
-            r#"
-            SELECT account_id, id FROM webhook_deliveries
-            WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
-              AND (endpoint_id IS NOT NULL) = $2
-            ORDER BY next_attempt_at
-            LIMIT $1
-            "#,
-            BATCH,
-            self.sender.is_endpoints(),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (owners, ids): (Vec<String>, Vec<i64>) = batch
-            .into_iter()
-            .map(|row| (row.account_id, row.id))
-            .unzip();
-        let claimed = sqlx::query!(
-            r#"
-            UPDATE webhook_deliveries
-            SET attempts = attempts + 1,
-                next_attempt_at = now() + $3::bigint * interval '1 millisecond'
-            WHERE (account_id, id) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))
-              AND delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
-            RETURNING account_id, id, event_id, url, body, attempts, early_attempts, step_due_at,
-                      endpoint_id, created_at
-            "#,
-            &owners,
-            &ids,
-            in_flight_ms,
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        // The endpoints' secrets, read by account: a join in the update would not be routed.
-        let mut due = Vec::with_capacity(claimed.len());
-        for row in claimed {
-            let secret =
-                match &row.endpoint_id {
-                    Some(endpoint) => sqlx::query_scalar!(
-                        "SELECT secret FROM webhook_endpoints WHERE account_id = $1 AND id = $2",
-                        row.account_id,
-                        endpoint,
-                    )
-                    .fetch_optional(&self.pool)
-                    .await?,
-                    None => None,
-                };
-            due.push(Due {
-                account_id: row.account_id,
-                id: row.id,
-                event_id: row.event_id,
-                url: row.url,
-                body: row.body,
-                attempts: row.attempts,
-                early_attempts: row.early_attempts,
-                step_due_at: row.step_due_at,
-                endpoint_id: row.endpoint_id,
-                secret,
-                created_at: row.created_at,
-            });
-        }
-        Ok(due)
+        fair::claim(&self.pool, of_endpoints, room, in_flight, in_flight_ms).await
     }
 
     async fn send(&self, due: &Due) -> Attempt {
@@ -594,6 +527,24 @@ impl Deliverer {
             }
         }
         Ok(())
+    }
+}
+
+/// Counts a send as ended, whether it recorded its outcome or panicked.
+fn ended_send(
+    ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+    endpoints: &mut HashMap<tokio::task::Id, Endpoint>,
+    in_flight: &mut InFlight,
+) {
+    let id = match ended {
+        Ok((id, ())) => id,
+        Err(error) => {
+            tracing::error!(%error, "a webhook send panicked");
+            error.id()
+        }
+    };
+    if let Some(endpoint) = endpoints.remove(&id) {
+        in_flight.end(&endpoint);
     }
 }
 

@@ -8,6 +8,8 @@ use metrics::{counter, describe_counter, describe_gauge, gauge};
 
 const WEBHOOK_DELIVERIES: &str = "idempay_webhook_deliveries_total";
 const WEBHOOK_OLDEST_PENDING: &str = "idempay_webhook_oldest_pending_seconds";
+const WEBHOOK_OLDEST_DUE: &str = "idempay_webhook_oldest_due_seconds";
+const WEBHOOK_IN_FLIGHT: &str = "idempay_webhook_deliveries_in_flight";
 
 /// Describes the outbox's series to the recorder.
 pub fn describe() {
@@ -22,6 +24,29 @@ pub fn describe() {
         "Age of the oldest event delivery neither acknowledged nor given up, read at the scrape; 0 \
          when none is pending. A steady rise means the delivery loops are stuck or behind."
     );
+    describe_gauge!(
+        WEBHOOK_OLDEST_DUE,
+        metrics::Unit::Seconds,
+        "How long the oldest due delivery (pending, its next attempt due) of each endpoint has \
+         waited, by sender (endpoints, processor) and endpoint (the endpoint id; idempay for the \
+         processor's), read at the scrape for the 50 endpoints furthest behind; 0 once caught up."
+    );
+    describe_gauge!(
+        WEBHOOK_IN_FLIGHT,
+        "Webhook sends in flight now, by sender: at most 50 per instance and 5 per endpoint."
+    );
+}
+
+/// Sets the age of an endpoint's oldest due delivery, as a scrape read it.
+pub(super) fn oldest_due(sender: &str, endpoint: &str, seconds: f64) {
+    gauge!(WEBHOOK_OLDEST_DUE, "sender" => sender.to_owned(), "endpoint" => endpoint.to_owned())
+        .set(seconds);
+}
+
+/// Sets how many sends a loop has in flight.
+pub(super) fn in_flight(sender: &'static str, sends: usize) {
+    #[allow(clippy::cast_precision_loss)]
+    gauge!(WEBHOOK_IN_FLIGHT, "sender" => sender).set(sends as f64);
 }
 
 /// Sets the age of the oldest pending delivery, as a scrape read it.

@@ -7,6 +7,9 @@
 //! - [`delivery`]: `enqueue`, the envelope, event ids, and the delivery loop (`Deliverer`), with
 //!   the SQL it runs, the merchant endpoints' table's included (their secrets, disabling one that
 //!   acknowledged nothing for the whole schedule);
+//! - [`fair`]: the claim of due deliveries, fair across endpoints, with a bound on each one's sends
+//!   in flight;
+//! - [`lag`]: each endpoint's oldest due delivery, read at each scrape;
 //! - [`schedule`]: when a failed delivery is tried again ([`RetrySchedule`]);
 //! - [`signature`]: signing and verifying ([`WebhookSecret`], [`WebhookSecrets`]);
 //! - [`address`]: the addresses a merchant's URL may not reach, checked at every delivery by the
@@ -17,6 +20,8 @@
 
 pub mod address;
 pub mod delivery;
+pub mod fair;
+pub mod lag;
 pub mod metrics;
 pub mod retention;
 pub mod schedule;
