@@ -26,6 +26,9 @@ use crate::support::instance::free_port;
 /// enough to wait out.
 const WINDOW: Duration = Duration::from_secs(2);
 
+/// Events for the stalled endpoint: more than the sends one endpoint may have in flight.
+const DELIVERIES: i64 = 20;
+
 /// How long Prometheus gets to report both alerts firing: a few scrapes and evaluations at 1 s.
 const ALERTS_WITHIN: Duration = Duration::from_secs(45);
 
@@ -294,7 +297,8 @@ async fn a_live_prometheus_fires_the_held_key_and_stalled_endpoint_alerts_and_an
         rebound.expect("the port again"),
     )
     .await;
-    for _ in 0..5 {
+    // More deliveries than an endpoint may have in flight, so that some stay due.
+    for _ in 0..DELIVERIES {
         let paid = app.post_payment(&new_key(), &payment(1000)).await;
         assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
     }
@@ -308,7 +312,7 @@ async fn a_live_prometheus_fires_the_held_key_and_stalled_endpoint_alerts_and_an
         .unwrap()
     };
     wait_until("deliveries are queued for the stalled endpoint", || async {
-        pending().await >= 5
+        pending().await >= DELIVERIES
     })
     .await;
     // Backdated by two hours: an endpoint stalled for over an hour, without waiting an hour. The
