@@ -13,8 +13,10 @@ run:
 	$(CARGO) run --bin idempay -- dev
 
 ## Unit and integration tests, the client crate's included; PostgreSQL runs in a container started
-## by the tests.
+## by the tests; Debian's prometheus package (promtool, the server) is installed for the alert rules'
+## tests where it is missing (scripts/install-prometheus.sh).
 test:
+	bash scripts/install-prometheus.sh
 	$(CARGO) test --workspace --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
 
 ## The fault-schedule explorer (tests/explore/): seeded schedules of faults on real processes, each

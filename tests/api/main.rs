@@ -15,12 +15,15 @@
 //!   private URLs, signed retries on the schedule, many instances, the local receiver.
 //! - [`tools`]: what ships around the API: the command line, the client and its demo, metrics
 //!   and logs.
+//! - [`ops`]: what an operator sees: the alert rules under promtool, a live Prometheus firing
+//!   them, the dashboard's queries.
 //!
 //! [`support`] holds what they share.
 
 mod delivery;
 mod endpoints;
 mod exactly_once;
+mod ops;
 mod processor;
 mod resilience;
 mod support;
