@@ -221,6 +221,9 @@ pub fn read_keys(pool: &sqlx::PgPool) -> futures_util::future::BoxFuture<'_, ()>
                 "recovery_point" => point.clone())
             .set(0.0);
         }
+        // A route with keys in any state has an oldest suspended age, 0 when none is suspended,
+        // so that its series exists before its first suspension (and an alert sees it fall).
+        routes.extend(now.iter().map(|(_, route, _)| route.clone()));
         for route in routes.iter() {
             if !oldest.contains_key(route) {
                 gauge!(OLDEST_SUSPENDED, "route" => route.clone()).set(0.0);

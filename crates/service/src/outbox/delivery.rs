@@ -272,6 +272,7 @@ impl Deliverer {
 
     async fn run(self: Arc<Self>, stop: CancellationToken) {
         let sender = self.sender.label();
+        super::metrics::started(sender);
         let mut sends: JoinSet<()> = JoinSet::new();
         let mut endpoints: HashMap<tokio::task::Id, Endpoint> = HashMap::new();
         let mut in_flight = InFlight::default();

@@ -55,6 +55,14 @@ pub(super) fn oldest_pending(age: Duration) {
 }
 
 /// Counts one delivery attempt by what became of its delivery (`delivered`, `retried`, `failed`).
+/// Writes the sender's delivery counters at 0 when its loop starts, so that each series exists (and
+/// a `rate()` over it reads 0, not nothing) before its first delivery.
+pub(super) fn started(sender: &'static str) {
+    for outcome in ["delivered", "retried", "failed"] {
+        counter!(WEBHOOK_DELIVERIES, "sender" => sender, "outcome" => outcome).increment(0);
+    }
+}
+
 pub(super) fn webhook_delivery(sender: &'static str, outcome: &'static str) {
     counter!(WEBHOOK_DELIVERIES, "sender" => sender, "outcome" => outcome).increment(1);
 }
