@@ -226,7 +226,7 @@ problem_catalogue! {
         explanation: "A delivery of the event to the endpoint is queued or being retried on the \
             schedule, neither acknowledged nor given up: another one would only send the event \
             twice. Nothing was queued and the Idempotency-Key was released. Follow the pending \
-            delivery at `GET /v1/events/{id}/attempts`, and ask again once it is acknowledged or \
+            delivery at `GET /v1/events/evt_…/attempts`, and ask again once it is acknowledged or \
             given up.",
     }
     WebhookRetryLimit {
@@ -234,9 +234,9 @@ problem_catalogue! {
         status: CONFLICT,
         title: "This event was delivered again to this endpoint as often as it may be",
         explanation: "An event may be delivered again to one endpoint at most 5 times on request \
-            (`POST /v1/events/{id}/retry`), besides its own delivery and that delivery's retries: \
+            (`POST /v1/events/evt_…/retry`), besides its own delivery and that delivery's retries: \
             every retry sends to a URL the account chose. Nothing was queued and the \
-            Idempotency-Key was released. Read the event at `GET /v1/events/{id}`, or list the \
+            Idempotency-Key was released. Read the event at `GET /v1/events/evt_…`, or list the \
             account's events at `GET /v1/events`, to apply it without a delivery.",
     }
     Internal {
