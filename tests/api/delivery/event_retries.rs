@@ -6,7 +6,7 @@ use std::time::Duration;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
-use super::{Receiver, endpoint_for_all, local, wait_for, write_event};
+use super::{Receiver, endpoint_for_all, local, settled, wait_for, write_event};
 use crate::support::helpers::{TestApp, TestResponse, new_key};
 
 /// `POST /v1/events/{event}/retry` as `api_key`.
@@ -187,22 +187,7 @@ async fn a_retry_of_an_unknown_or_another_account_s_event_or_endpoint_is_404_and
     assert_eq!(queued, 0);
     // Nothing was kept of the refused requests: the key serves a good one, once the event's own
     // delivery was acknowledged (a retry is refused while one is pending).
-    wait_for(
-        "the event's delivery is acknowledged",
-        Duration::from_secs(20),
-        || async {
-            let pending: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM webhook_deliveries
-                 WHERE event_id = $1 AND delivered_at IS NULL AND failed_at IS NULL",
-            )
-            .bind(&event)
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-            pending == 0
-        },
-    )
-    .await;
+    settled(&app, &event, None).await;
     let retried = post_retry(
         &app,
         &app.api_key,

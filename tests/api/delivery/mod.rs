@@ -191,3 +191,26 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Waits until no delivery of `event` is pending (to `endpoint` only, when given): acknowledged or
+/// given up.
+pub async fn settled(app: &TestApp, event: &str, endpoint: Option<&str>) {
+    wait_for(
+        "the event's deliveries are acknowledged",
+        Duration::from_secs(20),
+        || async {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM webhook_deliveries
+                 WHERE event_id = $1 AND ($2::text IS NULL OR endpoint_id = $2)
+                   AND delivered_at IS NULL AND failed_at IS NULL",
+            )
+            .bind(event)
+            .bind(endpoint)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+            pending == 0
+        },
+    )
+    .await;
+}

@@ -10,31 +10,19 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use super::event_retries::post_retry;
-use super::{Receiver, endpoint_for_all, local, wait_for, write_event};
-use crate::support::helpers::{TestApp, new_key};
+use super::{Receiver, endpoint_for_all, local, settled, wait_for, write_event};
+use crate::support::helpers::{TestApp, TestResponse, new_key};
 
-/// Waits until no delivery of `event` is pending.
-async fn settled(app: &TestApp, event: &str) {
-    wait_for(
-        "the event's deliveries are acknowledged",
-        Duration::from_secs(20),
-        || async {
-            let pending: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM webhook_deliveries
-                 WHERE event_id = $1 AND delivered_at IS NULL AND failed_at IS NULL",
-            )
-            .bind(event)
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-            pending == 0
-        },
+/// `POST /v1/events/{event}/retry` to `endpoint` under a new key.
+async fn retry_to(app: &TestApp, event: &str, endpoint: &str) -> TestResponse {
+    post_retry(
+        app,
+        &app.api_key,
+        event,
+        &new_key(),
+        &json!({ "endpoint": endpoint }),
     )
-    .await;
-}
-
-fn problem_type(body: &serde_json::Value) -> &str {
-    body["type"].as_str().unwrap_or_default()
+    .await
 }
 
 #[api_test]
@@ -57,58 +45,28 @@ async fn a_retry_is_refused_while_a_delivery_is_pending_and_after_five_to_one_en
         &json!({ "endpoint": stuck }),
     )
     .await;
-    assert_eq!(pending.status, 409);
-    let body = pending.json();
-    assert!(
-        problem_type(&body).ends_with("/problems/webhook-retry-pending"),
-        "{body}"
-    );
+    let body = pending.assert_problem(409, "webhook-retry-pending");
     assert!(
         body["detail"].as_str().unwrap().contains("still pending"),
         "{body}"
     );
 
     // To the healthy endpoint: five retries, each once the one before was acknowledged.
-    settled_to(&app, &event, &endpoint).await;
+    settled(&app, &event, Some(&endpoint)).await;
     for n in 1..=5 {
-        let queued = post_retry(
-            &app,
-            &app.api_key,
-            &event,
-            &new_key(),
-            &json!({ "endpoint": endpoint }),
-        )
-        .await;
+        let queued = retry_to(&app, &event, &endpoint).await;
         assert_eq!(queued.status, 202, "retry {n}: {:?}", queued.json());
         if n == 1 {
             // Asked again at once, while it is pending.
-            let again = post_retry(
-                &app,
-                &app.api_key,
-                &event,
-                &new_key(),
-                &json!({ "endpoint": endpoint }),
-            )
-            .await;
-            assert_eq!(again.status, 409);
-            assert!(problem_type(&again.json()).ends_with("/problems/webhook-retry-pending"));
+            retry_to(&app, &event, &endpoint)
+                .await
+                .assert_problem(409, "webhook-retry-pending");
         }
-        settled_to(&app, &event, &endpoint).await;
+        settled(&app, &event, Some(&endpoint)).await;
     }
-    let limit = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &new_key(),
-        &json!({ "endpoint": endpoint }),
-    )
-    .await;
-    assert_eq!(limit.status, 409);
-    let body = limit.json();
-    assert!(
-        problem_type(&body).ends_with("/problems/webhook-retry-limit"),
-        "{body}"
-    );
+    let body = retry_to(&app, &event, &endpoint)
+        .await
+        .assert_problem(409, "webhook-retry-limit");
     assert!(
         body["detail"].as_str().unwrap().contains("5 times"),
         "{body}"
@@ -142,28 +100,6 @@ async fn a_retry_is_refused_while_a_delivery_is_pending_and_after_five_to_one_en
     }
 }
 
-/// Waits until no delivery of `event` to `endpoint` is pending.
-async fn settled_to(app: &TestApp, event: &str, endpoint: &str) {
-    wait_for(
-        "the event's delivery to the endpoint is acknowledged",
-        Duration::from_secs(20),
-        || async {
-            let pending: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM webhook_deliveries
-                 WHERE event_id = $1 AND endpoint_id = $2
-                   AND delivered_at IS NULL AND failed_at IS NULL",
-            )
-            .bind(event)
-            .bind(endpoint)
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-            pending == 0
-        },
-    )
-    .await;
-}
-
 /// A retry holds its event from the moment it reads it until it commits, and the retention skips
 /// an event so held: the retry is stopped, deterministically, between its read of the event and its
 /// insert of the delivery (the test holds the endpoint's row, which the retry locks in between),
@@ -176,7 +112,7 @@ async fn the_retention_never_deletes_an_event_a_retry_is_queueing_a_delivery_of(
     let receiver = Receiver::start(0).await;
     let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
     let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
-    settled(&app, &event).await;
+    settled(&app, &event, None).await;
     // Past its retention.
     sqlx::query("UPDATE events SET created_at = now() - interval '2 days' WHERE id = $1")
         .bind(&event)
@@ -232,7 +168,7 @@ async fn the_retention_never_deletes_an_event_a_retry_is_queueing_a_delivery_of(
         .unwrap();
     assert_eq!(read.status(), 200, "the event its delivery names");
     // While its delivery is pending, the retention keeps it too; after, it goes.
-    settled(&app, &event).await;
+    settled(&app, &event, None).await;
     let deleted = prune_events(&app.db, Engine::Postgres, Duration::from_secs(1))
         .await
         .unwrap();
