@@ -52,6 +52,8 @@ async fn a_retried_event_reaches_the_endpoint_again_with_its_id_and_a_replay_que
         || async { receiver.deliveries().len() == 1 },
     )
     .await;
+    // Received is not yet recorded as acknowledged, and a retry is refused until it is.
+    settled(&app, &event, None).await;
 
     let key = new_key();
     let retried = post_retry(
