@@ -82,13 +82,13 @@ const ACROSS_ACCOUNTS: [(&str, &str); 28] = [
         "webhook intake: the account of the refund the processor names",
     ),
     (
-        "min(created_at)",
-        "the metrics' age of the oldest pending delivery, over every account",
-    ),
-    (
         "substring(scope FROM position(' ' IN scope) + 1)",
         "the metrics' keys past their recovery point (by state, route and point) and the age of \
          the oldest suspended one, read at a scrape over every account",
+    ),
+    (
+        "min(created_at)",
+        "the metrics' age of the oldest pending delivery, over every account",
     ),
     (
         "recovery_point AS \"recovery_point!\", downstream_key",
