@@ -13,7 +13,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::metrics::{self, Operation};
+use super::metrics::{self, CallOutcome, Operation};
 use crate::http::error::{Problem, ProblemKind};
 use idempotency::EarlierCalls;
 use processor::problem::ProblemKind as ProcessorProblem;
@@ -80,6 +80,24 @@ pub enum Outcome<T> {
     /// Maybe it happened: a timeout, a connection dropped after sending, a 5xx, a 409 (the same key
     /// in flight at the processor), a 429, a body that does not parse. Ask again with the same key.
     Unknown(String),
+}
+
+impl<T> Outcome<T> {
+    /// Counts and times the call this ended, as its outcome counts (`declined`: the processor's
+    /// answer is a decline, a charge read back after a 402), with the cause of one that did not
+    /// succeed.
+    fn record(&self, operation: Operation, downstream_key: &str, started: Instant, declined: bool) {
+        let (counted, cause): (CallOutcome, Option<&dyn std::fmt::Display>) = match self {
+            Self::Done(_) if declined => (CallOutcome::Declined, None),
+            Self::Done(_) => (CallOutcome::Succeeded, None),
+            Self::NotDone(refusal) if refusal.status.is_none() => {
+                (CallOutcome::NotSent, Some(refusal))
+            }
+            Self::NotDone(refusal) => (CallOutcome::Declined, Some(refusal)),
+            Self::Unknown(cause) => (CallOutcome::Unknown, Some(cause)),
+        };
+        metrics::record(operation, downstream_key, started, counted, cause);
+    }
 }
 
 /// How often one request asks about a call whose outcome it does not know, with the same key,
@@ -336,13 +354,7 @@ impl ProcessorClient {
     pub async fn charge(&self, downstream_key: &str, request: &ChargeRequest) -> Outcome<Charge> {
         let started = Instant::now();
         let (outcome, declined) = self.charge_once(downstream_key, request).await;
-        metrics::record(
-            Operation::Charge,
-            downstream_key,
-            started,
-            &outcome,
-            declined,
-        );
+        outcome.record(Operation::Charge, downstream_key, started, declined);
         outcome
     }
 
@@ -410,7 +422,7 @@ impl ProcessorClient {
             Ok(response) => answered(response).await,
             Err(error) => transport(&error),
         };
-        metrics::record(Operation::Refund, downstream_key, started, &outcome, false);
+        outcome.record(Operation::Refund, downstream_key, started, false);
         outcome
     }
 

@@ -7,8 +7,6 @@ use std::time::Instant;
 
 use metrics::{counter, describe_counter, describe_histogram, histogram};
 
-use super::client::Outcome;
-
 const CALLS: &str = "idempay_processor_calls_total";
 const CALL_DURATION: &str = "idempay_processor_call_duration_seconds";
 
@@ -50,49 +48,38 @@ impl CallOutcome {
             Self::NotSent => "not_sent",
         }
     }
-
-    /// The outcome of a call that ended with `outcome`; `declined` when the processor's answer is
-    /// a decline (a charge read back after a 402).
-    pub fn of<T>(outcome: &Outcome<T>, declined: bool) -> Self {
-        match outcome {
-            Outcome::Done(_) if declined => Self::Declined,
-            Outcome::Done(_) => Self::Succeeded,
-            Outcome::NotDone(refusal) if refusal.status.is_none() => Self::NotSent,
-            Outcome::NotDone(_) => Self::Declined,
-            Outcome::Unknown(_) => Self::Unknown,
-        }
-    }
 }
 
-/// Counts and times one call that started at `started`, and logs it when it did not succeed,
-/// naming the downstream key, the outcome and the cause.
-pub fn record<T>(
+/// Counts and times one call that started at `started` and ended as `outcome`, and logs it when
+/// it did not succeed (`cause` is then the refusal or why its outcome is unknown), naming the
+/// downstream key, the outcome and the cause.
+pub fn record(
     operation: Operation,
     downstream_key: &str,
     started: Instant,
-    outcome: &Outcome<T>,
-    declined: bool,
+    outcome: CallOutcome,
+    cause: Option<&dyn std::fmt::Display>,
 ) {
-    let counted = CallOutcome::of(outcome, declined);
     let operation = operation.as_str();
     histogram!(CALL_DURATION, "operation" => operation).record(started.elapsed().as_secs_f64());
-    counter!(CALLS, "operation" => operation, "outcome" => counted.as_str()).increment(1);
-    match outcome {
-        Outcome::Done(_) => {}
-        Outcome::NotDone(refusal) => tracing::warn!(
+    counter!(CALLS, "operation" => operation, "outcome" => outcome.as_str()).increment(1);
+    let Some(cause) = cause else { return };
+    if outcome == CallOutcome::Unknown {
+        tracing::warn!(
             operation,
             downstream_key,
-            outcome = counted.as_str(),
-            cause = %refusal,
-            "the processor did not make the {operation}"
-        ),
-        Outcome::Unknown(cause) => tracing::warn!(
-            operation,
-            downstream_key,
-            outcome = counted.as_str(),
-            cause,
+            outcome = outcome.as_str(),
+            %cause,
             "the outcome of a call to the processor is unknown"
-        ),
+        );
+    } else {
+        tracing::warn!(
+            operation,
+            downstream_key,
+            outcome = outcome.as_str(),
+            %cause,
+            "the processor did not make the {operation}"
+        );
     }
 }
 

@@ -5,7 +5,6 @@ use metrics::{counter, describe_counter, describe_gauge, gauge};
 use sqlx::PgPool;
 
 use super::Outcome;
-use super::retry::ManualRetry;
 
 const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
 const MANUAL_RETRIES: &str = "idempay_webhook_manual_retries_total";
@@ -32,6 +31,27 @@ pub fn describe() {
          for the whole retry schedule), read at the scrape."
     );
     service::outbox::metrics::describe();
+}
+
+/// What became of a retry, as `idempay_webhook_manual_retries_total` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManualRetry {
+    /// A delivery was queued.
+    Queued,
+    /// Refused: a delivery of the event to the endpoint is pending.
+    Pending,
+    /// Refused: the event was delivered again to the endpoint [`MAX_MANUAL_RETRIES`](super::retry::MAX_MANUAL_RETRIES) times.
+    Limit,
+}
+
+impl ManualRetry {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Pending => "pending",
+            Self::Limit => "limit",
+        }
+    }
 }
 
 /// Counts one retry asked for by what became of it.

@@ -30,27 +30,6 @@ use service::vocabulary::stored;
 /// cannot have one event sent without end.
 pub const MAX_MANUAL_RETRIES: i64 = 5;
 
-/// What became of a retry, as `idempay_webhook_manual_retries_total` counts it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ManualRetry {
-    /// A delivery was queued.
-    Queued,
-    /// Refused: a delivery of the event to the endpoint is pending.
-    Pending,
-    /// Refused: the event was delivered again to the endpoint [`MAX_MANUAL_RETRIES`] times.
-    Limit,
-}
-
-impl ManualRetry {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Pending => "pending",
-            Self::Limit => "limit",
-        }
-    }
-}
-
 pub fn router<S>() -> OpenApiRouter<S>
 where
     S: Owners + Clone + Send + Sync + 'static,
@@ -239,7 +218,7 @@ async fn queue(
     .fetch_one(&mut *tx)
     .await?;
     if earlier.pending > 0 {
-        super::metrics::manual_retry(ManualRetry::Pending);
+        super::metrics::manual_retry(super::metrics::ManualRetry::Pending);
         return Err(Problem::new(
             ProblemKind::WebhookRetryPending,
             format!(
@@ -252,7 +231,7 @@ async fn queue(
         .into());
     }
     if earlier.retries >= MAX_MANUAL_RETRIES {
-        super::metrics::manual_retry(ManualRetry::Limit);
+        super::metrics::manual_retry(super::metrics::ManualRetry::Limit);
         return Err(Problem::new(
             ProblemKind::WebhookRetryLimit,
             format!(
@@ -287,7 +266,7 @@ async fn queue(
     let response =
         StoredResponse::json(StatusCode::ACCEPTED, &delivery).map_err(anyhow::Error::from)?;
     let completion = lease.complete(tx, response).await?;
-    super::metrics::manual_retry(ManualRetry::Queued);
+    super::metrics::manual_retry(super::metrics::ManualRetry::Queued);
     Ok(completion)
 }
 
