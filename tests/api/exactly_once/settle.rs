@@ -387,11 +387,14 @@ async fn a_dispute_opened_while_the_key_was_held_is_applied_once_by_the_settle()
     let processor = replace(&app, slow, healthy).await;
     let (charge, _) = the_charge(&app).await;
     dispute_at_the_processor(&processor, &charge, 1000).await;
+    // Its own event, not any: the charge's `charge.succeeded` is parked too, and may be first.
     wait_until("the dispute event is parked", || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM parked_events")
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM parked_events WHERE type = 'charge.dispute.created'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
             == 1
     })
     .await;
