@@ -404,4 +404,14 @@ async fn the_service_sessions_bound_statements_locks_and_idle_transactions() {
             .unwrap();
         assert_eq!(value, expected, "{setting}");
     }
+    // And none weakens durability: a payment answered 201 must survive a crash of the database,
+    // so the service's sessions keep the server's `synchronous_commit` (the test's server runs
+    // with it off, so its value cannot tell; where it comes from can).
+    let durability = "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'";
+    let service: (String, String) = sqlx::query_as(durability).fetch_one(&pool).await.unwrap();
+    let server: (String, String) = sqlx::query_as(durability).fetch_one(&app.db).await.unwrap();
+    assert_eq!(
+        service, server,
+        "the service's sessions set synchronous_commit"
+    );
 }

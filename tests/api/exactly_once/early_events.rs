@@ -438,6 +438,67 @@ async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowher
     );
 }
 
+/// An event naming a refund of the processor's that idempay has not recorded (its call's answer not
+/// in yet: a 503 `processor-outcome-unknown`, a held key) is parked like an event about a charge,
+/// to apply once the refund is recorded: a refund id of the processor's may be recorded later.
+/// Acknowledged `ignored`, as an unknown id of idempay's own is, it would be lost for good. Its
+/// charge is recorded, so the event gets past the payment and is judged by its refund alone.
+#[api_test]
+async fn an_event_about_a_refund_not_recorded_yet_is_parked_not_ignored() {
+    let secret = WebhookSecrets::generate();
+    let app = TestApp::spawn_with(Settings {
+        shared: SharedArgs {
+            webhook_secrets: Some(secret.clone()),
+            ..SharedArgs::default()
+        },
+        ..Settings::default()
+    })
+    .await;
+    let paid = app.paid(5000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for (event, kind) in [
+        ("evt_early_refunded", "charge.refunded"),
+        ("evt_early_refund_failed", "charge.refund.failed"),
+    ] {
+        let body = serde_json::to_vec(&json!({
+            "type": kind,
+            "timestamp": chrono::Utc::now(),
+            "data": { "charge": charge, "refund": "pyr_notrecordedyet", "amount": 1000 },
+        }))
+        .unwrap();
+        let kept = deliver(&app, &secret, event, body).await;
+        assert_eq!(
+            (kept.status, kept.json()["outcome"].as_str()),
+            (200, Some("parked")),
+            "{kind}: {}",
+            String::from_utf8_lossy(&kept.body)
+        );
+        assert_eq!(processed(&app, event).await.as_deref(), Some("parked"));
+    }
+    let waiting: Vec<(String, String)> =
+        sqlx::query_as("SELECT id, object FROM parked_events ORDER BY id")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        waiting,
+        [
+            (
+                "evt_early_refund_failed".to_owned(),
+                "pyr_notrecordedyet".to_owned()
+            ),
+            (
+                "evt_early_refunded".to_owned(),
+                "pyr_notrecordedyet".to_owned()
+            ),
+        ]
+    );
+    assert_eq!(app.get_payment(&paid).await.json()["amount_refunded"], 0);
+}
+
 /// An event about a charge idempay will never record (made at the processor directly) is parked
 /// at its first delivery and wedges nothing: the events of a payment idempay records are applied
 /// beside it, and `idempay reconcile` names the charge and the event that waits for it. Before
@@ -530,6 +591,7 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
         .post_refund(&paid[0].0, &new_key(), &json!({ "amount": 1000 }))
         .await;
     assert_eq!(refunded.status, 201);
+    let refund = refunded.json()["id"].as_str().unwrap().to_owned();
     let disputes = [
         dispute_at_the_processor(&processor, &paid[1].1, 1500).await,
         dispute_at_the_processor(&processor, &paid[2].1, 700).await,
@@ -547,7 +609,8 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
 
     // Broken by hand: a refund the payment no longer counts, a dispute the payment no longer
     // shows (the lost event), a dispute recorded for less than the bank took, and one of
-    // the processor's disputes no dispute records.
+    // the processor's disputes no dispute records; and a refund recorded for less than the
+    // processor refunded.
     sqlx::query("UPDATE payments SET amount_refunded = 0 WHERE id = $1")
         .bind(&paid[0].0)
         .execute(&app.db)
@@ -560,6 +623,11 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
         .unwrap();
     sqlx::query("UPDATE disputes SET amount = 500 WHERE id = $1")
         .bind(&disputes[1])
+        .execute(&app.db)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE refunds SET amount = 900 WHERE id = $1")
+        .bind(&refund)
         .execute(&app.db)
         .await
         .unwrap();
@@ -601,12 +669,13 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
             paid[2].0
         ),
         format!("processor dispute {stray} (300) of charge {third_charge} has no dispute"),
+        format!("refund {refund}: amount is 900 here, 1000 at the processor"),
     ];
     expected.sort_unstable();
     assert_eq!(lines, expected);
     assert_eq!(
         summary,
-        Some("reconciled 3 charges, 3 payments, 1 refunds and 2 disputes: 5 difference(s)")
+        Some("reconciled 3 charges, 3 payments, 1 refunds and 2 disputes: 6 difference(s)")
     );
 }
 
