@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::plan::Want;
+use crate::coverage::Seen;
+use crate::plan::{DECLINED_CARD, Want};
 use crate::run::{Answer, PROCESSOR_KEY, Schedule};
 use crate::world::idempay;
 
@@ -139,7 +140,7 @@ pub async fn invariants(
 
     let mut amounts = Vec::new();
     for (k, intent) in s.plan.intents.iter().enumerate() {
-        let Want::Pay { amount, .. } = intent.want else {
+        let Want::Pay { amount, method } = intent.want else {
             continue;
         };
         amounts.push(amount);
@@ -167,6 +168,16 @@ pub async fn invariants(
         }
         if ps.len() > 1 {
             violation("double payment", format!("{name}: {} payments", ps.len()));
+        }
+        // Every payment intent is one the processor takes or declines by its card: any other
+        // final answer (a 409 held key, a 422, an undocumented one) is a schedule that did not
+        // pay, whose ledgers would agree on nothing done.
+        let expected = if method == DECLINED_CARD { 402 } else { 201 };
+        if let Some(answer) = answers[k].as_ref().filter(|a| a.status != expected) {
+            violation(
+                "unexpected answer",
+                format!("{name}: answered {answer}, where its card is answered {expected}"),
+            );
         }
         match &answers[k] {
             None => violation(
@@ -274,13 +285,8 @@ pub async fn invariants(
             format!("no intent has its amount: {}", describe(charge)),
         );
     }
-    for (k, intent) in s.plan.intents.iter().enumerate() {
-        if matches!(intent.want, Want::Refund { .. }) && answers[k].is_none() {
-            violation(
-                "no final answer",
-                format!("intent {k} (refund, key {}): none", s.key(k)),
-            );
-        }
+    for line in refunds_and_disputes_as_asked(s, answers, &charges, &payments).await {
+        violation(line.0, line.1);
     }
 
     let stuck: Vec<(String, String, Option<String>)> = sqlx::query_as(
@@ -332,4 +338,128 @@ pub async fn invariants(
         );
     }
     broken
+}
+
+/// Each refund and dispute against its intent: a refund of a paid payment answered 201, its answer
+/// naming the one refund idempay recorded, of the intent's payment and amount; at the processor,
+/// as many refunds of a charge as its payment's intents were answered 201 (so a refund made twice
+/// and recorded twice, on both ledgers alike, is found); a dispute of a paid payment opened.
+async fn refunds_and_disputes_as_asked(
+    s: &Schedule,
+    answers: &[Option<Answer>],
+    charges: &[ChargeRow],
+    payments: &[PaymentRow],
+) -> Vec<(&'static str, String)> {
+    let mut broken = Vec::new();
+    let refunds: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT id, payment_id, amount FROM refunds")
+            .fetch_all(&s.db)
+            .await
+            .expect("the refunds");
+    let theirs: Vec<(String, i64)> =
+        sqlx::query_as("SELECT charge_id, amount FROM processor_refunds")
+            .fetch_all(&s.db)
+            .await
+            .expect("the processor's refunds");
+    let paid = |of: usize| {
+        answers[of]
+            .as_ref()
+            .filter(|answer| answer.status == 201)
+            .and_then(|answer| answer.id.clone())
+    };
+    let mut asked = BTreeMap::<usize, usize>::new();
+    for (k, intent) in s.plan.intents.iter().enumerate() {
+        let name = format!("intent {k} ({:?}, key {})", intent.want, s.key(k));
+        match intent.want {
+            Want::Refund { of, amount } => {
+                let Some(payment) = paid(of) else { continue };
+                let Some(answer) = &answers[k] else {
+                    broken.push(("no final answer", format!("{name}: none")));
+                    continue;
+                };
+                if answer.status != 201 {
+                    broken.push((
+                        "unexpected answer",
+                        format!("{name}: answered {answer}, the refund of a paid payment"),
+                    ));
+                    continue;
+                }
+                *asked.entry(of).or_default() += 1;
+                let named = refunds
+                    .iter()
+                    .find(|(id, _, _)| Some(id) == answer.id.as_ref());
+                if named.is_none_or(|(_, of_payment, of_amount)| {
+                    *of_payment != payment || *of_amount != amount
+                }) {
+                    broken.push((
+                        "refund not as asked",
+                        format!(
+                            "{name}: answered {answer}, and that refund is {named:?} in idempay's \
+                             ledger, where the intent asks {amount} of {payment}"
+                        ),
+                    ));
+                }
+            }
+            Want::Dispute { of, .. } => {
+                if paid(of).is_some() && answers[k].is_none() {
+                    broken.push((
+                        "dispute not opened",
+                        format!("{name}: its payment was paid, yet it was never opened"),
+                    ));
+                }
+            }
+            Want::Pay { .. } => {}
+        }
+    }
+    for (of, count) in asked {
+        let Some(payment) = paid(of) else { continue };
+        let Some(charge) = payments
+            .iter()
+            .find(|p| p.id == payment)
+            .and_then(|p| p.charge.as_ref())
+            .filter(|charge| charges.iter().any(|c| &c.id == *charge))
+        else {
+            continue;
+        };
+        let made = theirs.iter().filter(|(of, _)| of == charge).count();
+        if made != count {
+            broken.push((
+                "double refund",
+                format!(
+                    "payment intent {of} ({payment}): {count} refund intent(s) answered 201, \
+                     {made} refund(s) of {charge} at the processor"
+                ),
+            ));
+        }
+    }
+    broken
+}
+
+/// Counts the work the schedule got done, and the takeovers and recoveries its keys met.
+pub async fn count_work(s: &Schedule, answers: &[Option<Answer>]) {
+    for (k, intent) in s.plan.intents.iter().enumerate() {
+        let status = answers[k].as_ref().map(|answer| answer.status);
+        let seen = match (&intent.want, status) {
+            (Want::Pay { .. }, Some(201)) => Seen::Paid,
+            (Want::Pay { .. }, Some(402)) => Seen::Declined,
+            (Want::Refund { .. }, Some(201)) => Seen::Refunded,
+            (Want::Dispute { .. }, Some(201)) => Seen::Disputed,
+            _ => continue,
+        };
+        s.coverage.saw(seen);
+    }
+    let keys: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT COALESCE(sum(takeovers), 0)::bigint, COALESCE(sum(recoveries), 0)::bigint
+         FROM idempotency_keys WHERE scope NOT LIKE 'processor:%'",
+    )
+    .fetch_one(&s.db)
+    .await
+    .ok();
+    let (takeovers, recoveries) = keys.unwrap_or_default();
+    s.coverage
+        .add(Seen::Takeover, u32::try_from(takeovers).unwrap_or(u32::MAX));
+    s.coverage.add(
+        Seen::Recovery,
+        u32::try_from(recoveries).unwrap_or(u32::MAX),
+    );
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use client::{AttemptResult, Client, ClientError, NewPayment, NewRefund, RetryPolicy};
 use serde_json::{Value, json};
 
+use crate::coverage::Seen;
 use crate::plan::{Rng, Want};
 use crate::run::{Answer, PROCESSOR_KEY, Schedule};
 
@@ -252,7 +253,9 @@ pub async fn dispute(
 
 /// Delivers the event of `dispute` from the processor's outbox to instance 0 at once, as a fast
 /// sender would: before idempay has recorded the charge it names. The outbox's own delivery of it
-/// follows, with the same `webhook-id`.
+/// follows, with the same `webhook-id`. Answered, it must be acknowledged (parked, or applied if
+/// the charge was recorded meanwhile): a refusal would leave the event to the sender's patience.
+/// Unanswered (instance 0 down or paused), the outbox delivers it later.
 async fn deliver_now(s: &Schedule, dispute: &str) {
     let event: Option<(String, Vec<u8>)> = sqlx::query_as(
         "SELECT event_id, body FROM webhook_deliveries
@@ -263,16 +266,25 @@ async fn deliver_now(s: &Schedule, dispute: &str) {
     .fetch_optional(&s.db)
     .await
     .unwrap_or(None);
-    match event {
-        Some((id, body)) => deliver(s, &id, &body, 0).await,
-        None => s
-            .timeline
-            .log(format!("  the event of {dispute} is not in the outbox")),
+    let Some((id, body)) = event else {
+        return s.trouble(
+            "early event not sent",
+            format!("the event of {dispute} is not in the processor's outbox"),
+        );
+    };
+    match deliver(s, &id, &body, 0).await {
+        Some(200) => s.coverage.saw(Seen::EarlyEvent),
+        Some(status) => s.trouble(
+            "early event refused",
+            format!("{id}, about {dispute} before its charge was recorded, answered {status}"),
+        ),
+        None => {}
     }
 }
 
-/// Delivers one processor event, signed now, to an instance, and logs its answer.
-async fn deliver(s: &Schedule, id: &str, body: &[u8], instance: usize) {
+/// Delivers one processor event, signed now, to an instance, and logs its answer; its status, if
+/// it was answered.
+async fn deliver(s: &Schedule, id: &str, body: &[u8], instance: usize) -> Option<u16> {
     let timestamp = chrono::Utc::now().timestamp();
     let signature = s.secrets.sign(id, timestamp, body).expect("UTF-8 ids");
     let kind = serde_json::from_slice::<Value>(body).unwrap_or_default()["type"].clone();
@@ -289,16 +301,17 @@ async fn deliver(s: &Schedule, id: &str, body: &[u8], instance: usize) {
         .body(body.to_vec())
         .send()
         .await;
-    let outcome = match sent {
-        Ok(response) => format!(
-            "{} {}",
-            response.status().as_u16(),
-            response.text().await.unwrap_or_default()
-        ),
-        Err(error) => error.to_string(),
+    let (status, outcome) = match sent {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            (Some(status), format!("{status} {text}"))
+        }
+        Err(error) => (None, error.to_string()),
     };
     s.timeline
         .log(format!("  delivered {id} ({kind}) @i{instance}: {outcome}"));
+    status
 }
 
 /// Sends `count` processor events already delivered once again, picked and ordered by `rng`
@@ -321,6 +334,8 @@ pub async fn redeliver(s: &Schedule, count: usize, rng: &mut Rng) {
     for _ in 0..count {
         let (id, body) = &delivered[rng.pick(delivered.len())];
         let instance = rng.pick(s.plan.instances.len());
-        deliver(s, id, body, instance).await;
+        if deliver(s, id, body, instance).await.is_some() {
+            s.coverage.saw(Seen::Redelivered);
+        }
     }
 }

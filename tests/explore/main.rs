@@ -15,11 +15,16 @@
 //!   then seeds drawn from the clock.
 //! - `EXPLORE_SCHEDULES`: how many new seeds (default 5).
 //! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 200: with the last
-//!   schedule and its final drive, the run stays within 5 minutes).
+//!   schedule and its final drive, the run stays within 5 minutes). A run whose budget is spent
+//!   before every seed ran fails: seeds it did not run are seeds it did not check.
+//!
+//! A run prints what its schedules did and met ([`coverage`]); a default run (the regression
+//! seeds and new ones) that never met one of the kinds each schedule plans fails as well.
 //! - `IDEMPAY_BIN`: the `idempay` binary to explore (default: this build's).
 //! - `EXPLORE_VERBOSE`: print the timeline of a schedule that passed too.
 
 mod check;
+mod coverage;
 mod intents;
 mod plan;
 mod run;
@@ -76,16 +81,20 @@ async fn main() {
     let postgres = Arc::new(world::Postgres::start().await);
     let mut failed = Vec::new();
     let mut ran = 0;
+    let mut covered = Vec::new();
     for &seed in &seeds {
         if started.elapsed() > budget {
-            eprintln!(
-                "explore: the budget of {budget:?} is spent; {} schedule(s) not run",
-                seeds.len() - ran
-            );
+            failed.push(format!(
+                "the budget of {budget:?} was spent with {} of {} schedule(s) not run: raise \
+                 EXPLORE_BUDGET or lower EXPLORE_SCHEDULES",
+                seeds.len() - ran,
+                seeds.len()
+            ));
             break;
         }
         ran += 1;
         let outcome = run::run(Arc::clone(&postgres), seed).await;
+        covered.push((seed, outcome.coverage));
         if outcome.violations.is_empty() {
             if std::env::var_os("EXPLORE_VERBOSE").is_some() {
                 eprintln!("timeline (seed {seed}):\n{}", outcome.timeline);
@@ -122,6 +131,17 @@ async fn main() {
         failed.push(format!("seed {seed}: {}", kinds.join(", ")));
     }
     drop(postgres);
+    eprintln!(
+        "\nexplore: what the schedules did and met\n{}",
+        coverage::table(&covered)
+    );
+    let missing = coverage::missing(&covered);
+    if setting("EXPLORE_SEED").is_none() && !missing.is_empty() {
+        failed.push(format!(
+            "the run never met: {} (a schedule plans each of them)",
+            missing.join(", ")
+        ));
+    }
     eprintln!(
         "explore: {ran} schedule(s) in {:.1?}, {} failed",
         started.elapsed(),

@@ -43,6 +43,9 @@ impl Rng {
     }
 }
 
+/// The test card the processor declines: its payment is answered 402, every other one 201.
+pub const DECLINED_CARD: &str = "pm_card_chargeDeclined";
+
 /// One `idempay serve` instance's settings.
 #[derive(Clone, Debug)]
 pub struct InstancePlan {
@@ -92,6 +95,24 @@ pub enum Fault {
     /// Processor events already delivered, sent again to a random instance in a shuffled order:
     /// duplicates, late and out of order.
     Redeliver { count: usize },
+    /// SIGSTOP of a process, SIGCONT after `pause`: alive but silent, its leases lapsing.
+    Pause { target: Target, pause: Duration },
+}
+
+/// A process of the schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Processor,
+    Instance(usize),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Processor => f.write_str("processor"),
+            Self::Instance(index) => write!(f, "instance {index}"),
+        }
+    }
 }
 
 impl fmt::Display for Fault {
@@ -111,6 +132,7 @@ impl fmt::Display for Fault {
             }
             Self::RestartDatabase => f.write_str("restart PostgreSQL"),
             Self::Redeliver { count } => write!(f, "redeliver {count} processor events"),
+            Self::Pause { target, pause } => write!(f, "SIGSTOP {target} (for {pause:?})"),
         }
     }
 }
@@ -268,7 +290,7 @@ impl Plan {
                 _ => within(&mut rng, Duration::ZERO, duration.mul_f64(0.8)),
             };
             let method = if rng.chance(0.1) {
-                "pm_card_chargeDeclined"
+                DECLINED_CARD
             } else {
                 "pm_card_visa"
             };
@@ -315,6 +337,27 @@ impl Plan {
                     },
                 });
             }
+        }
+
+        // Pauses, from a stream of their own: the seeds drawn before pauses existed (the
+        // regression seeds) keep every draw above, so each still plays the schedule it failed on.
+        // A pause of the processor outlasts idempay's timeout (an unknown outcome); one of an
+        // instance may outlast its lease (a takeover, then a holder that wakes fenced off).
+        let mut pauses = Rng::new(seed.rotate_left(29) ^ 0x0051_570B);
+        for _ in 0..pauses.range(1, 2) {
+            let target = if pauses.chance(0.4) {
+                Target::Processor
+            } else {
+                Target::Instance(pauses.pick(instances.len()))
+            };
+            let at = within(&mut pauses, Duration::ZERO, duration.mul_f64(0.8));
+            faults.push((
+                at,
+                Fault::Pause {
+                    target,
+                    pause: pauses.millis(1000, 5000),
+                },
+            ));
         }
 
         faults.sort_by_key(|(at, _)| *at);

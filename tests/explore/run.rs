@@ -13,8 +13,9 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::check::{self, Violation};
+use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
-use crate::plan::{Fault, Plan, Rng, Want};
+use crate::plan::{Fault, Plan, Rng, Target, Want};
 use crate::world::{Postgres, Process, Ready, free_port, idempay};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
@@ -106,7 +107,14 @@ pub struct Schedule {
     instances: Vec<AsyncMutex<Process>>,
     /// The processor's faults in force: given to it again when it restarts.
     faults: Mutex<(u64, f64, f64)>,
+    /// The processes stopped now (SIGSTOP), until their pause ends.
+    paused: Mutex<Vec<Target>>,
     postgres: Arc<Postgres>,
+    /// What the schedule did and met.
+    pub coverage: Coverage,
+    /// What went wrong on the way, beside the invariants: a fault not injected, an early event
+    /// refused. Each is a violation: the schedule did not test what it planned.
+    trouble: Mutex<Vec<Violation>>,
 }
 
 impl Schedule {
@@ -141,6 +149,26 @@ impl Schedule {
         );
     }
 
+    pub fn trouble(&self, kind: &'static str, detail: String) {
+        self.timeline
+            .log(format!("  {}: {detail}", kind.to_uppercase()));
+        self.trouble
+            .lock()
+            .unwrap()
+            .push(Violation { kind, detail });
+    }
+
+    fn process(&self, target: Target) -> &AsyncMutex<Process> {
+        match target {
+            Target::Processor => &self.processor,
+            Target::Instance(index) => &self.instances[index],
+        }
+    }
+
+    fn is_paused(&self, target: Target) -> bool {
+        self.paused.lock().unwrap().contains(&target)
+    }
+
     fn processor_fault_env(&self) -> Vec<(String, String)> {
         let (latency, lose, fail) = *self.faults.lock().unwrap();
         vec![
@@ -150,22 +178,34 @@ impl Schedule {
         ]
     }
 
-    /// Gives the running processor the faults in force.
+    /// Gives the running processor the faults in force, asking again for up to 5 s. Not set,
+    /// the schedule would go on without the faults it planned: that fails it.
     async fn put_faults(&self) {
         let (latency_ms, lose_answers, fail) = *self.faults.lock().unwrap();
-        let put = reqwest::Client::new()
-            .put(format!("{}/v1/test/faults", self.processor_address))
-            .bearer_auth(PROCESSOR_KEY)
-            .timeout(Duration::from_secs(3))
-            .json(&serde_json::json!({
-                "latency_ms": latency_ms, "lose_answers": lose_answers, "fail": fail
-            }))
-            .send()
-            .await;
-        if let Err(error) = put.and_then(|response| response.error_for_status()) {
-            self.timeline
-                .log(format!("  the processor's faults not set: {error}"));
+        let mut error = String::new();
+        for _ in 0..5 {
+            let put = reqwest::Client::new()
+                .put(format!("{}/v1/test/faults", self.processor_address))
+                .bearer_auth(PROCESSOR_KEY)
+                .timeout(Duration::from_secs(1))
+                .json(&serde_json::json!({
+                    "latency_ms": latency_ms, "lose_answers": lose_answers, "fail": fail
+                }))
+                .send()
+                .await;
+            match put.and_then(|response| response.error_for_status()) {
+                Ok(_) => return,
+                Err(failed) => error = failed.to_string(),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        self.trouble(
+            "fault not injected",
+            format!(
+                "the processor's faults (latency {latency_ms}ms, lose_answers {lose_answers}, \
+                 fail {fail}) not set: {error}"
+            ),
+        );
     }
 
     async fn start_processor(&self) {
@@ -207,7 +247,11 @@ impl Schedule {
                 fail,
             } => {
                 *self.faults.lock().unwrap() = (latency_ms, lose_answers, fail);
-                if self.processor.lock().await.is_up() {
+                if self.is_paused(Target::Processor) {
+                    // Set when it continues: a stopped process answers nothing.
+                    self.timeline
+                        .log("  the processor is paused: set when it continues");
+                } else if self.processor.lock().await.is_up() {
                     self.put_faults().await;
                 }
                 None
@@ -219,6 +263,7 @@ impl Schedule {
                     return None;
                 }
                 processor.kill().await;
+                self.coverage.saw(Seen::ProcessorKilled);
                 let s = Arc::clone(self);
                 Some(tokio::spawn(async move {
                     tokio::time::sleep(down).await;
@@ -232,6 +277,7 @@ impl Schedule {
                     return None;
                 }
                 instance.kill().await;
+                self.coverage.saw(Seen::InstanceKilled);
                 let s = Arc::clone(self);
                 Some(tokio::spawn(async move {
                     tokio::time::sleep(down).await;
@@ -240,14 +286,38 @@ impl Schedule {
             }
             Fault::RestartDatabase => {
                 match self.postgres.restart().await {
-                    Ok(()) => self.timeline.log("  PostgreSQL up"),
-                    Err(error) => self.timeline.log(format!("  PostgreSQL: {error}")),
+                    Ok(()) => {
+                        self.coverage.saw(Seen::DatabaseRestarted);
+                        self.timeline.log("  PostgreSQL up");
+                    }
+                    Err(error) => {
+                        self.trouble("fault not injected", format!("PostgreSQL restart: {error}"))
+                    }
                 }
                 None
             }
             Fault::Redeliver { count } => {
                 intents::redeliver(self, count, rng).await;
                 None
+            }
+            Fault::Pause { target, pause } => {
+                if !self.process(target).lock().await.signal("STOP") {
+                    self.timeline.log(format!("  {target} is down: not paused"));
+                    return None;
+                }
+                self.paused.lock().unwrap().push(target);
+                self.coverage.saw(Seen::Paused);
+                let s = Arc::clone(self);
+                Some(tokio::spawn(async move {
+                    tokio::time::sleep(pause).await;
+                    // Killed meanwhile, it was restarted running: nothing to continue.
+                    s.process(target).lock().await.signal("CONT");
+                    s.paused.lock().unwrap().retain(|paused| *paused != target);
+                    s.timeline.log(format!("  {target} continued"));
+                    if target == Target::Processor {
+                        s.put_faults().await;
+                    }
+                }))
             }
         }
     }
@@ -257,6 +327,7 @@ impl Schedule {
 pub struct Outcome {
     pub plan: Plan,
     pub violations: Vec<Violation>,
+    pub coverage: Counts,
     pub timeline: String,
     pub logs: PathBuf,
     pub took: Duration,
@@ -377,7 +448,10 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
         processor: AsyncMutex::new(processor),
         instances,
         faults: Mutex::new((0, 0.0, 0.0)),
+        paused: Mutex::new(Vec::new()),
         postgres,
+        coverage: Coverage::default(),
+        trouble: Mutex::new(Vec::new()),
         plan,
     });
     s.timeline.log(format!("seed {seed}: {}", s.plan));
@@ -469,7 +543,9 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
     check::until_events_delivered(&s).await;
 
     let answers = s.answers.lock().unwrap().clone();
-    let violations = check::invariants(&s, &answers, database_epoch).await;
+    let mut violations = std::mem::take(&mut *s.trouble.lock().unwrap());
+    violations.extend(check::invariants(&s, &answers, database_epoch).await);
+    check::count_work(&s, &answers).await;
     s.timeline
         .log(format!("checked: {} violation(s)", violations.len()));
     s.processor.lock().await.kill().await;
@@ -480,6 +556,7 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
     Outcome {
         plan: s.plan.clone(),
         violations,
+        coverage: s.coverage.counts(),
         timeline: s.timeline.render(s.started),
         logs,
         took: begun.elapsed(),

@@ -260,6 +260,21 @@ impl Process {
             .is_ok_and(|response| response.status().is_success())
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the running process; false when none runs. A stopped
+    /// process is one paused by its host (a long stall, a VM migrated, a frozen container): it
+    /// keeps its connections, its locks and its leases' tokens, and answers nothing; continued,
+    /// it carries on as if no time had passed, with leases that others may have taken over.
+    pub fn signal(&self, signal: &str) -> bool {
+        let Some(pid) = self.child.as_ref().and_then(Child::id) else {
+            return false;
+        };
+        std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+
     /// SIGKILL, as a crash or an OOM kill: no graceful shutdown, no answer to what is in flight.
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
