@@ -14,8 +14,8 @@
 //! - `EXPLORE_SEED`: run seeds S, S+1, … only (a replay); unset, the regression seeds run first,
 //!   then seeds drawn from the clock.
 //! - `EXPLORE_SCHEDULES`: how many new seeds (default 5).
-//! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 200: with the last
-//!   schedule and its final drive, the run stays within 5 minutes). A run whose budget is spent
+//! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 300: ten schedules
+//!   take about 200 s on 2 cores, and with the last schedule the run stays within 6 minutes). A run whose budget is spent
 //!   before every seed ran fails: seeds it did not run are seeds it did not check.
 //!
 //! A run prints what its schedules did and met ([`coverage`]); a default run (the regression
@@ -56,7 +56,7 @@ fn setting(name: &str) -> Option<u64> {
 #[tokio::main]
 async fn main() {
     let schedules = setting("EXPLORE_SCHEDULES").unwrap_or(5);
-    let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(200));
+    let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(300));
     let seeds: Vec<u64> = match setting("EXPLORE_SEED") {
         Some(seed) => (seed..seed + schedules).collect(),
         None => {
