@@ -28,8 +28,9 @@ use crate::support::instance::Instance;
 async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_beside: bool) {
     let (app, processor) = idempay_and_processor(
         Settings::default(),
-        // Long enough to kill the instance while it runs, even on a loaded machine.
-        faulty(|s| s.shared.slow_charge = Duration::from_secs(3)),
+        // Long enough to kill the instance while it runs, even on a loaded cluster: 3 s was not
+        // (the instance answered before the kill). Below idempay's 10 s timeout.
+        faulty(|s| s.shared.slow_charge = Duration::from_secs(6)),
     )
     .await;
     let recovering = instance_env(
@@ -223,7 +224,8 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
     };
     let in_flight = tokio::spawn(refund(&doomed.address).send());
 
-    wait_until("the refund is under way at the processor", || async {
+    // 20 s, as for the charge: on a loaded cluster, getting there took more than 10 s.
+    let under_way = holds_within(Duration::from_secs(20), || async {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (
                  SELECT 1 FROM idempotency_keys p
@@ -239,6 +241,10 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
         .unwrap()
     })
     .await;
+    assert!(
+        under_way,
+        "the refund is not under way at the processor within 20 s"
+    );
     let recorded = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM refunds")
             .fetch_one(&app.db)
