@@ -204,6 +204,7 @@ fn strings_comments_and_lifetimes_hide_no_path_and_invent_none() {
     let module = vec!["m".to_owned(), "n".to_owned()];
     let found: Vec<String> = references(text, &module)
         .into_iter()
+        .filter(|reference| reference.anchored)
         .map(|reference| format!("{}:{}", reference.path.join("::"), reference.line))
         .collect();
     assert_eq!(
@@ -219,6 +220,108 @@ fn strings_comments_and_lifetimes_hide_no_path_and_invent_none() {
             "a:9",
         ]
     );
+}
+
+/// A crate like the mechanism's: the root re-exports `recovery`'s items, `store/recovery.rs` uses
+/// them through the root, and `store.rs` hands on what its child defines. With `closed`,
+/// `lease.rs` imports `recovery.rs`'s `EarlierCalls` through the root's `pub use` while
+/// `recovery.rs` imports `lease.rs`'s `HeldLease`, and `store/recovery.rs` uses its parent's
+/// `Store` in code while the parent uses the child's `Resume`: two cycles. Without it the same
+/// names stand only where no import is made: a doc link, a test, a `pub use` no code of its file
+/// names.
+fn files_tree(name: &str, closed: bool) -> Tree {
+    let (lease, child) = if closed {
+        (
+            "use crate::{EarlierCalls as Calls};\npub struct HeldLease;\nfn f(_: Calls) {}\n",
+            "use crate::RecoveryPoint;\npub struct Resume(RecoveryPoint);\n\
+             fn g() { let _ = super::Store; }\n",
+        )
+    } else {
+        (
+            "/// Held while [`crate::EarlierCalls`] are read.\npub struct HeldLease;\n",
+            "use crate::RecoveryPoint;\n/// Resumed by [`super::Store`].\n\
+             pub struct Resume(RecoveryPoint);\n",
+        )
+    };
+    Tree::new(
+        name,
+        &[
+            (
+                "crates/mechanism/src/lib.rs",
+                "mod lease;\nmod recovery;\nmod store;\npub use recovery::{EarlierCalls, RecoveryPoint};\n\
+                 pub use store::{Resume, Store};\n",
+            ),
+            (
+                "crates/mechanism/src/recovery.rs",
+                "use super::lease::HeldLease;\npub struct RecoveryPoint(HeldLease);\n\
+                 pub struct EarlierCalls;\n#[cfg(test)]\nmod tests {\n    use crate::store::Store;\n}\n",
+            ),
+            ("crates/mechanism/src/lease.rs", lease),
+            (
+                "crates/mechanism/src/store.rs",
+                "mod recovery;\n#[cfg(test)]\nmod tests;\npub use self::recovery::Resume;\n\
+                 pub struct Store;\npub fn resume() -> Option<Resume> { None }\n",
+            ),
+            ("crates/mechanism/src/store/recovery.rs", child),
+            (
+                "crates/mechanism/src/store/tests.rs",
+                "use crate::lease::HeldLease;\nuse super::Store;\n",
+            ),
+        ],
+    )
+}
+
+#[test]
+fn the_file_graph_finds_a_cycle_through_the_root_s_pub_use_and_one_between_parent_and_child() {
+    let tree = files_tree("file-cycle", true);
+    let graph = Graph::of_files(&tree.0);
+    let failures = graph.check(&[]);
+    let report = failures.join("\n\n");
+    assert_eq!(failures.len(), 2, "{report}");
+    let src = "crates/mechanism/src";
+    assert!(
+        report.contains(&format!(
+            "  {src}/lease.rs -> {src}/recovery.rs -> {src}/lease.rs\n\
+             \x20 {src}/lease.rs -> {src}/recovery.rs: EarlierCalls (line 1)\n\
+             \x20 {src}/recovery.rs -> {src}/lease.rs: lease::HeldLease (line 1)\n"
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "  {src}/store.rs -> {src}/store/recovery.rs -> {src}/store.rs\n\
+             \x20 {src}/store.rs -> {src}/store/recovery.rs: store::recovery::Resume (line 4)\n\
+             \x20 {src}/store/recovery.rs -> {src}/store.rs: store::Store (line 3)\n"
+        )),
+        "{report}"
+    );
+    // Listed, the two edges that close them let the check pass.
+    let listed = [
+        (
+            "crates/mechanism/src/lease.rs",
+            "crates/mechanism/src/recovery.rs",
+        ),
+        (
+            "crates/mechanism/src/store/recovery.rs",
+            "crates/mechanism/src/store.rs",
+        ),
+    ];
+    assert_eq!(graph.check(&listed), Vec::<String>::new());
+}
+
+#[test]
+fn the_file_graph_of_a_crate_without_a_cycle_passes_with_its_edges_found() {
+    let tree = files_tree("file-acyclic", false);
+    let graph = Graph::of_files(&tree.0);
+    assert_eq!(
+        edges_of(&graph),
+        [
+            "crates/mechanism/src/recovery.rs -> crates/mechanism/src/lease.rs",
+            "crates/mechanism/src/store.rs -> crates/mechanism/src/store/recovery.rs",
+            "crates/mechanism/src/store/recovery.rs -> crates/mechanism/src/recovery.rs",
+        ]
+    );
+    assert_eq!(graph.check(&[]), Vec::<String>::new());
 }
 
 #[test]
