@@ -31,8 +31,9 @@ impl Drop for Tree {
 }
 
 /// Four layers, `config` under `store` under `payments`, and `web` over all; `store` reaches back
-/// up to `web` through a doc link, and `payments` to `web` through a nested `use` tree, which
-/// closes two cycles. A crate under `crates/` has a cycle of its own.
+/// up to `web` through a path in code, and `payments` to `web` through a nested `use` tree, which
+/// closes two cycles; `config`'s doc link up to `web` closes none, a doc link being no import. A
+/// crate under `crates/` has a cycle of its own.
 fn layered_tree(name: &str) -> Tree {
     Tree::new(
         name,
@@ -44,15 +45,15 @@ fn layered_tree(name: &str) -> Tree {
             ("src/main.rs", "use crate::web::serve;"),
             (
                 "src/config.rs",
-                "pub struct Settings;\n// crate::web::Nothing: a comment only\n",
+                "/// Read by [`crate::web::serve`].\npub struct Settings;\n// crate::web::Nothing: a comment only\n",
             ),
             (
                 "src/store.rs",
-                "mod pool;\nuse crate::config::Settings;\n/// Called by [`crate::web::serve`].\npub fn open() {}\n",
+                "mod pool;\nuse crate::config::Settings;\n/// Called by [`crate::web::serve`].\npub fn open() { crate::web::serve(); }\n",
             ),
             (
                 "src/store/pool.rs",
-                "use super::super::config;\npub fn pool() { let _ = \"crate::web\"; }\n",
+                "use super::super::config::Settings;\npub fn pool() { let _ = \"crate::web\"; }\n",
             ),
             (
                 "src/payments/mod.rs",
@@ -87,7 +88,7 @@ fn edges_of(graph: &Graph) -> Vec<String> {
 }
 
 #[test]
-fn the_graph_of_a_tree_has_its_edges_from_use_trees_paths_and_doc_links() {
+fn the_graph_of_a_tree_has_its_edges_from_use_trees_and_paths_but_not_doc_links() {
     let tree = layered_tree("edges");
     let graph = Graph::of(&tree.0);
     assert_eq!(
@@ -113,16 +114,20 @@ fn the_graph_of_a_tree_has_its_edges_from_use_trees_paths_and_doc_links() {
         names("payments", "web", "src/payments/mod.rs"),
         ["web::AppState", "web::extract::Json", "web::extract::Query"]
     );
+    // `store::{self}` binds a name: the path through it is the import.
     assert_eq!(
         names("payments", "store", "src/payments/mod.rs"),
-        ["store", "store::open"]
+        ["store::open"]
     );
     assert_eq!(
         names("payments", "store", "src/payments/charging.rs"),
         ["store::open"]
     );
     assert_eq!(names("store", "web", "src/store.rs"), ["web::serve"]);
-    assert_eq!(names("store", "config", "src/store/pool.rs"), ["config"]);
+    assert_eq!(
+        names("store", "config", "src/store/pool.rs"),
+        ["config::Settings"]
+    );
     assert_eq!(
         names("web", "config", "src/web/extract.rs"),
         ["config::Settings"]
@@ -145,7 +150,7 @@ fn the_checker_fails_on_a_cycle_naming_each_edge_s_files_and_names() {
         "{report}"
     );
     assert!(
-        report.contains("    src/store.rs: web::serve (line 3)\n"),
+        report.contains("    src/store.rs: web::serve (line 4)\n"),
         "{report}"
     );
     assert!(
