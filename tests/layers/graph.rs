@@ -87,7 +87,13 @@ impl Graph {
         for (_, src) in crates(root) {
             let krate = Crate::read(root, &src);
             for (from, to, name, line) in imports(&krate) {
-                graph.add(from.shown.clone(), to.shown.clone(), &from.shown, name, line);
+                graph.add(
+                    from.shown.clone(),
+                    to.shown.clone(),
+                    &from.shown,
+                    name,
+                    line,
+                );
             }
         }
         graph

@@ -228,7 +228,9 @@ pub(crate) fn references(text: &str, module: &[String]) -> Vec<Reference> {
 pub(crate) fn read(text: &str, module: &[String]) -> Reading {
     let tokens = tokens(text);
     let mut reading = Reading::default();
-    reading.scopes.insert(module.to_vec(), Declarations::default());
+    reading
+        .scopes
+        .insert(module.to_vec(), Declarations::default());
     // The inline modules open around the current token: their name and the depth of their brace.
     let mut inline: Vec<(String, usize)> = Vec::new();
     let mut depth = 0;
@@ -281,7 +283,9 @@ pub(crate) fn read(text: &str, module: &[String]) -> Reading {
                     reading.scopes.entry(current(&inline)).or_default();
                 }
             }
-            Token::Word(keyword) if keyword == "use" && token(at + 1) != Some(&Token::Punct('<')) => {
+            Token::Word(keyword)
+                if keyword == "use" && token(at + 1) != Some(&Token::Punct('<')) =>
+            {
                 let reexport = is_pub(&tokens, at);
                 let mut paths = Vec::new();
                 at += 1;
@@ -434,9 +438,13 @@ fn is_test_cfg(attribute: &[(Token, usize)]) -> bool {
         [Token::Word(cfg), Token::Punct('('), only, Token::Punct(')')] => {
             cfg == "cfg" && **only == test
         }
-        [Token::Word(cfg), Token::Punct('('), Token::Word(all), Token::Punct('('), rest @ ..] => {
-            cfg == "cfg" && all == "all" && rest.contains(&&test)
-        }
+        [
+            Token::Word(cfg),
+            Token::Punct('('),
+            Token::Word(all),
+            Token::Punct('('),
+            rest @ ..,
+        ] => cfg == "cfg" && all == "all" && rest.contains(&&test),
         _ => false,
     }
 }

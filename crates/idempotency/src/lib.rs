@@ -42,6 +42,7 @@ mod key;
 mod layer;
 mod lease;
 pub mod metrics;
+mod point;
 mod recovery;
 mod replays;
 mod request;
@@ -73,9 +74,9 @@ use fingerprint::mismatched_fields;
 use formats::{Reported, UnknownFormat};
 use instrumentation::Instrumentation;
 use lease::{Completed, HeldLease};
-pub use lease::{Completion, Fence, Lease};
+pub use lease::{Completion, Fence, Lease, Resumers};
 use metrics::KeyOutcome;
-use recovery::PointAt;
+use point::{PointAt, RecoveryBounds};
 use replays::{CACHED_REPLAYS, CachedReplay};
 use store::Reservation;
 
@@ -88,10 +89,8 @@ pub use fingerprint::{
 pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
-use recovery::RecoveryBounds;
-pub use recovery::{
-    EarlierCalls, KeyRecovery, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers, StateVersion,
-};
+pub use point::{EarlierCalls, RecoveryPoint, StateVersion};
+pub use recovery::{KeyRecovery, LONGEST_RECOVERY_BACKOFF};
 pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, ResponseVersion, StoredResponse};
 pub use settle::{Settled, Settlement};
