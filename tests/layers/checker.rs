@@ -330,6 +330,39 @@ fn the_file_graph_of_a_crate_without_a_cycle_passes_with_its_edges_found() {
 }
 
 #[test]
+fn a_module_a_use_binds_leads_through_the_path_named_and_tests_and_unused_reexports_import_nothing()
+{
+    let tree = Tree::new(
+        "file-paths",
+        &[
+            (
+                "crates/m/src/lib.rs",
+                "mod a; mod b; mod c;\npub use a::inner::A;\nuse c::C;\npub fn root() -> C { C }\n",
+            ),
+            ("crates/m/src/a.rs", "pub mod inner;\npub struct Outer;\n"),
+            ("crates/m/src/a/inner.rs", "pub struct A;\n"),
+            (
+                "crates/m/src/b.rs",
+                "use crate::a;\npub fn f() -> a::inner::A { a::inner::A }\n\
+                 #[cfg(test)]\nfn helper() { let _ = crate::c::C; }\n",
+            ),
+            ("crates/m/src/c.rs", "pub struct C;\n"),
+        ],
+    );
+    let graph = Graph::of_files(&tree.0);
+    // `b.rs` names `a/inner.rs`'s `A` through the module `a` it binds, not `a.rs`; its test helper
+    // names `c.rs` and counts for nothing; the root's `use c::C` is an import of its own, its
+    // `pub use` of `A`, which its code does not name, is not.
+    assert_eq!(
+        edges_of(&graph),
+        [
+            "crates/m/src/b.rs -> crates/m/src/a/inner.rs",
+            "crates/m/src/lib.rs -> crates/m/src/c.rs",
+        ]
+    );
+}
+
+#[test]
 fn file_lengths_are_held_by_the_limit_and_the_listed_ceilings() {
     let lengths: BTreeMap<String, usize> = [
         ("src/short.rs", 10),

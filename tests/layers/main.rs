@@ -7,12 +7,14 @@
 //! The sources are read as text: each file is mapped to its module path (`src/payments/mod.rs` is
 //! `payments`, `crates/idempotency/src/store/recovery.rs` is `store::recovery`), with the items it
 //! defines and the names its `use` declarations bind; every path it names (in `use` trees, braces
-//! nested or not, in code and in doc comments) is followed to the file that defines the item,
-//! through the `use` and `pub use` declarations on the way, as the compiler resolves it: a
-//! `crate::RecoveryPoint` the root re-exports leads to the file that defines `RecoveryPoint`, not
-//! to `lib.rs`. What only tests compile (`#[cfg(test)]`) is left out: tests may import anything.
-//! The top-level graph leaves `lib.rs` and `main.rs` out (they assemble everything); the file
-//! graph keeps them, since an item they define is imported like any other.
+//! nested or not, and in code) is followed to the file that defines the item, through the `use`
+//! and `pub use` declarations on the way, as the compiler resolves it: a `crate::RecoveryPoint`
+//! the root re-exports leads to the file that defines `RecoveryPoint`, not to `lib.rs`. A file
+//! imports the files its paths lead to (`graph::imports` says what counts); declaring a child
+//! module is no import, a doc link is none (it compiles to nothing), and what only tests compile
+//! (`#[cfg(test)]`) is left out: tests may import anything. The top-level graph is the file
+//! graph's edges between top-level modules, `lib.rs` and `main.rs` left out (they assemble
+//! everything); the file graph keeps them, since an item they define is imported like any other.
 //!
 //! The checks are ratchets, for the refactor that takes today's cycles apart: [`BACK_EDGES`] and
 //! [`FILE_BACK_EDGES`] list the edges that still close a cycle, and [`LONG_FILES`] the files still
