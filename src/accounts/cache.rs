@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::Account;
+use super::account::Account;
 use super::metrics;
 
 /// The channel every change of an API key is told on, with the hex of the changed hash (see the

@@ -2,12 +2,11 @@
 //! (`Authorization: Bearer sk_…`, or HTTP Basic with the key as the user name, as Stripe takes
 //! it); only its SHA-256 hash is stored.
 
+mod account;
 mod api_key;
 mod cache;
 pub mod metrics;
 mod rate_limit;
-
-use std::fmt;
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::header;
@@ -15,64 +14,11 @@ use axum::http::request::Parts;
 use sqlx::PgPool;
 
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use service::ids;
 
+pub use account::{Account, AccountId};
 pub use api_key::ApiKey;
 pub use cache::{ACCOUNT_TTL, AccountCache, CHANNEL, UNKNOWN_TTL, listen};
 pub use rate_limit::RateLimit;
-
-/// An account id, `acct_` followed by random characters.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
-pub struct AccountId(String);
-
-impl AccountId {
-    fn generate() -> Self {
-        Self(ids::generate("acct", 16))
-    }
-
-    /// An account id as an operator types it: `acct_` and letters and digits. Whether the account
-    /// exists is the database's to say.
-    pub fn parse(raw: &str) -> Option<Self> {
-        let random = raw.trim().strip_prefix("acct_")?;
-        (!random.is_empty()
-            && random.len() <= 64
-            && random.bytes().all(|b| b.is_ascii_alphanumeric()))
-        .then(|| Self(raw.trim().to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// An id as a record kept it (a recovery state): an account's, when it was written.
-    pub fn kept(id: String) -> Self {
-        Self(id)
-    }
-}
-
-impl fmt::Display for AccountId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// The authenticated account of a request, kept in its extensions once extracted.
-#[derive(Clone, Debug)]
-pub struct Account {
-    id: AccountId,
-    name: String,
-}
-
-impl Account {
-    pub fn id(&self) -> &AccountId {
-        &self.id
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
 
 /// Creates an account and returns it with its new secret key, shown this once.
 pub async fn create(pool: &PgPool, name: &str) -> Result<(Account, ApiKey), anyhow::Error> {
@@ -273,20 +219,6 @@ fn credentials(authorization: Option<&header::HeaderValue>) -> Result<ApiKey, Re
 
 fn unauthorized(detail: &str) -> Problem {
     Problem::new(ProblemKind::Unauthorized, detail)
-}
-
-impl sqlx::Type<sqlx::Postgres> for AccountId {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <String as sqlx::Type<sqlx::Postgres>>::type_info()
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Postgres> for AccountId {
-    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        Ok(Self(<String as sqlx::Decode<sqlx::Postgres>>::decode(
-            value,
-        )?))
-    }
 }
 
 #[cfg(test)]

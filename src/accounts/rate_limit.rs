@@ -10,7 +10,8 @@ use std::sync::Arc;
 use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota};
 
-use super::{AccountId, metrics};
+use super::account::AccountId;
+use super::metrics;
 use crate::http::error::{Problem, ProblemKind};
 
 /// Requests per second per account, with a burst of as many: a generic cell rate (GCRA) that lets

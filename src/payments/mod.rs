@@ -8,21 +8,20 @@ mod model;
 
 use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
+use sqlx::PgPool;
 use sqlx::types::Json;
-use sqlx::{PgConnection, PgPool};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
+use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::downstream::ProcessorClient;
 use crate::downstream::call;
-use crate::events::NewEvent;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::{PageQuery, Path};
 use crate::metadata::Metadata;
-use idempotency::{Fence, Idempotency, IdempotencyKey, Idempotent, Owners};
+use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
 use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
@@ -248,96 +247,4 @@ async fn position_of(
     )
     .fetch_optional(pool)
     .await
-}
-
-/// Records the payment alone, in the work's transaction: the form for a distributed database.
-async fn insert(
-    connection: &mut PgConnection,
-    account: &AccountId,
-    payment: &Payment,
-    key: &IdempotencyKey,
-) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        r#"
-        INSERT INTO payments
-            (id, account_id, amount, currency, status, payment_method, order_ref, description,
-             idempotency_key, charge, created_at, metadata)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-        "#,
-        payment.id.as_str(),
-        account.as_str(),
-        payment.amount,
-        payment.currency,
-        payment.status.as_str(),
-        payment.payment_method.as_str(),
-        payment.order.as_deref(),
-        payment.description.as_deref(),
-        key.as_str(),
-        payment.charge.as_deref(),
-        payment.created_at,
-        Json(&payment.metadata) as _,
-    )
-    .execute(connection)
-    .await?;
-    Ok(())
-}
-
-/// Records the payment and its event and completes its key with `fence` in one statement: all
-/// three commit, or, when another request took the key over, none. The event costs no round trip:
-/// it is one more row (and its webhook deliveries, one per subscribed endpoint) in the same
-/// statement.
-async fn insert_and_complete(
-    connection: &mut PgConnection,
-    account: &AccountId,
-    payment: &Payment,
-    event: &NewEvent,
-    key: &IdempotencyKey,
-    fence: Fence,
-) -> Result<(), sqlx::Error> {
-    sqlx::query_scalar!(
-        r#"
-        WITH payment AS (
-            INSERT INTO payments
-                (id, account_id, amount, currency, status, payment_method, order_ref, description,
-                 idempotency_key, charge, created_at, metadata)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $22)
-            RETURNING id
-        ), event AS (
-            INSERT INTO events (id, account_id, type, body, created_at)
-            VALUES ($18, $2, $19, $20, $11)
-        ), deliveries AS (
-            INSERT INTO webhook_deliveries (account_id, event_id, url, body, endpoint_id)
-            SELECT endpoint.account_id, $18, endpoint.url, $20, endpoint.id
-            FROM webhook_endpoints AS endpoint
-            WHERE endpoint.account_id = $2 AND endpoint.status = 'enabled'
-              AND ($19 = ANY (endpoint.enabled_events) OR '*' = ANY (endpoint.enabled_events))
-        )
-        SELECT idempotency_complete($21, $12, $13, $14, $15, $16, $17) AS "key_id!" FROM payment
-        "#,
-        payment.id.as_str(),
-        account.as_str(),
-        payment.amount,
-        payment.currency,
-        payment.status.as_str(),
-        payment.payment_method.as_str(),
-        payment.order.as_deref(),
-        payment.description.as_deref(),
-        key.as_str(),
-        payment.charge.as_deref(),
-        payment.created_at,
-        fence.key_id,
-        fence.token,
-        fence.response_code,
-        fence.response_headers,
-        &fence.response_body[..],
-        fence.ttl_ms,
-        event.id,
-        event.kind.as_str(),
-        &event.body,
-        &*fence.owner,
-        Json(&payment.metadata) as _,
-    )
-    .fetch_one(connection)
-    .await?;
-    Ok(())
 }

@@ -7,7 +7,8 @@ use std::fmt;
 
 use sqlx::PgPool;
 
-use super::{Difference, Ours, Theirs};
+use super::Difference;
+use super::ledgers::{Ours, Theirs};
 use processor::{Charge, Dispute, ProcessorRefund};
 
 /// Something the processor made that idempay is still recording: the key that asked for it is in

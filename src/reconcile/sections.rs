@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::{Difference, OurDispute, OurRefund, Ours, Theirs};
+use super::Difference;
+use super::ledgers::{OurDispute, OurRefund, Ours, Theirs};
 use crate::disputes::DisputeStatus;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;

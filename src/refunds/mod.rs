@@ -2,13 +2,13 @@
 //! and never more than was paid and is not disputed, however many refunds race for the same
 //! payment.
 
+mod model;
 mod refund_state;
 mod refunding;
 
 use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::PgPool;
 use sqlx::types::Json;
 use utoipa::ToSchema;
@@ -26,7 +26,6 @@ use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
 use crate::payments::{Amount, PaymentId};
-use service::vocabulary::{stored, vocabulary};
 
 const MAX_REASON_LEN: usize = 500;
 
@@ -83,91 +82,10 @@ impl TryFrom<String> for Reason {
     }
 }
 
-/// The state of a refund: `succeeded` when made, `failed` if the processor later reported it
-/// failed (the amount is refundable again).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RefundStatus {
-    Succeeded,
-    Failed,
-}
-
-vocabulary!(RefundStatus, "refund status" {
-    Succeeded => "succeeded",
-    Failed => "failed",
-});
-
+pub(crate) use model::RefundRow;
+use model::payment_not_found;
+pub use model::{Refund, RefundStatus};
 pub use refunding::{REFUND_REQUESTED, RefundAsked, RefundRequested, refund_and_record};
-
-/// A refund, as the API returns it.
-#[derive(Clone, Debug, Serialize, ToSchema)]
-#[schema(example = json!({
-    "id": "re_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
-    "object": "refund",
-    "payment": "pay_U5PgTqA02dYsv3cLANIGkqIs",
-    "amount": 1000,
-    "reason": "requested_by_customer",
-    "status": "succeeded",
-    "processor_refund": "pyr_Jx8bq2LkR5Vn0Ww3Zt7YcA1d",
-    "created_at": "2026-11-29T19:05:12.118230Z"
-}))]
-pub struct Refund {
-    /// The refund's id, `re_` followed by 24 characters.
-    #[schema(pattern = "^re_[0-9A-Za-z]{24}$")]
-    pub id: String,
-    /// Always `refund`.
-    #[schema(value_type = String, pattern = "^refund$")]
-    pub object: &'static str,
-    /// The refunded payment.
-    pub payment: String,
-    /// The refunded amount, in minor units.
-    #[schema(minimum = 1)]
-    pub amount: i64,
-    pub reason: Option<String>,
-    #[schema(inline)]
-    pub status: RefundStatus,
-    /// The processor's refund this one records.
-    #[schema(example = "pyr_Jx8bq2LkR5Vn0Ww3Zt7YcA1d")]
-    pub processor_refund: Option<String>,
-    pub created_at: DateTime<Utc>,
-    /// The merchant's key–value pairs, as sent; `{}` when none were.
-    pub metadata: Metadata,
-}
-
-impl Refund {
-    pub fn location(&self) -> String {
-        format!("/v1/refunds/{}", self.id)
-    }
-}
-
-/// A `refunds` row, as the queries read it.
-pub(crate) struct RefundRow {
-    pub id: String,
-    pub payment_id: String,
-    pub amount: i64,
-    pub reason: Option<String>,
-    pub status: String,
-    pub processor_refund: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub metadata: Json<Metadata>,
-}
-
-impl RefundRow {
-    /// The refund this row holds; a decoding error if its status is none the API knows.
-    pub fn parse(self) -> Result<Refund, sqlx::Error> {
-        Ok(Refund {
-            id: self.id,
-            object: "refund",
-            payment: self.payment_id,
-            amount: self.amount,
-            reason: self.reason,
-            status: stored(&self.status)?,
-            processor_refund: self.processor_refund,
-            created_at: self.created_at,
-            metadata: self.metadata.0,
-        })
-    }
-}
 
 /// Refund a payment
 ///
@@ -391,13 +309,10 @@ pub fn is_refund_id(id: &str) -> bool {
     })
 }
 
-fn payment_not_found(id: &str) -> Problem {
-    Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Utc;
 
     #[test]
     fn a_stored_refund_status_that_is_none_of_ours_is_an_error() {

@@ -9,8 +9,8 @@ use axum::http::{StatusCode, header};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+use super::model::{RefundRow, payment_not_found};
 use super::refund_state::{self, Refund, RefundState};
-use super::{RefundRow, payment_not_found};
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{Outcome, ProcessorClient, Refusal};

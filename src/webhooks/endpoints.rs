@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::WebhookSettings;
+use super::settings::WebhookSettings;
 use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
 use crate::events::EventType;
 use crate::http::error::{

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod parked;
 pub mod retention;
 mod retry;
+mod settings;
 
 use std::time::Duration;
 
@@ -41,17 +42,7 @@ use idempotency::{Idempotency, Owners};
 use service::outbox::{Rejection, WebhookSecrets};
 
 pub use events::{Envelope, IntakeType, NotRecorded, Outcome, unreadable};
-
-/// What the webhook routes are configured with, beside the pool and the mechanism.
-#[derive(Clone, Debug)]
-pub struct WebhookSettings {
-    /// Verify the processor's webhooks, any of them; without any they are refused.
-    pub secrets: Option<WebhookSecrets>,
-    /// How long processed webhook event ids are remembered.
-    pub event_ttl: Duration,
-    /// Whether merchant endpoints may point at non-public addresses (development only).
-    pub allow_private: bool,
-}
+pub use settings::WebhookSettings;
 
 pub fn router<S>() -> OpenApiRouter<S>
 where

@@ -31,8 +31,9 @@ impl Drop for Tree {
 }
 
 /// Four layers, `config` under `store` under `payments`, and `web` over all; `store` reaches back
-/// up to `web` through a doc link, and `payments` to `web` through a nested `use` tree, which
-/// closes two cycles. A crate under `crates/` has a cycle of its own.
+/// up to `web` through a path in code, and `payments` to `web` through a nested `use` tree, which
+/// closes two cycles; `config`'s doc link up to `web` closes none, a doc link being no import. A
+/// crate under `crates/` has a cycle of its own.
 fn layered_tree(name: &str) -> Tree {
     Tree::new(
         name,
@@ -44,15 +45,15 @@ fn layered_tree(name: &str) -> Tree {
             ("src/main.rs", "use crate::web::serve;"),
             (
                 "src/config.rs",
-                "pub struct Settings;\n// crate::web::Nothing: a comment only\n",
+                "/// Read by [`crate::web::serve`].\npub struct Settings;\n// crate::web::Nothing: a comment only\n",
             ),
             (
                 "src/store.rs",
-                "mod pool;\nuse crate::config::Settings;\n/// Called by [`crate::web::serve`].\npub fn open() {}\n",
+                "mod pool;\nuse crate::config::Settings;\n/// Called by [`crate::web::serve`].\npub fn open() { crate::web::serve(); }\n",
             ),
             (
                 "src/store/pool.rs",
-                "use super::super::config;\npub fn pool() { let _ = \"crate::web\"; }\n",
+                "use super::super::config::Settings;\npub fn pool() { let _ = \"crate::web\"; }\n",
             ),
             (
                 "src/payments/mod.rs",
@@ -87,7 +88,7 @@ fn edges_of(graph: &Graph) -> Vec<String> {
 }
 
 #[test]
-fn the_graph_of_a_tree_has_its_edges_from_use_trees_paths_and_doc_links() {
+fn the_graph_of_a_tree_has_its_edges_from_use_trees_and_paths_but_not_doc_links() {
     let tree = layered_tree("edges");
     let graph = Graph::of(&tree.0);
     assert_eq!(
@@ -113,16 +114,20 @@ fn the_graph_of_a_tree_has_its_edges_from_use_trees_paths_and_doc_links() {
         names("payments", "web", "src/payments/mod.rs"),
         ["web::AppState", "web::extract::Json", "web::extract::Query"]
     );
+    // `store::{self}` binds a name: the path through it is the import.
     assert_eq!(
         names("payments", "store", "src/payments/mod.rs"),
-        ["store", "store::open"]
+        ["store::open"]
     );
     assert_eq!(
         names("payments", "store", "src/payments/charging.rs"),
         ["store::open"]
     );
     assert_eq!(names("store", "web", "src/store.rs"), ["web::serve"]);
-    assert_eq!(names("store", "config", "src/store/pool.rs"), ["config"]);
+    assert_eq!(
+        names("store", "config", "src/store/pool.rs"),
+        ["config::Settings"]
+    );
     assert_eq!(
         names("web", "config", "src/web/extract.rs"),
         ["config::Settings"]
@@ -145,7 +150,7 @@ fn the_checker_fails_on_a_cycle_naming_each_edge_s_files_and_names() {
         "{report}"
     );
     assert!(
-        report.contains("    src/store.rs: web::serve (line 3)\n"),
+        report.contains("    src/store.rs: web::serve (line 4)\n"),
         "{report}"
     );
     assert!(
@@ -204,6 +209,7 @@ fn strings_comments_and_lifetimes_hide_no_path_and_invent_none() {
     let module = vec!["m".to_owned(), "n".to_owned()];
     let found: Vec<String> = references(text, &module)
         .into_iter()
+        .filter(|reference| reference.anchored)
         .map(|reference| format!("{}:{}", reference.path.join("::"), reference.line))
         .collect();
     assert_eq!(
@@ -217,6 +223,141 @@ fn strings_comments_and_lifetimes_hide_no_path_and_invent_none() {
             "a::b::d:9",
             "a::f:9",
             "a:9",
+        ]
+    );
+}
+
+/// A crate like the mechanism's: the root re-exports `recovery`'s items, `store/recovery.rs` uses
+/// them through the root, and `store.rs` hands on what its child defines. With `closed`,
+/// `lease.rs` imports `recovery.rs`'s `EarlierCalls` through the root's `pub use` while
+/// `recovery.rs` imports `lease.rs`'s `HeldLease`, and `store/recovery.rs` uses its parent's
+/// `Store` in code while the parent uses the child's `Resume`: two cycles. Without it the same
+/// names stand only where no import is made: a doc link, a test, a `pub use` no code of its file
+/// names.
+fn files_tree(name: &str, closed: bool) -> Tree {
+    let (lease, child) = if closed {
+        (
+            "use crate::{EarlierCalls as Calls};\npub struct HeldLease;\nfn f(_: Calls) {}\n",
+            "use crate::RecoveryPoint;\npub struct Resume(RecoveryPoint);\n\
+             fn g() { let _ = super::Store; }\n",
+        )
+    } else {
+        (
+            "/// Held while [`crate::EarlierCalls`] are read.\npub struct HeldLease;\n",
+            "use crate::RecoveryPoint;\n/// Resumed by [`super::Store`].\n\
+             pub struct Resume(RecoveryPoint);\n",
+        )
+    };
+    Tree::new(
+        name,
+        &[
+            (
+                "crates/mechanism/src/lib.rs",
+                "mod lease;\nmod recovery;\nmod store;\npub use recovery::{EarlierCalls, RecoveryPoint};\n\
+                 pub use store::{Resume, Store};\n",
+            ),
+            (
+                "crates/mechanism/src/recovery.rs",
+                "use super::lease::HeldLease;\npub struct RecoveryPoint(HeldLease);\n\
+                 pub struct EarlierCalls;\n#[cfg(test)]\nmod tests {\n    use crate::store::Store;\n}\n",
+            ),
+            ("crates/mechanism/src/lease.rs", lease),
+            (
+                "crates/mechanism/src/store.rs",
+                "mod recovery;\n#[cfg(test)]\nmod tests;\npub use self::recovery::Resume;\n\
+                 pub struct Store;\npub fn resume() -> Option<Resume> { None }\n",
+            ),
+            ("crates/mechanism/src/store/recovery.rs", child),
+            (
+                "crates/mechanism/src/store/tests.rs",
+                "use crate::lease::HeldLease;\nuse super::Store;\n",
+            ),
+        ],
+    )
+}
+
+#[test]
+fn the_file_graph_finds_a_cycle_through_the_root_s_pub_use_and_one_between_parent_and_child() {
+    let tree = files_tree("file-cycle", true);
+    let graph = Graph::of_files(&tree.0);
+    let failures = graph.check(&[]);
+    let report = failures.join("\n\n");
+    assert_eq!(failures.len(), 2, "{report}");
+    let src = "crates/mechanism/src";
+    assert!(
+        report.contains(&format!(
+            "  {src}/lease.rs -> {src}/recovery.rs -> {src}/lease.rs\n\
+             \x20 {src}/lease.rs -> {src}/recovery.rs: EarlierCalls (line 1)\n\
+             \x20 {src}/recovery.rs -> {src}/lease.rs: lease::HeldLease (line 1)\n"
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "  {src}/store.rs -> {src}/store/recovery.rs -> {src}/store.rs\n\
+             \x20 {src}/store.rs -> {src}/store/recovery.rs: store::recovery::Resume (line 4)\n\
+             \x20 {src}/store/recovery.rs -> {src}/store.rs: store::Store (line 3)\n"
+        )),
+        "{report}"
+    );
+    // Listed, the two edges that close them let the check pass.
+    let listed = [
+        (
+            "crates/mechanism/src/lease.rs",
+            "crates/mechanism/src/recovery.rs",
+        ),
+        (
+            "crates/mechanism/src/store/recovery.rs",
+            "crates/mechanism/src/store.rs",
+        ),
+    ];
+    assert_eq!(graph.check(&listed), Vec::<String>::new());
+}
+
+#[test]
+fn the_file_graph_of_a_crate_without_a_cycle_passes_with_its_edges_found() {
+    let tree = files_tree("file-acyclic", false);
+    let graph = Graph::of_files(&tree.0);
+    assert_eq!(
+        edges_of(&graph),
+        [
+            "crates/mechanism/src/recovery.rs -> crates/mechanism/src/lease.rs",
+            "crates/mechanism/src/store.rs -> crates/mechanism/src/store/recovery.rs",
+            "crates/mechanism/src/store/recovery.rs -> crates/mechanism/src/recovery.rs",
+        ]
+    );
+    assert_eq!(graph.check(&[]), Vec::<String>::new());
+}
+
+#[test]
+fn a_module_a_use_binds_leads_through_the_path_named_and_tests_and_unused_reexports_import_nothing()
+{
+    let tree = Tree::new(
+        "file-paths",
+        &[
+            (
+                "crates/m/src/lib.rs",
+                "mod a; mod b; mod c;\npub use a::inner::A;\nuse c::C;\npub fn root() -> C { C }\n",
+            ),
+            ("crates/m/src/a.rs", "pub mod inner;\npub struct Outer;\n"),
+            ("crates/m/src/a/inner.rs", "pub struct A;\n"),
+            (
+                "crates/m/src/b.rs",
+                "use crate::a;\npub fn f() -> a::inner::A { a::inner::A }\n\
+                 #[cfg(test)]\nfn helper() { let _ = crate::c::C; }\n",
+            ),
+            ("crates/m/src/c.rs", "pub struct C;\n"),
+        ],
+    );
+    let graph = Graph::of_files(&tree.0);
+    // `b.rs` names `a/inner.rs`'s `A` through the module `a` it binds, not `a.rs`; its test helper
+    // names `c.rs` and counts for nothing; the root's `use c::C` is an import of its own, its
+    // `pub use` of `A`, which its code does not name, is not.
+    assert_eq!(
+        edges_of(&graph),
+        [
+            "crates/m/src/b.rs -> crates/m/src/a/inner.rs",
+            "crates/m/src/lib.rs -> crates/m/src/c.rs",
         ]
     );
 }

@@ -1,68 +1,102 @@
-//! The top-level module graph of each crate, and the ratchet on its cycles.
+//! The import graphs of each crate, top-level modules' and files', and the ratchet on their
+//! cycles.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::lengths::{relative, rust_files};
-use crate::read::references;
+use crate::modules::{Crate, File, Found};
+use crate::read::How;
 
-/// What one file names of another top-level module: each path as resolved, with its first line.
+/// What one file names of another node: each path as resolved, with its first line.
 pub(crate) type Names = BTreeMap<String, usize>;
 
-/// The top-level edges of every crate, each with the files that make it and what they name.
+/// The edges of an import graph, each with the files that make it and what they name, and how
+/// its nodes and its list of allowed edges are called in what it reports.
 pub(crate) struct Graph {
     pub(crate) edges: BTreeMap<(String, String), BTreeMap<String, Names>>,
+    nodes: &'static str,
+    list: &'static str,
+}
+
+/// The root package's `src/` and every `crates/*/src/` under `root`, each with the prefix its
+/// top-level modules are named with (a crate under `crates/` is `crates/NAME:`).
+fn crates(root: &Path) -> Vec<(String, PathBuf)> {
+    let mut crates = vec![(String::new(), root.join("src"))];
+    if let Ok(entries) = std::fs::read_dir(root.join("crates")) {
+        let mut dirs: Vec<PathBuf> = entries.map(|entry| entry.unwrap().path()).collect();
+        dirs.sort();
+        for dir in dirs {
+            if dir.join("src").is_dir() {
+                let name = dir.file_name().unwrap().to_string_lossy();
+                crates.push((format!("crates/{name}:"), dir.join("src")));
+            }
+        }
+    }
+    crates
 }
 
 impl Graph {
-    /// The graph of the root package's `src/` and of every `crates/*/src/` under `root`.
+    fn add(&mut self, from: String, to: String, file: &str, name: String, line: usize) {
+        self.edges
+            .entry((from, to))
+            .or_default()
+            .entry(file.to_owned())
+            .or_default()
+            .entry(name)
+            .or_insert(line);
+    }
+
+    /// The top-level module graph of every crate under `root`: the layers. Its edges are the
+    /// file graph's between files of different top-level modules; the crate's root assembles
+    /// everything and is left out.
     pub(crate) fn of(root: &Path) -> Graph {
         let mut graph = Graph {
             edges: BTreeMap::new(),
+            nodes: "top-level modules",
+            list: "BACK_EDGES",
         };
-        let mut crates = vec![(String::new(), root.join("src"))];
-        if let Ok(entries) = std::fs::read_dir(root.join("crates")) {
-            let mut dirs: Vec<PathBuf> = entries.map(|entry| entry.unwrap().path()).collect();
-            dirs.sort();
-            for dir in dirs {
-                if dir.join("src").is_dir() {
-                    let name = dir.file_name().unwrap().to_string_lossy();
-                    crates.push((format!("crates/{name}:"), dir.join("src")));
+        for (prefix, src) in crates(root) {
+            let krate = Crate::read(root, &src);
+            for (from, to, name, line) in imports(&krate) {
+                let (from_module, to_module) = (&from.module, &to.module);
+                if from_module.is_empty() || to_module.is_empty() || from_module[0] == to_module[0]
+                {
+                    continue;
                 }
+                graph.add(
+                    format!("{prefix}{}", from_module[0]),
+                    format!("{prefix}{}", to_module[0]),
+                    &from.shown,
+                    name,
+                    line,
+                );
             }
-        }
-        for (prefix, src) in crates {
-            graph.add_crate(root, &prefix, &src);
         }
         graph
     }
 
-    fn add_crate(&mut self, root: &Path, prefix: &str, src: &Path) {
-        let files = module_files(src);
-        let modules: BTreeSet<Vec<String>> = files.values().cloned().collect();
-        for (file, module) in &files {
-            let text = std::fs::read_to_string(file).unwrap();
-            let shown = relative(root, file);
-            for reference in references(&text, module) {
-                let Some(target) = longest_module(&modules, &reference.path) else {
-                    continue;
-                };
-                if target.starts_with(module) || target[0] == module[0] {
-                    continue;
-                }
-                self.edges
-                    .entry((
-                        format!("{prefix}{}", module[0]),
-                        format!("{prefix}{}", target[0]),
-                    ))
-                    .or_default()
-                    .entry(shown.clone())
-                    .or_default()
-                    .entry(reference.path.join("::"))
-                    .or_insert(reference.line);
+    /// The file graph of every crate under `root`, its root included: an item the root defines
+    /// is imported like any other.
+    pub(crate) fn of_files(root: &Path) -> Graph {
+        let mut graph = Graph {
+            edges: BTreeMap::new(),
+            nodes: "files",
+            list: "FILE_BACK_EDGES",
+        };
+        for (_, src) in crates(root) {
+            let krate = Crate::read(root, &src);
+            for (from, to, name, line) in imports(&krate) {
+                graph.add(
+                    from.shown.clone(),
+                    to.shown.clone(),
+                    &from.shown,
+                    name,
+                    line,
+                );
             }
         }
+        graph
     }
 
     fn successors(&self, skip: &BTreeSet<(String, String)>) -> BTreeMap<&str, Vec<&str>> {
@@ -120,12 +154,14 @@ impl Graph {
             others.remove(&(from.clone(), to.clone()));
             if !self.edges.contains_key(&(from.clone(), to.clone())) {
                 failures.push(format!(
-                    "the listed back edge {from} -> {to} is gone from the code: remove it from BACK_EDGES"
+                    "the listed back edge {from} -> {to} is gone from the code: remove it from {}",
+                    self.list
                 ));
             } else if Self::path(&self.successors(&others), to, from).is_none() {
                 failures.push(format!(
                     "the listed back edge {from} -> {to} closes no cycle the other listed edges leave: \
-                     remove it from BACK_EDGES"
+                     remove it from {}",
+                    self.list
                 ));
             }
         }
@@ -146,8 +182,10 @@ impl Graph {
             key.rotate_left(first);
             if seen.insert(key) {
                 failures.push(format!(
-                    "a cycle among the top-level modules (cut one of its edges, or, for a leak \
-                     being cut elsewhere, list it in BACK_EDGES):\n{}",
+                    "a cycle among the {} (cut one of its edges, or, for a leak being cut \
+                     elsewhere, list it in {}):\n{}",
+                    self.nodes,
+                    self.list,
                     self.describe(&cycle)
                 ));
             }
@@ -160,14 +198,20 @@ impl Graph {
         let mut text = format!("  {}\n", cycle.join(" -> "));
         for pair in cycle.windows(2) {
             let files = &self.edges[&(pair[0].to_owned(), pair[1].to_owned())];
-            let _ = writeln!(text, "  {} -> {}:", pair[0], pair[1]);
+            let _ = write!(text, "  {} -> {}:", pair[0], pair[1]);
             for (file, names) in files {
                 let names: Vec<String> = names
                     .iter()
                     .map(|(name, line)| format!("{name} (line {line})"))
                     .collect();
-                let _ = writeln!(text, "    {file}: {}", names.join(", "));
+                // In the file graph the edge's only file is its first node.
+                if file == pair[0] {
+                    let _ = write!(text, " {}", names.join(", "));
+                } else {
+                    let _ = write!(text, "\n    {file}: {}", names.join(", "));
+                }
             }
+            text.push('\n');
         }
         text
     }
@@ -190,9 +234,9 @@ impl Graph {
         text
     }
 
-    /// The top-level edges, one line per module.
+    /// The edges, one line per node.
     pub(crate) fn summary(&self) -> String {
-        let mut text = format!("{} top-level edges:\n", self.edges.len());
+        let mut text = format!("{} edges among the {}:\n", self.edges.len(), self.nodes);
         for (node, next) in self.successors(&BTreeSet::new()) {
             if !next.is_empty() {
                 let _ = writeln!(text, "  {node} -> {}", next.join(" "));
@@ -202,32 +246,34 @@ impl Graph {
     }
 }
 
-/// Every `.rs` file of a crate's `src/` but its roots, with its module path; `src/bin/` holds
-/// crates of their own and is left out.
-fn module_files(src: &Path) -> BTreeMap<PathBuf, Vec<String>> {
-    let mut files = BTreeMap::new();
-    for file in rust_files(src) {
-        let relative = file.strip_prefix(src).unwrap();
-        let mut module: Vec<String> = relative
-            .with_extension("")
-            .components()
-            .map(|part| part.as_os_str().to_string_lossy().into_owned())
-            .collect();
-        if module[0] == "bin" || module == ["lib"] || module == ["main"] {
-            continue;
+/// Every import of one file of `krate` by another, with the path named (from the root) and its
+/// line. File A imports file B when A names an item B defines, however A reaches it: a `pub use`
+/// of the root or of any module on the way is followed to the file that defines the item. A file
+/// that declares a child module does not import it by that; its `use` of a module binds a name,
+/// and the paths through that name are its imports. A doc link is no import (it compiles to
+/// nothing), nor is what only tests compile; and a `pub use` is an import of its own file only
+/// if that file's code names what it binds: otherwise it only passes the name on.
+fn imports(krate: &Crate) -> Vec<(&File, &File, String, usize)> {
+    let mut imports = Vec::new();
+    for file in krate.files.iter().filter(|file| !file.test) {
+        for reference in &file.reading.references {
+            match &reference.how {
+                How::Doc => continue,
+                How::Use {
+                    reexport: Some(name),
+                    ..
+                } if !file.reading.words.contains(name) => continue,
+                _ => {}
+            }
+            let Some((target, found)) = krate.locate(&reference.path) else {
+                continue;
+            };
+            let binds_module = matches!(reference.how, How::Use { glob: false, .. });
+            if (found == Found::Module && binds_module) || target.shown == file.shown {
+                continue;
+            }
+            imports.push((file, target, reference.path.join("::"), reference.line));
         }
-        if module.last().is_some_and(|last| last == "mod") {
-            module.pop();
-        }
-        files.insert(file, module);
     }
-    files
-}
-
-/// The longest prefix of `path` that is a module, if any is.
-fn longest_module(modules: &BTreeSet<Vec<String>>, path: &[String]) -> Option<Vec<String>> {
-    (1..=path.len())
-        .rev()
-        .map(|length| path[..length].to_vec())
-        .find(|prefix| modules.contains(prefix))
+    imports
 }

@@ -7,7 +7,12 @@ use axum::response::Response;
 
 use crate::instrumentation::Instrumentation;
 use crate::metrics::KeyOutcome;
-use crate::{Error, IN_FLIGHT_RETRY_HINT, Refusal, StoredResponse};
+use crate::{Error, Refusal, StoredResponse};
+
+/// The longest `Retry-After` a 409 suggests. A live request usually finishes within it, and a
+/// dead one is taken over once its lease runs out, so a client retrying every second is answered
+/// as soon as either happens, instead of waiting out a whole lease.
+pub(crate) const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_secs(1);
 
 /// How a request that does not execute is answered.
 #[derive(Debug)]

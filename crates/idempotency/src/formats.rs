@@ -9,11 +9,9 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use crate::fingerprint::FingerprintVersion;
-use crate::metrics::{KeyOutcome, RECOVERY_ROUTE};
-use crate::{Idempotency, store};
 
 /// A format of a key that this release does not read: which one, and the version the key says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,34 +65,4 @@ impl fmt::Display for UnknownFormat {
 /// The suspended keys the recovery job left alone for their state's version, as this instance
 /// last reported them: each is logged once, not at every run.
 #[derive(Clone, Default)]
-pub(crate) struct Reported(Arc<Mutex<BTreeSet<i64>>>);
-
-impl Idempotency {
-    /// Reports the suspended keys that the recovery job leaves alone because no resumer of this
-    /// release reads their recovery state (its version, or its point: a later release's): each
-    /// logged as a warning (its id, its point, the version) and counted
-    /// (`outcome="unknown_format"`) the first time this instance meets it, and returned. The
-    /// recovery job calls it at every run; the end of a rolling deploy (an instance that reads
-    /// them resumes them) ends them.
-    pub async fn report_unknown_states(&self) -> Result<Vec<i64>, sqlx::Error> {
-        let known = self.resumers.known_pairs();
-        let waiting =
-            store::unknown_states(&self.pool, &known, self.policy.recovery_window).await?;
-        let mut reported = self
-            .reported
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let now: BTreeSet<i64> = waiting.iter().map(|key| key.id).collect();
-        for key in &waiting {
-            if !reported.contains(&key.id) {
-                self.instrumentation
-                    .record(KeyOutcome::UnknownFormat, RECOVERY_ROUTE);
-                UnknownFormat::recovery_state(&key.recovery_point, key.version.clone())
-                    .report(key.id);
-            }
-        }
-        *reported = now;
-        Ok(waiting.into_iter().map(|key| key.id).collect())
-    }
-}
+pub(crate) struct Reported(pub(crate) Arc<Mutex<BTreeSet<i64>>>);

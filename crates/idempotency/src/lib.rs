@@ -42,6 +42,7 @@ mod key;
 mod layer;
 mod lease;
 pub mod metrics;
+mod point;
 mod recovery;
 mod replays;
 mod request;
@@ -60,24 +61,23 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SubsecRound, Utc};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use quick_cache::sync::Cache;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use answer::Answer;
+use answer::{Answer, IN_FLIGHT_RETRY_HINT};
 use connections::Lot;
 use engine::KnownEngine;
 use fingerprint::mismatched_fields;
 use formats::{Reported, UnknownFormat};
 use instrumentation::Instrumentation;
 use lease::{Completed, HeldLease};
-pub use lease::{Completion, Fence, Lease};
+pub use lease::{Completion, Fence, Lease, Resumers};
 use metrics::KeyOutcome;
-use recovery::PointAt;
-use replays::{CACHED_REPLAYS, CachedReplay};
-use store::Reservation;
+use point::{PointAt, RecoveryBounds};
+use replays::Replays;
+use store::{ExistingKey, KeyState, Reservation};
 
 pub use body::BodyError;
 pub use engine::Engine;
@@ -88,10 +88,8 @@ pub use fingerprint::{
 pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
-use recovery::RecoveryBounds;
-pub use recovery::{
-    EarlierCalls, KeyRecovery, LONGEST_RECOVERY_BACKOFF, RecoveryPoint, Resumers, StateVersion,
-};
+pub use point::{EarlierCalls, RecoveryPoint, StateVersion};
+pub use recovery::{KeyRecovery, LONGEST_RECOVERY_BACKOFF};
 pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, ResponseVersion, StoredResponse};
 pub use settle::{Settled, Settlement};
@@ -124,7 +122,7 @@ pub struct Idempotency {
     /// The work that records recovery points, by point: what the recovery job resumes, and the
     /// only points a lease may record.
     resumers: Arc<Resumers>,
-    replays: Arc<Cache<String, CachedReplay>>,
+    replays: Replays,
     /// The suspended keys left alone for their state's version that this instance reported.
     reported: Reported,
 }
@@ -147,7 +145,7 @@ impl Idempotency {
             pool,
             policy,
             resumers: Arc::default(),
-            replays: Arc::new(Cache::new(CACHED_REPLAYS)),
+            replays: Replays::default(),
             reported: Reported::default(),
         }
     }
@@ -210,7 +208,7 @@ impl Idempotency {
         let span = tracing::Span::current();
         span.record("scope", request.scope.as_str());
         // A key this instance saw completed is answered here: no database, no task to strand.
-        if let Some(answer) = self.decide_from_cache(&request) {
+        if let Some(answer) = self.replays.decide(&request) {
             let route = request.scope.route();
             return answer.respond(self.instrumentation, route).map_err(E::from);
         }
@@ -252,44 +250,6 @@ enum Decision {
     /// Another request executes or executed it: answer without executing.
     Answer(Answer),
 }
-
-/// A key that exists, as the reservation found it.
-struct ExistingKey {
-    key_id: i64,
-    /// The stored fingerprint and its version; `None` for bytes that are no fingerprint.
-    fingerprint: Option<(FingerprintVersion, Fingerprint)>,
-    /// The digests of the stored request's top-level members; `None` for keys reserved before
-    /// they were recorded.
-    fields: Option<FieldDigests>,
-    /// Whether the key expired and may be recycled: completed, or abandoned before any recovery
-    /// point. A key whose call downstream is unsettled does not expire with its `expires_at`: its
-    /// retry still resumes it, and its result then lives a whole key TTL from completion.
-    expired: bool,
-    /// How long until the key expires, as the database saw it; `None` when it has.
-    expires_in: Option<Duration>,
-    state: KeyState,
-}
-
-/// The state of an existing key.
-enum KeyState {
-    /// A request is working on it; `lease_left` is `None` when its lease ran out (its process
-    /// died, or stopped renewing). `point`, the recovery point its work recorded.
-    InProgress {
-        lease_left: Option<Duration>,
-        point: Option<PointAt>,
-    },
-    /// Its response is stored: every repeat gets it.
-    Completed(StoredResponse),
-    /// Its work stayed unsettled past the recovery window; an operator settles it.
-    Held,
-    /// Its response is stored in a format this release does not read.
-    Unreadable(UnknownFormat),
-}
-
-/// The longest `Retry-After` a 409 suggests. A live request usually finishes within it, and a
-/// dead one is taken over once its lease runs out, so a client retrying every second is answered
-/// as soon as either happens, instead of waiting out a whole lease.
-pub(crate) const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_secs(1);
 
 /// How often an unsettled reservation (see [`Reservation::Unsettled`]) is tried again before the
 /// client is asked to come back.
@@ -375,7 +335,8 @@ impl Idempotency {
             // Replay: "the original response is returned unchanged, status code included".
             KeyState::Completed(stored) => {
                 if let Some(expires_in) = existing.expires_in {
-                    self.remember(request, fingerprint, &stored, asked + expires_in);
+                    self.replays
+                        .remember(request, fingerprint, &stored, asked + expires_in);
                 }
                 Some(Decision::Answer(Answer::Replay(stored)))
             }
@@ -546,7 +507,8 @@ impl Idempotency {
             Ok(Ok(Completion(Completed::Stored(response)))) => {
                 if let Some(fingerprint) = held.fingerprint {
                     let until = held.reserved + self.policy.key_ttl;
-                    self.remember(request, fingerprint, &response, until);
+                    self.replays
+                        .remember(request, fingerprint, &response, until);
                 }
                 (Ok(response.into_response()), held.outcome)
             }

@@ -5,188 +5,21 @@
 //! longer after each of its tries, and a key whose call stays unsettled past the recovery window
 //! is held for an operator, never resumed by itself.
 
-use std::fmt;
-use std::future::Future;
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::PoisonError;
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use uuid::Uuid;
-
 use super::lease::HeldLease;
-use super::{Completion, Error, Idempotency, KeyedRequest, Lease, Scope, store};
+use super::point::{RecoveryBounds, new_downstream_key};
 use super::{Engine, Fingerprint, FingerprintVersion, Fingerprints, IdempotencyKey};
+use super::{Error, Idempotency, KeyedRequest, Lease, RecoveryPoint, Scope, store};
+use crate::formats::UnknownFormat;
 use crate::metrics::{KeyOutcome, RECOVERY_ROUTE};
 
 // ===========================================================================================
 // 3b. Recovery points: "once a call to another system has been sent, a failure no longer means
 //     that nothing happened".
 // ===========================================================================================
-
-/// Where work that calls another system can be resumed, recorded on its key before the call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecoveryPoint {
-    /// The step the work reached, named by the work: the recovery job picks the resumer by it.
-    pub name: String,
-    /// What resuming needs, as the work recorded it: a JSON object in the format its `version`
-    /// member names ([`StateVersion`]).
-    pub state: serde_json::Value,
-    /// The key to send downstream as the call's `Idempotency-Key`: the same for every attempt,
-    /// takeover and restart of this key, so the other system answers them all with one result.
-    pub downstream_key: String,
-    /// Whether a call with that key may already have reached the other system.
-    pub earlier_calls: EarlierCalls,
-}
-
-/// Whether a call with a recovery point's downstream key may have reached the other system before
-/// this lease: what decides if a "nothing happened" answer can be believed. A refused connection
-/// or a 4xx speaks of the attempt it answers, not of the downstream key: after an earlier attempt
-/// that may have gone through, it proves nothing, and forgetting the key then lets the retry
-/// charge a second time under a new one. The downstream key is forever once it may have been sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EarlierCalls {
-    /// This lease recorded the point and its downstream key (the reservation, a recycled key, or a
-    /// first point recorded by the work): no call has used the key yet.
-    None,
-    /// An earlier holder of the key recorded it (a request that answered 503, one whose process
-    /// died, the recovery job): a call with the key may have reached the other system.
-    Possible,
-}
-
-impl EarlierCalls {
-    /// For a point holding `recorded` as its downstream key, where this lease offered `made_here`:
-    /// a key this lease made is new; one the row already held was made, and maybe sent, by an
-    /// earlier holder (the statements keep a row's downstream key over the one offered).
-    pub(super) fn of(recorded: &str, made_here: Option<&str>) -> Self {
-        if made_here == Some(recorded) {
-            Self::None
-        } else {
-            Self::Possible
-        }
-    }
-}
-
-/// The version of a recovery state's format: its `version` member, a positive integer. A state
-/// without one is version 1, the format of the releases before versions (which wrote none).
-///
-/// The version travels inside the state, in the one column that holds it, so that no statement of
-/// any release, those before versions included, can write a state and leave beside it a version
-/// that is not its own. A resumer reads the versions it names ([`Resumers::on`]); a key whose state
-/// is in another (a later release wrote it) is left alone by this release: not taken over by a
-/// retry (answered 503 with `Retry-After`), not claimed by the recovery job, never released nor
-/// its call resent, and reported ([`Idempotency::report_unknown_states`]). Past the recovery window
-/// it is held for an operator like any other key: the window is the other system's memory, not
-/// the format's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct StateVersion(u16);
-
-impl StateVersion {
-    /// The format of the states recorded before versions: no `version` member.
-    pub const FIRST: Self = Self(1);
-
-    /// Version `version`, a positive integer.
-    pub const fn new(version: u16) -> Self {
-        assert!(version > 0, "state versions start at 1");
-        Self(version)
-    }
-
-    pub fn get(self) -> u16 {
-        self.0
-    }
-
-    /// The version of `state`: its `version` member, [`StateVersion::FIRST`] without one. `None`
-    /// when the member is not a positive integer that fits: no resumer reads such a state.
-    pub fn of(state: &serde_json::Value) -> Option<Self> {
-        Self::of_member(state.get("version"))
-    }
-
-    fn of_member(member: Option<&serde_json::Value>) -> Option<Self> {
-        match member {
-            None => Some(Self::FIRST),
-            Some(member) => member
-                .as_u64()
-                .and_then(|version| u16::try_from(version).ok())
-                .filter(|version| *version > 0)
-                .map(Self),
-        }
-    }
-
-    /// How the statements compare a state's version with the ones a resumer reads: the text of
-    /// its `version` member (`COALESCE(recovery_state -> 'version', '1')::text`, so `2`, never
-    /// `2.0` nor `"2"`), a space, the point's name.
-    fn paired_with(self, point: &str) -> String {
-        format!("{} {point}", self.0)
-    }
-}
-
-/// The recovery point a key is at, as the reservation reads it: its name and its state's version,
-/// for the decision to take the key over or leave it alone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PointAt {
-    pub(crate) name: String,
-    /// `None` for a `version` member that is no version.
-    pub(crate) version: Option<StateVersion>,
-    /// The member as written, for the report of a key left alone.
-    pub(crate) written: String,
-}
-
-impl PointAt {
-    /// The point `name` whose state's `version` member is `member`.
-    pub(crate) fn new(name: String, member: Option<&serde_json::Value>) -> Self {
-        Self {
-            version: StateVersion::of_member(member),
-            written: member.map_or_else(|| "1".to_owned(), ToString::to_string),
-            name,
-        }
-    }
-}
-
-impl fmt::Display for StateVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl RecoveryPoint {
-    /// The version of the point's state; `None` for a state no release reads.
-    pub fn version(&self) -> Option<StateVersion> {
-        StateVersion::of(&self.state)
-    }
-
-    /// The point a request starts at (see [`KeyedRequest::starting_at`]), with a fresh downstream
-    /// key, for the reservation to record.
-    pub(super) fn first(request: &KeyedRequest) -> Option<Self> {
-        let (name, state) = request.first_point.as_ref()?;
-        Some(Self {
-            name: (*name).to_owned(),
-            state: state.clone(),
-            downstream_key: new_downstream_key(),
-            earlier_calls: EarlierCalls::None,
-        })
-    }
-
-    /// The point as a statement that may have installed `made_here`'s downstream key returned it.
-    pub(super) fn from_columns(
-        name: Option<String>,
-        state: Option<serde_json::Value>,
-        downstream_key: Option<String>,
-        made_here: Option<&str>,
-    ) -> Option<Self> {
-        let downstream_key = downstream_key?;
-        Some(Self {
-            name: name?,
-            state: state?,
-            earlier_calls: EarlierCalls::of(&downstream_key, made_here),
-            downstream_key,
-        })
-    }
-}
-
-/// A key for calls downstream: random, so no two key rows (nor a row recycled after expiry) ever
-/// share one.
-fn new_downstream_key() -> String {
-    format!("idk_{}", Uuid::new_v4().simple())
-}
 
 impl Lease {
     /// The recovery point the key is at: recorded by an earlier holder (resume from it rather than
@@ -238,185 +71,12 @@ impl Lease {
     }
 }
 
-/// The recovery job's bounds: the window above, and the wait between its tries at one key, from
-/// `first_backoff` doubling up to `longest_backoff`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct RecoveryBounds {
-    pub(super) window: Duration,
-    pub(super) first_backoff: Duration,
-    pub(super) longest_backoff: Duration,
-}
-
-impl RecoveryBounds {
-    /// The wait after the recovery job's try number `tries + 1` at a key: the first backoff,
-    /// doubled for each earlier try, at most the longest (the statements of a single server
-    /// compute the same in SQL).
-    pub(super) fn backoff(&self, tries: i32) -> Duration {
-        let doublings = u32::try_from(tries.clamp(0, 30)).unwrap_or(30);
-        self.first_backoff
-            .saturating_mul(1 << doublings)
-            .min(self.longest_backoff)
-    }
-}
-
 /// The longest wait between two of the recovery job's tries at one key.
 pub const LONGEST_RECOVERY_BACKOFF: Duration = Duration::from_secs(15 * 60);
 
 // ===========================================================================================
 // 6. Recover: a client that never comes back still ends with its effect recorded.
 // ===========================================================================================
-
-/// Resumes the work of a suspended key from its recovery point, under a lease the recovery job
-/// took: the same unit of work a retry would run, so it stores the response the retry would get.
-/// Its failure, in the service's own error type, is only logged: the key waits for the next try.
-pub(crate) type Resumer = Arc<
-    dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, Result<Completion, Error>>
-        + Send
-        + Sync,
->;
-
-/// The resumers of the work that records recovery points, by point name, each with the versions of
-/// its state it reads: handed to the mechanism once ([`Idempotency::resuming`]), which then refuses
-/// to record a point (or a version of its state) none of them resumes, tells at start of
-/// suspended keys at an unknown point ([`Idempotency::unresumable`]), and leaves alone the keys
-/// whose state is in a version none of them reads. A unit may also say how an operator settles a
-/// key held at its point ([`Resumers::settled_by`]).
-#[derive(Clone, Default)]
-pub struct Resumers(Vec<Unit>);
-
-/// The work behind one recovery point: the versions of its state it reads, how it is resumed, and
-/// how a key held there is settled.
-#[derive(Clone)]
-struct Unit {
-    name: String,
-    versions: Vec<StateVersion>,
-    resume: Resumer,
-    settle: Option<Resumer>,
-}
-
-impl fmt::Debug for Resumers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map()
-            .entries(self.0.iter().map(|unit| (&unit.name, &unit.versions)))
-            .finish()
-    }
-}
-
-/// A unit of work of the service's, in the mechanism's error type.
-fn boxed<F, Fut, E>(work: F) -> Resumer
-where
-    F: Fn(Lease) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Completion, E>> + Send + 'static,
-    E: fmt::Display + Send + 'static,
-{
-    Arc::new(move |lease| {
-        work(lease)
-            .map(|done| done.map_err(|error| Error::Internal(anyhow::anyhow!("{error}"))))
-            .boxed()
-    })
-}
-
-impl Resumers {
-    /// Resumes keys suspended at the point `name`, whose state is in one of `versions`, with
-    /// `resume`, a unit of work that fails with the service's own error type.
-    #[must_use]
-    pub fn on<F, Fut, E>(mut self, name: &str, versions: &[StateVersion], resume: F) -> Self
-    where
-        F: Fn(Lease) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Completion, E>> + Send + 'static,
-        E: fmt::Display + Send + 'static,
-    {
-        self.0.push(Unit {
-            name: name.to_owned(),
-            versions: versions.to_vec(),
-            resume: boxed(resume),
-            settle: None,
-        });
-        self
-    }
-
-    /// Settles keys held at the point `name` with `settle` ([`Idempotency::settle`]): a unit of
-    /// work that asks the other system what the call under the key's downstream key made, with
-    /// a read that never makes it again, and completes the key with it. `name` must be resumed
-    /// ([`Resumers::on`]) first: a point is settled by the unit that records it, reading the same
-    /// versions of its state.
-    ///
-    /// # Panics
-    /// When no resumer of `name` is registered: a mistake in the service's assembly, found at start.
-    #[must_use]
-    pub fn settled_by<F, Fut, E>(mut self, name: &str, settle: F) -> Self
-    where
-        F: Fn(Lease) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Completion, E>> + Send + 'static,
-        E: fmt::Display + Send + 'static,
-    {
-        let unit = self
-            .0
-            .iter_mut()
-            .find(|unit| unit.name == name)
-            .unwrap_or_else(|| panic!("settled_by(`{name}`) before on(`{name}`)"));
-        unit.settle = Some(boxed(settle));
-        self
-    }
-
-    /// The names of the points resumed.
-    pub fn names(&self) -> Vec<String> {
-        self.0.iter().map(|unit| unit.name.clone()).collect()
-    }
-
-    /// Whether a resumer resumes keys at `point` whose state is in `version`.
-    pub fn reads(&self, point: &str, version: Option<StateVersion>) -> bool {
-        let Some(version) = version else {
-            return false;
-        };
-        self.0
-            .iter()
-            .any(|unit| unit.name == point && unit.versions.contains(&version))
-    }
-
-    /// Every point and version resumed, as the statements compare them (see
-    /// [`StateVersion::paired_with`]).
-    pub(crate) fn known_pairs(&self) -> Vec<String> {
-        self.0
-            .iter()
-            .flat_map(|unit| unit.versions.iter().map(|v| v.paired_with(&unit.name)))
-            .collect()
-    }
-
-    /// Refuses a point, or a version of its state, no resumer knows: a key suspended there would
-    /// never be resumed.
-    pub(crate) fn require(&self, name: &str, state: &serde_json::Value) -> Result<(), Error> {
-        if self.reads(name, StateVersion::of(state)) {
-            return Ok(());
-        }
-        if self.get(name).is_none() {
-            return Err(Error::Internal(anyhow::anyhow!(
-                "no resumer for the recovery point `{name}`: register one with \
-                 Idempotency::resuming before recording it"
-            )));
-        }
-        let version = state
-            .get("version")
-            .map_or_else(|| "1".to_owned(), |v| v.to_string());
-        Err(Error::Internal(anyhow::anyhow!(
-            "the resumer of the recovery point `{name}` reads no state of version {version}: \
-             name the version it writes among those it reads"
-        )))
-    }
-
-    fn unit(&self, name: &str) -> Option<&Unit> {
-        self.0.iter().find(|unit| unit.name == name)
-    }
-
-    fn get(&self, name: &str) -> Option<&Resumer> {
-        self.unit(name).map(|unit| &unit.resume)
-    }
-
-    /// How a key held at `name` is settled, if its unit says.
-    pub(crate) fn settler(&self, name: &str) -> Option<&Resumer> {
-        self.unit(name).and_then(|unit| unit.settle.as_ref())
-    }
-}
 
 impl Idempotency {
     /// Takes over a batch of keys whose lease is dead at a recovery point that `resumers` know,
@@ -561,9 +221,40 @@ impl Idempotency {
     }
 }
 
+impl Idempotency {
+    /// Reports the suspended keys that the recovery job leaves alone because no resumer of this
+    /// release reads their recovery state (its version, or its point: a later release's): each
+    /// logged as a warning (its id, its point, the version) and counted
+    /// (`outcome="unknown_format"`) the first time this instance meets it, and returned. The
+    /// recovery job calls it at every run; the end of a rolling deploy (an instance that reads
+    /// them resumes them) ends them.
+    pub async fn report_unknown_states(&self) -> Result<Vec<i64>, sqlx::Error> {
+        let known = self.resumers.known_pairs();
+        let waiting =
+            store::unknown_states(&self.pool, &known, self.policy.recovery_window).await?;
+        let mut reported = self
+            .reported
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now: BTreeSet<i64> = waiting.iter().map(|key| key.id).collect();
+        for key in &waiting {
+            if !reported.contains(&key.id) {
+                self.instrumentation
+                    .record(KeyOutcome::UnknownFormat, RECOVERY_ROUTE);
+                UnknownFormat::recovery_state(&key.recovery_point, key.version.clone())
+                    .report(key.id);
+            }
+        }
+        *reported = now;
+        Ok(waiting.into_iter().map(|key| key.id).collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Completion, Resumers, StateVersion};
 
     #[test]
     fn a_state_s_version_is_its_version_member_and_one_without_it() {

@@ -1,9 +1,12 @@
 //! Completed keys this instance saw, answered from memory: no round trip for a replay.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use quick_cache::sync::Cache;
+
 use crate::{
-    Answer, Comparison, FieldDigests, Fingerprint, FingerprintVersion, Idempotency, KeyedRequest,
+    Answer, Comparison, FieldDigests, Fingerprint, FingerprintVersion, KeyedRequest,
     StoredResponse, mismatched_fields,
 };
 
@@ -22,14 +25,29 @@ pub(crate) struct CachedReplay {
     until: Instant,
 }
 
-impl Idempotency {
+/// The completed keys this instance keeps, at most [`CACHED_REPLAYS`]; its clones share them.
+#[derive(Clone)]
+pub(crate) struct Replays(Arc<Cache<String, CachedReplay>>);
+
+impl Default for Replays {
+    fn default() -> Self {
+        Self(Arc::new(Cache::new(CACHED_REPLAYS)))
+    }
+}
+
+impl Replays {
+    /// How many keys are kept.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Answers a key this instance saw completed without asking the database: the stored
     /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
-    pub(crate) fn decide_from_cache(&self, request: &KeyedRequest) -> Option<Answer> {
+    pub(crate) fn decide(&self, request: &KeyedRequest) -> Option<Answer> {
         let key = cache_key(request);
-        let cached = self.replays.get(&key)?;
+        let cached = self.0.get(&key)?;
         if cached.until <= Instant::now() {
-            self.replays.remove(&key);
+            self.0.remove(&key);
             return None;
         }
         Some(
@@ -54,7 +72,7 @@ impl Idempotency {
         response: &StoredResponse,
         until: Instant,
     ) {
-        self.replays.insert(
+        self.0.insert(
             cache_key(request),
             CachedReplay {
                 fingerprint,

@@ -10,12 +10,13 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{
-    Comparison, ExistingKey, Fence, FieldDigests, Fingerprint, FingerprintVersion, KeyState,
-    KeyedRequest, PointAt, RecoveryPoint, StoredResponse,
+    Comparison, Fence, FieldDigests, Fingerprint, FingerprintVersion, KeyedRequest, PointAt,
+    RecoveryPoint, StoredResponse,
 };
 use crate::Error;
 use crate::connections::Lot;
 use crate::engine::Engine;
+use crate::formats::UnknownFormat;
 
 mod recovery;
 
@@ -33,6 +34,39 @@ pub(super) enum KeyStatus {
     InProgress,
     Completed,
     Held,
+}
+
+/// A key that exists, as the reservation found it.
+pub(super) struct ExistingKey {
+    pub(super) key_id: i64,
+    /// The stored fingerprint and its version; `None` for bytes that are no fingerprint.
+    pub(super) fingerprint: Option<(FingerprintVersion, Fingerprint)>,
+    /// The digests of the stored request's top-level members; `None` for keys reserved before
+    /// they were recorded.
+    pub(super) fields: Option<FieldDigests>,
+    /// Whether the key expired and may be recycled: completed, or abandoned before any recovery
+    /// point. A key whose call downstream is unsettled does not expire with its `expires_at`: its
+    /// retry still resumes it, and its result then lives a whole key TTL from completion.
+    pub(super) expired: bool,
+    /// How long until the key expires, as the database saw it; `None` when it has.
+    pub(super) expires_in: Option<Duration>,
+    pub(super) state: KeyState,
+}
+
+/// The state of an existing key.
+pub(super) enum KeyState {
+    /// A request is working on it; `lease_left` is `None` when its lease ran out (its process
+    /// died, or stopped renewing). `point`, the recovery point its work recorded.
+    InProgress {
+        lease_left: Option<Duration>,
+        point: Option<PointAt>,
+    },
+    /// Its response is stored: every repeat gets it.
+    Completed(StoredResponse),
+    /// Its work stayed unsettled past the recovery window; an operator settles it.
+    Held,
+    /// Its response is stored in a format this release does not read.
+    Unreadable(UnknownFormat),
 }
 
 /// What the reservation found.

@@ -19,10 +19,10 @@ mod model;
 mod probes;
 pub mod problem;
 mod settings;
+mod state;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,13 +51,10 @@ pub use model::{
     ProcessorRefund, RefundStatus,
 };
 pub use settings::{
-    DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, ProcessorApiKey, ProcessorListen, ProcessorSettings,
-    SharedArgs, check_redelivery,
+    DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, KEY_TTL, ProcessorApiKey, ProcessorListen,
+    ProcessorSettings, SharedArgs, check_redelivery,
 };
-
-/// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
-/// find their first charge.
-pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub use state::{ProcessorState, Shared};
 
 /// The counter of the processor's key outcomes: its own instance of the mechanism, apart from
 /// idempay's.
@@ -74,31 +71,6 @@ pub fn describe_metrics() {
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What the processor's handlers share: one pointer, cloned per request.
-#[derive(Clone, Debug)]
-pub struct ProcessorState(Arc<Shared>);
-
-#[derive(Debug)]
-pub struct Shared {
-    pool: PgPool,
-    /// Its own instance of the mechanism: its own replay cache, the same table as idempay's.
-    idempotency: Idempotency,
-    api_key: ProcessorApiKey,
-    slow_charge: Duration,
-    /// Changed at run time by `PUT /v1/test/faults`, so a demo can make a running processor lossy.
-    faults: std::sync::RwLock<Faults>,
-    /// Where events go; `None` records none.
-    webhook_url: Option<String>,
-}
-
-impl Deref for ProcessorState {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.0
-    }
-}
 
 /// The processor's routes, answering every error as a problem document.
 pub fn router(state: ProcessorState) -> Router {

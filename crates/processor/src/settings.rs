@@ -70,6 +70,10 @@ pub struct SharedArgs {
     pub webhook_delivery_retention: Duration,
 }
 
+/// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
+/// find their first charge.
+pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The defaults of [`SharedArgs`], as the command line spells them; [`SharedArgs::default`]
 /// reads them with the same parsers. The lease's and the expiry interval's are `idempay
 /// fixture`'s too.
@@ -158,7 +162,7 @@ impl ProcessorSettings {
     }
 
     /// `idempay processor`'s check at start, when it sends events: its retry schedule redelivers
-    /// an event for at least as long as it remembers its idempotency keys ([`crate::KEY_TTL`]).
+    /// an event for at least as long as it remembers its idempotency keys ([`KEY_TTL`]).
     /// It cannot know how long its client takes to record a charge whose answer it lost; but a
     /// client that resumes the call with the same key, as idempay does, must stop before the
     /// processor forgets the key (idempay refuses a recovery window that would not), so an event
@@ -169,11 +173,11 @@ impl ProcessorSettings {
         }
         check_redelivery(
             &self.shared.webhook_retry_schedule,
-            crate::KEY_TTL,
+            KEY_TTL,
             &format!(
                 "the time the processor remembers its idempotency keys ({}), within which its \
                  client may still record the charge or refund",
-                humantime::format_duration(crate::KEY_TTL)
+                humantime::format_duration(KEY_TTL)
             ),
         )
     }
