@@ -16,8 +16,10 @@ pub enum Outcome {
     Holds,
     /// An `always` with a counterexample: the actions from the start to the violating state.
     Violated(Vec<Action>),
-    /// A `sometimes` never seen: the model allows too little.
+    /// A `sometimes` never seen in the whole space: the model allows too little.
     NeverSeen,
+    /// A `sometimes` not seen before a counterexample stopped the search.
+    NotReached,
 }
 
 #[derive(Clone, Debug)]
@@ -38,7 +40,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// Every `always` held and every `sometimes` was seen.
+    /// Every `always` held and every `sometimes` was seen (a search stopped by a counterexample
+    /// has not passed).
     pub fn passed(&self) -> bool {
         self.results
             .iter()
@@ -53,13 +56,14 @@ impl Report {
     pub fn violation(&self, name: &str) -> Option<&[Action]> {
         match &self.result(name)?.outcome {
             Outcome::Violated(trace) => Some(trace),
-            Outcome::Holds | Outcome::NeverSeen => None,
+            Outcome::Holds | Outcome::NeverSeen | Outcome::NotReached => None,
         }
     }
 }
 
 /// Checks `config` breadth-first on `threads` threads. The search stops at the first
-/// counterexample (breadth-first, so it is a shortest one); without one it visits every state.
+/// counterexample; without one it visits every state. On one thread the counterexample is a
+/// shortest one; on more, a thread that finds another before stopping may put its own in place.
 pub fn check(config: Config, threads: usize) -> Report {
     let protocol = Protocol::new(config);
     let properties = protocol.properties();
@@ -72,6 +76,9 @@ pub fn check(config: Config, threads: usize) -> Report {
         .join();
     let elapsed = started.elapsed();
     let discoveries = checker.discoveries();
+    let complete = !properties.iter().any(|property| {
+        property.expectation == Expectation::Always && discoveries.contains_key(property.name)
+    });
     let results: Vec<PropertyResult> = properties
         .iter()
         .map(|property| {
@@ -80,7 +87,8 @@ pub fn check(config: Config, threads: usize) -> Report {
             let outcome = match (always, found) {
                 (true, None) | (false, Some(_)) => Outcome::Holds,
                 (true, Some(path)) => Outcome::Violated(path.clone().into_actions()),
-                (false, None) => Outcome::NeverSeen,
+                (false, None) if complete => Outcome::NeverSeen,
+                (false, None) => Outcome::NotReached,
             };
             PropertyResult {
                 name: property.name,
@@ -89,9 +97,6 @@ pub fn check(config: Config, threads: usize) -> Report {
             }
         })
         .collect();
-    let complete = !results
-        .iter()
-        .any(|result| matches!(result.outcome, Outcome::Violated(_)));
     Report {
         states: checker.unique_state_count(),
         elapsed,

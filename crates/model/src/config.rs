@@ -51,21 +51,20 @@ impl Size {
         }
     }
 
-    /// The size `make model` checks: two keys, three intents (one reusing the first key), two
-    /// instances, a crash of each kind.
+    /// The size `make model` checks: the small one with a third attempt per request, more
+    /// downstream keys, two crashes of an instance and one of the processor. A second key with an
+    /// intent of its own multiplies the states (over ten minutes) without a new interleaving: keys
+    /// share nothing but the instances and the processor, and two intents on one key already
+    /// contend for both.
     pub fn full() -> Self {
         Self {
             name: "full",
-            intents: vec![
-                IntentSpec { key: 0 },
-                IntentSpec { key: 1 },
-                IntentSpec { key: 0 },
-            ],
-            keys: 2,
+            intents: vec![IntentSpec { key: 0 }, IntentSpec { key: 0 }],
+            keys: 1,
             instances: 2,
-            attempts: 2,
-            downstream_keys: 4,
-            instance_crashes: 1,
+            attempts: 3,
+            downstream_keys: 5,
+            instance_crashes: 2,
             processor_crashes: 1,
         }
     }

@@ -1,6 +1,6 @@
 //! `model`: checks the idempotency protocol breadth-first and prints each property's result.
 //! `--size small|full` (full by default), `--defect NAME` (repeatable) switches a known defect on,
-//! `--threads N` (2 by default). Exits 1 when a property fails, with the trace that shows it.
+//! `--threads N` (2 by default, 1 with a defect: a shortest counterexample). Exits 1 when a property fails, with the trace that shows it.
 
 use std::process::ExitCode;
 
@@ -10,7 +10,7 @@ use model::{Config, Defect, Size, check};
 fn main() -> ExitCode {
     let mut size = Size::full();
     let mut defects = Vec::new();
-    let mut threads = 2;
+    let mut threads = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let value = args.next();
@@ -22,7 +22,7 @@ fn main() -> ExitCode {
                 None => return usage(&format!("no defect named {name}")),
             },
             ("--threads", Some(n)) => match n.parse() {
-                Ok(n) if n > 0 => threads = n,
+                Ok(n) if n > 0 => threads = Some(n),
                 _ => return usage(&format!("not a number of threads: {n}")),
             },
             _ => return usage(&format!("unknown argument {arg}")),
@@ -32,6 +32,8 @@ fn main() -> ExitCode {
     for defect in &defects {
         println!("with the defect {}", defect.name());
     }
+    // A defect is found in a moment: one thread finds a shortest counterexample.
+    let threads = threads.unwrap_or(if defects.is_empty() { 2 } else { 1 });
     let report = check(Config { size, defects }, threads);
     println!(
         "{} distinct states in {:.1} s{}",
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
             Outcome::Holds => "found",
             Outcome::Violated(_) => "VIOLATED",
             Outcome::NeverSeen => "NEVER SEEN",
+            Outcome::NotReached => "not reached",
         };
         println!("  {kind:9} {:60} {verdict}", result.name);
         if let Outcome::Violated(trace) = &result.outcome {
