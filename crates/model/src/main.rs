@@ -39,7 +39,11 @@ fn main() -> ExitCode {
         "{} distinct states in {:.1} s{}",
         report.states,
         report.elapsed.as_secs_f64(),
-        if report.complete { "" } else { " (stopped at the first counterexample)" }
+        if report.complete {
+            ""
+        } else {
+            " (stopped at the first counterexample)"
+        }
     );
     for result in &report.results {
         let kind = if result.always { "always" } else { "sometimes" };

@@ -3,7 +3,7 @@
 //! the sentence the checker prints.
 
 use crate::config::Config;
-use crate::state::{Grant, Instance, KeyRow, State, Status, Step, Stored, Attempt};
+use crate::state::{Attempt, Grant, Instance, KeyRow, State, Status, Step, Stored};
 
 pub const ONE_CHARGE_PER_INTENT: &str = "one charge per intent";
 pub const REPLAY_EQUALS_FIRST_ANSWER: &str = "a replay equals the first answer";
@@ -29,7 +29,9 @@ pub fn one_charge_per_intent(config: &Config, state: &State) -> bool {
         let payments = state
             .payments
             .iter()
-            .filter(|&&charge| usize::from(state.processor.ledger[usize::from(charge)].intent) == intent)
+            .filter(|&&charge| {
+                usize::from(state.processor.ledger[usize::from(charge)].intent) == intent
+            })
             .count();
         charges <= 1 && payments <= 1
     })
@@ -113,7 +115,8 @@ pub fn a_hold(state: &State) -> bool {
 pub fn a_reuse_after_expiry(config: &Config, state: &State) -> bool {
     state.keys.iter().enumerate().any(|(slot, row)| {
         row.is_some_and(|row: KeyRow| {
-            matches!(row.status, Status::Completed(_)) && !first_on_its_key(config, row.intent, slot)
+            matches!(row.status, Status::Completed(_))
+                && !first_on_its_key(config, row.intent, slot)
         })
     })
 }

@@ -9,8 +9,8 @@ use stateright::{Model, Property};
 use crate::config::{Config, Defect};
 use crate::properties as props;
 use crate::state::{
-    Age, Answer, Attempt, Call, Charge, ChargeId, ClientPhase, Grant, Instance, InstanceId,
-    Intent, KeyRow, KeySlot, Lease, State, Status, Step, Stored, Work, DownstreamKey,
+    Age, Answer, Attempt, Call, Charge, ChargeId, ClientPhase, DownstreamKey, Grant, Instance,
+    InstanceId, Intent, KeyRow, KeySlot, Lease, State, Status, Step, Stored, Work,
 };
 
 /// The protocol at one size, with some defects switched on.
@@ -25,48 +25,79 @@ pub enum Action {
     // --- clients -------------------------------------------------------------------------------
     /// A client sends (or sends again) its intent's request, and an idle instance decides on it
     /// in one statement: reserve, replay, 409, 422, take over, or hold.
-    Request { intent: Intent, instance: InstanceId },
+    Request {
+        intent: Intent,
+        instance: InstanceId,
+    },
 
     // --- idempay instances ---------------------------------------------------------------------
     /// The instance sends its call to the processor with the key's downstream key.
-    Call { instance: InstanceId },
+    Call {
+        instance: InstanceId,
+    },
     /// The connection is refused before anything is sent (the network, or a processor that is
     /// down).
-    CallRefused { instance: InstanceId },
+    CallRefused {
+        instance: InstanceId,
+    },
     /// The instance stops waiting for its call's answer: the outcome is unknown, and the call may
     /// still be on its way (delayed).
-    TimeOut { instance: InstanceId },
+    TimeOut {
+        instance: InstanceId,
+    },
     /// The instance settles its call's outcome: completes the key with the charge (fenced by its
     /// lease), releases it (nothing was done), or suspends it (unknown).
-    Settle { instance: InstanceId },
+    Settle {
+        instance: InstanceId,
+    },
     /// The instance dies and restarts, its request lost; its lease runs out later.
-    CrashInstance { instance: InstanceId },
+    CrashInstance {
+        instance: InstanceId,
+    },
     /// A lease is not renewed in time (its holder died, stalled, or its heartbeat waited too
     /// long): the key may be taken over.
-    LeaseRunsOut { key: KeySlot },
+    LeaseRunsOut {
+        key: KeySlot,
+    },
 
     // --- the processor -------------------------------------------------------------------------
     /// The processor handles a call: charges, or answers with the charge its key already made.
     /// The answer may be lost on the way back.
-    Deliver { call: Call, answer_lost: bool },
+    Deliver {
+        call: Call,
+        answer_lost: bool,
+    },
     /// The processor dies: connections are refused, calls on the network are dropped.
     CrashProcessor,
     RestartProcessor,
     /// The processor forgets one of its idempotency keys, its lifetime over.
-    ProcessorForgets { downstream_key: DownstreamKey },
+    ProcessorForgets {
+        downstream_key: DownstreamKey,
+    },
 
     // --- background jobs, time and the operator ------------------------------------------------
     /// The recovery job claims a suspended key within the recovery window and resumes it on an
     /// idle instance.
-    RecoveryClaims { key: KeySlot, instance: InstanceId },
+    RecoveryClaims {
+        key: KeySlot,
+        instance: InstanceId,
+    },
     /// A suspended key's recovery point passes the recovery window.
-    WindowPasses { key: KeySlot },
+    WindowPasses {
+        key: KeySlot,
+    },
     /// The recovery job holds a suspended key past the window for an operator.
-    HoldOverdue { key: KeySlot },
+    HoldOverdue {
+        key: KeySlot,
+    },
     /// The expiry job deletes a completed key past its time to live; its client is gone.
-    Expire { key: KeySlot },
+    Expire {
+        key: KeySlot,
+    },
     /// An operator settles a held key from the processor's ledger (`idempay keys settle`).
-    OperatorSettles { key: KeySlot },
+    OperatorSettles {
+        key: KeySlot,
+    },
 }
 
 /// What a request finds when it reserves its key.
@@ -220,7 +251,8 @@ impl Protocol {
             // One transaction: the payment and the key's completion (`idempotency_complete`,
             // fenced by the token; without the fence, a loser records too).
             Verdict::Done(charge) => {
-                let unfenced = self.has(Defect::UnfencedCompletion) && state.row(work.key).is_some();
+                let unfenced =
+                    self.has(Defect::UnfencedCompletion) && state.row(work.key).is_some();
                 if holds || unfenced {
                     let stored = Stored::Charged(charge);
                     state.row_mut(work.key)?.status = Status::Completed(stored);
@@ -269,12 +301,14 @@ impl Protocol {
                 charge
             }
         };
-        if let (Some(instance), false) = (call.reply_to, answer_lost) {
-            if let Instance::Working(work) = &mut state.instances[usize::from(instance)] {
-                if work.step == Step::Awaiting && work.downstream_key == call.downstream_key {
-                    work.step = Step::Answered(Attempt::Charged(charge));
-                }
-            }
+        // The answer reaches its sender if it still waits for it (a sender that stopped waiting
+        // left the call without one).
+        if let (Some(instance), false) = (call.reply_to, answer_lost)
+            && let Instance::Working(work) = &mut state.instances[usize::from(instance)]
+            && work.step == Step::Awaiting
+            && work.downstream_key == call.downstream_key
+        {
+            work.step = Step::Answered(Attempt::Charged(charge));
         }
         Some(())
     }
@@ -357,7 +391,10 @@ impl Protocol {
                 }
             }
             for key in 0..self.config.size.keys {
-                if state.row(key).is_some_and(|row| row.suspended() && self.resumable(row)) {
+                if state
+                    .row(key)
+                    .is_some_and(|row| row.suspended() && self.resumable(row))
+                {
                     actions.push(Action::RecoveryClaims { key, instance });
                 }
             }
