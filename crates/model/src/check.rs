@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use stateright::{Checker, Expectation, HasDiscoveries, Model};
+use stateright::{Checker, Expectation, HasDiscoveries, Model, Path, Property};
 
 use crate::config::Config;
 use crate::protocol::{Action, Protocol};
+use crate::state::State;
 
 /// How one property came out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,9 +62,28 @@ impl Report {
     }
 }
 
+/// The actions of `path` up to the first state that violates `property`: the checker may report
+/// a path that goes on past it (it goes on expanding a violating state's successors, and a later
+/// discovery replaces an earlier one), and the steps after the violation only distract.
+fn up_to_first_violation(
+    protocol: &Protocol,
+    property: &Property<Protocol>,
+    path: &Path<State, Action>,
+) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for (state, action) in path.clone().into_vec() {
+        if !(property.condition)(protocol, &state) {
+            break;
+        }
+        actions.extend(action);
+    }
+    actions
+}
+
 /// Checks `config` breadth-first on `threads` threads. The search stops at the first
-/// counterexample; without one it visits every state. On one thread the counterexample is a
-/// shortest one; on more, a thread that finds another before stopping may put its own in place.
+/// counterexample; without one it visits every state. The counterexample is a short one, not
+/// always the shortest: the checker's threads (and the batches of one) may replace it by another
+/// found before they stop.
 pub fn check(config: Config, threads: usize) -> Report {
     let protocol = Protocol::new(config);
     let properties = protocol.properties();
@@ -86,7 +106,9 @@ pub fn check(config: Config, threads: usize) -> Report {
             let found = discoveries.get(property.name);
             let outcome = match (always, found) {
                 (true, None) | (false, Some(_)) => Outcome::Holds,
-                (true, Some(path)) => Outcome::Violated(path.clone().into_actions()),
+                (true, Some(path)) => {
+                    Outcome::Violated(up_to_first_violation(checker.model(), property, path))
+                }
                 (false, None) if complete => Outcome::NeverSeen,
                 (false, None) => Outcome::NotReached,
             };

@@ -1,6 +1,6 @@
 //! `model`: checks the idempotency protocol breadth-first and prints each property's result.
 //! `--size small|full` (full by default), `--defect NAME` (repeatable) switches a known defect on,
-//! `--threads N` (2 by default, 1 with a defect: a shortest counterexample). Exits 1 when a property fails, with the trace that shows it.
+//! `--threads N` (2 by default, 1 with a defect: the same counterexample every run). Exits 1 when a property fails, with the trace that shows it.
 
 use std::process::ExitCode;
 
@@ -32,7 +32,8 @@ fn main() -> ExitCode {
     for defect in &defects {
         println!("with the defect {}", defect.name());
     }
-    // A defect is found in a moment: one thread finds a shortest counterexample.
+    // A defect is found in a moment: on one thread, the run and its counterexample are the same
+    // every time.
     let threads = threads.unwrap_or(if defects.is_empty() { 2 } else { 1 });
     let report = check(Config { size, defects }, threads);
     println!(

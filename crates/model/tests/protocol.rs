@@ -6,7 +6,9 @@ use model::check::Outcome;
 use model::properties::{
     EVERY_CHARGE_RECORDED_OR_KEPT, NO_COMPLETION_CONTRADICTED, ONE_CHARGE_PER_INTENT,
 };
+use model::protocol::{Action, Protocol};
 use model::{Config, Defect, Size, check};
+use stateright::Model;
 
 /// The distinct states of the small size. A change of the model that changes it must say why in
 /// its commit, and update this.
@@ -29,13 +31,34 @@ fn every_property_holds_and_every_example_is_found_at_the_small_size() {
 }
 
 /// Checks the small size with `defect` on and returns the counterexample of `property`.
-fn counterexample(defect: Defect, property: &str) -> Vec<model::protocol::Action> {
+fn counterexample(defect: Defect, property: &str) -> Vec<Action> {
     let report = check(Config::correct(Size::small()).with(defect), 1);
     assert!(!report.passed(), "{defect:?} went unnoticed");
     let trace = report
         .violation(property)
         .unwrap_or_else(|| panic!("{defect:?} did not break {property:?}: {report:#?}"));
-    assert!(!trace.is_empty());
+    // The trace ends at the first state that breaks the property: replayed, it holds before.
+    let protocol = Protocol::new(Config::correct(Size::small()).with(defect));
+    let condition = protocol
+        .properties()
+        .into_iter()
+        .find(|candidate| candidate.name == property)
+        .expect("the property exists")
+        .condition;
+    let mut state = protocol.init_states().remove(0);
+    for &action in trace {
+        assert!(
+            condition(&protocol, &state),
+            "{property:?} broken before the trace's end"
+        );
+        state = protocol
+            .next_state(&state, action)
+            .expect("each action of the trace is enabled");
+    }
+    assert!(
+        !condition(&protocol, &state),
+        "the trace does not break {property:?}"
+    );
     trace.to_vec()
 }
 
