@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test explore test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
+.PHONY: run test explore model test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -27,6 +27,14 @@ SCHEDULES ?= 5
 SEED ?=
 explore:
 	EXPLORE_SCHEDULES=$(SCHEDULES) EXPLORE_SEED=$(SEED) $(CARGO) test --features failpoints --test explore
+
+## The key lifecycle as a model (crates/model/), checked exhaustively by stateright: every
+## interleaving of two clients, two instances, the processor, the recovery job, network faults and
+## crashes at the full size (about 4 million states, under a minute), then the model's tests, the
+## full size's included.
+model:
+	$(CARGO) run --release -p model
+	$(CARGO) test --release -p model -- --include-ignored
 
 ## The cluster suite: the tests marked #[api_test(citus)] on a Citus coordinator and two workers
 ## (scripts/citus-cluster.sh), started for the run and removed after it. Two tests at a time: the

@@ -1,0 +1,614 @@
+//! The protocol as a stateright state machine: every step any part of the world can take, and
+//! what it changes. A step is atomic when the real code does it in one statement or one
+//! transaction (a reservation, a takeover, a fenced completion); what the real code does in
+//! several (send a call, wait, settle its outcome) is several steps, so the checker interleaves
+//! everything else between them.
+
+use stateright::{Model, Property};
+
+use crate::config::{Config, Defect};
+use crate::properties as props;
+use crate::state::{
+    Age, Answer, Attempt, Call, Charge, ChargeId, ClientPhase, DownstreamKey, Grant, Instance,
+    InstanceId, Intent, KeyRow, KeySlot, Lease, State, Status, Step, Stored, Work,
+};
+
+/// The protocol at one size, with some defects switched on.
+#[derive(Clone, Debug)]
+pub struct Protocol {
+    pub config: Config,
+}
+
+/// One step of one part of the world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    // --- clients -------------------------------------------------------------------------------
+    /// A client sends (or sends again) its intent's request, and an idle instance decides on it
+    /// in one statement: reserve, replay, 409, 422, take over, or hold.
+    Request {
+        intent: Intent,
+        instance: InstanceId,
+    },
+
+    // --- idempay instances ---------------------------------------------------------------------
+    /// The instance sends its call to the processor with the key's downstream key.
+    Call {
+        instance: InstanceId,
+    },
+    /// The connection is refused before anything is sent (the network, or a processor that is
+    /// down).
+    CallRefused {
+        instance: InstanceId,
+    },
+    /// The instance stops waiting for its call's answer: the outcome is unknown, and the call may
+    /// still be on its way (delayed).
+    TimeOut {
+        instance: InstanceId,
+    },
+    /// The instance settles its call's outcome: completes the key with the charge (fenced by its
+    /// lease), releases it (nothing was done), or suspends it (unknown).
+    Settle {
+        instance: InstanceId,
+    },
+    /// The instance dies and restarts, its request lost; its lease runs out later.
+    CrashInstance {
+        instance: InstanceId,
+    },
+    /// A lease is not renewed in time (its holder died, stalled, or its heartbeat waited too
+    /// long): the key may be taken over.
+    LeaseRunsOut {
+        key: KeySlot,
+    },
+
+    // --- the processor -------------------------------------------------------------------------
+    /// The processor handles a call: charges, or answers with the charge its key already made.
+    /// The answer may be lost on the way back.
+    Deliver {
+        call: Call,
+        answer_lost: bool,
+    },
+    /// The processor dies: connections are refused, calls on the network are dropped.
+    CrashProcessor,
+    RestartProcessor,
+    /// The processor forgets one of its idempotency keys, its lifetime over.
+    ProcessorForgets {
+        downstream_key: DownstreamKey,
+    },
+
+    // --- background jobs, time and the operator ------------------------------------------------
+    /// The recovery job claims a suspended key within the recovery window and resumes it on an
+    /// idle instance.
+    RecoveryClaims {
+        key: KeySlot,
+        instance: InstanceId,
+    },
+    /// A suspended key's recovery point passes the recovery window.
+    WindowPasses {
+        key: KeySlot,
+    },
+    /// The recovery job holds a suspended key past the window for an operator.
+    HoldOverdue {
+        key: KeySlot,
+    },
+    /// The expiry job deletes a completed key past its time to live; its client is gone.
+    Expire {
+        key: KeySlot,
+    },
+    /// An operator settles a held key from the processor's ledger (`idempay keys settle`).
+    OperatorSettles {
+        key: KeySlot,
+    },
+}
+
+/// What a request finds when it reserves its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decision {
+    /// It holds the key now and executes.
+    Execute(Grant),
+    /// It answers at once (a replay, 409, 422).
+    Answer(Answer),
+    /// The key's work is past the recovery window: the request holds it for an operator (409).
+    HoldNow,
+}
+
+/// What `until_known` makes of the attempts so far (src/downstream/client.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Unknown, with attempts left: ask again with the same downstream key.
+    AskAgain,
+    Done(ChargeId),
+    /// Certainly not done: nothing with the downstream key can have reached the processor.
+    NotDone,
+    /// Unknown, and this request's attempts are over.
+    Unknown,
+}
+
+impl Protocol {
+    pub fn new(config: Config) -> Self {
+        Self { config }
+    }
+
+    fn has(&self, defect: Defect) -> bool {
+        self.config.has(defect)
+    }
+
+    /// Whether the intent's client may send its request now: not once its key expired, and an
+    /// intent that reuses a key only after the intent before it on that key has its answer.
+    fn may_send(&self, state: &State, intent: Intent) -> bool {
+        let intents = &self.config.size.intents;
+        let key = intents[usize::from(intent)].key;
+        state.clients[usize::from(intent)].phase != ClientPhase::Gone
+            && intents[..usize::from(intent)]
+                .iter()
+                .zip(&state.clients)
+                .filter(|(spec, _)| spec.key == key)
+                .all(|(_, client)| client.phase != ClientPhase::Retrying)
+    }
+
+    /// The decision of `Idempotency::decide` and `decide_existing`: the fingerprint first, then
+    /// the key's state.
+    fn decide(&self, state: &State, intent: Intent) -> Decision {
+        let key = self.config.size.intents[usize::from(intent)].key;
+        let Some(row) = state.row(key) else {
+            return Decision::Execute(Grant::Reserved);
+        };
+        if row.intent != intent {
+            return Decision::Answer(Answer::Mismatch);
+        }
+        match row.status {
+            Status::Completed(stored) => Decision::Answer(Answer::Result(stored)),
+            Status::Held | Status::InProgress(Lease::By(_)) => Decision::Answer(Answer::TryLater),
+            Status::InProgress(Lease::Ended) if self.resumable(row) => {
+                Decision::Execute(Grant::TakenOver)
+            }
+            Status::InProgress(Lease::Ended) => Decision::HoldNow,
+        }
+    }
+
+    /// Whether a suspended key may be resumed: within the recovery window (`store::take_over`
+    /// and `claim_recoverable` compare its age), unless suspension has no bound.
+    fn resumable(&self, row: &KeyRow) -> bool {
+        row.age == Age::Fresh || self.has(Defect::UnboundedSuspension)
+    }
+
+    /// What a takeover believes of the calls before it (`EarlierCalls::of`).
+    fn earlier_calls_possible(&self) -> bool {
+        !self.has(Defect::TakeoverBelievesNoEarlierCall)
+    }
+
+    /// `until_known`'s judgement of the last attempt.
+    fn verdict(&self, work: &Work) -> Option<Verdict> {
+        let Step::Answered(attempt) = work.step else {
+            return None;
+        };
+        Some(match attempt {
+            Attempt::Charged(charge) => Verdict::Done(charge),
+            Attempt::Unknown if work.attempts < self.config.size.attempts => Verdict::AskAgain,
+            Attempt::Unknown => Verdict::Unknown,
+            // A refusal speaks of its own attempt only: after one that may have gone through,
+            // the outcome stays unknown and the downstream key is kept.
+            Attempt::Refused if work.maybe_sent => Verdict::Unknown,
+            Attempt::Refused => Verdict::NotDone,
+        })
+    }
+
+    /// Whether the instance may (again) call the processor.
+    fn may_call(&self, work: &Work) -> bool {
+        work.step == Step::Ready || self.verdict(work) == Some(Verdict::AskAgain)
+    }
+
+    /// Whether the processor may have forgotten `downstream_key`: it keeps its keys far longer
+    /// than any call takes, and longer than the recovery window, by when the recovery job held
+    /// every key still suspended. Without that bound, a suspended key may outlive the processor's
+    /// memory of it.
+    fn forgettable(&self, state: &State, downstream_key: DownstreamKey) -> bool {
+        state.processor.keys.contains_key(&downstream_key)
+            && !state.in_flight(downstream_key)
+            && state.keys.iter().enumerate().all(|(slot, row)| match row {
+                Some(row) if row.downstream_key == downstream_key => {
+                    row.age == Age::PastWindow
+                        && match row.status {
+                            Status::InProgress(_) => {
+                                self.has(Defect::UnboundedSuspension)
+                                    && row.suspended()
+                                    && !state.worked_on(slot as KeySlot)
+                            }
+                            Status::Completed(_) | Status::Held => true,
+                        }
+                }
+                _ => true,
+            })
+    }
+
+    /// The instance's request is over: it answers its client (the recovery job has none).
+    fn finish(state: &mut State, instance: InstanceId, work: &Work, answer: Answer) {
+        state.instances[usize::from(instance)] = Instance::Idle;
+        if work.grant != Grant::Recovery {
+            state.answer(work.intent, answer);
+        }
+    }
+
+    /// The answer of a request whose lease was taken from it: the winner's result, or 409.
+    fn after_lost_lease(state: &State, key: KeySlot) -> Answer {
+        match state.row(key).map(|row| row.status) {
+            Some(Status::Completed(stored)) => Answer::Result(stored),
+            _ => Answer::TryLater,
+        }
+    }
+
+    /// Whether `instance` still holds the lease of its work's key: the fence of every write.
+    fn fenced(state: &State, instance: InstanceId, work: &Work) -> bool {
+        state
+            .row(work.key)
+            .is_some_and(|row| row.status == Status::InProgress(Lease::By(instance)))
+    }
+
+    fn settle(&self, state: &mut State, instance: InstanceId, work: Work) -> Option<()> {
+        let verdict = self.verdict(&work)?;
+        let holds = Self::fenced(state, instance, &work);
+        match verdict {
+            Verdict::AskAgain => return None,
+            // One transaction: the payment and the key's completion (`idempotency_complete`,
+            // fenced by the token; without the fence, a loser records too).
+            Verdict::Done(charge) => {
+                let unfenced =
+                    self.has(Defect::UnfencedCompletion) && state.row(work.key).is_some();
+                if holds || unfenced {
+                    let stored = Stored::Charged(charge);
+                    state.row_mut(work.key)?.status = Status::Completed(stored);
+                    state.payments.push(charge);
+                    Self::finish(state, instance, &work, Answer::Result(stored));
+                } else {
+                    let answer = Self::after_lost_lease(state, work.key);
+                    Self::finish(state, instance, &work, answer);
+                }
+            }
+            // Nothing was made: the recovery point is cleared and the key released (a DELETE
+            // fenced by the token), so the retry starts afresh with a new downstream key.
+            Verdict::NotDone => {
+                if holds {
+                    state.keys[usize::from(work.key)] = None;
+                }
+                Self::finish(state, instance, &work, Answer::TryLater);
+            }
+            // 503: the key stays in progress at its recovery point, its lease ended, for the
+            // client's retry or the recovery job.
+            Verdict::Unknown => {
+                if holds {
+                    state.row_mut(work.key)?.status = Status::InProgress(Lease::Ended);
+                }
+                Self::finish(state, instance, &work, Answer::TryLater);
+            }
+        }
+        Some(())
+    }
+
+    /// The processor's `create_charge`: one charge per idempotency key it remembers.
+    fn deliver(state: &mut State, call: Call, answer_lost: bool) -> Option<()> {
+        if !state.processor.up || !state.network.remove(&call) {
+            return None;
+        }
+        let processor = &mut state.processor;
+        let charge = match processor.keys.get(&call.downstream_key) {
+            Some(&charge) => charge,
+            None => {
+                let charge = ChargeId::try_from(processor.ledger.len()).ok()?;
+                processor.ledger.push(Charge {
+                    downstream_key: call.downstream_key,
+                    intent: call.intent,
+                });
+                processor.keys.insert(call.downstream_key, charge);
+                charge
+            }
+        };
+        // The answer reaches its sender if it still waits for it (a sender that stopped waiting
+        // left the call without one).
+        if let (Some(instance), false) = (call.reply_to, answer_lost)
+            && let Instance::Working(work) = &mut state.instances[usize::from(instance)]
+            && work.step == Step::Awaiting
+            && work.downstream_key == call.downstream_key
+        {
+            work.step = Step::Answered(Attempt::Charged(charge));
+        }
+        Some(())
+    }
+
+    /// A call whose sender stopped waiting (timed out, or died) may still arrive: delayed.
+    fn orphan_calls_of(state: &mut State, instance: InstanceId) {
+        let calls: Vec<Call> = state
+            .network
+            .iter()
+            .filter(|call| call.reply_to == Some(instance))
+            .copied()
+            .collect();
+        for call in calls {
+            state.network.remove(&call);
+            state.network.insert(Call {
+                reply_to: None,
+                ..call
+            });
+        }
+    }
+
+    fn request(&self, state: &mut State, intent: Intent, instance: InstanceId) -> Option<()> {
+        let key = self.config.size.intents[usize::from(intent)].key;
+        let work = match self.decide(state, intent) {
+            Decision::Answer(answer) => {
+                state.answer(intent, answer);
+                return Some(());
+            }
+            Decision::HoldNow => {
+                state.row_mut(key)?.status = Status::Held;
+                state.answer(intent, Answer::TryLater);
+                return Some(());
+            }
+            // The reservation records the recovery point with a new downstream key, in the same
+            // statement (`KeyedRequest::starting_at`).
+            Decision::Execute(Grant::Reserved) => {
+                let downstream_key = DownstreamKey::try_from(state.downstream_keys.len()).ok()?;
+                state.downstream_keys.push(intent);
+                state.keys[usize::from(key)] = Some(KeyRow {
+                    intent,
+                    downstream_key,
+                    status: Status::InProgress(Lease::By(instance)),
+                    age: Age::Fresh,
+                });
+                Work {
+                    key,
+                    intent,
+                    grant: Grant::Reserved,
+                    downstream_key,
+                    maybe_sent: false,
+                    attempts: 0,
+                    step: Step::Ready,
+                }
+            }
+            // One conditional UPDATE installs this request's token; the key keeps its downstream
+            // key, which an earlier holder may have sent.
+            Decision::Execute(grant) => {
+                let row = state.row_mut(key)?;
+                row.status = Status::InProgress(Lease::By(instance));
+                Work {
+                    key,
+                    intent,
+                    grant,
+                    downstream_key: row.downstream_key,
+                    maybe_sent: self.earlier_calls_possible(),
+                    attempts: 0,
+                    step: Step::Ready,
+                }
+            }
+        };
+        state.instances[usize::from(instance)] = Instance::Working(work);
+        Some(())
+    }
+
+    fn instance_actions(&self, state: &State, instance: InstanceId, actions: &mut Vec<Action>) {
+        let Some(work) = state.work(instance) else {
+            for intent in 0..self.config.size.intents.len() as Intent {
+                if self.may_send(state, intent) {
+                    actions.push(Action::Request { intent, instance });
+                }
+            }
+            for key in 0..self.config.size.keys {
+                if state
+                    .row(key)
+                    .is_some_and(|row| row.suspended() && self.resumable(row))
+                {
+                    actions.push(Action::RecoveryClaims { key, instance });
+                }
+            }
+            return;
+        };
+        if self.may_call(work) {
+            if state.processor.up {
+                actions.push(Action::Call { instance });
+            }
+            actions.push(Action::CallRefused { instance });
+        }
+        match work.step {
+            Step::Awaiting => actions.push(Action::TimeOut { instance }),
+            Step::Answered(_) if !self.may_call(work) => actions.push(Action::Settle { instance }),
+            Step::Ready | Step::Answered(_) => {}
+        }
+        if state.instance_crashes < self.config.size.instance_crashes {
+            actions.push(Action::CrashInstance { instance });
+        }
+    }
+
+    fn key_actions(&self, state: &State, key: KeySlot, actions: &mut Vec<Action>) {
+        let Some(row) = state.row(key) else {
+            return;
+        };
+        // Hours pass only while no request works on the key and no call with its downstream key
+        // is on the network: requests and calls have deadlines of seconds, far shorter than a
+        // key's time to live or the recovery window.
+        let quiet = !state.worked_on(key) && !state.in_flight(row.downstream_key);
+        match row.status {
+            Status::InProgress(Lease::By(_)) => actions.push(Action::LeaseRunsOut { key }),
+            Status::InProgress(Lease::Ended) => {
+                if row.age == Age::Fresh && quiet {
+                    actions.push(Action::WindowPasses { key });
+                }
+                if row.age == Age::PastWindow && !self.has(Defect::UnboundedSuspension) {
+                    actions.push(Action::HoldOverdue { key });
+                }
+            }
+            Status::Completed(_) if quiet => actions.push(Action::Expire { key }),
+            Status::Completed(_) => {}
+            Status::Held => actions.push(Action::OperatorSettles { key }),
+        }
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![State::initial(&self.config)]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        for instance in 0..self.config.size.instances {
+            self.instance_actions(state, instance, actions);
+        }
+        for key in 0..self.config.size.keys {
+            self.key_actions(state, key, actions);
+        }
+        if state.processor.up {
+            for &call in &state.network {
+                actions.push(Action::Deliver {
+                    call,
+                    answer_lost: false,
+                });
+                if call.reply_to.is_some() {
+                    actions.push(Action::Deliver {
+                        call,
+                        answer_lost: true,
+                    });
+                }
+            }
+            if state.processor_crashes < self.config.size.processor_crashes {
+                actions.push(Action::CrashProcessor);
+            }
+        } else {
+            actions.push(Action::RestartProcessor);
+        }
+        for &downstream_key in state.processor.keys.keys() {
+            if self.forgettable(state, downstream_key) {
+                actions.push(Action::ProcessorForgets { downstream_key });
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        match action {
+            Action::Request { intent, instance } => self.request(&mut state, intent, instance)?,
+            Action::Call { instance } => {
+                let Instance::Working(work) = &mut state.instances[usize::from(instance)] else {
+                    return None;
+                };
+                work.attempts += 1;
+                work.step = Step::Awaiting;
+                let call = Call {
+                    downstream_key: work.downstream_key,
+                    intent: work.intent,
+                    reply_to: Some(instance),
+                };
+                state.network.insert(call);
+            }
+            Action::CallRefused { instance } => {
+                let Instance::Working(work) = &mut state.instances[usize::from(instance)] else {
+                    return None;
+                };
+                work.attempts += 1;
+                work.step = Step::Answered(Attempt::Refused);
+            }
+            Action::TimeOut { instance } => {
+                let Instance::Working(work) = &mut state.instances[usize::from(instance)] else {
+                    return None;
+                };
+                work.step = Step::Answered(Attempt::Unknown);
+                // The call may have reached the processor: from now on a refusal proves nothing
+                // (unless this defect forgets it).
+                if !self.has(Defect::RefusalAfterUnknownBelieved) {
+                    work.maybe_sent = true;
+                }
+                Self::orphan_calls_of(&mut state, instance);
+            }
+            Action::Settle { instance } => {
+                let work = *state.work(instance)?;
+                self.settle(&mut state, instance, work)?;
+            }
+            Action::CrashInstance { instance } => {
+                state.instances[usize::from(instance)] = Instance::Idle;
+                state.instance_crashes += 1;
+                Self::orphan_calls_of(&mut state, instance);
+            }
+            Action::LeaseRunsOut { key } => {
+                state.row_mut(key)?.status = Status::InProgress(Lease::Ended);
+            }
+            Action::Deliver { call, answer_lost } => Self::deliver(&mut state, call, answer_lost)?,
+            Action::CrashProcessor => {
+                state.processor.up = false;
+                state.processor_crashes += 1;
+                state.network.clear();
+            }
+            Action::RestartProcessor => state.processor.up = true,
+            Action::ProcessorForgets { downstream_key } => {
+                state.processor.keys.remove(&downstream_key);
+            }
+            Action::RecoveryClaims { key, instance } => {
+                let row = state.row_mut(key)?;
+                row.status = Status::InProgress(Lease::By(instance));
+                let work = Work {
+                    key,
+                    intent: row.intent,
+                    grant: Grant::Recovery,
+                    downstream_key: row.downstream_key,
+                    maybe_sent: self.earlier_calls_possible(),
+                    attempts: 0,
+                    step: Step::Ready,
+                };
+                state.instances[usize::from(instance)] = Instance::Working(work);
+            }
+            Action::WindowPasses { key } => state.row_mut(key)?.age = Age::PastWindow,
+            Action::HoldOverdue { key } => state.row_mut(key)?.status = Status::Held,
+            Action::Expire { key } => {
+                let row = state.keys[usize::from(key)].take()?;
+                state.clients[usize::from(row.intent)].phase = ClientPhase::Gone;
+            }
+            Action::OperatorSettles { key } => {
+                let row = *state.row(key)?;
+                let made: Vec<usize> = (0..state.processor.ledger.len())
+                    .filter(|&id| state.processor.ledger[id].downstream_key == row.downstream_key)
+                    .collect();
+                let stored = match made.as_slice() {
+                    [] => Stored::MadeNothing,
+                    [charge] => Stored::Charged(ChargeId::try_from(*charge).ok()?),
+                    // Two charges under one downstream key: settled by hand, not by the tool.
+                    _ => return None,
+                };
+                state.row_mut(key)?.status = Status::Completed(stored);
+                if let Stored::Charged(charge) = stored {
+                    state.payments.push(charge);
+                }
+            }
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(props::ONE_CHARGE_PER_INTENT, |model: &Self, state| {
+                props::one_charge_per_intent(&model.config, state)
+            }),
+            Property::always(props::REPLAY_EQUALS_FIRST_ANSWER, |_, state| {
+                props::replay_equals_first_answer(state)
+            }),
+            Property::always(props::CHANGED_PAYLOAD_NEVER_EXECUTES, |_, state| {
+                props::changed_payload_never_executes(state)
+            }),
+            Property::always(props::EVERY_CHARGE_RECORDED_OR_KEPT, |_, state| {
+                props::every_charge_recorded_or_kept(state)
+            }),
+            Property::always(props::NO_COMPLETION_CONTRADICTED, |_, state| {
+                props::no_completion_contradicted(state)
+            }),
+            Property::sometimes(props::A_TAKEOVER, |_, state| props::a_takeover(state)),
+            Property::sometimes(props::A_RECOVERY_RESUME, |_, state| {
+                props::a_recovery_resume(state)
+            }),
+            Property::sometimes(props::A_HOLD, |_, state| props::a_hold(state)),
+            Property::sometimes(props::A_REUSE_AFTER_EXPIRY, |model: &Self, state| {
+                props::a_reuse_after_expiry(&model.config, state)
+            }),
+        ]
+    }
+
+    fn within_boundary(&self, state: &State) -> bool {
+        state.downstream_keys.len() <= usize::from(self.config.size.downstream_keys)
+    }
+}

@@ -1,0 +1,284 @@
+//! The state of the whole world at one moment: the clients, idempay's key table and payments, its
+//! instances' requests in flight, the network between idempay and the processor, and the
+//! processor's own keys and ledger. Small indexes stand for ids: the checker hashes every state,
+//! so the fewer and smaller its parts, the more states it can visit.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::Config;
+
+/// An intent (and its client): an index into `Size::intents`.
+pub type Intent = u8;
+/// A key slot: an index into `State::keys`.
+pub type KeySlot = u8;
+/// An idempay instance: an index into `State::instances`. It is also the lease's token: an
+/// instance serves one request at a time, so it holds at most one lease it believes in.
+pub type InstanceId = u8;
+/// A downstream key: an index into `State::downstream_keys`.
+pub type DownstreamKey = u8;
+/// A charge at the processor: an index into `Processor::ledger`.
+pub type ChargeId = u8;
+
+/// What a key completes with, and what its replays answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stored {
+    /// The payment, recorded with this charge.
+    Charged(ChargeId),
+    /// The final 409 `processor-made-nothing` an operator's settle stores.
+    MadeNothing,
+}
+
+/// What a client gets back from one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// A result: the first request's, or its replay.
+    Result(Stored),
+    /// 422: another payload under this key.
+    Mismatch,
+    /// 409 in flight, 409 held, or 503 (refused, outcome unknown): retry later.
+    TryLater,
+}
+
+/// Where a client is with its intent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClientPhase {
+    /// No result yet: it (re)tries.
+    Retrying,
+    /// It has its result; a retry (its answer lost on the way) must get the same again.
+    Answered(Stored),
+    /// Its key expired: it sends the key no more (the documented time to live of a key).
+    Gone,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    pub phase: ClientPhase,
+    /// A later answer differed from the first result: what "a replay equals the first answer"
+    /// forbids.
+    pub contradicted: bool,
+}
+
+/// The lease of a key in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lease {
+    /// Held by this instance, renewed by its heartbeat.
+    By(InstanceId),
+    /// Run out: its holder died, was too slow, or suspended the key (a 503 after an unknown
+    /// outcome). Anyone may take it over, within the recovery window.
+    Ended,
+}
+
+/// How far a key's recovery point is from its creation, in the two moments that matter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Age {
+    /// Within the recovery window: it may be resumed.
+    Fresh,
+    /// Past the recovery window (but within the processor's memory of its downstream key, until
+    /// the processor forgets it): held for an operator, never resumed.
+    PastWindow,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    InProgress(Lease),
+    Completed(Stored),
+    /// Held for an operator (`idempay keys settle`).
+    Held,
+}
+
+/// A row of idempay's `idempotency_keys`, with its recovery point ("charge requested").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyRow {
+    /// The fingerprint: the intent whose payload reserved it.
+    pub intent: Intent,
+    pub downstream_key: DownstreamKey,
+    pub status: Status,
+    pub age: Age,
+}
+
+impl KeyRow {
+    /// In progress with its lease run out: what a takeover and the recovery job look for.
+    pub fn suspended(&self) -> bool {
+        self.status == Status::InProgress(Lease::Ended)
+    }
+}
+
+/// Whether a call with a key's downstream key may have reached the processor before this lease
+/// (`EarlierCalls` in crates/idempotency/src/recovery.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EarlierCalls {
+    None,
+    Possible,
+}
+
+/// How an instance came to hold a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Grant {
+    /// It reserved the key (the unique constraint let its insert through).
+    Reserved,
+    /// A client's retry took over a key whose lease ran out.
+    TakenOver,
+    /// The recovery job claimed a suspended key; no client waits for this answer.
+    Recovery,
+}
+
+/// The answer to one attempt at the processor call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Attempt {
+    /// The processor charged (or replayed its charge for this downstream key).
+    Charged(ChargeId),
+    /// The connection was refused before anything was sent.
+    Refused,
+    /// No answer in time: the call may or may not have been made.
+    Unknown,
+}
+
+/// Where an instance is in its request's unit of work (src/downstream/call.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// The key is held at its recovery point; the call is next.
+    Ready,
+    /// The call is on the network; the instance waits for its answer.
+    Awaiting,
+    /// The last attempt's answer, for `until_known` to judge.
+    Answered(Attempt),
+}
+
+/// One request's work on a key, held under a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Work {
+    pub key: KeySlot,
+    /// The payload it executes: the request's, which the key's fingerprint matched.
+    pub intent: Intent,
+    pub grant: Grant,
+    pub downstream_key: DownstreamKey,
+    /// Whether an attempt with the downstream key may have reached the processor: an earlier
+    /// holder's (`EarlierCalls::Possible`) or one of this request's with an unknown outcome.
+    pub maybe_sent: bool,
+    pub attempts: u8,
+    pub step: Step,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Instance {
+    Idle,
+    Working(Work),
+}
+
+/// A charge request on its way to the processor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Call {
+    pub downstream_key: DownstreamKey,
+    pub intent: Intent,
+    /// The instance waiting for its answer; none once it stopped waiting (a delayed call).
+    pub reply_to: Option<InstanceId>,
+}
+
+/// A charge in the processor's ledger, which it never forgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Charge {
+    pub downstream_key: DownstreamKey,
+    pub intent: Intent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Processor {
+    pub up: bool,
+    /// Its own idempotency keys: the charge it made for each downstream key it still remembers.
+    pub keys: BTreeMap<DownstreamKey, ChargeId>,
+    pub ledger: Vec<Charge>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub clients: Vec<Client>,
+    /// idempay's key table: one slot per key, empty while the key is unused, released or expired.
+    pub keys: Vec<Option<KeyRow>>,
+    /// idempay's payments: the charges recorded, each with the key that completed.
+    pub payments: Vec<ChargeId>,
+    /// Every downstream key made so far, with the intent whose key made it.
+    pub downstream_keys: Vec<Intent>,
+    pub instances: Vec<Instance>,
+    /// Calls sent and not yet delivered, refused by a crash, or dropped.
+    pub network: BTreeSet<Call>,
+    pub processor: Processor,
+    pub instance_crashes: u8,
+    pub processor_crashes: u8,
+}
+
+impl State {
+    pub fn initial(config: &Config) -> Self {
+        let size = &config.size;
+        Self {
+            clients: vec![
+                Client {
+                    phase: ClientPhase::Retrying,
+                    contradicted: false,
+                };
+                size.intents.len()
+            ],
+            keys: vec![None; usize::from(size.keys)],
+            payments: Vec::new(),
+            downstream_keys: Vec::new(),
+            instances: vec![Instance::Idle; usize::from(size.instances)],
+            network: BTreeSet::new(),
+            processor: Processor {
+                up: true,
+                keys: BTreeMap::new(),
+                ledger: Vec::new(),
+            },
+            instance_crashes: 0,
+            processor_crashes: 0,
+        }
+    }
+
+    pub fn row(&self, key: KeySlot) -> Option<&KeyRow> {
+        self.keys[usize::from(key)].as_ref()
+    }
+
+    pub fn row_mut(&mut self, key: KeySlot) -> Option<&mut KeyRow> {
+        self.keys[usize::from(key)].as_mut()
+    }
+
+    pub fn work(&self, instance: InstanceId) -> Option<&Work> {
+        match &self.instances[usize::from(instance)] {
+            Instance::Working(work) => Some(work),
+            Instance::Idle => None,
+        }
+    }
+
+    /// Whether some instance is working on `key`.
+    pub fn worked_on(&self, key: KeySlot) -> bool {
+        self.instances
+            .iter()
+            .any(|instance| matches!(instance, Instance::Working(work) if work.key == key))
+    }
+
+    /// Whether a call with `downstream_key` is still on the network.
+    pub fn in_flight(&self, downstream_key: DownstreamKey) -> bool {
+        self.network
+            .iter()
+            .any(|call| call.downstream_key == downstream_key)
+    }
+
+    /// Hands a client one answer: its first result is kept, and any later result that differs
+    /// from it is a contradiction. A client whose key expired listens no more.
+    pub fn answer(&mut self, intent: Intent, answer: Answer) {
+        let client = &mut self.clients[usize::from(intent)];
+        match (client.phase, answer) {
+            (ClientPhase::Gone, _) => {}
+            (ClientPhase::Retrying, Answer::Result(stored)) => {
+                client.phase = ClientPhase::Answered(stored)
+            }
+            (ClientPhase::Retrying, _) => {}
+            (ClientPhase::Answered(first), Answer::Result(later)) => {
+                if later != first {
+                    client.contradicted = true;
+                }
+            }
+            // A 409 or 503 after the result answers a request the client sent before it and
+            // stopped waiting for; a request sent after the result finds the key completed.
+            (ClientPhase::Answered(_), _) => {}
+        }
+    }
+}
