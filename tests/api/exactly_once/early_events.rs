@@ -388,11 +388,8 @@ async fn the_sweep_applies_a_parked_event_whose_object_was_recorded_without_appl
     assert_eq!(disputes_and_their_events(&app).await, (1, 1));
 }
 
-/// Parking is bounded: with {MAX_PARKED} events waiting whose account is not known, one more is
-/// refused as before parking (409 `webhook-object-not-recorded`, recorded nowhere), so the sender
-/// keeps it; once one of them is gone, its redelivery is parked.
-#[api_test]
-async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowhere() {
+/// idempay with a webhook secret of the test's, which signs the events it delivers by hand.
+async fn taking_events_by_hand() -> (TestApp, WebhookSecrets) {
     let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
         shared: SharedArgs {
@@ -402,6 +399,15 @@ async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowher
         ..Settings::default()
     })
     .await;
+    (app, secret)
+}
+
+/// Parking is bounded: with {MAX_PARKED} events waiting whose account is not known, one more is
+/// refused as before parking (409 `webhook-object-not-recorded`, recorded nowhere), so the sender
+/// keeps it; once one of them is gone, its redelivery is parked.
+#[api_test]
+async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowhere() {
+    let (app, secret) = taking_events_by_hand().await;
     sqlx::query(
         "INSERT INTO parked_events (id, type, object, body)
          SELECT 'evt_filler' || n, 'charge.succeeded', 'ch_filler' || n, '{}'
@@ -445,15 +451,7 @@ async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowher
 /// charge is recorded, so the event gets past the payment and is judged by its refund alone.
 #[api_test]
 async fn an_event_about_a_refund_not_recorded_yet_is_parked_not_ignored() {
-    let secret = WebhookSecrets::generate();
-    let app = TestApp::spawn_with(Settings {
-        shared: SharedArgs {
-            webhook_secrets: Some(secret.clone()),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    })
-    .await;
+    let (app, secret) = taking_events_by_hand().await;
     let paid = app.paid(5000).await;
     let charge = app.get_payment(&paid).await.json()["charge"]
         .as_str()
