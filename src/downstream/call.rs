@@ -254,26 +254,21 @@ async fn settle<C: ProcessorCall>(
 /// intake, see [`ProcessorClient::recorded`]). Every recording of an answer comes here: a fresh
 /// request's, a retry's, the recovery job's and an operator's settling of a held key.
 ///
-/// Only a key an earlier holder left (a retry, a takeover, the recovery job, a settle:
-/// [`EarlierCalls::Possible`]) looks for such events: its object may have existed at the
-/// processor for minutes or hours, long enough for its events to arrive and be kept. A fresh
-/// request records its object milliseconds after the processor made it, before the processor's
-/// outbox usually sends anything, and looking would cost every new payment a statement more; an
-/// event that still wins that race is kept, and the intake's sweep applies it within a recovery
-/// interval. So does the sweep for a recording that fails to apply them (or whose instance dies
-/// first).
+/// Every one of them looks, a fresh request too: the processor's outbox sends an event as soon as
+/// its charge or refund commits, and it often arrives before idempay's recording of the answer
+/// commits (the intake parks it then). Looking after the commit costs one indexed read, and with
+/// the intake's own look after it parks, one of the two sees the other: no event waits for the
+/// sweep, and reconcile does not name one meanwhile. The sweep is left for a recording that fails
+/// to apply them, or whose instance dies first.
 pub async fn record<C: ProcessorCall>(
     processor: &ProcessorClient,
     lease: Lease,
     call: C,
     answer: C::Answer,
 ) -> Result<Completion, ApiError> {
-    let resumed = lease
-        .recovery_point()
-        .is_some_and(|point| point.earlier_calls == EarlierCalls::Possible);
     let object = C::object(&answer).to_owned();
     let completion = call.record(lease, answer).await?;
-    if completion.committed() && resumed {
+    if completion.committed() {
         processor.recorded(&object).await;
     }
     Ok(completion)

@@ -5,14 +5,14 @@
 //! an event (acknowledged, outcome `parked`) instead of counting on the sender to deliver it again,
 //! since the sender may give up first; it is applied once, when its object is recorded:
 //!
-//! - right after the recording, by whoever recorded it after an unknown outcome (a retry, a
-//!   takeover, the recovery job, a settle: `downstream::call::record` runs [`when_recorded`]; a
-//!   fresh request does not look, see there);
+//! - right after the recording, by whoever recorded it (a fresh request, a retry, a takeover, the
+//!   recovery job, a settle: `downstream::call::record` runs [`when_recorded`]): the processor's
+//!   outbox often delivers an event before idempay's recording of the answer commits;
 //! - right after the parking, by the intake, for an object recorded while the event was being
 //!   parked: the recording's look for parked events may have come before the parking committed,
 //!   but then the intake's look comes after the recording committed;
-//! - by the [`spawn`]ed sweep, for an event that won the race with a fresh request's recording, or
-//!   whose recorder or intake died before applying it.
+//! - by the [`spawn`]ed sweep, for an event whose recorder or intake died (or failed) before
+//!   applying it.
 //!
 //! Each application takes its event's `processed_events` row, then deletes its parked row, in the
 //! transaction that applies it: two appliers of one event take turns, and the second finds it gone.

@@ -34,12 +34,6 @@ pub(crate) fn patiently() -> RetrySchedule {
 /// A recovery job (and sweep of parked events) that does not run within a test.
 pub(crate) const NOT_WITHIN_THE_TEST: Duration = Duration::from_secs(60 * 60);
 
-/// A recovery job (and sweep of parked events) that runs many times within a test: for a test
-/// whose requests are all fresh. A fresh request does not look for the events parked about its
-/// object (`downstream::call::record` says why), so an event of the processor's that wins the race
-/// with the recording stays parked until the sweep, and reconcile names it meanwhile.
-const SWEEPING: Duration = Duration::from_millis(100);
-
 /// idempay and a processor on the test's database, the processor delivering its events, signed,
 /// to idempay's intake and retrying a refused one on `schedule`; idempay's recovery job and sweep
 /// of parked events run every `recovery`.
@@ -125,10 +119,13 @@ async fn parked(app: &TestApp) -> Vec<String> {
         .unwrap()
 }
 
-/// Waits until no event is parked: the sweep applied those that won the race with a fresh
-/// request's recording.
+/// Waits until no event is parked, with no sweep running: an event of the processor's that won
+/// the race with the recording of its object (the outbox sends it as soon as the processor
+/// commits) was applied by that recording, a fresh request's too, or by the intake's look after
+/// parking it. Before fresh requests looked, such an event waited for the sweep, and reconcile
+/// named it meanwhile.
 async fn until_none_is_parked(app: &TestApp) {
-    wait_until("the sweep applies the parked events", || async {
+    wait_until("the recordings apply the parked events", || async {
         parked(app).await.is_empty()
     })
     .await;
@@ -573,7 +570,7 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
         Settings::default(),
         processor::settings(),
         patiently(),
-        SWEEPING,
+        NOT_WITHIN_THE_TEST,
     )
     .await;
     let mut paid = Vec::new();
@@ -689,7 +686,7 @@ async fn reconcile_finds_a_dispute_squeezed_by_a_refund_equal_on_both_ledgers() 
         Settings::default(),
         processor::settings(),
         patiently(),
-        SWEEPING,
+        NOT_WITHIN_THE_TEST,
     )
     .await;
     let paid = app.paid(4000).await;
