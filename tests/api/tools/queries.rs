@@ -58,11 +58,15 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
     );
 }
 
-/// A new key costs each service two statements and nothing more: its reservation, then the one
-/// statement that writes the effect and completes the key (the instance embeds the processor, so
-/// both services talk to PostgreSQL through the proxy). Every exchange is one of them: the
-/// connections are taken back without sqlx's release ping, a `Sync` message with no statement
-/// before it, which was one round trip more for each statement.
+/// A new key costs the processor two statements, and idempay two on the lot and one look: its
+/// reservation, then the one statement that writes the effect and completes the key (the instance
+/// embeds the processor, so both services talk to PostgreSQL through the proxy), each taken back
+/// without sqlx's release ping (a `Sync` message with no statement before it, which was one round
+/// trip more for each statement); and, once the payment committed, the look for the processor's
+/// events parked about its charge (`downstream::call::record`: the processor's outbox often
+/// delivers them before the recording commits). That look goes through the pool, which pings the
+/// connection it takes back and may first prepare the statement on it: at most two exchanges
+/// more than its statement.
 #[api_test]
 async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
     let app = TestApp::spawn().await;
@@ -78,12 +82,14 @@ async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
     let sent = proxy.sent() - before;
     assert_eq!(
         sent.statements,
-        5 * 4,
-        "five new keys, each two statements at idempay and two at the processor: {sent:?}"
+        5 * 5,
+        "five new keys, each two statements and the look for parked events at idempay, and two \
+         at the processor: {sent:?}"
     );
-    assert_eq!(
-        sent.exchanges, sent.statements,
-        "every exchange with PostgreSQL is a statement, none a ping: {sent:?}"
+    assert!(
+        sent.exchanges <= sent.statements + 5 * 2,
+        "every exchange with PostgreSQL is a statement, but for the pool's ping (and preparation) \
+         after each look for parked events: {sent:?}"
     );
 }
 
