@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test explore model test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
+.PHONY: run test explore model mutants test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -35,6 +35,14 @@ explore:
 model:
 	$(CARGO) run --release -p model
 	$(CARGO) test --release -p model -- --include-ignored
+
+## Mutants of the mechanism crate's modules that its unit tests cover (cargo-mutants, installed on
+## the way): each built and tested, caught, missed or timed out counted, within about 30 minutes.
+## SHARD=k/n runs one of n shards. The modules and the mutants explained are in scripts/mutants.toml;
+## the score is in tests/README.md.
+SHARD ?=
+mutants:
+	SHARD=$(SHARD) bash scripts/mutants.sh
 
 ## The cluster suite: the tests marked #[api_test(citus)] on a Citus coordinator and two workers
 ## (scripts/citus-cluster.sh), started for the run and removed after it. Two tests at a time: the

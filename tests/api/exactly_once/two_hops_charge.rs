@@ -14,8 +14,9 @@ use super::two_hops::{
     assert_ledgers_agree, charge_under_way, faulty, idempay_and_processor, instance_env, key_row,
     the_charge,
 };
+use crate::processor;
 use crate::support::helpers::{
-    new_key, one_storm_at_a_time, payment, retry_while_in_flight, slow_payment, wait_until,
+    new_key, one_storm_at_a_time, payment, retry_while_in_flight, wait_until,
 };
 use crate::support::instance::{Instance, LogFile};
 
@@ -137,14 +138,20 @@ async fn a_charge_slower_than_the_processor_timeout_is_recorded_by_the_retry_onc
 /// lot (`db::Lot`, as many connections as the pool: one here), and another request's reservation
 /// holds it, waiting on a key the test keeps uncommitted. The key is kept, and the retry records
 /// the same charge.
+///
+/// Each step waits for an event, not a duration: the processor's charge is held at its insert by
+/// a lock the test takes on its ledger, and let go only once the lot's connection is taken (with a
+/// slow card of 3 s instead, a loaded machine set up the lot after the charge was recorded).
 #[api_test]
 async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_without_a_second_charge()
  {
-    let (app, processor) = idempay_and_processor(
-        Settings::default(),
-        faulty(|s| s.shared.slow_charge = Duration::from_secs(3)),
-    )
-    .await;
+    let (app, processor) = idempay_and_processor(Settings::default(), processor::settings()).await;
+    // Reads of the ledger go on; the processor's insert of the charge waits for this transaction.
+    let mut ledger = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE processor_charges IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *ledger)
+        .await
+        .unwrap();
     let instance = Instance::start(
         &app.database_url(),
         &instance_env(
@@ -159,17 +166,19 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
     )
     .await;
     let key = new_key();
-    let slow = slow_payment(100);
+    let body = payment(100);
     let charging = tokio::spawn(
         instance
-            .payment_request(&app.api_key, &key, &slow)
+            .payment_request(&app.api_key, &key, &body)
             .timeout(crate::support::instance::ANSWER_WITHIN)
             .send(),
     );
-    wait_until("the charge is under way at the processor", || {
-        charge_under_way(&app, &key)
-    })
+    app.until_a_statement_waits(
+        "the processor's charge waits at its insert for the ledger's lock",
+        "%INSERT INTO processor_charges%",
+    )
     .await;
+    assert!(charge_under_way(&app, &key).await);
 
     // A refund's reservation takes the lot's only connection and waits there: the test's own
     // transaction inserted the same key under the same scope and keeps it uncommitted, so the
@@ -211,6 +220,7 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
     .await;
     // The connection was taken before the charge could be recorded: the failure comes after it.
     assert_eq!(app.payment_count().await, 0, "the window was hit");
+    ledger.commit().await.unwrap();
 
     let failed = charging.await.unwrap().expect("an answer");
     lock.rollback().await.unwrap();
@@ -225,7 +235,7 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
         (status.as_str(), point.as_deref()),
         ("in_progress", Some("payment.charge_requested"))
     );
-    let retry = retry_while_in_flight(|| instance.post_payment(&app.api_key, &key, &slow)).await;
+    let retry = retry_while_in_flight(|| instance.post_payment(&app.api_key, &key, &body)).await;
     assert_eq!(
         retry.status,
         201,
