@@ -16,7 +16,12 @@ if ! cargo mutants --version 2>/dev/null | grep -qF "$version"; then
 fi
 
 export SQLX_OFFLINE=true
-args=(--config scripts/mutants.toml --package idempotency --output target/mutants --no-shuffle)
+# One job: the mutants share one target directory (each build then recompiles only the crate), and
+# two jobs on 2 cores would each build their dependencies first.
+export CARGO_TARGET_DIR="$PWD/target/mutants-build"
+args=(--config scripts/mutants.toml --package idempotency --test-package idempotency
+  --profile mutants --cap-lints true --jobs 1 --minimum-test-timeout 30
+  --output target/mutants --no-shuffle)
 if [[ -n "${SHARD:-}" ]]; then
   args+=(--shard "$SHARD")
 fi

@@ -68,22 +68,29 @@ impl Server {
         )
         .fetch_one(&mut *connection)
         .await?;
+        Ok(self.met_started_at(started))
+    }
+
+    /// Notes that a new connection met the server started at `started` (microseconds since the
+    /// Unix epoch), and returns its generation: the current one, or a new one when the server
+    /// started at another time than the last one met.
+    fn met_started_at(&self, started: i64) -> u64 {
         let mut last = self.started.lock().unwrap_or_else(PoisonError::into_inner);
-        match *last {
-            Some(before) if before != started => {
-                let since = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX);
-                self.since.store(since, Ordering::Release);
-                let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-                tracing::warn!(
-                    generation,
-                    "the database server restarted or changed: the connections to the one before \
-                     are closed, unused"
-                );
-            }
-            _ => {}
-        }
+        let restarted = last.is_some_and(|before| before != started);
         *last = Some(started);
-        Ok(self.generation.load(Ordering::Acquire))
+        if !restarted {
+            return self.generation();
+        }
+        let since = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.since.store(since, Ordering::Release);
+        // Under the lock: no other connection's meeting moves the generation meanwhile.
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        tracing::warn!(
+            generation,
+            "the database server restarted or changed: the connections to the one before are \
+             closed, unused"
+        );
+        generation
     }
 
     /// The current generation: connections of an earlier one are not used again.
@@ -332,6 +339,32 @@ mod tests {
         assert!(server.predates(server.base.elapsed()));
         // Opened now, 2 ms or more after the start: after it.
         assert!(!server.predates(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_server_met_with_another_start_time_begins_a_generation_its_old_connections_predate() {
+        let server = server();
+        assert_eq!(server.met_started_at(100), 0, "the first server met");
+        assert_eq!(server.met_started_at(100), 0, "the same one again");
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(server.met_started_at(200), 1, "restarted");
+        assert_eq!(server.generation(), 1);
+        // A connection opened at the start predates it; one opened now does not.
+        assert!(server.predates(server.base.elapsed()));
+        assert!(!server.predates(Duration::ZERO));
+        assert_eq!(server.met_started_at(200), 1);
+        assert_eq!(server.met_started_at(100), 2, "any other start time");
+    }
+
+    #[test]
+    fn an_error_that_ends_the_session_is_a_connection_exception_or_a_terminated_backend() {
+        for code in ["08006", "08P01", "57P01", "57P02", "57P03"] {
+            assert!(ends_the_session(Some(code)), "{code}");
+        }
+        for code in ["23505", "40001", "57014", "55P03"] {
+            assert!(!ends_the_session(Some(code)), "{code}");
+        }
+        assert!(!ends_the_session(None));
     }
 
     #[test]

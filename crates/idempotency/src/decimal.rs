@@ -122,6 +122,15 @@ mod tests {
     }
 
     #[test]
+    fn an_exponent_is_digits_after_one_sign_at_most() {
+        assert_eq!(parse_exponent("+12"), Some(12));
+        assert_eq!(parse_exponent("-3"), Some(-3));
+        for refused in ["", "+", "+-5", "-+5", "1.5", "x"] {
+            assert_eq!(parse_exponent(refused), None, "{refused:?}");
+        }
+    }
+
+    #[test]
     fn an_integral_value_is_written_as_that_integer_whatever_its_notation() {
         for text in [
             "4200",

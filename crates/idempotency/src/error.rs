@@ -245,5 +245,61 @@ mod tests {
         }
         assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
         assert!(!is_unavailable(&sqlx::Error::RowNotFound));
+        // What the server said, read from its SQLSTATE.
+        assert!(is_unavailable(&Sqlstate::error("57P01")));
+        assert!(!is_unavailable(&Sqlstate::error("23505")));
+    }
+
+    #[test]
+    fn retry_after_of_whole_seconds_is_not_rounded_up() {
+        let response = Error::from(Refusal::InFlight {
+            retry_after: Duration::from_secs(2),
+        })
+        .into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    }
+
+    /// An error of the database server with a SQLSTATE, as sqlx hands it over.
+    #[derive(Debug)]
+    struct Sqlstate(&'static str);
+
+    impl Sqlstate {
+        fn error(code: &'static str) -> sqlx::Error {
+            sqlx::Error::Database(Box::new(Self(code)))
+        }
+    }
+
+    impl std::fmt::Display for Sqlstate {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Sqlstate {}
+
+    impl sqlx::error::DatabaseError for Sqlstate {
+        fn message(&self) -> &str {
+            self.0
+        }
+
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
     }
 }

@@ -359,7 +359,6 @@ impl FieldDigests {
             };
             let objects_in_both = self.0.contains_key(name)
                 && other.0.contains_key(name)
-                && entries(self) + entries(other) > 0
                 && (entries(self) > 0 || self.0.get(name) == Some(&empty_object()))
                 && (entries(other) > 0 || other.0.get(name) == Some(&empty_object()));
             if !objects_in_both {
@@ -670,6 +669,91 @@ mod tests {
             stored.compare(Some((FingerprintVersion::V2, v2))),
             Comparison::Differs
         );
+    }
+
+    #[test]
+    fn the_canonical_text_has_one_comma_between_members_and_items_and_none_before_the_first() {
+        let expected = hash(
+            "/v1/payments",
+            br#"{"a":[1,2,3],"b":{"x":[true,null],"y":"s"},"c":[]}"#,
+        );
+        assert_eq!(
+            fingerprint(r#"{ "c": [], "b": {"y":"s","x":[true, null]}, "a": [1, 2, 3] }"#),
+            expected
+        );
+    }
+
+    #[test]
+    fn a_document_nested_as_deep_as_the_limit_is_read_and_one_level_deeper_is_refused() {
+        let arrays = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        let objects =
+            |levels: usize| format!("{}1{}", r#"{"a":"#.repeat(levels), "}".repeat(levels));
+        for nest in [arrays, objects] {
+            let deepest = nest(MAX_DEPTH);
+            assert!(Fingerprint::of_json("/t", deepest.as_bytes()).is_ok());
+            let refused = Fingerprint::of_json("/t", nest(MAX_DEPTH + 1).as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert_eq!(refused, "the JSON document is nested too deeply");
+        }
+    }
+
+    #[test]
+    fn a_target_both_versions_read_alike_is_hashed_once() {
+        let hashed = std::cell::Cell::new(0);
+        let count = |target: &str| {
+            hashed.set(hashed.get() + 1);
+            hash(target, b"{}")
+        };
+        let each = Fingerprints::each(Target::same("/v1/payments"), count);
+        assert_eq!(hashed.get(), 1);
+        assert_eq!(
+            each.of_version(FingerprintVersion::V1),
+            each.of_version(FingerprintVersion::V2)
+        );
+        let uri: Uri = "/v1/payments?a=1".parse().unwrap();
+        Fingerprints::each(Target::of(&uri), count);
+        assert_eq!(hashed.get(), 3, "two targets, two hashes");
+    }
+
+    #[test]
+    fn a_media_type_s_empty_parameters_are_dropped_and_the_rest_kept_in_lower_case() {
+        assert_eq!(
+            media_type("Text/Plain; ;Charset=UTF-8;"),
+            "text/plain;charset=UTF-8"
+        );
+    }
+
+    #[test]
+    fn a_stored_fingerprint_is_32_bytes_and_its_version_is_the_column_s_number() {
+        let bytes = [7u8; 32];
+        assert_eq!(
+            Fingerprint::from_slice(&bytes).map(|f| *f.as_bytes()),
+            Some(bytes)
+        );
+        assert_eq!(Fingerprint::from_slice(&bytes[..31]), None);
+        assert_eq!(
+            (FingerprintVersion::V1.get(), FingerprintVersion::V2.get()),
+            (1, 2)
+        );
+        assert_eq!(FingerprintVersion::stored(None), FingerprintVersion::V1);
+        assert_eq!(FingerprintVersion::stored(Some(2)).to_string(), "2");
+    }
+
+    #[test]
+    fn the_fields_named_for_a_mismatch_are_those_that_differ_and_none_when_none_can_be_named() {
+        let stored = fields(r#"{"amount":4200,"currency":"eur"}"#);
+        let sent = fields(r#"{"amount":4300,"currency":"eur"}"#);
+        assert_eq!(
+            mismatched_fields(Some(&stored), Some(&sent)),
+            Some(vec!["/amount".to_owned()])
+        );
+        assert_eq!(
+            mismatched_fields(Some(&stored), Some(&stored.clone())),
+            None
+        );
+        assert_eq!(mismatched_fields(None, Some(&sent)), None);
+        assert_eq!(mismatched_fields(Some(&stored), None), None);
     }
 
     #[test]

@@ -103,6 +103,10 @@ mod tests {
 
     #[test]
     fn bare_and_quoted_forms_are_the_same_key() {
+        assert_eq!(
+            IdempotencyKey::parse(b"\"abc\"").unwrap().to_string(),
+            "abc"
+        );
         assert_eq!(parse("abc").unwrap(), parse("\"abc\"").unwrap());
         assert_eq!(parse(r#""a\"b\\c""#).unwrap(), r#"a"b\c"#);
     }

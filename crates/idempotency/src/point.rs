@@ -195,3 +195,32 @@ impl RecoveryBounds {
             .min(self.longest_backoff)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_downstream_key_this_lease_did_not_make_may_have_been_sent_before() {
+        assert_eq!(EarlierCalls::of("idk_a", Some("idk_a")), EarlierCalls::None);
+        assert_eq!(
+            EarlierCalls::of("idk_a", Some("idk_b")),
+            EarlierCalls::Possible
+        );
+        assert_eq!(EarlierCalls::of("idk_a", None), EarlierCalls::Possible);
+    }
+
+    #[test]
+    fn a_state_version_is_written_and_compared_as_its_number() {
+        let second = StateVersion::new(2);
+        assert_eq!((second.get(), second.to_string()), (2, "2".to_owned()));
+        assert_eq!(
+            second.paired_with("payment.charge_requested"),
+            "2 payment.charge_requested"
+        );
+        assert_eq!(
+            StateVersion::of(&serde_json::json!({ "version": 3 })).map(StateVersion::get),
+            Some(3)
+        );
+    }
+}

@@ -199,6 +199,23 @@ mod tests {
         assert_eq!(later.unwrap_err(), UnknownFormat::response(2));
     }
 
+    #[tokio::test]
+    async fn a_stored_response_is_sent_with_its_status_headers_and_exact_bytes() {
+        let stored = StoredResponse::json(StatusCode::CREATED, &serde_json::json!({"b": 1}))
+            .unwrap()
+            .with_header(header::LOCATION, "/v1/payments/pay_1");
+        assert_eq!(stored.header(header::LOCATION), Some("/v1/payments/pay_1"));
+        assert_eq!(stored.header(header::ETAG), None);
+        let response = stored.into_response();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()[header::LOCATION], "/v1/payments/pay_1");
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        let sent = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(sent.as_ref(), br#"{"b":1}"#);
+    }
+
     #[test]
     fn a_replay_adds_only_the_replayed_header() {
         let stored = StoredResponse::json(StatusCode::CREATED, &serde_json::json!({})).unwrap();
