@@ -49,8 +49,13 @@ mutants:
 ## three nodes share this machine's two cores with every test's instances, and with four at a time
 ## requests waited past their timeouts.
 CITUS_TEST_THREADS ?= 2
+## Then one short schedule of the explorer on a cluster of its own (tests/explore/, EXPLORE_CITUS):
+## seed 52: three instances, a slow and lossy processor killed, an instance paused and the
+## coordinator restarted, in about a minute with the cluster's start.
+CITUS_EXPLORE_SEED ?= 52
 test-citus:
 	IDEMPAY_TEST_CITUS=1 $(CARGO) test --features failpoints --test api -- --test-threads $(CITUS_TEST_THREADS)
+	EXPLORE_CITUS=1 EXPLORE_SEED=$(CITUS_EXPLORE_SEED) EXPLORE_SCHEDULES=1 $(CARGO) test --features failpoints --test explore
 
 ## Fuzz the live service from its OpenAPI description (schemathesis), render /docs in Chromium,
 ## double-click "Pay" on the checkout page there (Selenium), and tour the API through a Python client

@@ -182,19 +182,43 @@ pub async fn dispute(
         if s.answer(of).is_some_and(|answer| answer.status != 201) {
             return s.skip(k, "its payment was not paid");
         }
-        let charge: Option<(String, bool)> = sqlx::query_as(
-            "SELECT c.id, EXISTS (SELECT FROM payments p WHERE p.charge = c.id)
-             FROM processor_charges c
-             WHERE c.amount = $1 AND c.status = 'succeeded' ORDER BY c.created_at LIMIT 1",
+        // The charge, then whether idempay recorded it: two plain statements, as on Citus the
+        // processor's ledger is a table of the coordinator's and `payments` is distributed across
+        // the workers, and a subquery over both (or an `EXISTS` of `payments` alone) is refused
+        // there.
+        let charge: Option<String> = match sqlx::query_scalar(
+            "SELECT id FROM processor_charges
+             WHERE amount = $1 AND status = 'succeeded' ORDER BY created_at LIMIT 1",
         )
         .bind(paid)
         .fetch_optional(&s.db)
         .await
-        .unwrap_or(None);
-        let Some((charge, recorded)) = charge else {
+        {
+            Ok(charge) => charge,
+            Err(error) => {
+                s.timeline
+                    .log(format!("  intent {k}: the charge not read: {error}"));
+                None
+            }
+        };
+        let Some(charge) = charge else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        let recorded =
+            match sqlx::query_scalar::<_, i64>("SELECT count(*) FROM payments WHERE charge = $1")
+                .bind(&charge)
+                .fetch_one(&s.db)
+                .await
+            {
+                Ok(count) => count > 0,
+                Err(error) => {
+                    s.timeline
+                        .log(format!("  intent {k}: the payment not read: {error}"));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
         if early && recorded && s.answer(of).is_none() {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;

@@ -16,7 +16,7 @@ use crate::check::{self, Violation};
 use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
 use crate::plan::{Fault, Plan, Rng, Target, Want};
-use crate::world::{Postgres, Process, Ready, free_port, idempay};
+use crate::world::{Database, Process, Ready, free_port, idempay};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
 pub const PROCESSOR_KEY: &str = "pk_explore";
@@ -109,7 +109,7 @@ pub struct Schedule {
     faults: Mutex<(u64, f64, f64)>,
     /// The processes stopped now (SIGSTOP), until their pause ends.
     paused: Mutex<Vec<Target>>,
-    postgres: Arc<Postgres>,
+    database: Arc<Database>,
     /// What the schedule did and met.
     pub coverage: Coverage,
     /// What went wrong on the way, beside the invariants: a fault not injected, an early event
@@ -285,13 +285,13 @@ impl Schedule {
                 }))
             }
             Fault::RestartDatabase => {
-                match self.postgres.restart().await {
+                match self.database.restart().await {
                     Ok(()) => {
                         self.coverage.saw(Seen::DatabaseRestarted);
-                        self.timeline.log("  PostgreSQL up");
+                        self.timeline.log("  the database up");
                     }
                     Err(error) => {
-                        self.trouble("fault not injected", format!("PostgreSQL restart: {error}"))
+                        self.trouble("fault not injected", format!("database restart: {error}"))
                     }
                 }
                 None
@@ -333,13 +333,13 @@ pub struct Outcome {
     pub took: Duration,
 }
 
-pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
+pub async fn run(database: Arc<Database>, seed: u64) -> Outcome {
     let begun = Instant::now();
     let plan = Plan::draw(seed);
-    let database = format!("explore_{seed}");
-    postgres.create_database(&database).await;
-    let url = postgres.url(&database);
-    let migrated = idempay(&["migrate"], &[("DATABASE_URL", &url)]).await;
+    let name = format!("explore_{seed}");
+    database.create_database(&name).await;
+    let url = database.url(&name);
+    let migrated = idempay(database.migrate_args(), &[("DATABASE_URL", &url)]).await;
     assert!(migrated.status.success(), "migrate: {migrated:?}");
     let account = idempay(
         &["account", "create", "--name", "explorer"],
@@ -449,7 +449,7 @@ pub async fn run(postgres: Arc<Postgres>, seed: u64) -> Outcome {
         instances,
         faults: Mutex::new((0, 0.0, 0.0)),
         paused: Mutex::new(Vec::new()),
-        postgres,
+        database,
         coverage: Coverage::default(),
         trouble: Mutex::new(Vec::new()),
         plan,

@@ -1,6 +1,7 @@
-//! The real processes a schedule runs on: PostgreSQL in a container of the explorer's own (so it
-//! can be restarted), `idempay processor` and 1–3 `idempay serve` on fixed ports of 127.0.0.1 (so a
-//! killed one comes back where its clients and the processor's webhooks look for it).
+//! The real processes a schedule runs on: the database ([`Database`]: PostgreSQL in a container of
+//! the explorer's own, or a Citus cluster with `EXPLORE_CITUS`; either can be restarted),
+//! `idempay processor` and 1–3 `idempay serve` on fixed ports of 127.0.0.1 (so a killed one comes
+//! back where its clients and the processor's webhooks look for it).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -21,6 +22,57 @@ pub fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
         .port()
+}
+
+/// Where the schedules' databases live: each schedule makes one of its own there.
+pub enum Database {
+    Postgres(Postgres),
+    Citus(Citus),
+}
+
+impl Database {
+    /// A Citus cluster when `citus`, else PostgreSQL in a container.
+    pub async fn start(citus: bool) -> Self {
+        if citus {
+            Self::Citus(Citus::start().await)
+        } else {
+            Self::Postgres(Postgres::start().await)
+        }
+    }
+
+    /// The URL of database `database`: on Citus, the coordinator's, which every instance, the
+    /// processor and the checks use, as an application would.
+    pub fn url(&self, database: &str) -> String {
+        match self {
+            Self::Postgres(postgres) => postgres.url(database),
+            Self::Citus(citus) => citus.url(database),
+        }
+    }
+
+    /// A fresh database for one schedule.
+    pub async fn create_database(&self, name: &str) {
+        match self {
+            Self::Postgres(postgres) => postgres.create_database(name).await,
+            Self::Citus(citus) => citus.create_database(name).await,
+        }
+    }
+
+    /// The arguments of the `idempay` command that makes the schema: on Citus the migrations are
+    /// followed by their distribution by account, as an operator runs them there.
+    pub fn migrate_args(&self) -> &'static [&'static str] {
+        match self {
+            Self::Postgres(_) => &["migrate"],
+            Self::Citus(_) => &["migrate", "--citus"],
+        }
+    }
+
+    /// A restart of the server every process connects to (on Citus, the coordinator's).
+    pub async fn restart(&self) -> Result<(), String> {
+        match self {
+            Self::Postgres(postgres) => postgres.restart().await,
+            Self::Citus(citus) => citus.restart().await,
+        }
+    }
 }
 
 /// PostgreSQL in a container on the host's network, listening on a free port of 127.0.0.1.
@@ -62,7 +114,7 @@ impl Postgres {
             id: id.trim().to_owned(),
             port,
         };
-        postgres.wait_until_connectable().await;
+        wait_until_connectable(&postgres.url("postgres")).await;
         postgres
     }
 
@@ -91,31 +143,7 @@ impl Postgres {
     /// A restart as in a failover or an upgrade: SIGINT (PostgreSQL's fast shutdown closes every
     /// connection), the container's exit, then a start.
     pub async fn restart(&self) -> Result<(), String> {
-        docker(&["kill", "--signal", "SIGINT", &self.id]).await?;
-        docker(&["wait", &self.id]).await?;
-        docker(&["start", &self.id]).await?;
-        self.wait_until_connectable().await;
-        Ok(())
-    }
-
-    async fn wait_until_connectable(&self) {
-        let started = Instant::now();
-        loop {
-            if let Ok(mut connection) = PgConnection::connect(&self.url("postgres")).await {
-                if sqlx::query("SELECT 1")
-                    .execute(&mut connection)
-                    .await
-                    .is_ok()
-                {
-                    return;
-                }
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "PostgreSQL never accepted connections"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        restart_container(&self.id, &self.url("postgres")).await
     }
 }
 
@@ -126,6 +154,197 @@ impl Drop for Postgres {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+/// The Citus cluster's name (its containers' prefix): apart from the cluster suite's and from
+/// those a developer or the bench runs, so that either can run beside the explorer.
+const CITUS_CLUSTER: &str = "idempay-explore-citus";
+
+/// A Citus cluster, a coordinator and two workers started by `scripts/citus-cluster.sh` (each a
+/// container on the host's network), removed when dropped.
+///
+/// Citus keeps its metadata (the nodes, the distributed tables, their shards) per database and
+/// routes a statement of database `d` on the coordinator to database `d` on the workers, so a
+/// schedule's database is made on every node, as the cluster suite makes its template: the
+/// database and the extension on each node, the nodes registered in the coordinator's, then
+/// `idempay migrate --citus` through the coordinator, which distributes the tables by account.
+pub struct Citus {
+    /// Every node's port, the coordinator's first.
+    ports: Vec<u16>,
+}
+
+impl Citus {
+    /// Starts the cluster. Whatever an interrupted run left under the explorer's cluster name is
+    /// removed first: a coordinator without its workers would be taken for a running cluster.
+    pub async fn start() -> Self {
+        citus_cluster("down")
+            .await
+            .expect("remove a leftover cluster");
+        citus_cluster("up").await.expect("a Citus cluster");
+        // From here on the cluster is removed when this value drops, whatever fails next.
+        let mut citus = Self { ports: Vec::new() };
+        let listed = citus_cluster("ports").await.expect("the cluster's ports");
+        for (n, line) in listed.lines().enumerate() {
+            let (role, port) = line
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("not `ROLE PORT`: {line:?}"));
+            let expected = if n == 0 { "coordinator" } else { "worker" };
+            assert_eq!(role, expected, "the nodes are listed coordinator first");
+            citus.ports.push(port.parse().expect("a port"));
+        }
+        assert!(citus.ports.len() > 1, "the cluster has no worker: {listed}");
+        citus
+    }
+
+    fn url_on(port: u16, database: &str) -> String {
+        format!("postgres://postgres:postgres@127.0.0.1:{port}/{database}")
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        Self::url_on(self.ports[0], database)
+    }
+
+    /// The database and the extension on every node, and the workers registered in the
+    /// coordinator's: what `idempay migrate --citus` needs to distribute the schema.
+    pub async fn create_database(&self, name: &str) {
+        futures::future::join_all(self.ports.iter().map(|&port| async move {
+            let mut admin = PgConnection::connect(&Self::url_on(port, "postgres"))
+                .await
+                .unwrap_or_else(|error| panic!("connect to the node on port {port}: {error}"));
+            // Each node's copy is made here, directly (Citus 13 does not propagate it by
+            // default; said, so that a change of that default cannot make a copy twice).
+            for statement in [
+                "SET citus.enable_create_database_propagation TO off".to_owned(),
+                format!("DROP DATABASE IF EXISTS {name}"),
+                format!("CREATE DATABASE {name}"),
+            ] {
+                sqlx::query(&statement)
+                    .execute(&mut admin)
+                    .await
+                    .unwrap_or_else(|error| panic!("{statement} on port {port}: {error}"));
+            }
+            admin.close().await.ok();
+            let mut database = PgConnection::connect(&Self::url_on(port, name))
+                .await
+                .expect("connect to the new database");
+            sqlx::query("CREATE EXTENSION citus")
+                .execute(&mut database)
+                .await
+                .unwrap_or_else(|error| panic!("the extension on port {port}: {error}"));
+            database.close().await.ok();
+        }))
+        .await;
+        let (coordinator, workers) = self.ports.split_first().expect("a coordinator");
+        let mut connection = PgConnection::connect(&self.url(name))
+            .await
+            .expect("connect to the coordinator");
+        sqlx::query("SELECT citus_set_coordinator_host('127.0.0.1', $1)")
+            .bind(i32::from(*coordinator))
+            .execute(&mut connection)
+            .await
+            .expect("citus_set_coordinator_host");
+        for worker in workers {
+            sqlx::query("SELECT citus_add_node('127.0.0.1', $1)")
+                .bind(i32::from(*worker))
+                .execute(&mut connection)
+                .await
+                .unwrap_or_else(|error| panic!("citus_add_node of port {worker}: {error}"));
+        }
+        connection.close().await.ok();
+    }
+
+    /// The coordinator restarted as [`Postgres::restart`] restarts its server: every process
+    /// reaches the cluster through it. The workers keep running, as they would when only the
+    /// coordinator fails over.
+    pub async fn restart(&self) -> Result<(), String> {
+        restart_container(
+            &format!("{CITUS_CLUSTER}-coordinator"),
+            &self.url("postgres"),
+        )
+        .await
+    }
+}
+
+impl Drop for Citus {
+    fn drop(&mut self) {
+        let removed = std::process::Command::new("bash")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/citus-cluster.sh"
+            ))
+            .arg("down")
+            .env("IDEMPAY_CITUS_CLUSTER", CITUS_CLUSTER)
+            .stdin(Stdio::null())
+            .status();
+        if !removed.is_ok_and(|status| status.success()) {
+            eprintln!(
+                "explore: the cluster {CITUS_CLUSTER} was not removed: \
+                 IDEMPAY_CITUS_CLUSTER={CITUS_CLUSTER} scripts/citus-cluster.sh down"
+            );
+        }
+    }
+}
+
+/// Runs `scripts/citus-cluster.sh COMMAND` on the explorer's cluster; its progress goes to the
+/// run's stderr, its stdout is returned. The nodes keep their data on disk, never in memory
+/// (`IDEMPAY_CITUS_TMPFS`): a container's tmpfs is emptied when it stops, and the coordinator's
+/// restart must find its database and its metadata where it left them.
+async fn citus_cluster(command: &str) -> Result<String, String> {
+    let output = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/citus-cluster.sh"
+        ))
+        .arg(command)
+        .env("IDEMPAY_CITUS_CLUSTER", CITUS_CLUSTER)
+        .env_remove("IDEMPAY_CITUS_TMPFS")
+        .stdin(Stdio::null())
+        .stderr(if command == "ports" {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        })
+        .output()
+        .await
+        .map_err(|error| format!("scripts/citus-cluster.sh {command}: {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "scripts/citus-cluster.sh {command}: {}",
+            output.status
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Restarts the container `id` as in a failover or an upgrade: SIGINT (PostgreSQL's fast shutdown
+/// closes every connection), the container's exit, then a start; done once `url` (the server's
+/// `postgres` database) answers again.
+async fn restart_container(id: &str, url: &str) -> Result<(), String> {
+    docker(&["kill", "--signal", "SIGINT", id]).await?;
+    docker(&["wait", id]).await?;
+    docker(&["start", id]).await?;
+    wait_until_connectable(url).await;
+    Ok(())
+}
+
+async fn wait_until_connectable(url: &str) {
+    let started = Instant::now();
+    loop {
+        if let Ok(mut connection) = PgConnection::connect(url).await {
+            if sqlx::query("SELECT 1")
+                .execute(&mut connection)
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the database never accepted connections"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
