@@ -211,6 +211,52 @@ mod tests {
     }
 
     #[test]
+    fn a_point_is_read_from_its_columns_and_a_request_starts_at_its_first() {
+        use crate::{Fingerprints, IdempotencyKey, Scope, Target};
+
+        let state = serde_json::json!({ "version": 2, "payment": "pay_1" });
+        let read = |made_here| {
+            RecoveryPoint::from_columns(
+                Some("payment.charge_requested".to_owned()),
+                Some(state.clone()),
+                Some("idk_a".to_owned()),
+                made_here,
+            )
+        };
+        let point = read(Some("idk_a")).expect("every column");
+        assert_eq!(
+            (
+                point.name.as_str(),
+                &point.state,
+                point.downstream_key.as_str()
+            ),
+            ("payment.charge_requested", &state, "idk_a")
+        );
+        assert_eq!(point.earlier_calls, EarlierCalls::None);
+        assert_eq!(point.version(), Some(StateVersion::new(2)));
+        assert_eq!(read(None).unwrap().earlier_calls, EarlierCalls::Possible);
+        assert_eq!(
+            RecoveryPoint::from_columns(None, Some(state.clone()), Some("idk_a".into()), None),
+            None
+        );
+
+        let request = KeyedRequest::new(
+            Scope::new("acct_1", &axum::http::Method::POST, "/v1/payments"),
+            IdempotencyKey::parse(b"k1").unwrap(),
+            Fingerprints::of_request(Target::same("/v1/payments"), &serde_json::json!({})),
+        );
+        assert_eq!(RecoveryPoint::first(&request), None, "no first point");
+        let first = RecoveryPoint::first(&request.starting_at("payment.created", state.clone()))
+            .expect("its first point");
+        assert_eq!(
+            (first.name.as_str(), &first.state),
+            ("payment.created", &state)
+        );
+        assert!(first.downstream_key.starts_with("idk_"));
+        assert_eq!(first.earlier_calls, EarlierCalls::None);
+    }
+
+    #[test]
     fn a_state_version_is_written_and_compared_as_its_number() {
         let second = StateVersion::new(2);
         assert_eq!((second.get(), second.to_string()), (2, "2".to_owned()));
