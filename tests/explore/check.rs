@@ -64,10 +64,15 @@ pub async fn until_events_delivered(s: &Schedule) {
         if pending == 0 {
             return;
         }
-        if started.elapsed() > Duration::from_secs(15) {
-            return s.timeline.log(format!(
-                "{pending} processor event(s) still undelivered after 15 s"
-            ));
+        // Every fault has ended: an outbox that does not drain is a fault of its own, and the
+        // checks after it would judge disputes and refunds on events that never arrived.
+        if started.elapsed() > Duration::from_secs(60) {
+            return s.trouble(
+                "events undelivered",
+                format!(
+                    "{pending} processor event(s) still undelivered 60 s after the faults ended"
+                ),
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -454,6 +459,7 @@ pub async fn count_work(s: &Schedule, answers: &[Option<Answer>]) {
     )
     .fetch_one(&s.db)
     .await
+    .map_err(|error| s.trouble("coverage not read", format!("the keys' takeovers: {error}")))
     .ok();
     let (takeovers, recoveries) = keys.unwrap_or_default();
     s.coverage

@@ -543,9 +543,9 @@ pub async fn run(database: Arc<Database>, seed: u64) -> Outcome {
     check::until_events_delivered(&s).await;
 
     let answers = s.answers.lock().unwrap().clone();
+    check::count_work(&s, &answers).await;
     let mut violations = std::mem::take(&mut *s.trouble.lock().unwrap());
     violations.extend(check::invariants(&s, &answers, database_epoch).await);
-    check::count_work(&s, &answers).await;
     s.timeline
         .log(format!("checked: {} violation(s)", violations.len()));
     s.processor.lock().await.kill().await;
