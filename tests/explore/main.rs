@@ -14,6 +14,8 @@
 //! - `EXPLORE_SEED`: run seeds S, S+1, … only (a replay); unset, the regression seeds run first,
 //!   then seeds drawn from the clock.
 //! - `EXPLORE_SCHEDULES`: how many new seeds (default 5).
+//! - `EXPLORE_PAUSES`: `0` draws the seeds without pauses, as the explorer drew them before pauses
+//!   existed: how a seed that failed then replays the schedule it failed on.
 //! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 480: the 14
 //!   regression seeds and 5 new ones take about 320 s on 2 cores, and with the last schedule the
 //!   run stays within 9 minutes). A run whose budget is spent before every seed ran fails: seeds
@@ -44,6 +46,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use plan::Draws;
+
 /// Every seed that ever failed (tests/README.md says which, on which commit, and what broke):
 /// always run first, so a bug once found stays found. At c29504d, 4, 5, 9, 12 and 13 found double
 /// charges (defect 1 of issue 29) and 6, 8, 10, 11, 13 and 14 lost disputes (defect 2); before
@@ -51,21 +55,21 @@ use std::time::{Duration, Instant};
 /// reconcile failing on a 503 from a processor whose database had just restarted; at c456fa5,
 /// 534170994 found a refund's event parked after its fresh recording, left to the sweep, and
 /// named by reconcile.
-const REGRESSION_SEEDS: &[u64] = &[
-    4,
-    5,
-    6,
-    8,
-    9,
-    10,
-    11,
-    12,
-    13,
-    14,
-    550_595_916,
-    550_595_918,
-    577_753_424,
-    534_170_994,
+const REGRESSION_SEEDS: &[(u64, Draws)] = &[
+    (4, Draws::BeforePauses),
+    (5, Draws::BeforePauses),
+    (6, Draws::BeforePauses),
+    (8, Draws::BeforePauses),
+    (9, Draws::BeforePauses),
+    (10, Draws::BeforePauses),
+    (11, Draws::BeforePauses),
+    (12, Draws::BeforePauses),
+    (13, Draws::BeforePauses),
+    (14, Draws::BeforePauses),
+    (550_595_916, Draws::BeforePauses),
+    (550_595_918, Draws::BeforePauses),
+    (577_753_424, Draws::BeforePauses),
+    (534_170_994, Draws::Current),
 ];
 
 fn setting(name: &str) -> Option<u64> {
@@ -85,8 +89,13 @@ fn setting(name: &str) -> Option<u64> {
 async fn main() {
     let schedules = setting("EXPLORE_SCHEDULES").unwrap_or(5);
     let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(480));
-    let seeds: Vec<u64> = match setting("EXPLORE_SEED") {
-        Some(seed) => (seed..seed + schedules).collect(),
+    // `EXPLORE_PAUSES=0` replays a seed as it was drawn before pauses existed.
+    let draws = match setting("EXPLORE_PAUSES") {
+        Some(0) => Draws::BeforePauses,
+        _ => Draws::Current,
+    };
+    let seeds: Vec<(u64, Draws)> = match setting("EXPLORE_SEED") {
+        Some(seed) => (seed..seed + schedules).map(|seed| (seed, draws)).collect(),
         None => {
             let base = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -96,15 +105,16 @@ async fn main() {
             REGRESSION_SEEDS
                 .iter()
                 .copied()
-                .chain(base..base + schedules)
+                .chain((base..base + schedules).map(|seed| (seed, Draws::Current)))
                 .collect()
         }
     };
     // Any value but 0 (`EXPLORE_CITUS=1`).
     let citus = setting("EXPLORE_CITUS").is_some_and(|value| value != 0);
     eprintln!(
-        "explore: {} schedule(s), seeds {seeds:?}, binary {}, budget {budget:?}, on {}",
+        "explore: {} schedule(s), seeds {:?}, binary {}, budget {budget:?}, on {}",
         seeds.len(),
+        seeds.iter().map(|(seed, _)| seed).collect::<Vec<_>>(),
         world::binary(),
         if citus {
             "a Citus cluster"
@@ -117,7 +127,7 @@ async fn main() {
     let mut failed = Vec::new();
     let mut ran = 0;
     let mut covered = Vec::new();
-    for &seed in &seeds {
+    for &(seed, draws) in &seeds {
         if started.elapsed() > budget {
             failed.push(format!(
                 "the budget of {budget:?} was spent with {} of {} schedule(s) not run: raise \
@@ -128,7 +138,7 @@ async fn main() {
             break;
         }
         ran += 1;
-        let outcome = run::run(Arc::clone(&database), seed).await;
+        let outcome = run::run(Arc::clone(&database), seed, draws).await;
         covered.push((seed, outcome.coverage));
         if outcome.violations.is_empty() {
             if std::env::var_os("EXPLORE_VERBOSE").is_some() {
@@ -157,9 +167,13 @@ async fn main() {
         for violation in &outcome.violations {
             eprintln!("  - {violation}");
         }
+        let as_drawn = match draws {
+            Draws::BeforePauses => "EXPLORE_PAUSES=0 ",
+            Draws::Current => "",
+        };
         eprintln!(
-            "\ntimeline (seed {seed}):\n{}\nprocess logs: {}\nreplay: make explore SEED={seed} \
-             SCHEDULES=1\n====\n",
+            "\ntimeline (seed {seed}):\n{}\nprocess logs: {}\nreplay: {as_drawn}make explore \
+             SEED={seed} SCHEDULES=1\n====\n",
             outcome.timeline,
             outcome.logs.display()
         );

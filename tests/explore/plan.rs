@@ -140,6 +140,8 @@ impl fmt::Display for Fault {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub seed: u64,
+    /// The explorer's draws the seed was drawn with.
+    pub draws: Draws,
     pub instances: Vec<InstancePlan>,
     /// `IDEMPAY_PROCESSOR_TIMEOUT` of every instance.
     pub processor_timeout: Duration,
@@ -152,8 +154,18 @@ pub struct Plan {
     pub faults: Vec<(Duration, Fault)>,
 }
 
+/// Which of the explorer's draws make a seed's schedule. The explorer grew a kind of fault after
+/// some seeds had failed; a seed replays the schedule it failed on only with the draws of then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Draws {
+    /// Every draw but the pauses: the seeds that failed before pauses existed (f40e9cd).
+    BeforePauses,
+    /// Every draw.
+    Current,
+}
+
 impl Plan {
-    pub fn draw(seed: u64) -> Self {
+    pub fn draw(seed: u64, draws: Draws) -> Self {
         let mut rng = Rng::new(seed);
         let instances = (0..rng.range(1, 3))
             .map(|_| InstancePlan {
@@ -339,12 +351,16 @@ impl Plan {
             }
         }
 
-        // Pauses, from a stream of their own: the seeds drawn before pauses existed (the
-        // regression seeds) keep every draw above, so each still plays the schedule it failed on.
+        // Pauses, from a stream of their own: a seed drawn before pauses existed keeps every draw
+        // above, and drawn without pauses ([`Draws::BeforePauses`]) plays the schedule it failed on.
         // A pause of the processor outlasts idempay's timeout (an unknown outcome); one of an
         // instance may outlast its lease (a takeover, then a holder that wakes fenced off).
         let mut pauses = Rng::new(seed.rotate_left(29) ^ 0x0051_570B);
-        for _ in 0..pauses.range(1, 2) {
+        let count = match draws {
+            Draws::BeforePauses => 0,
+            Draws::Current => pauses.range(1, 2),
+        };
+        for _ in 0..count {
             let target = if pauses.chance(0.4) {
                 Target::Processor
             } else {
@@ -363,6 +379,7 @@ impl Plan {
         faults.sort_by_key(|(at, _)| *at);
         Self {
             seed,
+            draws,
             instances,
             processor_timeout,
             lease,
@@ -399,6 +416,10 @@ impl fmt::Display for Plan {
             count(|want| matches!(want, Want::Dispute { .. })),
             self.faults.len(),
             self.duration,
-        )
+        )?;
+        if self.draws == Draws::BeforePauses {
+            f.write_str(", drawn as before pauses")?;
+        }
+        Ok(())
     }
 }

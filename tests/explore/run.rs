@@ -15,7 +15,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::check::{self, Violation};
 use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
-use crate::plan::{Fault, Plan, Rng, Target, Want};
+use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
 use crate::world::{Database, Process, Ready, free_port, idempay};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
@@ -333,9 +333,9 @@ pub struct Outcome {
     pub took: Duration,
 }
 
-pub async fn run(database: Arc<Database>, seed: u64) -> Outcome {
+pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     let begun = Instant::now();
-    let plan = Plan::draw(seed);
+    let plan = Plan::draw(seed, draws);
     let name = format!("explore_{seed}");
     database.create_database(&name).await;
     let url = database.url(&name);

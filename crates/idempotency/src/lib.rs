@@ -33,6 +33,7 @@ pub mod connections;
 pub mod decimal;
 pub mod engine;
 mod error;
+mod fields;
 mod fingerprint;
 mod formats;
 pub mod gauges;
@@ -69,7 +70,7 @@ use uuid::Uuid;
 use answer::{Answer, IN_FLIGHT_RETRY_HINT};
 use connections::Lot;
 use engine::KnownEngine;
-use fingerprint::mismatched_fields;
+use fields::mismatched_fields;
 use formats::{Reported, UnknownFormat};
 use instrumentation::Instrumentation;
 use lease::{Completed, HeldLease};
@@ -82,9 +83,8 @@ use store::{ExistingKey, KeyState, Reservation};
 pub use body::BodyError;
 pub use engine::Engine;
 pub use error::{Error, Refusal, is_unavailable};
-pub use fingerprint::{
-    Comparison, FieldDigests, Fingerprint, FingerprintVersion, Fingerprints, Target,
-};
+pub use fields::FieldDigests;
+pub use fingerprint::{Comparison, Fingerprint, FingerprintVersion, Fingerprints, Target};
 pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
