@@ -174,6 +174,8 @@ pub struct Test {
     pub citus: bool,
     /// Meaningful on the cluster only (`#[api_test(citus_only)]`): ignored on a single server.
     pub citus_only: bool,
+    /// A measurement (`#[api_test(bench)]`), which a bench script runs with `--ignored`.
+    pub bench: bool,
     pub run: fn() -> Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
@@ -223,7 +225,7 @@ impl Test {
                 .push((name.clone(), failure.clone()));
             Err(failure.into())
         })
-        .with_ignored_flag(self.citus_only && !citus)
+        .with_ignored_flag(self.bench || (self.citus_only && !citus))
     }
 }
 

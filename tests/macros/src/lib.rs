@@ -19,6 +19,7 @@
 //!         name: "a_payment_is_created_with_201_and_its_location",
 //!         citus: false,
 //!         citus_only: false,
+//!         bench: false,
 //!         run: || Box::pin(a_payment_is_created_with_201_and_its_location()),
 //!     };
 //! };
@@ -28,17 +29,19 @@
 //!
 //! `#[api_test(citus)]` also puts the test in the cluster suite (`IDEMPAY_TEST_CITUS=1`, which
 //! runs only those tests, on a Citus cluster); `#[api_test(citus_only)]` puts it there alone: a
-//! test of the cluster itself, ignored on a single server.
+//! test of the cluster itself, ignored on a single server. `#[api_test(bench)]` is a measurement
+//! a bench script runs with `--ignored` against a database it started: ignored by the suite.
 
 use proc_macro::{Delimiter, TokenStream, TokenTree};
 
 #[proc_macro_attribute]
 pub fn api_test(arguments: TokenStream, function: TokenStream) -> TokenStream {
-    let (citus, citus_only) = match arguments.to_string().trim() {
-        "" => (false, false),
-        "citus" => (true, false),
-        "citus_only" => (true, true),
-        _ => return error("#[api_test] takes no argument, `citus` or `citus_only`"),
+    let (citus, citus_only, bench) = match arguments.to_string().trim() {
+        "" => (false, false, false),
+        "citus" => (true, false, false),
+        "citus_only" => (true, true, false),
+        "bench" => (false, false, true),
+        _ => return error("#[api_test] takes no argument, `citus`, `citus_only` or `bench`"),
     };
     let tokens: Vec<TokenTree> = function.clone().into_iter().collect();
     let Some(name) = name_of(&tokens) else {
@@ -53,6 +56,7 @@ pub fn api_test(arguments: TokenStream, function: TokenStream) -> TokenStream {
                 name: \"{name}\",
                 citus: {citus},
                 citus_only: {citus_only},
+                bench: {bench},
                 run: || ::std::boxed::Box::pin({name}()),
             }};
         }};"
