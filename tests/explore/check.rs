@@ -454,8 +454,11 @@ pub async fn count_work(s: &Schedule, answers: &[Option<Answer>]) {
         s.coverage.saw(seen);
     }
     let keys: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT COALESCE(sum(takeovers), 0)::bigint, COALESCE(sum(recoveries), 0)::bigint
-         FROM idempotency_keys WHERE scope NOT LIKE 'processor:%'",
+        // Read through `to_jsonb`: a binary of an older release (`IDEMPAY_BIN`) may have no such
+        // column, and counts none, rather than fail the schedule on its schema.
+        "SELECT COALESCE(sum((to_jsonb(k) ->> 'takeovers')::bigint), 0)::bigint,
+                COALESCE(sum((to_jsonb(k) ->> 'recoveries')::bigint), 0)::bigint
+         FROM idempotency_keys k WHERE scope NOT LIKE 'processor:%'",
     )
     .fetch_one(&s.db)
     .await
