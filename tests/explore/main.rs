@@ -16,10 +16,10 @@
 //! - `EXPLORE_SCHEDULES`: how many new seeds (default 5).
 //! - `EXPLORE_PAUSES`: `0` draws the seeds without pauses, as the explorer drew them before pauses
 //!   existed: how a seed that failed then replays the schedule it failed on.
-//! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 480: the 14
-//!   regression seeds and 5 new ones take about 320 s on 2 cores, and with the last schedule the
-//!   run stays within 9 minutes). A run whose budget is spent before every seed ran fails: seeds
-//!   it did not run are seeds it did not check.
+//! - `EXPLORE_BUDGET`: seconds after which no further schedule starts (default 600: the 14
+//!   regression seeds took 268 s on 2 cores busy with a test run, 5 new ones take about 100 s
+//!   more, and with the last schedule the run stays within 11 minutes). A run whose budget is
+//!   spent before every seed ran fails: seeds it did not run are seeds it did not check.
 //! - `IDEMPAY_BIN`: the `idempay` binary to explore (default: this build's).
 //! - `EXPLORE_VERBOSE`: print the timeline of a schedule that passed too.
 //! - `EXPLORE_CITUS`: `1` runs the schedules on a Citus cluster (a coordinator and two workers,
@@ -88,7 +88,7 @@ fn setting(name: &str) -> Option<u64> {
 #[tokio::main]
 async fn main() {
     let schedules = setting("EXPLORE_SCHEDULES").unwrap_or(5);
-    let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(480));
+    let budget = Duration::from_secs(setting("EXPLORE_BUDGET").unwrap_or(600));
     // `EXPLORE_PAUSES=0` replays a seed as it was drawn before pauses existed.
     let draws = match setting("EXPLORE_PAUSES") {
         Some(0) => Draws::BeforePauses,
