@@ -127,6 +127,17 @@ async fn events_left(db: &PgPool, ids: &[&String]) -> Vec<String> {
         .unwrap()
 }
 
+/// The count `query` makes of the account's rows (`$1`) older than [`recent_window`] (`$2`, in
+/// milliseconds).
+async fn older_than_the_window(app: &TestApp, query: &str) -> i64 {
+    sqlx::query_scalar(query)
+        .bind(&app.account_id)
+        .bind(recent_window().as_millis() as i64)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
 /// Waits until only the pending delivery, its attempt and its event are left of the account's
 /// outbox; panics when the rows left stop going down for 30 s.
 async fn until_drained(app: &TestApp) {
@@ -216,7 +227,8 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
         // none that has been so for longer than the window may remain. Each is judged by when its
         // own deliveries ended, not by when its payment was made: on a loaded machine the
         // deliveries lag the stream by seconds, and with them what the retention may take.
-        let stale_events: i64 = sqlx::query_scalar(
+        let stale_events = older_than_the_window(
+            &app,
             "SELECT count(*) FROM events e
              WHERE e.account_id = $1
                AND e.created_at < now() - $2::bigint * interval '1 millisecond'
@@ -227,11 +239,7 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
                      AND COALESCE(d.delivered_at, d.failed_at, 'infinity')
                          >= now() - $2::bigint * interval '1 millisecond')",
         )
-        .bind(&app.account_id)
-        .bind(recent_window().as_millis() as i64)
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+        .await;
         assert_eq!(
             stale_events,
             0,
@@ -244,16 +252,13 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
         // clean-clone CI made 17 payments in 6.4 s, and two deliveries ended after the window its
         // payments gave). None that ended longer ago than the window may remain; their attempts
         // go with them.
-        let stale: i64 = sqlx::query_scalar(
+        let stale = older_than_the_window(
+            &app,
             "SELECT count(*) FROM webhook_deliveries
              WHERE account_id = $1
                AND COALESCE(delivered_at, failed_at) < now() - $2::bigint * interval '1 millisecond'",
         )
-        .bind(&app.account_id)
-        .bind(recent_window().as_millis() as i64)
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+        .await;
         assert_eq!(
             stale,
             0,
