@@ -21,12 +21,14 @@ pub struct Instance {
 impl Instance {
     pub async fn start(database_url: &str, env: &[(&str, &str)]) -> Self {
         // IDEMPAY_TEST_LOGS=1 shows the instances' logs, for a failing fault scenario.
-        let logs = if std::env::var_os("IDEMPAY_TEST_LOGS").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        };
-        Self::start_logging_to(logs, database_url, env).await
+        if std::env::var_os("IDEMPAY_TEST_LOGS").is_some() {
+            return Self::start_logging_to(Stdio::inherit(), database_url, env).await;
+        }
+        // Otherwise they go to a file that is read only if the instance exits before it is ready:
+        // its last lines say why (the file goes when this returns; the instance's writes go on
+        // into the unlinked file).
+        let (log, file) = LogFile::create();
+        Self::start_answering("/readyz", file, database_url, env, Some(&log)).await
     }
 
     /// Starts an instance whose logs (stderr) go to `logs`.
@@ -35,7 +37,7 @@ impl Instance {
         database_url: &str,
         env: &[(&str, &str)],
     ) -> Self {
-        Self::start_answering("/readyz", logs, database_url, env).await
+        Self::start_answering("/readyz", logs, database_url, env, None).await
     }
 
     /// Starts an instance whose logs go to `logs`, and returns once it is alive (`/healthz`), ready
@@ -45,15 +47,17 @@ impl Instance {
         database_url: &str,
         env: &[(&str, &str)],
     ) -> Self {
-        Self::start_answering("/healthz", logs, database_url, env).await
+        Self::start_answering("/healthz", logs, database_url, env, None).await
     }
 
-    /// Starts an instance and waits until `probe` answers 2xx.
+    /// Starts an instance and waits until `probe` answers 2xx; an instance that exits first fails
+    /// the test with the last lines of `log`, the file its logs go to, when there is one.
     async fn start_answering(
         probe: &str,
         logs: impl Into<Stdio>,
         database_url: &str,
         env: &[(&str, &str)],
+        log: Option<&LogFile>,
     ) -> Self {
         let port = free_port();
         let mut command = Command::new(env!("CARGO_BIN_EXE_idempay"));
@@ -77,7 +81,12 @@ impl Instance {
             // An instance that exited (its port taken meanwhile, a setting refused) will never
             // answer: say so now, with how it ended (IDEMPAY_TEST_LOGS=1 shows why).
             if let Ok(Some(status)) = instance.child.try_wait() {
-                panic!("idempay serve exited before it was ready: {status}");
+                let said = log.map(LogFile::read).unwrap_or_default();
+                let last: Vec<&str> = said.lines().rev().take(5).collect();
+                panic!(
+                    "idempay serve exited before it was ready: {status}; its last lines:\n{}",
+                    last.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
             }
             if reqwest::get(format!("{}{probe}", instance.address))
                 .await
