@@ -173,8 +173,26 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
     let app = TestApp::spawn_with(short_retention()).await;
     app.paid(1000).await;
     let template = template(&app).await;
-    let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
-    let pending = old_event(&app, &template, &endpoint, "pending", "1 hour").await;
+    endpoint_for_all(&app, &receiver.url).await;
+    // The pending delivery is another endpoint's, one the stream's events do not go to: on a
+    // loaded machine a stream delivery to the receiver may be given up, and its endpoint disabled
+    // with its pending deliveries (src/webhooks/README.md says why), which is not what this test
+    // is about.
+    let quiet = post_endpoint(
+        &app,
+        &app.api_key,
+        &new_key(),
+        &json!({ "url": "http://127.0.0.1:9/hooks", "enabled_events": ["payment.refunded"] }),
+    )
+    .await;
+    assert_eq!(
+        quiet.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&quiet.body)
+    );
+    let quiet = quiet.json()["id"].as_str().unwrap().to_owned();
+    let pending = old_event(&app, &template, &quiet, "pending", "1 hour").await;
 
     // A payment after another for 6 seconds (six times the retention), and on until at least 10
     // of them are older than `recent_window()`: a loaded machine once made only 4 in the first 3 s.
