@@ -132,16 +132,38 @@ async fn a_failing_processor_is_unknown_and_charges_nothing() {
     assert_eq!(processor.count("idempotency_keys").await, 0);
 }
 
+/// The charge is held at its insert by a lock the test takes on the processor's ledger, so the
+/// client's timeout ends the wait while the charge is surely under way: with a latency of 800 ms
+/// and a timeout of 200 ms instead, a loaded machine timed the client out before the request
+/// reached the processor, and no charge ever came.
 #[api_test]
 async fn a_timeout_shorter_than_the_latency_is_unknown_and_the_charge_still_happens() {
-    let processor = TestProcessor::spawn_with(with(|settings| {
-        settings.faults.latency = Duration::from_millis(800);
-    }))
-    .await;
-    let impatient = processor.client(Duration::from_millis(200));
+    let processor = TestProcessor::spawn().await;
+    let mut ledger = processor.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE processor_charges IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *ledger)
+        .await
+        .unwrap();
+    let impatient = processor.client(Duration::from_secs(3));
     let key = new_key();
 
-    let outcome = impatient.charge(&key, &visa(100)).await;
+    let charging = tokio::spawn({
+        let key = key.clone();
+        async move { impatient.charge(&key, &visa(100)).await }
+    });
+    crate::support::helpers::wait_until("the charge waits at its insert", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock'
+                              AND query LIKE '%INSERT INTO processor_charges%')",
+        )
+        .fetch_one(&processor.db)
+        .await
+        .unwrap()
+    })
+    .await;
+    let outcome = charging.await.unwrap();
+    ledger.commit().await.unwrap();
 
     assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
     crate::support::helpers::wait_until("the charge commits", || async {
