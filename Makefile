@@ -21,8 +21,10 @@ test:
 
 ## The fault-schedule explorer (tests/explore/): seeded schedules of faults on real processes, each
 ## ending with the ledgers' invariants; the regression seeds first, then SCHEDULES seeds drawn from
-## the clock, within about seven minutes (a run that runs out of time before its last seed fails). SEED=S runs seeds S… only: `make explore SEED=S SCHEDULES=1`
-## replays a failure. The same features as `make test`, so it reuses that build.
+## the clock, within about seven minutes (a run that runs out of time before its last seed fails).
+## SEED=S runs seeds S… only: `make explore SEED=S SCHEDULES=1` replays a failure (with
+## EXPLORE_PAUSES=0 for a seed found before pauses existed, as the failure's command says). The
+## same features as `make test`, so it reuses that build.
 SCHEDULES ?= 5
 SEED ?=
 explore:
@@ -37,7 +39,7 @@ model:
 	$(CARGO) test --release -p model -- --include-ignored
 
 ## Mutants of the mechanism crate's modules that its unit tests cover (cargo-mutants, installed on
-## the way): each built and tested, caught, missed or timed out counted, within about 30 minutes.
+## the way): each built and tested, caught, missed or timed out counted, in about 10 minutes.
 ## SHARD=k/n runs one of n shards. The modules and the mutants explained are in scripts/mutants.toml;
 ## the score is in tests/README.md.
 SHARD ?=

@@ -4,7 +4,7 @@
 # crate's unit tests run against it; a mutant no test fails is "missed". The modules, the mutants
 # explained rather than killed, and the score are in scripts/mutants.toml and tests/README.md.
 #
-# About 30 minutes on 2 cores. `SHARD=k/n` runs the k-th of n shards (the same filters in each).
+# About 10 minutes on 2 cores (233 mutants). `SHARD=k/n` runs the k-th of n shards (the same filters in each).
 # Exits non-zero when a mutant is missed that scripts/mutants.toml does not explain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
