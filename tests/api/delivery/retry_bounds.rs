@@ -51,17 +51,13 @@ async fn a_retry_is_refused_while_a_delivery_is_pending_and_after_five_to_one_en
         "{body}"
     );
 
-    // To the healthy endpoint: five retries, each once the one before was acknowledged.
+    // To the healthy endpoint: five retries, each once the one before was acknowledged. (Asking
+    // again at once while one is pending is the stuck endpoint's case above: the healthy receiver
+    // acknowledged a retry before a second ask, once, in a clean-clone CI.)
     settled(&app, &event, Some(&endpoint)).await;
     for n in 1..=5 {
         let queued = retry_to(&app, &event, &endpoint).await;
         assert_eq!(queued.status, 202, "retry {n}: {:?}", queued.json());
-        if n == 1 {
-            // Asked again at once, while it is pending.
-            retry_to(&app, &event, &endpoint)
-                .await
-                .assert_problem(409, "webhook-retry-pending");
-        }
         settled(&app, &event, Some(&endpoint)).await;
     }
     let body = retry_to(&app, &event, &endpoint)
