@@ -121,11 +121,16 @@ pub async fn post_endpoint(app: &TestApp, api_key: &str, key: &str, body: &Value
 
 /// Registers an endpoint for every event at `url`; returns its id and secret.
 pub async fn endpoint_for_all(app: &TestApp, url: &str) -> (String, String) {
+    endpoint_for(app, url, &["*"]).await
+}
+
+/// Registers an endpoint for `events` at `url`; returns its id and secret.
+pub async fn endpoint_for(app: &TestApp, url: &str, events: &[&str]) -> (String, String) {
     let created = post_endpoint(
         app,
         &app.api_key,
         &new_key(),
-        &json!({ "url": url, "enabled_events": ["*"] }),
+        &json!({ "url": url, "enabled_events": events }),
     )
     .await;
     assert_eq!(

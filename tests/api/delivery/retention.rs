@@ -12,7 +12,7 @@ use serde_json::json;
 use service::outbox::WebhookSecrets;
 use sqlx::PgPool;
 
-use super::{Receiver, endpoint_for_all, local, post_endpoint, wait_for};
+use super::{Receiver, endpoint_for, endpoint_for_all, local, post_endpoint, wait_for};
 use crate::processor::{TestProcessor, charge};
 use crate::support::helpers::{TestApp, new_key, payment};
 
@@ -178,20 +178,7 @@ async fn a_steady_stream_of_payments_leaves_the_outbox_bounded_and_a_pending_del
     // loaded machine a stream delivery to the receiver may be given up, and its endpoint disabled
     // with its pending deliveries (src/webhooks/README.md says why), which is not what this test
     // is about.
-    let quiet = post_endpoint(
-        &app,
-        &app.api_key,
-        &new_key(),
-        &json!({ "url": "http://127.0.0.1:9/hooks", "enabled_events": ["payment.refunded"] }),
-    )
-    .await;
-    assert_eq!(
-        quiet.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&quiet.body)
-    );
-    let quiet = quiet.json()["id"].as_str().unwrap().to_owned();
+    let (quiet, _) = endpoint_for(&app, "http://127.0.0.1:9/hooks", &["payment.refunded"]).await;
     let pending = old_event(&app, &template, &quiet, "pending", "1 hour").await;
 
     // A payment after another for 6 seconds (six times the retention), and on until at least 10
