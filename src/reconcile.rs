@@ -20,6 +20,8 @@
 //! difference too: the ledgers cannot agree until someone settles it (`idempay keys settle`); and
 //! so is a processor's event parked for an object idempay has not recorded.
 
+use std::collections::HashSet;
+
 use sqlx::PgPool;
 
 use crate::config::ProcessorLink;
@@ -115,7 +117,18 @@ pub async fn reconcile(pool: &PgPool, processor: &ProcessorClient) -> anyhow::Re
         since: key.held_at,
     }));
     let parked = webhooks::parked::waiting(pool).await?;
+    let recorded: HashSet<&str> = ours
+        .payments
+        .iter()
+        .map(|payment| payment.charge.as_str())
+        .chain(
+            ours.refunds
+                .iter()
+                .map(|refund| refund.processor_refund.as_str()),
+        )
+        .collect();
     differences.extend(parked.into_iter().map(|event| Difference::EventParked {
+        object_recorded: recorded.contains(event.object.as_str()),
         event: event.id,
         kind: event.kind,
         object: event.object,

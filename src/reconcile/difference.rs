@@ -41,13 +41,18 @@ pub enum Difference {
         downstream_key: Option<String>,
         since: chrono::DateTime<chrono::Utc>,
     },
-    /// A processor's event about a charge or refund that idempay has not recorded, kept since
-    /// `since` to be applied once it is: one whose object is never recorded waits for good.
+    /// A processor's event about a charge or refund, parked since `since` because idempay had not
+    /// recorded its object when it arrived: applied once it is, so one whose object is never
+    /// recorded waits for good.
     EventParked {
         event: String,
         kind: String,
         object: String,
         since: chrono::DateTime<chrono::Utc>,
+        /// Whether idempay has recorded the object by now: then the event waits only for a
+        /// recording's look or the sweep of parked events (`IDEMPAY_RECOVERY_INTERVAL`), which
+        /// tells an operator to look at the sweep, not at the missing object.
+        object_recorded: bool,
     },
 }
 
@@ -111,12 +116,23 @@ impl fmt::Display for Difference {
                 kind,
                 object,
                 since,
-            } => write!(
-                f,
-                "event {event} ({kind}) parked since {}: waits for {object}, which idempay has \
-                 not recorded",
-                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            ),
+                object_recorded,
+            } => {
+                let since = since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                if *object_recorded {
+                    write!(
+                        f,
+                        "event {event} ({kind}) parked since {since}: {object} is recorded, and \
+                         the event waits for the sweep of parked events"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "event {event} ({kind}) parked since {since}: waits for {object}, which \
+                         idempay has not recorded"
+                    )
+                }
+            }
         }
     }
 }

@@ -22,6 +22,7 @@
 //!   spent before every seed ran fails: seeds it did not run are seeds it did not check.
 //! - `IDEMPAY_BIN`: the `idempay` binary to explore (default: this build's).
 //! - `EXPLORE_VERBOSE`: print the timeline of a schedule that passed too.
+//! - `EXPLORE_DRAW_ONLY`: `1` prints each seed's plan and faults and runs nothing.
 //! - `EXPLORE_CITUS`: `1` runs the schedules on a Citus cluster (a coordinator and two workers,
 //!   `scripts/citus-cluster.sh`, as the cluster `idempay-explore-citus`, apart from the cluster
 //!   suite's) instead of PostgreSQL: each schedule's database made on every node and distributed
@@ -109,6 +110,18 @@ async fn main() {
                 .collect()
         }
     };
+    if setting("EXPLORE_DRAW_ONLY").is_some_and(|value| value != 0) {
+        // What each seed would do, without running it: to choose a seed for a replay or a
+        // regression, by its instances' settings and its faults.
+        for &(seed, draws) in &seeds {
+            let plan = plan::Plan::draw(seed, draws);
+            println!("seed {seed}: {plan}");
+            for (at, fault) in &plan.faults {
+                println!("  {at:>9.1?}  {fault}");
+            }
+        }
+        return;
+    }
     // Any value but 0 (`EXPLORE_CITUS=1`).
     let citus = setting("EXPLORE_CITUS").is_some_and(|value| value != 0);
     eprintln!(

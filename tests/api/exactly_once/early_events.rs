@@ -352,6 +352,20 @@ async fn the_sweep_applies_a_parked_event_whose_object_was_recorded_without_appl
         .unwrap()
         .to_owned();
     let event = "evt_crossed";
+    park_by_hand(&app, event, &charge).await;
+
+    wait_until("the sweep applies it", || async {
+        parked(&app).await.is_empty()
+    })
+    .await;
+    assert_eq!(processed(&app, event).await.as_deref(), Some("applied"));
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 700);
+    assert_eq!(disputes_and_their_events(&app).await, (1, 1));
+}
+
+/// Parks a dispute's event (700) for `charge` as the intake does, written straight into the tables:
+/// the event a recording that committed beside the intake's look would leave behind.
+async fn park_by_hand(app: &TestApp, event: &str, charge: &str) {
     let body = json!({
         "type": "charge.dispute.created",
         "timestamp": chrono::Utc::now(),
@@ -370,19 +384,42 @@ async fn the_sweep_applies_a_parked_event_whose_object_was_recorded_without_appl
          VALUES ($1, 'charge.dispute.created', $2, $3)",
     )
     .bind(event)
-    .bind(&charge)
+    .bind(charge)
     .bind(serde_json::to_vec(&body).unwrap())
     .execute(&app.db)
     .await
     .unwrap();
+}
 
-    wait_until("the sweep applies it", || async {
-        parked(&app).await.is_empty()
-    })
+/// Until the sweep comes, `idempay reconcile` names such an event apart from one whose object is
+/// missing: its object is recorded, so what an operator looks at is the sweep.
+#[api_test]
+async fn reconcile_says_a_parked_event_whose_object_is_recorded_waits_for_the_sweep() {
+    let (app, processor, _) = delivering_events(
+        Settings::default(),
+        processor::settings(),
+        RetrySchedule::parse("100ms").unwrap(),
+        NOT_WITHIN_THE_TEST,
+    )
     .await;
-    assert_eq!(processed(&app, event).await.as_deref(), Some("applied"));
-    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 700);
-    assert_eq!(disputes_and_their_events(&app).await, (1, 1));
+    let paid = app.paid(5000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    park_by_hand(&app, "evt_crossed", &charge).await;
+
+    let output = reconcile(&app, &processor).await;
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        stdout.contains("event evt_crossed (charge.dispute.created) parked since ")
+            && stdout.contains(&format!(
+                ": {charge} is recorded, and the event waits for the sweep of parked events\n"
+            )),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("has not recorded"), "{stdout}");
 }
 
 /// idempay with a webhook secret of the test's, which signs the events it delivers by hand.
