@@ -444,6 +444,9 @@ impl Deliverer {
         // coordinator, and refuses it inside a CASE.
         let updated = match outcome {
             Outcome::Delivered => {
+                if let Some(endpoint) = &due.endpoint_id {
+                    acknowledged_by(&mut tx, &due.account_id, endpoint).await?;
+                }
                 sqlx::query!(
                     r#"
                 UPDATE webhook_deliveries
@@ -549,9 +552,43 @@ fn ended_send(
     }
 }
 
+/// How stale an endpoint's `last_acknowledged_at` may be: it is written at most once per this
+/// long, so an endpoint acknowledging a stream of deliveries writes its row once a minute, not at
+/// each. The disable rule allows for it.
+const ACKNOWLEDGED_WITHIN_SECONDS: f64 = 60.0;
+
+/// Keeps the endpoint's last acknowledgment on its row, where retention does not prune it. Runs
+/// before the delivery's own update: an acknowledgment then never holds a delivery while it waits
+/// for the endpoint's row, which [`disable_if_dead`] holds while it gives up the endpoint's pending
+/// deliveries, so the two never wait for each other in a circle. A row written within the last
+/// minute is not written again (nor locked: the `WHERE` leaves it).
+async fn acknowledged_by(
+    conn: &mut PgConnection,
+    account: &str,
+    endpoint: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        r#"
+        UPDATE webhook_endpoints SET last_acknowledged_at = now()
+        WHERE account_id = $2 AND id = $1
+          AND (last_acknowledged_at IS NULL
+               OR last_acknowledged_at < now() - $3::float8 * interval '1 second')
+        "#,
+        endpoint,
+        account,
+        ACKNOWLEDGED_WITHIN_SECONDS,
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Disables an endpoint that acknowledged nothing since `since`, when its delivery created then
 /// was given up: it failed for the whole retry schedule. Its other pending deliveries are given
-/// up with it (they would fail the same way), and it receives no new ones.
+/// up with it (they would fail the same way), and it receives no new ones. What it acknowledged
+/// is read from its row's `last_acknowledged_at` (kept within a minute, so an acknowledgment up to
+/// a minute before `since` counts too, keeping the endpoint: the safe side) and from its
+/// deliveries, for acknowledgments a release before that column recorded.
 async fn disable_if_dead(
     conn: &mut PgConnection,
     account: &str,
@@ -562,6 +599,8 @@ async fn disable_if_dead(
         r#"
         UPDATE webhook_endpoints SET status = 'disabled'
         WHERE account_id = $3 AND id = $1 AND status = 'enabled'
+          AND (last_acknowledged_at IS NULL
+               OR last_acknowledged_at < $2::timestamptz - $4::float8 * interval '1 second')
           AND NOT EXISTS (
               SELECT 1 FROM webhook_deliveries
               WHERE account_id = $3 AND endpoint_id = $1 AND delivered_at >= $2
@@ -571,6 +610,7 @@ async fn disable_if_dead(
         endpoint,
         since,
         account,
+        ACKNOWLEDGED_WITHIN_SECONDS,
     )
     .fetch_optional(&mut *conn)
     .await?;
