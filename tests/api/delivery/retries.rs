@@ -431,7 +431,7 @@ async fn one_delivery_given_up_after_a_later_one_acknowledged(
     prune: bool,
 ) -> (String, String) {
     let refused = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let (done, mut refusals_may_go) = tokio::sync::watch::channel(false);
+    let (done, refusals_may_go) = tokio::sync::watch::channel(false);
     let refusing = refused.clone();
     let picky = axum::Router::new().route(
         "/hooks",
