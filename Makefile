@@ -32,7 +32,7 @@ explore:
 
 ## The key lifecycle as a model (crates/model/), checked exhaustively by stateright: every
 ## interleaving of two clients, two instances, the processor, the recovery job, network faults and
-## crashes at the full size (about 4 million states, under a minute), then the model's tests, the
+## crashes at the full size (about 16 million states, minutes), then the model's tests, the
 ## full size's included.
 model:
 	$(CARGO) run --release -p model

@@ -284,6 +284,13 @@ impl Listed for Dispute {
     }
 }
 
+/// How long a pooled connection to the processor may sit idle before it is dropped: well within
+/// the time after which the processor closes an idle keep-alive connection (its header read
+/// timeout, 10 s). A connection reused just as the server closes it fails after the request was
+/// sent ("connection closed before message completed"): a charge's outcome unknown for nothing,
+/// seen under load when a pooled connection had waited out a demo's run.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl ProcessorClient {
     /// A client of the processor at `base_url` (`http://127.0.0.1:8081`) that gives every call
     /// `timeout` in all, connecting included. It goes straight to `base_url` and ignores proxy
@@ -298,6 +305,7 @@ impl ProcessorClient {
             http: reqwest::Client::builder()
                 .timeout(timeout)
                 .no_proxy()
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
                 .build()?,
             base,
             api_key,

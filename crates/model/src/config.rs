@@ -33,6 +33,9 @@ pub struct Size {
     pub instance_crashes: u8,
     /// How many times the processor may crash (and restart).
     pub processor_crashes: u8,
+    /// How many disputes the cardholders' banks open at the processor (0 or 1), each on a charge
+    /// it made, whose event (`charge.dispute.created`) it delivers to idempay.
+    pub disputes: u8,
 }
 
 impl Size {
@@ -48,6 +51,7 @@ impl Size {
             downstream_keys: 3,
             instance_crashes: 1,
             processor_crashes: 0,
+            disputes: 1,
         }
     }
 
@@ -66,6 +70,7 @@ impl Size {
             downstream_keys: 5,
             instance_crashes: 2,
             processor_crashes: 1,
+            disputes: 1,
         }
     }
 }
@@ -75,7 +80,7 @@ impl fmt::Display for Size {
         write!(
             f,
             "{}: {} intents on {} keys, {} instances, {} attempts per request, {} downstream keys, \
-             {} instance crash(es), {} processor crash(es)",
+             {} instance crash(es), {} processor crash(es), {} dispute(s)",
             self.name,
             self.intents.len(),
             self.keys,
@@ -83,7 +88,8 @@ impl fmt::Display for Size {
             self.attempts,
             self.downstream_keys,
             self.instance_crashes,
-            self.processor_crashes
+            self.processor_crashes,
+            self.disputes
         )
     }
 }
@@ -104,14 +110,19 @@ pub enum Defect {
     /// The completion is not fenced by the lease's token: a request that lost its lease still
     /// records its payment.
     UnfencedCompletion,
+    /// The intake acknowledges an event about a charge idempay has not recorded yet (200
+    /// `ignored`) instead of keeping it: the processor delivers it no more, and the dispute is
+    /// lost.
+    EarlyEventAcknowledged,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 4] = [
+    pub const ALL: [Defect; 5] = [
         Defect::RefusalAfterUnknownBelieved,
         Defect::TakeoverBelievesNoEarlierCall,
         Defect::UnboundedSuspension,
         Defect::UnfencedCompletion,
+        Defect::EarlyEventAcknowledged,
     ];
 
     /// The name given on the command line (`--defect NAME`).
@@ -121,6 +132,7 @@ impl Defect {
             Defect::TakeoverBelievesNoEarlierCall => "takeover-believes-no-earlier-call",
             Defect::UnboundedSuspension => "unbounded-suspension",
             Defect::UnfencedCompletion => "unfenced-completion",
+            Defect::EarlyEventAcknowledged => "early-event-acknowledged",
         }
     }
 

@@ -3,7 +3,7 @@
 //! the sentence the checker prints.
 
 use crate::config::Config;
-use crate::state::{Attempt, Grant, Instance, KeyRow, State, Status, Step, Stored};
+use crate::state::{Attempt, DisputeSeen, Grant, Instance, KeyRow, State, Status, Step, Stored};
 
 pub const ONE_CHARGE_PER_INTENT: &str = "one charge per intent";
 pub const REPLAY_EQUALS_FIRST_ANSWER: &str = "a replay equals the first answer";
@@ -11,11 +11,13 @@ pub const CHANGED_PAYLOAD_NEVER_EXECUTES: &str = "a changed payload never execut
 pub const EVERY_CHARGE_RECORDED_OR_KEPT: &str = "every charge is recorded or its key held";
 pub const NO_COMPLETION_CONTRADICTED: &str =
     "no key completes with a result the processor contradicts";
+pub const NO_ACKNOWLEDGED_EVENT_LOST: &str = "no acknowledged event is lost";
 
 pub const A_TAKEOVER: &str = "a takeover";
 pub const A_RECOVERY_RESUME: &str = "a resume by the recovery job";
 pub const A_HOLD: &str = "a hold";
 pub const A_REUSE_AFTER_EXPIRY: &str = "a reuse after expiry";
+pub const AN_EARLY_EVENT_PARKED: &str = "an early event parked";
 
 /// At most one charge at the processor, and at most one payment in idempay, for each intent.
 pub fn one_charge_per_intent(config: &Config, state: &State) -> bool {
@@ -84,6 +86,20 @@ pub fn no_completion_contradicted(state: &State) -> bool {
             .any(|charge| charge.downstream_key == row.downstream_key),
         Status::InProgress(_) | Status::Held => true,
     })
+}
+
+/// An event idempay acknowledged is kept: applied, or parked until its charge is recorded. The
+/// processor delivers an acknowledged event no more, so one dropped is lost for good.
+pub fn no_acknowledged_event_lost(state: &State) -> bool {
+    match state.processor.dispute {
+        Some(dispute) if dispute.acknowledged => state.dispute != DisputeSeen::Nothing,
+        _ => true,
+    }
+}
+
+/// The dispute's event came before idempay recorded its charge, and waits parked.
+pub fn an_early_event_parked(state: &State) -> bool {
+    state.dispute == DisputeSeen::Parked
 }
 
 /// A client's retry works on a key another request left.

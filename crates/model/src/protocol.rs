@@ -9,8 +9,8 @@ use stateright::{Model, Property};
 use crate::config::{Config, Defect};
 use crate::properties as props;
 use crate::state::{
-    Age, Answer, Attempt, Call, Charge, ChargeId, ClientPhase, DownstreamKey, Grant, Instance,
-    InstanceId, Intent, KeyRow, KeySlot, Lease, State, Status, Step, Stored, Work,
+    Age, Answer, Attempt, Call, Charge, ChargeId, ClientPhase, Dispute, DisputeSeen, DownstreamKey,
+    Grant, Instance, InstanceId, Intent, KeyRow, KeySlot, Lease, State, Status, Step, Stored, Work,
 };
 
 /// The protocol at one size, with some defects switched on.
@@ -74,6 +74,17 @@ pub enum Action {
     ProcessorForgets {
         downstream_key: DownstreamKey,
     },
+    /// A cardholder's bank disputes a charge at the processor, which queues its event.
+    OpenDispute {
+        charge: ChargeId,
+    },
+    /// The processor delivers the dispute's event and idempay's intake answers it: applied to
+    /// the payment of its charge, or parked while no payment records the charge; acknowledged
+    /// either way.
+    DeliverEvent,
+    /// A parked event is applied once its charge is recorded: by the recording's own look after
+    /// it commits, or by the sweep.
+    ApplyParked,
 
     // --- background jobs, time and the operator ------------------------------------------------
     /// The recovery job claims a suspended key within the recovery window and resumes it on an
@@ -416,6 +427,33 @@ impl Protocol {
         }
     }
 
+    /// The dispute's steps: opened on a charge the processor made (at most `Size::disputes`),
+    /// its event delivered while the processor is up and until acknowledged (a delivery whose
+    /// acknowledgment is lost is sent again, and idempay's intake answers a duplicate as it
+    /// answered the first, so that is the same step again), a parked event applied once a
+    /// payment records its charge.
+    fn event_actions(&self, state: &State, actions: &mut Vec<Action>) {
+        match state.processor.dispute {
+            None if self.config.size.disputes > 0 => {
+                for charge in 0..state.processor.ledger.len() {
+                    if let Ok(charge) = ChargeId::try_from(charge) {
+                        actions.push(Action::OpenDispute { charge });
+                    }
+                }
+            }
+            None => {}
+            Some(dispute) => {
+                if !dispute.acknowledged && state.processor.up {
+                    actions.push(Action::DeliverEvent);
+                }
+                if state.dispute == DisputeSeen::Parked && state.payments.contains(&dispute.charge)
+                {
+                    actions.push(Action::ApplyParked);
+                }
+            }
+        }
+    }
+
     fn key_actions(&self, state: &State, key: KeySlot, actions: &mut Vec<Action>) {
         let Some(row) = state.row(key) else {
             return;
@@ -480,6 +518,7 @@ impl Model for Protocol {
                 actions.push(Action::ProcessorForgets { downstream_key });
             }
         }
+        self.event_actions(state, actions);
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
@@ -540,6 +579,24 @@ impl Model for Protocol {
             Action::ProcessorForgets { downstream_key } => {
                 state.processor.keys.remove(&downstream_key);
             }
+            Action::OpenDispute { charge } => {
+                state.processor.dispute = Some(Dispute {
+                    charge,
+                    acknowledged: false,
+                });
+            }
+            Action::DeliverEvent => {
+                let dispute = state.processor.dispute.as_mut()?;
+                dispute.acknowledged = true;
+                state.dispute = if state.payments.contains(&dispute.charge) {
+                    DisputeSeen::Recorded
+                } else if self.has(Defect::EarlyEventAcknowledged) {
+                    DisputeSeen::Nothing
+                } else {
+                    DisputeSeen::Parked
+                };
+            }
+            Action::ApplyParked => state.dispute = DisputeSeen::Recorded,
             Action::RecoveryClaims { key, instance } => {
                 let row = state.row_mut(key)?;
                 row.status = Status::InProgress(Lease::By(instance));
@@ -597,6 +654,9 @@ impl Model for Protocol {
             Property::always(props::NO_COMPLETION_CONTRADICTED, |_, state| {
                 props::no_completion_contradicted(state)
             }),
+            Property::always(props::NO_ACKNOWLEDGED_EVENT_LOST, |_, state| {
+                props::no_acknowledged_event_lost(state)
+            }),
             Property::sometimes(props::A_TAKEOVER, |_, state| props::a_takeover(state)),
             Property::sometimes(props::A_RECOVERY_RESUME, |_, state| {
                 props::a_recovery_resume(state)
@@ -604,6 +664,9 @@ impl Model for Protocol {
             Property::sometimes(props::A_HOLD, |_, state| props::a_hold(state)),
             Property::sometimes(props::A_REUSE_AFTER_EXPIRY, |model: &Self, state| {
                 props::a_reuse_after_expiry(&model.config, state)
+            }),
+            Property::sometimes(props::AN_EARLY_EVENT_PARKED, |_, state| {
+                props::an_early_event_parked(state)
             }),
         ]
     }

@@ -181,12 +181,32 @@ pub struct Charge {
     pub intent: Intent,
 }
 
+/// A dispute the processor holds on one of its charges, and its event to idempay: sent until
+/// idempay acknowledges it (any 2xx), then never again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dispute {
+    pub charge: ChargeId,
+    pub acknowledged: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Processor {
     pub up: bool,
     /// Its own idempotency keys: the charge it made for each downstream key it still remembers.
     pub keys: BTreeMap<DownstreamKey, ChargeId>,
     pub ledger: Vec<Charge>,
+    pub dispute: Option<Dispute>,
+}
+
+/// What idempay holds of the dispute's event (`processed_events`, `parked_events`, `disputes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DisputeSeen {
+    /// Not received, or received and dropped.
+    Nothing,
+    /// Parked: its charge was not recorded when it came; applied once it is.
+    Parked,
+    /// Recorded on the payment of its charge.
+    Recorded,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -202,6 +222,8 @@ pub struct State {
     /// Calls sent and not yet delivered, refused by a crash, or dropped.
     pub network: BTreeSet<Call>,
     pub processor: Processor,
+    /// What idempay holds of the processor's dispute.
+    pub dispute: DisputeSeen,
     pub instance_crashes: u8,
     pub processor_crashes: u8,
 }
@@ -226,7 +248,9 @@ impl State {
                 up: true,
                 keys: BTreeMap::new(),
                 ledger: Vec::new(),
+                dispute: None,
             },
+            dispute: DisputeSeen::Nothing,
             instance_crashes: 0,
             processor_crashes: 0,
         }

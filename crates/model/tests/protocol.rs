@@ -4,7 +4,8 @@
 
 use model::check::Outcome;
 use model::properties::{
-    EVERY_CHARGE_RECORDED_OR_KEPT, NO_COMPLETION_CONTRADICTED, ONE_CHARGE_PER_INTENT,
+    EVERY_CHARGE_RECORDED_OR_KEPT, NO_ACKNOWLEDGED_EVENT_LOST, NO_COMPLETION_CONTRADICTED,
+    ONE_CHARGE_PER_INTENT,
 };
 use model::protocol::{Action, Protocol};
 use model::{Config, Defect, Size, check};
@@ -12,7 +13,7 @@ use stateright::Model;
 
 /// The distinct states of the small size. A change of the model that changes it must say why in
 /// its commit, and update this.
-const SMALL_STATES: usize = 161_722;
+const SMALL_STATES: usize = 671_506;
 
 #[test]
 fn the_small_size_has_exactly_the_pinned_number_of_distinct_states() {
@@ -86,6 +87,16 @@ fn a_suspension_without_bound_charges_twice_once_the_processor_forgot_its_key() 
 #[test]
 fn a_completion_without_its_fence_records_a_payment_twice() {
     counterexample(Defect::UnfencedCompletion, ONE_CHARGE_PER_INTENT);
+}
+
+#[test]
+fn an_early_event_acknowledged_loses_its_dispute() {
+    let trace = counterexample(Defect::EarlyEventAcknowledged, NO_ACKNOWLEDGED_EVENT_LOST);
+    // The event came before any payment recorded the charge it names.
+    assert!(
+        matches!(trace.last(), Some(Action::DeliverEvent)),
+        "{trace:?}"
+    );
 }
 
 #[test]
