@@ -622,7 +622,7 @@ def writes_md(writes):
             cells.append("–" if not d else
                          f"{fmt(d['ins'])} / {fmt(d['upd'])} ({fmt(d['hot'])})"
                          + (f", {fmt(d['del'])} deleted" if d["del"] else ""))
-        rows.append([f"`{t}` ({indexes} indexes): inserted / updated (HOT)"] + cells)
+        rows.append([f"`{t}` ({indexes} {'index' if indexes == 1 else 'indexes'}): inserted / updated (HOT)"] + cells)
     rows.append(["index entries, at most"] + [fmt(writes[n]["index_entries_at_most"]) for n in names])
     rows.append(["WAL bytes"] + [fmt(writes[n]["wal_bytes"], 0) for n in names])
     rows.append(["WAL records"] + [fmt(writes[n]["wal_records"], 1) for n in names])
@@ -631,6 +631,7 @@ def writes_md(writes):
     return md
 
 
+WORKLOAD_TITLES = {"new": "new keys", "replay": "replays", "mix": "50/50 mix"}
 SVG_COLORS = {"limit": "#1f77b4", "seed": "#ff7f0e", "http": "#2ca02c", "embedded": "#d62728",
               "base-http": "#9467bd", "base-embedded": "#8c564b"}
 
@@ -695,7 +696,10 @@ def write_svg(results, meta, path):
                 lo = 10 ** math.floor(math.log10(min(values)))
                 hi = 10 ** math.ceil(math.log10(max(values)))
                 hi = hi * 10 if hi == lo else hi
-                ticks = [lo * 10 ** k for k in range(int(round(math.log10(hi / lo))) + 1)]
+                decades = int(round(math.log10(hi / lo)))
+                # 1, 2 and 5 of each decade when there are few of them, so the scale can be read
+                steps = (1, 2, 5) if decades <= 2 else (1,)
+                ticks = [lo * 10 ** k * m for k in range(decades) for m in steps] + [hi]
                 ypos = lambda v: top + ph - (math.log10(v / lo) / math.log10(hi / lo)) * ph
             else:
                 ticks = nice_ticks(max(values) * 1.05)
@@ -703,7 +707,7 @@ def write_svg(results, meta, path):
             xpos = lambda i: left + (pw * (i + 0.5) / len(concurrency))
             out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
             out.append(f'<text x="{left + pw / 2}" y="{top - 8}" text-anchor="middle" font-weight="bold">'
-                       f'{esc(workload)} keys: {title}{" (log scale)" if log_scale else ""}</text>')
+                       f'{esc(WORKLOAD_TITLES.get(workload, workload))}: {title}{" (log scale)" if log_scale else ""}</text>')
             for t in ticks:
                 y = ypos(t)
                 out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#eee"/>')
