@@ -767,7 +767,8 @@ def compare(args):
         json.dump({"meta": meta, "measurements": measurements}, out, indent=1)
     rev = meta["rev_commit"]
     md = [
-        f"Run {meta['started']}: the working tree ({meta['tree']}) against {meta['rev']} ({rev}), "
+        f"Run {meta['started']}: the working tree ({meta['tree']}) against {meta['rev']}"
+        + ("" if meta["rev"] == rev else f" ({rev})") + ", "
         f"side by side in one run, {meta['rounds']} rounds, {meta['seconds']} s per measurement, "
         f"each build with its processor (`{meta['mode']}` mode) and a database of its own on one "
         f"PostgreSQL (fsync {meta['fsync']}, synchronous_commit {meta['synchronous_commit']}, "
