@@ -29,8 +29,9 @@
 #   BENCH_LIMITS="limit seed"  the limits measured before idempay in each round (the first one is
 #                           the table-size sweep's)
 #   BENCH_WRITES=1          after the durable table, new keys at c=16 once more on every side
-#                           (BENCH_WRITES_SECONDS, 5 s each), between two snapshots of the tables'
-#                           counters: rows, index entries and WAL written per payment (0 skips it)
+#                           (BENCH_WRITES_SECONDS, 5 s each, 2 with BENCH_QUICK), between two
+#                           snapshots of the tables' counters: rows, index entries and WAL written
+#                           per payment (0 skips it)
 #
 # Results: target/bench/bench.json and bench.md (the printed table), raw runs in target/bench/raw.
 
@@ -54,7 +55,7 @@ for limit in "${LIMITS[@]}"; do
   [[ $limit == limit || $limit == seed ]] || die "BENCH_LIMITS lists limit and seed, not $limit"
 done
 WRITES=${BENCH_WRITES:-1}
-WRITES_SECONDS=${BENCH_WRITES_SECONDS:-5}
+WRITES_SECONDS=${BENCH_WRITES_SECONDS:-$([ "${BENCH_QUICK:-0}" = 1 ] && echo 2 || echo 5)}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUNDS is a number of rounds, not $ROUNDS"
 read -ra CONCURRENCY <<<"${BENCH_CONCURRENCY:-1 16 64}"
 read -ra WORKLOADS <<<"${BENCH_WORKLOADS:-new replay mix}"
