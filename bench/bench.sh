@@ -33,7 +33,8 @@
 #                           snapshots of the tables' counters: rows, index entries and WAL written
 #                           per payment (0 skips it)
 #
-# Results: target/bench/bench.json and bench.md (the printed table), raw runs in target/bench/raw.
+# Results: target/bench/bench.json, bench.md (the printed tables) and bench.svg, raw runs in
+# target/bench/raw.
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
