@@ -92,7 +92,7 @@ use_side() {
     base) use_server "base-$MODE" ;;
   esac
   API_KEY=${SIDE_API_KEY[$1]}
-  REPLAY_KEYS_FILE=${SIDE_KEYS[$1]}
+  REPLAY_KEYS_FILE=${SIDE_KEYS[$1]:-}
 }
 
 main() {
