@@ -448,26 +448,45 @@ table_writes() {
 }
 
 # writes_begin / writes_end: with WRITES_FILE set, a snapshot of table_writes before and after the
-# measurement, into that file. A backend reports its counters when it has been idle a while (up to
-# 10 s after its last report, PostgreSQL's PGSTAT_IDLE_INTERVAL, for a pool's connections that
-# stay open), so the second snapshot waits that long; the WAL's position is read at once, so the
-# WAL of that wait (autovacuum, the services' idle polling) is not counted.
+# measurement, into that file, and the WAL written in between by kind of record (`pg_waldump
+# --stats` in the container: heap, B-tree, transaction… records, their bytes and those of their
+# full-page images). A backend reports its counters when it has been idle a while (up to 10 s after
+# its last report, PostgreSQL's PGSTAT_IDLE_INTERVAL, for a pool's connections that stay open), so
+# the second snapshot waits that long; the WAL's position is read at once, so the WAL of that wait
+# (autovacuum, the services' idle polling) is not counted.
+WRITES_START_LSN=""
 writes_begin() {
   [ -n "${WRITES_FILE:-}" ] || return 0
+  WRITES_START_LSN=$(sql -c "SELECT pg_current_wal_lsn()")
   table_writes >"$WRITES_FILE.before"
 }
 writes_end() {
   [ -n "${WRITES_FILE:-}" ] || return 0
-  local lsn
-  lsn=$(sql -c "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')")
+  local lsn end_lsn
+  end_lsn=$(sql -c "SELECT pg_current_wal_lsn()")
+  lsn=$(sql -c "SELECT pg_wal_lsn_diff('$end_lsn', '0/0')")
+  # The WAL up to end_lsn is written by the time it is read (a durable commit flushes its own and
+  # all before it), so pg_waldump reads it from the segments; its stderr (a record cut at end_lsn)
+  # is not an error of the run.
+  docker exec "$PG_CONTAINER" bash -c \
+    'pg_waldump --stats -p "$PGDATA/pg_wal" -s "$1" -e "$2"' _ "$WRITES_START_LSN" "$end_lsn" \
+    >"$WRITES_FILE.waldump" 2>/dev/null || true
   sleep "${BENCH_STATS_WAIT:-11}"
   python3 - "$WRITES_FILE" "$lsn" "$(table_writes)" <<'PY'
-import json, sys
+import json, re, sys
 path, lsn, after = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 before = json.load(open(path + ".before"))
-json.dump({"before": before, "after": after, "wal_lsn_bytes_at_end": float(lsn)}, open(path, "w"), indent=1)
+# "Type  N (%)  Record size (%)  FPI size (%)  Combined size (%)" lines of pg_waldump --stats
+waldump = {}
+for line in open(path + ".waldump"):
+    m = re.match(r"^(\S+)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(", line)
+    if m and m.group(1) != "Total":
+        waldump[m.group(1)] = {"records": int(m.group(2)), "record_bytes": int(m.group(3)),
+                               "fpi_bytes": int(m.group(4))}
+json.dump({"before": before, "after": after, "wal_lsn_bytes_at_end": float(lsn), "waldump": waldump},
+          open(path, "w"), indent=1)
 PY
-  rm -f "$WRITES_FILE.before"
+  rm -f "$WRITES_FILE.before" "$WRITES_FILE.waldump"
 }
 
 # run_wrk NAME MODE CONNECTIONS SECONDS: writes the done() JSON of one wrk run to $OUT_DIR/raw/NAME.json.
