@@ -522,8 +522,8 @@ def cpu_summary(results):
                 entry[part] = median_of(rs, name, f"{part}_cpu_us_per_request")
             if name in ("limit", "seed"):
                 entry["server"] = entry["processor"] = None
-            elif not any(side_of(r, name).get("processor_cpu_s") for r in rs):
-                entry["processor"] = None  # embedded: in idempay's own process, or none
+            elif name.endswith("embedded"):
+                entry["processor"] = None  # in idempay's own process
             parts = [entry[p] for p in ("server", "processor", "postgres") if entry[p] is not None]
             entry["rest"] = (round(entry["machine"] - sum(parts), 1)
                              if entry["machine"] is not None and parts else None)
@@ -589,6 +589,9 @@ def writes_summary(raw, meta):
             "wal_bytes": per(snap["wal_lsn_bytes_at_end"] - before["wal_lsn_bytes"]),
             "wal_records": per(after["wal"]["records"] - before["wal"]["records"]),
             "wal_fpi": per(after["wal"]["fpi"] - before["wal"]["fpi"]),
+            # pg_waldump --stats over the measurement: each kind of record, per payment
+            "wal_by_kind": {kind: {k: per(v) for k, v in d.items()}
+                            for kind, d in (snap.get("waldump") or {}).items() if d["records"]},
         }
     return sides
 
@@ -603,8 +606,11 @@ def writes_md(writes):
         "updated, of which HOT (`pg_stat_user_tables`; a HOT update writes no index entry), with the "
         "table's indexes; index entries written at most ((inserts + non-HOT updates) × indexes, "
         "partial indexes counted as full); the WAL written (bytes, records, full-page images: the "
-        "first change of a page after a checkpoint, and a `CHECKPOINT` precedes each side). A "
-        "recovery point is columns of idempay's key row, written with it, not a row of its own.",
+        "first change of a page after a checkpoint, and a `CHECKPOINT` precedes each side, so a "
+        "short measurement has more of them than a server that checkpoints every 30 minutes), and "
+        "by kind of record (`pg_waldump --stats`; Heap and Btree are rows and index entries, "
+        "Transaction the commits). A recovery point is columns of idempay's key row, written with "
+        "it, not a row of its own.",
         "",
     ]
     rows = [["payments written"] + [fmt(writes[n]["payments"]) for n in names]]
@@ -627,6 +633,20 @@ def writes_md(writes):
     rows.append(["WAL bytes"] + [fmt(writes[n]["wal_bytes"], 0) for n in names])
     rows.append(["WAL records"] + [fmt(writes[n]["wal_records"], 1) for n in names])
     rows.append(["WAL full-page images"] + [fmt(writes[n]["wal_fpi"]) for n in names])
+    kinds = []
+    for n in names:
+        kinds += [k for k in writes[n].get("wal_by_kind", {}) if k not in kinds]
+    for kind in kinds:
+        cells = []
+        for n in names:
+            d = writes[n].get("wal_by_kind", {}).get(kind)
+            cells.append("–" if not d else f"{fmt(d['records'], 1)} / {fmt(d['record_bytes'], 0)} / "
+                                           f"{fmt(d['fpi_bytes'], 0)}")
+        rows.append([f"WAL, {kind} records: count / bytes / full-page image bytes"] + cells)
+    if kinds:
+        rows.append(["WAL bytes without full-page images"] + [
+            fmt(sum(d["record_bytes"] or 0 for d in writes[n].get("wal_by_kind", {}).values()), 0)
+            if writes[n].get("wal_by_kind") else "–" for n in names])
     md += [md_table(["per payment"] + [label(n) for n in names], rows), ""]
     return md
 
