@@ -97,7 +97,7 @@ clean-containers:
 ## Throughput and latency of idempay over HTTP against two limits, each a payment's SQL through
 ## pgbench: idempay's own statements done the straightforward way, and the seed's design (one key
 ## table, four statements a hop); with the CPU per request of each process, the rows and WAL written
-## per payment, and a picture. About 25 minutes; BENCH_QUICK=1 for a try in about two. Results in
+## per payment, and a picture. About 25 minutes; BENCH_QUICK=1 for a try in about seven. Results in
 ## target/bench/bench.{json,md,svg}; bench/README.md lists the knobs.
 bench:
 	bash bench/bench.sh
@@ -106,7 +106,7 @@ bench:
 ## worktree (release, its target directory kept in target/bench-compare for the next run), then both
 ## are measured alternately, round after round (BENCH_ROUNDS, 5), new keys and replays at c=16 and
 ## c=64 (BENCH_WORKLOADS, BENCH_CONCURRENCY), 10 s each (BENCH_SECONDS); each round and the median
-## ratio, working tree / REV, in target/bench/compare/compare.md. About 8 minutes with the defaults,
+## ratio, working tree / REV, in target/bench/compare/compare.md. About 9 minutes with the defaults,
 ## plus a first build of REV (10-20 minutes on two cores).
 REV ?=
 bench-compare:
