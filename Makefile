@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Integration tests mostly wait on the network and the database, so more threads than cores help.
 TEST_THREADS ?= 8
 
-.PHONY: run test explore model mutants test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
+.PHONY: run test explore model mutants test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-compare bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -94,10 +94,24 @@ sqlx-prepare:
 clean-containers:
 	docker ps -aq --filter label=org.testcontainers.managed-by=testcontainers | xargs -r docker rm -f
 
-## Throughput and latency of idempay over HTTP against the limit (its SQL through pgbench), ~10 min.
-## BENCH_QUICK=1 for a one-minute try; results in target/bench/bench.{json,md}.
+## Throughput and latency of idempay over HTTP against two limits, each a payment's SQL through
+## pgbench: idempay's own statements done the straightforward way, and the seed's design (one key
+## table, four statements a hop); with the CPU per request of each process, the rows and WAL written
+## per payment, and a picture. About 25 minutes; BENCH_QUICK=1 for a try in about seven. Results in
+## target/bench/bench.{json,md,svg}; bench/README.md lists the knobs.
 bench:
 	bash bench/bench.sh
+
+## The working tree against another revision, side by side in one run: REV is built in a temporary
+## worktree (release, its target directory kept in target/bench-compare for the next run), then both
+## are measured alternately, round after round (BENCH_ROUNDS, 5), new keys and replays at c=16 and
+## c=64 (BENCH_WORKLOADS, BENCH_CONCURRENCY), 10 s each (BENCH_SECONDS); each round and the median
+## ratio, working tree / REV, in target/bench/compare/compare.md. About 9 minutes with the defaults,
+## plus a first build of REV (10-20 minutes on two cores).
+REV ?=
+bench-compare:
+	@test -n "$(REV)" || { echo "usage: make bench-compare REV=<commit>" >&2; exit 2; }
+	bash bench/compare.sh "$(REV)"
 
 ## New keys with durable commits at c=1, 16, 64 for each pool size (BENCH_POOLS="4 8 16 32"): the
 ## curve the default pool size is chosen from. Results in target/bench/pools.md.

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# make bench: idempay over HTTP against the limit, PostgreSQL running the same SQL through pgbench.
+# make bench: idempay over HTTP against two limits, PostgreSQL running a payment's SQL through
+# pgbench: "limit", idempay's own schema and statements done the straightforward way, and "seed",
+# the seed's design (one key table and the effect's, four statements a hop; pgbench/seed_*.sql).
 #
 # One PostgreSQL container, started here and removed at exit. For each workload (new keys, replays,
-# a 50/50 mix) and concurrency (1, 16, 64): pgbench with the request's SQL, then wrk against
-# idempay. Then the server's memory under load, and latency as the key table grows.
+# a 50/50 mix) and concurrency (1, 16, 64): pgbench with each limit's SQL, then wrk against
+# idempay. Then the rows and WAL each side writes per payment, the server's memory under load, and
+# latency as the key table grows. bench.md has the table, the ratios to both limits and where each
+# side's CPU goes; bench.svg draws req/s and p99 against concurrency.
 #
 #   BENCH_SECONDS=10        seconds per measurement
 #   BENCH_SIZE_SECONDS=5    seconds per measurement of the table-size sweep
@@ -22,8 +26,15 @@
 #   BENCH_BASELINE_BIN=PATH another build (e.g. of the commit before a change) measured side by
 #                           side, in modes base-http and base-embedded, after the same limit
 #   BENCH_IDEMPAY_BIN, BENCH_LABEL  run a binary built elsewhere (another revision), named so
+#   BENCH_LIMITS="limit seed"  the limits measured before idempay in each round (the first one is
+#                           the table-size sweep's)
+#   BENCH_WRITES=1          after the durable table, new keys at c=16 once more on every side
+#                           (BENCH_WRITES_SECONDS, 5 s each, 2 with BENCH_QUICK), between two
+#                           snapshots of the tables' counters: rows, index entries and WAL written
+#                           per payment (0 skips it)
 #
-# Results: target/bench/bench.json and bench.md (the printed table), raw runs in target/bench/raw.
+# Results: target/bench/bench.json, bench.md (the printed tables) and bench.svg, raw runs in
+# target/bench/raw.
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -39,6 +50,13 @@ else
   WAL_PREWARM_MB=${BENCH_WAL_PREWARM_MB:-1024}
 fi
 ROUNDS=${BENCH_ROUNDS:-1}
+read -ra LIMITS <<<"${BENCH_LIMITS:-limit seed}"
+[ "${#LIMITS[@]}" -gt 0 ] || die "BENCH_LIMITS names at least one of limit and seed"
+for limit in "${LIMITS[@]}"; do
+  [[ $limit == limit || $limit == seed ]] || die "BENCH_LIMITS lists limit and seed, not $limit"
+done
+WRITES=${BENCH_WRITES:-1}
+WRITES_SECONDS=${BENCH_WRITES_SECONDS:-$([ "${BENCH_QUICK:-0}" = 1 ] && echo 2 || echo 5)}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUNDS is a number of rounds, not $ROUNDS"
 read -ra CONCURRENCY <<<"${BENCH_CONCURRENCY:-1 16 64}"
 read -ra WORKLOADS <<<"${BENCH_WORKLOADS:-new replay mix}"
@@ -62,12 +80,20 @@ done
 PGBENCH_REPLAY_KEYS=10000
 API_REPLAY_KEYS=1000
 
-pgbench_scripts() {
-  case "$1" in
-    new) echo new_key.sql ;;
-    replay) echo replay.sql ;;
-    mix) echo new_key.sql@1 replay.sql@1 ;;
+pgbench_scripts() { # LIMIT WORKLOAD
+  local prefix=""
+  [ "$1" = limit ] || prefix="$1_"
+  case "$2" in
+    new) echo "${prefix}new_key.sql" ;;
+    replay) echo "${prefix}replay.sql" ;;
+    mix) echo "${prefix}new_key.sql@1 ${prefix}replay.sql@1" ;;
   esac
+}
+
+has_limit() { # LIMIT: whether this run measures it
+  local limit
+  for limit in "${LIMITS[@]}"; do [ "$limit" = "$1" ] && return 0; done
+  return 1
 }
 
 # The limit's replay keys: completed keys '1' … 'N' in the bench account's scope.
@@ -83,6 +109,21 @@ FROM generate_series(1, :n) AS i;
 SQL
 }
 
+# The seed limit's tables (pgbench/seed_schema.sql) and its replay keys: '1' … 'N' in the same scope
+# as the limit's, completed with the same response.
+prepare_seed_limit() {
+  sql -f "$BENCH_DIR/pgbench/seed_schema.sql" >/dev/null
+  sql -v scope="$SCOPE" -v n="$PGBENCH_REPLAY_KEYS" -v hash="\\x$REQUEST_HASH_HEX" \
+    -v body="$RESPONSE_BODY" <<'SQL'
+INSERT INTO seed.idempotency_keys
+    (scope, idem_key, request_hash, status, response_code, response_body, expires_at)
+SELECT :'scope', i::text, :'hash'::bytea, 'completed', 201, convert_to(:'body', 'UTF8'),
+       now() + interval '24 hours'
+FROM generate_series(1, :n) AS i;
+SQL
+  SEED_TABLES=true
+}
+
 # Replay keys for both sides, in an empty or freshly truncated table.
 seed_replay_sets() {
   seed_pgbench_replay_keys
@@ -94,24 +135,48 @@ idempay_run() { # NAME MODE
   case "$2" in http) echo "$1-idempay" ;; *) echo "$1-idempay-$2" ;; esac
 }
 
-# The limit, then idempay in each processor mode, one after the other.
+# Each limit, then idempay in each processor mode, one after the other. The raw runs are
+# NAME-limit, NAME-seed and NAME-idempay[-MODE].
 measure_pair() { # NAME WORKLOAD CONNECTIONS SECONDS
-  local name=$1 workload=$2 conns=$3 secs=$4 mode
-  settle
-  # shellcheck disable=SC2046  # one word per script
-  run_pgbench "$name-limit" "$conns" "$secs" $(pgbench_scripts "$workload")
+  local name=$1 workload=$2 conns=$3 secs=$4 mode limit
+  for limit in "${LIMITS[@]}"; do
+    settle
+    # shellcheck disable=SC2046  # one word per script
+    run_pgbench "$name-$limit" "$conns" "$secs" $(pgbench_scripts "$limit" "$workload")
+  done
   for mode in "${MODES[@]}"; do
     settle
     use_server "$mode"
     run_wrk "$(idempay_run "$name" "$mode")" "$workload" "$conns" "$secs"
-    python3 - "$OUT_DIR/raw/$name-limit.json" "$OUT_DIR/raw/$(idempay_run "$name" "$mode").json" "$mode" <<'PY' >&2
+    python3 - "$OUT_DIR/raw/$(idempay_run "$name" "$mode").json" "$mode" \
+      "${LIMITS[@]/#/$OUT_DIR/raw/$name-}" <<'PY' >&2
 import json, sys
-l, i = (json.load(open(p)) for p in sys.argv[1:3])
+i, mode = json.load(open(sys.argv[1])), sys.argv[2]
+limits = [(p.rsplit("-", 1)[1], json.load(open(p + ".json"))) for p in sys.argv[3:]]
 errors = i.get("non_2xx", 0) + sum(i.get("socket_errors", {}).values())
-print(f"    limit {l['rps']:9.0f} req/s p50 {l['p50_ms']:7.2f} p99 {l['p99_ms']:7.2f} ms | "
-      f"idempay ({sys.argv[3]:>8}) {i['rps']:9.0f} req/s p50 {i['p50_ms']:7.2f} p99 {i['p99_ms']:7.2f} ms"
-      f" ({i['rps'] / l['rps']:.2f}x) | errors {errors}{' (' + i['first_error'][:120] + ')' if errors else ''}")
+print("    " + " | ".join(f"{n} {l['rps']:7.0f} req/s p99 {l['p99_ms']:7.2f} ms" for n, l in limits)
+      + f" | idempay ({mode:>8}) {i['rps']:7.0f} req/s p50 {i['p50_ms']:6.2f} p99 {i['p99_ms']:7.2f} ms ("
+      + ", ".join(f"{i['rps'] / l['rps']:.2f}x {n}" for n, l in limits)
+      + f") | errors {errors}{' (' + i['first_error'][:120] + ')' if errors else ''}")
 PY
+  done
+}
+
+# What one payment writes, on every side: new keys at c=16 once more, each side alone between two
+# snapshots of the tables' counters (table_writes in lib.sh), after the durable table.
+measure_writes() {
+  local limit mode name
+  log "rows written per payment: new keys, c=16, ${WRITES_SECONDS}s on each side"
+  for limit in "${LIMITS[@]}"; do
+    settle
+    WRITES_FILE="$OUT_DIR/raw/writes-$limit.writes.json" \
+      run_pgbench "writes-$limit" 16 "$WRITES_SECONDS" "$(pgbench_scripts "$limit" new)"
+  done
+  for mode in "${MODES[@]}"; do
+    settle
+    use_server "$mode"
+    name=$(idempay_run writes "$mode")
+    WRITES_FILE="$OUT_DIR/raw/$name.writes.json" run_wrk "$name" new 16 "$WRITES_SECONDS"
   done
 }
 
@@ -125,6 +190,7 @@ main() {
   commit=$(revision_label)
 
   prepare_stack
+  ! has_limit seed || prepare_seed_limit
   $POOL_CONFIGURABLE ||
     log "this build has no IDEMPAY_DATABASE_MAX_CONNECTIONS: the pool is its fixed 16 connections"
   measure_select1
@@ -132,6 +198,7 @@ main() {
   local mode idle_rss
   "$IDEMPAY" processor --help >/dev/null 2>&1 || MODES=(http) # an older binary charges in-process
   MEASURED_MODES=("${MODES[@]}") # the sweep below narrows MODES; the report names them all
+  MEASURED_LIMITS=("${LIMITS[@]}") # and LIMITS
   # This build's first mode: its server's memory is sampled, and the table-size sweep uses it.
   local own_mode=${MODES[0]}
   for mode in "${MODES[@]}"; do [[ $mode == base-* ]] || { own_mode=$mode; break; }; done
@@ -144,7 +211,11 @@ main() {
   WAL_FILES=$(sql -c "SELECT count(*) FROM pg_ls_waldir()")
 
   log "warming up"
-  run_pgbench warmup-limit 16 2 new_key.sql@1 replay.sql@1
+  local limit
+  for limit in "${LIMITS[@]}"; do
+    # shellcheck disable=SC2046  # one word per script
+    run_pgbench "warmup-$limit" 16 2 $(pgbench_scripts "$limit" mix)
+  done
   for mode in "${MODES[@]}"; do
     use_server "$mode"
     run_wrk "warmup-idempay-$mode" mix 16 2
@@ -177,6 +248,7 @@ main() {
     done
   done
   set_synchronous_commit on
+  [ "$WRITES" = 0 ] || measure_writes
 
   # Latency as the table grows: start again from an empty key table, so the smallest size is
   # really small, and grow it with SQL between measurements.
@@ -185,6 +257,7 @@ main() {
     log "table-size sweep: ${SIZES[*]} rows, c=16, ${SIZE_SECONDS}s each"
     sql -c "TRUNCATE idempotency_keys" >/dev/null
     local MODES=("$own_mode") # this build's first mode only, from here on
+    local LIMITS=("${LIMITS[0]}") # and the first limit
     use_server "$own_mode"
     seed_replay_sets
     for rows in "${SIZES[@]}"; do
@@ -226,6 +299,8 @@ json.dump({
     "baseline_bin": "${BENCH_BASELINE_BIN:-}",
     "baseline_label": "${BENCH_BASELINE_LABEL:-}",
     "processor_modes": "${MEASURED_MODES[*]}".split(),
+    "limits": "${MEASURED_LIMITS[*]}".split(),
+    "writes_seconds": $WRITES_SECONDS if "$WRITES" != "0" else None,
     "select1_tps": float("$SELECT1_TPS"),
     "fdatasync_per_s": float("${FDATASYNC_PER_S:-nan}"),
     "workloads": "${WORKLOADS[*]}".split(),
@@ -246,7 +321,7 @@ json.dump({
 PY
   echo
   python3 "$BENCH_DIR/report.py" bench --dir "$OUT_DIR"
-  log "written: $OUT_DIR/bench.json, $OUT_DIR/bench.md"
+  log "written: $OUT_DIR/bench.json, $OUT_DIR/bench.md, $OUT_DIR/bench.svg"
   # Errors, wrong replays and keys left in progress fail the run, once the report is written.
   python3 "$BENCH_DIR/report.py" check --dir "$OUT_DIR" ||
     die "idempay answered with errors (listed above): the run failed"

@@ -420,7 +420,77 @@ json.dump(result, open(path, "w"), indent=1)
 PY
 }
 
+# What the database has written so far, as one JSON object: each table's counters of inserted,
+# updated (HOT among them) and deleted rows with its number of indexes (pg_stat_user_tables), the
+# WAL's position, records and full-page images, and the key rows by hop (idempay's, the
+# processor's) with those that carry a recovery point, which lives on idempay's key row, not in a
+# table of its own. The seed limit's keys (schema seed) when SEED_TABLES is true.
+SEED_TABLES=false
+table_writes() {
+  local seed_keys=NULL
+  $SEED_TABLES && seed_keys="(SELECT json_build_object(
+      'idempay', count(*) FILTER (WHERE NOT starts_with(scope, 'processor:')),
+      'processor', count(*) FILTER (WHERE starts_with(scope, 'processor:'))) FROM seed.idempotency_keys)"
+  sql -c "SELECT json_build_object(
+    'wal_lsn_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'),
+    'wal', (SELECT json_build_object('records', wal_records, 'fpi', wal_fpi, 'bytes', wal_bytes)
+            FROM pg_stat_wal),
+    'tables', (SELECT json_object_agg(s.schemaname || '.' || s.relname, json_build_object(
+                 'ins', s.n_tup_ins, 'upd', s.n_tup_upd, 'hot', s.n_tup_hot_upd, 'del', s.n_tup_del,
+                 'indexes', (SELECT count(*) FROM pg_index i WHERE i.indrelid = s.relid)))
+               FROM pg_stat_user_tables s),
+    'keys', (SELECT json_build_object(
+               'idempay', count(*) FILTER (WHERE account_id <> 'processor'),
+               'processor', count(*) FILTER (WHERE account_id = 'processor'),
+               'recovery_points', count(*) FILTER (WHERE recovery_point IS NOT NULL))
+             FROM idempotency_keys),
+    'seed_keys', $seed_keys)"
+}
+
+# writes_begin / writes_end: with WRITES_FILE set, a snapshot of table_writes before and after the
+# measurement, into that file, and the WAL written in between by kind of record (`pg_waldump
+# --stats` in the container: heap, B-tree, transaction… records, their bytes and those of their
+# full-page images). A backend reports its counters when it has been idle a while (up to 10 s after
+# its last report, PostgreSQL's PGSTAT_IDLE_INTERVAL, for a pool's connections that stay open), so
+# the second snapshot waits that long; the WAL's position is read at once, so the WAL of that wait
+# (autovacuum, the services' idle polling) is not counted.
+WRITES_START_LSN=""
+writes_begin() {
+  [ -n "${WRITES_FILE:-}" ] || return 0
+  WRITES_START_LSN=$(sql -c "SELECT pg_current_wal_lsn()")
+  table_writes >"$WRITES_FILE.before"
+}
+writes_end() {
+  [ -n "${WRITES_FILE:-}" ] || return 0
+  local lsn end_lsn
+  end_lsn=$(sql -c "SELECT pg_current_wal_lsn()")
+  lsn=$(sql -c "SELECT pg_wal_lsn_diff('$end_lsn', '0/0')")
+  # The WAL up to end_lsn is written by the time it is read (a durable commit flushes its own and
+  # all before it), so pg_waldump reads it from the segments; its stderr (a record cut at end_lsn)
+  # is not an error of the run.
+  docker exec "$PG_CONTAINER" bash -c \
+    'pg_waldump --stats -p "$PGDATA/pg_wal" -s "$1" -e "$2"' _ "$WRITES_START_LSN" "$end_lsn" \
+    >"$WRITES_FILE.waldump" 2>/dev/null || true
+  sleep "${BENCH_STATS_WAIT:-11}"
+  python3 - "$WRITES_FILE" "$lsn" "$(table_writes)" <<'PY'
+import json, re, sys
+path, lsn, after = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+before = json.load(open(path + ".before"))
+# "Type  N (%)  Record size (%)  FPI size (%)  Combined size (%)" lines of pg_waldump --stats
+waldump = {}
+for line in open(path + ".waldump"):
+    m = re.match(r"^(\S+)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(", line)
+    if m and m.group(1) != "Total":
+        waldump[m.group(1)] = {"records": int(m.group(2)), "record_bytes": int(m.group(3)),
+                               "fpi_bytes": int(m.group(4))}
+json.dump({"before": before, "after": after, "wal_lsn_bytes_at_end": float(lsn), "waldump": waldump},
+          open(path, "w"), indent=1)
+PY
+  rm -f "$WRITES_FILE.before" "$WRITES_FILE.waldump"
+}
+
 # run_wrk NAME MODE CONNECTIONS SECONDS: writes the done() JSON of one wrk run to $OUT_DIR/raw/NAME.json.
+# Replays are of the keys in REPLAY_KEYS_FILE (default $OUT_DIR/replay-keys.txt, seed_replay_keys).
 run_wrk() {
   local name=$1 mode=$2 conns=$3 secs=$4 threads=2
   [ "$conns" -ge "$threads" ] || threads=$conns
@@ -431,8 +501,9 @@ run_wrk() {
   postgres0=$(postgres_cpu_seconds)
   machine0=$(machine_cpu_seconds)
   local wal0 wal1
+  writes_begin
   wal0=$(wal_flushes)
-  BENCH_API_KEY="$API_KEY" BENCH_MODE="$mode" BENCH_KEYS_FILE="$OUT_DIR/replay-keys.txt" \
+  BENCH_API_KEY="$API_KEY" BENCH_MODE="$mode" BENCH_KEYS_FILE="${REPLAY_KEYS_FILE:-$OUT_DIR/replay-keys.txt}" \
     wrk -t"$threads" -c"$conns" -d"${secs}s" --latency --timeout 10s \
     -s "$BENCH_DIR/wrk/payments.lua" "$BASE_URL/v1/payments" >"$OUT_DIR/raw/$name.wrk.txt" 2>&1 ||
     { cat "$OUT_DIR/raw/$name.wrk.txt" >&2; die "wrk failed ($name)"; }
@@ -441,6 +512,7 @@ run_wrk() {
   postgres1=$(postgres_cpu_seconds)
   cpu1=$(cpu_seconds "$SERVER_PID")
   [ -z "${PROCESSOR_PID:-}" ] || processor1=$(cpu_seconds "$PROCESSOR_PID")
+  writes_end
   python3 - "$OUT_DIR/raw/$name.wrk.txt" "$out" "$cpu0" "$cpu1" "$conns" "$mode" \
     "$machine0" "$machine1" "$processor0" "$processor1" "$postgres0" "$postgres1" <<'PY'
 import json, sys
@@ -470,6 +542,7 @@ run_pgbench() {
   postgres0=$(postgres_cpu_seconds)
   machine0=$(machine_cpu_seconds)
   local wal0 wal1
+  writes_begin
   wal0=$(wal_flushes)
   pgbench -n -M prepared -T "$secs" -c "$conns" -j "$threads" \
     -l --log-prefix="$OUT_DIR/raw/pgbench/$name" \
@@ -483,6 +556,7 @@ run_pgbench() {
   wal1=$(wal_flushes)
   machine1=$(machine_cpu_seconds)
   postgres1=$(postgres_cpu_seconds)
+  writes_end
   python3 "$BENCH_DIR/report.py" pgbench-summary --name "$name" --connections "$conns" \
     --machine-cpu-s "$(python3 -c "print($machine1 - $machine0)")" \
     ${postgres0:+${postgres1:+--postgres-cpu-s "$(python3 -c "print($postgres1 - $postgres0)")"}} \

@@ -13,7 +13,7 @@ OUT="$BENCH_DIR/../target/bench"
 mkdir -p "$OUT/pools"
 read -ra POOLS <<<"${BENCH_POOLS:-4 8 16 32}"
 for pool in "${POOLS[@]}"; do
-  BENCH_POOL=$pool BENCH_WORKLOADS=new BENCH_COMMITS=on BENCH_MAX_ROWS=0 \
+  BENCH_POOL=$pool BENCH_WORKLOADS=new BENCH_COMMITS=on BENCH_MAX_ROWS=0 BENCH_LIMITS=limit BENCH_WRITES=0 \
     BENCH_PROCESSOR=${BENCH_PROCESSOR:-http} BENCH_SECONDS=${BENCH_SECONDS:-5} \
     bash "$BENCH_DIR/bench.sh" >/dev/null
   cp "$OUT/bench.json" "$OUT/pools/pool-$pool.json"

@@ -2,7 +2,9 @@
 
   report.py pgbench-summary ...  one pgbench run: throughput from its output, latency percentiles
                                  from its per-transaction log
-  report.py bench --dir D        target/bench/bench.json and bench.md from the raw runs
+  report.py bench --dir D        target/bench/bench.json, bench.md and bench.svg from the raw runs
+  report.py compare --dir D      compare.json and compare.md of bench/compare.sh: the working tree
+                                 against another revision, round by round, and the median ratios
   report.py expiry --dir D       target/bench/expiry.json and expiry.md
   report.py check --dir D        exits 1, saying why, if a run of idempay had errors: answers that
                                  are not 2xx, socket errors, wrong replays (a replay where a new
@@ -130,12 +132,18 @@ def bench(args):
         prefix = "main" if commits == "on" else "async"
         # round 1 keeps the raw runs' old names, later rounds end in -rN
         name = f"{prefix}-{workload}-c{conns}" + (f"-r{rnd}" if rnd > 1 else "")
-        limit = load(os.path.join(raw, f"{name}-limit.json"))
-        for part in ("machine", "postgres"):
-            if limit.get("requests") and limit.get(f"{part}_cpu_s") is not None:
-                limit[f"{part}_cpu_us_per_request"] = round(
-                    limit[f"{part}_cpu_s"] / limit["requests"] * 1e6, 1
-                )
+        # Each limit measured in this round (BENCH_LIMITS): "limit", idempay's schema and
+        # statements done the straightforward way, and "seed", the seed's design.
+        sides = {}
+        for which in ("limit", "seed"):
+            path = os.path.join(raw, f"{name}-{which}.json")
+            sides[which] = load(path) if os.path.exists(path) else {}
+            for part in ("machine", "postgres"):
+                if sides[which].get("requests") and sides[which].get(f"{part}_cpu_s") is not None:
+                    sides[which][f"{part}_cpu_us_per_request"] = round(
+                        sides[which][f"{part}_cpu_s"] / sides[which]["requests"] * 1e6, 1
+                    )
+        limit, seed = sides["limit"], sides["seed"]
         for mode in modes:
             suffix = "" if mode == "http" else f"-{mode}"
             idem = load(os.path.join(raw, f"{name}-idempay{suffix}.json"))
@@ -153,11 +161,17 @@ def bench(args):
                     "processor": mode,
                     "round": rnd,
                     "limit": limit,
+                    "seed": seed,
                     "idempay": idem,
                     "ratio": {
-                        "rps": ratio(idem["rps"], limit["rps"]),
-                        "p50": ratio(idem["p50_ms"], limit["p50_ms"]),
-                        "p99": ratio(idem["p99_ms"], limit["p99_ms"]),
+                        "rps": ratio(idem["rps"], limit.get("rps")),
+                        "p50": ratio(idem["p50_ms"], limit.get("p50_ms")),
+                        "p99": ratio(idem["p99_ms"], limit.get("p99_ms")),
+                    },
+                    "ratio_seed": {
+                        "rps": ratio(idem["rps"], seed.get("rps")),
+                        "p50": ratio(idem["p50_ms"], seed.get("p50_ms")),
+                        "p99": ratio(idem["p99_ms"], seed.get("p99_ms")),
                     },
                 }
             )
@@ -175,7 +189,11 @@ def bench(args):
                 values = [r["ratio"][k] for r in rs if r["ratio"][k] is not None]
                 entry[f"{k}_ratios"] = values
                 entry[f"{k}_median"] = median(values)
-            entry["limit_p99_ms"] = [r["limit"]["p99_ms"] for r in rs]
+                values = [r["ratio_seed"][k] for r in rs if r["ratio_seed"][k] is not None]
+                entry[f"{k}_seed_ratios"] = values
+                entry[f"{k}_seed_median"] = median(values)
+            entry["limit_p99_ms"] = [r["limit"].get("p99_ms") for r in rs]
+            entry["seed_p99_ms"] = [r["seed"].get("p99_ms") for r in rs]
             entry["idempay_p99_ms"] = [r["idempay"]["p99_ms"] for r in rs]
             entry["flush_ms"] = [(r["limit"].get("wal_flush_ms_mean"), r["idempay"].get("wal_flush_ms_mean"))
                                  for r in rs]
@@ -203,8 +221,10 @@ def bench(args):
                     entry[f"{workload}_{side}"] = load(path)
         entry["actual_rows"] = meta.get("size_actual_rows", {}).get(str(rows))
         sizes.append(entry)
+    cpu = cpu_summary(results)
+    writes = writes_summary(raw, meta)
     report = {"meta": meta, "results": results, "medians": medians, "rss": rss_summary,
-              "table_size": sizes}
+              "table_size": sizes, "cpu": cpu, "writes": writes}
     with open(os.path.join(args.dir, "bench.json"), "w") as out:
         json.dump(report, out, indent=1)
 
@@ -267,10 +287,17 @@ def bench(args):
         )
         md.append("")
     md.append(
-        "Limit: pgbench running the request's SQL (prepared). idempay: wrk over HTTP on loopback. "
-        "Ratios are idempay / limit (throughput: higher is better; latency: lower is better)."
+        "Limits: pgbench running a payment's SQL (prepared), nothing in between. **limit** is "
+        "idempay's own schema and statements done the straightforward way (`new_key.sql`, "
+        "`replay.sql`); **seed** is the seed's design (`seed_new_key.sql`, `seed_replay.sql`): one key "
+        "table (scope, idem_key, request_hash, status, response_code, response_body, expires_at, "
+        "UNIQUE (scope, idem_key)) and the effect's, per hop `INSERT … ON CONFLICT DO NOTHING`, then "
+        "`BEGIN`, the effect's `INSERT`, the key's `UPDATE`, `COMMIT`; a replay the one `SELECT` of "
+        "the stored response. idempay: wrk over HTTP on loopback. Ratios are idempay / limit "
+        "(throughput: higher is better; latency: lower is better)."
     )
     md.append("")
+    md += both_limits_md(results, medians, meta)
     rows = []
     for r in results:
         lim, idem, rat = r["limit"], r["idempay"], r["ratio"]
@@ -282,9 +309,9 @@ def bench(args):
                 r["concurrency"],
                 r.get("processor", "http"),
                 r.get("round", 1),
-                fmt(lim["rps"], 0),
-                fmt(lim["p50_ms"]),
-                fmt(lim["p99_ms"]),
+                fmt(lim.get("rps"), 0),
+                fmt(lim.get("p50_ms")),
+                fmt(lim.get("p99_ms")),
                 fmt(idem["rps"], 0),
                 fmt(idem["p50_ms"]),
                 fmt(idem["p99_ms"]),
@@ -352,6 +379,12 @@ def bench(args):
             )
         )
         md.append("")
+    md += cpu_md(cpu)
+    md += writes_md(writes)
+    svg = os.path.join(args.dir, "bench.svg")
+    write_svg(results, meta, svg)
+    md.append(f"Req/s and p99 against concurrency: `{os.path.basename(svg)}`, beside this file.")
+    md.append("")
     if rss_summary["max_vmrss_kb"]:
         md.append(
             f"idempay memory: idle RSS {fmt((rss_summary['idle_rss_kb'] or 0) / 1024, 1)} MiB; "
@@ -385,6 +418,407 @@ def bench(args):
         )
         md.append("")
     publish(md, os.path.join(args.dir, "bench.md"))
+
+
+def side_names(results):
+    """The sides of a run, in the order the report shows them: the limits, then idempay's modes."""
+    names = [n for n in ("limit", "seed") if any(r[n] for r in results)]
+    for r in results:
+        if r["processor"] not in names:
+            names.append(r["processor"])
+    return names
+
+
+def side_of(r, name):
+    """One side of a result: a limit's run, or idempay's when name is a mode of it."""
+    if name in ("limit", "seed"):
+        return r[name]
+    return r["idempay"] if r["processor"] == name else {}
+
+
+def label(name):
+    return {"limit": "limit", "seed": "seed limit"}.get(name, f"idempay `{name}`")
+
+
+def durable_results(results):
+    """The results of the table's first synchronous_commit setting (durable, when measured)."""
+    if not results:
+        return []
+    first = results[0]["synchronous_commit"]
+    return [r for r in results if r["synchronous_commit"] == first]
+
+
+def by_measurement(results):
+    """Results grouped by (synchronous_commit, workload, concurrency), in the order measured."""
+    groups = {}
+    for r in results:
+        groups.setdefault((r["synchronous_commit"], r["workload"], r["concurrency"]), []).append(r)
+    return groups
+
+
+def median_of(results, name, key):
+    """The median over rounds of one side's value (a limit's runs appear once per mode: each round's
+    run counts once)."""
+    seen, values = set(), []
+    for r in results:
+        side = side_of(r, name)
+        if not side or (name in ("limit", "seed") and r["round"] in seen):
+            continue
+        seen.add(r["round"])
+        if side.get(key) is not None:
+            values.append(side[key])
+    return median(values)
+
+
+def both_limits_md(results, medians, meta):
+    """The headline: idempay against each limit, req/s and p99, with the ratios to both."""
+    limits = [n for n in ("limit", "seed") if any(r[n] for r in results)]
+    if not limits:
+        return []
+    md = ["**idempay against both limits**, each round (req/s; p99 ms; ratios idempay / that limit):", ""]
+    header = ["synchronous_commit", "workload", "c", "processor", "round"]
+    for n in limits:
+        header += [f"{label(n)} req/s", f"{label(n)} p99 ms"]
+    header += ["idempay req/s", "idempay p99 ms"]
+    for n in limits:
+        header += [f"req/s ratio to {label(n)}", f"p99 ratio to {label(n)}"]
+    rows = []
+    for r in results:
+        row = [r["synchronous_commit"], r["workload"], r["concurrency"], r["processor"], r["round"]]
+        for n in limits:
+            row += [fmt(r[n].get("rps"), 0), fmt(r[n].get("p99_ms"))]
+        row += [fmt(r["idempay"]["rps"], 0), fmt(r["idempay"]["p99_ms"])]
+        for n in limits:
+            rat = r["ratio"] if n == "limit" else r["ratio_seed"]
+            row += [f"**{fmt(rat['rps'])}**", fmt(rat["p99"])]
+        rows.append(row)
+    md += [md_table(header, rows), ""]
+    if medians:
+        md.append(f"The median of the {meta.get('rounds')} rounds' ratios:")
+        md.append("")
+        header = ["synchronous_commit", "workload", "c", "processor"]
+        for n in limits:
+            header += [f"req/s ratio to {label(n)}", f"p99 ratio to {label(n)}"]
+        rows = []
+        for m in medians:
+            row = [m["synchronous_commit"], m["workload"], m["concurrency"], m["processor"]]
+            for n in limits:
+                k = "" if n == "limit" else "_seed"
+                row += [f"**{fmt(m[f'rps{k}_median'])}** ({', '.join(fmt(v) for v in m[f'rps{k}_ratios'])})",
+                        f"{fmt(m[f'p99{k}_median'])} ({', '.join(fmt(v) for v in m[f'p99{k}_ratios'])})"]
+            rows.append(row)
+        md += [md_table(header, rows), ""]
+    return md
+
+
+def cpu_summary(results):
+    """µs of CPU per request of each process on each side, durable runs, median over rounds."""
+    out = []
+    for (commits, workload, conns), rs in by_measurement(durable_results(results)).items():
+        for name in side_names(rs):
+            entry = {"synchronous_commit": commits, "workload": workload, "concurrency": conns,
+                     "side": name, "rps": median_of(rs, name, "rps")}
+            for part in ("server", "processor", "postgres", "machine"):
+                entry[part] = median_of(rs, name, f"{part}_cpu_us_per_request")
+            if name in ("limit", "seed"):
+                entry["server"] = entry["processor"] = None
+            elif name.endswith("embedded"):
+                entry["processor"] = None  # in idempay's own process
+            parts = [entry[p] for p in ("server", "processor", "postgres") if entry[p] is not None]
+            entry["rest"] = (round(entry["machine"] - sum(parts), 1)
+                             if entry["machine"] is not None and parts else None)
+            out.append(entry)
+    return out
+
+
+def cpu_md(cpu):
+    if not cpu:
+        return []
+    md = [
+        "**Where a request's CPU goes** (durable runs; µs of CPU per request, the median over "
+        "rounds): idempay's and the processor's from their processes (`/proc/<pid>/stat`), "
+        "PostgreSQL's from its container's cgroup (every backend, the WAL writer, the "
+        "checkpointer…), the machine's from `/proc/stat`; *rest* is the machine's less the ones "
+        "named: the load generator (wrk or pgbench), the kernel's interrupts, and anything else "
+        "running on the machine. In `embedded` mode the processor's CPU is in idempay's. Two cores "
+        "give 2,000,000 µs per second: req/s × machine µs/req near that means the CPU is the wall.",
+        "",
+    ]
+    rows = []
+    for e in cpu:
+        rows.append([e["workload"], e["concurrency"], label(e["side"]), fmt(e["rps"], 0),
+                     fmt(e["server"], 0), fmt(e["processor"], 0), fmt(e["postgres"], 0),
+                     fmt(e["rest"], 0), fmt(e["machine"], 0)])
+    md += [md_table(["workload", "c", "side", "req/s", "idempay µs", "processor µs",
+                     "PostgreSQL µs", "rest µs", "machine µs"], rows), ""]
+    return md
+
+
+def writes_summary(raw, meta):
+    """Rows, index entries and WAL per payment on each side, from the snapshots of measure_writes."""
+    sides = {}
+    names = [f"writes-{n}" for n in meta.get("limits", ["limit"])]
+    names += ["writes-idempay" + ("" if m == "http" else f"-{m}") for m in meta.get("processor_modes", [])]
+    for name in names:
+        path = os.path.join(raw, f"{name}.writes.json")
+        if not os.path.exists(path):
+            continue
+        snap = load(path)
+        before, after = snap["before"], snap["after"]
+        side = name[len("writes-"):]
+        side = side if side in ("limit", "seed") else (side[len("idempay-"):] if "-" in side else "http")
+        tables = {}
+        for table, a in (after.get("tables") or {}).items():
+            b = (before.get("tables") or {}).get(table, {})
+            delta = {k: a[k] - b.get(k, 0) for k in ("ins", "upd", "hot", "del")}
+            if any(delta.values()):
+                tables[table] = dict(delta, indexes=a["indexes"])
+        effect = "seed.payments" if side == "seed" else "public.payments"
+        payments = tables.get(effect, {}).get("ins", 0)
+        per = (lambda v: round(v / payments, 2)) if payments else (lambda v: None)
+        keys_name = "seed_keys" if side == "seed" else "keys"
+        keys = {k: after[keys_name][k] - before[keys_name][k]
+                for k in (after.get(keys_name) or {})} if after.get(keys_name) else {}
+        index_entries = sum((t["ins"] + t["upd"] - t["hot"]) * t["indexes"] for t in tables.values())
+        sides[side] = {
+            "payments": payments,
+            "tables": {t: {k: per(v) if k != "indexes" else v for k, v in d.items()}
+                       for t, d in tables.items()},
+            "keys": {k: per(v) for k, v in keys.items()},
+            "index_entries_at_most": per(index_entries),
+            "wal_bytes": per(snap["wal_lsn_bytes_at_end"] - before["wal_lsn_bytes"]),
+            "wal_records": per(after["wal"]["records"] - before["wal"]["records"]),
+            "wal_fpi": per(after["wal"]["fpi"] - before["wal"]["fpi"]),
+            # pg_waldump --stats over the measurement: each kind of record, per payment
+            "wal_by_kind": {kind: {k: per(v) for k, v in d.items()}
+                            for kind, d in (snap.get("waldump") or {}).items() if d["records"]},
+        }
+    return sides
+
+
+def writes_md(writes):
+    if not writes:
+        return []
+    names = list(writes)
+    md = [
+        "**What a new payment writes**, each side alone for a few seconds at c=16 after the durable "
+        "table, per payment: key rows by hop (counted in the table); each table's rows inserted / "
+        "updated, of which HOT (`pg_stat_user_tables`; a HOT update writes no index entry), with the "
+        "table's indexes; index entries written at most ((inserts + non-HOT updates) × indexes, "
+        "partial indexes counted as full); the WAL written (bytes, records, full-page images: the "
+        "first change of a page after a checkpoint, and a `CHECKPOINT` precedes each side, so a "
+        "short measurement has more of them than a server that checkpoints every 30 minutes), and "
+        "by kind of record (`pg_waldump --stats`; Heap and Btree are rows and index entries, "
+        "Transaction the commits). A recovery point is columns of idempay's key row, written with "
+        "it, not a row of its own.",
+        "",
+    ]
+    rows = [["payments written"] + [fmt(writes[n]["payments"]) for n in names]]
+    for key, what in (("idempay", "key rows, idempay's hop"), ("processor", "key rows, the processor's hop"),
+                      ("recovery_points", "keys with a recovery point")):
+        rows.append([what] + [fmt(writes[n]["keys"].get(key)) for n in names])
+    tables = []
+    for n in names:
+        tables += [t for t in writes[n]["tables"] if t not in tables]
+    for t in sorted(tables):
+        indexes = next(writes[n]["tables"][t]["indexes"] for n in names if t in writes[n]["tables"])
+        cells = []
+        for n in names:
+            d = writes[n]["tables"].get(t)
+            cells.append("–" if not d else
+                         f"{fmt(d['ins'])} / {fmt(d['upd'])} ({fmt(d['hot'])})"
+                         + (f", {fmt(d['del'])} deleted" if d["del"] else ""))
+        rows.append([f"`{t}` ({indexes} {'index' if indexes == 1 else 'indexes'}): inserted / updated (HOT)"] + cells)
+    rows.append(["index entries, at most"] + [fmt(writes[n]["index_entries_at_most"]) for n in names])
+    rows.append(["WAL bytes"] + [fmt(writes[n]["wal_bytes"], 0) for n in names])
+    rows.append(["WAL records"] + [fmt(writes[n]["wal_records"], 1) for n in names])
+    rows.append(["WAL full-page images"] + [fmt(writes[n]["wal_fpi"]) for n in names])
+    kinds = []
+    for n in names:
+        kinds += [k for k in writes[n].get("wal_by_kind", {}) if k not in kinds]
+    for kind in kinds:
+        cells = []
+        for n in names:
+            d = writes[n].get("wal_by_kind", {}).get(kind)
+            cells.append("–" if not d else f"{fmt(d['records'], 1)} / {fmt(d['record_bytes'], 0)} / "
+                                           f"{fmt(d['fpi_bytes'], 0)}")
+        rows.append([f"WAL, {kind} records: count / bytes / full-page image bytes"] + cells)
+    if kinds:
+        rows.append(["WAL bytes without full-page images"] + [
+            fmt(sum(d["record_bytes"] or 0 for d in writes[n].get("wal_by_kind", {}).values()), 0)
+            if writes[n].get("wal_by_kind") else "–" for n in names])
+    md += [md_table(["per payment"] + [label(n) for n in names], rows), ""]
+    return md
+
+
+WORKLOAD_TITLES = {"new": "new keys", "replay": "replays", "mix": "50/50 mix"}
+SVG_COLORS = {"limit": "#1f77b4", "seed": "#ff7f0e", "http": "#2ca02c", "embedded": "#d62728",
+              "base-http": "#9467bd", "base-embedded": "#8c564b"}
+
+
+def nice_ticks(top, count=5):
+    """Round tick values from 0 to at least top."""
+    if not top or top <= 0:
+        return [0, 1]
+    raw_step = top / count
+    magnitude = 10 ** math.floor(math.log10(raw_step))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw_step)
+    return [i * step for i in range(int(math.ceil(top / step)) + 1)]
+
+
+def write_svg(results, meta, path):
+    """req/s (linear) and p99 (logarithmic) against concurrency, one row of panels per workload,
+    a line per side (both limits, idempay's modes), the median over rounds of the durable runs;
+    hand-written SVG, so the bench needs nothing beyond the standard library."""
+    rs = durable_results(results)
+    groups = by_measurement(rs)
+    workloads = list(dict.fromkeys(r["workload"] for r in rs))
+    concurrency = list(dict.fromkeys(r["concurrency"] for r in rs))
+    names = side_names(rs)
+    if not workloads or not concurrency:
+        return
+    pw, ph, ml, mr, mt, mb, gap = 360, 220, 70, 20, 30, 45, 30
+    legend_h = 30
+    width = 2 * (ml + pw + mr) + gap
+    height = 40 + legend_h + len(workloads) * (mt + ph + mb)
+    esc = lambda t: t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">'
+           + esc(f"idempay and both limits, commit {meta.get('commit')}, {meta.get('started')}, "
+                 f"{meta.get('seconds')} s per measurement, synchronous_commit="
+                 f"{rs[0]['synchronous_commit']}")
+           + "</text>"]
+    x = 10
+    for n in names:
+        out.append(f'<line x1="{x}" y1="46" x2="{x + 24}" y2="46" stroke="{SVG_COLORS.get(n, "#333")}" '
+                   'stroke-width="2.5"/>')
+        out.append(f'<text x="{x + 30}" y="50">{esc(label(n).replace("`", ""))}</text>')
+        x += 40 + 8 * len(label(n))
+    for row, workload in enumerate(workloads):
+        top = 40 + legend_h + row * (mt + ph + mb) + mt
+        for col, (key, title, log_scale) in enumerate((("rps", "req/s", False), ("p99_ms", "p99 ms", True))):
+            left = col * (ml + pw + mr + gap) + ml
+            series = {}
+            for n in names:
+                points = []
+                for i, c in enumerate(concurrency):
+                    v = median_of(groups.get((rs[0]["synchronous_commit"], workload, c), []), n, key)
+                    if v is not None and v > 0:
+                        points.append((i, v))
+                if points:
+                    series[n] = points
+            values = [v for pts in series.values() for _, v in pts]
+            if not values:
+                continue
+            if log_scale:
+                lo = 10 ** math.floor(math.log10(min(values)))
+                hi = 10 ** math.ceil(math.log10(max(values)))
+                hi = hi * 10 if hi == lo else hi
+                decades = int(round(math.log10(hi / lo)))
+                # 1, 2 and 5 of each decade when there are few of them, so the scale can be read
+                steps = (1, 2, 5) if decades <= 2 else (1,)
+                ticks = [lo * 10 ** k * m for k in range(decades) for m in steps] + [hi]
+                ypos = lambda v: top + ph - (math.log10(v / lo) / math.log10(hi / lo)) * ph
+            else:
+                ticks = nice_ticks(max(values) * 1.05)
+                ypos = lambda v, t=ticks[-1]: top + ph - v / t * ph
+            xpos = lambda i: left + (pw * (i + 0.5) / len(concurrency))
+            out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+            out.append(f'<text x="{left + pw / 2}" y="{top - 8}" text-anchor="middle" font-weight="bold">'
+                       f'{esc(WORKLOAD_TITLES.get(workload, workload))}: {title}{" (log scale)" if log_scale else ""}</text>')
+            for t in ticks:
+                y = ypos(t)
+                out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#eee"/>')
+                text = f"{t:,.0f}" if t >= 1 else f"{t:g}"
+                out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{text}</text>')
+            for i, c in enumerate(concurrency):
+                out.append(f'<text x="{xpos(i):.1f}" y="{top + ph + 18}" text-anchor="middle">c={c}</text>')
+            out.append(f'<text x="{left + pw / 2}" y="{top + ph + 36}" text-anchor="middle" fill="#555">'
+                       'concurrent connections</text>')
+            for n, pts in series.items():
+                color = SVG_COLORS.get(n, "#333")
+                coords = " ".join(f"{xpos(i):.1f},{ypos(v):.1f}" for i, v in pts)
+                out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
+                for i, v in pts:
+                    out.append(f'<circle cx="{xpos(i):.1f}" cy="{ypos(v):.1f}" r="3" fill="{color}">'
+                               f'<title>{esc(label(n).replace("`", ""))}, c={concurrency[i]}: '
+                               f'{v:,.2f} {title}</title></circle>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def compare(args):
+    """bench/compare.sh: the working tree against REV, each round's pair and the median ratios."""
+    raw = os.path.join(args.dir, "raw")
+    meta = load(os.path.join(raw, "meta.json"))
+    per_request = lambda r, part: (round(r[f"{part}_cpu_s"] / r["requests"] * 1e6, 1)
+                                   if r.get("requests") and r.get(f"{part}_cpu_s") is not None else None)
+    measurements = []
+    for workload in meta["workloads"]:
+        for conns in meta["concurrency"]:
+            rounds = []
+            for rnd in range(1, meta["rounds"] + 1):
+                sides = {}
+                for side in ("tree", "base"):
+                    r = load(os.path.join(raw, f"{workload}-c{conns}-r{rnd}-idempay-{side}.json"))
+                    cpu = [per_request(r, p) for p in ("server", "processor")]
+                    sides[side] = {k: r.get(k) for k in ("rps", "p50_ms", "p99_ms", "wal_flush_ms_mean")}
+                    sides[side]["cpu_us_per_request"] = (round(sum(c for c in cpu if c is not None), 1)
+                                                         if cpu[0] is not None else None)
+                    sides[side]["postgres_cpu_us_per_request"] = per_request(r, "postgres")
+                rounds.append({
+                    "round": rnd, "first": "base" if rnd % 2 else "tree", **sides,
+                    "rps_ratio": ratio(sides["tree"]["rps"], sides["base"]["rps"]),
+                    "p99_ratio": ratio(sides["tree"]["p99_ms"], sides["base"]["p99_ms"]),
+                })
+            measurements.append({
+                "workload": workload, "concurrency": conns, "rounds": rounds,
+                "rps_ratio_median": median([r["rps_ratio"] for r in rounds]),
+                "p99_ratio_median": median([r["p99_ratio"] for r in rounds]),
+                "tree_rps_median": median([r["tree"]["rps"] for r in rounds]),
+                "base_rps_median": median([r["base"]["rps"] for r in rounds]),
+                "tree_cpu_median": median([r["tree"]["cpu_us_per_request"] for r in rounds]),
+                "base_cpu_median": median([r["base"]["cpu_us_per_request"] for r in rounds]),
+            })
+    with open(os.path.join(args.dir, "compare.json"), "w") as out:
+        json.dump({"meta": meta, "measurements": measurements}, out, indent=1)
+    rev = meta["rev_commit"]
+    md = [
+        f"Run {meta['started']}: the working tree ({meta['tree']}) against {meta['rev']}"
+        + ("" if meta["rev"] == rev else f" ({rev})") + ", "
+        f"side by side in one run, {meta['rounds']} rounds, {meta['seconds']} s per measurement, "
+        f"each build with its processor (`{meta['mode']}` mode) and a database of its own on one "
+        f"PostgreSQL (fsync {meta['fsync']}, synchronous_commit {meta['synchronous_commit']}, "
+        f"transport {meta['pg_transport']}, pgbench `SELECT 1` at c=16: {fmt(meta['select1_tps'], 0)} "
+        f"tps; {fmt(meta.get('fdatasync_per_s'), 0)} fdatasync/s); pool {meta['pool_size']}; "
+        f"{meta['cores']} cores, load average {meta['loadavg_before']} before the run. Each round "
+        f"measures both one right after the other, {rev} first in odd rounds. Ratios are working "
+        f"tree / {rev}.",
+        "",
+    ]
+    rows = []
+    for m in measurements:
+        rs = m["rounds"]
+        rows.append([
+            m["workload"], m["concurrency"],
+            ", ".join(fmt(r["base"]["rps"], 0) for r in rs),
+            ", ".join(fmt(r["tree"]["rps"], 0) for r in rs),
+            ", ".join(fmt(r["rps_ratio"]) for r in rs),
+            f"**{fmt(m['rps_ratio_median'])}**",
+            ", ".join(f"{fmt(r['base']['p99_ms'])} / {fmt(r['tree']['p99_ms'])}" for r in rs),
+            fmt(m["p99_ratio_median"]),
+            f"{fmt(m['base_cpu_median'], 0)} / {fmt(m['tree_cpu_median'], 0)}",
+        ])
+    md.append(md_table(
+        ["workload", "c", f"{rev} req/s each round", "working tree req/s each round",
+         "req/s ratio each round", "req/s ratio (median)", f"p99 ms each round, {rev} / working tree",
+         "p99 ratio (median)", f"idempay + processor CPU µs/req (median), {rev} / working tree"],
+        rows))
+    md.append("")
+    publish(md, os.path.join(args.dir, "compare.md"))
 
 
 def publish(lines, path):
@@ -660,6 +1094,9 @@ def main():
     p = sub.add_parser("bench")
     p.add_argument("--dir", required=True)
     p.set_defaults(func=bench)
+    p = sub.add_parser("compare")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(func=compare)
     p = sub.add_parser("expiry")
     p.add_argument("--dir", required=True)
     p.set_defaults(func=expiry)
