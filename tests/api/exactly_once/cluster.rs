@@ -375,7 +375,7 @@ async fn explain(
             let literal = match kind.as_str() {
                 "Text" => account.clone(),
                 "TextArray" => format!("{{{account}}}"),
-                "Int2" | "Int4" | "Int8" => "1".to_owned(),
+                "Int2" | "Int4" | "Int8" | "Float8" => "1".to_owned(),
                 "Int8Array" => "{1}".to_owned(),
                 "Bytea" => "\\x00".to_owned(),
                 "ByteaArray" => "{\"\\\\x00\"}".to_owned(),
