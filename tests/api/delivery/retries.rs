@@ -477,21 +477,22 @@ async fn one_delivery_given_up_after_a_later_one_acknowledged(
     )
     .await;
     if prune {
-        for table in ["webhook_attempts", "webhook_deliveries"] {
-            let column = if table == "webhook_attempts" {
-                "delivery_id"
-            } else {
-                "id"
-            };
-            sqlx::query(&format!(
-                "DELETE FROM {table} WHERE {column} IN
-                     (SELECT id FROM webhook_deliveries WHERE event_id = $1)"
-            ))
+        // As retention deletes them: the attempts, then the delivery, which must have been there.
+        sqlx::query(
+            "DELETE FROM webhook_attempts WHERE delivery_id IN
+                 (SELECT id FROM webhook_deliveries WHERE event_id = $1)",
+        )
+        .bind(&second)
+        .execute(&app.db)
+        .await
+        .unwrap();
+        let pruned = sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
             .bind(&second)
             .execute(&app.db)
             .await
-            .unwrap();
-        }
+            .unwrap()
+            .rows_affected();
+        assert_eq!(pruned, 1, "the acknowledged delivery was pruned");
     }
     done.send(true).unwrap();
 
