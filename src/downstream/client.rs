@@ -28,6 +28,9 @@ pub struct ChargeRequest {
     pub amount: i64,
     pub currency: String,
     pub payment_method: String,
+    /// `false` authorizes only: the money is held until [`ProcessorClient::capture`] or
+    /// [`ProcessorClient::void`].
+    pub capture: bool,
 }
 
 /// Why the processor certainly did nothing.
@@ -434,6 +437,52 @@ impl ProcessorClient {
         outcome
     }
 
+    /// One attempt to capture the authorized `charge` (all of it when `amount` is `None`), with
+    /// `Idempotency-Key: downstream_key`.
+    pub async fn capture(
+        &self,
+        downstream_key: &str,
+        charge: &str,
+        amount: Option<i64>,
+    ) -> Outcome<Charge> {
+        let started = Instant::now();
+        let sent = self
+            .request(Method::POST, &format!("v1/charges/{charge}/capture"))
+            .header("idempotency-key", self.key_for(downstream_key))
+            .json(&serde_json::json!({ "amount": amount }))
+            .send()
+            .await;
+        let outcome = match sent {
+            Ok(response) => answered(response).await,
+            Err(error) => transport(&error),
+        };
+        outcome.record(Operation::Capture, downstream_key, started, false);
+        outcome
+    }
+
+    /// One attempt to void the authorized `charge`, with `Idempotency-Key: downstream_key`.
+    pub async fn void(&self, downstream_key: &str, charge: &str) -> Outcome<Charge> {
+        let started = Instant::now();
+        let sent = self
+            .request(Method::POST, &format!("v1/charges/{charge}/void"))
+            .header("idempotency-key", self.key_for(downstream_key))
+            .json(&serde_json::json!({}))
+            .send()
+            .await;
+        let outcome = match sent {
+            Ok(response) => answered(response).await,
+            Err(error) => transport(&error),
+        };
+        outcome.record(Operation::Void, downstream_key, started, false);
+        outcome
+    }
+
+    /// The charge `id` as the processor holds it now: what a capture or void made under a key
+    /// is read from it (`capture_idempotency_key`, `void_idempotency_key`).
+    pub async fn charge_now(&self, id: &str) -> anyhow::Result<Charge> {
+        self.get(&format!("v1/charges/{id}")).await
+    }
+
     /// Every charge, all pages, newest first: for reconciliation.
     pub async fn charges(&self) -> anyhow::Result<Vec<Charge>> {
         self.all("v1/charges").await
@@ -732,6 +781,7 @@ mod tests {
         )
         .unwrap();
         let request = ChargeRequest {
+            capture: true,
             amount: 1,
             currency: "eur".into(),
             payment_method: "pm_card_visa".into(),

@@ -15,6 +15,8 @@ const CALL_DURATION: &str = "idempay_processor_call_duration_seconds";
 pub enum Operation {
     Charge,
     Refund,
+    Capture,
+    Void,
 }
 
 impl Operation {
@@ -22,6 +24,8 @@ impl Operation {
         match self {
             Self::Charge => "charge",
             Self::Refund => "refund",
+            Self::Capture => "capture",
+            Self::Void => "void",
         }
     }
 }

@@ -46,6 +46,16 @@ pub enum EventType {
     /// The processor reported a refund failed: its amount is refundable again.
     #[serde(rename = "refund.failed")]
     RefundFailed,
+    /// A manual payment was authorized: its amount is held on the card (`requires_capture`).
+    #[serde(rename = "payment.authorized")]
+    PaymentAuthorized,
+    /// A manual payment was captured (`succeeded`, with its `amount_captured`).
+    #[serde(rename = "payment.captured")]
+    PaymentCaptured,
+    /// A manual payment's authorization was released: by a cancel, or by the processor once it
+    /// expired uncaptured (`cancellation_reason` `expired`).
+    #[serde(rename = "payment.canceled")]
+    PaymentCanceled,
 }
 
 // In the order the documentation lists them; the names as the API, the `events.type` column
@@ -58,6 +68,9 @@ vocabulary!(EventType, "event type" {
     PaymentDisputed => "payment.disputed",
     RefundCreated => "refund.created",
     RefundFailed => "refund.failed",
+    PaymentAuthorized => "payment.authorized",
+    PaymentCaptured => "payment.captured",
+    PaymentCanceled => "payment.canceled",
 });
 
 /// An event, as the feed serves it and endpoints receive it.

@@ -22,7 +22,7 @@ use sqlx::types::Json;
 
 use super::charge_state::{self, ChargeState};
 use super::model::NewPayment;
-use super::model::{Payment, PaymentId, PaymentStatus};
+use super::model::{CaptureMethod, Payment, PaymentId, PaymentStatus};
 use crate::accounts::AccountId;
 use crate::db::Engine;
 use crate::downstream::call::{self, ProcessorCall};
@@ -52,6 +52,7 @@ impl ChargeRequested {
             amount: self.0.amount,
             currency: self.0.currency.clone(),
             payment_method: self.0.payment_method.clone(),
+            capture: self.0.capture_method != CaptureMethod::Manual.as_str(),
         }
     }
 }
@@ -126,9 +127,22 @@ async fn record(
     ChargeRequested(intent): ChargeRequested,
     charge: Charge,
 ) -> Result<Completion, ApiError> {
-    let (status, kind) = match charge.status {
-        ChargeStatus::Succeeded => (PaymentStatus::Succeeded, EventType::PaymentSucceeded),
-        ChargeStatus::Declined => (PaymentStatus::Declined, EventType::PaymentDeclined),
+    let capture_method: CaptureMethod = stored(&intent.capture_method)?;
+    // A manual payment's charge only authorized: the amount is held until it is captured.
+    let (status, kind, captured, capturable) = match (charge.status, capture_method) {
+        (ChargeStatus::Declined, _) => (PaymentStatus::Declined, EventType::PaymentDeclined, 0, 0),
+        (ChargeStatus::Succeeded, CaptureMethod::Automatic) => (
+            PaymentStatus::Succeeded,
+            EventType::PaymentSucceeded,
+            intent.amount,
+            0,
+        ),
+        (ChargeStatus::Succeeded, CaptureMethod::Manual) => (
+            PaymentStatus::RequiresCapture,
+            EventType::PaymentAuthorized,
+            0,
+            intent.amount,
+        ),
     };
     let id = PaymentId::parse(&intent.payment)
         .ok_or_else(|| anyhow::anyhow!("the recovery state's payment id `{}`", intent.payment))?;
@@ -140,12 +154,17 @@ async fn record(
         currency: intent.currency,
         status,
         payment_method: stored(&intent.payment_method)?,
+        capture_method,
         order: intent.order,
         description: intent.description,
+        amount_captured: captured,
+        amount_capturable: capturable,
         amount_refunded: 0,
         amount_disputed: 0,
         charge: Some(charge.id.clone()),
         created_at: lease.now(),
+        canceled_at: None,
+        cancellation_reason: None,
         metadata: Metadata::kept(intent.metadata),
     };
     let response = match charge.status {
@@ -200,8 +219,9 @@ async fn insert(
         r#"
         INSERT INTO payments
             (id, account_id, amount, currency, status, payment_method, order_ref, description,
-             idempotency_key, charge, created_at, metadata)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             idempotency_key, charge, created_at, metadata, capture_method, amount_captured,
+             amount_capturable)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
         "#,
         payment.id.as_str(),
         account.as_str(),
@@ -215,6 +235,9 @@ async fn insert(
         payment.charge.as_deref(),
         payment.created_at,
         Json(&payment.metadata) as _,
+        payment.capture_method.as_str(),
+        payment.amount_captured,
+        payment.amount_capturable,
     )
     .execute(connection)
     .await?;
@@ -238,8 +261,9 @@ async fn insert_and_complete(
         WITH payment AS (
             INSERT INTO payments
                 (id, account_id, amount, currency, status, payment_method, order_ref, description,
-                 idempotency_key, charge, created_at, metadata)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $22)
+                 idempotency_key, charge, created_at, metadata, capture_method, amount_captured,
+                 amount_capturable)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $22, $23, $24, $25)
             RETURNING id
         ), event AS (
             INSERT INTO events (id, account_id, type, body, created_at)
@@ -275,6 +299,9 @@ async fn insert_and_complete(
         &event.body,
         &*fence.owner,
         Json(&payment.metadata) as _,
+        payment.capture_method.as_str(),
+        payment.amount_captured,
+        payment.amount_capturable,
     )
     .fetch_one(connection)
     .await?;

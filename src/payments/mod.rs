@@ -128,7 +128,9 @@ async fn get_payment(
         r#"
         SELECT id, amount, currency, status, payment_method, order_ref, description,
                amount_refunded, amount_disputed, charge, created_at,
-               metadata AS "metadata: Json<Metadata>"
+               metadata AS "metadata: Json<Metadata>",
+               capture_method, amount_captured, amount_capturable, canceled_at,
+               cancellation_reason
         FROM payments
         WHERE id = $1 AND account_id = $2
         "#,
@@ -187,7 +189,9 @@ async fn list_payments(
                 r#"
             SELECT id, amount, currency, status, payment_method, order_ref, description,
                    amount_refunded, amount_disputed, charge, created_at,
-               metadata AS "metadata: Json<Metadata>"
+               metadata AS "metadata: Json<Metadata>",
+               capture_method, amount_captured, amount_capturable, canceled_at,
+               cancellation_reason
             FROM payments
             WHERE account_id = $1 AND (created_at, id) > ($2, $3)
             ORDER BY created_at, id
@@ -207,7 +211,9 @@ async fn list_payments(
                 r#"
             SELECT id, amount, currency, status, payment_method, order_ref, description,
                    amount_refunded, amount_disputed, charge, created_at,
-               metadata AS "metadata: Json<Metadata>"
+               metadata AS "metadata: Json<Metadata>",
+               capture_method, amount_captured, amount_capturable, canceled_at,
+               cancellation_reason
             FROM payments
             WHERE account_id = $1
               AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))

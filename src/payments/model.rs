@@ -172,10 +172,52 @@ pub struct NewPayment {
     #[serde(default)]
     #[schema(inline)]
     pub payment_method: PaymentMethod,
+    // `automatic` when absent.
+    #[serde(default)]
+    #[schema(inline)]
+    pub capture_method: CaptureMethod,
     /// Key–value pairs of the merchant's own, returned with the payment and in its events.
     #[serde(default)]
     pub metadata: Metadata,
 }
+
+/// When the money is taken: `automatic` charges at once (the default); `manual` authorizes now,
+/// holding the amount on the card (`requires_capture`), and takes it when
+/// `POST /v1/payments/{id}/capture` is called (all or part of it), or releases it on
+/// `POST /v1/payments/{id}/cancel`. An authorization not captured within the processor's limit
+/// (7 days by default) is released by the processor, and the payment becomes `canceled`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureMethod {
+    #[default]
+    Automatic,
+    Manual,
+}
+
+vocabulary!(CaptureMethod, "capture method" {
+    Automatic => "automatic",
+    Manual => "manual",
+});
+
+/// Why a payment was canceled: one of Stripe's reasons a merchant gives, or `expired` when the
+/// processor released an authorization nobody captured in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CancellationReason {
+    Duplicate,
+    Fraudulent,
+    RequestedByCustomer,
+    Abandoned,
+    Expired,
+}
+
+vocabulary!(CancellationReason, "cancellation reason" {
+    Duplicate => "duplicate",
+    Fraudulent => "fraudulent",
+    RequestedByCustomer => "requested_by_customer",
+    Abandoned => "abandoned",
+    Expired => "expired",
+});
 
 /// A payment id: `pay_` followed by 24 random base62 characters.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,6 +249,8 @@ impl fmt::Display for PaymentId {
 
 /// The state of a payment: `succeeded` or `declined` when charged, `refunded` once refunded in
 /// full (a partial refund leaves it `succeeded`), `failed` when the processor reported a failure.
+/// A manual payment is `requires_capture` once authorized, then `succeeded` when captured or
+/// `canceled` when its authorization was released.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
@@ -214,6 +258,8 @@ pub enum PaymentStatus {
     Declined,
     Refunded,
     Failed,
+    RequiresCapture,
+    Canceled,
 }
 
 vocabulary!(PaymentStatus, "payment status" {
@@ -221,6 +267,8 @@ vocabulary!(PaymentStatus, "payment status" {
     Declined => "declined",
     Refunded => "refunded",
     Failed => "failed",
+    RequiresCapture => "requires_capture",
+    Canceled => "canceled",
 });
 
 /// A payment, as the API returns it.
@@ -232,12 +280,17 @@ vocabulary!(PaymentStatus, "payment status" {
     "currency": "eur",
     "status": "succeeded",
     "payment_method": "pm_card_visa",
+    "capture_method": "automatic",
     "order": "cmd_9182",
     "description": null,
+    "amount_captured": 4200,
+    "amount_capturable": 0,
     "amount_refunded": 0,
     "amount_disputed": 0,
     "charge": "ch_3MmlLrLkdIwHu7ix0snN0B15",
     "created_at": "2026-11-29T19:03:59.647850Z",
+    "canceled_at": null,
+    "cancellation_reason": null,
     "metadata": { "order_id": "6735" }
 }))]
 pub struct Payment {
@@ -257,16 +310,27 @@ pub struct Payment {
     pub status: PaymentStatus,
     #[schema(inline)]
     pub payment_method: PaymentMethod,
+    #[schema(inline)]
+    pub capture_method: CaptureMethod,
     /// The merchant's order reference.
     pub order: Option<String>,
     pub description: Option<String>,
+    /// How much the processor took, in minor units: the amount of an automatic payment that
+    /// succeeded, what the capture took of a manual one, 0 before a capture, after a cancel and
+    /// for a decline. Refunds and disputes apply to it.
+    #[schema(minimum = 0)]
+    pub amount_captured: i64,
+    /// How much a capture may still take, in minor units: the amount while `requires_capture`,
+    /// 0 otherwise.
+    #[schema(minimum = 0)]
+    pub amount_capturable: i64,
     /// How much of the amount has been refunded, in minor units.
     #[schema(minimum = 0)]
     pub amount_refunded: i64,
     /// How much of the amount is disputed by the cardholder, in minor units: never more than
-    /// `amount − amount_refunded` (a dispute over more is recorded and flagged for review, and
-    /// this takes only what fits). What remains refundable is
-    /// `amount − amount_refunded − amount_disputed`.
+    /// `amount_captured − amount_refunded` (a dispute over more is recorded and flagged for review,
+    /// and this takes only what fits). What remains refundable is
+    /// `amount_captured − amount_refunded − amount_disputed`.
     #[schema(minimum = 0)]
     pub amount_disputed: i64,
     /// The processor's charge this payment records, `ch_…` (declined charges too).
@@ -275,6 +339,11 @@ pub struct Payment {
     /// When the payment was created: taken just before it was written, on the database's clock,
     /// not when its transaction committed. Lists are ordered by it.
     pub created_at: DateTime<Utc>,
+    /// When the payment was canceled; `null` unless `canceled`.
+    pub canceled_at: Option<DateTime<Utc>>,
+    /// Why it was canceled; `null` unless `canceled`, or when no reason was given.
+    #[schema(inline)]
+    pub cancellation_reason: Option<CancellationReason>,
     /// The merchant's key–value pairs, as sent; `{}` when none were.
     pub metadata: Metadata,
 }
@@ -300,25 +369,44 @@ pub(crate) struct PaymentRow {
     pub charge: Option<String>,
     pub created_at: DateTime<Utc>,
     pub metadata: sqlx::types::Json<Metadata>,
+    pub capture_method: String,
+    /// NULL on the payments recorded before manual capture: the whole amount, or 0 for a decline.
+    pub amount_captured: Option<i64>,
+    pub amount_capturable: i64,
+    pub canceled_at: Option<DateTime<Utc>>,
+    pub cancellation_reason: Option<String>,
 }
 
 impl PaymentRow {
     /// The payment this row holds; a decoding error if its status or payment method is none
     /// the API knows.
     pub fn parse(self) -> Result<Payment, sqlx::Error> {
+        let status = stored(&self.status)?;
         Ok(Payment {
             id: PaymentId(self.id),
             object: "payment",
             amount: self.amount,
             currency: self.currency,
-            status: stored(&self.status)?,
+            status,
             payment_method: stored(&self.payment_method)?,
+            capture_method: stored(&self.capture_method)?,
             order: self.order_ref,
             description: self.description,
+            amount_captured: self.amount_captured.unwrap_or(match status {
+                PaymentStatus::Declined => 0,
+                _ => self.amount,
+            }),
+            amount_capturable: self.amount_capturable,
             amount_refunded: self.amount_refunded,
             amount_disputed: self.amount_disputed,
             charge: self.charge,
             created_at: self.created_at,
+            canceled_at: self.canceled_at,
+            cancellation_reason: self
+                .cancellation_reason
+                .as_deref()
+                .map(stored)
+                .transpose()?,
             metadata: self.metadata.0,
         })
     }
@@ -342,6 +430,11 @@ mod tests {
             charge: None,
             created_at: Utc::now(),
             metadata: sqlx::types::Json(Metadata::default()),
+            capture_method: "automatic".to_owned(),
+            amount_captured: None,
+            amount_capturable: 0,
+            canceled_at: None,
+            cancellation_reason: None,
         }
     }
 

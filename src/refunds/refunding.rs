@@ -140,7 +140,8 @@ async fn check(
 ) -> Result<Result<RefundRequested, Problem>, sqlx::Error> {
     let Some(paid) = sqlx::query!(
         r#"
-        SELECT amount, amount_refunded, amount_disputed, status, charge
+        SELECT COALESCE(amount_captured, amount) AS "captured!", amount_refunded,
+               amount_disputed, status, charge
         FROM payments
         WHERE id = $1 AND account_id = $2
         "#,
@@ -163,15 +164,15 @@ async fn check(
             ),
         )));
     };
-    let remaining = refundable(paid.amount, paid.amount_refunded, paid.amount_disputed);
+    let remaining = refundable(paid.captured, paid.amount_refunded, paid.amount_disputed);
     let amount = asked.amount.unwrap_or(remaining);
     if remaining == 0 || amount > remaining {
         return Ok(Err(Problem::new(
             ProblemKind::RefundExceedsPayment,
             format!(
-                "Only {remaining} of payment `{payment}` remains refundable (its amount {}, less \
-                 {} refunded and {} disputed); {amount} was asked.",
-                paid.amount, paid.amount_refunded, paid.amount_disputed
+                "Only {remaining} of payment `{payment}` remains refundable (its amount \
+                 captured {}, less {} refunded and {} disputed); {amount} was asked.",
+                paid.captured, paid.amount_refunded, paid.amount_disputed
             ),
         )));
     }
@@ -186,11 +187,11 @@ async fn check(
     }))))
 }
 
-/// What remains refundable of a payment: what was paid, less what was refunded and what the
+/// What remains refundable of a payment: what was captured, less what was refunded and what the
 /// cardholder disputes (that money is the bank's to take back; Stripe refuses to refund it too).
 /// The same rule as the `payments_refunded_and_disputed` CHECK.
-fn refundable(amount: i64, refunded: i64, disputed: i64) -> i64 {
-    (amount - refunded - disputed).max(0)
+fn refundable(captured: i64, refunded: i64, disputed: i64) -> i64 {
+    (captured - refunded - disputed).max(0)
 }
 
 /// Records the processor's refund and the payment's new totals, with their events
@@ -239,8 +240,10 @@ async fn record(
         r#"
         UPDATE payments p
         SET amount_refunded = p.amount_refunded + $2,
-            amount_disputed = GREATEST(0, LEAST(p.amount_disputed, p.amount - p.amount_refunded - $2)),
-            status = CASE WHEN p.amount_refunded + $2 = p.amount THEN 'refunded' ELSE p.status END
+            amount_disputed = GREATEST(0, LEAST(p.amount_disputed,
+                COALESCE(p.amount_captured, p.amount) - p.amount_refunded - $2)),
+            status = CASE WHEN p.amount_refunded + $2 = COALESCE(p.amount_captured, p.amount)
+                          THEN 'refunded' ELSE p.status END
         FROM (
             SELECT account_id, id, amount_disputed FROM payments
             WHERE account_id = $3 AND id = $1
@@ -250,7 +253,8 @@ async fn record(
         RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!",
                   p.id, p.amount, p.currency, p.status, p.payment_method, p.order_ref,
                   p.description, p.amount_refunded, p.amount_disputed, p.charge, p.created_at,
-                  p.metadata AS "metadata: Json<Metadata>"
+                  p.metadata AS "metadata: Json<Metadata>", p.capture_method, p.amount_captured,
+                  p.amount_capturable, p.canceled_at, p.cancellation_reason
         "#,
         intent.payment,
         refunded.amount,
@@ -289,6 +293,11 @@ async fn record(
         charge: paid.charge,
         created_at: paid.created_at,
         metadata: paid.metadata,
+        capture_method: paid.capture_method,
+        amount_captured: paid.amount_captured,
+        amount_capturable: paid.amount_capturable,
+        canceled_at: paid.canceled_at,
+        cancellation_reason: paid.cancellation_reason,
     }
     .parse()?;
     // The refund's `created_at` is its transaction's `now()`: the time of both events.

@@ -426,7 +426,8 @@ impl Envelope {
             RETURNING prior.status AS prior_status, p.account_id, p.id, p.amount, p.currency,
                       p.status, p.payment_method, p.order_ref, p.description, p.amount_refunded,
                       p.amount_disputed, p.charge, p.created_at,
-                      p.metadata AS "metadata: Json<Metadata>"
+                      p.metadata AS "metadata: Json<Metadata>", p.capture_method,
+                      p.amount_captured, p.amount_capturable, p.canceled_at, p.cancellation_reason
             "#,
             id,
             charge,
@@ -456,6 +457,11 @@ impl Envelope {
                 charge: updated.charge,
                 created_at: updated.created_at,
                 metadata: updated.metadata,
+                capture_method: updated.capture_method,
+                amount_captured: updated.amount_captured,
+                amount_capturable: updated.amount_capturable,
+                canceled_at: updated.canceled_at,
+                cancellation_reason: updated.cancellation_reason,
             };
             let event =
                 NewEvent::new(kind, &row.parse()?, now(conn).await?).map_err(unencodable)?;
@@ -607,7 +613,9 @@ impl Envelope {
         // share lock of its foreign key.
         let Some(paid) = sqlx::query!(
             r#"
-            SELECT id, account_id, amount - amount_refunded - amount_disputed AS "remaining!"
+            SELECT id, account_id,
+                   COALESCE(amount_captured, amount) - amount_refunded - amount_disputed
+                       AS "remaining!"
             FROM payments
             WHERE account_id = $3 AND (id = $1 OR charge = $2)
             FOR NO KEY UPDATE
@@ -651,7 +659,8 @@ impl Envelope {
             WHERE account_id = $3 AND id = $1
             RETURNING id, amount, currency, status, payment_method, order_ref, description,
                       amount_refunded, amount_disputed, charge, created_at,
-                      metadata AS "metadata: Json<Metadata>"
+                      metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
+                      amount_capturable, canceled_at, cancellation_reason
             "#,
             paid.id,
             amount.min(paid.remaining),
@@ -672,6 +681,11 @@ impl Envelope {
             charge: disputed.charge,
             created_at: disputed.created_at,
             metadata: disputed.metadata,
+            capture_method: disputed.capture_method,
+            amount_captured: disputed.amount_captured,
+            amount_capturable: disputed.amount_capturable,
+            canceled_at: disputed.canceled_at,
+            cancellation_reason: disputed.cancellation_reason,
         };
         let event = NewEvent::new(EventType::PaymentDisputed, &row.parse()?, now(conn).await?)
             .map_err(unencodable)?;

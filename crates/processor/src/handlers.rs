@@ -21,7 +21,7 @@ use crate::ProcessorState;
 use crate::extract::{Authorized, Keyed, KeyedPageQuery, Path};
 use crate::faults::{Faults, Fraction};
 use crate::model::{
-    Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
+    CaptureState, Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
     PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
 };
 use crate::problem::{Error, Problem, ProblemKind};
@@ -42,7 +42,7 @@ const DECLINE_CODE: &str = "generic_decline";
 impl ProcessorState {
     /// Answers a mutating request through the configured faults: 503 before anything happens, or
     /// the answer of a first execution lost after its commit.
-    async fn with_faults(
+    pub(crate) async fn with_faults(
         &self,
         hangup: Option<Extension<Hangup>>,
         answer: impl Future<Output = Result<Response, Error>>,
@@ -72,7 +72,7 @@ impl ProcessorState {
     }
 
     /// The injected latency, inside the key's lease and before the effect.
-    async fn delay(&self) {
+    pub(crate) async fn delay(&self) {
         let latency = self.faults().latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -88,7 +88,7 @@ impl ProcessorState {
     }
 
     /// Writes an event to the outbox in the caller's transaction, when events are delivered.
-    async fn announce(
+    pub(crate) async fn announce(
         &self,
         conn: &mut PgConnection,
         kind: ProcessorEventType,
@@ -139,9 +139,16 @@ async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<C
             None
         }
     };
+    let amount = i64::from(new.amount);
+    // A decline holds nothing; an authorization holds the amount until it is captured or voided.
+    let (capture_state, amount_captured) = match (decline_code, new.capture) {
+        (Some(_), _) => (CaptureState::Captured, 0),
+        (None, true) => (CaptureState::Captured, amount),
+        (None, false) => (CaptureState::RequiresCapture, 0),
+    };
     let charge = Charge {
         id: IdKind::Charge.generate(),
-        amount: new.amount.into(),
+        amount,
         currency: new.currency.as_str().to_owned(),
         status: match decline_code {
             None => ChargeStatus::Succeeded,
@@ -150,6 +157,10 @@ async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<C
         payment_method: new.payment_method.as_str().to_owned(),
         decline_code: decline_code.map(str::to_owned),
         amount_refunded: 0,
+        capture_state,
+        amount_captured: Some(amount_captured),
+        capture_idempotency_key: None,
+        void_idempotency_key: None,
         idempotency_key: Some(lease.key().as_str().to_owned()),
         created_at: lease.now(),
     };
@@ -197,8 +208,8 @@ async fn insert_charge(
         r#"
         INSERT INTO processor_charges
             (id, amount, currency, status, payment_method, decline_code, idempotency_key,
-             created_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             created_at, capture_state, amount_captured)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
         "#,
         charge.id,
         charge.amount,
@@ -208,6 +219,8 @@ async fn insert_charge(
         charge.decline_code,
         key.as_str(),
         charge.created_at,
+        charge.capture_state.as_str(),
+        charge.amount_captured,
     )
     .execute(connection)
     .await?;
@@ -232,8 +245,8 @@ async fn record_charge(
         WITH charge AS (
             INSERT INTO processor_charges
                 (id, amount, currency, status, payment_method, decline_code, idempotency_key,
-                 created_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 created_at, capture_state, amount_captured)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $19, $20)
             RETURNING id
         ), event AS (
             INSERT INTO webhook_deliveries (account_id, event_id, url, body)
@@ -259,6 +272,8 @@ async fn record_charge(
         &fence.response_body[..],
         fence.ttl_ms,
         &*fence.owner,
+        charge.capture_state.as_str(),
+        charge.amount_captured,
     )
     .fetch_one(connection)
     .await?;
@@ -279,7 +294,8 @@ pub(crate) async fn get_charge(
         ChargeRow,
         r#"
         SELECT id, amount, currency, status, payment_method, decline_code, amount_refunded,
-               idempotency_key, created_at
+               capture_state, amount_captured, capture_key, void_key, idempotency_key,
+               created_at
         FROM processor_charges
         WHERE id = $1
         "#,
@@ -365,7 +381,8 @@ pub(crate) async fn list_charges(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, idempotency_key, created_at
+                       amount_refunded, capture_state, amount_captured, capture_key, void_key,
+                       idempotency_key, created_at
                 FROM processor_charges
                 WHERE (created_at, id) > ($1, $2)
                   AND ($4::text IS NULL OR idempotency_key = $4)
@@ -385,7 +402,8 @@ pub(crate) async fn list_charges(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, idempotency_key, created_at
+                       amount_refunded, capture_state, amount_captured, capture_key, void_key,
+                       idempotency_key, created_at
                 FROM processor_charges
                 WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
                   AND ($4::text IS NULL OR idempotency_key = $4)
@@ -468,7 +486,8 @@ async fn refund(
     // previous one left.
     let Some(charged) = sqlx::query!(
         r#"
-        SELECT amount, amount_refunded, amount_disputed, status
+        SELECT COALESCE(amount_captured, amount) AS "captured!", amount_refunded,
+               amount_disputed, status, capture_state
         FROM processor_charges WHERE id = $1 FOR UPDATE
         "#,
         charge,
@@ -486,8 +505,18 @@ async fn refund(
             ),
         )));
     }
-    // Disputed money is the cardholder's bank's to take back: refunding it too would pay twice.
-    let remaining = (charged.amount - charged.amount_refunded - charged.amount_disputed).max(0);
+    if stored::<CaptureState>(&charged.capture_state)? != CaptureState::Captured {
+        return Ok(Err(Problem::new(
+            ProblemKind::PaymentNotRefundable,
+            format!(
+                "Charge `{charge}` is {}: nothing was captured to refund. Nothing was refunded.",
+                charged.capture_state
+            ),
+        )));
+    }
+    // Only what was captured can go back; disputed money is the cardholder's bank's to take back:
+    // refunding it too would pay twice.
+    let remaining = (charged.captured - charged.amount_refunded - charged.amount_disputed).max(0);
     let amount = new.amount.map_or(remaining, i64::from);
     if remaining == 0 || amount > remaining {
         return Ok(Err(Problem::new(
@@ -631,7 +660,11 @@ pub(crate) async fn create_dispute(
     let amount = i64::from(new.amount);
     let mut tx = state.pool.begin().await?;
     let Some(charged) = sqlx::query!(
-        "SELECT amount, amount_disputed, status FROM processor_charges WHERE id = $1 FOR UPDATE",
+        r#"
+        SELECT COALESCE(amount_captured, amount) AS "captured!", amount_disputed, status,
+               capture_state
+        FROM processor_charges WHERE id = $1 FOR UPDATE
+        "#,
         id,
     )
     .fetch_optional(&mut *tx)
@@ -639,8 +672,12 @@ pub(crate) async fn create_dispute(
     else {
         return Err(charge_not_found(&id).into());
     };
-    let open = charged.amount - charged.amount_disputed;
-    if stored::<ChargeStatus>(&charged.status)? == ChargeStatus::Declined || amount > open {
+    // Only captured money can be disputed: an authorization never left the card.
+    let open = charged.captured - charged.amount_disputed;
+    if stored::<ChargeStatus>(&charged.status)? == ChargeStatus::Declined
+        || stored::<CaptureState>(&charged.capture_state)? != CaptureState::Captured
+        || amount > open
+    {
         return Err(Problem::new(
             ProblemKind::InvalidRequest,
             format!(
@@ -725,7 +762,7 @@ pub(crate) async fn fail_refund(
     Ok(axum::Json(tagged("refund", &refund)).into_response())
 }
 
-fn charge_not_found(id: &str) -> Problem {
+pub(crate) fn charge_not_found(id: &str) -> Problem {
     Problem::new(ProblemKind::NotFound, format!("No charge `{id}`."))
 }
 

@@ -11,6 +11,7 @@
 //! For operators, without a key: `GET /healthz`, `GET /readyz` (its database answers) and
 //! `GET /metrics` (Prometheus text).
 
+mod captures;
 mod disputes;
 mod extract;
 pub mod faults;
@@ -47,7 +48,7 @@ use service::sweeps::{self, Sweep};
 
 pub use faults::{Faults, Fraction};
 pub use model::{
-    Amount, Charge, ChargeStatus, Currency, Dispute, PaymentMethod, ProcessorEventType,
+    Amount, CaptureState, Charge, ChargeStatus, Currency, Dispute, PaymentMethod, ProcessorEventType,
     ProcessorRefund, RefundStatus,
 };
 pub use settings::{
@@ -81,6 +82,8 @@ pub fn router(state: ProcessorState) -> Router {
         )
         .route("/v1/charges/{id}", get(handlers::get_charge))
         .route("/v1/charges/{id}/refunds", post(handlers::create_refund))
+        .route("/v1/charges/{id}/capture", post(captures::capture_charge))
+        .route("/v1/charges/{id}/void", post(captures::void_charge))
         .route("/v1/charges/{id}/disputes", post(handlers::create_dispute))
         .route("/v1/refunds", get(handlers::list_refunds))
         .route("/v1/disputes", get(disputes::list_disputes))
@@ -147,6 +150,7 @@ pub struct Processor {
     runs_expiry: bool,
     expiry_interval: Duration,
     delivery_retention: Duration,
+    authorization_ttl: Duration,
     /// Where its background jobs' deaths are told: its own, or the embedding process's
     /// ([`Processor::watched_by`]).
     jobs: Jobs,
@@ -201,6 +205,7 @@ impl Processor {
             runs_expiry: true,
             expiry_interval: settings.shared.expiry_interval,
             delivery_retention: settings.shared.webhook_delivery_retention,
+            authorization_ttl: settings.authorization_ttl,
             jobs: Jobs::default(),
         })
     }
@@ -245,6 +250,13 @@ impl Processor {
                     Idempotency::expire_batch(&pool, engine).await
                 }));
             }
+            // Its own table, whether or not it shares the keys' expiry: authorizations held past
+            // their time are released, each announced as `charge.expired`.
+            let (ttl, url) = (self.authorization_ttl, self.state.webhook_url.clone());
+            sweeps.push(Sweep::new("processor_charges", move |pool, engine| {
+                let url = url.clone();
+                async move { captures::expire_batch(&pool, engine, ttl, url.as_deref()).await }
+            }));
             let retention = self.delivery_retention;
             sweeps.push(Sweep::new(
                 "processor_webhook_deliveries",

@@ -95,7 +95,49 @@ pub struct NewCharge {
     pub currency: Currency,
     #[serde(default)]
     pub payment_method: PaymentMethod,
+    /// `false` authorizes only: the money is held on the card until a capture takes it (all or
+    /// part) or a void releases it, and an authorization not captured within the processor's
+    /// `IDEMPAY_PROCESSOR_AUTHORIZATION_TTL` expires. `true` when absent, as charges always were.
+    #[serde(default = "captured_at_once")]
+    pub capture: bool,
 }
+
+fn captured_at_once() -> bool {
+    true
+}
+
+/// A capture of an authorized charge: all of it when no amount is given; the rest is released.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewCapture {
+    #[serde(default)]
+    pub amount: Option<Amount>,
+}
+
+/// A void of an authorized charge: nothing to say but the charge, in the path.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewVoid {}
+
+/// Where a charge's money is: taken (`captured`), held on the card (`requires_capture`), or
+/// released, by a void (`voided`) or because nobody captured it in time (`expired`). A declined
+/// charge is `captured` of nothing: it never held money.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureState {
+    #[default]
+    Captured,
+    RequiresCapture,
+    Voided,
+    Expired,
+}
+
+vocabulary!(CaptureState, "capture state" {
+    Captured => "captured",
+    RequiresCapture => "requires_capture",
+    Voided => "voided",
+    Expired => "expired",
+});
 
 /// A refund to make: all that remains refundable when no amount is given.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -137,6 +179,22 @@ pub struct Charge {
     /// Why the charge was declined; `None` when it succeeded.
     pub decline_code: Option<String>,
     pub amount_refunded: i64,
+    /// Whether the money was taken, is held, or was released. `captured` in answers stored before
+    /// authorizations existed, when every charge was.
+    #[serde(default)]
+    pub capture_state: CaptureState,
+    /// What was taken: the amount of a charge captured at once, what a capture took of an
+    /// authorization, 0 while one is held or once it was released (and for a decline). Absent from
+    /// answers stored before authorizations existed: then the whole amount, or 0 for a decline.
+    #[serde(default)]
+    pub amount_captured: Option<i64>,
+    /// The `Idempotency-Key` its capture was made under, once captured by a capture: how a client
+    /// that lost the answer to its capture learns that this one is its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture_idempotency_key: Option<String>,
+    /// The `Idempotency-Key` its void was made under, once voided, as for a capture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub void_idempotency_key: Option<String>,
     /// The `Idempotency-Key` the charge was made under (by idempay, its downstream key): how
     /// `GET /v1/charges?idempotency_key=…` finds it, and how `idempay reconcile` tells a charge
     /// whose payment is still being recorded. Absent from a charge read from a stored answer made
@@ -169,6 +227,9 @@ pub enum ProcessorEventType {
     ChargeRefunded,
     ChargeDisputeCreated,
     ChargeRefundFailed,
+    ChargeCaptured,
+    ChargeVoided,
+    ChargeExpired,
 }
 
 vocabulary!(ProcessorEventType, "processor event type" {
@@ -177,6 +238,9 @@ vocabulary!(ProcessorEventType, "processor event type" {
     ChargeRefunded => "charge.refunded",
     ChargeDisputeCreated => "charge.dispute.created",
     ChargeRefundFailed => "charge.refund.failed",
+    ChargeCaptured => "charge.captured",
+    ChargeVoided => "charge.voided",
+    ChargeExpired => "charge.expired",
 });
 
 impl ProcessorEventType {
@@ -268,6 +332,10 @@ pub(crate) struct ChargeRow {
     pub payment_method: String,
     pub decline_code: Option<String>,
     pub amount_refunded: i64,
+    pub capture_state: String,
+    pub amount_captured: Option<i64>,
+    pub capture_key: Option<String>,
+    pub void_key: Option<String>,
     pub idempotency_key: String,
     pub created_at: DateTime<Utc>,
 }
@@ -275,14 +343,23 @@ pub(crate) struct ChargeRow {
 impl ChargeRow {
     /// The charge this row holds; a decoding error if its status is unknown.
     pub(crate) fn parse(self) -> Result<Charge, sqlx::Error> {
+        let status = stored(&self.status)?;
         Ok(Charge {
             id: self.id,
             amount: self.amount,
             currency: self.currency,
-            status: stored(&self.status)?,
+            status,
             payment_method: self.payment_method,
             decline_code: self.decline_code,
             amount_refunded: self.amount_refunded,
+            capture_state: stored(&self.capture_state)?,
+            // NULL on the charges made before authorizations, each captured at once.
+            amount_captured: Some(self.amount_captured.unwrap_or(match status {
+                ChargeStatus::Succeeded => self.amount,
+                ChargeStatus::Declined => 0,
+            })),
+            capture_idempotency_key: self.capture_key,
+            void_idempotency_key: self.void_key,
             idempotency_key: Some(self.idempotency_key),
             created_at: self.created_at,
         })
@@ -327,6 +404,10 @@ mod tests {
             payment_method: "pm_card_visa".to_owned(),
             decline_code: None,
             amount_refunded: 0,
+            capture_state: "captured".to_owned(),
+            amount_captured: Some(100),
+            capture_key: None,
+            void_key: None,
             idempotency_key: "idk_1".to_owned(),
             created_at: Utc::now(),
         };
@@ -409,6 +490,10 @@ mod tests {
             payment_method: "pm_card_chargeDeclined".into(),
             decline_code: Some("generic_decline".into()),
             amount_refunded: 0,
+            capture_state: CaptureState::Captured,
+            amount_captured: Some(0),
+            capture_idempotency_key: None,
+            void_idempotency_key: None,
             idempotency_key: Some("idk_1".into()),
             created_at: Utc::now(),
         };

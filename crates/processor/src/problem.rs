@@ -73,6 +73,10 @@ catalogue! {
         "The charge cannot be refunded";
     RefundExceedsPayment => "refund-exceeds-payment", BAD_REQUEST,
         "The refund exceeds what remains refundable";
+    ChargeNotCapturable => "charge-not-capturable", BAD_REQUEST,
+        "The charge cannot be captured";
+    ChargeNotVoidable => "charge-not-voidable", BAD_REQUEST,
+        "The charge cannot be voided";
     Internal => "internal", INTERNAL_SERVER_ERROR, "Internal server error";
     ServiceUnavailable => "service-unavailable", SERVICE_UNAVAILABLE,
         "Service temporarily unavailable";

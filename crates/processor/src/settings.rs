@@ -146,6 +146,12 @@ pub struct ProcessorSettings {
     #[arg(long, env = "IDEMPAY_PROCESSOR_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
 
+    /// How long an authorization (a charge made with `capture: false`) holds its money when
+    /// nobody captures or voids it; then the expiry job releases it and announces
+    /// `charge.expired`.
+    #[arg(long, env = "IDEMPAY_PROCESSOR_AUTHORIZATION_TTL", default_value = crate::captures::DEFAULT_AUTHORIZATION_TTL, value_parser = positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL"))]
+    pub authorization_ttl: Duration,
+
     #[command(flatten)]
     pub faults: Faults,
 }
@@ -157,6 +163,10 @@ impl ProcessorSettings {
             api_key,
             shared: SharedArgs::default(),
             webhook_url: None,
+            authorization_ttl: positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL")(
+                crate::captures::DEFAULT_AUTHORIZATION_TTL,
+            )
+            .expect("the default authorization lifetime parses"),
             faults: Faults::default(),
         }
     }

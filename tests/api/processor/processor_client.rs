@@ -14,6 +14,7 @@ use crate::support::instance::free_port;
 
 fn visa(amount: i64) -> ChargeRequest {
     ChargeRequest {
+        capture: true,
         amount,
         currency: "eur".into(),
         payment_method: "pm_card_visa".into(),
