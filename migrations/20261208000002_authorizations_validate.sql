@@ -7,5 +7,6 @@ SET LOCAL statement_timeout = '300s';
 ALTER TABLE processor_charges VALIDATE CONSTRAINT processor_charges_capture_state;
 ALTER TABLE processor_charges VALIDATE CONSTRAINT processor_charges_amount_captured;
 ALTER TABLE payments VALIDATE CONSTRAINT payments_status;
+ALTER TABLE events VALIDATE CONSTRAINT events_type;
 ALTER TABLE payments VALIDATE CONSTRAINT payments_capture_method;
 ALTER TABLE payments VALIDATE CONSTRAINT payments_amount_captured;

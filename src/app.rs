@@ -468,6 +468,8 @@ fn resumers(processor: &ProcessorClient) -> Resumers {
     Resumers::default()
         .unit::<payments::ChargeRequested>(processor)
         .unit::<refunds::RefundRequested>(processor)
+        .unit::<payments::CaptureRequested>(processor)
+        .unit::<payments::CancelRequested>(processor)
 }
 
 /// Why a start is refused while keys wait at `unresumable` points (each with its number of keys),

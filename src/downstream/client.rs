@@ -55,6 +55,15 @@ impl Refusal {
         )
     }
 
+    /// Whether the processor refused a capture or void of an authorization (captured, voided or
+    /// expired meanwhile, or less held than asked): its answer about the charge, a result.
+    pub fn is_authorization_refused(&self) -> bool {
+        matches!(
+            self.problem(),
+            Some(ProcessorProblem::ChargeNotCapturable | ProcessorProblem::ChargeNotVoidable)
+        )
+    }
+
     /// The kind of problem the processor answered with, of its own catalogue; `None` when it sent
     /// no `type`, or one of no kind it has.
     pub fn problem(&self) -> Option<ProcessorProblem> {

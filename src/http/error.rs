@@ -201,6 +201,21 @@ impl Problem {
         }
     }
 
+    /// A capture or cancel of `payment`, which is `status` and not `requires_capture`: `doing`
+    /// says what was asked (`captured`, `canceled`).
+    pub fn payment_unexpected_state(payment: &str, status: &str, doing: &str) -> Self {
+        Self {
+            payment: Some(Box::new(Text(payment.to_owned()))),
+            ..Self::new(
+                ProblemKind::PaymentUnexpectedState,
+                format!(
+                    "Payment `{payment}` is `{status}`: only a payment that `requires_capture` \
+                     can be {doing}. Nothing was {doing}."
+                ),
+            )
+        }
+    }
+
     /// Names the one request field at fault, by its JSON pointer (`/amount`).
     pub fn param(mut self, pointer: impl Into<String>) -> Self {
         self.param = Some(Box::new(Text(pointer.into())));

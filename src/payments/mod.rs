@@ -1,6 +1,8 @@
 //! Payments: `POST /v1/payments` charges exactly once per idempotency key, and
 //! `GET /v1/payments/{id}` reads one back.
 
+mod authorization_state;
+mod capturing;
 mod charge_state;
 mod charging;
 mod currency;
@@ -8,7 +10,9 @@ mod model;
 
 use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use sqlx::PgPool;
+use utoipa::ToSchema;
 use sqlx::types::Json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -24,9 +28,13 @@ use crate::metadata::Metadata;
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
 use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 
+pub use capturing::{CANCEL_REQUESTED, CAPTURE_REQUESTED, CancelRequested, CaptureRequested};
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
 pub use currency::Currency;
-pub use model::{Amount, NewPayment, Payment, PaymentId, PaymentMethod, PaymentStatus, reject_nul};
+pub use model::{
+    Amount, CancellationReason, CaptureMethod, NewPayment, Payment, PaymentId, PaymentMethod,
+    PaymentStatus, reject_nul,
+};
 
 pub(crate) use model::PaymentRow;
 
@@ -42,6 +50,184 @@ where
     OpenApiRouter::new()
         .routes(routes!(create_payment, list_payments))
         .routes(routes!(get_payment))
+        .routes(routes!(capture_payment))
+        .routes(routes!(cancel_payment))
+}
+
+/// No payment `id` for this account.
+fn payment_not_found(id: &str) -> Problem {
+    Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
+}
+
+/// A capture of a manual payment. Unknown fields are refused.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({ "amount_to_capture": 3000 }))]
+pub struct CapturePayment {
+    /// How much to take, in minor units, at most the payment's `amount_capturable`; all of it when
+    /// absent. The rest of the authorization is released.
+    #[serde(default)]
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 99_999_999, example = 3000)]
+    pub amount_to_capture: Option<Amount>,
+}
+
+/// A cancel of a manual payment. Unknown fields are refused.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({ "cancellation_reason": "requested_by_customer" }))]
+pub struct CancelPayment {
+    /// Why, for the merchant's records.
+    #[serde(default)]
+    #[schema(inline)]
+    pub cancellation_reason: Option<RequestedCancellation>,
+}
+
+/// The reasons a merchant may give for a cancel (`expired` is the processor's alone).
+#[derive(Clone, Copy, Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestedCancellation {
+    Duplicate,
+    Fraudulent,
+    RequestedByCustomer,
+    Abandoned,
+}
+
+impl From<RequestedCancellation> for CancellationReason {
+    fn from(reason: RequestedCancellation) -> Self {
+        match reason {
+            RequestedCancellation::Duplicate => Self::Duplicate,
+            RequestedCancellation::Fraudulent => Self::Fraudulent,
+            RequestedCancellation::RequestedByCustomer => Self::RequestedByCustomer,
+            RequestedCancellation::Abandoned => Self::Abandoned,
+        }
+    }
+}
+
+/// Capture a payment
+///
+/// Takes the money a manual payment (`capture_method: manual`) authorized, all of it or
+/// `amount_to_capture`; the rest is released. The payment becomes `succeeded`, with
+/// `amount_captured`, and refunds and disputes apply to what was captured. At most once per
+/// `Idempotency-Key`, like every keyed route: a retry receives the first answer again, and the
+/// processor is asked with idempay's own key, so it captures once however often it is asked.
+///
+/// A payment in another state is refused with 409 `payment-unexpected-state`, a stored result:
+/// a capture under a new key after a capture is that 409, never a second capture.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/capture",
+    operation_id = "capturePayment",
+    tag = "payments",
+    params(("id" = String, Path, description = "The payment to capture, `pay_…`."), IdempotencyKey),
+    request_body(content = Option<CapturePayment>, content_type = "application/json",
+        description = "How much to capture; without a body (or with `{}`), all that is authorized."),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The payment, captured (`succeeded`); or the replay of the request that captured it.",
+            body = Payment, content_type = "application/json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        (status = 400, description = "The body or the key is invalid (`invalid-request`, `invalid-idempotency-key`); or `amount_to_capture` exceeds `amount_capturable` (`capture-exceeds-authorization`), a stored result.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        (status = 404, description = "No such payment for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        IdempotencyProblems,
+        // After the mechanism's own 409, which it replaces for this operation: one status, one
+        // entry, naming every kind.
+        (status = 409, description = "The payment does not `require_capture` (`payment-unexpected-state`, naming its state): nothing was captured; a stored result. Or a request with this key is still being processed (`idempotency-key-in-use`): retry after `Retry-After` seconds with the same key and body to receive its result.",
+            body = Problem, content_type = "application/problem+json",
+            headers(
+                ("Retry-After" = i64, description = "Seconds to wait before retrying with the same key (`idempotency-key-in-use` only)."),
+                ("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."),
+            )),
+        AuthenticatedProblems,
+    )
+)]
+async fn capture_payment(
+    State(pool): State<PgPool>,
+    State(idempotency): State<Idempotency>,
+    State(processor): State<ProcessorClient>,
+    account: Account,
+    Path(id): Path<String>,
+    Idempotent { request, body }: Idempotent<CapturePayment>,
+) -> Result<Response, ApiError> {
+    let asked = capturing::Asked::Capture {
+        amount: body.amount_to_capture.map(i64::from),
+    };
+    capture_or_cancel(pool, idempotency, processor, account, &id, request, asked).await
+}
+
+/// Cancel a payment
+///
+/// Releases the money a manual payment authorized: the payment becomes `canceled`, with
+/// `canceled_at` and the `cancellation_reason` given, and the authorization is voided at the
+/// processor. At most once per `Idempotency-Key`, like every keyed route.
+///
+/// A payment in another state (captured, canceled already) is refused with 409
+/// `payment-unexpected-state`, a stored result.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/cancel",
+    operation_id = "cancelPayment",
+    tag = "payments",
+    params(("id" = String, Path, description = "The payment to cancel, `pay_…`."), IdempotencyKey),
+    request_body(content = Option<CancelPayment>, content_type = "application/json",
+        description = "Why; without a body (or with `{}`), no reason."),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The payment, canceled; or the replay of the request that canceled it.",
+            body = Payment, content_type = "application/json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        (status = 400, description = "The body or the key is invalid (`invalid-request`, `invalid-idempotency-key`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment for this account (`not-found`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."))),
+        IdempotencyProblems,
+        // After the mechanism's own 409, which it replaces for this operation.
+        (status = 409, description = "The payment does not `require_capture` (`payment-unexpected-state`, naming its state): nothing was canceled; a stored result. Or a request with this key is still being processed (`idempotency-key-in-use`): retry after `Retry-After` seconds with the same key and body to receive its result.",
+            body = Problem, content_type = "application/problem+json",
+            headers(
+                ("Retry-After" = i64, description = "Seconds to wait before retrying with the same key (`idempotency-key-in-use` only)."),
+                ("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same key."),
+            )),
+        AuthenticatedProblems,
+    )
+)]
+async fn cancel_payment(
+    State(pool): State<PgPool>,
+    State(idempotency): State<Idempotency>,
+    State(processor): State<ProcessorClient>,
+    account: Account,
+    Path(id): Path<String>,
+    Idempotent { request, body }: Idempotent<CancelPayment>,
+) -> Result<Response, ApiError> {
+    let asked = capturing::Asked::Cancel {
+        reason: body.cancellation_reason.map(CancellationReason::from),
+    };
+    capture_or_cancel(pool, idempotency, processor, account, &id, request, asked).await
+}
+
+/// Both routes' work: an id that cannot name a payment is refused before the key is reserved.
+async fn capture_or_cancel(
+    pool: PgPool,
+    idempotency: Idempotency,
+    processor: ProcessorClient,
+    account: Account,
+    id: &str,
+    request: idempotency::KeyedRequest,
+    asked: capturing::Asked,
+) -> Result<Response, ApiError> {
+    let Some(payment) = PaymentId::parse(id) else {
+        return Err(payment_not_found(id).into());
+    };
+    let account = account.id().clone();
+    idempotency
+        .run(request, move |lease| {
+            capturing::capture_or_cancel(processor, pool, lease, account, payment, asked)
+        })
+        .await
 }
 
 /// Create a payment

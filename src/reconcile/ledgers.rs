@@ -85,6 +85,9 @@ pub(super) struct OurPayment {
     pub(super) status: PaymentStatus,
     pub(super) amount_refunded: i64,
     pub(super) amount_disputed: i64,
+    /// What the processor took, as idempay recorded it (the whole amount on payments recorded
+    /// before manual capture, unless declined).
+    pub(super) amount_captured: i64,
 }
 
 /// A refund with the processor's refund that made it, and its payment's charge. (A refund carries
@@ -118,7 +121,9 @@ impl Ours {
         let payments = sqlx::query!(
             r#"
             SELECT id, charge AS "charge!", amount, currency, status, amount_refunded,
-                   amount_disputed
+                   amount_disputed,
+                   COALESCE(amount_captured, CASE WHEN status = 'declined' THEN 0 ELSE amount END)
+                       AS "amount_captured!"
             FROM payments WHERE charge IS NOT NULL
             "#
         )
@@ -134,6 +139,7 @@ impl Ours {
                 currency: row.currency,
                 amount_refunded: row.amount_refunded,
                 amount_disputed: row.amount_disputed,
+                amount_captured: row.amount_captured,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;

@@ -9,7 +9,7 @@ use super::ledgers::{OurDispute, OurRefund, Ours, Theirs};
 use crate::disputes::DisputeStatus;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
-use processor::{Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
+use processor::{CaptureState, Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
 
 /// Each payment against its charge: the amount, the currency, the outcome, what was refunded (the
 /// charge's `amount_refunded`) and what is disputed (the sum of the processor's disputes of the
@@ -77,7 +77,7 @@ pub(super) fn payments_against_charges(
         // (`webhooks::events`, `refunds::refunding`): with such a dispute, that is the figure both
         // ledgers agree on. Without one, the disputed amount is all of the processor's.
         let disputed = if squeezed.contains(payment.charge.as_str()) {
-            disputed.capped(payment.amount - payment.amount_refunded)
+            disputed.capped(payment.amount_captured - payment.amount_refunded)
         } else {
             disputed
         };
@@ -96,6 +96,22 @@ pub(super) fn payments_against_charges(
                 "outcome",
                 outcome.as_str().to_owned(),
                 charge.status.as_str().to_owned(),
+            ),
+            (
+                "capture",
+                captured(payment.status).to_owned(),
+                released(charge.capture_state).to_owned(),
+            ),
+            (
+                "amount_captured",
+                payment.amount_captured.to_string(),
+                charge
+                    .amount_captured
+                    .unwrap_or(match charge.status {
+                        ChargeStatus::Succeeded => charge.amount,
+                        ChargeStatus::Declined => 0,
+                    })
+                    .to_string(),
             ),
             (
                 "amount_refunded",
@@ -124,6 +140,27 @@ pub(super) fn payments_against_charges(
                 });
             }
         }
+    }
+}
+
+/// Where a payment's money is, as the processor's capture states name it: held while it
+/// `requires_capture`, released once `canceled`, taken otherwise (a decline took nothing, and its
+/// charge is `captured` of nothing).
+fn captured(status: PaymentStatus) -> &'static str {
+    match status {
+        PaymentStatus::RequiresCapture => "requires_capture",
+        PaymentStatus::Canceled => "released",
+        _ => "captured",
+    }
+}
+
+/// A charge's capture state, its two ways of releasing the money as one: idempay's payment is
+/// `canceled` either way.
+fn released(state: CaptureState) -> &'static str {
+    match state {
+        CaptureState::Captured => "captured",
+        CaptureState::RequiresCapture => "requires_capture",
+        CaptureState::Voided | CaptureState::Expired => "released",
     }
 }
 

@@ -171,6 +171,23 @@ problem_catalogue! {
             was already refunded and what the cardholder disputes); `detail` says how much remains. This refusal is stored with the \
             key and replayed: use a new key for a smaller refund.",
     }
+    PaymentUnexpectedState {
+        slug: "payment-unexpected-state",
+        status: CONFLICT,
+        title: "The payment is not in a state that allows this",
+        explanation: "A capture or a cancel applies to a payment that `requires_capture` only: \
+            `detail` names the payment's state (`succeeded` after a capture, `canceled` after a \
+            cancel or an authorization that expired). This refusal is stored with the key and \
+            replayed; a new key is refused the same way while the state holds.",
+    }
+    CaptureExceedsAuthorization {
+        slug: "capture-exceeds-authorization",
+        status: BAD_REQUEST,
+        title: "The capture exceeds the authorized amount",
+        explanation: "`amount_to_capture` is more than the payment's `amount_capturable`; nothing \
+            was captured. This refusal is stored with the key and replayed: use a new key for a \
+            smaller capture.",
+    }
     WebhookSignatureInvalid {
         slug: "webhook-signature-invalid",
         status: UNAUTHORIZED,

@@ -1,6 +1,7 @@
 //! What each route answers a client: the payment, refund and dispute resources, their lists, the
 //! events, webhook intake, the refusals of bad input, and the API's description of itself.
 
+mod captures;
 mod disputes;
 mod docs;
 mod errors;

@@ -219,6 +219,45 @@ impl TestApp {
         .await
     }
 
+    /// `POST /v1/payments/{payment}/capture` under `key`.
+    pub async fn post_capture(&self, payment: &str, key: &str, body: &Value) -> TestResponse {
+        self.post_keyed(&format!("/v1/payments/{payment}/capture"), key, body)
+            .await
+    }
+
+    /// `POST /v1/payments/{payment}/cancel` under `key`.
+    pub async fn post_cancel(&self, payment: &str, key: &str, body: &Value) -> TestResponse {
+        self.post_keyed(&format!("/v1/payments/{payment}/cancel"), key, body)
+            .await
+    }
+
+    /// `POST path` with `body` under `key`, as this app's account.
+    pub async fn post_keyed(&self, path: &str, key: &str, body: &Value) -> TestResponse {
+        self.send(
+            self.client
+                .post(self.url(path))
+                .bearer_auth(&self.api_key)
+                .header("idempotency-key", key)
+                .json(body),
+        )
+        .await
+    }
+
+    /// A manual payment of `amount`, authorized (`requires_capture`): its id.
+    pub async fn authorized(&self, amount: i64) -> String {
+        let (key, mut body) = (new_key(), payment(amount));
+        body["capture_method"] = Value::from("manual");
+        let response = retry_while_in_flight(|| self.post_payment(&key, &body)).await;
+        assert_eq!(
+            response.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&response.body)
+        );
+        assert_eq!(response.json()["status"], "requires_capture");
+        response.json()["id"].as_str().unwrap().to_owned()
+    }
+
     /// `GET path` with this app's account.
     pub async fn get(&self, path: &str) -> TestResponse {
         self.send(self.client.get(self.url(path)).bearer_auth(&self.api_key))
