@@ -14,9 +14,11 @@ use crate::http::extract::Path;
 /// template). The inspection reads exactly these scopes of the account: each an index lookup on
 /// `(account_id, scope, idem_key)`, and never the processor's own keys, which share the table under scopes of
 /// their own. A unit test checks the list against the API description.
-pub const IDEMPOTENT_ROUTES: [&str; 4] = [
+pub const IDEMPOTENT_ROUTES: [&str; 6] = [
     "POST /v1/events/{id}/retry",
     "POST /v1/payments",
+    "POST /v1/payments/{id}/cancel",
+    "POST /v1/payments/{id}/capture",
     "POST /v1/payments/{id}/refunds",
     "POST /v1/webhook_endpoints",
 ];

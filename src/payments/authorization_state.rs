@@ -107,14 +107,20 @@ mod tests {
             "ch_FixtureCharge01".to_owned(),
             3000,
         );
-        assert_eq!(serde_json::to_string(&capture).unwrap(), CAPTURE_V1.trim_end());
+        assert_eq!(
+            serde_json::to_string(&capture).unwrap(),
+            CAPTURE_V1.trim_end()
+        );
         let cancel = CancelState::new(
             "acct_FixtureAccount01".to_owned(),
             "pay_FixtureChargePayment0001".to_owned(),
             "ch_FixtureCharge01".to_owned(),
             Some("requested_by_customer".to_owned()),
         );
-        assert_eq!(serde_json::to_string(&cancel).unwrap(), CANCEL_V1.trim_end());
+        assert_eq!(
+            serde_json::to_string(&cancel).unwrap(),
+            CANCEL_V1.trim_end()
+        );
         for state in [CAPTURE_V1, CANCEL_V1] {
             let value: serde_json::Value = serde_json::from_str(state).unwrap();
             assert_eq!(StateVersion::of(&value), Some(V1));

@@ -306,7 +306,12 @@ async fn record(
             None,
             EventType::PaymentCaptured,
         ),
-        Change::Canceled(reason) => (PaymentStatus::Canceled, 0, reason, EventType::PaymentCanceled),
+        Change::Canceled(reason) => (
+            PaymentStatus::Canceled,
+            0,
+            reason,
+            EventType::PaymentCanceled,
+        ),
     };
     let mut tx = lease.begin().await?;
     let row = sqlx::query_as!(

@@ -51,7 +51,10 @@ pub struct ChargeState {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct V2State {
-    #[allow(dead_code, reason = "read by the mechanism, checked by the field's presence")]
+    #[allow(
+        dead_code,
+        reason = "read by the mechanism, checked by the field's presence"
+    )]
     version: u16,
     account: String,
     payment: String,

@@ -12,8 +12,8 @@ use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sqlx::PgPool;
-use utoipa::ToSchema;
 use sqlx::types::Json;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -78,7 +78,7 @@ pub struct CapturePayment {
 pub struct CancelPayment {
     /// Why, for the merchant's records.
     #[serde(default)]
-    #[schema(inline)]
+    #[schema(inline, nullable = false)]
     pub cancellation_reason: Option<RequestedCancellation>,
 }
 

@@ -199,6 +199,20 @@ vocabulary!(CaptureMethod, "capture method" {
     Manual => "manual",
 });
 
+/// `cancellation_reason` as a string of [`CancellationReason`]'s names or `null`, one schema: not
+/// utoipa's `oneOf` of the enum and `{"type": "null"}`, which code generators read as a union.
+fn cancellation_reason_or_null() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    let names = CancellationReason::ALL
+        .iter()
+        .map(|reason| serde_json::Value::from(reason.as_str()))
+        .chain([serde_json::Value::Null]);
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .enum_values(Some(names))
+        .build()
+}
+
 /// Why a payment was canceled: one of Stripe's reasons a merchant gives, or `expired` when the
 /// processor released an authorization nobody captured in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -342,7 +356,7 @@ pub struct Payment {
     /// When the payment was canceled; `null` unless `canceled`.
     pub canceled_at: Option<DateTime<Utc>>,
     /// Why it was canceled; `null` unless `canceled`, or when no reason was given.
-    #[schema(inline)]
+    #[schema(schema_with = cancellation_reason_or_null)]
     pub cancellation_reason: Option<CancellationReason>,
     /// The merchant's key–value pairs, as sent; `{}` when none were.
     pub metadata: Metadata,

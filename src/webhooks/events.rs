@@ -23,6 +23,8 @@ use crate::payments::{PaymentRow, PaymentStatus};
 use crate::refunds::RefundRow;
 use service::vocabulary::{stored, vocabulary};
 
+mod authorizations;
+
 /// A delivery's body: the Standard Webhooks envelope.
 #[derive(Debug, Deserialize, ToSchema)]
 #[schema(example = json!({
@@ -64,6 +66,9 @@ pub enum IntakeType {
     ChargeRefundFailed,
     ChargeDeclined,
     ChargeRefunded,
+    ChargeCaptured,
+    ChargeVoided,
+    ChargeExpired,
 }
 
 vocabulary!(IntakeType, "event type" {
@@ -77,6 +82,9 @@ vocabulary!(IntakeType, "event type" {
     ChargeRefundFailed => "charge.refund.failed",
     ChargeDeclined => "charge.declined",
     ChargeRefunded => "charge.refunded",
+    ChargeCaptured => "charge.captured",
+    ChargeVoided => "charge.voided",
+    ChargeExpired => "charge.expired",
 });
 
 /// The events the service understands.
@@ -97,9 +105,14 @@ enum Event {
     RefundFailed {
         refund: String,
     },
-    /// `charge.declined`, `charge.refunded`: facts idempay records from the processor's answer to
-    /// its own call, so the event has no effect, once that object is recorded.
+    /// `charge.declined`, `charge.refunded`, `charge.captured`, `charge.voided`: facts idempay
+    /// records from the processor's answer to its own call, so the event has no effect, once that
+    /// object is recorded.
     Confirms(Recorded),
+    /// `charge.expired`: the processor released an authorization nobody captured in time.
+    AuthorizationExpired {
+        charge: String,
+    },
 }
 
 /// An object of the processor's, as idempay records it: a payment's `charge`, a refund's
@@ -315,6 +328,14 @@ fn parse(kind: &str, data: &Value) -> Result<Event, String> {
                 .map(|d| Event::RefundFailed { refund: d.refund })
                 .map_err(malformed)
         }
+        IntakeType::ChargeCaptured | IntakeType::ChargeVoided => {
+            serde_json::from_value::<ChargeData>(data)
+                .map(|d| Event::Confirms(Recorded::Charge(d.charge)))
+                .map_err(malformed)
+        }
+        IntakeType::ChargeExpired => serde_json::from_value::<ChargeData>(data)
+            .map(|d| Event::AuthorizationExpired { charge: d.charge })
+            .map_err(malformed),
         IntakeType::ChargeDeclined => serde_json::from_value::<ChargeData>(data)
             .map(|d| Event::Confirms(Recorded::Charge(d.charge)))
             .map_err(malformed),
@@ -366,6 +387,9 @@ impl Envelope {
             }
             Event::RefundFailed { refund } => self.refund_failed(conn, engine, &refund).await,
             Event::Confirms(object) => self.confirms(conn, &object).await,
+            Event::AuthorizationExpired { charge } => {
+                self.authorization_expired(conn, engine, &charge).await
+            }
         }
     }
 

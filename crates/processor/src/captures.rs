@@ -55,7 +55,12 @@ pub(crate) async fn capture_charge(
             Ok(charge) => {
                 let data = json!({ "charge": charge.id, "amount": charge.amount_captured });
                 shared
-                    .announce(&mut tx, ProcessorEventType::ChargeCaptured, lease.now(), &data)
+                    .announce(
+                        &mut tx,
+                        ProcessorEventType::ChargeCaptured,
+                        lease.now(),
+                        &data,
+                    )
                     .await?;
                 StoredResponse::json(StatusCode::OK, &tagged("charge", &charge))
                     .map_err(anyhow::Error::from)?
@@ -73,7 +78,10 @@ pub(crate) async fn void_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     Path(id): Path<String>,
-    Keyed { request, body: NewVoid {} }: Keyed<NewVoid>,
+    Keyed {
+        request,
+        body: NewVoid {},
+    }: Keyed<NewVoid>,
 ) -> Result<Response, Error> {
     if !IdKind::Charge.is(&id) {
         return Err(charge_not_found(&id).into());
@@ -86,7 +94,12 @@ pub(crate) async fn void_charge(
             Ok(charge) => {
                 let data = json!({ "charge": charge.id, "amount": charge.amount });
                 shared
-                    .announce(&mut tx, ProcessorEventType::ChargeVoided, lease.now(), &data)
+                    .announce(
+                        &mut tx,
+                        ProcessorEventType::ChargeVoided,
+                        lease.now(),
+                        &data,
+                    )
                     .await?;
                 StoredResponse::json(StatusCode::OK, &tagged("charge", &charge))
                     .map_err(anyhow::Error::from)?
@@ -128,7 +141,9 @@ async fn held(
         };
         return Ok(Err(Problem::new(
             refused,
-            format!("Charge `{id}` is {now}, not an authorization awaiting capture: nothing was {what}."),
+            format!(
+                "Charge `{id}` is {now}, not an authorization awaiting capture: nothing was {what}."
+            ),
         )));
     }
     Ok(Ok(row))
@@ -234,8 +249,9 @@ pub(crate) async fn expire_batch(
     if let Some(url) = webhook_url {
         for charge in &expired {
             let data = json!({ "charge": charge.id, "amount": charge.amount });
-            let body = delivery::envelope(ProcessorEventType::ChargeExpired.as_str(), charge.at, &data)
-                .map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+            let body =
+                delivery::envelope(ProcessorEventType::ChargeExpired.as_str(), charge.at, &data)
+                    .map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
             delivery::enqueue(
                 &mut tx,
                 crate::extract::SCOPE_OWNER,
@@ -252,4 +268,3 @@ pub(crate) async fn expire_batch(
     }
     Ok(expired.len() as u64)
 }
-

@@ -21,8 +21,8 @@ use crate::ProcessorState;
 use crate::extract::{Authorized, Keyed, KeyedPageQuery, Path};
 use crate::faults::{Faults, Fraction};
 use crate::model::{
-    CaptureState, Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute, NewRefund,
-    PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
+    CaptureState, Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute,
+    NewRefund, PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
 };
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::engine::Engine;

@@ -48,8 +48,8 @@ use service::sweeps::{self, Sweep};
 
 pub use faults::{Faults, Fraction};
 pub use model::{
-    Amount, CaptureState, Charge, ChargeStatus, Currency, Dispute, PaymentMethod, ProcessorEventType,
-    ProcessorRefund, RefundStatus,
+    Amount, CaptureState, Charge, ChargeStatus, Currency, Dispute, PaymentMethod,
+    ProcessorEventType, ProcessorRefund, RefundStatus,
 };
 pub use settings::{
     DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, KEY_TTL, ProcessorApiKey, ProcessorListen,

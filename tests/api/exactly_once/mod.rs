@@ -17,6 +17,7 @@ mod rebalance;
 mod settle;
 mod suspension;
 pub(crate) mod two_hops;
+mod two_hops_capture;
 mod two_hops_charge;
 mod two_hops_outage;
 mod two_hops_reconcile;

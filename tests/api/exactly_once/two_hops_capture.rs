@@ -1,0 +1,300 @@
+//! Exactly once across two hops, captures: a capture is one more call to the processor with a
+//! downstream key of its own, so it gets what a charge and a refund get. A capture whose answer
+//! was lost, followed by a refused connection, keeps its key and captures once; an instance killed
+//! while the processor captures is recovered by another's recovery job; an authorization nobody
+//! captures expires at the processor, and its event cancels the payment. The setup is
+//! `two_hops.rs`'s.
+
+use std::time::Duration;
+
+use ::processor::SharedArgs;
+use idempay::config::{ProcessorLink, Settings};
+use idempay_test_macros::api_test;
+use serde_json::{Value, json};
+use service::outbox::{RetrySchedule, WebhookSecrets};
+
+use super::two_hops::{
+    faulty, idempay_and_processor, instance_env, key_row, port_of, rebind, reconcile,
+};
+use crate::processor::{self, TestProcessor};
+use crate::support::helpers::{TestResponse, holds_within, new_key, payment, send, wait_until};
+use crate::support::instance::{Instance, free_port};
+
+/// What the processor holds of its one authorized charge: its capture state, what it took, and
+/// the key its capture was made under.
+async fn the_authorization(db: &sqlx::PgPool) -> (String, Option<i64>, Option<String>) {
+    sqlx::query_as("SELECT capture_state, amount_captured, capture_key FROM processor_charges")
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+fn manual(amount: i64) -> Value {
+    let mut body = payment(amount);
+    body["capture_method"] = json!("manual");
+    body
+}
+
+/// A capture of 3000 of a 5000 authorization, made by the processor after idempay stopped
+/// waiting (its answer lost); the retry meets a refused connection and keeps the key, since that
+/// says nothing of the attempt before; after the outage, the retry records the one capture.
+#[api_test]
+async fn a_refused_connection_after_a_capture_whose_answer_was_lost_keeps_the_key_and_captures_once()
+ {
+    let impatient = Settings {
+        processor: ProcessorLink {
+            timeout: Duration::from_secs(1),
+            ..ProcessorLink::default()
+        },
+        ..Settings::default()
+    };
+    let (app, healthy) = idempay_and_processor(impatient, processor::settings()).await;
+    let authorized = app.authorized(5000).await;
+    let port = port_of(&healthy);
+    healthy.stop();
+    // Each call takes 3 s there, beyond idempay's 1 s and its three attempts: the answer is lost,
+    // the processor captures anyway.
+    let slow = TestProcessor::beside_on(
+        &app,
+        faulty(|s| s.faults.latency = Duration::from_secs(3)),
+        rebind(port).await,
+    )
+    .await;
+    let key = new_key();
+    let body = json!({ "amount_to_capture": 3000 });
+
+    let unknown = app.post_capture(&authorized, &key, &body).await;
+    unknown.assert_problem(503, "processor-outcome-unknown");
+    wait_until("the processor commits the capture", || async {
+        the_authorization(&app.db).await.0 == "captured"
+    })
+    .await;
+    slow.stop();
+    let refused = app.post_capture(&authorized, &key, &body).await;
+
+    refused.assert_problem(503, "processor-outcome-unknown");
+    let (_, point, downstream) = key_row(&app, &key).await.expect("the key is kept");
+    assert_eq!(point.as_deref(), Some("payment.capture_requested"));
+    assert_eq!(
+        app.get_payment(&authorized).await.json()["status"],
+        "requires_capture",
+        "nothing recorded yet"
+    );
+
+    let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
+    let captured = until_known(|| app.post_capture(&authorized, &key, &body)).await;
+
+    assert_eq!(
+        captured.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&captured.body)
+    );
+    assert_eq!(captured.json()["amount_captured"], 3000);
+    assert_eq!(
+        the_authorization(&app.db).await,
+        ("captured".to_owned(), Some(3000), downstream),
+        "one capture at the processor, under the key's downstream key"
+    );
+    let output = reconcile(&app, &processor).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
+/// Sends until the answer is not 503 `processor-outcome-unknown`, as a retrying client does: a
+/// processor just started may still answer a first attempt after idempay's timeout.
+async fn until_known<F, Fut>(send: F) -> TestResponse
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = TestResponse>,
+{
+    for _ in 0..5 {
+        let answer = send().await;
+        if answer.status != 503 {
+            return answer;
+        }
+        answer.assert_problem(503, "processor-outcome-unknown");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    send().await
+}
+
+/// An instance killed while the processor captures (the capture's recovery point committed, the
+/// processor's own key for it in progress, nothing recorded), and no client retry: the recovery job
+/// of another instance records the capture, and the client's later retry is its replay.
+#[api_test(citus)]
+async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_without_a_retry() {
+    let (app, processor) = idempay_and_processor(
+        Settings::default(),
+        // Every call takes this long at the processor: long enough to see the capture under way
+        // and kill the instance before it is answered; below idempay's 10 s timeout.
+        faulty(|s| s.faults.latency = Duration::from_secs(6)),
+    )
+    .await;
+    let recovering = instance_env(
+        &processor,
+        &[
+            ("IDEMPAY_LEASE", "3s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+            ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
+        ],
+    );
+    let mut doomed = Instance::start(&app.database_url(), &recovering).await;
+    let survivor = Instance::start(&app.database_url(), &recovering).await;
+    let authorized = survivor
+        .post_payment(&app.api_key, &new_key(), &manual(5000))
+        .await;
+    assert_eq!(authorized.status, 201);
+    let captures = format!(
+        "{}/v1/payments/{}/capture",
+        doomed.address,
+        authorized.json()["id"].as_str().unwrap()
+    );
+    let key = new_key();
+    let capture = |base: &str| {
+        reqwest::Client::new()
+            .post(captures.replace(&doomed.address, base))
+            .bearer_auth(&app.api_key)
+            .header("idempotency-key", &key)
+            .json(&json!({ "amount_to_capture": 4000 }))
+    };
+    let in_flight = tokio::spawn(capture(&doomed.address).send());
+
+    // The crash must hit the window: the capture under way at the processor, not yet recorded.
+    let under_way = holds_within(Duration::from_secs(20), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (
+                 SELECT 1 FROM idempotency_keys p
+                 WHERE p.scope LIKE 'processor:POST /v1/charges/%/capture'
+                   AND p.status = 'in_progress'
+                   AND p.idem_key = (
+                       SELECT k.downstream_key FROM idempotency_keys k
+                       WHERE k.idem_key = $1 AND k.recovery_point = 'payment.capture_requested'))",
+        )
+        .bind(&key)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(
+        under_way,
+        "the capture is not under way at the processor within 20 s"
+    );
+    let status = || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM payments")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        status().await,
+        "requires_capture",
+        "killed before the capture was recorded"
+    );
+    doomed.child.kill().await.expect("SIGKILL");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the killed instance never answered"
+    );
+
+    wait_until("the recovery job records the capture", || async {
+        status().await == "succeeded"
+    })
+    .await;
+    let retry = send(capture(&survivor.address)).await;
+
+    assert_eq!(
+        retry.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(retry.replayed(), "answered from the recovered key");
+    assert_eq!(retry.json()["amount_captured"], 4000);
+    let (state, captured, _) = the_authorization(&app.db).await;
+    assert_eq!(
+        (state.as_str(), captured),
+        ("captured", Some(4000)),
+        "one capture at the processor, the one recorded"
+    );
+    let output = reconcile(&app, &processor).await;
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "reconciled 1 charges, 1 payments, 0 refunds and 0 disputes: 0 difference(s)\n"
+    );
+    assert!(output.status.success());
+}
+
+/// An authorization nobody captures is released by the processor's expiry job once its time is
+/// up: its `charge.expired` reaches idempay, whose payment becomes `canceled` (`expired`) with its
+/// `payment.canceled`; a capture afterwards is refused, and the ledgers agree.
+#[api_test]
+async fn an_authorization_nobody_captures_expires_at_the_processor_and_the_payment_is_canceled() {
+    let secret = WebhookSecrets::generate();
+    let intake = free_port();
+    let mut settings = processor::settings();
+    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
+    settings.shared.webhook_secrets = Some(secret.clone());
+    settings.shared.webhook_retry_schedule =
+        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
+    settings.shared.expiry_interval = Duration::from_millis(300);
+    settings.authorization_ttl = Duration::from_secs(2);
+    let with_secret = Settings {
+        shared: SharedArgs {
+            webhook_secrets: Some(secret),
+            ..SharedArgs::default()
+        },
+        ..Settings::default()
+    };
+    let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
+    let app = app
+        .another_instance_on(rebind(intake).await, with_secret)
+        .await;
+    let held = app.authorized(5000).await;
+    let captured = app.authorized(3000).await;
+    let taken = app.post_capture(&captured, &new_key(), &json!({})).await;
+    assert_eq!(taken.status, 200);
+
+    wait_until(
+        "the authorization expires and idempay hears of it",
+        || async { app.get_payment(&held).await.json()["status"] == "canceled" },
+    )
+    .await;
+
+    let payment = app.get_payment(&held).await.json();
+    assert_eq!(payment["cancellation_reason"], "expired");
+    assert_eq!(payment["amount_capturable"], 0);
+    let states: Vec<String> =
+        sqlx::query_scalar("SELECT capture_state FROM processor_charges ORDER BY amount")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        states,
+        ["captured", "expired"],
+        "the captured one is kept, the held one released"
+    );
+    let late = app.post_capture(&held, &new_key(), &json!({})).await;
+    let refused = late.assert_problem(409, "payment-unexpected-state");
+    assert!(refused["detail"].as_str().unwrap().contains("`canceled`"));
+    let canceled: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'payment.canceled'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(canceled, 1, "one payment.canceled");
+    assert_eq!(
+        app.get_payment(&captured).await.json()["status"],
+        "succeeded"
+    );
+    let output = reconcile(&app, &processor).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
