@@ -179,7 +179,13 @@ fn banner(base: &str, account: &str, key: &str) -> String {
          # (run the command above once more).\n\n\
          # The same key with another body: 422\n{}\n\n\
          # A slow charge and, half a second later, its retry: the retry gets 409 with Retry-After\n\
-         for attempt in 1 2; do\n{} &\n  sleep 0.5\ndone; wait\n",
+         for attempt in 1 2; do\n{} &\n  sleep 0.5\ndone; wait\n\n\
+         # Authorize now, capture later: a manual payment holds 5000 (requires_capture)…\n{}\n\n\
+         # …and a capture takes 3000 of it, under a key of its own (put the payment's id for pay_…):\n\
+         # succeeded, with amount_captured; the rest is released\n\
+         curl -i {base}/v1/payments/pay_…/capture \\\n  -H 'Authorization: Bearer {key}' \\\n  \
+         -H 'Content-Type: application/json' \\\n  -H 'Idempotency-Key: {}' \\\n  \
+         -d '{{\"amount_to_capture\": 3000}}'\n",
         post(
             &idem_key.to_string(),
             r#"{"amount": 4200, "currency": "eur", "order": "cmd_9182"}"#
@@ -192,6 +198,11 @@ fn banner(base: &str, account: &str, key: &str) -> String {
             &uuid::Uuid::new_v4().to_string(),
             r#"{"amount": 1500, "currency": "eur", "payment_method": "pm_card_slow"}"#
         ),
+        post(
+            &uuid::Uuid::new_v4().to_string(),
+            r#"{"amount": 5000, "currency": "eur", "capture_method": "manual"}"#
+        ),
+        uuid::Uuid::new_v4(),
     )
 }
 

@@ -1,6 +1,6 @@
-//! One unit of work for a call to the processor, whatever the call (a charge, a refund): record the
-//! recovery point, call with the key's downstream key, settle the three outcomes, resume. A call
-//! says only what is its own ([`ProcessorCall`]); its resumer is registered from the same type
+//! One unit of work for a call to the processor, whatever the call (a charge, a refund, a capture,
+//! a void): record the recovery point, call with the key's downstream key, settle the three
+//! outcomes, resume. A call says only what is its own ([`ProcessorCall`]); its resumer is registered from the same type
 //! ([`CallResumers::unit`]), and a point no resumer knows is refused when recorded, and at start.
 //!
 //! What a call records is a format of its own, versioned ([`ProcessorCall::VERSIONS`]): it outlives
@@ -8,11 +8,12 @@
 //! a release does not read is left alone by the mechanism (see the `idempotency` crate's
 //! `formats.rs`).
 //!
-//! A new processor-calling endpoint (say `POST /v1/payments/{id}/capture`) touches: its domain's
-//! files (the handler, and a `CaptureRequested` that implements [`ProcessorCall`], its recovery
-//! state a versioned type of its own with a golden fixture in tests/fixtures/, its client call in
-//! downstream/client.rs); a migration for what it records; the spec (openapi/openapi.json, `make
-//! openapi`); its tests in tests/api; and one line in app.rs's `resumers`, `.unit::<…>(processor)`.
+//! A new processor-calling endpoint touches: its domain's files (the handler, and a type that
+//! implements [`ProcessorCall`], its recovery state a versioned type of its own with a golden
+//! fixture in tests/fixtures/, its client call in downstream/client.rs); a migration for what it
+//! records; the spec (openapi/openapi.json, `make openapi`); its tests in tests/api; and one line in
+//! app.rs's `resumers`, `.unit::<…>(processor)`. The capture and the cancel of a manual payment
+//! (payments/capturing.rs) are two such calls in one file.
 
 use std::future::Future;
 

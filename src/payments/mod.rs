@@ -1,5 +1,7 @@
-//! Payments: `POST /v1/payments` charges exactly once per idempotency key, and
-//! `GET /v1/payments/{id}` reads one back.
+//! Payments: `POST /v1/payments` charges exactly once per idempotency key (or, with
+//! `capture_method: manual`, authorizes: `POST /v1/payments/{id}/capture` then takes the money, or
+//! `…/cancel` releases it, each once per key, capturing.rs), and `GET /v1/payments/{id}` reads one
+//! back.
 
 mod authorization_state;
 mod capturing;

@@ -185,7 +185,8 @@ pub struct NewPayment {
 /// holding the amount on the card (`requires_capture`), and takes it when
 /// `POST /v1/payments/{id}/capture` is called (all or part of it), or releases it on
 /// `POST /v1/payments/{id}/cancel`. An authorization not captured within the processor's limit
-/// (7 days by default) is released by the processor, and the payment becomes `canceled`.
+/// (7 days by default) is released by the processor, and the payment becomes `canceled`. On a
+/// payment, absent from the replay of one stored before manual capture existed (automatic).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CaptureMethod {
@@ -324,19 +325,22 @@ pub struct Payment {
     pub status: PaymentStatus,
     #[schema(inline)]
     pub payment_method: PaymentMethod,
-    #[schema(inline)]
+    // Absent from a replay of a payment stored before manual capture existed (the type's
+    // description says so: a field's own would turn the inline enum into an `allOf`).
+    #[schema(inline, required = false)]
     pub capture_method: CaptureMethod,
     /// The merchant's order reference.
     pub order: Option<String>,
     pub description: Option<String>,
     /// How much the processor took, in minor units: the amount of an automatic payment that
     /// succeeded, what the capture took of a manual one, 0 before a capture, after a cancel and
-    /// for a decline. Refunds and disputes apply to it.
-    #[schema(minimum = 0)]
+    /// for a decline. Refunds and disputes apply to it. Absent from a replay of a payment stored
+    /// before manual capture existed (then the whole amount).
+    #[schema(minimum = 0, required = false)]
     pub amount_captured: i64,
     /// How much a capture may still take, in minor units: the amount while `requires_capture`,
-    /// 0 otherwise.
-    #[schema(minimum = 0)]
+    /// 0 otherwise. Absent from a replay of a payment stored before manual capture existed (0).
+    #[schema(minimum = 0, required = false)]
     pub amount_capturable: i64,
     /// How much of the amount has been refunded, in minor units.
     #[schema(minimum = 0)]

@@ -36,10 +36,11 @@ pub struct Envelope {
     /// The processor's `charge.succeeded`, `charge.failed`, `charge.dispute.created` and
     /// `charge.refund.failed`, which name its charge (`ch_…`) or refund; or the same events
     /// naming idempay's own objects: `payment.succeeded`, `payment.failed`, `dispute.created` and
-    /// `refund.failed`. The processor's `charge.declined` and `charge.refunded` change nothing
-    /// (idempay records their effect from the processor's answer to its call) but, like the
-    /// others, are parked while their charge or refund is not recorded. Other types are
-    /// acknowledged and recorded without effect.
+    /// `refund.failed`; and `charge.expired`, an authorization the processor released, which
+    /// cancels its manual payment. The processor's `charge.declined`, `charge.refunded`,
+    /// `charge.captured` and `charge.voided` change nothing (idempay records their effect from the
+    /// processor's answer to its call) but, like the others, are parked while their charge or
+    /// refund is not recorded. Other types are acknowledged and recorded without effect.
     #[serde(rename = "type")]
     pub kind: String,
     /// When the processor created the event. A payment's status follows only events newer than

@@ -226,9 +226,9 @@ async fn serve_refuses_to_start_while_keys_wait_at_a_recovery_point_no_unit_of_w
                 CASE WHEN status = 'completed' THEN 201 END,
                 CASE WHEN status = 'completed' THEN '{}'::jsonb END,
                 CASE WHEN status = 'completed' THEN ''::bytea END
-         FROM (VALUES (1, 'in_progress', 'payment.capture_requested'),
-                      (2, 'in_progress', 'payment.capture_requested'),
-                      (3, 'completed', 'payment.capture_requested'),
+         FROM (VALUES (1, 'in_progress', 'payment.installment_requested'),
+                      (2, 'in_progress', 'payment.installment_requested'),
+                      (3, 'completed', 'payment.installment_requested'),
                       (4, 'held', 'refund.retired_point'),
                       (5, 'in_progress', 'payment.charge_requested'))
               AS keys (i, status, point)",
@@ -256,7 +256,7 @@ async fn serve_refuses_to_start_while_keys_wait_at_a_recovery_point_no_unit_of_w
     assert!(
         stderr.contains(
             "error: refusing to start: suspended keys wait at recovery points that no unit of \
-             work of this build resumes: `payment.capture_requested` (2 keys). Run the version \
+             work of this build resumes: `payment.installment_requested` (2 keys). Run the version \
              that recorded them"
         ),
         "{stderr}"
@@ -269,7 +269,7 @@ async fn serve_refuses_to_start_while_keys_wait_at_a_recovery_point_no_unit_of_w
     // Resumed by the release that recorded them: the instance starts, beside the held key.
     sqlx::query(
         "DELETE FROM idempotency_keys
-         WHERE status = 'in_progress' AND recovery_point = 'payment.capture_requested'",
+         WHERE status = 'in_progress' AND recovery_point = 'payment.installment_requested'",
     )
     .execute(&db)
     .await

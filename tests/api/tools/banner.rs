@@ -29,7 +29,7 @@ async fn every_command_the_dev_banner_prints_does_what_it_says_from_any_director
             .text
             .clone()
     };
-    assert_eq!(shown.len(), 8, "{shown:#?}");
+    assert_eq!(shown.len(), 10, "{shown:#?}");
     assert!(
         dev.banner.contains("(run the command above once more)"),
         "{}",
@@ -166,6 +166,29 @@ async fn every_command_the_dev_banner_prints_does_what_it_says_from_any_director
         "{reconciled:?}"
     );
 
+    // Authorize now, capture later, as the banner shows it; then the ledgers agree on it too.
+    let authorized = elsewhere.run(&find(What::Authorize)).await;
+    assert!(authorized.starts_with("HTTP/1.1 201"), "{authorized}");
+    let held: serde_json::Value =
+        serde_json::from_str(authorized.lines().last().unwrap()).unwrap();
+    assert_eq!(held["status"], "requires_capture", "{held}");
+    let capture = find(What::Capture).replace("pay_…", held["id"].as_str().unwrap());
+    let captured = elsewhere.run(&capture).await;
+    assert!(captured.starts_with("HTTP/1.1 200"), "{captured}");
+    let captured: serde_json::Value =
+        serde_json::from_str(captured.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (&captured["status"], &captured["amount_captured"]),
+        (&serde_json::json!("succeeded"), &serde_json::json!(3000)),
+        "{captured}"
+    );
+    let reconciled = elsewhere.output(&find(What::Reconcile)).await;
+    assert_eq!(
+        reconciled.stdout,
+        "reconciled 3 charges, 3 payments, 0 refunds and 1 disputes: 0 difference(s)\n",
+        "{reconciled:?}"
+    );
+
     receiver.stop();
     // Nothing of the test outlives it: the receiver's port is free again.
     let stopped_at = Instant::now();
@@ -193,6 +216,8 @@ enum What {
     Pay,
     Mismatch,
     SlowAndItsRetry,
+    Authorize,
+    Capture,
     ProcessorLedger,
     Dispute,
     Reconcile,
@@ -208,6 +233,8 @@ impl What {
             ("# A payment:", Self::Pay),
             ("# The same key with another body: 422", Self::Mismatch),
             ("# A slow charge", Self::SlowAndItsRetry),
+            ("# Authorize now, capture later", Self::Authorize),
+            ("a capture takes 3000 of it", Self::Capture),
             ("The processor's ledger", Self::ProcessorLedger),
             ("# A dispute of 500 on a payment", Self::Dispute),
             ("# The two ledgers compared", Self::Reconcile),
@@ -236,7 +263,10 @@ fn commands(banner: &str) -> Vec<Shown> {
         if !command.is_empty() {
             let text = command.join("\n");
             // The only blanks left for the reader are those the comments name.
-            let unfilled = text.replace("ch_…", "").replace("whsec_…", "");
+            let unfilled = text
+                .replace("ch_…", "")
+                .replace("whsec_…", "")
+                .replace("pay_…", "");
             assert!(!unfilled.contains('…'), "a blank to fill in: {text}");
             shown.push(Shown {
                 what: What::of(comment),

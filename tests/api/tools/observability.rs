@@ -253,7 +253,7 @@ async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknow
     let mut answers = Vec::new();
     for (id, kind) in [
         ("evt_late", "charge.succeeded"),
-        ("evt_new", "charge.captured"),
+        ("evt_new", "charge.updated"),
     ] {
         let (status, body) = idempay::webhooks::send(&url, &secret, id, kind, data.clone())
             .await
@@ -293,7 +293,7 @@ async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknow
     assert!(
         without_effect[1]
             .1
-            .contains("unknown event type `charge.captured`"),
+            .contains("unknown event type `charge.updated`"),
         "{without_effect:?}"
     );
 }
