@@ -18,7 +18,7 @@
 use std::future::Future;
 
 use super::client::{self, Listed, Outcome, ProcessorClient, Refusal};
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::{ApiError, Problem, ProblemKind};
 use idempotency::{
     Completion, EarlierCalls, KeyedRequest, Lease, RecoveryPoint, Resumers, StateVersion,
 };
@@ -192,7 +192,7 @@ pub async fn settle_held<C: ProcessorCall>(
         })?;
     match made {
         Some(answer) => record(&processor, lease, call, answer).await,
-        None => refuse(lease, &client::nothing_made_problem(C::WHAT)).await,
+        None => refuse(lease, &nothing_made_problem(C::WHAT)).await,
     }
 }
 
@@ -241,11 +241,11 @@ async fn settle<C: ProcessorCall>(
             if !lease.clear_recovery_point().await? {
                 return Ok(lease.lost());
             }
-            Err(client::refused_problem(C::WHAT, &refusal).into())
+            Err(refused_problem(C::WHAT, &refusal).into())
         }
         Outcome::Unknown(reason) => {
             tracing::warn!(%reason, downstream_key, "the {}'s outcome is unknown", C::WHAT);
-            Err(client::unknown_problem(C::WHAT).into())
+            Err(unknown_problem(C::WHAT).into())
         }
     }
 }
@@ -296,4 +296,51 @@ impl CallResumers for Resumers {
             settle_held::<C>(settling.clone(), lease)
         })
     }
+}
+
+/// idempay's answer when the processor refused the `what` before acting on it: nothing happened,
+/// and the key was released for a fresh retry.
+/// The cause (the processor's address, the connection's error) is logged with the key where the
+/// call is counted (`downstream::metrics`), never told the client.
+fn refused_problem(what: &str, refusal: &Refusal) -> Problem {
+    let what_happened = match refusal.status {
+        None => format!("The processor could not be reached, so the {what} was not sent"),
+        Some(status) => format!("The processor refused the {what} before making it ({status})"),
+    };
+    Problem::new(
+        ProblemKind::ProcessorUnavailable,
+        format!(
+            "{what_happened}. Nothing happened; retry with the same Idempotency-Key (a retry \
+             after the Retry-After delay usually succeeds once the processor is back)."
+        ),
+    )
+    .retry_after(client::RETRY_AFTER)
+}
+
+/// idempay's answer when the processor's answer about the `what` did not arrive: the key is kept,
+/// and the retry (or the recovery job) asks again with the same downstream key.
+fn unknown_problem(what: &str) -> Problem {
+    Problem::new(
+        ProblemKind::ProcessorOutcomeUnknown,
+        format!(
+            "The processor's answer about the {what} did not arrive, so whether it happened is not \
+             known yet. The key is kept: retry with the same Idempotency-Key, and the {what} the \
+             processor made, if any, is recorded and answered, never made twice."
+        ),
+    )
+    .retry_after(client::RETRY_AFTER)
+}
+
+/// The answer a held key completes with when an operator's settle found that the processor made no
+/// `what` under its downstream key: final, stored and replayed like any result, so the client
+/// knows that nothing happened and that only a new key tries the intent again.
+fn nothing_made_problem(what: &str) -> Problem {
+    Problem::new(
+        ProblemKind::ProcessorMadeNothing,
+        format!(
+            "The processor's answer about the {what} never arrived, and an operator settled the \
+             request from the processor's ledger: it made no {what} under this request. Nothing \
+             happened. To try again, send the request with a new Idempotency-Key."
+        ),
+    )
 }

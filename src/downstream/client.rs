@@ -14,7 +14,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::metrics::{self, CallOutcome, Operation};
-use crate::http::error::{Problem, ProblemKind};
 use idempotency::EarlierCalls;
 use processor::problem::ProblemKind as ProcessorProblem;
 use processor::{Charge, Dispute, ProcessorRefund};
@@ -173,53 +172,6 @@ where
             outcome => return outcome,
         }
     }
-}
-
-/// idempay's answer when the processor refused the `what` before acting on it: nothing happened,
-/// and the key was released for a fresh retry.
-/// The cause (the processor's address, the connection's error) is logged with the key where the
-/// call is counted (`downstream::metrics`), never told the client.
-pub fn refused_problem(what: &str, refusal: &Refusal) -> Problem {
-    let what_happened = match refusal.status {
-        None => format!("The processor could not be reached, so the {what} was not sent"),
-        Some(status) => format!("The processor refused the {what} before making it ({status})"),
-    };
-    Problem::new(
-        ProblemKind::ProcessorUnavailable,
-        format!(
-            "{what_happened}. Nothing happened; retry with the same Idempotency-Key (a retry \
-             after the Retry-After delay usually succeeds once the processor is back)."
-        ),
-    )
-    .retry_after(RETRY_AFTER)
-}
-
-/// idempay's answer when the processor's answer about the `what` did not arrive: the key is kept,
-/// and the retry (or the recovery job) asks again with the same downstream key.
-pub fn unknown_problem(what: &str) -> Problem {
-    Problem::new(
-        ProblemKind::ProcessorOutcomeUnknown,
-        format!(
-            "The processor's answer about the {what} did not arrive, so whether it happened is not \
-             known yet. The key is kept: retry with the same Idempotency-Key, and the {what} the \
-             processor made, if any, is recorded and answered, never made twice."
-        ),
-    )
-    .retry_after(RETRY_AFTER)
-}
-
-/// The answer a held key completes with when an operator's settle found that the processor made no
-/// `what` under its downstream key: final, stored and replayed like any result, so the client
-/// knows that nothing happened and that only a new key tries the intent again.
-pub fn nothing_made_problem(what: &str) -> Problem {
-    Problem::new(
-        ProblemKind::ProcessorMadeNothing,
-        format!(
-            "The processor's answer about the {what} never arrived, and an operator settled the \
-             request from the processor's ledger: it made no {what} under this request. Nothing \
-             happened. To try again, send the request with a new Idempotency-Key."
-        ),
-    )
 }
 
 /// The processor's API, for idempay.
@@ -431,19 +383,10 @@ impl ProcessorClient {
         charge: &str,
         amount: Option<i64>,
     ) -> Outcome<ProcessorRefund> {
-        let started = Instant::now();
-        let sent = self
-            .request(Method::POST, &format!("v1/charges/{charge}/refunds"))
-            .header("idempotency-key", self.key_for(downstream_key))
-            .json(&serde_json::json!({ "amount": amount }))
-            .send()
-            .await;
-        let outcome = match sent {
-            Ok(response) => answered(response).await,
-            Err(error) => transport(&error),
-        };
-        outcome.record(Operation::Refund, downstream_key, started, false);
-        outcome
+        let path = format!("v1/charges/{charge}/refunds");
+        let body = serde_json::json!({ "amount": amount });
+        self.keyed(Operation::Refund, &path, downstream_key, &body)
+            .await
     }
 
     /// One attempt to capture the authorized `charge` (all of it when `amount` is `None`), with
@@ -454,35 +397,44 @@ impl ProcessorClient {
         charge: &str,
         amount: Option<i64>,
     ) -> Outcome<Charge> {
-        let started = Instant::now();
-        let sent = self
-            .request(Method::POST, &format!("v1/charges/{charge}/capture"))
-            .header("idempotency-key", self.key_for(downstream_key))
-            .json(&serde_json::json!({ "amount": amount }))
-            .send()
-            .await;
-        let outcome = match sent {
-            Ok(response) => answered(response).await,
-            Err(error) => transport(&error),
-        };
-        outcome.record(Operation::Capture, downstream_key, started, false);
-        outcome
+        let path = format!("v1/charges/{charge}/capture");
+        let body = serde_json::json!({ "amount": amount });
+        self.keyed(Operation::Capture, &path, downstream_key, &body)
+            .await
     }
 
     /// One attempt to void the authorized `charge`, with `Idempotency-Key: downstream_key`.
     pub async fn void(&self, downstream_key: &str, charge: &str) -> Outcome<Charge> {
+        let path = format!("v1/charges/{charge}/void");
+        self.keyed(
+            Operation::Void,
+            &path,
+            downstream_key,
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
+    /// One keyed `POST` of `body` to `path`, counted and timed as `operation`.
+    async fn keyed<T: DeserializeOwned>(
+        &self,
+        operation: Operation,
+        path: &str,
+        downstream_key: &str,
+        body: &serde_json::Value,
+    ) -> Outcome<T> {
         let started = Instant::now();
         let sent = self
-            .request(Method::POST, &format!("v1/charges/{charge}/void"))
+            .request(Method::POST, path)
             .header("idempotency-key", self.key_for(downstream_key))
-            .json(&serde_json::json!({}))
+            .json(body)
             .send()
             .await;
         let outcome = match sent {
             Ok(response) => answered(response).await,
             Err(error) => transport(&error),
         };
-        outcome.record(Operation::Void, downstream_key, started, false);
+        outcome.record(operation, downstream_key, started, false);
         outcome
     }
 

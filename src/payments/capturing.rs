@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use sqlx::types::Json;
 
 use super::authorization_state::{self, CancelState, CaptureState};
-use super::model::{CancellationReason, PaymentId, PaymentRow, PaymentStatus};
+use super::model::{CancellationReason, PaymentId, PaymentRow, PaymentStatus, payment_not_found};
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{Outcome, ProcessorClient, Refusal};
@@ -119,7 +119,7 @@ async fn held(
     .fetch_optional(pool)
     .await?
     else {
-        return Ok(Err(super::payment_not_found(payment.as_str())));
+        return Ok(Err(payment_not_found(payment.as_str())));
     };
     match (stored::<PaymentStatus>(&row.status)?, row.charge) {
         (PaymentStatus::RequiresCapture, Some(charge)) => Ok(Ok(Authorized {

@@ -38,7 +38,7 @@ pub use model::{
     PaymentStatus, reject_nul,
 };
 
-pub(crate) use model::PaymentRow;
+pub(crate) use model::{PaymentRow, payment_not_found};
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
@@ -54,11 +54,6 @@ where
         .routes(routes!(get_payment))
         .routes(routes!(capture_payment))
         .routes(routes!(cancel_payment))
-}
-
-/// No payment `id` for this account.
-fn payment_not_found(id: &str) -> Problem {
-    Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
 }
 
 /// A capture of a manual payment. Unknown fields are refused.

@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::currency::Currency;
+use crate::http::error::{Problem, ProblemKind};
 use crate::metadata::Metadata;
 use idempotency::decimal::Decimal;
 use service::ids;
@@ -371,6 +372,11 @@ impl Payment {
     pub fn location(&self) -> String {
         format!("/v1/payments/{}", self.id)
     }
+}
+
+/// No payment `id` for this account.
+pub(crate) fn payment_not_found(id: &str) -> Problem {
+    Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
 }
 
 /// A `payments` row, as the queries read it.

@@ -25,7 +25,7 @@ use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
 
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
-use crate::payments::{Amount, PaymentId};
+use crate::payments::{Amount, PaymentId, payment_not_found};
 
 const MAX_REASON_LEN: usize = 500;
 
@@ -83,7 +83,6 @@ impl TryFrom<String> for Reason {
 }
 
 pub(crate) use model::RefundRow;
-use model::payment_not_found;
 pub use model::{Refund, RefundStatus};
 pub use refunding::{REFUND_REQUESTED, RefundAsked, RefundRequested, refund_and_record};
 

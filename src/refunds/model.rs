@@ -6,7 +6,6 @@ use serde::Serialize;
 use sqlx::types::Json;
 use utoipa::ToSchema;
 
-use crate::http::error::{Problem, ProblemKind};
 use crate::metadata::Metadata;
 use service::vocabulary::{stored, vocabulary};
 
@@ -92,9 +91,4 @@ impl RefundRow {
             metadata: self.metadata.0,
         })
     }
-}
-
-/// A payment the refund names that does not exist (or is another account's).
-pub(super) fn payment_not_found(id: &str) -> Problem {
-    Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
 }

@@ -9,7 +9,7 @@ use axum::http::{StatusCode, header};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use super::model::{RefundRow, payment_not_found};
+use super::model::RefundRow;
 use super::refund_state::{self, Refund, RefundState};
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
@@ -17,7 +17,7 @@ use crate::downstream::{Outcome, ProcessorClient, Refusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
-use crate::payments::{PaymentId, PaymentRow, PaymentStatus};
+use crate::payments::{PaymentId, PaymentRow, PaymentStatus, payment_not_found};
 use idempotency::{Completion, Lease, StateVersion, StoredResponse};
 use processor::ProcessorRefund;
 use service::ids;

@@ -32,10 +32,6 @@ use service::outbox::delivery;
 use service::server::Hangup;
 use service::vocabulary::stored;
 
-/// How long an authorization holds its money when nobody captures it: a card network's usual
-/// bound for an online authorization.
-pub const DEFAULT_AUTHORIZATION_TTL: &str = "7days";
-
 /// `POST /v1/charges/{id}/capture {amount?}`: 200 with the captured charge. Refused (a stored
 /// result) unless the charge is an authorization still held, or for more than it holds.
 pub(crate) async fn capture_charge(

@@ -1,5 +1,6 @@
 //! Fault injection: what a real processor does to its clients now and then, on demand, so that
-//! idempay's handling of each can be tested. Faults apply to charges and refunds.
+//! idempay's handling of each can be tested. Faults apply to charges, refunds, captures and voids;
+//! `GET`/`PUT /v1/test/faults` read and change them at run time (fault_routes.rs).
 //!
 //! - **Lose answers**: the effect commits, then the connection is closed with no response at all.
 //!   The client sees a transport error after sending and cannot tell whether anything happened.

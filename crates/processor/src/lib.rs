@@ -14,6 +14,7 @@
 mod captures;
 mod disputes;
 mod extract;
+mod fault_routes;
 pub mod faults;
 mod handlers;
 mod model;
@@ -90,7 +91,7 @@ pub fn router(state: ProcessorState) -> Router {
         .route("/v1/refunds/{id}/failure", post(handlers::fail_refund))
         .route(
             "/v1/test/faults",
-            get(handlers::get_faults).put(handlers::set_faults),
+            get(fault_routes::get_faults).put(fault_routes::set_faults),
         )
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))

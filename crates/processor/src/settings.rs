@@ -130,6 +130,10 @@ pub fn check_redelivery(
     Ok(())
 }
 
+/// How long an authorization holds its money when nobody captures it: a card network's usual
+/// bound for an online authorization.
+const DEFAULT_AUTHORIZATION_TTL: &str = "7days";
+
 /// How the simulated processor behaves.
 #[derive(Args, Clone, Debug)]
 pub struct ProcessorSettings {
@@ -149,7 +153,7 @@ pub struct ProcessorSettings {
     /// How long an authorization (a charge made with `capture: false`) holds its money when
     /// nobody captures or voids it; then the expiry job releases it and announces
     /// `charge.expired`.
-    #[arg(long, env = "IDEMPAY_PROCESSOR_AUTHORIZATION_TTL", default_value = crate::captures::DEFAULT_AUTHORIZATION_TTL, value_parser = positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL"))]
+    #[arg(long, env = "IDEMPAY_PROCESSOR_AUTHORIZATION_TTL", default_value = DEFAULT_AUTHORIZATION_TTL, value_parser = positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL"))]
     pub authorization_ttl: Duration,
 
     #[command(flatten)]
@@ -164,7 +168,7 @@ impl ProcessorSettings {
             shared: SharedArgs::default(),
             webhook_url: None,
             authorization_ttl: positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL")(
-                crate::captures::DEFAULT_AUTHORIZATION_TTL,
+                DEFAULT_AUTHORIZATION_TTL,
             )
             .expect("the default authorization lifetime parses"),
             faults: Faults::default(),

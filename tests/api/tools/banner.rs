@@ -169,8 +169,7 @@ async fn every_command_the_dev_banner_prints_does_what_it_says_from_any_director
     // Authorize now, capture later, as the banner shows it; then the ledgers agree on it too.
     let authorized = elsewhere.run(&find(What::Authorize)).await;
     assert!(authorized.starts_with("HTTP/1.1 201"), "{authorized}");
-    let held: serde_json::Value =
-        serde_json::from_str(authorized.lines().last().unwrap()).unwrap();
+    let held: serde_json::Value = serde_json::from_str(authorized.lines().last().unwrap()).unwrap();
     assert_eq!(held["status"], "requires_capture", "{held}");
     let capture = find(What::Capture).replace("pay_…", held["id"].as_str().unwrap());
     let captured = elsewhere.run(&capture).await;
