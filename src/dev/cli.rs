@@ -287,6 +287,7 @@ async fn pay(args: PayArgs) -> anyhow::Result<()> {
         order: args.order,
         description: None,
         payment_method: args.payment_method,
+        capture_method: None,
     };
     let key = args
         .idempotency_key

@@ -18,6 +18,10 @@ pub enum Seen {
     Refunded,
     /// A dispute opened at the processor.
     Disputed,
+    /// A manual payment's capture answered 200.
+    Captured,
+    /// A manual payment's cancel answered 200.
+    Canceled,
     /// A dispute's event delivered before idempay recorded its charge, and acknowledged.
     EarlyEvent,
     ProcessorKilled,
@@ -33,11 +37,13 @@ pub enum Seen {
     Recovery,
 }
 
-pub const KINDS: [Seen; 12] = [
+pub const KINDS: [Seen; 14] = [
     Seen::Paid,
     Seen::Declined,
     Seen::Refunded,
     Seen::Disputed,
+    Seen::Captured,
+    Seen::Canceled,
     Seen::EarlyEvent,
     Seen::ProcessorKilled,
     Seen::InstanceKilled,
@@ -49,12 +55,13 @@ pub const KINDS: [Seen; 12] = [
 ];
 
 /// What every default run must have met at least once: the work, and the faults each schedule
-/// plans. Early events, database restarts and declines depend on draws that a run's handful of
-/// schedules may all miss; they are counted, not required.
-const REQUIRED: [Seen; 8] = [
+/// plans. Early events, database restarts, declines and cancels depend on draws that a run's handful
+/// of schedules may all miss; they are counted, not required.
+const REQUIRED: [Seen; 9] = [
     Seen::Paid,
     Seen::Refunded,
     Seen::Disputed,
+    Seen::Captured,
     Seen::ProcessorKilled,
     Seen::Paused,
     Seen::Redelivered,
@@ -69,6 +76,8 @@ impl Seen {
             Self::Declined => "declined",
             Self::Refunded => "refunds",
             Self::Disputed => "disputes",
+            Self::Captured => "captures",
+            Self::Canceled => "cancels",
             Self::EarlyEvent => "early",
             Self::ProcessorKilled => "kill-p",
             Self::InstanceKilled => "kill-i",

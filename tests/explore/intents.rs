@@ -77,6 +77,37 @@ pub async fn send(
                 answer(result, |r| r.id.clone()),
             )
         }
+        Want::Authorize { amount } => {
+            let payment = NewPayment {
+                amount: *amount,
+                currency: "eur".to_owned(),
+                capture_method: Some("manual".to_owned()),
+                ..NewPayment::default()
+            };
+            let result = client.create_payment(&payment, key).await;
+            (
+                format!("authorize {amount}"),
+                answer(result, |p| p.id.clone()),
+            )
+        }
+        Want::Capture { of, amount } => {
+            let payment = s.answer(*of)?.id?;
+            let result = client.capture_payment(&payment, Some(*amount), key).await;
+            (
+                format!("capture {amount} of intent {of} ({payment})"),
+                answer(result, |p| p.id.clone()),
+            )
+        }
+        Want::Cancel { of } => {
+            let payment = s.answer(*of)?.id?;
+            let result = client
+                .cancel_payment(&payment, Some("abandoned"), key)
+                .await;
+            (
+                format!("cancel intent {of} ({payment})"),
+                answer(result, |p| p.id.clone()),
+            )
+        }
         Want::Dispute { .. } => unreachable!("disputes are not sent to idempay"),
     };
     match result {
@@ -136,13 +167,18 @@ pub async fn during_faults(s: Arc<Schedule>, k: usize) {
     let mut rng = Rng::new(s.plan.seed ^ (k as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
     let mut instance = intent.instance;
     match intent.want {
-        Want::Pay { .. } | Want::Refund { .. } => {
-            if let Want::Refund { of, .. } = intent.want {
-                // A refund waits for its payment's answer: only a paid payment is refunded.
+        Want::Pay { .. }
+        | Want::Refund { .. }
+        | Want::Authorize { .. }
+        | Want::Capture { .. }
+        | Want::Cancel { .. } => {
+            if let Some(of) = intent.want.waits_for() {
+                // A refund waits for its payment's answer: only a paid payment is refunded; a
+                // capture or cancel for its authorization's.
                 loop {
                     match s.answer(of) {
                         Some(paid) if paid.status == 201 => break,
-                        Some(_) => return s.skip(k, "its payment was not paid"),
+                        Some(_) => return s.skip(k, "its payment was not paid or authorized"),
                         None if Instant::now() >= s.phase_end => return,
                         None => tokio::time::sleep(Duration::from_millis(200)).await,
                     }
@@ -279,7 +315,8 @@ pub async fn dispute(
 /// sender would: before idempay has recorded the charge it names. The outbox's own delivery of it
 /// follows, with the same `webhook-id`. Answered, it must be acknowledged (parked, or applied if
 /// the charge was recorded meanwhile): a refusal would leave the event to the sender's patience.
-/// Unanswered (instance 0 down or paused), the outbox delivers it later.
+/// Unanswered (instance 0 down or paused), or answered 503 (its database restarting), the outbox
+/// delivers it later.
 async fn deliver_now(s: &Schedule, dispute: &str) {
     let event: Option<(String, Vec<u8>)> = sqlx::query_as(
         "SELECT event_id, body FROM webhook_deliveries
@@ -298,11 +335,13 @@ async fn deliver_now(s: &Schedule, dispute: &str) {
     };
     match deliver(s, &id, &body, 0).await {
         Some(200) => s.coverage.saw(Seen::EarlyEvent),
+        // An outage's answer (the database restarting), not a refusal of the event: the sender
+        // delivers it again, as when it is not answered at all.
+        Some(503) | None => {}
         Some(status) => s.trouble(
             "early event refused",
             format!("{id}, about {dispute} before its charge was recorded, answered {status}"),
         ),
-        None => {}
     }
 }
 

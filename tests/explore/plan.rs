@@ -66,6 +66,23 @@ pub enum Want {
     /// the charge yet (its answer slower than idempay waits), as long as the payment has no final
     /// answer: its event arrives before the object it names.
     Dispute { of: usize, amount: i64, early: bool },
+    /// A manual payment (`capture_method: manual`) of a unique amount, authorized only.
+    Authorize { amount: i64 },
+    /// A capture of `amount` of the authorization of intent `of`, once it is authorized.
+    Capture { of: usize, amount: i64 },
+    /// A cancel of the authorization of intent `of`, once it is authorized.
+    Cancel { of: usize },
+}
+
+impl Want {
+    /// The intent whose 201 this one waits for: a refund's payment, a capture's or a cancel's
+    /// authorization.
+    pub fn waits_for(&self) -> Option<usize> {
+        match *self {
+            Self::Refund { of, .. } | Self::Capture { of, .. } | Self::Cancel { of } => Some(of),
+            Self::Pay { .. } | Self::Authorize { .. } | Self::Dispute { .. } => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -376,6 +393,38 @@ impl Plan {
             ));
         }
 
+        // Manual payments, each then captured (in part) or canceled, from a stream of their own
+        // too, so that a seed drawn before them plays its schedule unchanged.
+        let mut manual = Rng::new(seed.rotate_left(43) ^ 0x00CA_97DE);
+        let authorizations = match draws {
+            Draws::BeforePauses => 0,
+            Draws::Current => manual.range(1, 3) as usize,
+        };
+        for n in 0..authorizations {
+            let at = within(&mut manual, Duration::ZERO, duration.mul_f64(0.6));
+            // Unique, and apart from the payments' 1000…1149.
+            let amount = 5000 + 10 * n as i64 + manual.range(0, 9) as i64;
+            let of = intents.len();
+            intents.push(Intent {
+                at,
+                instance: manual.pick(instances.len()),
+                want: Want::Authorize { amount },
+            });
+            let then = if manual.chance(0.7) {
+                Want::Capture {
+                    of,
+                    amount: manual.range(1, amount as u64) as i64,
+                }
+            } else {
+                Want::Cancel { of }
+            };
+            intents.push(Intent {
+                at: within(&mut manual, at, at + Duration::from_secs(6)),
+                instance: manual.pick(instances.len()),
+                want: then,
+            });
+        }
+
         faults.sort_by_key(|(at, _)| *at);
         Self {
             seed,
@@ -406,7 +455,7 @@ impl fmt::Display for Plan {
         write!(
             f,
             "{} instance(s) (recovery every {}), processor timeout {:?}, lease {}, {} payments, \
-             {} refunds, {} disputes, {} faults over {:?}",
+             {} refunds, {} disputes, {} authorizations ({} captures), {} faults over {:?}",
             self.instances.len(),
             recovery.join("/"),
             self.processor_timeout,
@@ -414,6 +463,8 @@ impl fmt::Display for Plan {
             count(|want| matches!(want, Want::Pay { .. })),
             count(|want| matches!(want, Want::Refund { .. })),
             count(|want| matches!(want, Want::Dispute { .. })),
+            count(|want| matches!(want, Want::Authorize { .. })),
+            count(|want| matches!(want, Want::Capture { .. })),
             self.faults.len(),
             self.duration,
         )?;

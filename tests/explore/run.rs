@@ -501,8 +501,8 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
         client.await.expect("an intent's task");
     }
 
-    // Every intent driven to a final answer: payments, then the refunds of those paid, then the
-    // disputes.
+    // Every intent driven to a final answer: payments and authorizations, then the refunds of
+    // those paid and the captures and cancels of those authorized, then the disputes.
     s.timeline
         .log("FINAL: every intent driven to a final answer");
     let open = |s: &Schedule, kind: fn(&Want) -> bool| -> Vec<usize> {
@@ -515,9 +515,9 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     let drive = |k: usize| {
         let s = Arc::clone(&s);
         async move {
-            if let Want::Refund { of, .. } = s.plan.intents[k].want {
+            if let Some(of) = s.plan.intents[k].want.waits_for() {
                 if s.answer(of).is_none_or(|paid| paid.status != 201) {
-                    return s.skip(k, "its payment was not paid");
+                    return s.skip(k, "its payment was not paid or authorized");
                 }
             }
             if let Some(answer) = intents::send(&s, k, k % n, last_chance).await {
@@ -525,9 +525,16 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
             }
         }
     };
-    let payments = open(&s, |want| matches!(want, Want::Pay { .. }));
+    let payments = open(&s, |want| {
+        matches!(want, Want::Pay { .. } | Want::Authorize { .. })
+    });
     futures::future::join_all(payments.into_iter().map(drive)).await;
-    let refunds = open(&s, |want| matches!(want, Want::Refund { .. }));
+    let refunds = open(&s, |want| {
+        matches!(
+            want,
+            Want::Refund { .. } | Want::Capture { .. } | Want::Cancel { .. }
+        )
+    });
     futures::future::join_all(refunds.into_iter().map(drive)).await;
     let disputes = open(&s, |want| matches!(want, Want::Dispute { .. }));
     futures::future::join_all(disputes.into_iter().map(|k| {

@@ -124,6 +124,10 @@ pub struct NewPayment {
     pub description: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payment_method: Option<String>,
+    /// `manual` authorizes only: the money is taken by [`Client::capture_payment`] or released by
+    /// [`Client::cancel_payment`]. `automatic` (charged at once) when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_method: Option<String>,
     /// The merchant's own key–value pairs (at most 50), returned with the payment.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
@@ -152,6 +156,12 @@ pub struct Payment {
     pub description: Option<String>,
     pub amount_refunded: i64,
     pub amount_disputed: i64,
+    /// What was taken; absent from a replay of a payment stored before manual capture existed.
+    #[serde(default)]
+    pub amount_captured: Option<i64>,
+    /// What a capture may still take (while `requires_capture`).
+    #[serde(default)]
+    pub amount_capturable: i64,
     pub created_at: String,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -253,6 +263,39 @@ impl Client {
     ) -> Result<Answer<Refund>, ClientError> {
         let body = serde_json::to_value(refund).expect("a refund serializes");
         let path = format!("/v1/payments/{payment}/refunds");
+        self.call(Method::POST, &path, Some(intent_key(key)), Some(body))
+            .await
+    }
+
+    /// Captures a manual payment: `amount` of its authorization, all of it when `None`; the key
+    /// works as for payments (one per capture intent).
+    pub async fn capture_payment(
+        &self,
+        payment: &str,
+        amount: Option<i64>,
+        key: Option<String>,
+    ) -> Result<Answer<Payment>, ClientError> {
+        let body = match amount {
+            Some(amount) => serde_json::json!({ "amount_to_capture": amount }),
+            None => serde_json::json!({}),
+        };
+        let path = format!("/v1/payments/{payment}/capture");
+        self.call(Method::POST, &path, Some(intent_key(key)), Some(body))
+            .await
+    }
+
+    /// Cancels a manual payment, releasing its authorization, for `reason` when given.
+    pub async fn cancel_payment(
+        &self,
+        payment: &str,
+        reason: Option<&str>,
+        key: Option<String>,
+    ) -> Result<Answer<Payment>, ClientError> {
+        let body = match reason {
+            Some(reason) => serde_json::json!({ "cancellation_reason": reason }),
+            None => serde_json::json!({}),
+        };
+        let path = format!("/v1/payments/{payment}/cancel");
         self.call(Method::POST, &path, Some(intent_key(key)), Some(body))
             .await
     }
