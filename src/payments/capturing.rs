@@ -313,13 +313,17 @@ async fn record(
             EventType::PaymentCanceled,
         ),
     };
+    // A parameter, not `now()` in the statement: Citus refuses a function that is not immutable
+    // inside a CASE of a distributed UPDATE.
+    let at = lease.now();
+    let canceled_at = (status == PaymentStatus::Canceled).then_some(at);
     let mut tx = lease.begin().await?;
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
         UPDATE payments
-        SET status = $3, amount_captured = $4, amount_capturable = 0,
-            canceled_at = CASE WHEN $3 = 'canceled' THEN now() END, cancellation_reason = $5
+        SET status = $3, amount_captured = $4, amount_capturable = 0, canceled_at = $6,
+            cancellation_reason = $5
         WHERE account_id = $2 AND id = $1
         RETURNING id, amount, currency, status, payment_method, order_ref, description,
                   amount_refunded, amount_disputed, charge, created_at,
@@ -331,11 +335,11 @@ async fn record(
         status.as_str(),
         captured,
         reason,
+        canceled_at,
     )
     .fetch_one(&mut *tx)
     .await?;
     let payment = row.parse()?;
-    let at = lease.now();
     let event = NewEvent::new(kind, &payment, at).map_err(anyhow::Error::from)?;
     let engine = lease.engine().await?;
     events::write(&mut tx, engine, &account, std::slice::from_ref(&event)).await?;
