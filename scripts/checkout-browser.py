@@ -8,8 +8,10 @@ Headless Chromium (Debian's, driven by its chromedriver through Selenium) opens 
 with every host but 127.0.0.1 unresolvable, pays with the slow test card by double-clicking, and
 checks the page's answers and timeline and, with API_KEY, the account's payments through the API.
 Then it starts a new order in naive mode (a key per click) and checks that the same double click
-makes two payments. Screenshots go to OUT_DIR/checkout.png and OUT_DIR/checkout-naive.png. Prints
-what it saw; exits 1 with the reasons when a check fails.
+makes two payments; then an order authorized now and shipped later, whose "Ship" double click
+captures once under a key of its own, the timeline showing both keys. Screenshots go to
+OUT_DIR/checkout.png, checkout-naive.png and checkout-ship.png. Prints what it saw; exits 1 with
+the reasons when a check fails.
 """
 
 import json
@@ -116,6 +118,43 @@ def main(base, api_key, out):
             "the page's payment list never showed the order's two payments",
         )
         driver.save_screenshot(f"{out}/checkout-naive.png")
+
+        # Authorize now, ship later: "Pay" holds the money; a double click on "Ship" captures it
+        # once, under a key of its own; the timeline shows both keys completed.
+        driver.find_element(By.ID, "naive").click()
+        driver.find_element(By.ID, "new-order").click()
+        driver.find_element(By.ID, "manual").click()
+        Select(driver.find_element(By.ID, "card")).select_by_value("pm_card_visa")
+        order = driver.find_element(By.ID, "order-ref").text
+        driver.find_element(By.ID, "pay").click()
+        wait.until(lambda d: d.find_element(By.ID, "ship").is_displayed(), "no Ship button")
+        ActionChains(driver).double_click(driver.find_element(By.ID, "ship")).perform()
+        wait.until(
+            lambda d: len([a for a in answers_of(d) if a["status"] == "200"]) >= 2,
+            "fewer than 2 answers 200 to the Ship double click",
+        )
+        captures = [a for a in answers_of(driver) if a["status"] in ("200", "409")]
+        capture_keys = {a["key"] for a in captures}
+        captured = [a for a in captures if a["status"] == "200" and a["replayed"] == "false"]
+        payments = payments_of(base, api_key, order)
+        print(
+            f"checkout: ship: {len(captures)} capture answer(s) with {len(capture_keys)} key(s), "
+            f"{len(captured)} captured; order {order}: "
+            f"{[(p['status'], p.get('amount_captured')) for p in payments]}"
+        )
+        if len(capture_keys) != 1 or len(captured) != 1:
+            problems.append(f"the Ship double click was not one capture under one key: {captures}")
+        if [(p["status"], p.get("amount_captured")) for p in payments] != [("succeeded", 4200)]:
+            problems.append(f"order {order} is not one payment captured in full: {payments}")
+        wait.until(
+            lambda d: [b.get_attribute("data-state") for b in d.find_elements(By.CSS_SELECTOR, "#timeline .key-block")]
+            == ["completed", "completed"],
+            "the timeline never showed two keys completed (the payment's and the capture's)",
+        )
+        timeline = driver.find_element(By.ID, "timeline").text
+        if "POST /v1/payments/{id}/capture" not in timeline:
+            problems.append(f"the timeline does not name the capture's key: {timeline}")
+        driver.save_screenshot(f"{out}/checkout-ship.png")
     except Exception as error:  # a wait that ran out, a missing element: the check fails, with why
         problems.append(f"{type(error).__name__}: {error}".strip())
         driver.save_screenshot(f"{out}/checkout-failed.png")

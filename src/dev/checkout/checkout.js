@@ -14,7 +14,9 @@ const LATEST_PAYMENTS = 8;
 
 const $ = (id) => document.getElementById(id);
 
-let intent; // { key, order, keys: [keys sent], clicks, answers: {key: [answer]} }
+// { key, order, keys: [keys sent], clicks, answers: {key: [answer]}, routes: {key: route},
+//   authorized: payment id once held, captureKey: the capture's own key, made when authorized }
+let intent;
 // Refreshes overlap when answers arrive together: only the latest one's result is shown.
 let timelineRefreshes = 0;
 let paymentRefreshes = 0;
@@ -36,7 +38,12 @@ function newIntent() {
     keys: [],
     clicks: 0,
     answers: {},
+    routes: {},
+    authorized: null,
+    captureKey: null,
   };
+  $("ship").hidden = true;
+  $("capture-key-line").hidden = true;
   showKey();
   $("order-ref").textContent = intent.order;
   $("answers").replaceChildren();
@@ -56,6 +63,7 @@ function pay() {
   // The naive page makes a key per click: each click is a new intent to the server.
   const key = $("naive").checked ? uuid() : intent.key;
   if (!intent.keys.includes(key)) intent.keys.push(key);
+  intent.routes[key] = "POST /v1/payments";
   intent.clicks += 1;
   const body = JSON.stringify({
     amount: AMOUNT,
@@ -63,14 +71,33 @@ function pay() {
     order: intent.order,
     description: DESCRIPTION,
     payment_method: $("card").value,
+    capture_method: $("manual").checked ? "manual" : "automatic",
   });
-  send({ key, body, click: intent.clicks, attempt: 1, order: intent.order });
+  send({ key, body, click: intent.clicks, attempt: 1, order: intent.order, path: "/demo/api/payments" });
+}
+
+// Shipping captures what "Pay" authorized: an intent of its own, with the key made when the
+// authorization came back, sent again on every click and retry, as the payment's is.
+function ship() {
+  if (!intent.authorized) return;
+  const key = intent.captureKey;
+  if (!intent.keys.includes(key)) intent.keys.push(key);
+  intent.routes[key] = "POST /v1/payments/{id}/capture";
+  intent.clicks += 1;
+  send({
+    key,
+    body: "{}",
+    click: intent.clicks,
+    attempt: 1,
+    order: intent.order,
+    path: `/demo/api/payments/${intent.authorized}/capture`,
+  });
 }
 
 async function send(request) {
   let response;
   try {
-    response = await fetch("/demo/api/payments", {
+    response = await fetch(request.path, {
       method: "POST",
       headers: { "Content-Type": "application/json", "Idempotency-Key": request.key },
       body: request.body,
@@ -84,7 +111,14 @@ async function send(request) {
   }
   const answer = await read(response);
   show(request, answer);
-  if (response.status === 409) {
+  if (answer.held && request.order === intent.order && !intent.authorized) {
+    intent.authorized = answer.payment;
+    intent.captureKey = uuid();
+    $("capture-key").textContent = intent.captureKey;
+    $("capture-key-line").hidden = false;
+    $("ship").hidden = false;
+  }
+  if (response.status === 409 && answer.inFlight) {
     retry(request, 1000 * (Number(response.headers.get("Retry-After")) || 1));
   }
   if (response.status === 401) {
@@ -110,19 +144,22 @@ async function read(response) {
     // A body that is not JSON is shown by its status alone.
   }
   const s = response.status;
+  // A 409 is a request still in flight (retried), or a payment in another state (final).
+  const inFlight = s === 409 && body.code !== "payment-unexpected-state";
   let text;
   if (s === 201 || s === 200) {
+    const what = s === 200 ? `captured ${body.amount_captured}` : `created, ${body.status}`;
     text = replayed
       ? `the stored answer, replayed: ${body.id} (nothing charged again)`
-      : `payment ${body.id} created, ${body.status}`;
-  } else if (s === 409) {
+      : `payment ${body.id} ${what}`;
+  } else if (inFlight) {
     text = `another request with this key is still in flight; retrying after ${response.headers.get("Retry-After") || 1} s`;
   } else if (s === 402) {
     text = `${replayed ? "replayed: " : ""}declined (${body.decline_code || body.detail || "card declined"})`;
   } else {
     text = body.detail || body.title || response.statusText;
   }
-  return { status: s, replayed, text, payment: body.id };
+  return { status: s, replayed, text, payment: body.id, held: body.status === "requires_capture", inFlight };
 }
 
 function show(request, answer) {
@@ -149,7 +186,7 @@ function show(request, answer) {
 function kind(answer) {
   if (answer.status === null) return "bad";
   if (answer.replayed) return "replay";
-  if (answer.status === 409) return "wait";
+  if (answer.inFlight) return "wait";
   if (answer.status < 300) return "ok";
   return "bad";
 }
@@ -185,7 +222,8 @@ async function keyTimeline(key) {
     return block;
   }
   const inspection = await response.json();
-  const use = inspection.uses.find((u) => u.route === "POST /v1/payments") || inspection.uses[0];
+  const use = inspection.uses.find((u) => u.route === intent.routes[key]) || inspection.uses[0];
+  title.textContent = `Idempotency-Key ${key} · ${use.route}`;
   block.dataset.state = use.state;
   block.dataset.responseStatus = use.response_status ?? "";
   entry(list, use.created_at, "reserved by the first request: in progress", "server");
@@ -265,6 +303,7 @@ async function refreshPayments() {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("pay").addEventListener("click", pay);
+  $("ship").addEventListener("click", ship);
   $("new-order").addEventListener("click", newIntent);
   $("naive").addEventListener("change", () => {
     document.body.classList.toggle("naive", $("naive").checked);

@@ -17,7 +17,7 @@ use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::uri::PathAndQuery;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
 use tower::ServiceExt;
@@ -121,6 +121,7 @@ impl Checkout {
             .route("/demo/checkout.js", get(script))
             .route("/demo/checkout.css", get(style))
             .route("/demo/api/payments", get(forward).post(forward))
+            .route("/demo/api/payments/{id}/capture", post(forward))
             .route("/demo/api/idempotency_keys/{key}", get(forward))
             .with_state(state)
     }
@@ -180,8 +181,8 @@ const FORWARDED: [HeaderName; 4] = [
 ///   is answered 401 and reaches nothing;
 /// - it always acts as the demo account, whose key never leaves this process: no cookie, header
 ///   or path chooses another account, and the `Authorization` a caller sends is dropped;
-/// - only the three routes above are passed on (pay, list payments, inspect a key), never refunds
-///   or anything else;
+/// - only the four routes above are passed on (pay, capture, list payments, inspect a key), never
+///   refunds or anything else;
 /// - the cookie is `SameSite=Strict`, so another site's page cannot make the browser send it
 ///   (no cross-site request forgery), and `HttpOnly`, so no script reads it.
 ///

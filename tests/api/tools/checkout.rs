@@ -225,6 +225,67 @@ async fn a_double_click_through_the_demo_session_pays_once_as_the_demo_account_o
     assert_eq!(merchants.json()["data"], json!([]));
 }
 
+/// The "Ship" button: what "Pay" authorized is captured through the session, under a key of its
+/// own, replayed; a capture without a session reaches nothing; the inspection shows both keys.
+#[api_test]
+async fn a_payment_authorized_through_the_demo_session_is_shipped_by_one_capture() {
+    let app = TestApp::spawn_with(demo_ui()).await;
+    let (_, cookie) = open_checkout(&app).await;
+    let post = |path: String, key: &str, body: serde_json::Value| {
+        app.send(
+            app.client()
+                .post(app.url(&path))
+                .header("cookie", &cookie)
+                .header("idempotency-key", key)
+                .json(&body),
+        )
+    };
+    let (pay_key, ship_key) = (
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    let held = post(
+        "/demo/api/payments".to_owned(),
+        &pay_key,
+        json!({ "amount": 4200, "currency": "eur", "capture_method": "manual" }),
+    )
+    .await;
+    assert_eq!(held.json()["status"], "requires_capture");
+    let id = held.json()["id"].as_str().unwrap().to_owned();
+    let capture = format!("/demo/api/payments/{id}/capture");
+
+    let without_session = app
+        .send(
+            app.client()
+                .post(app.url(&capture))
+                .header("idempotency-key", &ship_key)
+                .json(&json!({})),
+        )
+        .await;
+    let shipped = post(capture.clone(), &ship_key, json!({})).await;
+    let again = post(capture.clone(), &ship_key, json!({})).await;
+
+    without_session.assert_problem(401, "unauthorized");
+    assert_eq!(shipped.status, 200);
+    assert_eq!(shipped.json()["amount_captured"], 4200);
+    assert!(again.replayed());
+    assert_eq!(again.body, shipped.body);
+    for (key, route) in [
+        (&pay_key, "POST /v1/payments"),
+        (&ship_key, "POST /v1/payments/{id}/capture"),
+    ] {
+        let inspection = app
+            .send(
+                app.client()
+                    .get(app.url(&format!("/demo/api/idempotency_keys/{key}")))
+                    .header("cookie", &cookie),
+            )
+            .await;
+        assert_eq!(inspection.json()["uses"][0]["route"], route);
+        assert_eq!(inspection.json()["uses"][0]["state"], "completed");
+    }
+}
+
 #[api_test]
 async fn bad_input_through_the_demo_session_is_answered_as_the_api_answers_it() {
     let app = TestApp::spawn_with(demo_ui()).await;
