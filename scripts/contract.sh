@@ -159,6 +159,12 @@ fi
 # - a registration replayed under a key the fuzzer used before answers the endpoint it created
 #   then, as every replay does, even when that endpoint was deleted since: the check that a
 #   created resource can be read or deleted right away does not apply to the endpoints;
+# - a capture or a cancel takes an optional body, and the mechanism reads a body of `null` as no
+#   body (crates/idempotency/src/request.rs), as generated clients send it for an optional body
+#   left out; the description cannot say so without the `oneOf` with `null` that code generators
+#   misread, so the check that an invalid body is refused is off for them (their invalid bodies
+#   are refused in the suite: `bad_captures_and_cancels_are_refused_before_anything_is_reserved`),
+#   and a capture beyond the authorization is a stored 400, which no schema expresses;
 # - a refund may also be refused with 400 when the payment's state forbids it (declined, already
 #   refunded, less left than asked): a stored business outcome that depends on earlier requests,
 #   which no schema can express. Refund bodies are also checked by the integration suite's
@@ -177,6 +183,15 @@ checks.positive_data_acceptance.enabled = false
 [[operations]]
 include-operation-id = "createRefund"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "402", "403", "404", "409", "422", "429", "5xx"]
+
+[[operations]]
+include-operation-id = "capturePayment"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "402", "403", "404", "409", "422", "429", "5xx"]
+checks.negative_data_rejection.enabled = false
+
+[[operations]]
+include-operation-id = "cancelPayment"
+checks.negative_data_rejection.enabled = false
 
 [[operations]]
 include-operation-id = "listPayments"
