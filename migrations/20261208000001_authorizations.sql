@@ -46,7 +46,8 @@ ALTER TABLE payments
 -- squawk-ignore ban-drop-constraint
 ALTER TABLE payments DROP CONSTRAINT payments_status_check;
 
--- The same for the events' types: three more, about a manual payment.
+-- The same for the events' types: three more about a manual payment, two about a dispute's
+-- lifecycle (20261208000004_dispute_outcomes.sql).
 -- squawk-ignore ban-drop-constraint
 ALTER TABLE events DROP CONSTRAINT events_type_check;
 
@@ -54,7 +55,8 @@ ALTER TABLE events
     ADD CONSTRAINT events_type
         CHECK (type IN ('payment.succeeded', 'payment.declined', 'payment.failed',
                         'payment.refunded', 'payment.disputed', 'refund.created', 'refund.failed',
-                        'payment.authorized', 'payment.captured', 'payment.canceled')) NOT VALID;
+                        'payment.authorized', 'payment.captured', 'payment.canceled',
+                        'dispute.updated', 'dispute.closed')) NOT VALID;
 
 ALTER TABLE payments
     ADD CONSTRAINT payments_status

@@ -34,11 +34,29 @@ where
         .routes(routes!(get_dispute))
 }
 
-/// The state of a dispute.
+/// Where a dispute stands, as Stripe's lifecycle has it: opened (`needs_response`), the merchant's
+/// evidence submitted (`under_review`), then decided by the cardholder's bank: `won` (its amount
+/// comes back to the payment: `amount_disputed` falls) or `lost` (it stays with the cardholder).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DisputeStatus {
-    /// The payment's `amount_disputed` took all of it.
+    NeedsResponse,
+    UnderReview,
+    Won,
+    Lost,
+}
+
+vocabulary!(DisputeStatus, "dispute status" {
+    NeedsResponse => "needs_response",
+    UnderReview => "under_review",
+    Won => "won",
+    Lost => "lost",
+});
+
+/// Whether the payment's `amount_disputed` took all of a dispute (the `disputes.status` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Review {
+    /// It did.
     Open,
     /// It claims more than remained of the payment after its refunds and other disputes: the
     /// payment's `amount_disputed` took only what remained, and the money may leave twice, so an
@@ -46,7 +64,7 @@ pub enum DisputeStatus {
     NeedsReview,
 }
 
-vocabulary!(DisputeStatus, "dispute status" {
+vocabulary!(Review, "dispute review" {
     Open => "open",
     NeedsReview => "needs_review",
 });
@@ -59,7 +77,8 @@ vocabulary!(DisputeStatus, "dispute status" {
     "payment": "pay_U5PgTqA02dYsv3cLANIGkqIs",
     "amount": 1500,
     "currency": "eur",
-    "status": "open",
+    "status": "needs_response",
+    "needs_review": false,
     "created_at": "2026-12-01T02:05:12.118230Z"
 }))]
 pub struct Dispute {
@@ -81,6 +100,10 @@ pub struct Dispute {
     pub currency: String,
     #[schema(inline)]
     pub status: DisputeStatus,
+    /// `true` when it claims more than remained of the payment after its refunds and other
+    /// disputes: the payment's `amount_disputed` took only what remained, and the money may
+    /// leave twice, so an operator must look.
+    pub needs_review: bool,
     /// When idempay recorded it.
     pub created_at: DateTime<Utc>,
 }
@@ -92,7 +115,33 @@ struct DisputeRow {
     amount: i64,
     currency: String,
     status: String,
+    lifecycle: String,
     created_at: DateTime<Utc>,
+}
+
+impl Dispute {
+    /// A dispute from a `disputes` row's columns and its payment's currency, as the intake reads
+    /// it back after a change; a decoding error if its status or review is none the API knows.
+    pub(crate) fn of_row(
+        id: String,
+        payment_id: String,
+        amount: i64,
+        currency: String,
+        status: &str,
+        lifecycle: &str,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, sqlx::Error> {
+        DisputeRow {
+            id,
+            payment_id,
+            amount,
+            currency,
+            status: status.to_owned(),
+            lifecycle: lifecycle.to_owned(),
+            created_at,
+        }
+        .parse()
+    }
 }
 
 impl DisputeRow {
@@ -104,7 +153,8 @@ impl DisputeRow {
             payment: self.payment_id,
             amount: self.amount,
             currency: self.currency,
-            status: stored(&self.status)?,
+            status: stored(&self.lifecycle)?,
+            needs_review: stored::<Review>(&self.status)? == Review::NeedsReview,
             created_at: self.created_at,
         })
     }
@@ -210,7 +260,7 @@ async fn list_disputes(
             sqlx::query_as!(
                 DisputeRow,
                 r#"
-                SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.created_at
+                SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
                 FROM disputes d
                 JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
                 WHERE d.account_id = $1 AND ($2::text IS NULL OR d.payment_id = $2)
@@ -231,7 +281,7 @@ async fn list_disputes(
             sqlx::query_as!(
                 DisputeRow,
                 r#"
-                SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.created_at
+                SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
                 FROM disputes d
                 JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
                 WHERE d.account_id = $1 AND ($2::text IS NULL OR d.payment_id = $2)
@@ -288,7 +338,7 @@ async fn get_dispute(
     let row = sqlx::query_as!(
         DisputeRow,
         r#"
-        SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.created_at
+        SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
         FROM disputes d
         JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
         WHERE d.account_id = $1 AND d.id = $2
@@ -313,26 +363,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stored_dispute_status_that_is_none_of_ours_is_an_error() {
-        let row = |status: &str| DisputeRow {
+    fn a_stored_dispute_status_or_review_that_is_none_of_ours_is_an_error() {
+        let row = |status: &str, lifecycle: &str| DisputeRow {
             id: "dp_1".to_owned(),
             payment_id: "pay_U5PgTqA02dYsv3cLANIGkqIs".to_owned(),
             amount: 1500,
             currency: "eur".to_owned(),
             status: status.to_owned(),
+            lifecycle: lifecycle.to_owned(),
             created_at: Utc::now(),
         };
         for status in DisputeStatus::ALL {
-            assert_eq!(row(status.as_str()).parse().unwrap().status, *status);
+            let read = row("open", status.as_str()).parse().unwrap();
+            assert_eq!((read.status, read.needs_review), (*status, false));
             assert_eq!(
                 serde_json::to_value(status).unwrap(),
                 serde_json::Value::from(status.as_str())
             );
         }
-        // Not taken for `open`, as it once was.
-        let unknown = row("won").parse().unwrap_err();
+        assert!(row("needs_review", "won").parse().unwrap().needs_review);
+        let unknown = row("open", "closed").parse().unwrap_err();
         assert!(
-            unknown.to_string().contains("unknown dispute status `won`"),
+            unknown
+                .to_string()
+                .contains("unknown dispute status `closed`"),
+            "{unknown}"
+        );
+        let unknown = row("won", "won").parse().unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown dispute review `won`"),
             "{unknown}"
         );
     }

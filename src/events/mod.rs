@@ -56,6 +56,13 @@ pub enum EventType {
     /// expired uncaptured (`cancellation_reason` `expired`).
     #[serde(rename = "payment.canceled")]
     PaymentCanceled,
+    /// A dispute's evidence was submitted: `under_review`.
+    #[serde(rename = "dispute.updated")]
+    DisputeUpdated,
+    /// The cardholder's bank decided a dispute: `won` (its amount is the payment's again) or
+    /// `lost`.
+    #[serde(rename = "dispute.closed")]
+    DisputeClosed,
 }
 
 // In the order the documentation lists them; the names as the API, the `events.type` column
@@ -71,6 +78,8 @@ vocabulary!(EventType, "event type" {
     PaymentAuthorized => "payment.authorized",
     PaymentCaptured => "payment.captured",
     PaymentCanceled => "payment.canceled",
+    DisputeUpdated => "dispute.updated",
+    DisputeClosed => "dispute.closed",
 });
 
 /// An event, as the feed serves it and endpoints receive it.

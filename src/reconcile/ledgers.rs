@@ -5,7 +5,7 @@ use std::fmt;
 
 use sqlx::PgPool;
 
-use crate::disputes::DisputeStatus;
+use crate::disputes::{DisputeStatus, Review};
 use crate::downstream::ProcessorClient;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
@@ -105,6 +105,8 @@ pub(super) struct OurDispute {
     pub(super) id: String,
     pub(super) charge: String,
     pub(super) amount: i64,
+    /// Whether the payment's `amount_disputed` took all of it.
+    pub(super) review: Review,
     pub(super) status: DisputeStatus,
 }
 
@@ -168,7 +170,7 @@ impl Ours {
         // of a payment with no charge has nothing at the processor to be compared with.
         let disputes = sqlx::query!(
             r#"
-            SELECT d.id, p.charge AS "charge!", d.amount, d.status
+            SELECT d.id, p.charge AS "charge!", d.amount, d.status, d.lifecycle
             FROM disputes d
             JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
             WHERE p.charge IS NOT NULL
@@ -179,7 +181,8 @@ impl Ours {
         .into_iter()
         .map(|row| {
             Ok(OurDispute {
-                status: stored(&row.status)?,
+                review: stored(&row.status)?,
+                status: stored(&row.lifecycle)?,
                 id: row.id,
                 charge: row.charge,
                 amount: row.amount,

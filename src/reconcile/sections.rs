@@ -6,10 +6,13 @@ use std::fmt;
 
 use super::Difference;
 use super::ledgers::{OurDispute, OurRefund, Ours, Theirs};
-use crate::disputes::DisputeStatus;
+use crate::disputes::Review;
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
-use processor::{CaptureState, Charge, ChargeStatus, Dispute, ProcessorRefund, RefundStatus};
+use processor::{
+    CaptureState, Charge, ChargeStatus, Dispute, DisputeStatus as ProcessorDisputeStatus,
+    ProcessorRefund, RefundStatus,
+};
 
 /// Each payment against its charge: the amount, the currency, the outcome, what was refunded (the
 /// charge's `amount_refunded`) and what is disputed (the sum of the processor's disputes of the
@@ -35,7 +38,12 @@ pub(super) fn payments_against_charges(
         }
     }
     let mut disputed: BTreeMap<&str, Disputed> = BTreeMap::new();
-    for dispute in &theirs.disputes {
+    // A won dispute gave its amount back: it is disputed no more, on either ledger.
+    for dispute in theirs
+        .disputes
+        .iter()
+        .filter(|d| d.status != ProcessorDisputeStatus::Won)
+    {
         let charge = disputed.entry(dispute.charge.as_str()).or_default();
         if since.contains(dispute.id.as_str()) {
             charge.since += dispute.amount;
@@ -46,7 +54,7 @@ pub(super) fn payments_against_charges(
     let squeezed: BTreeSet<&str> = ours
         .disputes
         .iter()
-        .filter(|d| d.status == DisputeStatus::NeedsReview)
+        .filter(|d| d.review == Review::NeedsReview)
         .map(|d| d.charge.as_str())
         .collect();
     for payment in &ours.payments {
@@ -263,8 +271,8 @@ pub(super) fn refunds_against_theirs(
     }
 }
 
-/// Each dispute against the processor's dispute of the same id (its charge and amount: a dispute
-/// flagged `needs_review` is compared in full, as recorded). The processor's disputes no dispute
+/// Each dispute against the processor's dispute of the same id (its charge, amount and where it
+/// stands: a dispute flagged `needs_review` is compared in full, as recorded). The processor's disputes no dispute
 /// records (one whose event was never applied) are [`Accounted`] for apart.
 pub(super) fn disputes_against_theirs(
     ours: &[OurDispute],
@@ -282,6 +290,10 @@ pub(super) fn disputes_against_theirs(
             Some(theirs) if theirs.amount != dispute.amount => format!(
                 "amount is {} here, {} at the processor",
                 dispute.amount, theirs.amount
+            ),
+            Some(theirs) if theirs.status.as_str() != dispute.status.as_str() => format!(
+                "is {} here, {} at the processor",
+                dispute.status, theirs.status
             ),
             Some(_) => continue,
         };

@@ -17,6 +17,7 @@ use sqlx::types::Json;
 use utoipa::ToSchema;
 
 use crate::db::Engine;
+use crate::disputes::DisputeStatus;
 use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
 use crate::payments::{PaymentRow, PaymentStatus};
@@ -24,6 +25,7 @@ use crate::refunds::RefundRow;
 use service::vocabulary::{stored, vocabulary};
 
 mod authorizations;
+mod disputes;
 
 /// A delivery's body: the Standard Webhooks envelope.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -70,6 +72,8 @@ pub enum IntakeType {
     ChargeCaptured,
     ChargeVoided,
     ChargeExpired,
+    ChargeDisputeUpdated,
+    ChargeDisputeClosed,
 }
 
 vocabulary!(IntakeType, "event type" {
@@ -86,6 +90,8 @@ vocabulary!(IntakeType, "event type" {
     ChargeCaptured => "charge.captured",
     ChargeVoided => "charge.voided",
     ChargeExpired => "charge.expired",
+    ChargeDisputeUpdated => "charge.dispute.updated",
+    ChargeDisputeClosed => "charge.dispute.closed",
 });
 
 /// The events the service understands.
@@ -113,6 +119,11 @@ enum Event {
     /// `charge.expired`: the processor released an authorization nobody captured in time.
     AuthorizationExpired {
         charge: String,
+    },
+    /// `charge.dispute.updated`, `charge.dispute.closed`: where the dispute stands now.
+    DisputeChanged {
+        dispute: String,
+        status: DisputeStatus,
     },
 }
 
@@ -198,6 +209,12 @@ struct ChargeDisputeData {
     charge: String,
     dispute: String,
     amount: i64,
+}
+
+#[derive(Deserialize)]
+struct DisputeChangeData {
+    dispute: String,
+    status: String,
 }
 
 #[derive(Deserialize)]
@@ -334,6 +351,11 @@ fn parse(kind: &str, data: &Value) -> Result<Event, String> {
                 .map(|d| Event::Confirms(Recorded::Charge(d.charge)))
                 .map_err(malformed)
         }
+        IntakeType::ChargeDisputeUpdated | IntakeType::ChargeDisputeClosed => {
+            serde_json::from_value::<DisputeChangeData>(data)
+                .map_err(malformed)
+                .and_then(|d| dispute_changed(known, d))
+        }
         IntakeType::ChargeExpired => serde_json::from_value::<ChargeData>(data)
             .map(|d| Event::AuthorizationExpired { charge: d.charge })
             .map_err(malformed),
@@ -390,6 +412,9 @@ impl Envelope {
             Event::Confirms(object) => self.confirms(conn, &object).await,
             Event::AuthorizationExpired { charge } => {
                 self.authorization_expired(conn, engine, &charge).await
+            }
+            Event::DisputeChanged { dispute, status } => {
+                self.dispute_changed(conn, engine, &dispute, status).await
             }
         }
     }
@@ -614,124 +639,6 @@ impl Envelope {
             )))
         })
     }
-
-    /// Records a dispute by the processor's dispute id and adds it to the payment's disputed
-    /// amount, as far as it fits: `amount_refunded + amount_disputed` never exceeds the amount (a
-    /// CHECK holds that line). A dispute over more than remains is still recorded, in full, with
-    /// the status `needs_review`: the bank takes what it claims, whatever our books say, so an
-    /// operator must see it rather than the event being dropped.
-    async fn dispute(
-        &self,
-        conn: &mut PgConnection,
-        engine: Engine,
-        event_id: &str,
-        payment: &Target,
-        dispute: &str,
-        amount: i64,
-    ) -> Result<Applying, sqlx::Error> {
-        let Some(account) = payment.account(conn).await? else {
-            return Ok(payment.unmatched(&self.kind));
-        };
-        let (id, charge) = payment.columns();
-        // The row lock orders this dispute with refunds and other disputes of the payment; the
-        // lock of an UPDATE, so that it does not deadlock with a refund whose insert holds the key
-        // share lock of its foreign key.
-        let Some(paid) = sqlx::query!(
-            r#"
-            SELECT id, account_id,
-                   COALESCE(amount_captured, amount) - amount_refunded - amount_disputed
-                       AS "remaining!"
-            FROM payments
-            WHERE account_id = $3 AND (id = $1 OR charge = $2)
-            FOR NO KEY UPDATE
-            "#,
-            id,
-            charge,
-            account,
-        )
-        .fetch_optional(&mut *conn)
-        .await?
-        else {
-            let reason = format!("{} names no payment of ours", self.kind);
-            return Ok(Ok(Applied::without_event(ignored(NoEffect::Unexpected(
-                reason,
-            )))));
-        };
-        let fits = amount <= paid.remaining;
-        let recorded = sqlx::query_scalar!(
-            r#"
-            INSERT INTO disputes (id, payment_id, account_id, amount, status, event_id)
-            VALUES ($1, $2, $3, $4, $5, $6)
-            ON CONFLICT (account_id, id) DO NOTHING
-            RETURNING id
-            "#,
-            dispute,
-            paid.id,
-            paid.account_id,
-            amount,
-            if fits { "open" } else { "needs_review" },
-            event_id,
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        if recorded.is_none() {
-            tracing::info!(dispute, event = event_id, "dispute already recorded");
-            return Ok(Ok(Applied::without_event(Outcome::Duplicate)));
-        }
-        let disputed = sqlx::query!(
-            r#"
-            UPDATE payments SET amount_disputed = amount_disputed + $2
-            WHERE account_id = $3 AND id = $1
-            RETURNING id, amount, currency, status, payment_method, order_ref, description,
-                      amount_refunded, amount_disputed, charge, created_at,
-                      metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
-                      amount_capturable, canceled_at, cancellation_reason
-            "#,
-            paid.id,
-            amount.min(paid.remaining),
-            paid.account_id,
-        )
-        .fetch_one(&mut *conn)
-        .await?;
-        let row = PaymentRow {
-            id: disputed.id,
-            amount: disputed.amount,
-            currency: disputed.currency,
-            status: disputed.status,
-            payment_method: disputed.payment_method,
-            order_ref: disputed.order_ref,
-            description: disputed.description,
-            amount_refunded: disputed.amount_refunded,
-            amount_disputed: disputed.amount_disputed,
-            charge: disputed.charge,
-            created_at: disputed.created_at,
-            metadata: disputed.metadata,
-            capture_method: disputed.capture_method,
-            amount_captured: disputed.amount_captured,
-            amount_capturable: disputed.amount_capturable,
-            canceled_at: disputed.canceled_at,
-            cancellation_reason: disputed.cancellation_reason,
-        };
-        let event = NewEvent::new(EventType::PaymentDisputed, &row.parse()?, now(conn).await?)
-            .map_err(unencodable)?;
-        events::write(conn, engine, &paid.account_id, std::slice::from_ref(&event)).await?;
-        let outcome = if fits {
-            Outcome::Applied
-        } else {
-            tracing::warn!(
-                dispute,
-                payment = paid.id,
-                amount,
-                remaining = paid.remaining,
-                "a dispute over what remains of the payment needs review"
-            );
-            Outcome::NeedsReview
-        };
-        Ok(Ok(Applied {
-            outcome,
-            event: Some(event),
-        }))
-    }
 }
 
 /// The account of the refund `refund` names (idempay's id or the processor's), read without a
@@ -763,6 +670,27 @@ fn dispute(payment: Target, dispute: String, amount: i64) -> Result<Event, Strin
         })
     } else {
         Err(format!("a dispute of {amount} cannot apply"))
+    }
+}
+
+/// A dispute's new status, as its event names it: `under_review` updates one, `won` or `lost`
+/// closes one; any other status, or a status its type does not carry, cannot apply.
+fn dispute_changed(kind: IntakeType, data: DisputeChangeData) -> Result<Event, String> {
+    let status = data
+        .status
+        .parse::<DisputeStatus>()
+        .map_err(|error| format!("{kind}: {error}"))?;
+    let fits = match kind {
+        IntakeType::ChargeDisputeUpdated => status == DisputeStatus::UnderReview,
+        _ => matches!(status, DisputeStatus::Won | DisputeStatus::Lost),
+    };
+    if fits {
+        Ok(Event::DisputeChanged {
+            dispute: data.dispute,
+            status,
+        })
+    } else {
+        Err(format!("{kind} cannot make a dispute {status}"))
     }
 }
 

@@ -285,6 +285,13 @@ async fn process(
     service::failpoint::hit("webhook-before-commit");
     tx.commit().await?;
     crate::events::written(&applied.event);
+    // A dispute just recorded may have its later changes parked (redelivered ahead of it): they
+    // apply now rather than at the sweep. (An error leaves them to the sweep.)
+    if let Some(dispute) = envelope.recorded_dispute(outcome) {
+        if let Err(error) = parked::apply_waiting(pool, engine, ttl, dispute).await {
+            tracing::warn!(%error, dispute, "parked events not applied; the sweep will");
+        }
+    }
     Ok(Ok(outcome))
 }
 

@@ -235,7 +235,8 @@ async fn apply(
 const SWEEP_BATCH: i64 = 1_000;
 
 /// Applies every parked event whose object is recorded now; how many were applied. The objects
-/// are read in batches from the parked events, then looked up among payments and refunds by
+/// are read in batches from the parked events, then looked up among payments, refunds and
+/// disputes (a dispute's change may arrive before its creation) by
 /// statements of their own (on Citus those tables are distributed, the parked events are not).
 pub async fn sweep(pool: &PgPool, engine: Engine, ttl: Duration) -> Result<usize, sqlx::Error> {
     let mut after = String::new();
@@ -260,6 +261,8 @@ pub async fn sweep(pool: &PgPool, engine: Engine, ttl: Duration) -> Result<usize
             SELECT charge AS "object!" FROM payments WHERE charge = ANY($1)
             UNION ALL
             SELECT processor_refund AS "object!" FROM refunds WHERE processor_refund = ANY($1)
+            UNION ALL
+            SELECT id AS "object!" FROM disputes WHERE id = ANY($1)
             "#,
             &objects,
         )

@@ -1,19 +1,25 @@
 //! `GET /v1/disputes`: every dispute opened at the processor, for reconciliation, in the same keyset
-//! pages as its charges and refunds. (Opening one, a test helper, is in `handlers.rs`.)
+//! pages as its charges and refunds; and a dispute's lifecycle, test helpers standing in for the
+//! cardholder's bank: evidence submitted, then closed as won or lost. (Opening one is in
+//! `handlers.rs`.)
 //!
 //! Disputes are few (one per chargeback), so the pages are read without an index on
 //! `created_at`: sorting the disputes of a page's range costs less than keeping one.
 
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::json;
 
 use crate::ProcessorState;
-use crate::extract::Authorized;
-use crate::extract::PageQuery;
+use crate::extract::{Authorized, PageQuery, Path};
 use crate::handlers::Page;
-use crate::model::{Dispute, IdKind, tagged};
-use crate::problem::Error;
+use crate::model::{Dispute, DisputeClosing, DisputeOutcome, DisputeRow, IdKind, tagged};
+use crate::model::{DisputeStatus, ProcessorEventType};
+use crate::problem::{Error, Problem, ProblemKind};
 use service::pagination::{Cursor, List, Position, unknown_cursor};
+use service::vocabulary::stored;
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
 pub(crate) async fn list_disputes(
@@ -40,9 +46,9 @@ pub(crate) async fn list_disputes(
     let disputes = match (&page.cursor, position) {
         (Cursor::Before(_), Some(after)) => {
             sqlx::query_as!(
-                Dispute,
+                DisputeRow,
                 r#"
-                SELECT id, charge_id AS charge, amount, created_at
+                SELECT id, charge_id AS charge, amount, status, created_at
                 FROM processor_disputes
                 WHERE (created_at, id) > ($1, $2)
                 ORDER BY created_at, id
@@ -57,9 +63,9 @@ pub(crate) async fn list_disputes(
         }
         (_, before) => {
             sqlx::query_as!(
-                Dispute,
+                DisputeRow,
                 r#"
-                SELECT id, charge_id AS charge, amount, created_at
+                SELECT id, charge_id AS charge, amount, status, created_at
                 FROM processor_disputes
                 WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
                 ORDER BY created_at DESC, id DESC
@@ -73,6 +79,10 @@ pub(crate) async fn list_disputes(
             .await?
         }
     };
+    let disputes: Vec<Dispute> = disputes
+        .into_iter()
+        .map(DisputeRow::parse)
+        .collect::<Result<_, _>>()?;
     let list = List::from_rows(disputes, &page);
     let data = list.data.iter().map(|d| tagged("dispute", d)).collect();
     Ok(axum::Json(Page {
@@ -84,4 +94,105 @@ pub(crate) async fn list_disputes(
         url: "/v1/disputes",
     })
     .into_response())
+}
+
+/// `POST /v1/disputes/{id}/evidence`: the merchant answered the dispute; it is `under_review`
+/// until the bank decides, announced as `charge.dispute.updated`. A test helper, like opening one;
+/// refused unless the dispute `needs_response`.
+pub(crate) async fn submit_evidence(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    change(&state, &id, DisputeStatus::UnderReview).await
+}
+
+/// `POST /v1/disputes/{id}/close {"outcome": "won" | "lost"}`: the bank decides. A won dispute
+/// gives its amount back to the charge (`amount_disputed` falls); a lost one keeps it with the
+/// cardholder. Announced as `charge.dispute.closed`. A test helper; a dispute closes once.
+pub(crate) async fn close_dispute(
+    State(state): State<ProcessorState>,
+    _: Authorized,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Error> {
+    let body = body.map_err(Problem::from)?;
+    let closing: DisputeClosing = serde_json::from_slice(&body)
+        .map_err(|error| Problem::invalid_body::<DisputeClosing>(&body, &error))?;
+    let status = match closing.outcome {
+        DisputeOutcome::Won => DisputeStatus::Won,
+        DisputeOutcome::Lost => DisputeStatus::Lost,
+    };
+    change(&state, &id, status).await
+}
+
+/// Moves dispute `id` to `status` under its row lock, with its event and, when won, the charge's
+/// disputed amount given back, in one transaction.
+async fn change(
+    state: &ProcessorState,
+    id: &str,
+    status: DisputeStatus,
+) -> Result<Response, Error> {
+    let not_found = || Problem::new(ProblemKind::NotFound, format!("No dispute `{id}`."));
+    if !IdKind::Dispute.is(id) {
+        return Err(not_found().into());
+    }
+    let mut tx = state.pool.begin().await?;
+    let now: DisputeStatus = stored(
+        &sqlx::query_scalar!(
+            "SELECT status FROM processor_disputes WHERE id = $1 FOR UPDATE",
+            id
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(not_found)?,
+    )?;
+    let allowed = match status {
+        DisputeStatus::UnderReview => now == DisputeStatus::NeedsResponse,
+        _ => !now.is_closed(),
+    };
+    if !allowed {
+        return Err(Problem::new(
+            ProblemKind::InvalidRequest,
+            format!("Dispute `{id}` is {now}: it cannot become {status}."),
+        )
+        .into());
+    }
+    let dispute = sqlx::query_as!(
+        DisputeRow,
+        r#"
+        UPDATE processor_disputes SET status = $2 WHERE id = $1
+        RETURNING id, charge_id AS charge, amount, status, created_at
+        "#,
+        id,
+        status.as_str(),
+    )
+    .fetch_one(&mut *tx)
+    .await?
+    .parse()?;
+    if status == DisputeStatus::Won {
+        sqlx::query!(
+            "UPDATE processor_charges SET amount_disputed = amount_disputed - $2 WHERE id = $1",
+            dispute.charge,
+            dispute.amount,
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    let kind = if status.is_closed() {
+        ProcessorEventType::ChargeDisputeClosed
+    } else {
+        ProcessorEventType::ChargeDisputeUpdated
+    };
+    let data = json!({
+        "charge": dispute.charge,
+        "dispute": dispute.id,
+        "amount": dispute.amount,
+        "status": dispute.status,
+    });
+    state
+        .announce(&mut tx, kind, chrono::Utc::now(), &data)
+        .await?;
+    tx.commit().await?;
+    Ok(axum::Json(tagged("dispute", &dispute)).into_response())
 }

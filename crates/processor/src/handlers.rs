@@ -21,7 +21,7 @@ use crate::ProcessorState;
 use crate::extract::{Authorized, Keyed, KeyedPageQuery, Path};
 use crate::faults::Faults;
 use crate::model::{
-    CaptureState, Charge, ChargeRow, ChargeStatus, Dispute, IdKind, NewCharge, NewDispute,
+    CaptureState, Charge, ChargeRow, ChargeStatus, DisputeRow, IdKind, NewCharge, NewDispute,
     NewRefund, PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
 };
 use crate::problem::{Error, Problem, ProblemKind};
@@ -688,18 +688,19 @@ pub(crate) async fn create_dispute(
         .into());
     }
     let dispute = sqlx::query_as!(
-        Dispute,
+        DisputeRow,
         r#"
         INSERT INTO processor_disputes (id, charge_id, amount)
         VALUES ($1, $2, $3)
-        RETURNING id, charge_id AS charge, amount, created_at
+        RETURNING id, charge_id AS charge, amount, status, created_at
         "#,
         IdKind::Dispute.generate(),
         id,
         amount,
     )
     .fetch_one(&mut *tx)
-    .await?;
+    .await?
+    .parse()?;
     sqlx::query!(
         "UPDATE processor_charges SET amount_disputed = amount_disputed + $2 WHERE id = $1",
         id,

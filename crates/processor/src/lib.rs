@@ -49,7 +49,7 @@ use service::sweeps::{self, Sweep};
 
 pub use faults::{Faults, Fraction};
 pub use model::{
-    Amount, CaptureState, Charge, ChargeStatus, Currency, Dispute, PaymentMethod,
+    Amount, CaptureState, Charge, ChargeStatus, Currency, Dispute, DisputeStatus, PaymentMethod,
     ProcessorEventType, ProcessorRefund, RefundStatus,
 };
 pub use settings::{
@@ -88,6 +88,11 @@ pub fn router(state: ProcessorState) -> Router {
         .route("/v1/charges/{id}/disputes", post(handlers::create_dispute))
         .route("/v1/refunds", get(handlers::list_refunds))
         .route("/v1/disputes", get(disputes::list_disputes))
+        .route(
+            "/v1/disputes/{id}/evidence",
+            post(disputes::submit_evidence),
+        )
+        .route("/v1/disputes/{id}/close", post(disputes::close_dispute))
         .route("/v1/refunds/{id}/failure", post(handlers::fail_refund))
         .route(
             "/v1/test/faults",

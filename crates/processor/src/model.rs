@@ -230,6 +230,8 @@ pub enum ProcessorEventType {
     ChargeCaptured,
     ChargeVoided,
     ChargeExpired,
+    ChargeDisputeUpdated,
+    ChargeDisputeClosed,
 }
 
 vocabulary!(ProcessorEventType, "processor event type" {
@@ -241,6 +243,8 @@ vocabulary!(ProcessorEventType, "processor event type" {
     ChargeCaptured => "charge.captured",
     ChargeVoided => "charge.voided",
     ChargeExpired => "charge.expired",
+    ChargeDisputeUpdated => "charge.dispute.updated",
+    ChargeDisputeClosed => "charge.dispute.closed",
 });
 
 impl ProcessorEventType {
@@ -276,7 +280,52 @@ pub struct Dispute {
     pub id: String,
     pub charge: String,
     pub amount: i64,
+    /// Where it stands; `needs_response` in answers stored before disputes had outcomes.
+    #[serde(default)]
+    pub status: DisputeStatus,
     pub created_at: DateTime<Utc>,
+}
+
+/// A dispute's lifecycle, as Stripe's: opened (`needs_response`), evidence submitted
+/// (`under_review`), then closed by the cardholder's bank, `won` (the money comes back to the
+/// charge) or `lost` (it stays with the cardholder).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisputeStatus {
+    #[default]
+    NeedsResponse,
+    UnderReview,
+    Won,
+    Lost,
+}
+
+vocabulary!(DisputeStatus, "dispute status" {
+    NeedsResponse => "needs_response",
+    UnderReview => "under_review",
+    Won => "won",
+    Lost => "lost",
+});
+
+impl DisputeStatus {
+    /// Whether the bank has decided: nothing changes a closed dispute.
+    pub fn is_closed(self) -> bool {
+        matches!(self, Self::Won | Self::Lost)
+    }
+}
+
+/// How a test closes a dispute, as the cardholder's bank decides it.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisputeClosing {
+    pub outcome: DisputeOutcome,
+}
+
+/// The bank's decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisputeOutcome {
+    Won,
+    Lost,
 }
 
 /// A resource with its `object` member, as the API sends it: the types stay free of a constant
@@ -361,6 +410,28 @@ impl ChargeRow {
             capture_idempotency_key: self.capture_key,
             void_idempotency_key: self.void_key,
             idempotency_key: Some(self.idempotency_key),
+            created_at: self.created_at,
+        })
+    }
+}
+
+/// A `processor_disputes` row.
+pub(crate) struct DisputeRow {
+    pub id: String,
+    pub charge: String,
+    pub amount: i64,
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl DisputeRow {
+    /// The dispute this row holds; a decoding error if its status is unknown.
+    pub(crate) fn parse(self) -> Result<Dispute, sqlx::Error> {
+        Ok(Dispute {
+            id: self.id,
+            charge: self.charge,
+            amount: self.amount,
+            status: stored(&self.status)?,
             created_at: self.created_at,
         })
     }
