@@ -4,7 +4,7 @@
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
-use super::webhooks::deliver;
+use super::webhooks::{deliver, deliver_at};
 use crate::support::helpers::{TestApp, new_key, payment};
 
 /// The ids of a page's disputes, in its order.
@@ -55,12 +55,14 @@ async fn disputes_are_listed_newest_first_in_their_payment_s_currency_and_read_b
             "payment": second,
             "amount": 700,
             "currency": "eur",
-            "status": "needs_review",
+            "status": "needs_response",
+            "needs_review": true,
             "created_at": flagged["created_at"],
         })
     );
     assert_eq!(page["data"][0]["payment"], first.as_str());
-    assert_eq!(page["data"][0]["status"], "open");
+    assert_eq!(page["data"][0]["status"], "needs_response");
+    assert_eq!(page["data"][0]["needs_review"], false);
     assert!(flagged["created_at"].is_string());
 
     let one = app.get("/v1/disputes/dp_b").await;
@@ -179,4 +181,184 @@ async fn another_account_s_dispute_is_not_found_like_an_unknown_one() {
         .await;
     assert_eq!(owned.status, 200);
     assert_eq!(owned.json()["amount"], 100);
+}
+
+/// Where a dispute stands, and the payment's disputed amount.
+async fn standing(app: &TestApp, dispute: &str, payment: &str) -> (Value, Value) {
+    let dispute = app.get(&format!("/v1/disputes/{dispute}")).await.json();
+    let payment = app.get_payment(payment).await.json();
+    (
+        dispute["status"].clone(),
+        payment["amount_disputed"].clone(),
+    )
+}
+
+/// A dispute's lifecycle from the processor's events: evidence puts it `under_review`, the bank's
+/// decision closes it; a won one gives its amount back to the payment, whose refundable amount
+/// grows by it. Each event applies once (its redelivery is a `duplicate`), in order (an older one
+/// after a newer is `stale`), and a closed dispute changes no more. idempay writes
+/// `dispute.updated` and `dispute.closed`.
+#[api_test(citus)]
+async fn a_won_dispute_gives_its_amount_back_once_and_in_order() {
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
+    let paid = app.paid(5000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let t0 = chrono::Utc::now();
+    let at = |seconds: i64| t0 + chrono::Duration::seconds(seconds);
+    let event = |status: &str| json!({ "charge": charge, "dispute": "dp_w", "amount": 1500, "status": status });
+    let opened = json!({ "charge": charge, "dispute": "dp_w", "amount": 1500 });
+    deliver_at(
+        &app,
+        &secret,
+        "evt_w1",
+        "charge.dispute.created",
+        &opened,
+        at(0),
+    )
+    .await;
+    assert_eq!(
+        standing(&app, "dp_w", &paid).await,
+        (json!("needs_response"), json!(1500))
+    );
+
+    let reviewed = deliver_at(
+        &app,
+        &secret,
+        "evt_w2",
+        "charge.dispute.updated",
+        &event("under_review"),
+        at(1),
+    )
+    .await;
+    let won = deliver_at(
+        &app,
+        &secret,
+        "evt_w3",
+        "charge.dispute.closed",
+        &event("won"),
+        at(2),
+    )
+    .await;
+    let again = deliver_at(
+        &app,
+        &secret,
+        "evt_w3",
+        "charge.dispute.closed",
+        &event("won"),
+        at(2),
+    )
+    .await;
+    let late = deliver_at(
+        &app,
+        &secret,
+        "evt_w4",
+        "charge.dispute.updated",
+        &event("under_review"),
+        at(1),
+    )
+    .await;
+    let lost_after = deliver_at(
+        &app,
+        &secret,
+        "evt_w5",
+        "charge.dispute.closed",
+        &event("lost"),
+        at(3),
+    )
+    .await;
+
+    assert_eq!(reviewed.json()["outcome"], "applied");
+    assert_eq!(won.json()["outcome"], "applied");
+    assert_eq!(again.json()["outcome"], "duplicate");
+    assert_eq!(late.json()["outcome"], "stale");
+    assert_eq!(
+        lost_after.json()["outcome"],
+        "ignored",
+        "a closed dispute changes no more"
+    );
+    assert_eq!(
+        standing(&app, "dp_w", &paid).await,
+        (json!("won"), json!(0)),
+        "the amount came back once"
+    );
+    let all = app.post_refund(&paid, &new_key(), &json!({})).await;
+    assert_eq!(all.status, 201, "{:?}", all.json());
+    assert_eq!(
+        all.json()["amount"],
+        5000,
+        "the won amount is refundable again"
+    );
+    let written: Vec<String> = sqlx::query_scalar(
+        "SELECT type FROM events WHERE type LIKE 'dispute.%' ORDER BY txid, seq",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(written, ["dispute.updated", "dispute.closed"]);
+}
+
+/// A lost dispute keeps its amount with the cardholder: the payment's `amount_disputed` stays,
+/// and only the rest is refundable. A change delivered before its dispute is known (redelivered
+/// ahead of its `charge.dispute.created`) is parked, and applied once the dispute is recorded.
+#[api_test(citus)]
+async fn a_lost_dispute_keeps_its_amount_and_a_close_before_its_dispute_waits_for_it() {
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
+    let paid = app.paid(5000).await;
+    let charge = app.get_payment(&paid).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let t0 = chrono::Utc::now();
+    let closed = json!({ "charge": charge, "dispute": "dp_l", "amount": 2000, "status": "lost" });
+    let opened = json!({ "charge": charge, "dispute": "dp_l", "amount": 2000 });
+
+    let early = deliver_at(
+        &app,
+        &secret,
+        "evt_l2",
+        "charge.dispute.closed",
+        &closed,
+        t0 + chrono::Duration::seconds(1),
+    )
+    .await;
+    let created = deliver_at(
+        &app,
+        &secret,
+        "evt_l1",
+        "charge.dispute.created",
+        &opened,
+        t0,
+    )
+    .await;
+
+    assert_eq!(early.json()["outcome"], "parked");
+    assert_eq!(created.json()["outcome"], "applied");
+    assert_eq!(
+        standing(&app, "dp_l", &paid).await,
+        (json!("lost"), json!(2000)),
+        "the parked close applied once its dispute was recorded"
+    );
+    let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM parked_events")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(parked, 0);
+    app.post_refund(&paid, &new_key(), &json!({ "amount": 3001 }))
+        .await
+        .assert_problem(400, "refund-exceeds-payment");
+    let unknown_status =
+        json!({ "charge": charge, "dispute": "dp_l", "amount": 2000, "status": "open" });
+    let refused = deliver_at(
+        &app,
+        &secret,
+        "evt_l3",
+        "charge.dispute.closed",
+        &unknown_status,
+        t0 + chrono::Duration::seconds(5),
+    )
+    .await;
+    assert_eq!(refused.json()["outcome"], "ignored");
 }

@@ -19,6 +19,7 @@ mod suspension;
 pub(crate) mod two_hops;
 mod two_hops_capture;
 mod two_hops_charge;
+mod two_hops_dispute;
 mod two_hops_outage;
 mod two_hops_reconcile;
 mod two_hops_recovery;

@@ -1,0 +1,163 @@
+//! Exactly once across two hops, dispute outcomes: the cardholder's bank opens a dispute at the
+//! processor, the merchant's evidence puts it under review, the bank closes it won or lost; each
+//! change reaches idempay as the processor's signed event, applied once. The ledgers agree at each
+//! step. The setup is `two_hops.rs`'s.
+
+use std::time::Duration;
+
+use ::processor::SharedArgs;
+use idempay::config::Settings;
+use idempay_test_macros::api_test;
+use serde_json::{Value, json};
+use service::outbox::{RetrySchedule, WebhookSecrets};
+
+use super::two_hops::{idempay_and_processor, rebind, reconcile};
+use crate::processor::{self, TestProcessor};
+use crate::support::helpers::{TestApp, new_key, wait_until};
+use crate::support::instance::free_port;
+
+/// idempay and a processor that delivers its events to it, every 200 ms until acknowledged.
+async fn delivering() -> (TestApp, TestProcessor) {
+    let secret = WebhookSecrets::generate();
+    let intake = free_port();
+    let mut settings = processor::settings();
+    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
+    settings.shared.webhook_secrets = Some(secret.clone());
+    settings.shared.webhook_retry_schedule =
+        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
+    let with_secret = Settings {
+        shared: SharedArgs {
+            webhook_secrets: Some(secret),
+            ..SharedArgs::default()
+        },
+        ..Settings::default()
+    };
+    let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
+    let app = app
+        .another_instance_on(rebind(intake).await, with_secret)
+        .await;
+    (app, processor)
+}
+
+/// Opens a dispute of `amount` on the payment's charge at the processor; its id, once idempay
+/// recorded it.
+async fn opened(app: &TestApp, processor: &TestProcessor, payment: &str, amount: i64) -> String {
+    let charge = app.get_payment(payment).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dispute = processor
+        .post(
+            &format!("/v1/charges/{charge}/disputes"),
+            None,
+            &json!({ "amount": amount }),
+        )
+        .await;
+    assert_eq!(dispute.status, 201, "{:?}", dispute.json());
+    let id = dispute.json()["id"].as_str().unwrap().to_owned();
+    wait_until("idempay records the dispute", || async {
+        app.get(&format!("/v1/disputes/{id}")).await.status == 200
+    })
+    .await;
+    id
+}
+
+/// Waits until idempay's dispute is `status`.
+async fn until_status(app: &TestApp, dispute: &str, status: &str) -> Value {
+    wait_until(&format!("idempay's dispute becomes {status}"), || async {
+        app.get(&format!("/v1/disputes/{dispute}")).await.json()["status"] == status
+    })
+    .await;
+    app.get(&format!("/v1/disputes/{dispute}")).await.json()
+}
+
+async fn assert_reconciled(app: &TestApp, processor: &TestProcessor) {
+    let output = reconcile(app, processor).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
+#[api_test]
+async fn a_dispute_won_at_the_processor_gives_the_amount_back_at_both_and_closes_once() {
+    let (app, processor) = delivering().await;
+    let paid = app.paid(5000).await;
+    let dispute = opened(&app, &processor, &paid, 1500).await;
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
+    assert_reconciled(&app, &processor).await;
+
+    let evidence = processor
+        .post(
+            &format!("/v1/disputes/{dispute}/evidence"),
+            None,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(evidence.json()["status"], "under_review");
+    until_status(&app, &dispute, "under_review").await;
+    assert_reconciled(&app, &processor).await;
+    let won = processor
+        .post(
+            &format!("/v1/disputes/{dispute}/close"),
+            None,
+            &json!({ "outcome": "won" }),
+        )
+        .await;
+    let twice = processor
+        .post(
+            &format!("/v1/disputes/{dispute}/close"),
+            None,
+            &json!({ "outcome": "lost" }),
+        )
+        .await;
+
+    assert_eq!(won.json()["status"], "won");
+    assert_eq!(
+        twice.status,
+        400,
+        "a dispute closes once: {:?}",
+        twice.json()
+    );
+    until_status(&app, &dispute, "won").await;
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 0);
+    let charge: (i64,) = sqlx::query_as("SELECT amount_disputed FROM processor_charges")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(charge, (0,), "given back at the processor too");
+    assert_reconciled(&app, &processor).await;
+    let all = app.post_refund(&paid, &new_key(), &json!({})).await;
+    assert_eq!(all.status, 201, "{:?}", all.json());
+    assert_eq!(all.json()["amount"], 5000);
+}
+
+#[api_test]
+async fn a_dispute_lost_at_the_processor_keeps_the_amount_disputed_at_both() {
+    let (app, processor) = delivering().await;
+    let paid = app.paid(5000).await;
+    let dispute = opened(&app, &processor, &paid, 2000).await;
+
+    let lost = processor
+        .post(
+            &format!("/v1/disputes/{dispute}/close"),
+            None,
+            &json!({ "outcome": "lost" }),
+        )
+        .await;
+
+    assert_eq!(lost.json()["status"], "lost");
+    until_status(&app, &dispute, "lost").await;
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 2000);
+    assert_reconciled(&app, &processor).await;
+    app.post_refund(&paid, &new_key(), &json!({ "amount": 3001 }))
+        .await
+        .assert_problem(400, "refund-exceeds-payment");
+    let closed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'dispute.closed'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(closed, 1, "one dispute.closed, whatever the redeliveries");
+}
