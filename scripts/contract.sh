@@ -14,10 +14,16 @@
 #      fail with a warning only); scripts/client-tour.py then walks the API through it: a payment,
 #      its replay, a mismatch (422), a declined card (402), the list, a partial and a body-less full
 #      refund, the events, the key's inspection, a webhook endpoint for `*` and a dispute opened
-#      at the processor as the banner shows, each step checked through the generated models.
+#      at the processor as the banner shows, each step checked through the generated models;
+#   5. OpenAPI Generator's typescript-fetch (PyPI's openapi-generator-cli, pinned, on the machine's
+#      Java, with no network) generates a TypeScript client from the same file (into
+#      target/contract/ts-tour/client), which `tsc --strict` (Debian's node-typescript) checks with
+#      scripts/client-tour.ts and compiles; Node runs the tour: a manual payment, a partial capture
+#      and its replay, a cancel and the 409 of a capture after it, a refund of the captured money,
+#      a 422 with its mismatched_fields, the list, and a dispute won at the processor.
 # The last line is `contract: N passed, M failed`; the exit status is non-zero when M > 0.
 # Everything it writes (server output, reports, screenshots, the venvs of schemathesis and
-# Selenium and of the client generator, the generated client) is under target/contract/.
+# Selenium and of the client generators, the generated clients) is under target/contract/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,11 +42,17 @@ readonly STARTUP_TIMEOUT=120
 readonly SCHEMATHESIS_TIMEOUT=600
 readonly BROWSER_TIMEOUT=120
 readonly CLIENT_TIMEOUT=120
+# The TypeScript client's generator, pinned, in a venv of its own. npm's registry (openapi-typescript,
+# openapi-fetch, TypeScript itself) cannot be reached from here, PyPI can: OpenAPI Generator's jar
+# comes as a PyPI package. 7.5.0, as later releases narrow with `in` on an `object`, which needs
+# TypeScript 4.9, and Debian's node-typescript is 4.8.
+readonly OPENAPI_GENERATOR_VERSION=7.5.0
+readonly TS_VENV=$OUT/ts-venv
 
 log() { printf 'contract: %s\n' "$*" >&2; }
 
 # --- bookkeeping: each check counts once in the summary line -----------------------------------
-readonly CHECK_COUNT=4 # schemathesis, docs, checkout, client
+readonly CHECK_COUNT=5 # schemathesis, docs, checkout, client, typescript
 passed=0
 failed=0
 pass() { passed=$((passed + 1)); log "PASS $1"; }
@@ -394,4 +406,77 @@ if ((${#problems[@]} == 0)); then
   pass "client (openapi-python-client $OPENAPI_PYTHON_CLIENT_VERSION generates without a warning; the tour passes through it)"
 else
   fail client "$(IFS=';'; echo "${problems[*]}")"
+fi
+
+# --- 5. a generated TypeScript client, type-checked and on a tour under Node --------------------
+if [[ $("$TS_VENV/bin/openapi-generator-cli" version 2>/dev/null) != "$OPENAPI_GENERATOR_VERSION" ]]; then
+  log "installing openapi-generator-cli $OPENAPI_GENERATOR_VERSION into $TS_VENV"
+  rm -rf "$TS_VENV"
+  python3 -m venv "$TS_VENV" || die "could not create $TS_VENV"
+  "$TS_VENV/bin/pip" install --quiet --disable-pip-version-check \
+    "openapi-generator-cli==$OPENAPI_GENERATOR_VERSION" || die "could not install openapi-generator-cli"
+fi
+command -v java >/dev/null || die "the TypeScript client's generator needs Java, which is not installed"
+if ! command -v tsc >/dev/null; then
+  log "installing Debian's node-typescript (tsc)"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends node-typescript; } >"$OUT/apt-ts.log" 2>&1 ||
+    { tail -n 20 "$OUT/apt-ts.log" >&2; die "could not install node-typescript"; }
+fi
+
+readonly TS=$OUT/ts-tour
+rm -rf "$TS"
+mkdir -p "$TS"
+: >"$OUT/ts.txt"
+problems=()
+millis() { date +%s%3N; }
+# Generated anew each run from the committed file alone, offline where unshare can make it so. The
+# generator validates the description first (a dangling $ref or a required field it lacks fails
+# here); `tsc --strict` then checks the client and the tour together, so a description whose types
+# no longer carry what the tour reads fails before anything runs.
+started=$(millis)
+log "generating a TypeScript client from openapi/openapi.json into $TS/client (output in $OUT/ts.txt)"
+gen_status=0
+run_step "$OUT/ts.txt" "$OUT/ts.txt" \
+  timeout --foreground --kill-after=10 "$CLIENT_TIMEOUT" "${offline[@]}" \
+  "$TS_VENV/bin/openapi-generator-cli" generate --input-spec openapi/openapi.json \
+  --generator-name typescript-fetch --output "$TS/client" || gen_status=$?
+((gen_status != 130)) || die interrupted
+generated=$(millis)
+tsc_status=0
+if ((gen_status != 0)); then
+  tail -n 20 "$OUT/ts.txt" >&2
+  problems+=("openapi-generator-cli exit status $gen_status (see $OUT/ts.txt)")
+else
+  cp scripts/client-tour.ts "$TS/client-tour.ts"
+  run_step "$OUT/ts.txt" "$OUT/ts.txt" \
+    timeout --foreground --kill-after=10 "$CLIENT_TIMEOUT" \
+    tsc --strict --target es2020 --module commonjs --lib es2020,dom --noEmitOnError \
+    --rootDir "$TS" --outDir "$TS/out" "$TS/client-tour.ts" || tsc_status=$?
+  ((tsc_status != 130)) || die interrupted
+  if ((tsc_status != 0)); then
+    grep -m 20 'error TS' "$OUT/ts.txt" >&2 || true
+    problems+=("tsc --strict: exit status $tsc_status (see $OUT/ts.txt)")
+  fi
+fi
+checked=$(millis)
+if ((${#problems[@]} == 0)); then
+  kill -0 "$server_pid" 2>/dev/null || die "the server stopped (see $OUT/server.log)"
+  log "touring the API through the TypeScript client under Node (output in $OUT/ts-tour.txt)"
+  : >"$OUT/ts-tour.txt"
+  tour_status=0
+  run_step "$OUT/ts-tour.txt" "$OUT/ts-tour.txt" \
+    timeout --foreground --kill-after=10 "$CLIENT_TIMEOUT" \
+    node "$TS/out/client-tour.js" "$base" "$key" "$OUT/server.out" || tour_status=$?
+  cat "$OUT/ts-tour.txt" >&2
+  ((tour_status != 130)) || die interrupted
+  if ((tour_status != 0)); then
+    problems+=("the TypeScript tour's exit status $tour_status (see $OUT/ts-tour.txt)")
+  fi
+fi
+toured=$(millis)
+if ((${#problems[@]} == 0)); then
+  pass "typescript (openapi-generator $OPENAPI_GENERATOR_VERSION, tsc --strict $(tsc --version | cut -d' ' -f2), the tour under Node: generated in $((generated - started)) ms, checked in $((checked - generated)) ms, toured in $((toured - checked)) ms)"
+else
+  fail typescript "$(IFS=';'; echo "${problems[*]}")"
 fi

@@ -30,7 +30,7 @@ reference, `/problems/{name}`, that resolves to a page explaining it.
 
 Test payment methods decide the outcome as Stripe's test cards do: `pm_card_visa` succeeds, \
 `pm_card_chargeDeclined` is declined (402), `pm_card_slow` succeeds after a delay.",
-        license(name = "MIT OR Apache-2.0"),
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
     ),
     servers((url = "/", description = "This service")),
     tags(

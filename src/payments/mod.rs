@@ -73,13 +73,15 @@ pub struct CapturePayment {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({ "cancellation_reason": "requested_by_customer" }))]
 pub struct CancelPayment {
-    /// Why, for the merchant's records.
+    // Why, for the merchant's records (the type says so: a field's own description would turn the
+    // inline enum into an `allOf` with an object, which code generators cannot read).
     #[serde(default)]
     #[schema(inline, nullable = false)]
     pub cancellation_reason: Option<RequestedCancellation>,
 }
 
-/// The reasons a merchant may give for a cancel (`expired` is the processor's alone).
+/// Why a merchant cancels, for its records: one of Stripe's reasons (`expired` is the processor's
+/// alone).
 #[derive(Clone, Copy, Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RequestedCancellation {
