@@ -447,6 +447,10 @@ tsc_status=0
 if ((gen_status != 0)); then
   tail -n 20 "$OUT/ts.txt" >&2
   problems+=("openapi-generator-cli exit status $gen_status (see $OUT/ts.txt)")
+elif grep -q '\] ERROR ' "$OUT/ts.txt"; then
+  # Some errors (a $ref that resolves to nothing) are logged, and the exit status is still 0.
+  grep -m 5 '\] ERROR ' "$OUT/ts.txt" >&2
+  problems+=("openapi-generator-cli logged errors (see $OUT/ts.txt)")
 else
   cp scripts/client-tour.ts "$TS/client-tour.ts"
   run_step "$OUT/ts.txt" "$OUT/ts.txt" \
