@@ -314,3 +314,62 @@ async fn bad_captures_and_cancels_are_refused_before_anything_is_reserved() {
     let captured = app.post_capture(&id, &key, &json!({})).await;
     assert_eq!(captured.status, 200);
 }
+
+#[api_test]
+async fn a_cancel_key_reused_with_another_reason_is_refused_and_a_cancel_in_flight_answers_409() {
+    let app = TestApp::spawn().await;
+    let id = app.authorized(5000).await;
+    // The barrier: the test holds the processor's charge, which the void locks to void it.
+    let mut barrier = app.db.begin().await.unwrap();
+    sqlx::query(
+        "SELECT FROM processor_charges WHERE id = (SELECT charge FROM payments WHERE id = $1)
+         FOR UPDATE",
+    )
+    .bind(&id)
+    .execute(&mut *barrier)
+    .await
+    .unwrap();
+    let (key, abandoned) = (new_key(), json!({ "cancellation_reason": "abandoned" }));
+
+    let (first, (meanwhile, other)) = tokio::join!(app.post_cancel(&id, &key, &abandoned), async {
+        wait_until("the void is at the processor", || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM idempotency_keys
+                                WHERE scope LIKE 'processor:POST /v1/charges/%/void'
+                                  AND status = 'in_progress')",
+            )
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+        })
+        .await;
+        let meanwhile = app.post_cancel(&id, &key, &abandoned).await;
+        let other = app
+            .post_cancel(&id, &key, &json!({ "cancellation_reason": "fraudulent" }))
+            .await;
+        barrier.rollback().await.unwrap();
+        (meanwhile, other)
+    });
+
+    meanwhile.assert_problem(409, "idempotency-key-in-use");
+    assert!(meanwhile.header("retry-after").is_some());
+    let problem = other.assert_problem(422, "idempotency-key-mismatch");
+    assert_eq!(
+        problem["mismatched_fields"],
+        json!(["/cancellation_reason"])
+    );
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.json()["cancellation_reason"], "abandoned");
+    let replay = app.post_cancel(&id, &key, &abandoned).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(
+        at_the_processor(&app, &id).await,
+        ("voided".to_owned(), Some(0))
+    );
+}

@@ -315,6 +315,61 @@ async fn a_held_refund_the_processor_never_made_completes_with_a_final_nothing_m
     assert_ledgers_agree(&app, &processor, 1).await;
 }
 
+/// A capture too: captured at the processor after idempay stopped waiting, its key held; the settle
+/// reads the charge, which names the key its capture was made under, and records the capture; the
+/// retry gets the 200 the first request would have had. A capture the processor never made settles
+/// as nothing made, and the authorization is still there to capture under a new key.
+#[api_test]
+async fn a_held_capture_is_settled_from_the_processors_charge() {
+    let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
+    let authorized = app.authorized(5000).await;
+    let never = app.authorized(3000).await;
+    let losing = replace(&app, healthy, losing_answers()).await;
+    let (key, body) = (new_key(), serde_json::json!({ "amount_to_capture": 4000 }));
+    app.post_capture(&authorized, &key, &body)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    let failing = replace(&app, losing, failing()).await;
+    let (unmade, all) = (new_key(), serde_json::json!({}));
+    app.post_capture(&never, &unmade, &all)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(&app, &key, app.post_capture(&authorized, &key, &body).await).await;
+    assert_held(&app, &unmade, app.post_capture(&never, &unmade, &all).await).await;
+    let processor = replace(&app, failing, processor::settings()).await;
+
+    let settled = settle(&app, &processor, &key).await;
+    let nothing = settle(&app, &processor, &unmade).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    assert!(
+        stdout(&settled)
+            .starts_with("POST /v1/payments/{id}/capture: settled: the key now answers 200"),
+        "{}",
+        stdout(&settled)
+    );
+    let retry = app.post_capture(&authorized, &key, &body).await;
+    assert_eq!(
+        retry.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["amount_captured"], 4000);
+    assert!(nothing.status.success(), "{nothing:?}");
+    let retry = app.post_capture(&never, &unmade, &all).await;
+    retry.assert_problem(409, "processor-made-nothing");
+    let captured = app.post_capture(&never, &new_key(), &all).await;
+    assert_eq!(
+        captured.json()["amount_captured"],
+        3000,
+        "still authorized, captured now"
+    );
+    assert_ledgers_agree(&app, &processor, 2).await;
+}
+
 /// The processor's side of a settle: its charges are found by the key they were made under, and
 /// a key it is still charging under is answered 409, not "nothing".
 #[api_test]

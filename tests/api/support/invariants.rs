@@ -82,7 +82,8 @@ pub async fn assert_exactly_once(db: &PgPool) {
     assert_one_event_per_change(db).await;
 }
 
-/// The events are written in the transaction of their change: a payment's creation event (at the
+/// The events are written in the transaction of their change: a payment's creation event
+/// (`payment.succeeded`, `payment.declined`, or `payment.authorized` for a manual one, at the
 /// payment's own `created_at`; a later `payment.succeeded` may follow a failure) and a refund's
 /// `refund.created` exist once each, and no event outlives a change that rolled back.
 async fn assert_one_event_per_change(db: &PgPool) {
@@ -91,7 +92,8 @@ async fn assert_one_event_per_change(db: &PgPool) {
              SELECT account_id, type, created_at,
                     convert_from(body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id' AS object
              FROM events
-             WHERE type IN ('payment.succeeded', 'payment.declined', 'refund.created')
+             WHERE type IN ('payment.succeeded', 'payment.declined', 'payment.authorized',
+                            'refund.created')
          )
          SELECT p.id, count(c.object)
          FROM payments p
