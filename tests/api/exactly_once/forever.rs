@@ -37,7 +37,7 @@ fn impatient() -> Settings {
 /// Sends the request until it is answered otherwise than 503 `processor-outcome-unknown`, as the
 /// retrying client does: on a loaded machine a processor just started may still answer a first
 /// attempt after idempay's timeout, which is one more unknown outcome, not a different one.
-async fn until_known<F, Fut>(send: F) -> TestResponse
+pub(crate) async fn until_known<F, Fut>(send: F) -> TestResponse
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = TestResponse>,

@@ -7,18 +7,19 @@
 
 use std::time::Duration;
 
-use ::processor::SharedArgs;
 use idempay::config::{ProcessorLink, Settings};
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
-use service::outbox::{RetrySchedule, WebhookSecrets};
+use service::outbox::RetrySchedule;
 
+use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
+use super::forever::until_known;
 use super::two_hops::{
     faulty, idempay_and_processor, instance_env, key_row, port_of, rebind, reconcile,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::helpers::{TestResponse, holds_within, new_key, payment, send, wait_until};
-use crate::support::instance::{Instance, free_port};
+use crate::support::helpers::{holds_within, new_key, payment, send, wait_until};
+use crate::support::instance::Instance;
 
 /// What the processor holds of its one authorized charge: its capture state, what it took, and
 /// the key its capture was made under.
@@ -102,24 +103,6 @@ async fn a_refused_connection_after_a_capture_whose_answer_was_lost_keeps_the_ke
         "{}",
         String::from_utf8_lossy(&output.stdout)
     );
-}
-
-/// Sends until the answer is not 503 `processor-outcome-unknown`, as a retrying client does: a
-/// processor just started may still answer a first attempt after idempay's timeout.
-async fn until_known<F, Fut>(send: F) -> TestResponse
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = TestResponse>,
-{
-    for _ in 0..5 {
-        let answer = send().await;
-        if answer.status != 503 {
-            return answer;
-        }
-        answer.assert_problem(503, "processor-outcome-unknown");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    send().await
 }
 
 /// An instance killed while the processor captures (the capture's recovery point committed, the
@@ -234,26 +217,17 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
 /// `payment.canceled`; a capture afterwards is refused, and the ledgers agree.
 #[api_test]
 async fn an_authorization_nobody_captures_expires_at_the_processor_and_the_payment_is_canceled() {
-    let secret = WebhookSecrets::generate();
-    let intake = free_port();
     let mut settings = processor::settings();
-    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.shared.webhook_secrets = Some(secret.clone());
-    settings.shared.webhook_retry_schedule =
-        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
     settings.shared.expiry_interval = Duration::from_millis(300);
     settings.authorization_ttl = Duration::from_secs(2);
-    let with_secret = Settings {
-        shared: SharedArgs {
-            webhook_secrets: Some(secret),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    };
-    let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
-    let app = app
-        .another_instance_on(rebind(intake).await, with_secret)
-        .await;
+    let every_200ms = RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
+    let (app, processor, _) = delivering_events(
+        Settings::default(),
+        settings,
+        every_200ms,
+        NOT_WITHIN_THE_TEST,
+    )
+    .await;
     let held = app.authorized(5000).await;
     let captured = app.authorized(3000).await;
     let taken = app.post_capture(&captured, &new_key(), &json!({})).await;

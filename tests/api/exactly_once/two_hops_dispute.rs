@@ -5,37 +5,26 @@
 
 use std::time::Duration;
 
-use ::processor::SharedArgs;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
-use service::outbox::{RetrySchedule, WebhookSecrets};
+use service::outbox::RetrySchedule;
 
-use super::two_hops::{idempay_and_processor, rebind, reconcile};
-use crate::processor::{self, TestProcessor};
+use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
+use super::two_hops::reconcile;
+use crate::processor::TestProcessor;
 use crate::support::helpers::{TestApp, new_key, wait_until};
-use crate::support::instance::free_port;
 
 /// idempay and a processor that delivers its events to it, every 200 ms until acknowledged.
 async fn delivering() -> (TestApp, TestProcessor) {
-    let secret = WebhookSecrets::generate();
-    let intake = free_port();
-    let mut settings = processor::settings();
-    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.shared.webhook_secrets = Some(secret.clone());
-    settings.shared.webhook_retry_schedule =
-        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
-    let with_secret = Settings {
-        shared: SharedArgs {
-            webhook_secrets: Some(secret),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    };
-    let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
-    let app = app
-        .another_instance_on(rebind(intake).await, with_secret)
-        .await;
+    let every_200ms = RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
+    let (app, processor, _) = delivering_events(
+        Settings::default(),
+        crate::processor::settings(),
+        every_200ms,
+        NOT_WITHIN_THE_TEST,
+    )
+    .await;
     (app, processor)
 }
 
