@@ -141,6 +141,8 @@ Event types and the --data each needs (an event without them is acknowledged `ig
   payment.failed                   {\"payment\": \"pay_…\"}
   refund.failed                    {\"refund\": \"re_…\"}
   charge.dispute.created           {\"charge\": \"ch_…\", \"dispute\": \"dp_…\", \"amount\": 500}
+  charge.dispute.updated           {\"charge\": \"ch_…\", \"dispute\": \"dp_…\", \"amount\": 500, \"status\": \"under_review\"}
+  charge.dispute.closed            {\"charge\": \"ch_…\", \"dispute\": \"dp_…\", \"amount\": 500, \"status\": \"won\"}
   charge.succeeded                 {\"charge\": \"ch_…\"}
   charge.failed                    {\"charge\": \"ch_…\"}
   charge.declined                  {\"charge\": \"ch_…\"}
@@ -518,7 +520,7 @@ mod tests {
             assert_eq!(webhooks::unreadable(kind, &data), None, "{line}");
             listed += 1;
         }
-        assert_eq!(listed, 10);
+        assert_eq!(listed, 12);
         let old_banner =
             serde_json::json!({"payment": "pay_U5PgTqA02dYsv3cLANIGkqIs", "amount": 500});
         let refused = webhooks::unreadable("dispute.created", &old_banner).unwrap();

@@ -1,7 +1,8 @@
 //! Disputes: what the cardholders' banks claimed back, as the processor's `dispute.created` and
 //! `charge.dispute.created` events recorded them (`src/webhooks/events.rs` writes the rows, once
-//! per processor dispute id). `GET /v1/disputes` lists the account's, a page at a time, and
-//! `GET /v1/disputes/{id}` reads one.
+//! per processor dispute id), then moved through Stripe's lifecycle by `charge.dispute.updated`
+//! and `.closed` (`src/webhooks/events/disputes.rs`). `GET /v1/disputes` lists the account's, a
+//! page at a time, and `GET /v1/disputes/{id}` reads one.
 
 use axum::extract::{FromRef, Query, State};
 use axum::response::{IntoResponse, Response};

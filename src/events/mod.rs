@@ -119,13 +119,14 @@ pub struct Event {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventData {
     /// The object as it was right after the change: a payment for `payment.*` events, a refund
-    /// for `refund.*` ones.
+    /// for `refund.*` ones, a dispute for `dispute.*` ones.
     pub object: EventObject,
 }
 
-/// The object of an event, as the API represents it: a payment or a refund, serialized by the
-/// domain that changed it. Events import neither domain (both write events), so the description
-/// names their schemas, `Payment` and `Refund`, which their own routes register.
+/// The object of an event, as the API represents it: a payment, a refund or a dispute, serialized
+/// by the domain that changed it. Events import none of those domains (they write events), so the
+/// description names their schemas, `Payment`, `Refund` and `Dispute`, which their own routes
+/// register.
 #[derive(Debug, Serialize)]
 #[serde(transparent)]
 pub struct EventObject(Box<RawValue>);
@@ -135,6 +136,7 @@ impl utoipa::PartialSchema for EventObject {
         OneOfBuilder::new()
             .item(Ref::from_schema_name("Payment"))
             .item(Ref::from_schema_name("Refund"))
+            .item(Ref::from_schema_name("Dispute"))
             .description(Some("The object of an event, as the API represents it."))
             .into()
     }

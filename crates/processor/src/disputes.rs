@@ -158,6 +158,12 @@ async fn change(
         )
         .into());
     }
+    // The event's time is the database's, read under the row lock: a dispute's changes are then
+    // stamped in the order they were made, whichever instance made them, and idempay, which
+    // takes an older event after a newer one for stale, applies each.
+    let at = sqlx::query_scalar!(r#"SELECT clock_timestamp() AS "at!""#)
+        .fetch_one(&mut *tx)
+        .await?;
     let dispute = sqlx::query_as!(
         DisputeRow,
         r#"
@@ -190,9 +196,7 @@ async fn change(
         "amount": dispute.amount,
         "status": dispute.status,
     });
-    state
-        .announce(&mut tx, kind, chrono::Utc::now(), &data)
-        .await?;
+    state.announce(&mut tx, kind, at, &data).await?;
     tx.commit().await?;
     Ok(axum::Json(tagged("dispute", &dispute)).into_response())
 }

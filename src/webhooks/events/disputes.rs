@@ -189,7 +189,9 @@ impl Envelope {
             ) prior
             WHERE d.account_id = $2 AND d.account_id = prior.account_id AND d.id = prior.id
               AND d.lifecycle NOT IN ('won', 'lost')
-              AND (d.last_event_at IS NULL OR d.last_event_at < $4)
+              AND (d.last_event_at IS NULL OR d.last_event_at < $4
+                   -- At the same instant, the bank's decision comes after the evidence.
+                   OR (d.last_event_at = $4 AND $3 IN ('won', 'lost')))
             RETURNING d.payment_id, d.amount
             "#,
             dispute,
@@ -211,6 +213,7 @@ impl Envelope {
             let outcome = if was == status {
                 Outcome::Duplicate
             } else if now.last_event_at.is_some_and(|last| last >= self.timestamp) {
+                // Older than the change applied last (or as old, and no decision after evidence).
                 Outcome::Stale
             } else {
                 ignored(NoEffect::Expected(format!(

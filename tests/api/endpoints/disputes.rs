@@ -298,6 +298,18 @@ async fn a_won_dispute_gives_its_amount_back_once_and_in_order() {
     .await
     .unwrap();
     assert_eq!(written, ["dispute.updated", "dispute.closed"]);
+    // The feed serves them, each with the dispute as its object (the description says so: the
+    // suite checks every answer against it).
+    let feed = app.get("/v1/events?limit=10").await;
+    assert_eq!(feed.status, 200);
+    let closed = feed.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|event| event["type"] == "dispute.closed")
+        .cloned()
+        .expect("dispute.closed in the feed");
+    assert_eq!(closed["data"]["object"]["status"], "won");
 }
 
 /// A lost dispute keeps its amount with the cardholder: the payment's `amount_disputed` stays,

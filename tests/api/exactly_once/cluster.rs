@@ -18,7 +18,7 @@ use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
 /// that only it has, and why. Each must still exist: a stale entry fails the test.
-const ACROSS_ACCOUNTS: [(&str, &str); 28] = [
+const ACROSS_ACCOUNTS: [(&str, &str); 29] = [
     (
         "SELECT recovery_point AS \"point!\"",
         "the start-up check for suspended keys no unit of work resumes: once per start, across \
@@ -76,6 +76,11 @@ const ACROSS_ACCOUNTS: [(&str, &str); 28] = [
         "SELECT account_id FROM payments WHERE charge = $1 LIMIT 1",
         "webhook intake, parking an event: the account of the charge it names, if recorded (the \
          processor's event names no account), whose bound of parked events it counts against",
+    ),
+    (
+        "SELECT account_id FROM disputes WHERE id = $1 LIMIT 1",
+        "webhook intake: the account of the dispute a `charge.dispute.updated` or `.closed` names \
+         (the processor's event names no account)",
     ),
     (
         "OR processor_refund = $1 LIMIT 1",

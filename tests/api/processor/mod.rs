@@ -6,6 +6,7 @@
 //! Its responses are not checked against idempay's API description: it is another service.
 
 mod charges;
+mod disputes;
 mod outbox;
 mod processor_client;
 

@@ -128,6 +128,10 @@ async fn assert_one_event_per_change(db: &PgPool) {
                  SELECT FROM refunds r
                  WHERE r.account_id = e.account_id
                    AND r.id = convert_from(e.body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id')
+           AND NOT EXISTS (
+                 SELECT FROM disputes d
+                 WHERE d.account_id = e.account_id
+                   AND d.id = convert_from(e.body, 'UTF8')::jsonb -> 'data' -> 'object' ->> 'id')
          ORDER BY e.id",
     )
     .fetch_all(db)
@@ -135,7 +139,7 @@ async fn assert_one_event_per_change(db: &PgPool) {
     .unwrap();
     assert!(
         about_nothing.is_empty(),
-        "events about no payment or refund: {about_nothing:?}"
+        "events about no payment, refund or dispute: {about_nothing:?}"
     );
 }
 
