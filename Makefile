@@ -32,11 +32,13 @@ explore:
 
 ## The key lifecycle as a model (crates/model/), checked exhaustively by stateright: every
 ## interleaving of two clients, two instances, the processor, the recovery job, network faults and
-## crashes at the full size (about 16 million states, minutes; exits non-zero when a property fails
+## crashes at the full size (about 16 million states, minutes), then a manual payment captured and
+## canceled by two racing keys (the capture size, 10 million states; exits non-zero when a property fails
 ## or an example is never found), then the model's tests: the small size and each defect's
 ## counterexample. The full size is checked once: its ignored test repeats what the run above did.
 model:
 	$(CARGO) run --release -p model
+	$(CARGO) run --release -p model -- --size capture
 	$(CARGO) test --release -p model
 
 ## Mutants of the mechanism crate's modules that its unit tests cover (cargo-mutants, installed on

@@ -4,11 +4,45 @@
 
 use std::fmt;
 
-/// A client's business intent: one payment, sent under one idempotency key, retried with it.
+/// What an intent asks of idempay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// `POST /v1/payments`: a charge at the processor (an authorization, in a size whose intents
+    /// capture or cancel it).
+    Pay,
+    /// `POST /v1/payments/{id}/capture` of the payment of intent `of`, sent once that intent has
+    /// its payment.
+    Capture { of: u8 },
+    /// `POST /v1/payments/{id}/cancel` of the payment of intent `of`: its authorization voided.
+    Cancel { of: u8 },
+}
+
+impl Kind {
+    /// The intent whose payment a capture or cancel releases; none for a payment.
+    pub fn releases(self) -> Option<u8> {
+        match self {
+            Kind::Pay => None,
+            Kind::Capture { of } | Kind::Cancel { of } => Some(of),
+        }
+    }
+}
+
+/// A client's business intent: one payment, capture or cancel, sent under one idempotency key,
+/// retried with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IntentSpec {
     /// The key the client sends (an index into the key slots).
     pub key: u8,
+    pub kind: Kind,
+}
+
+impl IntentSpec {
+    const fn pay(key: u8) -> Self {
+        Self {
+            key,
+            kind: Kind::Pay,
+        }
+    }
 }
 
 /// How big the world is. Every bound is explicit so the state space stays finite.
@@ -44,7 +78,7 @@ impl Size {
     pub fn small() -> Self {
         Self {
             name: "small",
-            intents: vec![IntentSpec { key: 0 }, IntentSpec { key: 0 }],
+            intents: vec![IntentSpec::pay(0), IntentSpec::pay(0)],
             keys: 1,
             instances: 2,
             attempts: 2,
@@ -63,7 +97,7 @@ impl Size {
     pub fn full() -> Self {
         Self {
             name: "full",
-            intents: vec![IntentSpec { key: 0 }, IntentSpec { key: 0 }],
+            intents: vec![IntentSpec::pay(0), IntentSpec::pay(0)],
             keys: 1,
             instances: 2,
             attempts: 3,
@@ -72,6 +106,54 @@ impl Size {
             processor_crashes: 1,
             disputes: 1,
         }
+    }
+
+    /// Authorize now, capture later: a manual payment, then a capture and a cancel of it under
+    /// keys of their own, racing each other through two instances to the processor, whose
+    /// charge's lock lets one of them through. Both sizes above already check each key's own
+    /// lifecycle at length; this one checks what a release adds: the processor's refusal as a
+    /// stored result, a capture made but unrecorded, and one release per authorization.
+    pub fn capture() -> Self {
+        Self {
+            name: "capture",
+            intents: vec![
+                IntentSpec::pay(0),
+                IntentSpec {
+                    key: 1,
+                    kind: Kind::Capture { of: 0 },
+                },
+                IntentSpec {
+                    key: 2,
+                    kind: Kind::Cancel { of: 0 },
+                },
+            ],
+            keys: 3,
+            instances: 2,
+            attempts: 2,
+            downstream_keys: 3,
+            instance_crashes: 0,
+            processor_crashes: 0,
+            disputes: 0,
+        }
+    }
+
+    /// The kind of `intent`.
+    pub fn kind(&self, intent: u8) -> Kind {
+        self.intents[usize::from(intent)].kind
+    }
+
+    /// Whether some intent captures or cancels a payment.
+    pub fn releases(&self) -> bool {
+        self.intents.iter().any(|spec| spec.kind != Kind::Pay)
+    }
+
+    /// Whether some intent reuses an earlier intent's key.
+    pub fn reuses_keys(&self) -> bool {
+        self.intents.iter().enumerate().any(|(n, spec)| {
+            self.intents[..n]
+                .iter()
+                .any(|earlier| earlier.key == spec.key)
+        })
     }
 }
 
@@ -114,15 +196,20 @@ pub enum Defect {
     /// `ignored`) instead of keeping it: the processor delivers it no more, and the dispute is
     /// lost.
     EarlyEventAcknowledged,
+    /// The processor captures or voids an authorization that is no longer held (no check under
+    /// its charge's lock): a capture and a cancel that both passed idempay's check both go
+    /// through.
+    ProcessorReleasesTwice,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 5] = [
+    pub const ALL: [Defect; 6] = [
         Defect::RefusalAfterUnknownBelieved,
         Defect::TakeoverBelievesNoEarlierCall,
         Defect::UnboundedSuspension,
         Defect::UnfencedCompletion,
         Defect::EarlyEventAcknowledged,
+        Defect::ProcessorReleasesTwice,
     ];
 
     /// The name given on the command line (`--defect NAME`).
@@ -133,6 +220,7 @@ impl Defect {
             Defect::UnboundedSuspension => "unbounded-suspension",
             Defect::UnfencedCompletion => "unfenced-completion",
             Defect::EarlyEventAcknowledged => "early-event-acknowledged",
+            Defect::ProcessorReleasesTwice => "processor-releases-twice",
         }
     }
 

@@ -1,5 +1,5 @@
 //! `model`: checks the idempotency protocol breadth-first and prints each property's result.
-//! `--size small|full` (full by default), `--defect NAME` (repeatable) switches a known defect on,
+//! `--size small|full|capture` (full by default), `--defect NAME` (repeatable) switches a known defect on,
 //! `--threads N` (2 by default, 1 with a defect: the same counterexample every run). Exits 1 when a property fails, with the trace that shows it.
 
 use std::process::ExitCode;
@@ -17,6 +17,7 @@ fn main() -> ExitCode {
         match (arg.as_str(), value.as_deref()) {
             ("--size", Some("small")) => size = Size::small(),
             ("--size", Some("full")) => size = Size::full(),
+            ("--size", Some("capture")) => size = Size::capture(),
             ("--defect", Some(name)) => match Defect::parse(name) {
                 Some(defect) => defects.push(defect),
                 None => return usage(&format!("no defect named {name}")),
@@ -73,7 +74,7 @@ fn main() -> ExitCode {
 fn usage(problem: &str) -> ExitCode {
     let names: Vec<&str> = Defect::ALL.iter().map(|defect| defect.name()).collect();
     eprintln!(
-        "{problem}\nusage: model [--size small|full] [--threads N] [--defect NAME]...\n\
+        "{problem}\nusage: model [--size small|full|capture] [--threads N] [--defect NAME]...\n\
          defects: {}",
         names.join(", ")
     );

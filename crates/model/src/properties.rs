@@ -2,8 +2,10 @@
 //! so that a model which allows nothing fails). Each is a plain function of the state, named by
 //! the sentence the checker prints.
 
-use crate::config::Config;
-use crate::state::{Attempt, DisputeSeen, Grant, Instance, KeyRow, State, Status, Step, Stored};
+use crate::config::{Config, Kind};
+use crate::state::{
+    Attempt, DisputeSeen, Grant, Instance, KeyRow, Reply, State, Status, Step, Stored,
+};
 
 pub const ONE_CHARGE_PER_INTENT: &str = "one charge per intent";
 pub const REPLAY_EQUALS_FIRST_ANSWER: &str = "a replay equals the first answer";
@@ -12,12 +14,16 @@ pub const EVERY_CHARGE_RECORDED_OR_KEPT: &str = "every charge is recorded or its
 pub const NO_COMPLETION_CONTRADICTED: &str =
     "no key completes with a result the processor contradicts";
 pub const NO_ACKNOWLEDGED_EVENT_LOST: &str = "no acknowledged event is lost";
+pub const ONE_RELEASE_PER_AUTHORIZATION: &str =
+    "one capture per capture intent, one release per authorization";
 
 pub const A_TAKEOVER: &str = "a takeover";
 pub const A_RECOVERY_RESUME: &str = "a resume by the recovery job";
 pub const A_HOLD: &str = "a hold";
 pub const A_REUSE_AFTER_EXPIRY: &str = "a reuse after expiry";
 pub const AN_EARLY_EVENT_PARKED: &str = "an early event parked";
+pub const A_RELEASE_REFUSED: &str = "a capture or cancel refused by the processor";
+pub const A_CAPTURE_RECORDED: &str = "a capture recorded";
 
 /// At most one charge at the processor, and at most one payment in idempay, for each intent.
 pub fn one_charge_per_intent(config: &Config, state: &State) -> bool {
@@ -39,6 +45,38 @@ pub fn one_charge_per_intent(config: &Config, state: &State) -> bool {
     })
 }
 
+/// At the processor and in idempay, each capture or cancel intent releases the authorization at
+/// most once (one capture per capture intent), and each authorization is released at most once:
+/// captured or voided, never both, never twice.
+pub fn one_release_per_authorization(config: &Config, state: &State) -> bool {
+    let intents = 0..config.size.intents.len() as u8;
+    let per_intent = intents.clone().all(|intent| {
+        let made = state
+            .processor
+            .releases
+            .iter()
+            .filter(|release| release.intent == intent)
+            .count();
+        let recorded = state.releases.iter().filter(|&&n| n == intent).count();
+        made <= 1 && recorded <= 1
+    });
+    let per_authorization = intents.clone().all(|of| {
+        let made = state
+            .processor
+            .releases
+            .iter()
+            .filter(|release| state.processor.ledger[usize::from(release.charge)].intent == of)
+            .count();
+        let recorded = state
+            .releases
+            .iter()
+            .filter(|&&n| config.size.kind(n).releases() == Some(of))
+            .count();
+        made <= 1 && recorded <= 1
+    });
+    per_intent && per_authorization
+}
+
 /// A client that has its result never gets another one for the same key.
 pub fn replay_equals_first_answer(state: &State) -> bool {
     state.clients.iter().all(|client| !client.contradicted)
@@ -47,44 +85,75 @@ pub fn replay_equals_first_answer(state: &State) -> bool {
 /// Every charge is for the payload whose key made its downstream key: a request whose payload
 /// differs from its key's never reaches the processor under that key.
 pub fn changed_payload_never_executes(state: &State) -> bool {
+    let made_by = |downstream_key: u8| state.downstream_keys[usize::from(downstream_key)];
     state
         .processor
         .ledger
         .iter()
-        .all(|charge| state.downstream_keys[usize::from(charge.downstream_key)] == charge.intent)
+        .all(|charge| made_by(charge.downstream_key) == charge.intent)
+        && state
+            .processor
+            .releases
+            .iter()
+            .all(|release| made_by(release.downstream_key) == release.intent)
 }
 
-/// Every charge is a payment in idempay, or the key whose downstream key made it is kept: in
-/// progress (being worked on, or suspended for a retry or the recovery job) or held for an
-/// operator. A charge under a key that was released, completed otherwise or expired is lost.
+/// Every charge is a payment in idempay, and every capture or void is recorded on its payment, or
+/// the key whose downstream key made it is kept: in progress (being worked on, or suspended for a
+/// retry or the recovery job) or held for an operator. One under a key that was released,
+/// completed otherwise or expired is lost.
 pub fn every_charge_recorded_or_kept(state: &State) -> bool {
-    state
+    let kept = |downstream_key| {
+        state.keys.iter().flatten().any(|row| {
+            row.downstream_key == downstream_key
+                && matches!(row.status, Status::InProgress(_) | Status::Held)
+        })
+    };
+    let charges = state
         .processor
         .ledger
         .iter()
         .enumerate()
         .all(|(id, charge)| {
             state.payments.iter().any(|&paid| usize::from(paid) == id)
-                || state.keys.iter().flatten().any(|row| {
-                    row.downstream_key == charge.downstream_key
-                        && matches!(row.status, Status::InProgress(_) | Status::Held)
-                })
-        })
+                || kept(charge.downstream_key)
+        });
+    let releases =
+        state.processor.releases.iter().all(|release| {
+            state.releases.contains(&release.intent) || kept(release.downstream_key)
+        });
+    charges && releases
 }
 
-/// A completed key's result is what the processor's ledger says of its downstream key: the
-/// charge made under it, or nothing when the key says nothing was made.
-pub fn no_completion_contradicted(state: &State) -> bool {
-    state.keys.iter().flatten().all(|row| match row.status {
-        Status::Completed(Stored::Charged(charge)) => {
-            state.processor.ledger[usize::from(charge)].downstream_key == row.downstream_key
+/// A completed key's result is what the processor's ledgers say of its downstream key: the
+/// charge, capture or void made under it, or nothing when the key says nothing was made or that
+/// the processor refused.
+pub fn no_completion_contradicted(config: &Config, state: &State) -> bool {
+    let processor = &state.processor;
+    state.keys.iter().flatten().all(|row| {
+        let charged = |charge: u8| match config.size.kind(row.intent) {
+            Kind::Pay => processor.ledger[usize::from(charge)].downstream_key == row.downstream_key,
+            Kind::Capture { .. } | Kind::Cancel { .. } => {
+                processor.releases.iter().any(|release| {
+                    release.charge == charge && release.downstream_key == row.downstream_key
+                })
+            }
+        };
+        let made_nothing = || {
+            !processor
+                .ledger
+                .iter()
+                .any(|charge| charge.downstream_key == row.downstream_key)
+                && !processor
+                    .releases
+                    .iter()
+                    .any(|release| release.downstream_key == row.downstream_key)
+        };
+        match row.status {
+            Status::Completed(Stored::Charged(charge)) => charged(charge),
+            Status::Completed(Stored::MadeNothing | Stored::Refused) => made_nothing(),
+            Status::InProgress(_) | Status::Held => true,
         }
-        Status::Completed(Stored::MadeNothing) => !state
-            .processor
-            .ledger
-            .iter()
-            .any(|charge| charge.downstream_key == row.downstream_key),
-        Status::InProgress(_) | Status::Held => true,
     })
 }
 
@@ -95,6 +164,24 @@ pub fn no_acknowledged_event_lost(state: &State) -> bool {
         Some(dispute) if dispute.acknowledged => state.dispute != DisputeSeen::Nothing,
         _ => true,
     }
+}
+
+/// A capture or cancel that idempay's check let through met an authorization the other one had
+/// released meanwhile: the processor refused it under its charge's lock.
+pub fn a_release_refused(state: &State) -> bool {
+    state
+        .processor
+        .keys
+        .values()
+        .any(|&reply| reply == Reply::NotHeld)
+}
+
+/// idempay recorded a capture on its payment.
+pub fn a_capture_recorded(config: &Config, state: &State) -> bool {
+    state
+        .releases
+        .iter()
+        .any(|&intent| matches!(config.size.kind(intent), Kind::Capture { .. }))
 }
 
 /// The dispute's event came before idempay recorded its charge, and waits parked.

@@ -6,11 +6,12 @@
 
 use stateright::{Model, Property};
 
-use crate::config::{Config, Defect};
+use crate::config::{Config, Defect, Kind};
 use crate::properties as props;
 use crate::state::{
     Age, Answer, Attempt, Call, Charge, ChargeId, ClientPhase, Dispute, DisputeSeen, DownstreamKey,
-    Grant, Instance, InstanceId, Intent, KeyRow, KeySlot, Lease, State, Status, Step, Stored, Work,
+    Grant, Instance, InstanceId, Intent, KeyRow, KeySlot, Lease, Release, Reply, State, Status,
+    Step, Stored, Work,
 };
 
 /// The protocol at one size, with some defects switched on.
@@ -61,8 +62,8 @@ pub enum Action {
     },
 
     // --- the processor -------------------------------------------------------------------------
-    /// The processor handles a call: charges, or answers with the charge its key already made.
-    /// The answer may be lost on the way back.
+    /// The processor handles a call: charges (captures, voids, or refuses to), or answers as its
+    /// key already did. The answer may be lost on the way back.
     Deliver {
         call: Call,
         answer_lost: bool,
@@ -118,6 +119,9 @@ enum Decision {
     Execute(Grant),
     /// It answers at once (a replay, 409, 422).
     Answer(Answer),
+    /// A capture or cancel of a payment no longer `requires_capture`: the key is reserved and
+    /// completed with that refusal.
+    Refuse,
     /// The key's work is past the recovery window: the request holds it for an operator (409).
     HoldNow,
 }
@@ -128,6 +132,8 @@ enum Verdict {
     /// Unknown, with attempts left: ask again with the same downstream key.
     AskAgain,
     Done(ChargeId),
+    /// The processor refused the capture or void: a result, stored.
+    Refused,
     /// Certainly not done: nothing with the downstream key can have reached the processor.
     NotDone,
     /// Unknown, and this request's attempts are over.
@@ -148,7 +154,15 @@ impl Protocol {
     fn may_send(&self, state: &State, intent: Intent) -> bool {
         let intents = &self.config.size.intents;
         let key = intents[usize::from(intent)].key;
+        let payment_known = match intents[usize::from(intent)].kind.releases() {
+            None => true,
+            Some(of) => matches!(
+                state.clients[usize::from(of)].phase,
+                ClientPhase::Answered(Stored::Charged(_))
+            ),
+        };
         state.clients[usize::from(intent)].phase != ClientPhase::Gone
+            && payment_known
             && intents[..usize::from(intent)]
                 .iter()
                 .zip(&state.clients)
@@ -156,12 +170,25 @@ impl Protocol {
                 .all(|(_, client)| client.phase != ClientPhase::Retrying)
     }
 
+    /// Whether idempay recorded a capture or a cancel on the payment of intent `of`: it no
+    /// longer `requires_capture`.
+    fn released(&self, state: &State, of: Intent) -> bool {
+        state
+            .releases
+            .iter()
+            .any(|&intent| self.config.size.kind(intent).releases() == Some(of))
+    }
+
     /// The decision of `Idempotency::decide` and `decide_existing`: the fingerprint first, then
     /// the key's state.
     fn decide(&self, state: &State, intent: Intent) -> Decision {
         let key = self.config.size.intents[usize::from(intent)].key;
         let Some(row) = state.row(key) else {
-            return Decision::Execute(Grant::Reserved);
+            // A capture or cancel checks its payment first (`held` in src/payments/capturing.rs).
+            return match self.config.size.kind(intent).releases() {
+                Some(of) if self.released(state, of) => Decision::Refuse,
+                _ => Decision::Execute(Grant::Reserved),
+            };
         };
         if row.intent != intent {
             return Decision::Answer(Answer::Mismatch);
@@ -173,6 +200,40 @@ impl Protocol {
                 Decision::Execute(Grant::TakenOver)
             }
             Status::InProgress(Lease::Ended) => Decision::HoldNow,
+        }
+    }
+
+    /// What the processor made under a held key's downstream key, as `settle_held` reads it: the
+    /// charge, or the capture or void of the authorization (`made_on_charge`), or nothing. None
+    /// when the tool leaves it to a person: two charges under one downstream key, or an
+    /// authorization released under another key than this one.
+    fn made_under(&self, state: &State, row: &KeyRow) -> Option<Stored> {
+        let processor = &state.processor;
+        match self.config.size.kind(row.intent).releases() {
+            None => {
+                let made: Vec<usize> = (0..processor.ledger.len())
+                    .filter(|&id| processor.ledger[id].downstream_key == row.downstream_key)
+                    .collect();
+                match made.as_slice() {
+                    [] => Some(Stored::MadeNothing),
+                    [charge] => Some(Stored::Charged(ChargeId::try_from(*charge).ok()?)),
+                    _ => None,
+                }
+            }
+            Some(of) => {
+                let charge = state.payment_of(of)?;
+                let mut releases = processor
+                    .releases
+                    .iter()
+                    .filter(|release| release.charge == charge);
+                match releases.next() {
+                    None => Some(Stored::MadeNothing),
+                    Some(release) if release.downstream_key == row.downstream_key => {
+                        Some(Stored::Charged(charge))
+                    }
+                    Some(_) => None,
+                }
+            }
         }
     }
 
@@ -194,6 +255,8 @@ impl Protocol {
         };
         Some(match attempt {
             Attempt::Charged(charge) => Verdict::Done(charge),
+            // Under the processor's own key for this downstream key: the first answer to it.
+            Attempt::NotHeld => Verdict::Refused,
             Attempt::Unknown if work.attempts < self.config.size.attempts => Verdict::AskAgain,
             Attempt::Unknown => Verdict::Unknown,
             // A refusal speaks of its own attempt only: after one that may have gone through,
@@ -267,8 +330,18 @@ impl Protocol {
                 if holds || unfenced {
                     let stored = Stored::Charged(charge);
                     state.row_mut(work.key)?.status = Status::Completed(stored);
-                    state.payments.push(charge);
+                    self.record(state, work.intent, charge);
                     Self::finish(state, instance, &work, Answer::Result(stored));
+                } else {
+                    let answer = Self::after_lost_lease(state, work.key);
+                    Self::finish(state, instance, &work, answer);
+                }
+            }
+            // The refusal is the key's result, stored in one fenced statement like a payment.
+            Verdict::Refused => {
+                if holds {
+                    state.row_mut(work.key)?.status = Status::Completed(Stored::Refused);
+                    Self::finish(state, instance, &work, Answer::Result(Stored::Refused));
                 } else {
                     let answer = Self::after_lost_lease(state, work.key);
                     Self::finish(state, instance, &work, answer);
@@ -294,23 +367,66 @@ impl Protocol {
         Some(())
     }
 
-    /// The processor's `create_charge`: one charge per idempotency key it remembers.
-    fn deliver(state: &mut State, call: Call, answer_lost: bool) -> Option<()> {
+    /// What idempay records when its key completes with the processor's answer: the payment of
+    /// the charge, or the capture or cancel on the payment.
+    fn record(&self, state: &mut State, intent: Intent, charge: ChargeId) {
+        match self.config.size.kind(intent) {
+            Kind::Pay => state.payments.push(charge),
+            Kind::Capture { .. } | Kind::Cancel { .. } => state.releases.push(intent),
+        }
+    }
+
+    /// The processor's `create_charge`, `capture` and `void`: one answer per idempotency key it
+    /// remembers. A capture or void takes the charge's lock and refuses an authorization that is
+    /// no longer held (unless that check is the defect left out).
+    fn deliver(&self, state: &mut State, call: Call, answer_lost: bool) -> Option<()> {
         if !state.processor.up || !state.network.remove(&call) {
             return None;
         }
+        let kind = self.config.size.kind(call.intent);
+        let releases_twice = self.has(Defect::ProcessorReleasesTwice);
         let processor = &mut state.processor;
-        let charge = match processor.keys.get(&call.downstream_key) {
-            Some(&charge) => charge,
+        let reply = match processor.keys.get(&call.downstream_key) {
+            Some(&reply) => reply,
             None => {
-                let charge = ChargeId::try_from(processor.ledger.len()).ok()?;
-                processor.ledger.push(Charge {
-                    downstream_key: call.downstream_key,
-                    intent: call.intent,
-                });
-                processor.keys.insert(call.downstream_key, charge);
-                charge
+                let reply = match kind.releases() {
+                    None => {
+                        let charge = ChargeId::try_from(processor.ledger.len()).ok()?;
+                        processor.ledger.push(Charge {
+                            downstream_key: call.downstream_key,
+                            intent: call.intent,
+                        });
+                        Reply::Made(charge)
+                    }
+                    Some(of) => {
+                        let charge = processor
+                            .ledger
+                            .iter()
+                            .position(|charge| charge.intent == of)
+                            .and_then(|charge| ChargeId::try_from(charge).ok())?;
+                        let held = !processor
+                            .releases
+                            .iter()
+                            .any(|release| release.charge == charge);
+                        if held || releases_twice {
+                            processor.releases.push(Release {
+                                charge,
+                                downstream_key: call.downstream_key,
+                                intent: call.intent,
+                            });
+                            Reply::Made(charge)
+                        } else {
+                            Reply::NotHeld
+                        }
+                    }
+                };
+                processor.keys.insert(call.downstream_key, reply);
+                reply
             }
+        };
+        let attempt = match reply {
+            Reply::Made(charge) => Attempt::Charged(charge),
+            Reply::NotHeld => Attempt::NotHeld,
         };
         // The answer reaches its sender if it still waits for it (a sender that stopped waiting
         // left the call without one).
@@ -319,7 +435,7 @@ impl Protocol {
             && work.step == Step::Awaiting
             && work.downstream_key == call.downstream_key
         {
-            work.step = Step::Answered(Attempt::Charged(charge));
+            work.step = Step::Answered(attempt);
         }
         Some(())
     }
@@ -346,6 +462,18 @@ impl Protocol {
         let work = match self.decide(state, intent) {
             Decision::Answer(answer) => {
                 state.answer(intent, answer);
+                return Some(());
+            }
+            Decision::Refuse => {
+                let downstream_key = DownstreamKey::try_from(state.downstream_keys.len()).ok()?;
+                state.downstream_keys.push(intent);
+                state.keys[usize::from(key)] = Some(KeyRow {
+                    intent,
+                    downstream_key,
+                    status: Status::Completed(Stored::Refused),
+                    age: Age::Fresh,
+                });
+                state.answer(intent, Answer::Result(Stored::Refused));
                 return Some(());
             }
             Decision::HoldNow => {
@@ -569,7 +697,7 @@ impl Model for Protocol {
             Action::LeaseRunsOut { key } => {
                 state.row_mut(key)?.status = Status::InProgress(Lease::Ended);
             }
-            Action::Deliver { call, answer_lost } => Self::deliver(&mut state, call, answer_lost)?,
+            Action::Deliver { call, answer_lost } => self.deliver(&mut state, call, answer_lost)?,
             Action::CrashProcessor => {
                 state.processor.up = false;
                 state.processor_crashes += 1;
@@ -619,26 +747,21 @@ impl Model for Protocol {
             }
             Action::OperatorSettles { key } => {
                 let row = *state.row(key)?;
-                let made: Vec<usize> = (0..state.processor.ledger.len())
-                    .filter(|&id| state.processor.ledger[id].downstream_key == row.downstream_key)
-                    .collect();
-                let stored = match made.as_slice() {
-                    [] => Stored::MadeNothing,
-                    [charge] => Stored::Charged(ChargeId::try_from(*charge).ok()?),
-                    // Two charges under one downstream key: settled by hand, not by the tool.
-                    _ => return None,
-                };
+                let stored = self.made_under(&state, &row)?;
                 state.row_mut(key)?.status = Status::Completed(stored);
                 if let Stored::Charged(charge) = stored {
-                    state.payments.push(charge);
+                    self.record(&mut state, row.intent, charge);
                 }
             }
         }
         Some(state)
     }
 
+    /// The properties that speak of this size: a size without a reused key, a dispute, or a
+    /// capture and cancel would never see their examples.
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let size = &self.config.size;
+        let mut properties = vec![
             Property::always(props::ONE_CHARGE_PER_INTENT, |model: &Self, state| {
                 props::one_charge_per_intent(&model.config, state)
             }),
@@ -651,24 +774,45 @@ impl Model for Protocol {
             Property::always(props::EVERY_CHARGE_RECORDED_OR_KEPT, |_, state| {
                 props::every_charge_recorded_or_kept(state)
             }),
-            Property::always(props::NO_COMPLETION_CONTRADICTED, |_, state| {
-                props::no_completion_contradicted(state)
-            }),
-            Property::always(props::NO_ACKNOWLEDGED_EVENT_LOST, |_, state| {
-                props::no_acknowledged_event_lost(state)
+            Property::always(props::NO_COMPLETION_CONTRADICTED, |model: &Self, state| {
+                props::no_completion_contradicted(&model.config, state)
             }),
             Property::sometimes(props::A_TAKEOVER, |_, state| props::a_takeover(state)),
             Property::sometimes(props::A_RECOVERY_RESUME, |_, state| {
                 props::a_recovery_resume(state)
             }),
             Property::sometimes(props::A_HOLD, |_, state| props::a_hold(state)),
-            Property::sometimes(props::A_REUSE_AFTER_EXPIRY, |model: &Self, state| {
-                props::a_reuse_after_expiry(&model.config, state)
-            }),
-            Property::sometimes(props::AN_EARLY_EVENT_PARKED, |_, state| {
-                props::an_early_event_parked(state)
-            }),
-        ]
+        ];
+        if size.disputes > 0 {
+            properties.push(Property::always(
+                props::NO_ACKNOWLEDGED_EVENT_LOST,
+                |_, state| props::no_acknowledged_event_lost(state),
+            ));
+            properties.push(Property::sometimes(
+                props::AN_EARLY_EVENT_PARKED,
+                |_, state| props::an_early_event_parked(state),
+            ));
+        }
+        if size.reuses_keys() {
+            properties.push(Property::sometimes(
+                props::A_REUSE_AFTER_EXPIRY,
+                |model: &Self, state| props::a_reuse_after_expiry(&model.config, state),
+            ));
+        }
+        if size.releases() {
+            properties.push(Property::always(
+                props::ONE_RELEASE_PER_AUTHORIZATION,
+                |model: &Self, state| props::one_release_per_authorization(&model.config, state),
+            ));
+            properties.push(Property::sometimes(props::A_RELEASE_REFUSED, |_, state| {
+                props::a_release_refused(state)
+            }));
+            properties.push(Property::sometimes(
+                props::A_CAPTURE_RECORDED,
+                |model: &Self, state| props::a_capture_recorded(&model.config, state),
+            ));
+        }
+        properties
     }
 
     fn within_boundary(&self, state: &State) -> bool {

@@ -26,6 +26,10 @@ pub enum Stored {
     Charged(ChargeId),
     /// The final 409 `processor-made-nothing` an operator's settle stores.
     MadeNothing,
+    /// The 409 `payment-unexpected-state` of a capture or cancel whose payment was no longer
+    /// `requires_capture`: idempay's check found it released, or the processor refused under its
+    /// charge's lock.
+    Refused,
 }
 
 /// What a client gets back from one request.
@@ -125,8 +129,12 @@ pub enum Grant {
 /// The answer to one attempt at the processor call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Attempt {
-    /// The processor charged (or replayed its charge for this downstream key).
+    /// The processor charged, captured or voided (or replayed that answer for this downstream
+    /// key): the charge it answers with.
     Charged(ChargeId),
+    /// The processor refused a capture or void: the authorization is no longer held (400
+    /// `charge-not-capturable`, or replayed for this downstream key).
+    NotHeld,
     /// The connection was refused before anything was sent.
     Refused,
     /// No answer in time: the call may or may not have been made.
@@ -181,6 +189,24 @@ pub struct Charge {
     pub intent: Intent,
 }
 
+/// A capture or void the processor made of a charge's authorization, under a downstream key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Release {
+    pub charge: ChargeId,
+    pub downstream_key: DownstreamKey,
+    /// The capture or cancel intent whose key made the downstream key.
+    pub intent: Intent,
+}
+
+/// What the processor answered under one of its idempotency keys, replayed for every repeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reply {
+    /// The charge made, captured or voided.
+    Made(ChargeId),
+    /// The capture or void refused: the authorization was no longer held.
+    NotHeld,
+}
+
 /// A dispute the processor holds on one of its charges, and its event to idempay: sent until
 /// idempay acknowledges it (any 2xx), then never again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -192,9 +218,11 @@ pub struct Dispute {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Processor {
     pub up: bool,
-    /// Its own idempotency keys: the charge it made for each downstream key it still remembers.
-    pub keys: BTreeMap<DownstreamKey, ChargeId>,
+    /// Its own idempotency keys: what it answered for each downstream key it still remembers.
+    pub keys: BTreeMap<DownstreamKey, Reply>,
     pub ledger: Vec<Charge>,
+    /// The captures and voids it made, which it never forgets either.
+    pub releases: Vec<Release>,
     pub dispute: Option<Dispute>,
 }
 
@@ -216,6 +244,9 @@ pub struct State {
     pub keys: Vec<Option<KeyRow>>,
     /// idempay's payments: the charges recorded, each with the key that completed.
     pub payments: Vec<ChargeId>,
+    /// The captures and cancels idempay recorded on its payments (`succeeded` or `canceled`),
+    /// each with the key that completed: the intents that asked.
+    pub releases: Vec<Intent>,
     /// Every downstream key made so far, with the intent whose key made it.
     pub downstream_keys: Vec<Intent>,
     pub instances: Vec<Instance>,
@@ -241,6 +272,7 @@ impl State {
             ],
             keys: vec![None; usize::from(size.keys)],
             payments: Vec::new(),
+            releases: Vec::new(),
             downstream_keys: Vec::new(),
             instances: vec![Instance::Idle; usize::from(size.instances)],
             network: BTreeSet::new(),
@@ -248,6 +280,7 @@ impl State {
                 up: true,
                 keys: BTreeMap::new(),
                 ledger: Vec::new(),
+                releases: Vec::new(),
                 dispute: None,
             },
             dispute: DisputeSeen::Nothing,
@@ -276,6 +309,14 @@ impl State {
         self.instances
             .iter()
             .any(|instance| matches!(instance, Instance::Working(work) if work.key == key))
+    }
+
+    /// The processor's charge of `intent`'s payment, which idempay records.
+    pub fn payment_of(&self, intent: Intent) -> Option<ChargeId> {
+        self.payments
+            .iter()
+            .copied()
+            .find(|&charge| self.processor.ledger[usize::from(charge)].intent == intent)
     }
 
     /// Whether a call with `downstream_key` is still on the network.

@@ -5,7 +5,7 @@
 use model::check::Outcome;
 use model::properties::{
     EVERY_CHARGE_RECORDED_OR_KEPT, NO_ACKNOWLEDGED_EVENT_LOST, NO_COMPLETION_CONTRADICTED,
-    ONE_CHARGE_PER_INTENT,
+    ONE_CHARGE_PER_INTENT, ONE_RELEASE_PER_AUTHORIZATION,
 };
 use model::protocol::{Action, Protocol};
 use model::{Config, Defect, Size, check};
@@ -33,13 +33,18 @@ fn every_property_holds_and_every_example_is_found_at_the_small_size() {
 
 /// Checks the small size with `defect` on and returns the counterexample of `property`.
 fn counterexample(defect: Defect, property: &str) -> Vec<Action> {
-    let report = check(Config::correct(Size::small()).with(defect), 1);
+    counterexample_at(Size::small(), defect, property)
+}
+
+/// Checks `size` with `defect` on and returns the counterexample of `property`, replayed.
+fn counterexample_at(size: Size, defect: Defect, property: &str) -> Vec<Action> {
+    let report = check(Config::correct(size.clone()).with(defect), 1);
     assert!(!report.passed(), "{defect:?} went unnoticed");
     let trace = report
         .violation(property)
         .unwrap_or_else(|| panic!("{defect:?} did not break {property:?}: {report:#?}"));
     // The trace ends at the first state that breaks the property: replayed, it holds before.
-    let protocol = Protocol::new(Config::correct(Size::small()).with(defect));
+    let protocol = Protocol::new(Config::correct(size).with(defect));
     let condition = protocol
         .properties()
         .into_iter()
@@ -95,6 +100,24 @@ fn an_early_event_acknowledged_loses_its_dispute() {
     // The event came before any payment recorded the charge it names.
     assert!(
         matches!(trace.last(), Some(Action::DeliverEvent)),
+        "{trace:?}"
+    );
+}
+
+/// The capture and the cancel both pass idempay's check; only the processor's check under its
+/// charge's lock keeps the second from releasing the authorization again.
+#[test]
+fn a_processor_that_releases_twice_captures_and_voids_one_authorization() {
+    let trace = counterexample_at(
+        Size::capture(),
+        Defect::ProcessorReleasesTwice,
+        ONE_RELEASE_PER_AUTHORIZATION,
+    );
+    assert!(
+        matches!(
+            trace.last(),
+            Some(Action::Deliver { .. } | Action::Settle { .. })
+        ),
         "{trace:?}"
     );
 }

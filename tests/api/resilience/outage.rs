@@ -342,35 +342,45 @@ pub(super) struct OwnPostgres {
 }
 
 impl OwnPostgres {
+    /// Starts the container on a port nobody listened on a moment ago. The port is free when it is
+    /// chosen, not promised: another test's listener or an outgoing connection may take it before
+    /// PostgreSQL binds it, and PostgreSQL then exits ("could not bind"). A container that exited
+    /// before accepting a connection is removed and started again on another port.
     pub(super) async fn start() -> Self {
         let image = idempay::dev::postgres::ensure_image()
             .await
             .expect("a PostgreSQL image");
-        let port = free_port();
-        let id = docker(&[
-            "run",
-            "--detach",
-            "--label",
-            "org.testcontainers.managed-by=testcontainers",
-            "--network",
-            "host",
-            "--env",
-            "POSTGRES_PASSWORD=postgres",
-            &image,
-            "-c",
-            "fsync=off",
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            &format!("port={port}"),
-        ])
-        .await;
-        let postgres = Self {
-            id: id.trim().to_owned(),
-            port,
-        };
-        postgres.wait_until_connectable().await;
-        postgres
+        let mut exits = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let id = docker(&[
+                "run",
+                "--detach",
+                "--label",
+                "org.testcontainers.managed-by=testcontainers",
+                "--network",
+                "host",
+                "--env",
+                "POSTGRES_PASSWORD=postgres",
+                &image,
+                "-c",
+                "fsync=off",
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                &format!("port={port}"),
+            ])
+            .await;
+            let postgres = Self {
+                id: id.trim().to_owned(),
+                port,
+            };
+            match postgres.until_connectable().await {
+                Ok(()) => return postgres,
+                Err(exited) => exits.push(exited),
+            }
+        }
+        panic!("PostgreSQL exited three times before accepting connections:\n{exits:#?}");
     }
 
     pub(super) fn url(&self) -> String {
@@ -421,7 +431,16 @@ impl OwnPostgres {
         panic!("docker pause failed 10 times");
     }
 
+    /// Waits until the server answers a query; panics after a minute with its log.
     async fn wait_until_connectable(&self) {
+        if let Err(exited) = self.until_connectable().await {
+            panic!("PostgreSQL exited before accepting connections: {exited}");
+        }
+    }
+
+    /// Waits until the server answers a query, or its container has exited (its log is the
+    /// error); panics with the log after a minute of neither.
+    async fn until_connectable(&self) -> Result<(), String> {
         let started = Instant::now();
         loop {
             if let Ok(mut connection) = PgConnection::connect(&self.url()).await {
@@ -430,15 +449,31 @@ impl OwnPostgres {
                     .await
                     .is_ok()
                 {
-                    return;
+                    return Ok(());
                 }
+            }
+            let running = docker(&["inspect", "--format", "{{.State.Running}}", &self.id]).await;
+            if running.trim() == "false" {
+                return Err(self.log().await);
             }
             assert!(
                 started.elapsed() < Duration::from_secs(60),
-                "PostgreSQL never accepted connections"
+                "PostgreSQL never accepted connections on port {}; its log:\n{}",
+                self.port,
+                self.log().await
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The last lines the container printed (PostgreSQL logs to stderr).
+    async fn log(&self) -> String {
+        let output = tokio::process::Command::new("docker")
+            .args(["logs", "--tail", "20", &self.id])
+            .output()
+            .await
+            .expect("docker runs");
+        String::from_utf8_lossy(&output.stderr).into_owned()
     }
 }
 
