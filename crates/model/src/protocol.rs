@@ -203,40 +203,6 @@ impl Protocol {
         }
     }
 
-    /// What the processor made under a held key's downstream key, as `settle_held` reads it: the
-    /// charge, or the capture or void of the authorization (`made_on_charge`), or nothing. None
-    /// when the tool leaves it to a person: two charges under one downstream key, or an
-    /// authorization released under another key than this one.
-    fn made_under(&self, state: &State, row: &KeyRow) -> Option<Stored> {
-        let processor = &state.processor;
-        match self.config.size.kind(row.intent).releases() {
-            None => {
-                let made: Vec<usize> = (0..processor.ledger.len())
-                    .filter(|&id| processor.ledger[id].downstream_key == row.downstream_key)
-                    .collect();
-                match made.as_slice() {
-                    [] => Some(Stored::MadeNothing),
-                    [charge] => Some(Stored::Charged(ChargeId::try_from(*charge).ok()?)),
-                    _ => None,
-                }
-            }
-            Some(of) => {
-                let charge = state.payment_of(of)?;
-                let mut releases = processor
-                    .releases
-                    .iter()
-                    .filter(|release| release.charge == charge);
-                match releases.next() {
-                    None => Some(Stored::MadeNothing),
-                    Some(release) if release.downstream_key == row.downstream_key => {
-                        Some(Stored::Charged(charge))
-                    }
-                    Some(_) => None,
-                }
-            }
-        }
-    }
-
     /// Whether a suspended key may be resumed: within the recovery window (`store::take_over`
     /// and `claim_recoverable` compare its age), unless suspension has no bound.
     fn resumable(&self, row: &KeyRow) -> bool {
@@ -747,7 +713,7 @@ impl Model for Protocol {
             }
             Action::OperatorSettles { key } => {
                 let row = *state.row(key)?;
-                let stored = self.made_under(&state, &row)?;
+                let stored = state.made_under(self.config.size.kind(row.intent), &row)?;
                 state.row_mut(key)?.status = Status::Completed(stored);
                 if let Stored::Charged(charge) = stored {
                     self.record(&mut state, row.intent, charge);

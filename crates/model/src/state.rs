@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::Config;
+use crate::config::{Config, Kind};
 
 /// An intent (and its client): an index into `Size::intents`.
 pub type Intent = u8;
@@ -317,6 +317,40 @@ impl State {
             .iter()
             .copied()
             .find(|&charge| self.processor.ledger[usize::from(charge)].intent == intent)
+    }
+
+    /// What the processor made under a held key's downstream key, as `settle_held` reads it: the
+    /// charge, or the capture or void of the authorization (`made_on_charge`), or nothing. None
+    /// when the tool leaves it to a person: two charges under one downstream key, or an
+    /// authorization released under another key than this one.
+    pub fn made_under(&self, kind: Kind, row: &KeyRow) -> Option<Stored> {
+        let processor = &self.processor;
+        match kind.releases() {
+            None => {
+                let made: Vec<usize> = (0..processor.ledger.len())
+                    .filter(|&id| processor.ledger[id].downstream_key == row.downstream_key)
+                    .collect();
+                match made.as_slice() {
+                    [] => Some(Stored::MadeNothing),
+                    [charge] => Some(Stored::Charged(ChargeId::try_from(*charge).ok()?)),
+                    _ => None,
+                }
+            }
+            Some(of) => {
+                let charge = self.payment_of(of)?;
+                let mut releases = processor
+                    .releases
+                    .iter()
+                    .filter(|release| release.charge == charge);
+                match releases.next() {
+                    None => Some(Stored::MadeNothing),
+                    Some(release) if release.downstream_key == row.downstream_key => {
+                        Some(Stored::Charged(charge))
+                    }
+                    Some(_) => None,
+                }
+            }
+        }
     }
 
     /// Whether a call with `downstream_key` is still on the network.
