@@ -131,9 +131,9 @@ enum Decision {
 enum Verdict {
     /// Unknown, with attempts left: ask again with the same downstream key.
     AskAgain,
-    Done(ChargeId),
-    /// The processor refused the capture or void: a result, stored.
-    Refused,
+    /// The processor's answer is the key's result: the charge (made, captured or voided), or its
+    /// refusal of a capture or void (`Stored::Refused`), stored alike.
+    Done(Stored),
     /// Certainly not done: nothing with the downstream key can have reached the processor.
     NotDone,
     /// Unknown, and this request's attempts are over.
@@ -220,9 +220,9 @@ impl Protocol {
             return None;
         };
         Some(match attempt {
-            Attempt::Charged(charge) => Verdict::Done(charge),
+            Attempt::Charged(charge) => Verdict::Done(Stored::Charged(charge)),
             // Under the processor's own key for this downstream key: the first answer to it.
-            Attempt::NotHeld => Verdict::Refused,
+            Attempt::NotHeld => Verdict::Done(Stored::Refused),
             Attempt::Unknown if work.attempts < self.config.size.attempts => Verdict::AskAgain,
             Attempt::Unknown => Verdict::Unknown,
             // A refusal speaks of its own attempt only: after one that may have gone through,
@@ -288,26 +288,18 @@ impl Protocol {
         let holds = Self::fenced(state, instance, &work);
         match verdict {
             Verdict::AskAgain => return None,
-            // One transaction: the payment and the key's completion (`idempotency_complete`,
-            // fenced by the token; without the fence, a loser records too).
-            Verdict::Done(charge) => {
+            // One transaction: the payment, capture, cancel or refusal and the key's completion
+            // (`idempotency_complete`, fenced by the token; without the fence, a loser records
+            // too).
+            Verdict::Done(stored) => {
                 let unfenced =
                     self.has(Defect::UnfencedCompletion) && state.row(work.key).is_some();
                 if holds || unfenced {
-                    let stored = Stored::Charged(charge);
                     state.row_mut(work.key)?.status = Status::Completed(stored);
-                    self.record(state, work.intent, charge);
+                    if let Stored::Charged(charge) = stored {
+                        self.record(state, work.intent, charge);
+                    }
                     Self::finish(state, instance, &work, Answer::Result(stored));
-                } else {
-                    let answer = Self::after_lost_lease(state, work.key);
-                    Self::finish(state, instance, &work, answer);
-                }
-            }
-            // The refusal is the key's result, stored in one fenced statement like a payment.
-            Verdict::Refused => {
-                if holds {
-                    state.row_mut(work.key)?.status = Status::Completed(Stored::Refused);
-                    Self::finish(state, instance, &work, Answer::Result(Stored::Refused));
                 } else {
                     let answer = Self::after_lost_lease(state, work.key);
                     Self::finish(state, instance, &work, answer);
