@@ -273,7 +273,7 @@ async fn create_payment(
     let intent = ChargeRequested::new(account.id().clone(), body);
     // The charge is the work's first step: the reservation records its recovery point, so a new
     // key costs no round trip more for it.
-    let request = call::starting_at(request, &intent)?;
+    let request = call::starting_at(request, intent);
     idempotency
         .run(request, move |lease| {
             call::resume::<ChargeRequested>(processor, lease)

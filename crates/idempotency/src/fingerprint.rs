@@ -173,7 +173,8 @@ impl<'a> Target<'a> {
 /// A request's fingerprint under each version this release computes: the current one is recorded
 /// with a new key, and a key made under an older one is compared under that one. A request rebuilt
 /// from its key's row (the recovery job's) has only the fingerprint the row holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// None by default: a request not fingerprinted yet, which matches no stored fingerprint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fingerprints([Option<Fingerprint>; FingerprintVersion::KNOWN.len()]);
 
 /// How a request's fingerprints compare with the one a key's row holds.

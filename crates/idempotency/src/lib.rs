@@ -199,7 +199,7 @@ impl Idempotency {
     ///
     /// The work fails with the service's own error type `E`; the mechanism's refusals and faults
     /// become one through `From<Error>`.
-    pub async fn run<W, F, E>(&self, request: KeyedRequest, work: W) -> Result<Response, E>
+    pub async fn run<W, F, E>(&self, mut request: KeyedRequest, work: W) -> Result<Response, E>
     where
         W: FnOnce(Lease) -> F + Send + 'static,
         F: Future<Output = Result<Completion, E>> + Send + 'static,
@@ -208,10 +208,12 @@ impl Idempotency {
         let span = tracing::Span::current();
         span.record("scope", request.scope.as_str());
         // A key this instance saw completed is answered here: no database, no task to strand.
-        if let Some(answer) = self.replays.decide(&request) {
+        let cached = self.replays.decide(&mut request).map_err(Error::from)?;
+        if let Some(answer) = cached {
             let route = request.scope.route();
             return answer.respond(self.instrumentation, route).map_err(E::from);
         }
+        request.prepare()?;
         let mechanism = self.clone();
         // The task carries the request's span, so its logs and the key's outcome stay with it.
         tokio::spawn(mechanism.decide_and_answer(request, work).instrument(span))

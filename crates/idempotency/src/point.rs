@@ -246,8 +246,15 @@ mod tests {
             Fingerprints::of_request(Target::same("/v1/payments"), &serde_json::json!({})),
         );
         assert_eq!(RecoveryPoint::first(&request), None, "no first point");
-        let first = RecoveryPoint::first(&request.starting_at("payment.created", state.clone()))
-            .expect("its first point");
+        let made = state.clone();
+        let mut request = request.starting_at("payment.created", move || Ok(made.clone()));
+        assert_eq!(
+            RecoveryPoint::first(&request),
+            None,
+            "not made before it is prepared"
+        );
+        request.prepare().unwrap();
+        let first = RecoveryPoint::first(&request).expect("its first point");
         assert_eq!(
             (first.name.as_str(), &first.state),
             ("payment.created", &state)

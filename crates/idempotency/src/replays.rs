@@ -6,7 +6,7 @@ use std::time::Instant;
 use quick_cache::sync::Cache;
 
 use crate::{
-    Answer, Comparison, FieldDigests, Fingerprint, FingerprintVersion, KeyedRequest,
+    Answer, Comparison, FieldDigests, Fingerprint, FingerprintVersion, KeyedRequest, Refusal,
     StoredResponse, mismatched_fields,
 };
 
@@ -20,6 +20,9 @@ pub(crate) struct CachedReplay {
     /// The key's fingerprint, under the version it was made with.
     fingerprint: (FingerprintVersion, Fingerprint),
     fields: Option<FieldDigests>,
+    /// The exact digest of the request that completed or replayed the key, when it had one: a
+    /// retry with the same bytes is answered without fingerprinting its body.
+    exact: Option<[u8; 32]>,
     response: StoredResponse,
     /// No later than the key's `expires_at`, on this instance's monotonic clock.
     until: Instant,
@@ -43,14 +46,22 @@ impl Replays {
 
     /// Answers a key this instance saw completed without asking the database: the stored
     /// response, or 422 for another payload. `None` when the key is not cached (or has expired).
-    pub(crate) fn decide(&self, request: &KeyedRequest) -> Option<Answer> {
+    /// The same bytes as the cached request's are the same request; other bytes are fingerprinted
+    /// here (which may refuse the body) and compared.
+    pub(crate) fn decide(&self, request: &mut KeyedRequest) -> Result<Option<Answer>, Refusal> {
         let key = cache_key(request);
-        let cached = self.0.get(&key)?;
+        let Some(cached) = self.0.get(&key) else {
+            return Ok(None);
+        };
         if cached.until <= Instant::now() {
             self.0.remove(&key);
-            return None;
+            return Ok(None);
         }
-        Some(
+        if request.exact.is_some() && request.exact == cached.exact {
+            return Ok(Some(Answer::Replay(cached.response)));
+        }
+        request.digest()?;
+        Ok(Some(
             match request.fingerprints.compare(Some(cached.fingerprint)) {
                 Comparison::Same => Answer::Replay(cached.response),
                 Comparison::Differs => {
@@ -58,9 +69,9 @@ impl Replays {
                     Answer::Mismatch(fields)
                 }
                 // Never cached: this release computes the version of every key it completed.
-                Comparison::UnknownVersion(_) => return None,
+                Comparison::UnknownVersion(_) => return Ok(None),
             },
-        )
+        ))
     }
 
     /// Keeps the response of the key `request` completed or replayed, whose fingerprint is
@@ -78,6 +89,7 @@ impl Replays {
                 fingerprint,
                 // The request's digests are the stored ones: its fingerprint is the stored one.
                 fields: request.fields.clone(),
+                exact: request.exact,
                 response: response.clone(),
                 until,
             },

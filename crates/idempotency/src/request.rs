@@ -5,13 +5,15 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Method, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 
 use super::{
     BodyError, Error, FieldDigests, Fingerprints, IdempotencyKey, KeyError, Refusal, Target,
@@ -135,6 +137,16 @@ pub struct KeyedRequest {
     pub(super) fields: Option<FieldDigests>,
     /// The recovery point the reservation records with a new key, if the work starts at one.
     pub(super) first_point: Option<(&'static str, serde_json::Value)>,
+    /// The point's state before it is made: a replay answered from memory never makes it.
+    unmade_point: Option<(&'static str, MakeState)>,
+    /// SHA-256 of the target and the body's bytes as they arrived, for a request taken by
+    /// [`Idempotent`]. A retry usually resends the very bytes of its first attempt, so the replay
+    /// cache recognises it by this digest alone; making the body canonical costs more than the
+    /// rest of a replay's own work, and only a retry that serialised its body anew needs it.
+    pub(super) exact: Option<[u8; 32]>,
+    /// A small JSON body not fingerprinted yet: [`KeyedRequest::digest`] does it when the replay
+    /// cache cannot answer by the exact digest, before the database is asked.
+    pub(super) undigested: Option<(Uri, Bytes)>,
 }
 
 impl KeyedRequest {
@@ -145,7 +157,47 @@ impl KeyedRequest {
             fingerprints,
             fields: None,
             first_point: None,
+            exact: None,
+            undigested: None,
+            unmade_point: None,
         }
+    }
+
+    /// A request whose JSON body is fingerprinted only if it has to be (see `exact`).
+    fn of_json(scope: Scope, key: IdempotencyKey, uri: Uri, body: Bytes) -> Self {
+        let mut exact = Sha256::new();
+        exact.update(Target::of(&uri).path_and_query.as_bytes());
+        exact.update(b"\n");
+        exact.update(&body);
+        Self {
+            exact: Some(exact.finalize().into()),
+            undigested: Some((uri, body)),
+            ..Self::new(scope, key, Fingerprints::default())
+        }
+    }
+
+    /// What the database needs of a request that the replay cache did not answer: its body
+    /// fingerprinted, and the state of the point its work starts at.
+    pub(super) fn prepare(&mut self) -> Result<(), Error> {
+        self.digest()?;
+        if let Some((name, make)) = self.unmade_point.take() {
+            let state = make.call().map_err(|error| Error::Internal(error.into()))?;
+            self.first_point = Some((name, state));
+        }
+        Ok(())
+    }
+
+    /// Fingerprints the body if it is not yet: its canonical form's digests under every version,
+    /// and its members'. Refused for a body the typed parse accepted and the canonical one does
+    /// not (never one field's); nothing is reserved then.
+    pub(super) fn digest(&mut self) -> Result<(), Refusal> {
+        if let Some((uri, body)) = self.undigested.take() {
+            let (fingerprints, fields) =
+                Fingerprints::of_json(Target::of(&uri), &body).map_err(invalid_body)?;
+            self.fingerprints = fingerprints;
+            self.fields = Some(fields);
+        }
+        Ok(())
     }
 
     /// The request's body digested member by member (see [`Fingerprints::of_json`]).
@@ -159,10 +211,34 @@ impl KeyedRequest {
     /// reservation of a new key records it (`name`, `state` and a fresh downstream key) in the
     /// same statement, instead of a commit of its own after it. The work then finds it on its
     /// lease, fresh or taken over alike.
+    ///
+    /// `state` makes the point's state (the work's parameters as JSON). It is called only when
+    /// the database is asked: a replay answered from memory does not pay for it.
     #[must_use]
-    pub fn starting_at(mut self, name: &'static str, state: serde_json::Value) -> Self {
-        self.first_point = Some((name, state));
+    pub fn starting_at(
+        mut self,
+        name: &'static str,
+        state: impl Fn() -> Result<serde_json::Value, serde_json::Error> + Send + Sync + 'static,
+    ) -> Self {
+        self.first_point = None;
+        self.unmade_point = Some((name, MakeState(Arc::new(state))));
         self
+    }
+}
+
+/// Makes a recovery point's state (see [`KeyedRequest::starting_at`]).
+#[derive(Clone)]
+struct MakeState(Arc<dyn Fn() -> Result<serde_json::Value, serde_json::Error> + Send + Sync>);
+
+impl MakeState {
+    fn call(&self) -> Result<serde_json::Value, serde_json::Error> {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for MakeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MakeState(..)")
     }
 }
 
@@ -217,24 +293,27 @@ where
         let bytes_len = bytes.len();
         // Typed parsing straight from the bytes refuses what a generic parse would let through,
         // such as a field given twice.
-        let parse = move || -> Result<(T, (Fingerprints, FieldDigests)), Refusal> {
-            let body = serde_json::from_slice::<T>(&bytes)
-                .map_err(|error| BodyError::of::<T>(&bytes, &error))?;
-            let digests = Fingerprints::of_json(Target::of(&uri), &bytes).map_err(invalid_body)?;
-            Ok((body, digests))
+        let parse = |bytes: &[u8]| {
+            serde_json::from_slice::<T>(bytes).map_err(|error| BodyError::of::<T>(bytes, &error))
         };
-        let (body, (fingerprint, fields)) = if bytes_len <= INLINE_BODY_BYTES {
-            parse().map_err(refused)?
-        } else {
-            tokio::task::spawn_blocking(parse)
-                .await
-                .map_err(|error| S::Rejection::from(Error::Internal(error.into())))?
-                .map_err(refused)?
-        };
-        Ok(Self {
-            request: KeyedRequest::new(scope, key, fingerprint).with_fields(fields),
-            body,
+        if bytes_len <= INLINE_BODY_BYTES {
+            // Fingerprinted later, and only if the replay cache cannot answer it by its bytes.
+            let body = parse(&bytes).map_err(refused)?;
+            return Ok(Self {
+                request: KeyedRequest::of_json(scope, key, uri, bytes),
+                body,
+            });
+        }
+        let (body, request) = tokio::task::spawn_blocking(move || -> Result<_, Refusal> {
+            let body = parse(&bytes)?;
+            let mut request = KeyedRequest::of_json(scope, key, uri, bytes);
+            request.digest()?;
+            Ok((body, request))
         })
+        .await
+        .map_err(|error| S::Rejection::from(Error::Internal(error.into())))?
+        .map_err(refused)?;
+        Ok(Self { request, body })
     }
 }
 

@@ -238,7 +238,7 @@ async fn a_recovery_point_no_resumer_knows_is_refused_before_anything_is_recorde
 
     let reserved = idempotency
         .run(
-            keyed(&account, "/v1/things").starting_at("thing.unknown", json!({})),
+            keyed(&account, "/v1/things").starting_at("thing.unknown", || Ok(json!({}))),
             |lease| async move { Ok::<_, idempotency::Error>(lease.lost()) },
         )
         .await;
