@@ -101,3 +101,51 @@ impl Replays {
 fn cache_key(request: &KeyedRequest) -> String {
     format!("{}\n{}", request.scope.as_str(), request.key.as_str())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::http::{Method, StatusCode, Uri};
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::{IdempotencyKey, Scope};
+
+    fn request(body: &'static str) -> KeyedRequest {
+        KeyedRequest::of_json(
+            Scope::new("acct_1", &Method::POST, "/v1/payments"),
+            IdempotencyKey::parse(b"k1").unwrap(),
+            Uri::from_static("/v1/payments"),
+            Bytes::from_static(body.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn the_same_bytes_are_answered_without_fingerprinting_the_body_and_other_bytes_are_compared() {
+        let replays = Replays::default();
+        let mut first = request(r#"{"amount":4200,"currency":"eur"}"#);
+        first.digest().unwrap();
+        let stored = StoredResponse::raw(StatusCode::CREATED, Bytes::from_static(b"{}"));
+        let fingerprint = first.fingerprints.current().unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        replays.remember(&first, fingerprint, &stored, until);
+
+        let mut resent = request(r#"{"amount":4200,"currency":"eur"}"#);
+        let answer = replays.decide(&mut resent).unwrap();
+        assert!(matches!(answer, Some(Answer::Replay(_))), "{answer:?}");
+        assert!(resent.undigested.is_some(), "answered by its bytes alone");
+
+        let mut rewritten = request(r#"{ "currency": "eur", "amount": 42e2 }"#);
+        let answer = replays.decide(&mut rewritten).unwrap();
+        assert!(matches!(answer, Some(Answer::Replay(_))), "{answer:?}");
+        assert!(
+            rewritten.undigested.is_none(),
+            "fingerprinted to be compared"
+        );
+
+        let mut other = request(r#"{"amount":1,"currency":"eur"}"#);
+        let answer = replays.decide(&mut other).unwrap();
+        assert!(matches!(answer, Some(Answer::Mismatch(_))), "{answer:?}");
+    }
+}

@@ -164,7 +164,7 @@ impl KeyedRequest {
     }
 
     /// A request whose JSON body is fingerprinted only if it has to be (see `exact`).
-    fn of_json(scope: Scope, key: IdempotencyKey, uri: Uri, body: Bytes) -> Self {
+    pub(super) fn of_json(scope: Scope, key: IdempotencyKey, uri: Uri, body: Bytes) -> Self {
         let mut exact = Sha256::new();
         exact.update(Target::of(&uri).path_and_query.as_bytes());
         exact.update(b"\n");

@@ -11,11 +11,12 @@ use idempay_test_macros::api_test;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::support::helpers::{TestApp, new_key, payment};
+use crate::support::helpers::{TestApp, new_key, payment, send};
 use crate::support::instance::Instance;
 
 /// A replay of a key this instance saw completed, and the API key that authenticates it, are
-/// answered from memory: not a byte goes to the database. The same holds for another payload under
+/// answered from memory: not a byte goes to the database, whether the retry resends the first
+/// request's bytes or writes the same payload anew. The same holds for another payload under
 /// that key (422). The first request, which executes, shows that the counting works.
 #[api_test]
 async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
@@ -44,6 +45,16 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
         assert!(replay.replayed(), "{replay:?}");
         assert_eq!(replay.body, first.body);
     }
+    // The same payment written anew (another key order, whitespace, `42e2`): not the bytes the
+    // cache knows the key by, so its body is made canonical here, and it is the same request.
+    let rewritten = send(
+        instance
+            .payment_request(&app.api_key, &key, &payment(4200))
+            .body(r#"{"order":"cmd_9182",  "currency":"eur", "amount":42e2}"#),
+    )
+    .await;
+    assert!(rewritten.replayed(), "{rewritten:?}");
+    assert_eq!(rewritten.body, first.body);
     instance
         .post_payment(&app.api_key, &key, &payment(1))
         .await
@@ -53,7 +64,7 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
     assert_eq!(
         replays,
         Sent::default(),
-        "20 replays and a mismatch of a cached key, authenticated by a warm API key, sent this to \
+        "21 replays and a mismatch of a cached key, authenticated by a warm API key, sent this to \
          the database"
     );
 }
