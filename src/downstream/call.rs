@@ -85,10 +85,13 @@ pub trait ProcessorCall: Send + Sync + 'static {
 }
 
 /// `request`, starting at the call: its reservation records the recovery point, so a new key costs
-/// no round trip more for it; the point's state is made only then, never for a replay. The work
-/// then [`resume`]s from it.
-pub fn starting_at<C: ProcessorCall>(request: KeyedRequest, call: C) -> KeyedRequest {
-    request.starting_at(C::POINT, move || call.state())
+/// no round trip more for it. The call, and the point's state, are made only then: never for a
+/// replay. The work then [`resume`]s from it.
+pub fn starting_at<C: ProcessorCall>(
+    request: KeyedRequest,
+    call: impl FnOnce() -> C + Send + Sync + 'static,
+) -> KeyedRequest {
+    request.starting_at(C::POINT, move || call().state())
 }
 
 /// The call a recovery point records, read from its state in whichever version of

@@ -270,10 +270,10 @@ async fn create_payment(
     account: Account,
     Idempotent { request, body }: Idempotent<NewPayment>,
 ) -> Result<Response, ApiError> {
-    let intent = ChargeRequested::new(account.id().clone(), body);
+    let account = account.id().clone();
     // The charge is the work's first step: the reservation records its recovery point, so a new
-    // key costs no round trip more for it.
-    let request = call::starting_at(request, intent);
+    // key costs no round trip more for it (and a replay never makes it, nor the payment's id).
+    let request = call::starting_at(request, move || ChargeRequested::new(account, body));
     idempotency
         .run(request, move |lease| {
             call::resume::<ChargeRequested>(processor, lease)

@@ -247,7 +247,7 @@ mod tests {
         );
         assert_eq!(RecoveryPoint::first(&request), None, "no first point");
         let made = state.clone();
-        let mut request = request.starting_at("payment.created", move || Ok(made.clone()));
+        let mut request = request.starting_at("payment.created", move || Ok(made));
         assert_eq!(
             RecoveryPoint::first(&request),
             None,

@@ -30,7 +30,8 @@ pub(crate) struct CachedReplay {
 
 /// The completed keys this instance keeps, at most [`CACHED_REPLAYS`]; its clones share them.
 #[derive(Clone)]
-pub(crate) struct Replays(Arc<Cache<String, CachedReplay>>);
+/// Entries are shared, not copied, with each replay they answer.
+pub(crate) struct Replays(Arc<Cache<String, Arc<CachedReplay>>>);
 
 impl Default for Replays {
     fn default() -> Self {
@@ -58,12 +59,12 @@ impl Replays {
             return Ok(None);
         }
         if request.exact.is_some() && request.exact == cached.exact {
-            return Ok(Some(Answer::Replay(cached.response)));
+            return Ok(Some(Answer::Replay(cached.response.clone())));
         }
         request.digest()?;
         Ok(Some(
             match request.fingerprints.compare(Some(cached.fingerprint)) {
-                Comparison::Same => Answer::Replay(cached.response),
+                Comparison::Same => Answer::Replay(cached.response.clone()),
                 Comparison::Differs => {
                     let fields = mismatched_fields(cached.fields.as_ref(), request.fields.as_ref());
                     Answer::Mismatch(fields)
@@ -85,14 +86,14 @@ impl Replays {
     ) {
         self.0.insert(
             cache_key(request),
-            CachedReplay {
+            Arc::new(CachedReplay {
                 fingerprint,
                 // The request's digests are the stored ones: its fingerprint is the stored one.
                 fields: request.fields.clone(),
                 exact: request.exact,
                 response: response.clone(),
                 until,
-            },
+            }),
         );
     }
 }

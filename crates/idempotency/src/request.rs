@@ -5,7 +5,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
@@ -127,7 +126,7 @@ impl Scope {
 
 /// What identifies one business intent: its scope, its key and the fingerprints of its payload
 /// (one per version of the fingerprint, see [`Fingerprints`]).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct KeyedRequest {
     pub(super) scope: Scope,
     pub(super) key: IdempotencyKey,
@@ -218,20 +217,19 @@ impl KeyedRequest {
     pub fn starting_at(
         mut self,
         name: &'static str,
-        state: impl Fn() -> Result<serde_json::Value, serde_json::Error> + Send + Sync + 'static,
+        state: impl FnOnce() -> Result<serde_json::Value, serde_json::Error> + Send + Sync + 'static,
     ) -> Self {
         self.first_point = None;
-        self.unmade_point = Some((name, MakeState(Arc::new(state))));
+        self.unmade_point = Some((name, MakeState(Box::new(state))));
         self
     }
 }
 
 /// Makes a recovery point's state (see [`KeyedRequest::starting_at`]).
-#[derive(Clone)]
-struct MakeState(Arc<dyn Fn() -> Result<serde_json::Value, serde_json::Error> + Send + Sync>);
+struct MakeState(Box<dyn FnOnce() -> Result<serde_json::Value, serde_json::Error> + Send + Sync>);
 
 impl MakeState {
-    fn call(&self) -> Result<serde_json::Value, serde_json::Error> {
+    fn call(self) -> Result<serde_json::Value, serde_json::Error> {
         (self.0)()
     }
 }

@@ -29,10 +29,8 @@ const POLICY: Policy = Policy {
 #[api_test]
 async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
     let (app, idempotency, account) = mechanism_on_a_fresh_database().await;
-    let request = keyed(&account, "/v1/things");
-
     let panicked: Result<_, ApiError> = idempotency
-        .run(request.clone(), |_lease| async {
+        .run(keyed(&account, "/v1/things"), |_lease| async {
             std::panic::panic_any(EXPECTED_PANIC)
         })
         .await;
@@ -43,7 +41,10 @@ async fn a_panicking_unit_of_work_releases_the_key_for_a_retry() {
     assert_eq!(error.into_problem().kind(), ProblemKind::Internal);
     assert_eq!(app.key_count().await, 0, "the key was released");
 
-    let retried = idempotency.run(request, complete_with_201).await.unwrap();
+    let retried = idempotency
+        .run(keyed(&account, "/v1/things"), complete_with_201)
+        .await
+        .unwrap();
     assert_eq!(retried.status(), StatusCode::CREATED);
     assert_eq!(app.key_count().await, 1);
 }
