@@ -22,15 +22,15 @@ pub(crate) struct CachedReplay {
     fields: Option<FieldDigests>,
     /// The exact digest of the request that completed or replayed the key, when it had one: a
     /// retry with the same bytes is answered without fingerprinting its body.
-    exact: Option<[u8; 32]>,
+    exact: Option<Fingerprint>,
     response: StoredResponse,
     /// No later than the key's `expires_at`, on this instance's monotonic clock.
     until: Instant,
 }
 
-/// The completed keys this instance keeps, at most [`CACHED_REPLAYS`]; its clones share them.
+/// The completed keys this instance keeps, at most [`CACHED_REPLAYS`]; its clones share them, and
+/// each entry is shared, not copied, with the replays it answers.
 #[derive(Clone)]
-/// Entries are shared, not copied, with each replay they answer.
 pub(crate) struct Replays(Arc<Cache<String, Arc<CachedReplay>>>);
 
 impl Default for Replays {

@@ -12,10 +12,10 @@ use axum::http::{HeaderMap, Method, Uri, header};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 
 use super::{
-    BodyError, Error, FieldDigests, Fingerprints, IdempotencyKey, KeyError, Refusal, Target,
+    BodyError, Error, FieldDigests, Fingerprint, Fingerprints, IdempotencyKey, KeyError, Refusal,
+    Target,
 };
 
 /// The header that carries the key.
@@ -142,7 +142,7 @@ pub struct KeyedRequest {
     /// [`Idempotent`]. A retry usually resends the very bytes of its first attempt, so the replay
     /// cache recognises it by this digest alone; making the body canonical costs more than the
     /// rest of a replay's own work, and only a retry that serialised its body anew needs it.
-    pub(super) exact: Option<[u8; 32]>,
+    pub(super) exact: Option<Fingerprint>,
     /// A small JSON body not fingerprinted yet: [`KeyedRequest::digest`] does it when the replay
     /// cache cannot answer by the exact digest, before the database is asked.
     pub(super) undigested: Option<(Uri, Bytes)>,
@@ -164,12 +164,10 @@ impl KeyedRequest {
 
     /// A request whose JSON body is fingerprinted only if it has to be (see `exact`).
     pub(super) fn of_json(scope: Scope, key: IdempotencyKey, uri: Uri, body: Bytes) -> Self {
-        let mut exact = Sha256::new();
-        exact.update(Target::of(&uri).path_and_query.as_bytes());
-        exact.update(b"\n");
-        exact.update(&body);
+        // The raw-bytes fingerprint the mechanism already has, over the path and the bytes as sent.
+        let exact = Fingerprint::of_bytes(Target::of(&uri).path_and_query, None, &body);
         Self {
-            exact: Some(exact.finalize().into()),
+            exact: Some(exact),
             undigested: Some((uri, body)),
             ..Self::new(scope, key, Fingerprints::default())
         }
