@@ -16,9 +16,10 @@ use std::time::Duration;
 use ::processor::ProcessorSettings;
 use idempay::config::{ProcessorLink, Settings};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 
 use crate::processor::{self, API_KEY, TestProcessor};
-use crate::support::helpers::TestApp;
+use crate::support::helpers::{TestApp, WAIT_LIMIT};
 use crate::support::instance::idempay;
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
 
@@ -151,6 +152,77 @@ pub(crate) async fn charge_under_way(app: &TestApp, key: &str) -> bool {
     .fetch_one(&app.db)
     .await
     .unwrap()
+}
+
+/// A request in flight at an instance the test is about to kill.
+pub(crate) type InFlight = JoinHandle<reqwest::Result<reqwest::Response>>;
+
+/// Sends `request` to the instance the test will kill, and returns once `under_way` holds: the
+/// window the kill aims at (the call under way at the processor, nothing recorded yet).
+///
+/// On a loaded cluster (three nodes on two cores) getting there has taken more than 10 s, and a
+/// new connection can take longer than the instance's 1 s acquire timeout: an answer of 503 or 409
+/// before the window is resent with the same key, as a client would resend it (neither recorded
+/// anything). Any other answer before the window fails the test with that answer and the keys,
+/// since the kill would then miss the window.
+pub(crate) async fn sent_into_the_window<F, Fut>(
+    app: &TestApp,
+    what: &str,
+    request: impl Fn() -> reqwest::RequestBuilder,
+    under_way: F,
+) -> InFlight
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    let mut in_flight: InFlight = tokio::spawn(request().send());
+    let mut resent = 0;
+    loop {
+        if under_way().await {
+            return in_flight;
+        }
+        if in_flight.is_finished() {
+            let answer = (&mut in_flight).await.expect("the request's task");
+            match answer.as_ref().map(reqwest::Response::status) {
+                Ok(status) if status == 503 || status == 409 => {
+                    resent += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    in_flight = tokio::spawn(request().send());
+                }
+                _ => {
+                    let answer = match answer {
+                        Ok(response) => format!(
+                            "{} {}",
+                            response.status(),
+                            response.text().await.unwrap_or_default()
+                        ),
+                        Err(error) => error.to_string(),
+                    };
+                    panic!(
+                        "{what}: answered before the window ({answer}); keys: {:?}",
+                        keys(app).await
+                    );
+                }
+            }
+        }
+        if started.elapsed() >= WAIT_LIMIT {
+            panic!(
+                "{what}: not within {WAIT_LIMIT:?} ({resent} resent after a 503 or 409); keys: {:?}",
+                keys(app).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every key of the test's database, for a failure's message: scope, status, recovery point and
+/// downstream key.
+async fn keys(app: &TestApp) -> Vec<(String, String, Option<String>, Option<String>)> {
+    sqlx::query_as("SELECT scope, status, recovery_point, downstream_key FROM idempotency_keys")
+        .fetch_all(&app.db)
+        .await
+        .unwrap()
 }
 
 /// The processor's only charge: its id and the idempotency key it was made with.

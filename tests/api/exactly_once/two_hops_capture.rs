@@ -16,9 +16,10 @@ use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
 use super::forever::until_known;
 use super::two_hops::{
     faulty, idempay_and_processor, instance_env, key_row, port_of, rebind, reconcile,
+    sent_into_the_window,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::helpers::{holds_within, new_key, payment, send, wait_until};
+use crate::support::helpers::{new_key, payment, send, wait_until};
 use crate::support::instance::Instance;
 
 /// What the processor holds of its one authorized charge: its capture state, what it took, and
@@ -144,29 +145,29 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
             .header("idempotency-key", &key)
             .json(&json!({ "amount_to_capture": 4000 }))
     };
-    let in_flight = tokio::spawn(capture(&doomed.address).send());
-
     // The crash must hit the window: the capture under way at the processor, not yet recorded.
-    let under_way = holds_within(Duration::from_secs(20), || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (
-                 SELECT 1 FROM idempotency_keys p
-                 WHERE p.scope LIKE 'processor:POST /v1/charges/%/capture'
-                   AND p.status = 'in_progress'
-                   AND p.idem_key = (
-                       SELECT k.downstream_key FROM idempotency_keys k
-                       WHERE k.idem_key = $1 AND k.recovery_point = 'payment.capture_requested'))",
-        )
-        .bind(&key)
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-    })
+    let in_flight = sent_into_the_window(
+        &app,
+        "the capture under way at the processor",
+        || capture(&doomed.address),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (
+                     SELECT 1 FROM idempotency_keys p
+                     WHERE p.scope LIKE 'processor:POST /v1/charges/%/capture'
+                       AND p.status = 'in_progress'
+                       AND p.idem_key = (
+                           SELECT k.downstream_key FROM idempotency_keys k
+                           WHERE k.idem_key = $1
+                             AND k.recovery_point = 'payment.capture_requested'))",
+            )
+            .bind(&key)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+        },
+    )
     .await;
-    assert!(
-        under_way,
-        "the capture is not under way at the processor within 20 s"
-    );
     let status = || async {
         sqlx::query_scalar::<_, String>("SELECT status FROM payments")
             .fetch_one(&app.db)

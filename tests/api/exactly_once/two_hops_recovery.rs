@@ -10,11 +10,10 @@ use serde_json::json;
 
 use super::two_hops::{
     assert_ledgers_agree, charge_under_way, faulty, idempay_and_processor, instance_env, key_row,
-    reconcile, the_charge,
+    reconcile, sent_into_the_window, the_charge,
 };
 use crate::support::helpers::{
-    holds_within, new_key, one_storm_at_a_time, payment, retry_while_in_flight, send, slow_payment,
-    wait_until,
+    new_key, one_storm_at_a_time, payment, retry_while_in_flight, send, slow_payment, wait_until,
 };
 use crate::support::instance::Instance;
 
@@ -48,24 +47,15 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
     }
     let key = new_key();
     let slow = slow_payment(100);
-    let in_flight = tokio::spawn(doomed.payment_request(&app.api_key, &key, &slow).send());
-
     // The crash must hit the window: the charge under way at the processor (the recovery point
     // committed) and not yet recorded.
-    // 20 s: a loaded cluster (three nodes on two cores) has taken more than 10 s to get there.
-    if !holds_within(Duration::from_secs(20), || charge_under_way(&app, &key)).await {
-        let keys: Vec<(String, String, Option<String>, Option<String>)> = sqlx::query_as(
-            "SELECT scope, status, recovery_point, downstream_key FROM idempotency_keys",
-        )
-        .fetch_all(&app.db)
-        .await
-        .unwrap();
-        panic!(
-            "the charge is not under way at the processor within 20 s; keys: {keys:?}, \
-             payments: {}",
-            app.payment_count().await
-        );
-    }
+    let in_flight = sent_into_the_window(
+        &app,
+        "the charge under way at the processor",
+        || doomed.payment_request(&app.api_key, &key, &slow),
+        || charge_under_way(&app, &key),
+    )
+    .await;
     assert_eq!(app.payment_count().await, 0, "killed before the payment");
     doomed.child.kill().await.expect("SIGKILL");
     assert!(
@@ -222,29 +212,28 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
             .header("idempotency-key", &key)
             .json(&json!({ "amount": 2000 }))
     };
-    let in_flight = tokio::spawn(refund(&doomed.address).send());
-
-    // 20 s, as for the charge: on a loaded cluster, getting there took more than 10 s.
-    let under_way = holds_within(Duration::from_secs(20), || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (
-                 SELECT 1 FROM idempotency_keys p
-                 WHERE p.scope LIKE 'processor:POST /v1/charges/%/refunds'
-                   AND p.status = 'in_progress'
-                   AND p.idem_key = (
-                       SELECT k.downstream_key FROM idempotency_keys k
-                       WHERE k.idem_key = $1 AND k.recovery_point = 'refund.refund_requested'))",
-        )
-        .bind(&key)
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-    })
+    // The crash must hit the window: the refund under way at the processor, not yet recorded.
+    let in_flight = sent_into_the_window(
+        &app,
+        "the refund under way at the processor",
+        || refund(&doomed.address),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (
+                     SELECT 1 FROM idempotency_keys p
+                     WHERE p.scope LIKE 'processor:POST /v1/charges/%/refunds'
+                       AND p.status = 'in_progress'
+                       AND p.idem_key = (
+                           SELECT k.downstream_key FROM idempotency_keys k
+                           WHERE k.idem_key = $1 AND k.recovery_point = 'refund.refund_requested'))",
+            )
+            .bind(&key)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+        },
+    )
     .await;
-    assert!(
-        under_way,
-        "the refund is not under way at the processor within 20 s"
-    );
     let recorded = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM refunds")
             .fetch_one(&app.db)
