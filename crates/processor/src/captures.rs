@@ -20,14 +20,14 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
 use crate::ProcessorState;
-use crate::extract::{Keyed, Path};
+use crate::extract::Path;
 use crate::handlers::charge_not_found;
 use crate::model::{
     CaptureState, Charge, ChargeRow, IdKind, NewCapture, NewVoid, ProcessorEventType, tagged,
 };
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::engine::Engine;
-use idempotency::{IdempotencyKey, StoredResponse};
+use idempotency::{IdempotencyKey, Idempotent, StoredResponse};
 use service::outbox::delivery;
 use service::server::Hangup;
 use service::vocabulary::stored;
@@ -38,7 +38,7 @@ pub(crate) async fn capture_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     Path(id): Path<String>,
-    Keyed { request, body }: Keyed<NewCapture>,
+    Idempotent { request, body }: Idempotent<NewCapture>,
 ) -> Result<Response, Error> {
     if !IdKind::Charge.is(&id) {
         return Err(charge_not_found(&id).into());
@@ -74,10 +74,10 @@ pub(crate) async fn void_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     Path(id): Path<String>,
-    Keyed {
+    Idempotent {
         request,
         body: NewVoid {},
-    }: Keyed<NewVoid>,
+    }: Idempotent<NewVoid>,
 ) -> Result<Response, Error> {
     if !IdKind::Charge.is(&id) {
         return Err(charge_not_found(&id).into());

@@ -1,25 +1,21 @@
-//! The processor's extractors: its bearer key, and the keyed request of a mutating route, checked
-//! before anything is reserved as idempay's own [`Idempotent`](idempotency::Idempotent) is.
-//! Only who may call differs: one API key for the processor, where idempay has accounts.
+//! The processor's extractors: its bearer key, the owner of its keys (so that its mutating routes
+//! take the mechanism's [`Idempotent`](idempotency::Idempotent)), paths and pages.
+//! Only who may call differs from idempay: one API key for the processor, where idempay has
+//! accounts.
 
+use axum::extract::FromRequestParts;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
+use axum::http::header;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, header};
-use bytes::Bytes;
-use serde::de::DeserializeOwned;
 
 use crate::ProcessorState;
 use crate::problem::{Error, Problem, ProblemKind};
-use idempotency::{Fingerprints, IdempotencyKey, KeyError, KeyedRequest, Scope, Target};
+use idempotency::{IdempotencyKey, Owners};
 use service::pagination::PageRequest;
 
 /// The owner of every processor key's scope (`processor:POST /v1/charges`). No account id has this
 /// shape, so the processor's keys never meet idempay's in the shared table.
 pub const SCOPE_OWNER: &str = "processor";
-
-/// The header that carries the key, as idempay's own routes read it.
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// A path parameter; one that cannot be decoded names no resource: 404.
 #[derive(Debug, FromRequestParts)]
@@ -122,59 +118,14 @@ impl FromRequestParts<ProcessorState> for Authorized {
     }
 }
 
-/// A JSON body of type `T` with a valid `Idempotency-Key`, from a client holding the API key.
-/// No body (or `null`) is `{}`, as a full refund is asked for with a bare POST.
-#[derive(Debug)]
-pub struct Keyed<T> {
-    pub request: KeyedRequest,
-    pub body: T,
-}
-
-impl<T> FromRequest<ProcessorState> for Keyed<T>
-where
-    T: DeserializeOwned,
-{
+/// The processor has one caller, whose API key every keyed route checks first; the owner of its
+/// keys' scopes is then [`SCOPE_OWNER`]. With this, its keyed routes take the mechanism's
+/// [`Idempotent`](idempotency::Idempotent) as any service adopting the crate does.
+impl Owners for ProcessorState {
     type Rejection = Error;
 
-    async fn from_request(req: Request, state: &ProcessorState) -> Result<Self, Error> {
-        let (mut parts, body) = req.into_parts();
-        Authorized::from_request_parts(&mut parts, state).await?;
-        let route = parts.extensions.get::<MatchedPath>().map_or_else(
-            || parts.uri.path().to_owned(),
-            |path| path.as_str().to_owned(),
-        );
-        let scope = Scope::new(SCOPE_OWNER, &parts.method, &route);
-        let uri = parts.uri.clone();
-        let key = key_from(&parts.headers)
-            .map_err(|error| Problem::new(ProblemKind::InvalidIdempotencyKey, error.to_string()))?;
-        let bytes = Bytes::from_request(Request::from_parts(parts, body), state)
-            .await
-            .map_err(Problem::from)?;
-        let bytes = if bytes.trim_ascii().is_empty() || bytes.trim_ascii() == b"null" {
-            Bytes::from_static(b"{}")
-        } else {
-            bytes
-        };
-        let body = serde_json::from_slice::<T>(&bytes)
-            .map_err(|error| Problem::invalid_body::<T>(&bytes, &error))?;
-        let (fingerprints, fields) =
-            Fingerprints::of_json(Target::of(&uri), &bytes).map_err(invalid_body)?;
-        Ok(Self {
-            request: KeyedRequest::new(scope, key, fingerprints).with_fields(fields),
-            body,
-        })
+    async fn owner(&self, parts: &mut Parts) -> Result<String, Error> {
+        Authorized::from_request_parts(parts, self).await?;
+        Ok(SCOPE_OWNER.to_owned())
     }
-}
-
-fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let value = values.next().ok_or(KeyError::Missing)?;
-    if values.next().is_some() {
-        return Err(KeyError::Repeated);
-    }
-    IdempotencyKey::parse(value.as_bytes())
-}
-
-fn invalid_body(error: serde_json::Error) -> Problem {
-    Problem::invalid_body::<serde_json::Value>(&[], &error)
 }

@@ -18,7 +18,7 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use crate::ProcessorState;
-use crate::extract::{Authorized, Keyed, KeyedPageQuery, Path};
+use crate::extract::{Authorized, KeyedPageQuery, Path};
 use crate::faults::Faults;
 use crate::model::{
     CaptureState, Charge, ChargeRow, ChargeStatus, DisputeRow, IdKind, NewCharge, NewDispute,
@@ -26,9 +26,11 @@ use crate::model::{
 };
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::engine::Engine;
-use idempotency::{Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Lease, StoredResponse};
+use idempotency::{
+    Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Idempotent, Lease, StoredResponse,
+};
 use service::outbox::delivery;
-use service::pagination::{Cursor, List, Position, unknown_cursor};
+use service::pagination::{List, Position, keyset};
 use service::server::Hangup;
 use service::vocabulary::stored;
 
@@ -120,7 +122,7 @@ impl ProcessorState {
 pub(crate) async fn create_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
-    Keyed { request, body }: Keyed<NewCharge>,
+    Idempotent { request, body }: Idempotent<NewCharge>,
 ) -> Result<Response, Error> {
     let shared = state.clone();
     let answer = state
@@ -359,25 +361,24 @@ pub(crate) async fn list_charges(
     if let Some(key) = key {
         still_making(&state, "POST /v1/charges", key).await?;
     }
-    let position = match &page.cursor {
-        Cursor::First => None,
-        Cursor::After(id) | Cursor::Before(id) if !IdKind::Charge.is(id) => {
-            return Err(unknown_cursor(id).into());
-        }
-        Cursor::After(id) | Cursor::Before(id) => Some(
-            sqlx::query_as!(
-                Position,
-                "SELECT created_at, id FROM processor_charges WHERE id = $1",
-                id,
+    let rows = keyset(
+        &page,
+        async |id| {
+            if !IdKind::Charge.is(id) {
+                return Ok(None);
+            }
+            Ok::<_, Error>(
+                sqlx::query_as!(
+                    Position,
+                    "SELECT created_at, id FROM processor_charges WHERE id = $1",
+                    id,
+                )
+                .fetch_optional(&state.pool)
+                .await?,
             )
-            .fetch_optional(&state.pool)
-            .await?
-            .ok_or_else(|| unknown_cursor(id))?,
-        ),
-    };
-    let rows = match (&page.cursor, position) {
-        (Cursor::Before(_), Some(after)) => {
-            sqlx::query_as!(
+        },
+        async |after| {
+            Ok(sqlx::query_as!(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
@@ -395,10 +396,10 @@ pub(crate) async fn list_charges(
                 key,
             )
             .fetch_all(&state.pool)
-            .await?
-        }
-        (_, before) => {
-            sqlx::query_as!(
+            .await?)
+        },
+        async |before| {
+            Ok(sqlx::query_as!(
                 ChargeRow,
                 r#"
                 SELECT id, amount, currency, status, payment_method, decline_code,
@@ -416,9 +417,10 @@ pub(crate) async fn list_charges(
                 key,
             )
             .fetch_all(&state.pool)
-            .await?
-        }
-    };
+            .await?)
+        },
+    )
+    .await?;
     let charges: Vec<Charge> = rows
         .into_iter()
         .map(ChargeRow::parse)
@@ -446,7 +448,7 @@ pub(crate) async fn create_refund(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     Path(id): Path<String>,
-    Keyed { request, body }: Keyed<NewRefund>,
+    Idempotent { request, body }: Idempotent<NewRefund>,
 ) -> Result<Response, Error> {
     // An id that cannot name a charge is refused before the key is reserved.
     if !IdKind::Charge.is(&id) {
@@ -566,25 +568,24 @@ pub(crate) async fn list_refunds(
     if let Some(key) = key {
         still_making(&state, "POST /v1/charges/{id}/refunds", key).await?;
     }
-    let position = match &page.cursor {
-        Cursor::First => None,
-        Cursor::After(id) | Cursor::Before(id) if !IdKind::Refund.is(id) => {
-            return Err(unknown_cursor(id).into());
-        }
-        Cursor::After(id) | Cursor::Before(id) => Some(
-            sqlx::query_as!(
-                Position,
-                "SELECT created_at, id FROM processor_refunds WHERE id = $1",
-                id,
+    let rows = keyset(
+        &page,
+        async |id| {
+            if !IdKind::Refund.is(id) {
+                return Ok(None);
+            }
+            Ok::<_, Error>(
+                sqlx::query_as!(
+                    Position,
+                    "SELECT created_at, id FROM processor_refunds WHERE id = $1",
+                    id,
+                )
+                .fetch_optional(&state.pool)
+                .await?,
             )
-            .fetch_optional(&state.pool)
-            .await?
-            .ok_or_else(|| unknown_cursor(id))?,
-        ),
-    };
-    let rows = match (&page.cursor, position) {
-        (Cursor::Before(_), Some(after)) => {
-            sqlx::query_as!(
+        },
+        async |after| {
+            Ok(sqlx::query_as!(
                 RefundRow,
                 r#"
                 SELECT id, charge_id, amount, status, idempotency_key, created_at
@@ -600,10 +601,10 @@ pub(crate) async fn list_refunds(
                 key,
             )
             .fetch_all(&state.pool)
-            .await?
-        }
-        (_, before) => {
-            sqlx::query_as!(
+            .await?)
+        },
+        async |before| {
+            Ok(sqlx::query_as!(
                 RefundRow,
                 r#"
                 SELECT id, charge_id, amount, status, idempotency_key, created_at
@@ -619,9 +620,10 @@ pub(crate) async fn list_refunds(
                 key,
             )
             .fetch_all(&state.pool)
-            .await?
-        }
-    };
+            .await?)
+        },
+    )
+    .await?;
     let refunds: Vec<ProcessorRefund> = rows
         .into_iter()
         .map(RefundRow::parse)
