@@ -17,12 +17,21 @@ for migration in migrations/*.sql; do
   docker exec -i "$container" psql -q -v ON_ERROR_STOP=1 -U postgres <"$migration"
 done
 
-rm -rf .sqlx
-mkdir .sqlx
 # The query macros write their data when SQLX_OFFLINE_DIR is set; touching the sources makes
-# them expand again. Every crate of the workspace reads the one .sqlx/ at its root.
+# them expand again. A crate reads the .sqlx/ in its own folder first, then the workspace's: the
+# mechanism keeps its own (crates/idempotency/.sqlx), so that it builds where it is packaged alone
+# (`cargo package -p idempotency`), and the workspace's holds every other query.
+database_url="postgres://postgres:postgres@127.0.0.1:$port/postgres"
+mechanism=crates/idempotency/.sqlx
+rm -rf .sqlx "$mechanism"
+mkdir .sqlx "$mechanism"
+touch crates/idempotency/src/lib.rs
+SQLX_OFFLINE=false SQLX_OFFLINE_DIR="$PWD/$mechanism" DATABASE_URL="$database_url" \
+  cargo check -p idempotency --all-targets --all-features --quiet
 touch src/lib.rs crates/*/src/lib.rs
-SQLX_OFFLINE=false SQLX_OFFLINE_DIR="$PWD/.sqlx" \
-  DATABASE_URL="postgres://postgres:postgres@127.0.0.1:$port/postgres" \
+SQLX_OFFLINE=false SQLX_OFFLINE_DIR="$PWD/.sqlx" DATABASE_URL="$database_url" \
   cargo check --workspace --all-targets --all-features --quiet
-echo "wrote $(ls .sqlx | wc -l) query files to .sqlx/" >&2
+for query in "$mechanism"/*.json; do
+  rm -f ".sqlx/$(basename "$query")"
+done
+echo "wrote $(ls .sqlx | wc -l) query files to .sqlx/, $(ls "$mechanism" | wc -l) to $mechanism/" >&2

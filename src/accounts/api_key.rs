@@ -18,9 +18,7 @@ impl ApiKey {
 
     /// Accepts what has the shape of a key; whether it belongs to an account is the lookup's job.
     pub fn parse(raw: &str) -> Option<Self> {
-        let random = raw.strip_prefix(PREFIX)?.strip_prefix('_')?;
-        (random.len() == RANDOM_CHARS && random.bytes().all(|b| b.is_ascii_alphanumeric()))
-            .then(|| Self(raw.to_owned()))
+        ids::has_shape(raw, PREFIX, RANDOM_CHARS).then(|| Self(raw.to_owned()))
     }
 
     /// What is stored and looked up: SHA-256 of the key. A slow password hash is not needed, since

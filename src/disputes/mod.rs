@@ -17,7 +17,7 @@ use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::payments::PaymentId;
-use service::pagination::{Cursor, List, ListParams, PageRequest, Position, unknown_cursor};
+use service::pagination::{List, ListParams, PageRequest, Position, keyset};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest dispute id, as the table's CHECK bounds it: the processor chooses them.
@@ -229,36 +229,29 @@ async fn list_disputes(
     let (page, payment) = query.parse()?;
     let account = account.id().as_str();
     let payment = payment.as_ref().map(PaymentId::as_str);
-    let position = match &page.cursor {
-        Cursor::First => None,
-        Cursor::After(cursor) | Cursor::Before(cursor) if !is_dispute_id(cursor) => {
-            return Err(unknown_cursor(cursor).into());
-        }
-        Cursor::After(cursor) | Cursor::Before(cursor) => Some(
-            sqlx::query_as!(
-                Position,
-                r#"
+    let rows = keyset(
+        &page,
+        async |cursor| {
+            if !is_dispute_id(cursor) {
+                return Ok(None);
+            }
+            Ok::<_, ApiError>(
+                sqlx::query_as!(
+                    Position,
+                    r#"
                 SELECT created_at, id FROM disputes
                 WHERE account_id = $1 AND id = $2 AND ($3::text IS NULL OR payment_id = $3)
                 "#,
-                account,
-                cursor,
-                payment,
+                    account,
+                    cursor,
+                    payment,
+                )
+                .fetch_optional(&pool)
+                .await?,
             )
-            .fetch_optional(&pool)
-            .await?
-            .ok_or_else(|| unknown_cursor(cursor))?,
-        ),
-    };
-    // The currency is the payment's: joined on the account too, so that on Citus the join stays
-    // on the account's node (both tables are distributed by it). A page reads `limit + 1` entries
-    // of `disputes_account_created` and a payment for each, however many disputes the account
-    // has: on 200 accounts × 500 disputes, the first page was an index scan of 11 rows (0.26 ms);
-    // without that index, a scan and sort of the account's 500 (0.75 ms), growing with them. With
-    // `payment`, `disputes_payment_id` finds the payment's one row.
-    let rows = match (&page.cursor, position) {
-        (Cursor::Before(_), Some(after)) => {
-            sqlx::query_as!(
+        },
+        async |after| {
+            Ok(sqlx::query_as!(
                 DisputeRow,
                 r#"
                 SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
@@ -276,10 +269,10 @@ async fn list_disputes(
                 page.fetch(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-        (_, before) => {
-            sqlx::query_as!(
+            .await?)
+        },
+        async |before| {
+            Ok(sqlx::query_as!(
                 DisputeRow,
                 r#"
                 SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
@@ -298,9 +291,10 @@ async fn list_disputes(
                 page.fetch(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-    };
+            .await?)
+        },
+    )
+    .await?;
     let rows = rows
         .into_iter()
         .map(DisputeRow::parse)

@@ -311,9 +311,7 @@ pub fn describe_metrics() {
 
 /// Whether `id` has the shape of an event id, before any query sees it.
 pub fn is_event_id(id: &str) -> bool {
-    id.strip_prefix("evt_").is_some_and(|random| {
-        random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
-    })
+    service::ids::has_shape(id, "evt", 24)
 }
 
 #[cfg(test)]

@@ -157,22 +157,6 @@ fn serialize_slug<S: serde::Serializer>(
     serializer.serialize_str(kind.slug())
 }
 
-/// `detail` as a sentence, whoever wrote it: the first letter upper case, a final full stop.
-/// Messages of parsers and libraries (axum's rejections, serde's errors) arrive lower case and
-/// unterminated; a client showing `detail` to a person should not have to mend it.
-fn sentence(detail: String) -> String {
-    let detail = detail.trim();
-    let mut chars = detail.chars();
-    let Some(first) = chars.next() else {
-        return String::new();
-    };
-    let mut sentence: String = first.to_uppercase().chain(chars).collect();
-    if !sentence.ends_with(['.', '?', '!']) {
-        sentence.push('.');
-    }
-    sentence
-}
-
 impl Problem {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
         Self {
@@ -180,7 +164,7 @@ impl Problem {
             type_uri: kind.type_uri(),
             title: kind.title(),
             status: kind.status().as_u16(),
-            detail: sentence(detail.into()),
+            detail: idempotency::sentence(&detail.into()),
             param: None,
             payment: None,
             decline_code: None,
@@ -438,13 +422,6 @@ mod tests {
             assert!(detail.ends_with('.'), "{body}: {detail}");
             assert_eq!(problem["code"], "invalid-request");
         }
-    }
-
-    #[test]
-    fn a_detail_is_made_a_sentence() {
-        assert_eq!(sentence("failed to parse".into()), "Failed to parse.");
-        assert_eq!(sentence(" Done. ".into()), "Done.");
-        assert_eq!(sentence("Why?".into()), "Why?");
     }
 
     #[test]

@@ -14,7 +14,9 @@ use sqlx::PgPool;
 use sqlx::types::Json;
 
 use super::authorization_state::{self, CancelState, CaptureState};
-use super::model::{CancellationReason, PaymentId, PaymentRow, PaymentStatus, payment_not_found};
+use super::model::{
+    CancellationReason, PaymentId, PaymentRow, PaymentStatus, payment_not_found, payment_query,
+};
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{Outcome, ProcessorClient, Refusal};
@@ -318,18 +320,13 @@ async fn record(
     let at = lease.now();
     let canceled_at = (status == PaymentStatus::Canceled).then_some(at);
     let mut tx = lease.begin().await?;
-    let row = sqlx::query_as!(
-        PaymentRow,
-        r#"
-        UPDATE payments
-        SET status = $3, amount_captured = $4, amount_capturable = 0, canceled_at = $6,
-            cancellation_reason = $5
-        WHERE account_id = $2 AND id = $1
-        RETURNING id, amount, currency, status, payment_method, order_ref, description,
-                  amount_refunded, amount_disputed, charge, created_at,
-                  metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
-                  amount_capturable, canceled_at, cancellation_reason
-        "#,
+    let row = payment_query!(
+        "UPDATE payments
+         SET status = $3, amount_captured = $4, amount_capturable = 0, canceled_at = $6,
+             cancellation_reason = $5
+         WHERE account_id = $2 AND id = $1
+         RETURNING",
+        "",
         payment,
         account,
         status.as_str(),

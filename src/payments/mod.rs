@@ -28,7 +28,7 @@ use crate::http::error::{
 use crate::http::extract::{PageQuery, Path};
 use crate::metadata::Metadata;
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
-use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
+use service::pagination::{List, ListParams, Position, keyset};
 
 pub use capturing::{CANCEL_REQUESTED, CAPTURE_REQUESTED, CancelRequested, CaptureRequested};
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
@@ -38,7 +38,7 @@ pub use model::{
     PaymentStatus, reject_nul,
 };
 
-pub(crate) use model::{PaymentRow, payment_not_found};
+pub(crate) use model::{PaymentRow, payment_not_found, payment_query};
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
@@ -308,17 +308,9 @@ async fn get_payment(
     let Some(payment_id) = PaymentId::parse(&id) else {
         return Err(not_found().into());
     };
-    let row = sqlx::query_as!(
-        PaymentRow,
-        r#"
-        SELECT id, amount, currency, status, payment_method, order_ref, description,
-               amount_refunded, amount_disputed, charge, created_at,
-               metadata AS "metadata: Json<Metadata>",
-               capture_method, amount_captured, amount_capturable, canceled_at,
-               cancellation_reason
-        FROM payments
-        WHERE id = $1 AND account_id = $2
-        "#,
+    let row = payment_query!(
+        "SELECT",
+        "FROM payments WHERE id = $1 AND account_id = $2",
         payment_id.as_str(),
         account.id().as_str(),
     )
@@ -359,61 +351,42 @@ async fn list_payments(
     PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
-    let position = match &page.cursor {
-        Cursor::First => None,
-        Cursor::After(id) | Cursor::Before(id) => Some(
-            position_of(&pool, account, id)
-                .await?
-                .ok_or_else(|| unknown_cursor(id))?,
-        ),
-    };
-    let rows = match (&page.cursor, position) {
-        (Cursor::Before(_), Some(after)) => {
-            sqlx::query_as!(
-                PaymentRow,
-                r#"
-            SELECT id, amount, currency, status, payment_method, order_ref, description,
-                   amount_refunded, amount_disputed, charge, created_at,
-               metadata AS "metadata: Json<Metadata>",
-               capture_method, amount_captured, amount_capturable, canceled_at,
-               cancellation_reason
-            FROM payments
-            WHERE account_id = $1 AND (created_at, id) > ($2, $3)
-            ORDER BY created_at, id
-            LIMIT $4
-            "#,
+    let rows = keyset(
+        &page,
+        async |id| Ok::<_, ApiError>(position_of(&pool, account, id).await?),
+        async |after| {
+            Ok(payment_query!(
+                "SELECT",
+                "FROM payments
+                 WHERE account_id = $1 AND (created_at, id) > ($2, $3)
+                 ORDER BY created_at, id
+                 LIMIT $4",
                 account,
                 after.created_at,
                 after.id,
                 page.fetch(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-        (_, before) => {
-            sqlx::query_as!(
-                PaymentRow,
-                r#"
-            SELECT id, amount, currency, status, payment_method, order_ref, description,
-                   amount_refunded, amount_disputed, charge, created_at,
-               metadata AS "metadata: Json<Metadata>",
-               capture_method, amount_captured, amount_capturable, canceled_at,
-               cancellation_reason
-            FROM payments
-            WHERE account_id = $1
-              AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
-            ORDER BY created_at DESC, id DESC
-            LIMIT $4
-            "#,
+            .await?)
+        },
+        async |before| {
+            Ok(payment_query!(
+                "SELECT",
+                "FROM payments
+                 WHERE account_id = $1
+                   AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
+                 ORDER BY created_at DESC, id DESC
+                 LIMIT $4",
                 account,
                 before.as_ref().map(|position| position.created_at),
                 before.as_ref().map(|position| position.id.as_str()),
                 page.fetch(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-    };
+            .await?)
+        },
+    )
+    .await?;
     let rows = rows
         .into_iter()
         .map(PaymentRow::parse)

@@ -247,9 +247,7 @@ impl PaymentId {
 
     /// Anything else cannot name a payment, so the lookup can be skipped.
     pub fn parse(raw: &str) -> Option<Self> {
-        let random = raw.strip_prefix("pay_")?;
-        (random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric()))
-            .then(|| Self(raw.to_owned()))
+        ids::has_shape(raw, "pay", 24).then(|| Self(raw.to_owned()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -378,6 +376,26 @@ impl Payment {
 pub(crate) fn payment_not_found(id: &str) -> Problem {
     Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
 }
+
+/// `sqlx::query_as!` into a [`PaymentRow`], with a payment's columns written here once: `$before`
+/// is the statement up to them (`"SELECT"`, `"UPDATE … RETURNING"`), `$after` the rest
+/// (`"FROM payments WHERE …"`, or `""`). The whole statement is still checked at compile time; the
+/// caller has `PaymentRow`, `Json` and `Metadata` in scope.
+macro_rules! payment_query {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            PaymentRow,
+            $before
+                + r#" id, amount, currency, status, payment_method, order_ref, description,
+                      amount_refunded, amount_disputed, charge, created_at,
+                      metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
+                      amount_capturable, canceled_at, cancellation_reason "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+pub(crate) use payment_query;
 
 /// A `payments` row, as the queries read it.
 pub(crate) struct PaymentRow {

@@ -21,7 +21,7 @@ use crate::http::error::{
 };
 use crate::http::extract::{PageQuery, Path};
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
-use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
+use service::pagination::{List, ListParams, Position, keyset};
 
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
@@ -186,30 +186,29 @@ async fn list_refunds(
     let Some(payment) = owned else {
         return Err(payment_not_found(&id).into());
     };
-    let position = match &page.cursor {
-        Cursor::First => None,
-        Cursor::After(cursor) | Cursor::Before(cursor) if !is_refund_id(cursor) => {
-            return Err(unknown_cursor(cursor).into());
-        }
-        Cursor::After(cursor) | Cursor::Before(cursor) => Some(
-            sqlx::query_as!(
-                Position,
-                r#"
+    let rows = keyset(
+        &page,
+        async |cursor| {
+            if !is_refund_id(cursor) {
+                return Ok(None);
+            }
+            Ok::<_, ApiError>(
+                sqlx::query_as!(
+                    Position,
+                    r#"
                 SELECT created_at, id FROM refunds
                 WHERE account_id = $3 AND id = $1 AND payment_id = $2
                 "#,
-                cursor,
-                payment,
-                account.id().as_str(),
+                    cursor,
+                    payment,
+                    account.id().as_str(),
+                )
+                .fetch_optional(&pool)
+                .await?,
             )
-            .fetch_optional(&pool)
-            .await?
-            .ok_or_else(|| unknown_cursor(cursor))?,
-        ),
-    };
-    let rows = match (&page.cursor, position) {
-        (Cursor::Before(_), Some(after)) => {
-            sqlx::query_as!(
+        },
+        async |after| {
+            Ok(sqlx::query_as!(
                 RefundRow,
                 r#"
             SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
@@ -226,10 +225,10 @@ async fn list_refunds(
                 account.id().as_str(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-        (_, before) => {
-            sqlx::query_as!(
+            .await?)
+        },
+        async |before| {
+            Ok(sqlx::query_as!(
                 RefundRow,
                 r#"
             SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
@@ -247,9 +246,10 @@ async fn list_refunds(
                 account.id().as_str(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-    };
+            .await?)
+        },
+    )
+    .await?;
     let rows = rows
         .into_iter()
         .map(RefundRow::parse)
@@ -303,9 +303,7 @@ async fn get_refund(
 /// Whether `id` has the shape of a refund id, `re_` and 24 base62 characters; anything else names
 /// no refund, and is not worth a query.
 pub fn is_refund_id(id: &str) -> bool {
-    id.strip_prefix("re_").is_some_and(|random| {
-        random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
-    })
+    service::ids::has_shape(id, "re", 24)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use idempotency::{
 };
 use service::ids;
 use service::outbox::{WebhookSecret, address};
-use service::pagination::{Cursor, List, ListParams, Position, unknown_cursor};
+use service::pagination::{List, ListParams, Position, keyset};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
@@ -398,12 +398,13 @@ async fn list_webhook_endpoints(
     PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
-    let position = match &page.cursor {
-        Cursor::First => None,
-        Cursor::After(cursor) | Cursor::Before(cursor) if !is_endpoint_id(cursor) => {
-            return Err(unknown_cursor(cursor).into());
-        }
-        Cursor::After(cursor) | Cursor::Before(cursor) => Some(
+    let rows = keyset(
+        &page,
+        async |cursor| {
+            if !is_endpoint_id(cursor) {
+                return Ok(None);
+            }
+            Ok::<_, ApiError>(
             sqlx::query_as!(
                 Position,
                 "SELECT created_at, id FROM webhook_endpoints WHERE id = $1 AND account_id = $2",
@@ -412,12 +413,10 @@ async fn list_webhook_endpoints(
             )
             .fetch_optional(&pool)
             .await?
-            .ok_or_else(|| unknown_cursor(cursor))?,
-        ),
-    };
-    let rows = match (&page.cursor, position) {
-        (Cursor::Before(_), Some(after)) => {
-            sqlx::query_as!(
+            )
+        },
+        async |after| {
+            Ok(sqlx::query_as!(
                 EndpointRow,
                 r#"
                 SELECT id, url, enabled_events, status, created_at
@@ -432,10 +431,10 @@ async fn list_webhook_endpoints(
                 page.fetch(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-        (_, before) => {
-            sqlx::query_as!(
+            .await?)
+        },
+        async |before| {
+            Ok(sqlx::query_as!(
                 EndpointRow,
                 r#"
                 SELECT id, url, enabled_events, status, created_at
@@ -451,9 +450,10 @@ async fn list_webhook_endpoints(
                 page.fetch(),
             )
             .fetch_all(&pool)
-            .await?
-        }
-    };
+            .await?)
+        },
+    )
+    .await?;
     let rows = rows
         .into_iter()
         .map(EndpointRow::parse)
@@ -546,9 +546,7 @@ async fn delete_webhook_endpoint(
 
 /// Whether `id` has the shape of an endpoint id, `we_` and 24 base62 characters.
 pub(super) fn is_endpoint_id(id: &str) -> bool {
-    id.strip_prefix("we_").is_some_and(|random| {
-        random.len() == 24 && random.bytes().all(|b| b.is_ascii_alphanumeric())
-    })
+    service::ids::has_shape(id, "we", 24)
 }
 
 fn endpoint_not_found(id: &str) -> Problem {

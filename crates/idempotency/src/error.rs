@@ -118,14 +118,18 @@ const UNKNOWN_FORMAT: &str = "This Idempotency-Key was last written by another r
     done. Retry after the time given in Retry-After, with the same key and body: an instance \
     that reads it answers.";
 
-/// Upper-cases the first letter and ends with a stop: details are sentences.
-fn sentence(text: &str) -> String {
+/// `text` as a sentence, whoever wrote it: the first letter upper case, a final stop unless it has
+/// one; nothing stays nothing. Messages of parsers and libraries (axum's rejections, serde's
+/// errors) arrive lower case and unterminated, and a client showing a problem's `detail` to a
+/// person should not have to mend it: the mechanism's refusals are written so, and a service words
+/// its own problems with the same function.
+pub fn sentence(text: &str) -> String {
     let mut chars = text.trim().chars();
     let mut sentence: String = chars
         .next()
         .map(|first| first.to_uppercase().chain(chars).collect())
         .unwrap_or_default();
-    if !sentence.ends_with(['.', '!', '?']) {
+    if !sentence.is_empty() && !sentence.ends_with(['.', '!', '?']) {
         sentence.push('.');
     }
     sentence
@@ -201,6 +205,14 @@ fn is_transient(sqlstate: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_detail_is_made_a_sentence() {
+        assert_eq!(sentence("failed to parse"), "Failed to parse.");
+        assert_eq!(sentence(" Done. "), "Done.");
+        assert_eq!(sentence("Why?"), "Why?");
+        assert_eq!(sentence(" "), "", "nothing stays nothing");
+    }
 
     #[test]
     fn a_refusal_is_a_sentence_with_the_status_a_client_expects() {

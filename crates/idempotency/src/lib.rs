@@ -82,7 +82,7 @@ use store::{ExistingKey, KeyState, Reservation};
 
 pub use body::BodyError;
 pub use engine::Engine;
-pub use error::{Error, Refusal, is_unavailable};
+pub use error::{Error, Refusal, is_unavailable, sentence};
 pub use fields::FieldDigests;
 pub use fingerprint::{Comparison, Fingerprint, FingerprintVersion, Fingerprints, Target};
 pub use inspect::{KeyInspection, KeyUse, KeyUseState};

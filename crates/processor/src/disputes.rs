@@ -18,7 +18,7 @@ use crate::handlers::Page;
 use crate::model::{Dispute, DisputeClosing, DisputeOutcome, DisputeRow, IdKind, tagged};
 use crate::model::{DisputeStatus, ProcessorEventType};
 use crate::problem::{Error, Problem, ProblemKind};
-use service::pagination::{Cursor, List, Position, unknown_cursor};
+use service::pagination::{List, Position, keyset};
 use service::vocabulary::stored;
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
@@ -27,25 +27,24 @@ pub(crate) async fn list_disputes(
     _: Authorized,
     PageQuery(page): PageQuery,
 ) -> Result<Response, Error> {
-    let position = match &page.cursor {
-        Cursor::First => None,
-        Cursor::After(id) | Cursor::Before(id) if !IdKind::Dispute.is(id) => {
-            return Err(unknown_cursor(id).into());
-        }
-        Cursor::After(id) | Cursor::Before(id) => Some(
-            sqlx::query_as!(
-                Position,
-                "SELECT created_at, id FROM processor_disputes WHERE id = $1",
-                id,
+    let rows = keyset(
+        &page,
+        async |id| {
+            if !IdKind::Dispute.is(id) {
+                return Ok(None);
+            }
+            Ok::<_, Error>(
+                sqlx::query_as!(
+                    Position,
+                    "SELECT created_at, id FROM processor_disputes WHERE id = $1",
+                    id,
+                )
+                .fetch_optional(&state.pool)
+                .await?,
             )
-            .fetch_optional(&state.pool)
-            .await?
-            .ok_or_else(|| unknown_cursor(id))?,
-        ),
-    };
-    let disputes = match (&page.cursor, position) {
-        (Cursor::Before(_), Some(after)) => {
-            sqlx::query_as!(
+        },
+        async |after| {
+            Ok(sqlx::query_as!(
                 DisputeRow,
                 r#"
                 SELECT id, charge_id AS charge, amount, status, created_at
@@ -59,10 +58,10 @@ pub(crate) async fn list_disputes(
                 page.fetch(),
             )
             .fetch_all(&state.pool)
-            .await?
-        }
-        (_, before) => {
-            sqlx::query_as!(
+            .await?)
+        },
+        async |before| {
+            Ok(sqlx::query_as!(
                 DisputeRow,
                 r#"
                 SELECT id, charge_id AS charge, amount, status, created_at
@@ -76,10 +75,11 @@ pub(crate) async fn list_disputes(
                 page.fetch(),
             )
             .fetch_all(&state.pool)
-            .await?
-        }
-    };
-    let disputes: Vec<Dispute> = disputes
+            .await?)
+        },
+    )
+    .await?;
+    let disputes: Vec<Dispute> = rows
         .into_iter()
         .map(DisputeRow::parse)
         .collect::<Result<_, _>>()?;

@@ -364,11 +364,7 @@ impl IdKind {
 
     /// Whether `raw` has this kind's shape; anything else names nothing and is not worth a query.
     pub(crate) fn is(self, raw: &str) -> bool {
-        raw.strip_prefix(self.prefix())
-            .and_then(|rest| rest.strip_prefix('_'))
-            .is_some_and(|random| {
-                random.len() == ID_LEN && random.bytes().all(|b| b.is_ascii_alphanumeric())
-            })
+        ids::has_shape(raw, self.prefix(), ID_LEN)
     }
 }
 

@@ -142,7 +142,7 @@ impl Problem {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
         Self {
             kind,
-            detail: sentence(&detail.into()),
+            detail: idempotency::sentence(&detail.into()),
             extensions: None,
             retry_after: None,
         }
@@ -225,19 +225,6 @@ impl IntoResponse for Problem {
         }
         response
     }
-}
-
-/// Upper-cases the first letter and ends with a stop: details are sentences.
-fn sentence(text: &str) -> String {
-    let mut chars = text.trim().chars();
-    let mut sentence: String = chars
-        .next()
-        .map(|first| first.to_uppercase().chain(chars).collect())
-        .unwrap_or_default();
-    if !sentence.is_empty() && !sentence.ends_with(['.', '!', '?']) {
-        sentence.push('.');
-    }
-    sentence
 }
 
 impl From<Refusal> for Problem {

@@ -177,6 +177,36 @@ pub fn unknown_cursor(id: &str) -> PageError {
     PageError::UnknownCursor(id.to_owned())
 }
 
+/// The rows of one page of a list cut by keyset, for [`List::from_rows`]. The walk is the same for
+/// every list; what each list reads is its own SQL, left to the caller so that `query_as!` checks it
+/// at compile time:
+/// - `position(id)` finds where the cursor stands among the list's objects, or `None` when it
+///   names none of them (a 404; an id of another kind's shape can answer `None` without a query);
+/// - `newer(position)` fetches up to [`PageRequest::fetch`] rows after it, oldest first
+///   (`ending_before`);
+/// - `older(position)` fetches up to [`PageRequest::fetch`] rows before it, newest first, or the
+///   newest rows given `None` (the first page, `starting_after`).
+pub async fn keyset<R, E>(
+    page: &PageRequest,
+    position: impl AsyncFnOnce(&str) -> Result<Option<Position>, E>,
+    newer: impl AsyncFnOnce(Position) -> Result<Vec<R>, E>,
+    older: impl AsyncFnOnce(Option<Position>) -> Result<Vec<R>, E>,
+) -> Result<Vec<R>, E>
+where
+    E: From<PageError>,
+{
+    let found = match &page.cursor {
+        Cursor::First => None,
+        Cursor::After(id) | Cursor::Before(id) => {
+            Some(position(id).await?.ok_or_else(|| unknown_cursor(id))?)
+        }
+    };
+    match (&page.cursor, found) {
+        (Cursor::Before(_), Some(after)) => newer(after).await,
+        (_, before) => older(before).await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

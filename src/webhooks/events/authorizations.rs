@@ -10,7 +10,7 @@ use super::{Applied, Applying, Envelope, NoEffect, Outcome, Target, ignored, now
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
-use crate::payments::{CancellationReason, PaymentRow};
+use crate::payments::{CancellationReason, PaymentRow, payment_query};
 
 impl Envelope {
     /// Cancels the payment whose authorization `charge` expired, if it still `requires_capture`.
@@ -28,18 +28,13 @@ impl Envelope {
         let Some(account) = target.account(conn).await? else {
             return Ok(target.unmatched(&self.kind));
         };
-        let canceled = sqlx::query_as!(
-            PaymentRow,
-            r#"
-            UPDATE payments
-            SET status = 'canceled', amount_capturable = 0, amount_captured = 0,
-                canceled_at = now(), cancellation_reason = $3
-            WHERE account_id = $2 AND charge = $1 AND status = 'requires_capture'
-            RETURNING id, amount, currency, status, payment_method, order_ref, description,
-                      amount_refunded, amount_disputed, charge, created_at,
-                      metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
-                      amount_capturable, canceled_at, cancellation_reason
-            "#,
+        let canceled = payment_query!(
+            "UPDATE payments
+             SET status = 'canceled', amount_capturable = 0, amount_captured = 0,
+                 canceled_at = now(), cancellation_reason = $3
+             WHERE account_id = $2 AND charge = $1 AND status = 'requires_capture'
+             RETURNING",
+            "",
             charge,
             account,
             CancellationReason::Expired.as_str(),
