@@ -5,7 +5,12 @@
 //!   and any axum service can adopt it (the service names each request's owner).
 //! - [`payments`], [`refunds`], [`disputes`], [`events`], [`webhooks`], [`accounts`]: the domains,
 //!   each with its router.
-//! - [`processor`]: the simulated card processor idempay calls, a service of its own, and its client.
+//! - [`downstream`]: idempay's side of the card processor: its client, whose calls carry idempay's
+//!   own keys downstream, and the unit of work a charge, refund, capture or cancel shares. The
+//!   processor itself is the crate `processor` (crates/processor/), a service of its own.
+//! - [`keys`], [`recovery`], [`settle`], [`expiry`], [`reconcile`]: the keys' life after the
+//!   request: inspection, the recovery job, an operator's way out of a held key, the expiry job's
+//!   deletes, and the two ledgers held against each other.
 //! - [`app`]: the assembly, on top: the state, the sub-states each domain asks of it, every router
 //!   merged, and [`app::Application`], which serves them beside the background jobs.
 //! - [`http`]: the plumbing below the domains, naming none: middleware, errors, extractors, docs,
