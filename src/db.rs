@@ -52,28 +52,23 @@ impl Default for PoolLimits {
     }
 }
 
-/// Refuses at start a lease the pool could not renew in time. The lease is renewed every third of
-/// its length, each renewal abandoned when the next is due (`idempotency::Idempotency::heartbeat`),
-/// and a renewal first waits for a pool connection, up to the acquire timeout. A third of the lease
-/// must cover that wait: otherwise, under load, renewals are abandoned while the pool would still
-/// serve them, and a slow but alive request loses its key to a takeover (safely, the completion is
-/// fenced, but its work is then done for nothing and its client answered 409). The session's
-/// statement and lock timeouts (`db.rs`) do not enter: a renewal is one UPDATE of one row by its
-/// primary key, which runs in a millisecond or waits for that row's lock, held only by another
-/// one-row statement (a completion, a takeover) or by nobody, and its third bounds that wait.
+/// Refuses at start a lease the pool could not renew in time: the mechanism's rule
+/// ([`idempotency::Policy::check_lease`]), worded with the settings that set it.
 pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
-    let needed = pool.acquire_timeout * 3;
-    if lease < needed {
-        return Err(format!(
+    let policy = idempotency::Policy {
+        lease,
+        ..idempotency::Policy::default()
+    };
+    policy.check_lease(pool.acquire_timeout).map_err(|short| {
+        format!(
             "IDEMPAY_LEASE ({}) must be at least 3 × IDEMPAY_DATABASE_ACQUIRE_TIMEOUT ({}) = {}: \
              the lease is renewed every third of its length, and a renewal may wait that long for \
              a connection. Lengthen the lease or shorten the acquire timeout.",
-            humantime::format_duration(lease),
-            humantime::format_duration(pool.acquire_timeout),
-            humantime::format_duration(needed),
-        ));
-    }
-    Ok(())
+            humantime::format_duration(short.lease),
+            humantime::format_duration(short.acquire_timeout),
+            humantime::format_duration(short.needed),
+        )
+    })
 }
 
 /// Limits every session sets, so a stuck query or a forgotten transaction cannot hold a pool

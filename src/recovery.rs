@@ -42,7 +42,7 @@ pub fn spawn(
                 match idempotency.hold_overdue().await {
                     Ok(held) => {
                         count(KeyResult::Held, held);
-                        if held < 100 {
+                        if held < idempotency::HOLD_BATCH {
                             break;
                         }
                     }
@@ -83,7 +83,7 @@ pub fn spawn(
                                 }
                             }
                         }
-                        if results.len() < 20 {
+                        if results.len() < idempotency::RECOVERY_BATCH {
                             break;
                         }
                     }

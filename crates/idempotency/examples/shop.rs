@@ -1,10 +1,15 @@
-//! The README's example, served: `DATABASE_URL=postgres://… cargo run -p idempotency --example
-//! shop`, then `curl -X POST -H 'Idempotency-Key: k1' localhost:3000/orders` twice. The database
-//! needs idempay's migrations (the keys' table and `idempotency_complete`).
+//! A service adopting the mechanism, as the crate's README shows it: `DATABASE_URL=postgres://…
+//! cargo run -p idempotency --example shop` (it creates the keys' table where it is missing), then
+//! `curl -X POST -H 'Idempotency-Key: k1' localhost:3000/orders` twice: one order is placed, and
+//! the second answer is the first's, replayed (`Idempotent-Replayed: true`). `SHOP_LISTEN` moves it
+//! off 127.0.0.1:3000. An integration test runs it so against PostgreSQL
+//! (tests/api/tools/adoption.rs at the workspace's root).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use axum::extract::FromRef;
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::routing::post;
 use axum::{Router, middleware};
@@ -13,6 +18,7 @@ use idempotency::{Error, Idempotency, Owners, Policy};
 #[derive(Clone)]
 struct Shop {
     idempotency: Idempotency,
+    orders: Arc<AtomicU64>,
 }
 
 impl FromRef<Shop> for Idempotency {
@@ -30,29 +36,28 @@ impl Owners for Shop {
     }
 }
 
-fn app(pool: sqlx::PgPool) -> Router {
-    let policy = Policy {
-        key_ttl: Duration::from_secs(24 * 60 * 60), // how long a completed key replays
-        lease: Duration::from_secs(30),             // how long a silent holder blocks a retry
-        recovery_window: Duration::from_secs(12 * 60 * 60), // see "recovery points" below
-    };
-    let shop = Shop {
-        idempotency: Idempotency::new(pool, policy),
-    };
-    Router::new()
-        .route("/orders", post(|| async { "ordered" }))
-        .route_layer(middleware::from_fn_with_state(
-            shop.clone(),
-            idempotency::guard::<Shop>,
-        ))
-        .with_state(shop)
+/// The effect: each order placed takes the next number. Behind the guard, once per key.
+async fn place_order(State(shop): State<Shop>) -> (StatusCode, String) {
+    let number = shop.orders.fetch_add(1, Ordering::Relaxed) + 1;
+    (StatusCode::CREATED, format!("order {number}\n"))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL")?;
-    let pool = sqlx::PgPool::connect(&url).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    axum::serve(listener, app(pool)).await?;
+    let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+    idempotency::migrate(&pool).await?; // the keys' table, where it is missing
+    let shop = Shop {
+        idempotency: Idempotency::new(pool, Policy::default()), // keys live 24 h
+        orders: Arc::default(),
+    };
+    let app = Router::new()
+        .route("/orders", post(place_order))
+        .route_layer(middleware::from_fn_with_state(
+            shop.clone(),
+            idempotency::guard::<Shop>,
+        ))
+        .with_state(shop);
+    let listen = std::env::var("SHOP_LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    axum::serve(tokio::net::TcpListener::bind(listen).await?, app).await?;
     Ok(())
 }

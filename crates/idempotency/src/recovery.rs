@@ -194,6 +194,14 @@ pub struct KeyRecovery {
     pub outcome: KeyOutcome,
 }
 
+/// How many overdue keys [`Idempotency::hold_overdue`] holds at a time (its statements' literal
+/// `LIMIT 100`): a job that held this many calls it again, since more may be waiting.
+pub const HOLD_BATCH: usize = 100;
+
+/// How many keys [`Idempotency::recover`] resumes at a time (its statements' literal `LIMIT 20`):
+/// a job that got this many results calls it again, since more may be waiting.
+pub const RECOVERY_BATCH: usize = 20;
+
 impl Idempotency {
     /// Holds for an operator every suspended key whose recovery point is older than the recovery
     /// window, a batch at a time, and returns how many it held. Never a silent retry: the other

@@ -2,6 +2,7 @@
 //! checkout page, and what an operator sees in the metrics and the logs; and the cluster suite's
 //! own ground, a test's database on every node of the Citus cluster.
 
+mod adoption;
 mod banner;
 mod checkout;
 mod citus;

@@ -1,0 +1,151 @@
+//! The mechanism adopted as a team outside idempay adopts it: its own migration makes the keys'
+//! table in an empty database, the same schema idempay's migrations built step by step; and the
+//! crate's example service (crates/idempotency/examples/shop.rs, built with the workspace's other
+//! targets) places one order for a key sent twice, and answers the second with the first's answer.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use idempay_test_macros::api_test;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::process::Command;
+
+use crate::support::harness::database_url;
+use crate::support::helpers::{TestApp, new_key, wait_until};
+use crate::support::instance::free_port;
+
+/// A database of its own, empty: no migration of idempay's has run in it.
+async fn empty_database() -> String {
+    let name = format!("adopt_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&database_url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+    database_url(&name)
+}
+
+/// What the mechanism's statements rely on, as the catalog describes it: the keys' table's
+/// columns, constraints and indexes, and `idempotency_complete`.
+async fn the_keys_schema(db: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT 'column ' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+                || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+                || coalesce(nullif(' identity ' || a.attidentity::text, ' identity '), '')
+         FROM pg_attribute a
+         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE a.attrelid = 'idempotency_keys'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+         UNION ALL
+         SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid)
+         FROM pg_constraint WHERE conrelid = 'idempotency_keys'::regclass
+         UNION ALL
+         SELECT 'index ' || pg_get_indexdef(indexrelid)
+         FROM pg_index WHERE indrelid = 'idempotency_keys'::regclass
+         UNION ALL
+         SELECT 'function ' || pg_get_functiondef('idempotency_complete'::regproc)
+         ORDER BY 1",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap()
+}
+
+#[api_test]
+async fn the_mechanism_s_migration_makes_the_schema_idempay_s_migrations_made() {
+    let app = TestApp::spawn().await;
+    let adopter = PgPool::connect(&empty_database().await).await.unwrap();
+
+    idempotency::migrate(&adopter).await.unwrap();
+    // Run again, as every start of the service runs it: nothing left to do.
+    idempotency::migrate(&adopter).await.unwrap();
+
+    let idempays = the_keys_schema(&app.db).await;
+    let mechanisms = the_keys_schema(&adopter).await;
+    assert!(idempays.len() > 30, "{idempays:#?}");
+    assert_eq!(mechanisms, idempays);
+}
+
+#[api_test]
+async fn the_example_shop_places_one_order_for_a_key_sent_twice() {
+    let database = empty_database().await;
+    // Built beside this test by `cargo test --all-targets` (make test does so).
+    let shop = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples/shop");
+    assert!(
+        shop.exists(),
+        "{} is missing: build it with `cargo build -p idempotency --example shop`",
+        shop.display()
+    );
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(&shop)
+        .env("DATABASE_URL", &database)
+        .env("SHOP_LISTEN", &listen)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let order = |key: &str| {
+        client
+            .post(format!("http://{listen}/orders"))
+            .header("idempotency-key", key)
+            .send()
+    };
+    wait_until("the shop answers", || async {
+        client
+            .get(format!("http://{listen}/"))
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+            .is_ok()
+    })
+    .await;
+
+    let key = new_key();
+    let first = order(&key).await.unwrap();
+    let (status, replayed) = (
+        first.status(),
+        first.headers().get("idempotent-replayed").cloned(),
+    );
+    let placed = first.text().await.unwrap();
+    let again = order(&key).await.unwrap();
+    let replayed_again = again.headers().get("idempotent-replayed").cloned();
+    let again_status = again.status();
+    let answer = again.text().await.unwrap();
+    let other = order(&new_key()).await.unwrap().text().await.unwrap();
+
+    assert_eq!(status, 201);
+    assert_eq!(placed, "order 1\n");
+    assert!(replayed.is_none(), "the first answer is no replay");
+    assert_eq!((again_status.as_u16(), answer.as_str()), (201, "order 1\n"));
+    assert_eq!(
+        replayed_again
+            .as_ref()
+            .and_then(|value| value.to_str().ok()),
+        Some("true"),
+        "the second is the first's answer, replayed"
+    );
+    assert_eq!(other, "order 2\n", "another key is another order");
+    let adopter = PgPool::connect(&database).await.unwrap();
+    let keys: Vec<(String, String)> =
+        sqlx::query_as("SELECT scope, status FROM idempotency_keys ORDER BY id")
+            .fetch_all(&adopter)
+            .await
+            .unwrap();
+    assert_eq!(
+        keys,
+        [
+            ("shop:POST /orders".to_owned(), "completed".to_owned()),
+            ("shop:POST /orders".to_owned(), "completed".to_owned()),
+        ]
+    );
+    child.kill().await.unwrap();
+}
