@@ -249,7 +249,7 @@ async fn send_event(
         .ok()
         .and_then(|answer| answer.get("outcome")?.as_str().map(str::to_owned));
     anyhow::ensure!(
-        outcome.as_deref() != Some(webhooks::Outcome::Ignored.as_str()),
+        outcome.as_deref() != Some(webhooks::EventOutcome::Ignored.as_str()),
         "acknowledged without effect (`ignored`): nothing was applied, and {id} is spent; the \
          service's log says why"
     );

@@ -17,7 +17,7 @@
 
 use std::future::Future;
 
-use super::client::{self, Listed, Outcome, ProcessorClient, Refusal};
+use super::client::{self, Listed, ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use idempotency::{
     Completion, EarlierCalls, KeyedRequest, Lease, RecoveryPoint, Resumers, StateVersion,
@@ -53,7 +53,7 @@ pub trait ProcessorCall: Send + Sync + 'static {
         &self,
         processor: &ProcessorClient,
         downstream_key: &str,
-    ) -> impl Future<Output = Outcome<Self::Answer>> + Send;
+    ) -> impl Future<Output = ProcessorOutcome<Self::Answer>> + Send;
 
     /// Records the processor's answer and completes the key. Called through [`record`], which
     /// applies what waited for the answer's object afterwards.
@@ -79,7 +79,7 @@ pub trait ProcessorCall: Send + Sync + 'static {
 
     /// A refusal by the processor that is the call's result, stored and replayed like one, rather
     /// than an outage the key is released after: none, unless the call says otherwise.
-    fn refusal_as_result(&self, _refusal: &Refusal) -> Option<Problem> {
+    fn refusal_as_result(&self, _refusal: &ProcessorRefusal) -> Option<Problem> {
         None
     }
 }
@@ -225,13 +225,13 @@ async fn settle<C: ProcessorCall>(
     downstream_key: String,
     earlier: EarlierCalls,
 ) -> Result<Completion, ApiError> {
-    let is_result = |refusal: &Refusal| call.refusal_as_result(refusal).is_some();
+    let is_result = |refusal: &ProcessorRefusal| call.refusal_as_result(refusal).is_some();
     let outcome = client::until_known(C::WHAT, earlier, is_result, || {
         call.send(&processor, &downstream_key)
     });
     match outcome.await {
-        Outcome::Done(answer) => record(&processor, lease, call, answer).await,
-        Outcome::NotDone(refusal) => {
+        ProcessorOutcome::Done(answer) => record(&processor, lease, call, answer).await,
+        ProcessorOutcome::NotDone(refusal) => {
             if let Some(result) = call.refusal_as_result(&refusal) {
                 return refuse(lease, &result).await;
             }
@@ -243,7 +243,7 @@ async fn settle<C: ProcessorCall>(
             }
             Err(refused_problem(C::WHAT, &refusal).into())
         }
-        Outcome::Unknown(reason) => {
+        ProcessorOutcome::Unknown(reason) => {
             tracing::warn!(%reason, downstream_key, "the {}'s outcome is unknown", C::WHAT);
             Err(unknown_problem(C::WHAT).into())
         }
@@ -302,7 +302,7 @@ impl CallResumers for Resumers {
 /// and the key was released for a fresh retry.
 /// The cause (the processor's address, the connection's error) is logged with the key where the
 /// call is counted (`downstream::metrics`), never told the client.
-fn refused_problem(what: &str, refusal: &Refusal) -> Problem {
+fn refused_problem(what: &str, refusal: &ProcessorRefusal) -> Problem {
     let what_happened = match refusal.status {
         None => format!("The processor could not be reached, so the {what} was not sent"),
         Some(status) => format!("The processor refused the {what} before making it ({status})"),

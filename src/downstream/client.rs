@@ -34,7 +34,7 @@ pub struct ChargeRequest {
 
 /// Why the processor certainly did nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub struct ProcessorRefusal {
     /// What happened, to log or to tell the caller's own client (the problem's `detail`, when the
     /// processor sent one).
     pub reason: String,
@@ -44,7 +44,7 @@ pub struct Refusal {
     pub problem_type: Option<String>,
 }
 
-impl Refusal {
+impl ProcessorRefusal {
     /// Whether the processor refused the refund itself (nothing left to refund, a declined
     /// charge): a business answer to store as the result, not an outage to retry.
     pub fn is_refund_refused(&self) -> bool {
@@ -70,7 +70,7 @@ impl Refusal {
     }
 }
 
-impl std::fmt::Display for Refusal {
+impl std::fmt::Display for ProcessorRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.status {
             Some(status) => write!(f, "{status}: {}", self.reason),
@@ -81,19 +81,19 @@ impl std::fmt::Display for Refusal {
 
 /// What became of one call. Three outcomes, not two.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome<T> {
+pub enum ProcessorOutcome<T> {
     /// The processor answered with a result: a charge (succeeded, or declined: the 402 read into
     /// a [`Charge`]), a refund.
     Done(T),
     /// Definitely nothing happened: the connection was refused before anything was sent, or a 4xx
     /// that says so (400, 401, 403, 404, 422, the refund-beyond-the-charge refusal…).
-    NotDone(Refusal),
+    NotDone(ProcessorRefusal),
     /// Maybe it happened: a timeout, a connection dropped after sending, a 5xx, a 409 (the same key
     /// in flight at the processor), a 429, a body that does not parse. Ask again with the same key.
     Unknown(String),
 }
 
-impl<T> Outcome<T> {
+impl<T> ProcessorOutcome<T> {
     /// Counts and times the call this ended, as its outcome counts (`declined`: the processor's
     /// answer is a decline, a charge read back after a 402), with the cause of one that did not
     /// succeed.
@@ -144,27 +144,27 @@ pub fn longest_asking(timeout: Duration) -> Duration {
 pub async fn until_known<T, F, Fut>(
     what: &str,
     earlier: EarlierCalls,
-    is_result: impl Fn(&Refusal) -> bool,
+    is_result: impl Fn(&ProcessorRefusal) -> bool,
     mut call: F,
-) -> Outcome<T>
+) -> ProcessorOutcome<T>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Outcome<T>>,
+    Fut: std::future::Future<Output = ProcessorOutcome<T>>,
 {
     let mut maybe_sent = earlier == EarlierCalls::Possible;
     let mut pause = FIRST_PAUSE;
     let mut attempt = 1;
     loop {
         match call().await {
-            Outcome::Unknown(reason) if attempt < ATTEMPTS => {
+            ProcessorOutcome::Unknown(reason) if attempt < ATTEMPTS => {
                 tracing::info!(%reason, attempt, "{what} outcome unknown; asking again");
                 maybe_sent = true;
                 tokio::time::sleep(pause).await;
                 pause *= 2;
                 attempt += 1;
             }
-            Outcome::NotDone(refusal) if maybe_sent && !is_result(&refusal) => {
-                return Outcome::Unknown(format!(
+            ProcessorOutcome::NotDone(refusal) if maybe_sent && !is_result(&refusal) => {
+                return ProcessorOutcome::Unknown(format!(
                     "{refusal}, after an earlier attempt with the same key that may have reached \
                      the processor"
                 ));
@@ -323,7 +323,11 @@ impl ProcessorClient {
     }
 
     /// One attempt to charge, with `Idempotency-Key: downstream_key`.
-    pub async fn charge(&self, downstream_key: &str, request: &ChargeRequest) -> Outcome<Charge> {
+    pub async fn charge(
+        &self,
+        downstream_key: &str,
+        request: &ChargeRequest,
+    ) -> ProcessorOutcome<Charge> {
         let started = Instant::now();
         let (outcome, declined) = self.charge_once(downstream_key, request).await;
         outcome.record(Operation::Charge, downstream_key, started, declined);
@@ -335,7 +339,7 @@ impl ProcessorClient {
         &self,
         downstream_key: &str,
         request: &ChargeRequest,
-    ) -> (Outcome<Charge>, bool) {
+    ) -> (ProcessorOutcome<Charge>, bool) {
         let sent = self
             .request(Method::POST, "v1/charges")
             .header("idempotency-key", self.key_for(downstream_key))
@@ -355,21 +359,21 @@ impl ProcessorClient {
             Ok(problem) => problem,
             Err(error) => {
                 return (
-                    Outcome::Unknown(format!("an unreadable decline: {error}")),
+                    ProcessorOutcome::Unknown(format!("an unreadable decline: {error}")),
                     false,
                 );
             }
         };
         let Some(id) = problem.charge else {
             return (
-                Outcome::Unknown("a decline that names no charge".to_owned()),
+                ProcessorOutcome::Unknown("a decline that names no charge".to_owned()),
                 false,
             );
         };
         match self.get::<Charge>(&format!("v1/charges/{id}")).await {
-            Ok(charge) => (Outcome::Done(charge), true),
+            Ok(charge) => (ProcessorOutcome::Done(charge), true),
             Err(error) => (
-                Outcome::Unknown(format!("declined charge {id} unreadable: {error:#}")),
+                ProcessorOutcome::Unknown(format!("declined charge {id} unreadable: {error:#}")),
                 false,
             ),
         }
@@ -382,7 +386,7 @@ impl ProcessorClient {
         downstream_key: &str,
         charge: &str,
         amount: Option<i64>,
-    ) -> Outcome<ProcessorRefund> {
+    ) -> ProcessorOutcome<ProcessorRefund> {
         let path = format!("v1/charges/{charge}/refunds");
         let body = serde_json::json!({ "amount": amount });
         self.keyed(Operation::Refund, &path, downstream_key, &body)
@@ -396,7 +400,7 @@ impl ProcessorClient {
         downstream_key: &str,
         charge: &str,
         amount: Option<i64>,
-    ) -> Outcome<Charge> {
+    ) -> ProcessorOutcome<Charge> {
         let path = format!("v1/charges/{charge}/capture");
         let body = serde_json::json!({ "amount": amount });
         self.keyed(Operation::Capture, &path, downstream_key, &body)
@@ -404,7 +408,7 @@ impl ProcessorClient {
     }
 
     /// One attempt to void the authorized `charge`, with `Idempotency-Key: downstream_key`.
-    pub async fn void(&self, downstream_key: &str, charge: &str) -> Outcome<Charge> {
+    pub async fn void(&self, downstream_key: &str, charge: &str) -> ProcessorOutcome<Charge> {
         let path = format!("v1/charges/{charge}/void");
         self.keyed(
             Operation::Void,
@@ -422,7 +426,7 @@ impl ProcessorClient {
         path: &str,
         downstream_key: &str,
         body: &serde_json::Value,
-    ) -> Outcome<T> {
+    ) -> ProcessorOutcome<T> {
         let started = Instant::now();
         let sent = self
             .request(Method::POST, path)
@@ -539,16 +543,16 @@ const READ_ATTEMPTS: u32 = 10;
 const READ_PAUSE: Duration = Duration::from_secs(1);
 
 /// A call that got no response. Only a failure to connect proves that nothing was sent.
-fn transport<T>(error: &reqwest::Error) -> Outcome<T> {
+fn transport<T>(error: &reqwest::Error) -> ProcessorOutcome<T> {
     let reason = chain(error);
     if error.is_connect() {
-        Outcome::NotDone(Refusal {
+        ProcessorOutcome::NotDone(ProcessorRefusal {
             reason: format!("the processor could not be reached: {reason}"),
             status: None,
             problem_type: None,
         })
     } else {
-        Outcome::Unknown(format!("no answer from the processor: {reason}"))
+        ProcessorOutcome::Unknown(format!("no answer from the processor: {reason}"))
     }
 }
 
@@ -565,23 +569,27 @@ fn chain(error: &dyn std::error::Error) -> String {
 }
 
 /// A response, read into one of the outcomes.
-async fn answered<T: DeserializeOwned>(response: reqwest::Response) -> Outcome<T> {
+async fn answered<T: DeserializeOwned>(response: reqwest::Response) -> ProcessorOutcome<T> {
     let status = response.status();
     let body = match response.bytes().await {
         Ok(body) => body,
         Err(error) => {
-            return Outcome::Unknown(format!("{status}, then the body broke off: {error}"));
+            return ProcessorOutcome::Unknown(format!(
+                "{status}, then the body broke off: {error}"
+            ));
         }
     };
     classify(status, &body)
 }
 
 /// What a status and its body say happened.
-fn classify<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> Outcome<T> {
+fn classify<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> ProcessorOutcome<T> {
     if status.is_success() {
         return match serde_json::from_slice(body) {
-            Ok(result) => Outcome::Done(result),
-            Err(error) => Outcome::Unknown(format!("{status} with an unreadable body: {error}")),
+            Ok(result) => ProcessorOutcome::Done(result),
+            Err(error) => {
+                ProcessorOutcome::Unknown(format!("{status} with an unreadable body: {error}"))
+            }
         };
     }
     let problem: ProblemBody = serde_json::from_slice(body).unwrap_or_default();
@@ -591,13 +599,13 @@ fn classify<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> Outcome<T> 
         .unwrap_or_else(|| format!("the processor answered {status}"));
     match status {
         // In flight under the same key, or slow down: either may still happen.
-        StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS => Outcome::Unknown(reason),
-        status if status.is_client_error() => Outcome::NotDone(Refusal {
+        StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS => ProcessorOutcome::Unknown(reason),
+        status if status.is_client_error() => ProcessorOutcome::NotDone(ProcessorRefusal {
             reason,
             status: Some(status.as_u16()),
             problem_type: problem.kind,
         }),
-        _ => Outcome::Unknown(reason),
+        _ => ProcessorOutcome::Unknown(reason),
     }
 }
 
@@ -607,7 +615,7 @@ mod tests {
 
     #[test]
     fn a_refund_is_refused_by_the_processor_s_two_problem_types_and_no_other() {
-        let refusal = |problem_type: Option<&str>| Refusal {
+        let refusal = |problem_type: Option<&str>| ProcessorRefusal {
             reason: "refused".into(),
             status: Some(400),
             problem_type: problem_type.map(str::to_owned),
@@ -633,22 +641,25 @@ mod tests {
         assert_eq!(refusal(Some("/problems/unheard-of")).problem(), None);
     }
 
-    fn outcome(status: u16, body: &str) -> Outcome<ProcessorRefund> {
+    fn outcome(status: u16, body: &str) -> ProcessorOutcome<ProcessorRefund> {
         classify(StatusCode::from_u16(status).unwrap(), body.as_bytes())
     }
 
     #[test]
     fn a_result_is_done_and_an_unreadable_one_is_unknown() {
         let refund = r#"{"id":"pyr_1","object":"refund","charge":"ch_1","amount":5,"status":"succeeded","created_at":"2026-11-30T10:00:00Z"}"#;
-        assert!(matches!(outcome(201, refund), Outcome::Done(r) if r.charge == "ch_1"));
-        assert!(matches!(outcome(201, "{"), Outcome::Unknown(_)));
-        assert!(matches!(outcome(200, "<html>"), Outcome::Unknown(_)));
+        assert!(matches!(outcome(201, refund), ProcessorOutcome::Done(r) if r.charge == "ch_1"));
+        assert!(matches!(outcome(201, "{"), ProcessorOutcome::Unknown(_)));
+        assert!(matches!(
+            outcome(200, "<html>"),
+            ProcessorOutcome::Unknown(_)
+        ));
     }
 
     #[test]
     fn a_client_error_is_not_done_with_the_problem_s_type_and_detail() {
         let problem = r#"{"type":"/problems/refund-exceeds-payment","title":"t","status":400,"detail":"Nothing was refunded."}"#;
-        let Outcome::NotDone(refusal) = outcome(400, problem) else {
+        let ProcessorOutcome::NotDone(refusal) = outcome(400, problem) else {
             panic!("400 is not done");
         };
         assert_eq!(refusal.status, Some(400));
@@ -659,7 +670,7 @@ mod tests {
         assert_eq!(refusal.reason, "Nothing was refunded.");
         for status in [401, 403, 404, 422] {
             assert!(
-                matches!(outcome(status, ""), Outcome::NotDone(_)),
+                matches!(outcome(status, ""), ProcessorOutcome::NotDone(_)),
                 "{status}"
             );
         }
@@ -669,28 +680,36 @@ mod tests {
     fn in_flight_throttled_and_server_errors_are_unknown() {
         for status in [409, 429, 500, 502, 503, 504, 302] {
             assert!(
-                matches!(outcome(status, ""), Outcome::Unknown(_)),
+                matches!(outcome(status, ""), ProcessorOutcome::Unknown(_)),
                 "{status}"
             );
         }
     }
 
     /// Runs `until_known` over scripted answers, one per attempt.
-    async fn known_after(earlier: EarlierCalls, answers: Vec<Outcome<()>>) -> Outcome<()> {
+    async fn known_after(
+        earlier: EarlierCalls,
+        answers: Vec<ProcessorOutcome<()>>,
+    ) -> ProcessorOutcome<()> {
         let answers = std::sync::Mutex::new(answers.into_iter());
-        until_known("refund", earlier, Refusal::is_refund_refused, || {
-            let next = answers
-                .lock()
-                .unwrap()
-                .next()
-                .expect("an answer per attempt");
-            async move { next }
-        })
+        until_known(
+            "refund",
+            earlier,
+            ProcessorRefusal::is_refund_refused,
+            || {
+                let next = answers
+                    .lock()
+                    .unwrap()
+                    .next()
+                    .expect("an answer per attempt");
+                async move { next }
+            },
+        )
         .await
     }
 
-    fn refused(problem_type: Option<&str>) -> Outcome<()> {
-        Outcome::NotDone(Refusal {
+    fn refused(problem_type: Option<&str>) -> ProcessorOutcome<()> {
+        ProcessorOutcome::NotDone(ProcessorRefusal {
             reason: "connection refused".into(),
             status: None,
             problem_type: problem_type.map(str::to_owned),
@@ -699,20 +718,20 @@ mod tests {
 
     #[tokio::test]
     async fn not_done_is_final_only_when_no_attempt_with_the_key_may_have_reached_the_processor() {
-        let unknown = || Outcome::Unknown("timed out".into());
+        let unknown = || ProcessorOutcome::Unknown("timed out".into());
         // The first attempt with a key this request made: a refusal is believed.
         assert!(matches!(
             known_after(EarlierCalls::None, vec![refused(None)]).await,
-            Outcome::NotDone(_)
+            ProcessorOutcome::NotDone(_)
         ));
         // After this request's own attempt timed out, or an earlier holder's: it is not.
         assert!(matches!(
             known_after(EarlierCalls::None, vec![unknown(), refused(None)]).await,
-            Outcome::Unknown(reason) if reason.contains("earlier attempt")
+            ProcessorOutcome::Unknown(reason) if reason.contains("earlier attempt")
         ));
         assert!(matches!(
             known_after(EarlierCalls::Possible, vec![refused(None)]).await,
-            Outcome::Unknown(_)
+            ProcessorOutcome::Unknown(_)
         ));
         // The processor's own answer about the key is final whatever came before.
         assert!(matches!(
@@ -721,11 +740,11 @@ mod tests {
                 vec![refused(Some("/problems/refund-exceeds-payment"))]
             )
             .await,
-            Outcome::NotDone(_)
+            ProcessorOutcome::NotDone(_)
         ));
         assert!(matches!(
-            known_after(EarlierCalls::Possible, vec![Outcome::Done(())]).await,
-            Outcome::Done(())
+            known_after(EarlierCalls::Possible, vec![ProcessorOutcome::Done(())]).await,
+            ProcessorOutcome::Done(())
         ));
     }
 
@@ -749,7 +768,7 @@ mod tests {
         };
         assert!(matches!(
             client.charge("k", &request).await,
-            Outcome::NotDone(Refusal { status: None, .. })
+            ProcessorOutcome::NotDone(ProcessorRefusal { status: None, .. })
         ));
     }
 }

@@ -9,4 +9,6 @@ pub mod client;
 pub mod link;
 pub mod metrics;
 
-pub use client::{ChargeRequest, Outcome, ProcessorClient, Refusal, WhenRecorded};
+pub use client::{
+    ChargeRequest, ProcessorClient, ProcessorOutcome, ProcessorRefusal, WhenRecorded,
+};

@@ -19,7 +19,7 @@ use super::model::{
 };
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
-use crate::downstream::{Outcome, ProcessorClient, Refusal};
+use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
@@ -148,7 +148,7 @@ impl Asked {
 
 /// The processor's refusal of a capture or void is its answer about the charge (it was captured,
 /// voided or expired meanwhile, by whatever came first under its lock): a result, stored.
-fn refused_by_processor(payment: &str, doing: &str, refusal: &Refusal) -> Option<Problem> {
+fn refused_by_processor(payment: &str, doing: &str, refusal: &ProcessorRefusal) -> Option<Problem> {
     refusal.is_authorization_refused().then(|| {
         Problem::new(
             ProblemKind::PaymentUnexpectedState,
@@ -199,7 +199,7 @@ impl ProcessorCall for CaptureRequested {
         &self,
         processor: &ProcessorClient,
         downstream_key: &str,
-    ) -> impl Future<Output = Outcome<Charge>> + Send {
+    ) -> impl Future<Output = ProcessorOutcome<Charge>> + Send {
         processor.capture(downstream_key, &self.0.charge, Some(self.0.amount))
     }
 
@@ -228,7 +228,7 @@ impl ProcessorCall for CaptureRequested {
         &charge.id
     }
 
-    fn refusal_as_result(&self, refusal: &Refusal) -> Option<Problem> {
+    fn refusal_as_result(&self, refusal: &ProcessorRefusal) -> Option<Problem> {
         refused_by_processor(&self.0.payment, "captured", refusal)
     }
 }
@@ -251,7 +251,7 @@ impl ProcessorCall for CancelRequested {
         &self,
         processor: &ProcessorClient,
         downstream_key: &str,
-    ) -> impl Future<Output = Outcome<Charge>> + Send {
+    ) -> impl Future<Output = ProcessorOutcome<Charge>> + Send {
         processor.void(downstream_key, &self.0.charge)
     }
 
@@ -279,7 +279,7 @@ impl ProcessorCall for CancelRequested {
         &charge.id
     }
 
-    fn refusal_as_result(&self, refusal: &Refusal) -> Option<Problem> {
+    fn refusal_as_result(&self, refusal: &ProcessorRefusal) -> Option<Problem> {
         refused_by_processor(&self.0.payment, "canceled", refusal)
     }
 }

@@ -26,7 +26,7 @@ use super::model::{CaptureMethod, Payment, PaymentId, PaymentStatus};
 use crate::accounts::AccountId;
 use crate::db::Engine;
 use crate::downstream::call::{self, ProcessorCall};
-use crate::downstream::{ChargeRequest, Outcome, ProcessorClient};
+use crate::downstream::{ChargeRequest, ProcessorClient, ProcessorOutcome};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
 use crate::metadata::Metadata;
@@ -78,7 +78,7 @@ impl ProcessorCall for ChargeRequested {
         &self,
         processor: &ProcessorClient,
         downstream_key: &str,
-    ) -> impl Future<Output = Outcome<Charge>> + Send {
+    ) -> impl Future<Output = ProcessorOutcome<Charge>> + Send {
         let request = self.charge_request();
         async move { processor.charge(downstream_key, &request).await }
     }

@@ -13,7 +13,7 @@ use super::model::RefundRow;
 use super::refund_state::{self, Refund, RefundState};
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
-use crate::downstream::{Outcome, ProcessorClient, Refusal};
+use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
@@ -78,7 +78,7 @@ impl ProcessorCall for RefundRequested {
         &self,
         processor: &ProcessorClient,
         downstream_key: &str,
-    ) -> impl Future<Output = Outcome<ProcessorRefund>> + Send {
+    ) -> impl Future<Output = ProcessorOutcome<ProcessorRefund>> + Send {
         processor.refund(downstream_key, &self.0.charge, Some(self.0.amount))
     }
 
@@ -118,7 +118,7 @@ impl ProcessorCall for RefundRequested {
     }
 
     /// The processor keeps its own books: a refusal of the amount is a result, like ours.
-    fn refusal_as_result(&self, refusal: &Refusal) -> Option<Problem> {
+    fn refusal_as_result(&self, refusal: &ProcessorRefusal) -> Option<Problem> {
         refusal.is_refund_refused().then(|| {
             Problem::new(
                 ProblemKind::RefundExceedsPayment,

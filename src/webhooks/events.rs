@@ -225,7 +225,7 @@ struct RefundData {
 /// What became of an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum EventOutcome {
     /// Its effect was applied now; for an event without one (`charge.declined`,
     /// `charge.refunded`), what it names is recorded.
     Applied,
@@ -248,7 +248,7 @@ pub enum Outcome {
 }
 
 // The outcomes' names, as the API, the processed events and the metrics spell them.
-vocabulary!(Outcome, "webhook event outcome" {
+vocabulary!(EventOutcome, "webhook event outcome" {
     Applied => "applied",
     Ignored => "ignored",
     Duplicate => "duplicate",
@@ -260,13 +260,13 @@ vocabulary!(Outcome, "webhook event outcome" {
 /// What applying an event did: its outcome, and the event it wrote about the change, if any.
 #[derive(Debug)]
 pub struct Applied {
-    pub outcome: Outcome,
+    pub outcome: EventOutcome,
     /// Written in the caller's transaction: count it with [`events::written`] once it committed.
     pub event: Option<NewEvent>,
 }
 
 impl Applied {
-    fn without_event(outcome: Outcome) -> Self {
+    fn without_event(outcome: EventOutcome) -> Self {
         Self {
             outcome,
             event: None,
@@ -440,7 +440,7 @@ impl Envelope {
                 }
             }
         }
-        Ok(Ok(Applied::without_event(Outcome::Applied)))
+        Ok(Ok(Applied::without_event(EventOutcome::Applied)))
     }
 
     /// Moves the payment to `status` (`succeeded` or `failed`), announced as `kind`. `declined` is
@@ -525,7 +525,7 @@ impl Envelope {
             Some(event)
         };
         Ok(Ok(Applied {
-            outcome: Outcome::Applied,
+            outcome: EventOutcome::Applied,
             event,
         }))
     }
@@ -598,7 +598,7 @@ impl Envelope {
         )
         .await?;
         Ok(Ok(Applied {
-            outcome: Outcome::Applied,
+            outcome: EventOutcome::Applied,
             event: Some(event),
         }))
     }
@@ -611,7 +611,7 @@ impl Envelope {
         conn: &mut PgConnection,
         account: &str,
         payment: &Target,
-    ) -> Result<Outcome, sqlx::Error> {
+    ) -> Result<EventOutcome, sqlx::Error> {
         let (id, charge) = payment.columns();
         let newer = sqlx::query_scalar!(
             r#"
@@ -629,7 +629,7 @@ impl Envelope {
         .await?;
         Ok(if newer {
             tracing::info!(kind = %self.kind, timestamp = %self.timestamp, "stale event: a newer one was applied");
-            Outcome::Stale
+            EventOutcome::Stale
         } else {
             // A payment refunded, pending or declined: its status moves only between succeeded
             // and failed, and the processor announces every charge, including those since refunded.
@@ -744,7 +744,7 @@ enum NoEffect {
     Unexpected(String),
 }
 
-fn ignored(why: NoEffect) -> Outcome {
+fn ignored(why: NoEffect) -> EventOutcome {
     match why {
         NoEffect::Expected(reason) => {
             tracing::debug!(reason, "webhook event acknowledged without effect");
@@ -753,7 +753,7 @@ fn ignored(why: NoEffect) -> Outcome {
             tracing::warn!(reason, "webhook event acknowledged without effect");
         }
     }
-    Outcome::Ignored
+    EventOutcome::Ignored
 }
 
 /// The transaction's `now()`, the time of the change it applies: read on its own, since Citus

@@ -4,7 +4,7 @@
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use sqlx::PgPool;
 
-use super::Outcome;
+use super::EventOutcome;
 
 const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
 const MANUAL_RETRIES: &str = "idempay_webhook_manual_retries_total";
@@ -85,7 +85,7 @@ pub fn read_endpoints(pool: &PgPool) -> futures_util::future::BoxFuture<'_, ()> 
 
 /// Counts one webhook event by what became of it: a rising `needs_review` is disputes the ledger
 /// could not take in full, a rising `stale` events arriving out of order.
-pub(super) fn webhook_event(outcome: Outcome) {
+pub(super) fn webhook_event(outcome: EventOutcome) {
     counter!(WEBHOOK_EVENTS, "outcome" => outcome.as_str()).increment(1);
 }
 

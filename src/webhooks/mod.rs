@@ -41,7 +41,7 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use idempotency::{Idempotency, Owners};
 use service::outbox::{Rejection, WebhookSecrets};
 
-pub use events::{Envelope, IntakeType, NotRecorded, Outcome, unreadable};
+pub use events::{Envelope, EventOutcome, IntakeType, NotRecorded, unreadable};
 pub use settings::WebhookSettings;
 
 pub fn router<S>() -> OpenApiRouter<S>
@@ -66,7 +66,7 @@ pub struct Acknowledgement {
     /// The `webhook-id` of the delivery.
     pub event: String,
     #[schema(inline)]
-    pub outcome: Outcome,
+    pub outcome: EventOutcome,
 }
 
 /// Receive a processor event
@@ -218,7 +218,7 @@ async fn process(
     envelope: &Envelope,
     body: &[u8],
     ttl: Duration,
-) -> Result<Result<Outcome, NotRecorded>, sqlx::Error> {
+) -> Result<Result<EventOutcome, NotRecorded>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let recorded = sqlx::query_scalar!(
         r#"
@@ -234,15 +234,15 @@ async fn process(
     .fetch_optional(&mut *tx)
     .await?;
     if recorded.is_none() {
-        return Ok(Ok(Outcome::Duplicate));
+        return Ok(Ok(EventOutcome::Duplicate));
     }
     let applied = match envelope.apply(&mut tx, engine, id).await? {
         Ok(applied) => applied,
         // `apply` wrote nothing: the transaction holds the event's record alone.
         Err(not_recorded) => {
             let outcome = match parked::park(&mut tx, id, envelope, body, &not_recorded).await? {
-                parked::Parking::Parked => Outcome::Parked,
-                parked::Parking::AlreadyParked => Outcome::Duplicate,
+                parked::Parking::Parked => EventOutcome::Parked,
+                parked::Parking::AlreadyParked => EventOutcome::Duplicate,
                 parked::Parking::Full => {
                     tx.rollback().await?;
                     return Ok(Err(not_recorded));
@@ -252,7 +252,7 @@ async fn process(
             sqlx::query!(
                 "UPDATE processed_events SET outcome = $2 WHERE id = $1",
                 id,
-                Outcome::Parked.as_str(),
+                EventOutcome::Parked.as_str(),
             )
             .execute(&mut *tx)
             .await?;
@@ -261,7 +261,7 @@ async fn process(
             // The object may have been recorded while this transaction ran, and its recorder have
             // looked for parked events before this one committed: looked for again now, one of
             // the two sees the other. (An error leaves it to the sweep.)
-            if outcome == Outcome::Parked {
+            if outcome == EventOutcome::Parked {
                 let object = &not_recorded.object;
                 if let Err(error) = parked::apply_waiting(pool, engine, ttl, object).await {
                     tracing::warn!(%error, object, "parked events not applied; the sweep will");
@@ -271,7 +271,7 @@ async fn process(
         }
     };
     let outcome = applied.outcome;
-    if outcome != Outcome::Applied {
+    if outcome != EventOutcome::Applied {
         sqlx::query!(
             "UPDATE processed_events SET outcome = $2 WHERE id = $1",
             id,

@@ -26,7 +26,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::events::{Envelope, NotRecorded, Outcome};
+use super::events::{Envelope, EventOutcome, NotRecorded};
 use super::metrics;
 use crate::db::{Engine, KnownEngine};
 use crate::downstream::WhenRecorded;
@@ -194,7 +194,7 @@ async fn apply(
         tx.rollback().await?;
         return Ok(false);
     };
-    if outcome != Outcome::Parked.as_str() {
+    if outcome != EventOutcome::Parked.as_str() {
         tx.commit().await?;
         return Ok(false);
     }

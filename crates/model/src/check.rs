@@ -12,7 +12,7 @@ use crate::state::State;
 
 /// How one property came out.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum PropertyOutcome {
     /// An `always` with no counterexample, or a `sometimes` with an example.
     Holds,
     /// An `always` with a counterexample: the actions from the start to the violating state.
@@ -27,7 +27,7 @@ pub enum Outcome {
 pub struct PropertyResult {
     pub name: &'static str,
     pub always: bool,
-    pub outcome: Outcome,
+    pub outcome: PropertyOutcome,
 }
 
 #[derive(Clone, Debug)]
@@ -46,7 +46,7 @@ impl Report {
     pub fn passed(&self) -> bool {
         self.results
             .iter()
-            .all(|result| result.outcome == Outcome::Holds)
+            .all(|result| result.outcome == PropertyOutcome::Holds)
     }
 
     pub fn result(&self, name: &str) -> Option<&PropertyResult> {
@@ -56,8 +56,10 @@ impl Report {
     /// The counterexample of `name`, if the checker found one.
     pub fn violation(&self, name: &str) -> Option<&[Action]> {
         match &self.result(name)?.outcome {
-            Outcome::Violated(trace) => Some(trace),
-            Outcome::Holds | Outcome::NeverSeen | Outcome::NotReached => None,
+            PropertyOutcome::Violated(trace) => Some(trace),
+            PropertyOutcome::Holds | PropertyOutcome::NeverSeen | PropertyOutcome::NotReached => {
+                None
+            }
         }
     }
 }
@@ -105,12 +107,14 @@ pub fn check(config: Config, threads: usize) -> Report {
             let always = property.expectation == Expectation::Always;
             let found = discoveries.get(property.name);
             let outcome = match (always, found) {
-                (true, None) | (false, Some(_)) => Outcome::Holds,
-                (true, Some(path)) => {
-                    Outcome::Violated(up_to_first_violation(checker.model(), property, path))
-                }
-                (false, None) if complete => Outcome::NeverSeen,
-                (false, None) => Outcome::NotReached,
+                (true, None) | (false, Some(_)) => PropertyOutcome::Holds,
+                (true, Some(path)) => PropertyOutcome::Violated(up_to_first_violation(
+                    checker.model(),
+                    property,
+                    path,
+                )),
+                (false, None) if complete => PropertyOutcome::NeverSeen,
+                (false, None) => PropertyOutcome::NotReached,
             };
             PropertyResult {
                 name: property.name,

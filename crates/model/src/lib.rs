@@ -14,5 +14,5 @@ pub mod properties;
 pub mod protocol;
 pub mod state;
 
-pub use check::{Outcome, Report, check};
+pub use check::{PropertyOutcome, Report, check};
 pub use config::{Config, Defect, Size};

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use model::check::Outcome;
+use model::check::PropertyOutcome;
 use model::{Config, Defect, Size, check};
 
 fn main() -> ExitCode {
@@ -50,14 +50,14 @@ fn main() -> ExitCode {
     for result in &report.results {
         let kind = if result.always { "always" } else { "sometimes" };
         let verdict = match &result.outcome {
-            Outcome::Holds if result.always => "holds",
-            Outcome::Holds => "found",
-            Outcome::Violated(_) => "VIOLATED",
-            Outcome::NeverSeen => "NEVER SEEN",
-            Outcome::NotReached => "not reached",
+            PropertyOutcome::Holds if result.always => "holds",
+            PropertyOutcome::Holds => "found",
+            PropertyOutcome::Violated(_) => "VIOLATED",
+            PropertyOutcome::NeverSeen => "NEVER SEEN",
+            PropertyOutcome::NotReached => "not reached",
         };
         println!("  {kind:9} {:60} {verdict}", result.name);
-        if let Outcome::Violated(trace) = &result.outcome {
+        if let PropertyOutcome::Violated(trace) = &result.outcome {
             println!("    counterexample, {} steps:", trace.len());
             for (n, action) in trace.iter().enumerate() {
                 println!("    {:3}. {action:?}", n + 1);

@@ -2,7 +2,7 @@
 //! number of states (a change to the model that changes it is seen), every property, and each
 //! defect caught by the property it breaks.
 
-use model::check::Outcome;
+use model::check::PropertyOutcome;
 use model::properties::{
     EVERY_CHARGE_RECORDED_OR_KEPT, NO_ACKNOWLEDGED_EVENT_LOST, NO_COMPLETION_CONTRADICTED,
     ONE_CHARGE_PER_INTENT, ONE_RELEASE_PER_AUTHORIZATION,
@@ -26,7 +26,7 @@ fn the_small_size_has_exactly_the_pinned_number_of_distinct_states() {
 fn every_property_holds_and_every_example_is_found_at_the_small_size() {
     let report = check(Config::correct(Size::small()), 2);
     for result in &report.results {
-        assert_eq!(result.outcome, Outcome::Holds, "{}", result.name);
+        assert_eq!(result.outcome, PropertyOutcome::Holds, "{}", result.name);
     }
     assert!(report.passed());
 }
@@ -137,7 +137,7 @@ fn every_defect_has_a_name_the_command_line_parses() {
 fn every_property_holds_and_every_example_is_found_at_the_full_size() {
     let report = check(Config::correct(Size::full()), 2);
     for result in &report.results {
-        assert_eq!(result.outcome, Outcome::Holds, "{}", result.name);
+        assert_eq!(result.outcome, PropertyOutcome::Holds, "{}", result.name);
     }
     // A completion contradicted by the processor is one of the properties checked.
     assert!(report.result(NO_COMPLETION_CONTRADICTED).is_some());

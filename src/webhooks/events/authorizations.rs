@@ -6,7 +6,9 @@
 use sqlx::PgConnection;
 use sqlx::types::Json;
 
-use super::{Applied, Applying, Envelope, NoEffect, Outcome, Target, ignored, now, unencodable};
+use super::{
+    Applied, Applying, Envelope, EventOutcome, NoEffect, Target, ignored, now, unencodable,
+};
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
@@ -58,7 +60,7 @@ impl Envelope {
         .map_err(unencodable)?;
         events::write(conn, engine, &account, std::slice::from_ref(&event)).await?;
         Ok(Ok(Applied {
-            outcome: Outcome::Applied,
+            outcome: EventOutcome::Applied,
             event: Some(event),
         }))
     }

@@ -8,8 +8,8 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use super::{
-    Applied, Applying, Envelope, IntakeType, NoEffect, NotRecorded, Outcome, Target, ignored, now,
-    unencodable,
+    Applied, Applying, Envelope, EventOutcome, IntakeType, NoEffect, NotRecorded, Target, ignored,
+    now, unencodable,
 };
 use crate::db::Engine;
 use crate::disputes::{Dispute, DisputeStatus};
@@ -21,8 +21,8 @@ use service::vocabulary::stored;
 impl Envelope {
     /// The processor's id of the dispute this event recorded, when it recorded one (`outcome`
     /// applied, or flagged for review): what events parked for it wait for.
-    pub(in crate::webhooks) fn recorded_dispute(&self, outcome: Outcome) -> Option<&str> {
-        let recorded = matches!(outcome, Outcome::Applied | Outcome::NeedsReview);
+    pub(in crate::webhooks) fn recorded_dispute(&self, outcome: EventOutcome) -> Option<&str> {
+        let recorded = matches!(outcome, EventOutcome::Applied | EventOutcome::NeedsReview);
         let creates = matches!(
             self.kind.parse(),
             Ok(IntakeType::ChargeDisputeCreated | IntakeType::DisputeCreated)
@@ -95,7 +95,7 @@ impl Envelope {
         .await?;
         if recorded.is_none() {
             tracing::info!(dispute, event = event_id, "dispute already recorded");
-            return Ok(Ok(Applied::without_event(Outcome::Duplicate)));
+            return Ok(Ok(Applied::without_event(EventOutcome::Duplicate)));
         }
         let disputed = sqlx::query!(
             r#"
@@ -135,7 +135,7 @@ impl Envelope {
             .map_err(unencodable)?;
         events::write(conn, engine, &paid.account_id, std::slice::from_ref(&event)).await?;
         let outcome = if fits {
-            Outcome::Applied
+            EventOutcome::Applied
         } else {
             tracing::warn!(
                 dispute,
@@ -144,7 +144,7 @@ impl Envelope {
                 remaining = paid.remaining,
                 "a dispute over what remains of the payment needs review"
             );
-            Outcome::NeedsReview
+            EventOutcome::NeedsReview
         };
         Ok(Ok(Applied {
             outcome,
@@ -211,10 +211,10 @@ impl Envelope {
             .await?;
             let was: DisputeStatus = stored(&now.lifecycle)?;
             let outcome = if was == status {
-                Outcome::Duplicate
+                EventOutcome::Duplicate
             } else if now.last_event_at.is_some_and(|last| last >= self.timestamp) {
                 // Older than the change applied last (or as old, and no decision after evidence).
-                Outcome::Stale
+                EventOutcome::Stale
             } else {
                 ignored(NoEffect::Expected(format!(
                     "{} changes nothing: dispute `{dispute}` is {was}",
@@ -265,7 +265,7 @@ impl Envelope {
         let event = NewEvent::new(kind, &object, now(conn).await?).map_err(unencodable)?;
         events::write(conn, engine, &account, std::slice::from_ref(&event)).await?;
         Ok(Ok(Applied {
-            outcome: Outcome::Applied,
+            outcome: EventOutcome::Applied,
             event: Some(event),
         }))
     }

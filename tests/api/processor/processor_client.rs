@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ::processor::{ChargeStatus, Fraction, ProcessorSettings};
-use idempay::downstream::{ChargeRequest, Outcome, ProcessorClient, Refusal};
+use idempay::downstream::{ChargeRequest, ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use idempay_test_macros::api_test;
 
 use super::{API_KEY, TestProcessor, settings};
@@ -32,14 +32,15 @@ async fn a_charge_is_done_and_a_decline_is_done_as_a_declined_charge() {
     let processor = TestProcessor::spawn().await;
     let client = processor.client(Duration::from_secs(5));
 
-    let Outcome::Done(charge) = client.charge(&new_key(), &visa(4200)).await else {
+    let ProcessorOutcome::Done(charge) = client.charge(&new_key(), &visa(4200)).await else {
         panic!("the charge is done");
     };
     let declined_request = ChargeRequest {
         payment_method: "pm_card_chargeDeclined".into(),
         ..visa(4200)
     };
-    let Outcome::Done(declined) = client.charge(&new_key(), &declined_request).await else {
+    let ProcessorOutcome::Done(declined) = client.charge(&new_key(), &declined_request).await
+    else {
         panic!("a decline is a result");
     };
 
@@ -63,7 +64,10 @@ async fn a_refused_connection_is_not_done() {
     let outcome = client.charge(&new_key(), &visa(100)).await;
 
     assert!(
-        matches!(outcome, Outcome::NotDone(Refusal { status: None, .. })),
+        matches!(
+            outcome,
+            ProcessorOutcome::NotDone(ProcessorRefusal { status: None, .. })
+        ),
         "{outcome:?}"
     );
 }
@@ -80,8 +84,8 @@ async fn a_lost_answer_is_unknown_and_the_same_key_then_gets_the_charge() {
     let lost = client.charge(&key, &visa(4200)).await;
     let retried = client.charge(&key, &visa(4200)).await;
 
-    assert!(matches!(lost, Outcome::Unknown(_)), "{lost:?}");
-    let Outcome::Done(charge) = retried else {
+    assert!(matches!(lost, ProcessorOutcome::Unknown(_)), "{lost:?}");
+    let ProcessorOutcome::Done(charge) = retried else {
         panic!("the replay is answered: {retried:?}");
     };
     let recorded: String = sqlx::query_scalar("SELECT id FROM processor_charges")
@@ -127,8 +131,11 @@ async fn a_failing_processor_is_unknown_and_charges_nothing() {
         .refund(&new_key(), "ch_aaaaaaaaaaaaaaaaaaaaaaaa", None)
         .await;
 
-    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
-    assert!(matches!(refund, Outcome::Unknown(_)), "{refund:?}");
+    assert!(
+        matches!(outcome, ProcessorOutcome::Unknown(_)),
+        "{outcome:?}"
+    );
+    assert!(matches!(refund, ProcessorOutcome::Unknown(_)), "{refund:?}");
     assert_eq!(processor.count("processor_charges").await, 0);
     assert_eq!(processor.count("idempotency_keys").await, 0);
 }
@@ -166,7 +173,10 @@ async fn a_timeout_shorter_than_the_latency_is_unknown_and_the_charge_still_happ
     let outcome = charging.await.unwrap();
     ledger.commit().await.unwrap();
 
-    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    assert!(
+        matches!(outcome, ProcessorOutcome::Unknown(_)),
+        "{outcome:?}"
+    );
     crate::support::helpers::wait_until("the charge commits", || async {
         processor.count("processor_charges").await == 1
     })
@@ -174,7 +184,7 @@ async fn a_timeout_shorter_than_the_latency_is_unknown_and_the_charge_still_happ
     let patient = processor.client(Duration::from_secs(5));
     assert!(matches!(
         patient.charge(&key, &visa(100)).await,
-        Outcome::Done(_)
+        ProcessorOutcome::Done(_)
     ));
     assert_eq!(processor.count("processor_charges").await, 1);
 }
@@ -183,7 +193,7 @@ async fn a_timeout_shorter_than_the_latency_is_unknown_and_the_charge_still_happ
 async fn a_refund_is_done_once_per_key_and_one_beyond_the_charge_is_not_done() {
     let processor = TestProcessor::spawn().await;
     let client = processor.client(Duration::from_secs(5));
-    let Outcome::Done(charge) = client.charge(&new_key(), &visa(5000)).await else {
+    let ProcessorOutcome::Done(charge) = client.charge(&new_key(), &visa(5000)).await else {
         panic!("charged");
     };
     let key = new_key();
@@ -193,7 +203,7 @@ async fn a_refund_is_done_once_per_key_and_one_beyond_the_charge_is_not_done() {
     let beyond = client.refund(&new_key(), &charge.id, Some(2001)).await;
     let rest = client.refund(&new_key(), &charge.id, None).await;
 
-    let (Outcome::Done(first), Outcome::Done(again)) = (first, again) else {
+    let (ProcessorOutcome::Done(first), ProcessorOutcome::Done(again)) = (first, again) else {
         panic!("refunded");
     };
     assert_eq!(first, again);
@@ -201,7 +211,7 @@ async fn a_refund_is_done_once_per_key_and_one_beyond_the_charge_is_not_done() {
         (first.charge.as_str(), first.amount),
         (charge.id.as_str(), 3000)
     );
-    let Outcome::NotDone(refusal) = beyond else {
+    let ProcessorOutcome::NotDone(refusal) = beyond else {
         panic!("refused: {beyond:?}");
     };
     assert_eq!(refusal.status, Some(400));
@@ -210,7 +220,7 @@ async fn a_refund_is_done_once_per_key_and_one_beyond_the_charge_is_not_done() {
         Some("/problems/refund-exceeds-payment")
     );
     assert!(
-        matches!(rest, Outcome::Done(ref refund) if refund.amount == 2000),
+        matches!(rest, ProcessorOutcome::Done(ref refund) if refund.amount == 2000),
         "{rest:?}"
     );
 }
@@ -267,7 +277,7 @@ async fn a_wrong_api_key_is_not_done() {
     assert!(
         matches!(
             outcome,
-            Outcome::NotDone(Refusal {
+            ProcessorOutcome::NotDone(ProcessorRefusal {
                 status: Some(401),
                 ..
             })
@@ -305,14 +315,17 @@ async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
     // Not listening yet is "not done": ask until it is up (30 s for a slow debug start).
     let mut outcome = client.charge(&key, &visa(4200)).await;
     for _ in 0..300 {
-        if !matches!(outcome, Outcome::NotDone(Refusal { status: None, .. })) {
+        if !matches!(
+            outcome,
+            ProcessorOutcome::NotDone(ProcessorRefusal { status: None, .. })
+        ) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         outcome = client.charge(&key, &visa(4200)).await;
     }
 
-    let Outcome::Done(charge) = outcome else {
+    let ProcessorOutcome::Done(charge) = outcome else {
         panic!("charged by the process: {outcome:?}");
     };
     assert_eq!(client.charges().await.unwrap(), vec![charge]);

@@ -136,7 +136,7 @@ enum Attempt {
 
 /// What a delivery became after an attempt, as counted in `idempay_webhook_deliveries_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum DeliveryOutcome {
     /// Answered 2xx: done.
     Delivered,
     /// Failed; tried again after the schedule's next delay, or sooner if the receiver asked.
@@ -145,7 +145,7 @@ pub enum Outcome {
     Failed,
 }
 
-impl Outcome {
+impl DeliveryOutcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Delivered => "delivered",
@@ -418,9 +418,9 @@ impl Deliverer {
             )),
         };
         let outcome = match retry {
-            None => Outcome::Delivered,
-            Some(Retry::GiveUp) => Outcome::Failed,
-            Some(_) => Outcome::Retried,
+            None => DeliveryOutcome::Delivered,
+            Some(Retry::GiveUp) => DeliveryOutcome::Failed,
+            Some(_) => DeliveryOutcome::Retried,
         };
         let mut tx = self.pool.begin().await?;
         sqlx::query!(
@@ -443,7 +443,7 @@ impl Deliverer {
         // One statement per outcome rather than a CASE on it: Citus evaluates `now()` on the
         // coordinator, and refuses it inside a CASE.
         let updated = match outcome {
-            Outcome::Delivered => {
+            DeliveryOutcome::Delivered => {
                 if let Some(endpoint) = &due.endpoint_id {
                     acknowledged_by(&mut tx, &due.account_id, endpoint).await?;
                 }
@@ -462,7 +462,7 @@ impl Deliverer {
                 .execute(&mut *tx)
                 .await?
             }
-            Outcome::Failed => {
+            DeliveryOutcome::Failed => {
                 sqlx::query!(
                     r#"
                 UPDATE webhook_deliveries
@@ -478,7 +478,7 @@ impl Deliverer {
                 .execute(&mut *tx)
                 .await?
             }
-            Outcome::Retried => {
+            DeliveryOutcome::Retried => {
                 // The wait from now; the step's (an early attempt's); whether the next attempt is
                 // early. Back to a step: due when the step was set for (or now, if past).
                 let (wait, step, early) = match retry {
@@ -516,17 +516,17 @@ impl Deliverer {
             tx.commit().await?;
             return Ok(());
         }
-        if let (Outcome::Failed, Some(endpoint)) = (outcome, &due.endpoint_id) {
+        if let (DeliveryOutcome::Failed, Some(endpoint)) = (outcome, &due.endpoint_id) {
             disable_if_dead(&mut tx, &due.account_id, endpoint, due.created_at).await?;
         }
         tx.commit().await?;
         super::metrics::webhook_delivery(self.sender.label(), outcome.as_str());
         match outcome {
-            Outcome::Delivered => {}
-            Outcome::Retried => {
+            DeliveryOutcome::Delivered => {}
+            DeliveryOutcome::Retried => {
                 tracing::info!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?retry, ?error, "webhook delivery failed; will retry");
             }
-            Outcome::Failed => {
+            DeliveryOutcome::Failed => {
                 tracing::warn!(event = %due.event_id, url = %due.url, attempts = due.attempts, ?error, "webhook delivery failed for the whole schedule; given up");
             }
         }
