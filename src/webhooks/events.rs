@@ -8,24 +8,30 @@
 //! while a payment's charge is unknown (503 `processor-outcome-unknown`) its event may come first.
 //! An id of idempay's own (`pay_…`, `re_…`) is known to nobody before it is recorded, so an
 //! unknown one is acknowledged and `ignored`.
+//!
+//! This file reads an envelope into an [`Event`] and dispatches it; each kind's effect is in a file
+//! of its own beside it: `payments.rs` (a charge succeeded or failed), `refunds.rs` (a refund
+//! failed), `disputes.rs` (a dispute opened, changed or closed), `authorizations.rs` (an
+//! authorization expired, captured or voided).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
-use sqlx::types::Json;
 use utoipa::ToSchema;
 
 use crate::db::Engine;
 use crate::disputes::DisputeStatus;
-use crate::events::{self, EventType, NewEvent};
-use crate::metadata::Metadata;
-use crate::payments::{PaymentRow, PaymentStatus};
-use crate::refunds::RefundRow;
-use service::vocabulary::{stored, vocabulary};
+use crate::events::{EventType, NewEvent};
+use crate::payments::PaymentStatus;
+use service::vocabulary::vocabulary;
 
 mod authorizations;
 mod disputes;
+mod payments;
+mod refunds;
+
+use refunds::{refund_account, unmatched_refund};
 
 /// A delivery's body: the Standard Webhooks envelope.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -442,223 +448,6 @@ impl Envelope {
         }
         Ok(Ok(Applied::without_event(EventOutcome::Applied)))
     }
-
-    /// Moves the payment to `status` (`succeeded` or `failed`), announced as `kind`. `declined` is
-    /// the processor's final answer and `refunded` a fact of ours: neither moves. The comparison
-    /// with the last applied event is in the UPDATE itself, so two events of one payment cannot
-    /// both pass it: the second waits on the row lock, then sees the first one's time. A move
-    /// writes its event (`payment.failed`, or `payment.succeeded` back from failed); an event that
-    /// confirms the status the payment has changes nothing a client sees, and writes none.
-    async fn set_status(
-        &self,
-        conn: &mut PgConnection,
-        engine: Engine,
-        payment: &Target,
-        status: PaymentStatus,
-        kind: EventType,
-    ) -> Result<Applying, sqlx::Error> {
-        let Some(account) = payment.account(conn).await? else {
-            return Ok(payment.unmatched(&self.kind));
-        };
-        let (id, charge) = payment.columns();
-        // `prior` reads the row under its lock, so it is the status this UPDATE moves from.
-        let updated = sqlx::query!(
-            r#"
-            UPDATE payments p SET status = $4, last_event_at = $3
-            FROM (
-                SELECT account_id, id, status FROM payments
-                WHERE account_id = $5 AND (id = $1 OR charge = $2)
-                FOR NO KEY UPDATE
-            ) prior
-            WHERE p.account_id = $5 AND p.account_id = prior.account_id AND p.id = prior.id
-              AND p.status IN ('succeeded', 'failed')
-              AND (p.last_event_at IS NULL OR p.last_event_at < $3)
-            RETURNING prior.status AS prior_status, p.account_id, p.id, p.amount, p.currency,
-                      p.status, p.payment_method, p.order_ref, p.description, p.amount_refunded,
-                      p.amount_disputed, p.charge, p.created_at,
-                      p.metadata AS "metadata: Json<Metadata>", p.capture_method,
-                      p.amount_captured, p.amount_capturable, p.canceled_at, p.cancellation_reason
-            "#,
-            id,
-            charge,
-            self.timestamp,
-            status.as_str(),
-            account,
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        let Some(updated) = updated else {
-            let outcome = self.status_outcome(conn, &account, payment).await?;
-            return Ok(Ok(Applied::without_event(outcome)));
-        };
-        let event = if stored::<PaymentStatus>(&updated.prior_status)? == status {
-            None
-        } else {
-            let row = PaymentRow {
-                id: updated.id,
-                amount: updated.amount,
-                currency: updated.currency,
-                status: updated.status,
-                payment_method: updated.payment_method,
-                order_ref: updated.order_ref,
-                description: updated.description,
-                amount_refunded: updated.amount_refunded,
-                amount_disputed: updated.amount_disputed,
-                charge: updated.charge,
-                created_at: updated.created_at,
-                metadata: updated.metadata,
-                capture_method: updated.capture_method,
-                amount_captured: updated.amount_captured,
-                amount_capturable: updated.amount_capturable,
-                canceled_at: updated.canceled_at,
-                cancellation_reason: updated.cancellation_reason,
-            };
-            let event =
-                NewEvent::new(kind, &row.parse()?, now(conn).await?).map_err(unencodable)?;
-            events::write(
-                conn,
-                engine,
-                &updated.account_id,
-                std::slice::from_ref(&event),
-            )
-            .await?;
-            Some(event)
-        };
-        Ok(Ok(Applied {
-            outcome: EventOutcome::Applied,
-            event,
-        }))
-    }
-
-    /// The money of a refund did not go back: the amount is refundable again, and the refund's
-    /// `refund.failed` is written.
-    async fn refund_failed(
-        &self,
-        conn: &mut PgConnection,
-        engine: Engine,
-        refund: &str,
-    ) -> Result<Applying, sqlx::Error> {
-        let Some(account) = refund_account(conn, refund).await? else {
-            return Ok(unmatched_refund(&self.kind, refund));
-        };
-        let failed = sqlx::query!(
-            r#"
-            WITH failed AS (
-                UPDATE refunds SET status = 'failed'
-                WHERE account_id = $2 AND (id = $1 OR processor_refund = $1)
-                  AND status = 'succeeded'
-                RETURNING id, payment_id, account_id, amount, reason, status, processor_refund,
-                          created_at, metadata
-            )
-            UPDATE payments p
-            SET amount_refunded = p.amount_refunded - failed.amount,
-                status = CASE WHEN p.status = 'refunded' THEN 'succeeded' ELSE p.status END
-            FROM failed
-            WHERE p.account_id = $2 AND p.account_id = failed.account_id
-              AND p.id = failed.payment_id
-            RETURNING failed.id AS "id!", failed.payment_id AS "payment_id!",
-                      failed.account_id AS "account_id!", failed.amount AS "amount!",
-                      failed.reason AS "reason?", failed.status AS "status!",
-                      failed.processor_refund AS "processor_refund?",
-                      failed.created_at AS "created_at!",
-                      failed.metadata AS "metadata!: Json<Metadata>"
-            "#,
-            refund,
-            account,
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        let Some(failed) = failed else {
-            let reason = format!(
-                "{} changes nothing: refund `{refund}` is not `succeeded` (it failed already, or \
-                 is not settled)",
-                self.kind
-            );
-            return Ok(Ok(Applied::without_event(ignored(NoEffect::Expected(
-                reason,
-            )))));
-        };
-        let row = RefundRow {
-            id: failed.id,
-            payment_id: failed.payment_id,
-            amount: failed.amount,
-            reason: failed.reason,
-            status: failed.status,
-            processor_refund: failed.processor_refund,
-            created_at: failed.created_at,
-            metadata: failed.metadata,
-        };
-        let event = NewEvent::new(EventType::RefundFailed, &row.parse()?, now(conn).await?)
-            .map_err(unencodable)?;
-        events::write(
-            conn,
-            engine,
-            &failed.account_id,
-            std::slice::from_ref(&event),
-        )
-        .await?;
-        Ok(Ok(Applied {
-            outcome: EventOutcome::Applied,
-            event: Some(event),
-        }))
-    }
-
-    /// What became of a status event that changed nothing: `Stale` if the payment has applied an
-    /// event at least as new, `Ignored` otherwise. The decision was the UPDATE's; this read only
-    /// names it for the answer.
-    async fn status_outcome(
-        &self,
-        conn: &mut PgConnection,
-        account: &str,
-        payment: &Target,
-    ) -> Result<EventOutcome, sqlx::Error> {
-        let (id, charge) = payment.columns();
-        let newer = sqlx::query_scalar!(
-            r#"
-            SELECT EXISTS (
-                SELECT 1 FROM payments
-                WHERE account_id = $4 AND (id = $1 OR charge = $2) AND last_event_at >= $3
-            ) AS "newer!"
-            "#,
-            id,
-            charge,
-            self.timestamp,
-            account,
-        )
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(if newer {
-            tracing::info!(kind = %self.kind, timestamp = %self.timestamp, "stale event: a newer one was applied");
-            EventOutcome::Stale
-        } else {
-            // A payment refunded, pending or declined: its status moves only between succeeded
-            // and failed, and the processor announces every charge, including those since refunded.
-            ignored(NoEffect::Expected(format!(
-                "{} changes nothing: the payment's status is neither succeeded nor failed",
-                self.kind
-            )))
-        })
-    }
-}
-
-/// The account of the refund `refund` names (idempay's id or the processor's), read without a
-/// lock, as for a payment (`Target::account`).
-async fn refund_account(
-    conn: &mut PgConnection,
-    refund: &str,
-) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar!(
-        "SELECT account_id FROM refunds WHERE id = $1 OR processor_refund = $1 LIMIT 1",
-        refund,
-    )
-    .fetch_optional(conn)
-    .await
-}
-
-/// What an event naming a refund that matched none comes to: a refund id of idempay's is `re_…`;
-/// any other the shape check let through is the processor's, which may be recorded later.
-fn unmatched_refund(kind: &str, refund: &str) -> Applying {
-    unmatched(kind, refund, !crate::refunds::is_refund_id(refund))
 }
 
 fn dispute(payment: Target, dispute: String, amount: i64) -> Result<Event, String> {

@@ -1,0 +1,108 @@
+//! The processor's `refund.failed`: the money of a refund did not go back, so its amount is
+//! refundable again; and how an event finds the refund it names.
+
+use sqlx::PgConnection;
+use sqlx::types::Json;
+
+use super::{
+    Applied, Applying, Envelope, EventOutcome, NoEffect, ignored, now, unencodable, unmatched,
+};
+use crate::db::Engine;
+use crate::events::{self, EventType, NewEvent};
+use crate::metadata::Metadata;
+use crate::refunds::RefundRow;
+
+impl Envelope {
+    /// The money of a refund did not go back: the amount is refundable again, and the refund's
+    /// `refund.failed` is written.
+    pub(super) async fn refund_failed(
+        &self,
+        conn: &mut PgConnection,
+        engine: Engine,
+        refund: &str,
+    ) -> Result<Applying, sqlx::Error> {
+        let Some(account) = refund_account(conn, refund).await? else {
+            return Ok(unmatched_refund(&self.kind, refund));
+        };
+        let failed = sqlx::query!(
+            r#"
+            WITH failed AS (
+                UPDATE refunds SET status = 'failed'
+                WHERE account_id = $2 AND (id = $1 OR processor_refund = $1)
+                  AND status = 'succeeded'
+                RETURNING id, payment_id, account_id, amount, reason, status, processor_refund,
+                          created_at, metadata
+            )
+            UPDATE payments p
+            SET amount_refunded = p.amount_refunded - failed.amount,
+                status = CASE WHEN p.status = 'refunded' THEN 'succeeded' ELSE p.status END
+            FROM failed
+            WHERE p.account_id = $2 AND p.account_id = failed.account_id
+              AND p.id = failed.payment_id
+            RETURNING failed.id AS "id!", failed.payment_id AS "payment_id!",
+                      failed.account_id AS "account_id!", failed.amount AS "amount!",
+                      failed.reason AS "reason?", failed.status AS "status!",
+                      failed.processor_refund AS "processor_refund?",
+                      failed.created_at AS "created_at!",
+                      failed.metadata AS "metadata!: Json<Metadata>"
+            "#,
+            refund,
+            account,
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(failed) = failed else {
+            let reason = format!(
+                "{} changes nothing: refund `{refund}` is not `succeeded` (it failed already, or \
+                 is not settled)",
+                self.kind
+            );
+            return Ok(Ok(Applied::without_event(ignored(NoEffect::Expected(
+                reason,
+            )))));
+        };
+        let row = RefundRow {
+            id: failed.id,
+            payment_id: failed.payment_id,
+            amount: failed.amount,
+            reason: failed.reason,
+            status: failed.status,
+            processor_refund: failed.processor_refund,
+            created_at: failed.created_at,
+            metadata: failed.metadata,
+        };
+        let event = NewEvent::new(EventType::RefundFailed, &row.parse()?, now(conn).await?)
+            .map_err(unencodable)?;
+        events::write(
+            conn,
+            engine,
+            &failed.account_id,
+            std::slice::from_ref(&event),
+        )
+        .await?;
+        Ok(Ok(Applied {
+            outcome: EventOutcome::Applied,
+            event: Some(event),
+        }))
+    }
+}
+
+/// The account of the refund `refund` names (idempay's id or the processor's), read without a
+/// lock, as for a payment (`Target::account`).
+pub(super) async fn refund_account(
+    conn: &mut PgConnection,
+    refund: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT account_id FROM refunds WHERE id = $1 OR processor_refund = $1 LIMIT 1",
+        refund,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// What an event naming a refund that matched none comes to: a refund id of idempay's is `re_…`;
+/// any other the shape check let through is the processor's, which may be recorded later.
+pub(super) fn unmatched_refund(kind: &str, refund: &str) -> Applying {
+    unmatched(kind, refund, !crate::refunds::is_refund_id(refund))
+}
