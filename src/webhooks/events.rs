@@ -31,8 +31,6 @@ mod disputes;
 mod payments;
 mod refunds;
 
-use refunds::{refund_account, unmatched_refund};
-
 /// A delivery's body: the Standard Webhooks envelope.
 #[derive(Debug, Deserialize, ToSchema)]
 #[schema(example = json!({
@@ -448,6 +446,26 @@ impl Envelope {
         }
         Ok(Ok(Applied::without_event(EventOutcome::Applied)))
     }
+}
+
+/// The account of the refund `refund` names (idempay's id or the processor's), read without a
+/// lock, as for a payment (`Target::account`).
+async fn refund_account(
+    conn: &mut PgConnection,
+    refund: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT account_id FROM refunds WHERE id = $1 OR processor_refund = $1 LIMIT 1",
+        refund,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// What an event naming a refund that matched none comes to: a refund id of idempay's is `re_…`;
+/// any other the shape check let through is the processor's, which may be recorded later.
+fn unmatched_refund(kind: &str, refund: &str) -> Applying {
+    unmatched(kind, refund, !crate::refunds::is_refund_id(refund))
 }
 
 fn dispute(payment: Target, dispute: String, amount: i64) -> Result<Event, String> {

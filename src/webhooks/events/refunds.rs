@@ -1,11 +1,12 @@
 //! The processor's `refund.failed`: the money of a refund did not go back, so its amount is
-//! refundable again; and how an event finds the refund it names.
+//! refundable again.
 
 use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use super::{
-    Applied, Applying, Envelope, EventOutcome, NoEffect, ignored, now, unencodable, unmatched,
+    Applied, Applying, Envelope, EventOutcome, NoEffect, ignored, now, refund_account, unencodable,
+    unmatched_refund,
 };
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
@@ -85,24 +86,4 @@ impl Envelope {
             event: Some(event),
         }))
     }
-}
-
-/// The account of the refund `refund` names (idempay's id or the processor's), read without a
-/// lock, as for a payment (`Target::account`).
-pub(super) async fn refund_account(
-    conn: &mut PgConnection,
-    refund: &str,
-) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar!(
-        "SELECT account_id FROM refunds WHERE id = $1 OR processor_refund = $1 LIMIT 1",
-        refund,
-    )
-    .fetch_optional(conn)
-    .await
-}
-
-/// What an event naming a refund that matched none comes to: a refund id of idempay's is `re_…`;
-/// any other the shape check let through is the processor's, which may be recorded later.
-pub(super) fn unmatched_refund(kind: &str, refund: &str) -> Applying {
-    unmatched(kind, refund, !crate::refunds::is_refund_id(refund))
 }
