@@ -17,7 +17,7 @@ use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::payments::PaymentId;
-use service::pagination::{List, ListParams, PageRequest, Position, keyset};
+use service::pagination::{List, ListParams, PageRequest, Position};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest dispute id, as the table's CHECK bounds it: the processor chooses them.
@@ -229,7 +229,8 @@ async fn list_disputes(
     let (page, payment) = query.parse()?;
     let account = account.id().as_str();
     let payment = payment.as_ref().map(PaymentId::as_str);
-    let rows = keyset(
+    let rows = service::keyset_page!(
+        &pool,
         &page,
         async |cursor| {
             if !is_dispute_id(cursor) {
@@ -250,49 +251,15 @@ async fn list_disputes(
                 .await?,
             )
         },
-        async |after| {
-            Ok(sqlx::query_as!(
-                DisputeRow,
-                r#"
-                SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
-                FROM disputes d
-                JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
-                WHERE d.account_id = $1 AND ($2::text IS NULL OR d.payment_id = $2)
-                  AND (d.created_at, d.id) > ($3, $4)
-                ORDER BY d.created_at, d.id
-                LIMIT $5
-                "#,
-                account,
-                payment,
-                after.created_at,
-                after.id,
-                page.fetch(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
-        async |before| {
-            Ok(sqlx::query_as!(
-                DisputeRow,
-                r#"
-                SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
-                FROM disputes d
-                JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
-                WHERE d.account_id = $1 AND ($2::text IS NULL OR d.payment_id = $2)
-                  AND (d.created_at, d.id)
-                      < (COALESCE($3, 'infinity'::timestamptz), COALESCE($4, ''))
-                ORDER BY d.created_at DESC, d.id DESC
-                LIMIT $5
-                "#,
-                account,
-                payment,
-                before.as_ref().map(|position| position.created_at),
-                before.as_ref().map(|position| position.id.as_str()),
-                page.fetch(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
+        DisputeRow,
+        select: r#"SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
+                   FROM disputes d
+                   JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id"#,
+        created_at: "d.created_at",
+        id: "d.id",
+        filter: "d.account_id = $4 AND ($5::text IS NULL OR d.payment_id = $5)",
+        account,
+        payment,
     )
     .await?;
     let rows = rows

@@ -28,7 +28,7 @@ use crate::http::error::{
 use crate::http::extract::{PageQuery, Path};
 use crate::metadata::Metadata;
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
-use service::pagination::{List, ListParams, Position, keyset};
+use service::pagination::{List, ListParams, Position};
 
 pub use capturing::{CANCEL_REQUESTED, CAPTURE_REQUESTED, CancelRequested, CaptureRequested};
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
@@ -351,40 +351,20 @@ async fn list_payments(
     PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
-    let rows = keyset(
+    let rows = service::keyset_page!(
+        &pool,
         &page,
         async |id| Ok::<_, ApiError>(position_of(&pool, account, id).await?),
-        async |after| {
-            Ok(payment_query!(
-                "SELECT",
-                "FROM payments
-                 WHERE account_id = $1 AND (created_at, id) > ($2, $3)
-                 ORDER BY created_at, id
-                 LIMIT $4",
-                account,
-                after.created_at,
-                after.id,
-                page.fetch(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
-        async |before| {
-            Ok(payment_query!(
-                "SELECT",
-                "FROM payments
-                 WHERE account_id = $1
-                   AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
-                 ORDER BY created_at DESC, id DESC
-                 LIMIT $4",
-                account,
-                before.as_ref().map(|position| position.created_at),
-                before.as_ref().map(|position| position.id.as_str()),
-                page.fetch(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
+        PaymentRow,
+        select: r#"SELECT id, amount, currency, status, payment_method, order_ref, description,
+                          amount_refunded, amount_disputed, charge, created_at,
+                          metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
+                          amount_capturable, canceled_at, cancellation_reason
+                   FROM payments"#,
+        created_at: "created_at",
+        id: "id",
+        filter: "account_id = $4",
+        account,
     )
     .await?;
     let rows = rows

@@ -21,7 +21,7 @@ use crate::http::error::{
 };
 use crate::http::extract::{PageQuery, Path};
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
-use service::pagination::{List, ListParams, Position, keyset};
+use service::pagination::{List, ListParams, Position};
 
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
@@ -186,7 +186,8 @@ async fn list_refunds(
     let Some(payment) = owned else {
         return Err(payment_not_found(&id).into());
     };
-    let rows = keyset(
+    let rows = service::keyset_page!(
+        &pool,
         &page,
         async |cursor| {
             if !is_refund_id(cursor) {
@@ -207,47 +208,15 @@ async fn list_refunds(
                 .await?,
             )
         },
-        async |after| {
-            Ok(sqlx::query_as!(
-                RefundRow,
-                r#"
-            SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
-                   metadata AS "metadata: Json<Metadata>"
-            FROM refunds
-            WHERE account_id = $5 AND payment_id = $1 AND (created_at, id) > ($2, $3)
-            ORDER BY created_at, id
-            LIMIT $4
-            "#,
-                payment,
-                after.created_at,
-                after.id,
-                page.fetch(),
-                account.id().as_str(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
-        async |before| {
-            Ok(sqlx::query_as!(
-                RefundRow,
-                r#"
-            SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
-                   metadata AS "metadata: Json<Metadata>"
-            FROM refunds
-            WHERE account_id = $5 AND payment_id = $1
-              AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
-            ORDER BY created_at DESC, id DESC
-            LIMIT $4
-            "#,
-                payment,
-                before.as_ref().map(|position| position.created_at),
-                before.as_ref().map(|position| position.id.as_str()),
-                page.fetch(),
-                account.id().as_str(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
+        RefundRow,
+        select: r#"SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
+                          metadata AS "metadata: Json<Metadata>"
+                   FROM refunds"#,
+        created_at: "created_at",
+        id: "id",
+        filter: "account_id = $5 AND payment_id = $4",
+        payment,
+        account.id().as_str(),
     )
     .await?;
     let rows = rows

@@ -26,7 +26,7 @@ use idempotency::{
 };
 use service::ids;
 use service::outbox::{WebhookSecret, address};
-use service::pagination::{List, ListParams, Position, keyset};
+use service::pagination::{List, ListParams, Position};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
@@ -398,7 +398,8 @@ async fn list_webhook_endpoints(
     PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
-    let rows = keyset(
+    let rows = service::keyset_page!(
+        &pool,
         &page,
         async |cursor| {
             if !is_endpoint_id(cursor) {
@@ -415,43 +416,12 @@ async fn list_webhook_endpoints(
             .await?
             )
         },
-        async |after| {
-            Ok(sqlx::query_as!(
-                EndpointRow,
-                r#"
-                SELECT id, url, enabled_events, status, created_at
-                FROM webhook_endpoints
-                WHERE account_id = $1 AND (created_at, id) > ($2, $3)
-                ORDER BY created_at, id
-                LIMIT $4
-                "#,
-                account,
-                after.created_at,
-                after.id,
-                page.fetch(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
-        async |before| {
-            Ok(sqlx::query_as!(
-                EndpointRow,
-                r#"
-                SELECT id, url, enabled_events, status, created_at
-                FROM webhook_endpoints
-                WHERE account_id = $1
-                  AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz), COALESCE($3, ''))
-                ORDER BY created_at DESC, id DESC
-                LIMIT $4
-                "#,
-                account,
-                before.as_ref().map(|position| position.created_at),
-                before.as_ref().map(|position| position.id.as_str()),
-                page.fetch(),
-            )
-            .fetch_all(&pool)
-            .await?)
-        },
+        EndpointRow,
+        select: "SELECT id, url, enabled_events, status, created_at FROM webhook_endpoints",
+        created_at: "created_at",
+        id: "id",
+        filter: "account_id = $4",
+        account,
     )
     .await?;
     let rows = rows

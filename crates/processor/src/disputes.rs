@@ -18,7 +18,7 @@ use crate::handlers::Page;
 use crate::model::{Dispute, DisputeClosing, DisputeOutcome, DisputeRow, IdKind, tagged};
 use crate::model::{DisputeStatus, ProcessorEventType};
 use crate::problem::{Error, Problem, ProblemKind};
-use service::pagination::{List, Position, keyset};
+use service::pagination::{List, Position};
 use service::vocabulary::stored;
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
@@ -27,7 +27,8 @@ pub(crate) async fn list_disputes(
     _: Authorized,
     PageQuery(page): PageQuery,
 ) -> Result<Response, Error> {
-    let rows = keyset(
+    let rows = service::keyset_page!(
+        &state.pool,
         &page,
         async |id| {
             if !IdKind::Dispute.is(id) {
@@ -43,40 +44,11 @@ pub(crate) async fn list_disputes(
                 .await?,
             )
         },
-        async |after| {
-            Ok(sqlx::query_as!(
-                DisputeRow,
-                r#"
-                SELECT id, charge_id AS charge, amount, status, created_at
-                FROM processor_disputes
-                WHERE (created_at, id) > ($1, $2)
-                ORDER BY created_at, id
-                LIMIT $3
-                "#,
-                after.created_at,
-                after.id,
-                page.fetch(),
-            )
-            .fetch_all(&state.pool)
-            .await?)
-        },
-        async |before| {
-            Ok(sqlx::query_as!(
-                DisputeRow,
-                r#"
-                SELECT id, charge_id AS charge, amount, status, created_at
-                FROM processor_disputes
-                WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
-                ORDER BY created_at DESC, id DESC
-                LIMIT $3
-                "#,
-                before.as_ref().map(|position| position.created_at),
-                before.as_ref().map(|position| position.id.as_str()),
-                page.fetch(),
-            )
-            .fetch_all(&state.pool)
-            .await?)
-        },
+        DisputeRow,
+        select: "SELECT id, charge_id AS charge, amount, status, created_at FROM processor_disputes",
+        created_at: "created_at",
+        id: "id",
+        filter: "TRUE",
     )
     .await?;
     let disputes: Vec<Dispute> = rows

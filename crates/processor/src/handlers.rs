@@ -30,7 +30,7 @@ use idempotency::{
     Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Idempotent, Lease, StoredResponse,
 };
 use service::outbox::delivery;
-use service::pagination::{List, Position, keyset};
+use service::pagination::{List, Position};
 use service::server::Hangup;
 use service::vocabulary::stored;
 
@@ -361,7 +361,8 @@ pub(crate) async fn list_charges(
     if let Some(key) = key {
         still_making(&state, "POST /v1/charges", key).await?;
     }
-    let rows = keyset(
+    let rows = service::keyset_page!(
+        &state.pool,
         &page,
         async |id| {
             if !IdKind::Charge.is(id) {
@@ -377,48 +378,15 @@ pub(crate) async fn list_charges(
                 .await?,
             )
         },
-        async |after| {
-            Ok(sqlx::query_as!(
-                ChargeRow,
-                r#"
-                SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, capture_state, amount_captured, capture_key, void_key,
-                       idempotency_key, created_at
-                FROM processor_charges
-                WHERE (created_at, id) > ($1, $2)
-                  AND ($4::text IS NULL OR idempotency_key = $4)
-                ORDER BY created_at, id
-                LIMIT $3
-                "#,
-                after.created_at,
-                after.id,
-                page.fetch(),
-                key,
-            )
-            .fetch_all(&state.pool)
-            .await?)
-        },
-        async |before| {
-            Ok(sqlx::query_as!(
-                ChargeRow,
-                r#"
-                SELECT id, amount, currency, status, payment_method, decline_code,
-                       amount_refunded, capture_state, amount_captured, capture_key, void_key,
-                       idempotency_key, created_at
-                FROM processor_charges
-                WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
-                  AND ($4::text IS NULL OR idempotency_key = $4)
-                ORDER BY created_at DESC, id DESC
-                LIMIT $3
-                "#,
-                before.as_ref().map(|position| position.created_at),
-                before.as_ref().map(|position| position.id.as_str()),
-                page.fetch(),
-                key,
-            )
-            .fetch_all(&state.pool)
-            .await?)
-        },
+        ChargeRow,
+        select: r#"SELECT id, amount, currency, status, payment_method, decline_code,
+                          amount_refunded, capture_state, amount_captured, capture_key, void_key,
+                          idempotency_key, created_at
+                   FROM processor_charges"#,
+        created_at: "created_at",
+        id: "id",
+        filter: "$4::text IS NULL OR idempotency_key = $4",
+        key,
     )
     .await?;
     let charges: Vec<Charge> = rows
@@ -568,7 +536,8 @@ pub(crate) async fn list_refunds(
     if let Some(key) = key {
         still_making(&state, "POST /v1/charges/{id}/refunds", key).await?;
     }
-    let rows = keyset(
+    let rows = service::keyset_page!(
+        &state.pool,
         &page,
         async |id| {
             if !IdKind::Refund.is(id) {
@@ -584,44 +553,13 @@ pub(crate) async fn list_refunds(
                 .await?,
             )
         },
-        async |after| {
-            Ok(sqlx::query_as!(
-                RefundRow,
-                r#"
-                SELECT id, charge_id, amount, status, idempotency_key, created_at
-                FROM processor_refunds
-                WHERE (created_at, id) > ($1, $2)
-                  AND ($4::text IS NULL OR idempotency_key = $4)
-                ORDER BY created_at, id
-                LIMIT $3
-                "#,
-                after.created_at,
-                after.id,
-                page.fetch(),
-                key,
-            )
-            .fetch_all(&state.pool)
-            .await?)
-        },
-        async |before| {
-            Ok(sqlx::query_as!(
-                RefundRow,
-                r#"
-                SELECT id, charge_id, amount, status, idempotency_key, created_at
-                FROM processor_refunds
-                WHERE (created_at, id) < (COALESCE($1, 'infinity'::timestamptz), COALESCE($2, ''))
-                  AND ($4::text IS NULL OR idempotency_key = $4)
-                ORDER BY created_at DESC, id DESC
-                LIMIT $3
-                "#,
-                before.as_ref().map(|position| position.created_at),
-                before.as_ref().map(|position| position.id.as_str()),
-                page.fetch(),
-                key,
-            )
-            .fetch_all(&state.pool)
-            .await?)
-        },
+        RefundRow,
+        select: r#"SELECT id, charge_id, amount, status, idempotency_key, created_at
+                   FROM processor_refunds"#,
+        created_at: "created_at",
+        id: "id",
+        filter: "$4::text IS NULL OR idempotency_key = $4",
+        key,
     )
     .await?;
     let refunds: Vec<ProcessorRefund> = rows

@@ -177,6 +177,56 @@ pub fn unknown_cursor(id: &str) -> PageError {
     PageError::UnknownCursor(id.to_owned())
 }
 
+/// The rows of one page of a list cut by keyset ([`keyset`]), with the list's two statements
+/// written once and both checked at compile time:
+/// - `select` is a statement up to its `WHERE` (`SELECT … FROM …`, joins included);
+/// - `created_at` and `id` name the columns the list is ordered by (`d.created_at` through a join);
+/// - `filter` is the list's own condition (`TRUE` for none), whose parameters are `$4` onward,
+///   given after it: `$1` and `$2` are the cursor's position, `$3` the rows to fetch.
+///
+/// `position` is [`keyset`]'s: where a cursor's id stands, `None` when it names none of the list.
+/// The rows are `row`, fetched on `executor`; the error type is `position`'s.
+#[macro_export]
+macro_rules! keyset_page {
+    (
+        $executor:expr, $page:expr, $position:expr, $row:path,
+        select: $select:literal, created_at: $created_at:literal, id: $id:literal,
+        filter: $filter:literal $(, $arg:expr)* $(,)?
+    ) => {
+        $crate::pagination::keyset(
+            $page,
+            $position,
+            async |after: $crate::pagination::Position| {
+                Ok(::sqlx::query_as!(
+                    $row,
+                    $select + " WHERE (" + $created_at + ", " + $id + ") > ($1, $2) AND ("
+                        + $filter + ") ORDER BY " + $created_at + ", " + $id + " LIMIT $3",
+                    after.created_at,
+                    after.id,
+                    $page.fetch()
+                    $(, $arg)*
+                )
+                .fetch_all($executor)
+                .await?)
+            },
+            async |before: Option<$crate::pagination::Position>| {
+                Ok(::sqlx::query_as!(
+                    $row,
+                    $select + " WHERE (" + $created_at + ", " + $id + ") < (COALESCE($1, \
+                        'infinity'::timestamptz), COALESCE($2, '')) AND (" + $filter
+                        + ") ORDER BY " + $created_at + " DESC, " + $id + " DESC LIMIT $3",
+                    before.as_ref().map(|position| position.created_at),
+                    before.as_ref().map(|position| position.id.as_str()),
+                    $page.fetch()
+                    $(, $arg)*
+                )
+                .fetch_all($executor)
+                .await?)
+            },
+        )
+    };
+}
+
 /// The rows of one page of a list cut by keyset, for [`List::from_rows`]. The walk is the same for
 /// every list; what each list reads is its own SQL, left to the caller so that `query_as!` checks it
 /// at compile time:

@@ -137,18 +137,32 @@ pub(crate) async fn key_row(
 /// (the reservation records it) and the processor holds its own key for the charge's downstream
 /// key, in progress: the call has reached the processor and is not answered yet.
 pub(crate) async fn charge_under_way(app: &TestApp, key: &str) -> bool {
+    under_way(
+        app,
+        "processor:POST /v1/charges",
+        "payment.charge_requested",
+        key,
+    )
+    .await
+}
+
+/// Whether the call idempay's key `key` made at its recovery point `point` is under way at the
+/// processor: the processor's key for it, in a scope `LIKE` `scope`, in progress.
+pub(crate) async fn under_way(app: &TestApp, scope: &str, point: &str, key: &str) -> bool {
     sqlx::query_scalar(
         // The processor's key is looked up by the downstream key, not joined to idempay's: they
         // belong to other owners, so on Citus to other shards.
         "SELECT EXISTS (
              SELECT 1 FROM idempotency_keys p
-             WHERE p.scope = 'processor:POST /v1/charges' AND p.status = 'in_progress'
+             WHERE p.scope LIKE $2 AND p.status = 'in_progress'
                AND p.idem_key = (
                    SELECT k.downstream_key FROM idempotency_keys k
                    WHERE k.idem_key = $1 AND k.scope NOT LIKE 'processor:%'
-                     AND k.recovery_point = 'payment.charge_requested'))",
+                     AND k.recovery_point = $3))",
     )
     .bind(key)
+    .bind(scope)
+    .bind(point)
     .fetch_one(&app.db)
     .await
     .unwrap()

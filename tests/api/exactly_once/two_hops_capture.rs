@@ -16,7 +16,7 @@ use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
 use super::forever::until_known;
 use super::two_hops::{
     faulty, idempay_and_processor, instance_env, key_row, port_of, rebind, reconcile,
-    sent_into_the_window,
+    sent_into_the_window, under_way,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::helpers::{new_key, payment, send, wait_until};
@@ -150,21 +150,13 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
         &app,
         "the capture under way at the processor",
         || capture(&doomed.address),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (
-                     SELECT 1 FROM idempotency_keys p
-                     WHERE p.scope LIKE 'processor:POST /v1/charges/%/capture'
-                       AND p.status = 'in_progress'
-                       AND p.idem_key = (
-                           SELECT k.downstream_key FROM idempotency_keys k
-                           WHERE k.idem_key = $1
-                             AND k.recovery_point = 'payment.capture_requested'))",
+        || {
+            under_way(
+                &app,
+                "processor:POST /v1/charges/%/capture",
+                "payment.capture_requested",
+                &key,
             )
-            .bind(&key)
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
         },
     )
     .await;

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::two_hops::{
     assert_ledgers_agree, charge_under_way, faulty, idempay_and_processor, instance_env, key_row,
-    reconcile, sent_into_the_window, the_charge,
+    reconcile, sent_into_the_window, the_charge, under_way,
 };
 use crate::support::helpers::{
     new_key, one_storm_at_a_time, payment, retry_while_in_flight, send, slow_payment, wait_until,
@@ -217,20 +217,13 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
         &app,
         "the refund under way at the processor",
         || refund(&doomed.address),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (
-                     SELECT 1 FROM idempotency_keys p
-                     WHERE p.scope LIKE 'processor:POST /v1/charges/%/refunds'
-                       AND p.status = 'in_progress'
-                       AND p.idem_key = (
-                           SELECT k.downstream_key FROM idempotency_keys k
-                           WHERE k.idem_key = $1 AND k.recovery_point = 'refund.refund_requested'))",
+        || {
+            under_way(
+                &app,
+                "processor:POST /v1/charges/%/refunds",
+                "refund.refund_requested",
+                &key,
             )
-            .bind(&key)
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
         },
     )
     .await;
