@@ -14,9 +14,11 @@ run:
 
 ## Unit and integration tests, the client crate's included; PostgreSQL runs in a container started
 ## by the tests; Debian's prometheus package (promtool, the server) is installed for the alert rules'
-## tests where it is missing (scripts/install-prometheus.sh).
+## tests where it is missing (scripts/install-prometheus.sh). The examples are built first as the
+## programs they are: the mechanism's example service is run by a test (tools/adoption.rs).
 test:
 	bash scripts/install-prometheus.sh
+	$(CARGO) build --workspace --examples --features failpoints
 	$(CARGO) test --workspace --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
 
 ## The fault-schedule explorer (tests/explore/): seeded schedules of faults on real processes, each

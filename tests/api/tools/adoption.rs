@@ -3,6 +3,7 @@
 //! crate's example service (crates/idempotency/examples/shop.rs, built with the workspace's other
 //! targets) places one order for a key sent twice, and answers the second with the first's answer.
 
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -54,6 +55,26 @@ async fn the_keys_schema(db: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
+/// The crate's example `name`, as `cargo build --examples` links it (`make test` builds the
+/// examples first; `cargo test --all-targets` builds them only as test harnesses, which serve
+/// nothing).
+fn the_example(name: &str) -> PathBuf {
+    let example = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        example.is_file(),
+        "{} is missing: `make test` builds it, or `cargo build --workspace --examples --features \
+         failpoints`",
+        example.display()
+    );
+    example
+}
+
 #[api_test]
 async fn the_mechanism_s_migration_makes_the_schema_idempay_s_migrations_made() {
     let app = TestApp::spawn().await;
@@ -72,18 +93,7 @@ async fn the_mechanism_s_migration_makes_the_schema_idempay_s_migrations_made() 
 #[api_test]
 async fn the_example_shop_places_one_order_for_a_key_sent_twice() {
     let database = empty_database().await;
-    // Built beside this test by `cargo test --all-targets` (make test does so).
-    let shop = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("examples/shop");
-    assert!(
-        shop.exists(),
-        "{} is missing: build it with `cargo build -p idempotency --example shop`",
-        shop.display()
-    );
+    let shop = the_example("shop");
     let listen = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(&shop)
         .env("DATABASE_URL", &database)
