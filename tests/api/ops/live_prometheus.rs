@@ -271,7 +271,19 @@ async fn a_live_prometheus_fires_the_held_key_and_stalled_endpoint_alerts_and_an
     app.post_payment(&key, &payment(4200))
         .await
         .assert_problem(503, "processor-outcome-unknown");
-    tokio::time::sleep(WINDOW + Duration::from_millis(300)).await;
+    // Past the window the recovery job holds the key. It may be resuming the key just then, so
+    // the test waits for the hold rather than for a fixed time.
+    wait_until("the key is held past the recovery window", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM idempotency_keys
+                            WHERE idem_key = $1 AND scope NOT LIKE 'processor:%' AND status = 'held')",
+        )
+        .bind(&key)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
     app.post_payment(&key, &payment(4200))
         .await
         .assert_problem(409, "idempotency-key-held");

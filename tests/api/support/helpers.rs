@@ -147,6 +147,10 @@ impl TestApp {
             account_id: String::new(),
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
+                // The server closes a connection left idle for its header read timeout (10 s):
+                // a pooled connection reused just then fails (an incomplete message), so the
+                // client lets its idle connections go first.
+                .pool_idle_timeout(Duration::from_secs(5))
                 .build()
                 .expect("client"),
             stop,
