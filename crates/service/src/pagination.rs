@@ -234,8 +234,10 @@ macro_rules! keyset_page {
 ///   names none of them (a 404; an id of another kind's shape can answer `None` without a query);
 /// - `newer(position)` fetches up to [`PageRequest::fetch`] rows after it, oldest first
 ///   (`ending_before`);
-/// - `older(position)` fetches up to [`PageRequest::fetch`] rows before it, newest first, or the
-///   newest rows given `None` (the first page, `starting_after`).
+/// - `older(position)` fetches up to [`PageRequest::fetch`] rows before it, newest first
+///   (`starting_after`), or the newest rows given `None` (the first page).
+///
+/// [`keyset_page!`](crate::keyset_page) writes both fetches from one description of the list.
 pub async fn keyset<R, E>(
     page: &PageRequest,
     position: impl AsyncFnOnce(&str) -> Result<Option<Position>, E>,
