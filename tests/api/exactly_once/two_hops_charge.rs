@@ -12,7 +12,7 @@ use idempay_test_macros::api_test;
 
 use super::two_hops::{
     assert_ledgers_agree, charge_under_way, faulty, idempay_and_processor, instance_env, key_row,
-    the_charge,
+    sent_into_the_window, the_charge,
 };
 use crate::processor;
 use crate::support::helpers::{
@@ -167,15 +167,17 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
     .await;
     let key = new_key();
     let body = payment(100);
-    let charging = tokio::spawn(
-        instance
-            .payment_request(&app.api_key, &key, &body)
-            .timeout(crate::support::instance::ANSWER_WITHIN)
-            .send(),
-    );
-    app.until_a_statement_waits(
+    // The instance's one connection may be busy with its background work when the payment comes:
+    // a 503 before the charge is resent, as a client would (`sent_into_the_window`).
+    let charging = sent_into_the_window(
+        &app,
         "the processor's charge waits at its insert for the ledger's lock",
-        "%INSERT INTO processor_charges%",
+        || {
+            instance
+                .payment_request(&app.api_key, &key, &body)
+                .timeout(crate::support::instance::ANSWER_WITHIN)
+        },
+        || app.a_statement_waits("%INSERT INTO processor_charges%"),
     )
     .await;
     assert!(charge_under_way(&app, &key).await);

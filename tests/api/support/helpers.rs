@@ -484,19 +484,22 @@ impl TestApp {
     /// On Citus the lock is waited for on a worker: there the coordinator's session still running
     /// the statement is what shows it (as in `until_statements_wait_together`).
     pub async fn until_a_statement_waits(&self, what: &str, query: &str) {
-        wait_until(what, || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity
-                                WHERE datname = current_database() AND state = 'active'
-                                  AND (wait_event_type = 'Lock' OR $2) AND query LIKE $1)",
-            )
-            .bind(query)
-            .bind(crate::support::citus::enabled())
-            .fetch_one(&self.db)
-            .await
-            .unwrap()
-        })
-        .await;
+        wait_until(what, || self.a_statement_waits(query)).await;
+    }
+
+    /// Whether a statement of this test's database whose text is `LIKE` `query` waits for a lock
+    /// now (see [`Self::until_a_statement_waits`]).
+    pub async fn a_statement_waits(&self, query: &str) -> bool {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE datname = current_database() AND state = 'active'
+                              AND (wait_event_type = 'Lock' OR $2) AND query LIKE $1)",
+        )
+        .bind(query)
+        .bind(crate::support::citus::enabled())
+        .fetch_one(&self.db)
+        .await
+        .unwrap()
     }
 
     /// Waits until at least `least` statements of this test's database whose text is `LIKE`
