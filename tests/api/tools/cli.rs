@@ -163,7 +163,9 @@ async fn pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay() {
     let payment: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
     assert_eq!(payment["amount"], 4200);
     let stderr = String::from_utf8_lossy(&first.stderr);
-    assert!(stderr.contains("attempt 1: HTTP 201"), "{stderr}");
+    // Usually its first attempt; on a loaded machine the first may time out, and the client's
+    // retry with the same key is then answered 201 by a replay, which is the point.
+    assert!(stderr.contains(": HTTP 201"), "{stderr}");
     assert!(String::from_utf8_lossy(&again.stderr).contains("replayed"));
     assert_eq!(app.payment_count().await, 1);
 }
