@@ -317,3 +317,26 @@ async fn a_dispute_is_opened_up_to_the_charge_amount() {
     assert_eq!(rest.status, 201);
     assert_eq!(processor.count("processor_disputes").await, 2);
 }
+
+/// The processor takes its keyed requests through the mechanism's `Idempotent`, as idempay does:
+/// a body that does not say it is JSON is refused with 415 before anything is reserved, and the
+/// same key then charges once the body is sent as JSON.
+#[api_test]
+async fn a_body_without_a_json_content_type_is_refused_with_415_and_reserves_nothing() {
+    let processor = TestProcessor::spawn().await;
+    let key = new_key();
+    let untyped = reqwest::Client::new()
+        .post(format!("{}/v1/charges", processor.address))
+        .bearer_auth(super::API_KEY)
+        .header("idempotency-key", &key)
+        .body(charge(4200, "pm_card_visa").to_string());
+
+    let refused = super::read(untyped).await;
+
+    refused.assert_problem(415, "unsupported-media-type");
+    assert_eq!(processor.count("idempotency_keys").await, 0);
+    assert_eq!(processor.count("processor_charges").await, 0);
+    let charged = processor.charge(&key, &charge(4200, "pm_card_visa")).await;
+    assert_eq!(charged.status, 201);
+    assert!(!charged.replayed());
+}
