@@ -168,11 +168,12 @@ pub(crate) async fn under_way(app: &TestApp, scope: &str, point: &str, key: &str
     .unwrap()
 }
 
-/// A request in flight at an instance the test is about to kill.
+/// A request in flight, held in the window its test aims at.
 pub(crate) type InFlight = JoinHandle<reqwest::Result<reqwest::Response>>;
 
-/// Sends `request` to the instance the test will kill, and returns once `under_way` holds: the
-/// window the kill aims at (the call under way at the processor, nothing recorded yet).
+/// Sends `request` and returns once `under_way` holds: the window the test aims at, such as the
+/// call under way at the processor with nothing recorded yet, where a crash test kills the
+/// instance.
 ///
 /// On a loaded cluster (three nodes on two cores) getting there has taken more than 10 s, and a
 /// new connection can take longer than the instance's 1 s acquire timeout: an answer of 503 or 409
