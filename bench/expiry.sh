@@ -34,7 +34,7 @@ explain_plans() {
   mkdir -p "$dir"
   local lookup reserve expire
   # The lookup half of the reservation, on its own; the reservation and the batch delete are
-  # taken from .sqlx/, the exact text the binary prepares.
+  # taken from the query data, the exact text the binary prepares.
   lookup="SELECT id, FALSE, request_hash, status, response_code, response_headers,
        response_body, expires_at <= now(),
        (EXTRACT(EPOCH FROM locked_until - now()) * 1000)::bigint,

@@ -14,16 +14,18 @@ set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$BENCH_DIR/.." && pwd)
 
-# The exact text of the one query in .sqlx/ (the compile-time query data: what the binary
-# prepares) that contains every PATTERN, so the bench never runs a stale copy of it.
+# The exact text of the one query in the compile-time query data (what the binary prepares) that
+# contains every PATTERN, so the bench never runs a stale copy of it. The workspace's is in .sqlx/,
+# the mechanism's in its own crate's.
 query_text() {
-  python3 - "$REPO_DIR/.sqlx" "$@" <<'PY'
+  python3 - "$REPO_DIR" "$@" <<'PY'
 import json, pathlib, sys
-folder, patterns = pathlib.Path(sys.argv[1]), sys.argv[2:]
-found = [json.loads(f.read_text())["query"] for f in sorted(folder.glob("query-*.json"))]
+root, patterns = pathlib.Path(sys.argv[1]), sys.argv[2:]
+files = sorted(root.glob(".sqlx/query-*.json")) + sorted(root.glob("crates/idempotency/.sqlx/query-*.json"))
+found = [json.loads(f.read_text())["query"] for f in files]
 found = [query for query in found if all(pattern in query for pattern in patterns)]
 if len(found) != 1:
-    sys.exit(f"{len(found)} queries in .sqlx/ contain all of {patterns}")
+    sys.exit(f"{len(found)} queries in the query data contain all of {patterns}")
 print(found[0].strip())
 PY
 }

@@ -317,13 +317,19 @@ struct Statement {
     parameters: Vec<String>,
 }
 
-/// Every `query!` statement of `src/` (the committed `.sqlx/` data also holds the tests' own).
+/// Every `query!` statement of `src/` and of the crates (the committed `.sqlx/` data also holds
+/// the tests' own).
 fn own_statements() -> Vec<Statement> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    // The service's statements and the mechanism's, which is a crate of its own.
+    // The service's statements and the mechanism's, which is a crate of its own and keeps its
+    // query data in its own folder, so that it builds where it is packaged alone.
     let sources = source_text(&root.join("src")) + &source_text(&root.join("crates"));
+    let folders = [root.join(".sqlx"), root.join("crates/idempotency/.sqlx")];
+    let files = folders
+        .iter()
+        .flat_map(|folder| std::fs::read_dir(folder).unwrap());
     let mut statements = Vec::new();
-    for entry in std::fs::read_dir(root.join(".sqlx")).unwrap() {
+    for entry in files {
         let data: Value =
             serde_json::from_slice(&std::fs::read(entry.unwrap().path()).unwrap()).unwrap();
         let query = data["query"].as_str().unwrap().to_owned();
