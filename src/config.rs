@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::db::PoolLimits;
-use processor::SharedArgs;
 use service::outbox::RetrySchedule;
-use service::settings::{duration, positive};
+use service::settings::{declared_defaults, duration, positive};
+use service::shared_settings::SharedArgs;
 
 /// How long a key lives unless `IDEMPAY_KEY_TTL` says otherwise; `idempay fixture`'s too.
 pub const DEFAULT_KEY_TTL: &str = "24h";
@@ -97,22 +97,7 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Self {
-            key_ttl: Duration::from_secs(24 * 60 * 60),
-            event_ttl: Duration::from_secs(7 * 24 * 60 * 60),
-            event_retention: Duration::from_secs(30 * 24 * 60 * 60),
-            shared: SharedArgs::default(),
-            processor: ProcessorLink::default(),
-            recovery_interval: Duration::from_secs(10),
-            recovery_window: Duration::from_secs(12 * 60 * 60),
-            request_timeout: Duration::from_secs(10),
-            webhook_poll_interval: Duration::from_secs(1),
-            webhook_allow_private: false,
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(5),
-            rate_limit: 1000,
-            demo_ui: false,
-        }
+        declared_defaults()
     }
 }
 
@@ -151,12 +136,7 @@ pub struct ProcessorLink {
 
 impl Default for ProcessorLink {
     fn default() -> Self {
-        Self {
-            url: None,
-            api_key: None,
-            timeout: Duration::from_secs(10),
-            new_key_per_call: false,
-        }
+        declared_defaults()
     }
 }
 

@@ -16,7 +16,7 @@ pub use idempotency::connections::{Lent, Lot, Server};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use service::settings::{at_least_one, positive};
+use service::settings::{at_least_one, declared_defaults, positive};
 
 /// The connection pool's bounds: a request never waits long for a connection.
 #[derive(Args, Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,10 +45,7 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 
 impl Default for PoolLimits {
     fn default() -> Self {
-        Self {
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            acquire_timeout: Duration::from_secs(5),
-        }
+        declared_defaults()
     }
 }
 

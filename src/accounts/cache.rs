@@ -373,7 +373,7 @@ mod tests {
         assert!(!is_remembered(&entries, &[1; 32]));
     }
 
-    /// The interleaving of issue 31: the lookup checks the epoch, the key is revoked and told
+    /// The interleaving a revocation must survive: the lookup checks the epoch, the key is revoked and told
     /// (by the listener, another thread here), then the lookup keeps what it read before.
     #[test]
     fn a_revocation_told_between_the_epoch_check_and_the_insert_keeps_nothing() {

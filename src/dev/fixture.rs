@@ -41,9 +41,9 @@ use crate::db::check_lease;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::{db, expiry};
 use idempotency::{self, Idempotency, NotStored, Owners, Policy};
-use processor::{DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE};
 use service::server::shutdown_signal;
 use service::settings::{parse_lease, positive};
+use service::shared_settings::{DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE};
 use service::sweeps;
 
 /// The one account every fixture request belongs to: the fixture asks for no API key, and its

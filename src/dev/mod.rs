@@ -22,6 +22,7 @@ pub mod listen;
 pub mod postgres;
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -120,7 +121,10 @@ async fn serve(
         schedule: settings.shared.webhook_retry_schedule.clone(),
     };
     let endpoint_banner = endpoint_banner(&base, key.expose(), &exe, &receiver);
-    let app = checkout::mount(Application::build(settings, pool, listener)?, Some(key));
+    let app = checkout::mount(
+        Application::build(settings, pool.clone(), listener)?,
+        Some(key),
+    );
     println!("{banner}");
     println!(
         "{}",
@@ -148,8 +152,20 @@ async fn serve(
     let served = app.run_until_stopped(shutdown_signal()).await;
     stop.cancel();
     processor.await??;
+    // Work a request started goes on after its answer (a retry finds its result), so a statement
+    // may still be running: the pool is closed once each connection is back, before the
+    // container goes, so that none is cut off mid-use (bounded, should one never come back).
+    if tokio::time::timeout(POOL_CLOSE_WITHIN, pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("a connection was still in use {POOL_CLOSE_WITHIN:?} after the stop");
+    }
     Ok(served?)
 }
+
+/// How long a stop waits for the connections still in use.
+const POOL_CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
 fn processor_banner(base: &str, processor_url: &str, processor_key: &str) -> String {
     format!(

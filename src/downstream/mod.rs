@@ -12,3 +12,11 @@ pub mod metrics;
 pub use client::{
     ChargeRequest, ProcessorClient, ProcessorOutcome, ProcessorRefusal, WhenRecorded,
 };
+
+/// The processor's wire types, as its answers and events carry them. idempay's domains read them
+/// from here, never from the processor's crate, so that all idempay takes from the processor is
+/// named in this one module.
+pub use processor::{
+    CaptureState, Charge, ChargeStatus, Dispute, DisputeStatus, ProcessorEventType,
+    ProcessorRefund, RefundStatus,
+};

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{Event, EventType, is_event_id};
+use super::{Event, EventId, EventType};
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
@@ -129,7 +129,7 @@ async fn list_events(
             // A cursor the feed does not list yet would let an event that commits later, with an
             // older transaction, slip behind the consumer: only a listed event is a place to
             // page from.
-            let listed = is_event_id(id)
+            let listed = EventId::fits(id)
                 && sqlx::query_scalar!(
                     r#"
                     SELECT txid < $3::text::xid8 AS "listed!"
@@ -226,7 +226,7 @@ async fn get_event(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let not_found = || Problem::new(ProblemKind::NotFound, format!("No event `{id}`."));
-    if !is_event_id(&id) {
+    if !EventId::fits(&id) {
         return Err(not_found().into());
     }
     let body = sqlx::query_scalar!(

@@ -16,7 +16,6 @@ use utoipa::openapi::schema::{OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 
 use crate::db::Engine;
-use service::ids;
 use service::vocabulary::vocabulary;
 
 pub use feed::router;
@@ -168,7 +167,7 @@ impl NewEvent {
     ) -> Result<Self, serde_json::Error> {
         let object = EventObject(serde_json::value::to_raw_value(object)?);
         let event = Event {
-            id: ids::generate("evt", 24),
+            id: EventId::generate().into(),
             object: "event",
             kind,
             created_at,
@@ -309,10 +308,10 @@ pub fn describe_metrics() {
     );
 }
 
-/// Whether `id` has the shape of an event id, before any query sees it.
-pub fn is_event_id(id: &str) -> bool {
-    service::ids::has_shape(id, "evt", 24)
-}
+service::public_id!(
+    /// An event's id: `evt_` and 24 base62 characters, checked before any query sees it.
+    pub EventId, "evt", 24, "an event id"
+);
 
 #[cfg(test)]
 mod tests {
@@ -338,8 +337,8 @@ mod tests {
 
     #[test]
     fn event_ids_have_their_shape() {
-        assert!(is_event_id(&ids::generate("evt", 24)));
-        assert!(!is_event_id("evt_short"));
-        assert!(!is_event_id("pay_U5PgTqA02dYsv3cLANIGkqIs"));
+        assert!(EventId::fits(EventId::generate().as_str()));
+        assert!(!EventId::fits("evt_short"));
+        assert!(!EventId::fits("pay_U5PgTqA02dYsv3cLANIGkqIs"));
     }
 }

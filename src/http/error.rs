@@ -14,7 +14,7 @@ use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
 /// The media type of every error body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub use service::problem::PROBLEM_JSON;
 
 pub use catalogue::ProblemKind;
 

@@ -19,12 +19,12 @@ use super::model::{
 };
 use crate::accounts::AccountId;
 use crate::downstream::call::{self, ProcessorCall};
+use crate::downstream::{CaptureState as ProcessorCaptureState, Charge};
 use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
 use idempotency::{Completion, Lease, StateVersion, StoredResponse};
-use processor::{CaptureState as ProcessorCaptureState, Charge};
 use service::vocabulary::stored;
 
 /// The recovery point of a capture: the capture was (about to be) requested at the processor.

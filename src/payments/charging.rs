@@ -26,12 +26,12 @@ use super::model::{CaptureMethod, Payment, PaymentId, PaymentStatus};
 use crate::accounts::AccountId;
 use crate::db::Engine;
 use crate::downstream::call::{self, ProcessorCall};
+use crate::downstream::{Charge, ChargeStatus};
 use crate::downstream::{ChargeRequest, ProcessorClient, ProcessorOutcome};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem};
 use crate::metadata::Metadata;
 use idempotency::{Completion, Fence, IdempotencyKey, Lease, StateVersion, StoredResponse};
-use processor::{Charge, ChargeStatus};
 use service::vocabulary::stored;
 
 /// The recovery point of a payment: the charge was (about to be) requested.

@@ -1,8 +1,6 @@
 //! The payment resource and the types its request is parsed into: once a [`NewPayment`] exists,
 //! every field in it is valid.
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -12,7 +10,6 @@ use super::currency::Currency;
 use crate::http::error::{Problem, ProblemKind};
 use crate::metadata::Metadata;
 use idempotency::decimal::Decimal;
-use service::ids;
 use service::vocabulary::{stored, vocabulary};
 
 /// The largest amount accepted, in minor units (999 999.99 in a two-decimal currency).
@@ -235,31 +232,10 @@ vocabulary!(CancellationReason, "cancellation reason" {
     Expired => "expired",
 });
 
-/// A payment id: `pay_` followed by 24 random base62 characters.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct PaymentId(String);
-
-impl PaymentId {
-    pub fn generate() -> Self {
-        Self(ids::generate("pay", 24))
-    }
-
-    /// Anything else cannot name a payment, so the lookup can be skipped.
-    pub fn parse(raw: &str) -> Option<Self> {
-        ids::has_shape(raw, "pay", 24).then(|| Self(raw.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for PaymentId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+service::public_id!(
+    /// A payment id: `pay_` followed by 24 random base62 characters.
+    pub PaymentId, "pay", 24, "a payment id"
+);
 
 /// The state of a payment: `succeeded` or `declined` when charged, `refunded` once refunded in
 /// full (a partial refund leaves it `succeeded`), `failed` when the processor reported a failure.
@@ -504,7 +480,8 @@ mod tests {
                 .contains("unknown payment status `authorized`"),
             "{unknown}"
         );
-        // Not taken for `declined`, as it once was, nor the method for the Visa card.
+        // Neither is read as something near it: not `declined` for `Declined`, nor the Visa card
+        // for another method.
         assert!(row("Declined", "pm_card_visa").parse().is_err());
         let unknown = row("succeeded", "pm_card_amex").parse().unwrap_err();
         assert!(

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 
 use super::Difference;
 use super::ledgers::{Ours, Theirs};
-use processor::{Charge, Dispute, ProcessorRefund};
+use crate::downstream::{Charge, Dispute, ProcessorRefund};
 
 /// Something the processor made that idempay is still recording: the key that asked for it is in
 /// progress (its request still running, or suspended within the recovery window, to be resumed

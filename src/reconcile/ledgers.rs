@@ -7,9 +7,9 @@ use sqlx::PgPool;
 
 use crate::disputes::{DisputeStatus, Review};
 use crate::downstream::ProcessorClient;
+use crate::downstream::{Charge, Dispute, ProcessorRefund};
 use crate::payments::PaymentStatus;
 use crate::refunds::RefundStatus as OurRefundStatus;
-use processor::{Charge, Dispute, ProcessorRefund};
 use service::vocabulary::stored;
 
 /// A key suspended at its recovery point (in progress, no request holding it).

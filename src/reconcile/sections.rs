@@ -7,12 +7,12 @@ use std::fmt;
 use super::Difference;
 use super::ledgers::{OurDispute, OurRefund, Ours, Theirs};
 use crate::disputes::Review;
-use crate::payments::PaymentStatus;
-use crate::refunds::RefundStatus as OurRefundStatus;
-use processor::{
+use crate::downstream::{
     CaptureState, Charge, ChargeStatus, Dispute, DisputeStatus as ProcessorDisputeStatus,
     ProcessorRefund, RefundStatus,
 };
+use crate::payments::PaymentStatus;
+use crate::refunds::RefundStatus as OurRefundStatus;
 
 /// Each payment against its charge: the amount, the currency, the outcome, what was refunded (the
 /// charge's `amount_refunded`) and what is disputed (the sum of the processor's disputes of the

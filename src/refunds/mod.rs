@@ -83,7 +83,7 @@ impl TryFrom<String> for Reason {
 }
 
 pub(crate) use model::RefundRow;
-pub use model::{Refund, RefundStatus};
+pub use model::{Refund, RefundId, RefundStatus};
 pub use refunding::{REFUND_REQUESTED, RefundAsked, RefundRequested, refund_and_record};
 
 /// Refund a payment
@@ -190,7 +190,7 @@ async fn list_refunds(
         &pool,
         &page,
         async |cursor| {
-            if !is_refund_id(cursor) {
+            if !RefundId::fits(cursor) {
                 return Ok(None);
             }
             Ok::<_, ApiError>(
@@ -249,7 +249,7 @@ async fn get_refund(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let not_found = || Problem::new(ProblemKind::NotFound, format!("No refund `{id}`."));
-    if !is_refund_id(&id) {
+    if !RefundId::fits(&id) {
         return Err(not_found().into());
     }
     let row = sqlx::query_as!(
@@ -267,12 +267,6 @@ async fn get_refund(
     .await?
     .ok_or_else(not_found)?;
     Ok(axum::Json(row.parse()?).into_response())
-}
-
-/// Whether `id` has the shape of a refund id, `re_` and 24 base62 characters; anything else names
-/// no refund, and is not worth a query.
-pub fn is_refund_id(id: &str) -> bool {
-    service::ids::has_shape(id, "re", 24)
 }
 
 #[cfg(test)]
@@ -299,7 +293,7 @@ mod tests {
                 serde_json::Value::from(status.as_str())
             );
         }
-        // Not taken for `succeeded`, as it once was.
+        // An unknown status is refused, never read as `succeeded`.
         let unknown = row("pending").parse().unwrap_err();
         assert!(
             unknown

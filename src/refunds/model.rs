@@ -9,6 +9,12 @@ use utoipa::ToSchema;
 use crate::metadata::Metadata;
 use service::vocabulary::{stored, vocabulary};
 
+service::public_id!(
+    /// A refund's id: `re_` and 24 base62 characters. Anything else names no refund, and is not
+    /// worth a query.
+    pub RefundId, "re", 24, "a refund id"
+);
+
 /// The state of a refund: `succeeded` when made, `failed` if the processor later reported it
 /// failed (the amount is refundable again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]

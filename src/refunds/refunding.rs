@@ -9,9 +9,10 @@ use axum::http::{StatusCode, header};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use super::model::RefundRow;
+use super::model::{RefundId, RefundRow};
 use super::refund_state::{self, Refund, RefundState};
 use crate::accounts::AccountId;
+use crate::downstream::ProcessorRefund;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::events::{self, EventType, NewEvent};
@@ -19,8 +20,6 @@ use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
 use crate::payments::{PaymentId, PaymentRow, PaymentStatus, payment_not_found};
 use idempotency::{Completion, Lease, StateVersion, StoredResponse};
-use processor::ProcessorRefund;
-use service::ids;
 use service::vocabulary::stored;
 
 /// The recovery point of a refund: the refund was (about to be) requested at the processor.
@@ -183,7 +182,7 @@ async fn check(
         amount,
         reason: asked.reason,
         metadata: asked.metadata.into_pairs(),
-        refund: ids::generate("re", 24),
+        refund: RefundId::generate().into(),
     }))))
 }
 

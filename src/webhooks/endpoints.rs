@@ -24,7 +24,6 @@ use crate::http::extract::{PageQuery, Path};
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
-use service::ids;
 use service::outbox::{WebhookSecret, address};
 use service::pagination::{List, ListParams, Position};
 use service::vocabulary::{stored, vocabulary};
@@ -346,6 +345,7 @@ async fn register(
         )
         .into());
     }
+    let id = EndpointId::generate();
     let row = sqlx::query_as!(
         EndpointRow,
         r#"
@@ -353,7 +353,7 @@ async fn register(
         VALUES ($1, $2, $3, $4, $5)
         RETURNING id, url, enabled_events, status, created_at
         "#,
-        ids::generate("we", 24),
+        id.as_str(),
         account.as_str(),
         endpoint.url.0,
         &endpoint.enabled_events.0,
@@ -402,7 +402,7 @@ async fn list_webhook_endpoints(
         &pool,
         &page,
         async |cursor| {
-            if !is_endpoint_id(cursor) {
+            if !EndpointId::fits(cursor) {
                 return Ok(None);
             }
             Ok::<_, ApiError>(
@@ -453,7 +453,7 @@ async fn get_webhook_endpoint(
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if !is_endpoint_id(&id) {
+    if !EndpointId::fits(&id) {
         return Err(endpoint_not_found(&id).into());
     }
     let row = sqlx::query_as!(
@@ -495,7 +495,7 @@ async fn delete_webhook_endpoint(
     account: Account,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if !is_endpoint_id(&id) {
+    if !EndpointId::fits(&id) {
         return Err(endpoint_not_found(&id).into());
     }
     let deleted = sqlx::query_scalar!(
@@ -514,10 +514,10 @@ async fn delete_webhook_endpoint(
     .into_response())
 }
 
-/// Whether `id` has the shape of an endpoint id, `we_` and 24 base62 characters.
-pub(super) fn is_endpoint_id(id: &str) -> bool {
-    service::ids::has_shape(id, "we", 24)
-}
+service::public_id!(
+    /// A webhook endpoint's id: `we_` and 24 base62 characters.
+    pub EndpointId, "we", 24, "a webhook endpoint id"
+);
 
 fn endpoint_not_found(id: &str) -> Problem {
     Problem::new(
@@ -548,7 +548,7 @@ mod tests {
             );
         }
         assert!(row("enabled", &["payment.succeeded"]).parse().is_ok());
-        // Not taken for `enabled`, as it once was.
+        // An unknown status is refused, never read as `enabled`.
         let unknown = row("paused", &["*"]).parse().unwrap_err();
         assert!(
             unknown

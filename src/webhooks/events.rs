@@ -465,7 +465,7 @@ async fn refund_account(
 /// What an event naming a refund that matched none comes to: a refund id of idempay's is `re_…`;
 /// any other the shape check let through is the processor's, which may be recorded later.
 fn unmatched_refund(kind: &str, refund: &str) -> Applying {
-    unmatched(kind, refund, !crate::refunds::is_refund_id(refund))
+    unmatched(kind, refund, !crate::refunds::RefundId::fits(refund))
 }
 
 fn dispute(payment: Target, dispute: String, amount: i64) -> Result<Event, String> {
@@ -511,7 +511,7 @@ fn known_id_shapes(data: &Value) -> bool {
     let refund_ok = data
         .get("refund")
         .and_then(Value::as_str)
-        .is_none_or(|id| crate::refunds::is_refund_id(id) || is_processor_id(id));
+        .is_none_or(|id| crate::refunds::RefundId::fits(id) || is_processor_id(id));
     let charge_ok = data
         .get("charge")
         .and_then(Value::as_str)

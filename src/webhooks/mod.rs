@@ -347,7 +347,7 @@ pub async fn send(
 #[cfg(test)]
 mod tests {
     use super::IntakeType;
-    use processor::ProcessorEventType;
+    use crate::downstream::ProcessorEventType;
 
     #[test]
     fn every_event_the_processor_sends_is_one_the_intake_understands() {

@@ -13,9 +13,9 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::endpoints::{EndpointStatus, is_endpoint_id};
+use super::endpoints::{EndpointId, EndpointStatus};
 use crate::accounts::{Account, AccountCache, AccountId, RateLimit};
-use crate::events::is_event_id;
+use crate::events::EventId;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
@@ -48,25 +48,6 @@ pub struct EventRetry {
     /// One of the account's webhook endpoints, `we_…`.
     #[schema(value_type = String, pattern = "^we_[0-9A-Za-z]{24}$", example = "we_Jx8bq2LkR5Vn0Ww3Zt7YcA1d")]
     pub endpoint: EndpointId,
-}
-
-/// A webhook endpoint's id, of the right shape: `we_` and 24 base62 characters.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(try_from = "String")]
-pub struct EndpointId(String);
-
-impl TryFrom<String> for EndpointId {
-    type Error = String;
-
-    fn try_from(id: String) -> Result<Self, String> {
-        if is_endpoint_id(&id) {
-            Ok(Self(id))
-        } else {
-            Err(format!(
-                "endpoint must be a webhook endpoint id, `we_` and 24 letters or digits; got `{id}`"
-            ))
-        }
-    }
 }
 
 /// A delivery queued by a retry.
@@ -141,7 +122,7 @@ async fn retry_event(
     Idempotent { request, body }: Idempotent<EventRetry>,
 ) -> Result<Response, ApiError> {
     // An id that cannot name an event is refused before the key is reserved.
-    if !is_event_id(&id) {
+    if !EventId::fits(&id) {
         return Err(event_not_found(&id).into());
     }
     let account = account.id().clone();
@@ -183,14 +164,14 @@ async fn queue(
         FOR SHARE
         "#,
         account.as_str(),
-        endpoint.0,
+        endpoint.as_str(),
     )
     .fetch_optional(&mut *tx)
     .await?
     .ok_or_else(|| {
         Problem::new(
             ProblemKind::NotFound,
-            format!("No webhook endpoint `{}`.", endpoint.0),
+            format!("No webhook endpoint `{}`.", endpoint.as_str()),
         )
     })?;
     if stored::<EndpointStatus>(&target.status)? == EndpointStatus::Disabled {
@@ -199,7 +180,7 @@ async fn queue(
             format!(
                 "The webhook endpoint `{}` is disabled: nothing was queued. Register its URL \
                  again, then ask for the delivery there.",
-                endpoint.0
+                endpoint.as_str()
             ),
         )
         .into());
@@ -213,7 +194,7 @@ async fn queue(
         "#,
         account.as_str(),
         event,
-        endpoint.0,
+        endpoint.as_str(),
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -225,7 +206,7 @@ async fn queue(
                 "A delivery of `{event}` to `{}` is still pending: nothing was queued. Follow it \
                  at `GET /v1/events/{event}/attempts`, and ask again once it is acknowledged or \
                  given up.",
-                endpoint.0
+                endpoint.as_str()
             ),
         )
         .into());
@@ -237,7 +218,7 @@ async fn queue(
             format!(
                 "`{event}` was delivered again to `{}` {MAX_MANUAL_RETRIES} times on request, the \
                  most it may be: nothing was queued. Read it at `GET /v1/events/{event}`.",
-                endpoint.0
+                endpoint.as_str()
             ),
         )
         .into());
@@ -252,14 +233,14 @@ async fn queue(
         event,
         target.url,
         body,
-        endpoint.0,
+        endpoint.as_str(),
     )
     .fetch_one(&mut *tx)
     .await?;
     let delivery = WebhookDelivery {
         object: "webhook_delivery",
         event,
-        endpoint: endpoint.0,
+        endpoint: endpoint.into(),
         url: target.url,
         created_at,
     };

@@ -51,8 +51,8 @@ use plan::Draws;
 
 /// Every seed that ever failed (tests/README.md says which, on which commit, and what broke):
 /// always run first, so a bug once found stays found. At c29504d, 4, 5, 9, 12 and 13 found double
-/// charges (defect 1 of issue 29) and 6, 8, 10, 11, 13 and 14 lost disputes (defect 2); before
-/// defect 1's fix, 550595916 and 550595918 found double charges too; at 126d931, 577753424 found
+/// charges (a resumed charge made twice) and 6, 8, 10, 11, 13 and 14 lost disputes; before
+/// the double charge's fix, 550595916 and 550595918 found double charges too; at 126d931, 577753424 found
 /// reconcile failing on a 503 from a processor whose database had just restarted; at c456fa5,
 /// 534170994 found a refund's event parked after its fresh recording, left to the sweep, and
 /// named by reconcile. That race is decided by milliseconds, and its sweep runs every second, so

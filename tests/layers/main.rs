@@ -1,8 +1,9 @@
 //! The layers the compiler holds: the top-level modules of each crate (`payments`, `http`,
 //! `webhooks`…; a file directly in `src/`, like `config.rs`, is one too) must not import each other
 //! in a cycle, nor may the files of a crate, within one module or across; and no `.rs` file under
-//! `src/`, `tests/` or `crates/*/src/` may run over [`MAX_LINES`] lines. `cargo test --test layers`
-//! runs it: no database, a second or so.
+//! `src/`, `tests/` or `crates/*/src/` may run over [`MAX_LINES`] lines; and idempay's domains read
+//! the processor's types through `downstream` only ([`NAME_THE_PROCESSOR`]). `cargo test --test
+//! layers` runs it: no database, a second or so.
 //!
 //! The sources are read as text: each file is mapped to its module path (`src/payments/mod.rs` is
 //! `payments`, `crates/idempotency/src/store/recovery.rs` is `store::recovery`), with the items it
@@ -89,4 +90,52 @@ fn no_source_file_is_over_800_lines_but_the_listed_ones_and_none_of_those_grows(
     assert!(lengths.len() > 100, "the sources were not found");
     let failures = check_lengths(&lengths, LONG_FILES);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Where idempay may name the processor's crate: the module that talks to it (`downstream`, which
+/// re-exports its wire types for the domains) and the wiring that embeds or starts it.
+const NAME_THE_PROCESSOR: &[&str] = &[
+    "src/downstream/",
+    "src/app.rs",
+    "src/cli.rs",
+    "src/config.rs",
+    "src/dev/",
+];
+
+#[test]
+fn idempay_s_domains_read_the_processor_only_through_downstream() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lengths = file_lengths(root);
+    let mut read = 0;
+    let mut naming = Vec::new();
+    for file in lengths.keys().filter(|file| file.starts_with("src/")) {
+        read += 1;
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            // `processor::` at the start of a path: not `crate::downstream::processor::` nor a
+            // name that ends in `processor`.
+            let names_it = line.match_indices("processor::").any(|(at, _)| {
+                !line[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            });
+            if names_it
+                && !NAME_THE_PROCESSOR
+                    .iter()
+                    .any(|place| file.starts_with(place))
+            {
+                naming.push(format!("{file}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(read > 50, "only {read} files of src/ were read");
+    assert!(
+        naming.is_empty(),
+        "these name the processor's crate; read its types from crate::downstream:\n{}",
+        naming.join("\n")
+    );
 }

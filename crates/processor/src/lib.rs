@@ -53,8 +53,7 @@ pub use model::{
     ProcessorEventType, ProcessorRefund, RefundStatus,
 };
 pub use settings::{
-    DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE, KEY_TTL, ProcessorApiKey, ProcessorListen,
-    ProcessorSettings, SharedArgs, check_redelivery,
+    KEY_TTL, ProcessorApiKey, ProcessorListen, ProcessorSettings, check_redelivery,
 };
 pub use state::{ProcessorState, Shared};
 

@@ -13,87 +13,96 @@ use axum::response::{IntoResponse, Response};
 use idempotency::{BodyError, Refusal, StoredResponse};
 use serde::Serialize;
 use service::pagination::PageError;
+use service::problem::PROBLEM_JSON;
 
-/// The media type of every error body.
-const PROBLEM_JSON: &str = "application/problem+json";
-
-/// Declares the catalogue once: each kind with its slug, status and title, from which the enum,
-/// [`ProblemKind::ALL`] and the accessors are derived.
-macro_rules! catalogue {
-    ($($kind:ident => $slug:literal, $status:ident, $title:literal;)*) => {
-        /// The kinds of problem the processor answers with; `type` is `/problems/{slug}`.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        pub enum ProblemKind {
-            $($kind,)*
+service::problem_catalogue! {
+    /// The kinds of problem the processor answers with; `type` is `/problems/{slug}`.
+    pub enum ProblemKind {
+        InvalidRequest {
+            slug: "invalid-request",
+            status: BAD_REQUEST,
+            title: "The request is invalid",
         }
-
-        impl ProblemKind {
-            pub const ALL: &[ProblemKind] = &[$(Self::$kind,)*];
-
-            /// The `type` URI, relative to the processor's address.
-            pub fn type_uri(self) -> &'static str {
-                match self {
-                    $(Self::$kind => concat!("/problems/", $slug),)*
-                }
-            }
-
-            pub fn status(self) -> StatusCode {
-                match self {
-                    $(Self::$kind => StatusCode::$status,)*
-                }
-            }
-
-            pub fn title(self) -> &'static str {
-                match self {
-                    $(Self::$kind => $title,)*
-                }
-            }
+        InvalidIdempotencyKey {
+            slug: "invalid-idempotency-key",
+            status: BAD_REQUEST,
+            title: "The Idempotency-Key header is missing or invalid",
         }
-    };
-}
-
-catalogue! {
-    InvalidRequest => "invalid-request", BAD_REQUEST, "The request is invalid";
-    InvalidIdempotencyKey => "invalid-idempotency-key", BAD_REQUEST,
-        "The Idempotency-Key header is missing or invalid";
-    Unauthorized => "unauthorized", UNAUTHORIZED, "Authentication required";
-    CardDeclined => "card-declined", PAYMENT_REQUIRED, "The card was declined";
-    NotFound => "not-found", NOT_FOUND, "Not found";
-    RequestTimeout => "request-timeout", REQUEST_TIMEOUT, "The request body stopped arriving";
-    IdempotencyKeyInUse => "idempotency-key-in-use", CONFLICT,
-        "A request with this Idempotency-Key is still in progress";
-    IdempotencyKeyHeld => "idempotency-key-held", CONFLICT,
-        "This Idempotency-Key's request is held for an operator";
-    PayloadTooLarge => "payload-too-large", PAYLOAD_TOO_LARGE, "The request body is too large";
-    UnsupportedMediaType => "unsupported-media-type", UNSUPPORTED_MEDIA_TYPE,
-        "The request body must be application/json";
-    IdempotencyKeyMismatch => "idempotency-key-mismatch", UNPROCESSABLE_ENTITY,
-        "The Idempotency-Key was already used with a different request";
-    PaymentNotRefundable => "payment-not-refundable", BAD_REQUEST,
-        "The charge cannot be refunded";
-    RefundExceedsPayment => "refund-exceeds-payment", BAD_REQUEST,
-        "The refund exceeds what remains refundable";
-    ChargeNotCapturable => "charge-not-capturable", BAD_REQUEST,
-        "The charge cannot be captured";
-    ChargeNotVoidable => "charge-not-voidable", BAD_REQUEST,
-        "The charge cannot be voided";
-    Internal => "internal", INTERNAL_SERVER_ERROR, "Internal server error";
-    ServiceUnavailable => "service-unavailable", SERVICE_UNAVAILABLE,
-        "Service temporarily unavailable";
-}
-
-impl ProblemKind {
-    /// The kind whose `type` this is; `None` for a type of no kind of the catalogue.
-    pub fn from_type_uri(type_uri: &str) -> Option<Self> {
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|kind| kind.type_uri() == type_uri)
-    }
-
-    /// The last segment of `type`, sent as `code` for a program to branch on.
-    fn slug(self) -> &'static str {
-        self.type_uri().trim_start_matches("/problems/")
+        Unauthorized {
+            slug: "unauthorized",
+            status: UNAUTHORIZED,
+            title: "Authentication required",
+        }
+        CardDeclined {
+            slug: "card-declined",
+            status: PAYMENT_REQUIRED,
+            title: "The card was declined",
+        }
+        NotFound {
+            slug: "not-found",
+            status: NOT_FOUND,
+            title: "Not found",
+        }
+        RequestTimeout {
+            slug: "request-timeout",
+            status: REQUEST_TIMEOUT,
+            title: "The request body stopped arriving",
+        }
+        IdempotencyKeyInUse {
+            slug: "idempotency-key-in-use",
+            status: CONFLICT,
+            title: "A request with this Idempotency-Key is still in progress",
+        }
+        IdempotencyKeyHeld {
+            slug: "idempotency-key-held",
+            status: CONFLICT,
+            title: "This Idempotency-Key's request is held for an operator",
+        }
+        PayloadTooLarge {
+            slug: "payload-too-large",
+            status: PAYLOAD_TOO_LARGE,
+            title: "The request body is too large",
+        }
+        UnsupportedMediaType {
+            slug: "unsupported-media-type",
+            status: UNSUPPORTED_MEDIA_TYPE,
+            title: "The request body must be application/json",
+        }
+        IdempotencyKeyMismatch {
+            slug: "idempotency-key-mismatch",
+            status: UNPROCESSABLE_ENTITY,
+            title: "The Idempotency-Key was already used with a different request",
+        }
+        PaymentNotRefundable {
+            slug: "payment-not-refundable",
+            status: BAD_REQUEST,
+            title: "The charge cannot be refunded",
+        }
+        RefundExceedsPayment {
+            slug: "refund-exceeds-payment",
+            status: BAD_REQUEST,
+            title: "The refund exceeds what remains refundable",
+        }
+        ChargeNotCapturable {
+            slug: "charge-not-capturable",
+            status: BAD_REQUEST,
+            title: "The charge cannot be captured",
+        }
+        ChargeNotVoidable {
+            slug: "charge-not-voidable",
+            status: BAD_REQUEST,
+            title: "The charge cannot be voided",
+        }
+        Internal {
+            slug: "internal",
+            status: INTERNAL_SERVER_ERROR,
+            title: "Internal server error",
+        }
+        ServiceUnavailable {
+            slug: "service-unavailable",
+            status: SERVICE_UNAVAILABLE,
+            title: "Service temporarily unavailable",
+        }
     }
 }
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::faults::Faults;
-use service::outbox::{RetrySchedule, WebhookSecrets};
-use service::settings::{any_length, parse_lease, positive};
+use service::outbox::RetrySchedule;
+use service::settings::positive;
+use service::shared_settings::SharedArgs;
 
 /// Where `idempay processor` listens.
 #[derive(Args, Clone, Debug)]
@@ -23,89 +24,9 @@ pub struct ProcessorListen {
     pub listen: SocketAddr,
 }
 
-/// The settings `idempay serve` and `idempay processor` share, each declared once, with its one
-/// default and parser: flattened into both (idempay's `Settings`, in `config.rs`, and
-/// [`ProcessorSettings`]), so that an embedded processor (or `idempay dev`'s) takes idempay's values
-/// as one. Here, beside the processor, because the processor may not import idempay's `config`.
-#[derive(Args, Clone, Debug, PartialEq, Eq)]
-pub struct SharedArgs {
-    /// How long an in-progress key blocks retries before a retry may take it over (idempay's keys,
-    /// and the processor's).
-    #[arg(long, env = "IDEMPAY_LEASE", default_value = DEFAULT_LEASE, value_parser = parse_lease)]
-    pub lease: Duration,
-
-    /// Processing time of the test payment method `pm_card_slow`, at the processor (embedded or
-    /// not).
-    #[arg(long, env = "IDEMPAY_SLOW_CHARGE", default_value = DEFAULT_SLOW_CHARGE, value_parser = any_length("IDEMPAY_SLOW_CHARGE"))]
-    pub slow_charge: Duration,
-
-    /// How often the expiry job deletes expired keys, and events and deliveries past their
-    /// retention (the processor's job: its keys and its deliveries).
-    #[arg(long, env = "IDEMPAY_EXPIRY_INTERVAL", default_value = DEFAULT_EXPIRY_INTERVAL, value_parser = positive("IDEMPAY_EXPIRY_INTERVAL"))]
-    pub expiry_interval: Duration,
-
-    /// The `whsec_…` secrets webhooks are signed with, space separated: idempay accepts a
-    /// delivery signed with any of them, so one can be rotated; the processor signs its events
-    /// with the first.
-    #[arg(long = "webhook-secret", env = "IDEMPAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = WebhookSecrets::parse)]
-    pub webhook_secrets: Option<WebhookSecrets>,
-
-    /// The delays between attempts to deliver an event (idempay's to a merchant endpoint, the
-    /// processor's to idempay), comma separated, each jittered by ±10%: after the last one the
-    /// delivery is given up, and a merchant endpoint that acknowledged nothing for that whole
-    /// time is disabled.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_RETRY_SCHEDULE", default_value = RetrySchedule::DEFAULT, value_parser = parse_retry_schedule)]
-    pub webhook_retry_schedule: RetrySchedule,
-
-    /// How long a receiver has to answer a delivery 2xx; later is a failed attempt.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", default_value = DEFAULT_WEBHOOK_DELIVERY_TIMEOUT, value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT"))]
-    pub webhook_delivery_timeout: Duration,
-
-    /// How long a delivery, with its attempts (`GET /v1/events/{id}/attempts` for a merchant
-    /// endpoint's), is kept after it was acknowledged or given up; then the expiry job deletes
-    /// it. A pending delivery is never deleted. For idempay at least the retry schedule's span
-    /// (`config::check_delivery_retention`): whether an endpoint is disabled depends on what it
-    /// acknowledged within it.
-    #[arg(long, env = "IDEMPAY_WEBHOOK_DELIVERY_RETENTION", default_value = DEFAULT_WEBHOOK_DELIVERY_RETENTION, value_parser = positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION"))]
-    pub webhook_delivery_retention: Duration,
-}
-
 /// How long the processor keeps its keys: idempay's default, so its retries, hours apart, still
 /// find their first charge.
 pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// The defaults of [`SharedArgs`], as the command line spells them; [`SharedArgs::default`]
-/// reads them with the same parsers. The lease's and the expiry interval's are `idempay
-/// fixture`'s too.
-pub const DEFAULT_LEASE: &str = "30s";
-pub const DEFAULT_SLOW_CHARGE: &str = "2s";
-pub const DEFAULT_EXPIRY_INTERVAL: &str = "60s";
-const DEFAULT_WEBHOOK_DELIVERY_TIMEOUT: &str = "10s";
-const DEFAULT_WEBHOOK_DELIVERY_RETENTION: &str = "30days";
-
-impl Default for SharedArgs {
-    fn default() -> Self {
-        let read = |parsed: Result<Duration, String>| parsed.expect("a default setting parses");
-        Self {
-            lease: read(parse_lease(DEFAULT_LEASE)),
-            slow_charge: read(any_length("IDEMPAY_SLOW_CHARGE")(DEFAULT_SLOW_CHARGE)),
-            expiry_interval: read(positive("IDEMPAY_EXPIRY_INTERVAL")(DEFAULT_EXPIRY_INTERVAL)),
-            webhook_secrets: None,
-            webhook_retry_schedule: RetrySchedule::default(),
-            webhook_delivery_timeout: read(positive("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT")(
-                DEFAULT_WEBHOOK_DELIVERY_TIMEOUT,
-            )),
-            webhook_delivery_retention: read(positive("IDEMPAY_WEBHOOK_DELIVERY_RETENTION")(
-                DEFAULT_WEBHOOK_DELIVERY_RETENTION,
-            )),
-        }
-    }
-}
-
-/// Reads the retry schedule, its errors naming the variable as every setting's do.
-fn parse_retry_schedule(raw: &str) -> Result<RetrySchedule, String> {
-    RetrySchedule::parse(raw).map_err(|error| format!("IDEMPAY_WEBHOOK_RETRY_SCHEDULE: {error}"))
-}
 
 /// Refuses a retry schedule that gives an event up sooner than its receiver may need to apply it:
 /// idempay refuses (409) an event about a charge or refund it has not recorded yet, so that it
@@ -253,20 +174,6 @@ mod tests {
         assert_eq!(parsed.faults, new.faults);
         assert_eq!(parsed.webhook_url, new.webhook_url);
         assert!(parsed.api_key == new.api_key);
-    }
-
-    #[test]
-    fn the_shared_defaults_are_the_documented_values() {
-        let shared = SharedArgs::default();
-        assert_eq!(shared.lease, Duration::from_secs(30));
-        assert_eq!(shared.slow_charge, Duration::from_secs(2));
-        assert_eq!(shared.expiry_interval, Duration::from_secs(60));
-        assert_eq!(shared.webhook_delivery_timeout, Duration::from_secs(10));
-        assert_eq!(
-            shared.webhook_delivery_retention,
-            Duration::from_secs(30 * 24 * 60 * 60)
-        );
-        assert_eq!(shared.webhook_secrets, None);
     }
 
     #[test]

@@ -25,6 +25,89 @@ pub fn has_shape(raw: &str, prefix: &str, len: usize) -> bool {
         })
 }
 
+/// Declares a public id's newtype: `public_id!(PaymentId, "pay", 24, "a payment id")` makes a
+/// `PaymentId` that holds only what [`generate`] could have made with that prefix and length.
+/// `generate`, `parse` (`None` for any other shape, so a look-up of it can be skipped), `fits`,
+/// `as_str` and `Display`; it serialises as its string and deserialises only from a string of
+/// its shape, the error naming the id (`"a payment id"`) and the shape.
+#[macro_export]
+macro_rules! public_id {
+    ($(#[$meta:meta])* $vis:vis $name:ident, $prefix:literal, $len:literal, $what:literal) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        $vis struct $name(String);
+
+        impl $name {
+            /// A new id, random.
+            pub fn generate() -> Self {
+                Self($crate::ids::generate($prefix, $len))
+            }
+
+            /// The id `raw` names, if it has the shape; anything else names nothing of this kind.
+            pub fn parse(raw: &str) -> Option<Self> {
+                Self::fits(raw).then(|| Self(raw.to_owned()))
+            }
+
+            /// Whether `raw` has this id's shape.
+            pub fn fits(raw: &str) -> bool {
+                $crate::ids::has_shape(raw, $prefix, $len)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+
+            fn try_from(raw: String) -> Result<Self, String> {
+                if Self::fits(&raw) {
+                    Ok(Self(raw))
+                } else {
+                    Err(format!(
+                        "must be {}, `{}_` and {} letters or digits; got `{raw}`",
+                        $what, $prefix, $len
+                    ))
+                }
+            }
+        }
+
+        impl $crate::ids::__serde::Serialize for $name {
+            fn serialize<S: $crate::ids::__serde::Serializer>(
+                &self,
+                serializer: S,
+            ) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> $crate::ids::__serde::Deserialize<'de> for $name {
+            fn deserialize<D: $crate::ids::__serde::Deserializer<'de>>(
+                deserializer: D,
+            ) -> Result<Self, D::Error> {
+                let raw = <String as $crate::ids::__serde::Deserialize>::deserialize(deserializer)?;
+                Self::try_from(raw).map_err(<D::Error as $crate::ids::__serde::de::Error>::custom)
+            }
+        }
+    };
+}
+
+#[doc(hidden)]
+pub use serde as __serde;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +125,29 @@ mod tests {
         assert!(!has_shape(&format!("{id}x"), "pay", 24));
         assert!(!has_shape("pay_U5PgTqA02dYsv3cLANIG-kqI", "pay", 24));
         assert!(!has_shape("payU5PgTqA02dYsv3cLANIGkqIs", "pay", 23));
+    }
+
+    public_id!(
+        /// An id for the test.
+        TestId, "tst", 8, "a test id"
+    );
+
+    #[test]
+    fn a_public_id_holds_its_shape_only_and_reads_and_writes_as_its_string() {
+        let id = TestId::generate();
+        assert!(TestId::fits(id.as_str()));
+        assert_eq!(TestId::parse(id.as_str()), Some(id.clone()));
+        assert_eq!(TestId::parse("tst_short"), None);
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, format!("\"{id}\""));
+        assert_eq!(serde_json::from_str::<TestId>(&json).unwrap(), id);
+        let refused = serde_json::from_str::<TestId>("\"pay_aaaaaaaa\"").unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("must be a test id, `tst_` and 8 letters or digits; got `pay_aaaaaaaa`"),
+            "{refused}"
+        );
+        assert_eq!(String::from(id.clone()), id.to_string());
     }
 }

@@ -1,10 +1,11 @@
 //! What idempay and its simulated card processor both run on, so that neither service imports the
-//! other (issue 30): the outbox their events are delivered from, signed ([`outbox`]), the accept
-//! loop ([`server`]), the watch over background jobs ([`jobs`]), the metrics' recorder
-//! ([`metrics`]), how a
-//! setting's value is read ([`settings`]), keyset pagination ([`pagination`]), public ids
-//! ([`ids`]), closed vocabularies ([`vocabulary`]) and the crash points of the fault-injection
-//! tests ([`failpoint`]).
+//! other: the outbox their events are delivered from, signed ([`outbox`]), the accept loop
+//! ([`server`]), the watch over background jobs ([`jobs`]), the metrics' recorder ([`metrics`]),
+//! how a setting's value is read ([`settings`]) and the settings both share
+//! ([`shared_settings`]), keyset pagination
+//! ([`pagination`]), public ids and their newtypes ([`ids`], `public_id!`), the problem
+//! catalogue's macro ([`problem`], `problem_catalogue!`), closed vocabularies ([`vocabulary`]) and
+//! the crash points of the fault-injection tests ([`failpoint`]).
 //!
 //! It names no service and none of their domains: each service keeps its own routes, problem
 //! catalogue and settings, and builds them on these pieces.
@@ -15,7 +16,9 @@ pub mod jobs;
 pub mod metrics;
 pub mod outbox;
 pub mod pagination;
+pub mod problem;
 pub mod server;
 pub mod settings;
+pub mod shared_settings;
 pub mod sweeps;
 pub mod vocabulary;

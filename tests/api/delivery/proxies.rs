@@ -1,7 +1,7 @@
 //! No way around the address guard through a proxy: `idempay serve` started with every proxy
 //! variable pointing at a listener of the test's sends nothing to it. reqwest reads these
 //! variables by default, and through a proxy the proxy resolves the endpoint's name, so the
-//! public-only resolver is never asked (issue 31).
+//! public-only resolver is never asked.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -119,7 +119,7 @@ async fn the_processor_and_delivery_clients_ignore_proxy_variables() {
     );
 }
 
-/// The attack of issue 31: an endpoint by a name that resolves to loopback, delivered by an
+/// The attack this guards against: an endpoint by a name that resolves to loopback, delivered by an
 /// instance that allows only public addresses and has a proxy in its environment. The attempt is
 /// refused by the public-only resolver, and neither the proxy nor the address behind the name
 /// gets anything (through the proxy, the attempt was sent and the proxy's 502 recorded).

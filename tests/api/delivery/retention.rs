@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::json;

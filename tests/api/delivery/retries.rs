@@ -262,7 +262,7 @@ async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
         &receiver.url.replace("127.0.0.1", "localhost"),
     )
     .await;
-    // 6to4 wrapping 127.0.0.1 (issue 31): refused when sending as when registering.
+    // 6to4 wrapping 127.0.0.1: refused when sending as when registering.
     let by_6to4 = endpoint_for_all(&registering, "http://[2002:7f00:1::]:18080/").await;
     registering.stop();
     let sending = registering.another_instance(Settings::default()).await;

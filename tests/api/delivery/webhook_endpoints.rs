@@ -142,7 +142,7 @@ async fn a_private_url_is_refused_unless_private_addresses_are_allowed() {
         "http://[::1]:8080/hooks",
         "http://100.64.0.1/hooks",
         "http://localhost:8080/hooks",
-        // IPv6 forms that wrap a non-public IPv4 address (issue 31): 6to4 of 127.0.0.1, Teredo
+        // IPv6 forms that wrap a non-public IPv4 address: 6to4 of 127.0.0.1, Teredo
         // of client 169.254.169.254, NAT64 of 10.0.0.1, NAT64 local-use, IPv4-mapped,
         // IPv4-compatible and IPv4-translated forms of 127.0.0.1.
         "http://[2002:7f00:1::]:18080/",

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use futures::future::join_all;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;

@@ -2,7 +2,7 @@
 //! stale timestamps, no secret configured, a body that is no envelope, an oversized id; and the
 //! secrets listed during a rotation.
 
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::json;

@@ -26,8 +26,8 @@ async fn the_send_command_delivers_what_the_service_accepts() {
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 250);
 }
 
-/// The data the dev banner used to show for a dispute (no dispute id) was acknowledged `ignored`
-/// and the command exited 0, the event id spent. Now it is refused before it is sent, saying why,
+/// A dispute's data without its dispute id would be acknowledged `ignored` and spend the event id
+/// while the command exited 0: it is refused before it is sent, saying why,
 /// and the same id with the data the intake needs is then applied; an event the service
 /// acknowledges `ignored` all the same (a payment that does not exist) fails the command.
 #[api_test]

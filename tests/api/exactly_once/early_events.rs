@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use ::processor::ProcessorSettings;
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use idempay::config::{ProcessorLink, Settings};
 use idempay::webhooks::parked::MAX_PARKED;
 use idempay_test_macros::api_test;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ::processor::Fraction;
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::json;

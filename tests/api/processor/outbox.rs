@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;

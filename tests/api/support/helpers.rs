@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use idempay::app::Application;
 use idempay::config::Settings;
 use reqwest::header::HeaderMap;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use idempay::config::Settings;
 use idempay::dev::checkout::{SESSION_COOKIE, SESSION_TTL};
 use idempay_test_macros::api_test;

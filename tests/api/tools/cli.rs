@@ -216,8 +216,8 @@ async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
 }
 
 /// A key held by an instance that died answers 409 until its lease ends. The lease here ends
-/// only once `pay` has been answered 409 nine times: the first attempt and the eight retries the
-/// client used to allow before it gave up. `pay` keeps retrying with the same key until its
+/// only once `pay` has been answered 409 nine times, more than a client that counted eight retries
+/// would take before giving up. `pay` keeps retrying with the same key until its
 /// deadline, takes the key over once the lease has ended, and pays once.
 #[api_test]
 async fn pay_retries_a_dead_instance_s_key_with_the_same_key_until_its_lease_ends_and_pays_once() {
@@ -315,7 +315,7 @@ async fn pay_that_cannot_connect_exits_with_not_sent() {
 }
 
 /// A read loses nothing by not being retried: `keys show` against a port that refuses connections
-/// ends at once (it used to retry for the 90 s deadline: "no connection in 43 attempts"), naming
+/// ends at once (not after retrying for the 90 s deadline, "no connection in 43 attempts"), naming
 /// the URL it tried and how to name another; `--help` says where the URL comes from.
 #[api_test]
 async fn keys_show_fails_at_once_on_a_refused_connection_naming_the_url() {

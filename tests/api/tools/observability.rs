@@ -219,8 +219,8 @@ async fn suspended_and_lease_lost_outcomes_are_counted() {
 }
 
 /// WARN is for what an operator must look at. A known event that changes nothing where its object
-/// stands (the processor's `charge.succeeded` of a payment since refunded, which used to be a WARN
-/// "matched no payment") is logged at DEBUG with its reason; an event idempay cannot read (a type
+/// stands (the processor's `charge.succeeded` of a payment since refunded, not a WARN "matched no
+/// payment") is logged at DEBUG with its reason; an event idempay cannot read (a type
 /// it does not know) is still a WARN.
 #[api_test]
 async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknown_type_a_warning() {

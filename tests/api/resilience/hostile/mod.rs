@@ -18,7 +18,7 @@ mod judge;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ::processor::SharedArgs;
+use ::service::shared_settings::SharedArgs;
 use futures::StreamExt;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
