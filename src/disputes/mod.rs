@@ -35,40 +35,32 @@ where
         .routes(routes!(get_dispute))
 }
 
-/// Where a dispute stands, as Stripe's lifecycle has it: opened (`needs_response`), the merchant's
-/// evidence submitted (`under_review`), then decided by the cardholder's bank: `won` (its amount
-/// comes back to the payment: `amount_disputed` falls) or `lost` (it stays with the cardholder).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum DisputeStatus {
-    NeedsResponse,
-    UnderReview,
-    Won,
-    Lost,
+vocabulary! {
+    /// Where a dispute stands, as Stripe's lifecycle has it: opened (`needs_response`), the merchant's
+    /// evidence submitted (`under_review`), then decided by the cardholder's bank: `won` (its amount
+    /// comes back to the payment: `amount_disputed` falls) or `lost` (it stays with the cardholder).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+    pub enum DisputeStatus: "dispute status" {
+        NeedsResponse => "needs_response",
+        UnderReview => "under_review",
+        Won => "won",
+        Lost => "lost",
+    }
 }
 
-vocabulary!(DisputeStatus, "dispute status" {
-    NeedsResponse => "needs_response",
-    UnderReview => "under_review",
-    Won => "won",
-    Lost => "lost",
-});
-
-/// Whether the payment's `amount_disputed` took all of a dispute (the `disputes.status` column).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Review {
-    /// It did.
-    Open,
-    /// It claims more than remained of the payment after its refunds and other disputes: the
-    /// payment's `amount_disputed` took only what remained, and the money may leave twice, so an
-    /// operator must look.
-    NeedsReview,
+vocabulary! {
+    /// Whether the payment's `amount_disputed` took all of a dispute (the `disputes.status`
+    /// column).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Review: "dispute review" {
+        /// It did.
+        Open => "open",
+        /// It claims more than remained of the payment after its refunds and other disputes: the
+        /// payment's `amount_disputed` took only what remained, and the money may leave twice, so
+        /// an operator must look.
+        NeedsReview => "needs_review",
+    }
 }
-
-vocabulary!(Review, "dispute review" {
-    Open => "open",
-    NeedsReview => "needs_review",
-});
 
 /// A dispute, as the API returns it.
 #[derive(Clone, Debug, Serialize, ToSchema)]

@@ -20,66 +20,41 @@ use service::vocabulary::vocabulary;
 
 pub use feed::router;
 
-/// What happened: the event's `type`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-pub enum EventType {
-    /// A payment was created and its charge succeeded; or the processor's success event moved a
-    /// failed payment back to succeeded.
-    #[serde(rename = "payment.succeeded")]
-    PaymentSucceeded,
-    /// A payment was created and its charge was declined.
-    #[serde(rename = "payment.declined")]
-    PaymentDeclined,
-    /// The processor's failure event moved a payment to failed.
-    #[serde(rename = "payment.failed")]
-    PaymentFailed,
-    /// A payment was refunded, partially or fully: the payment after the refund.
-    #[serde(rename = "payment.refunded")]
-    PaymentRefunded,
-    /// A new dispute of the payment was recorded: the payment with its disputed amount.
-    #[serde(rename = "payment.disputed")]
-    PaymentDisputed,
-    /// A refund was made.
-    #[serde(rename = "refund.created")]
-    RefundCreated,
-    /// The processor reported a refund failed: its amount is refundable again.
-    #[serde(rename = "refund.failed")]
-    RefundFailed,
-    /// A manual payment was authorized: its amount is held on the card (`requires_capture`).
-    #[serde(rename = "payment.authorized")]
-    PaymentAuthorized,
-    /// A manual payment was captured (`succeeded`, with its `amount_captured`).
-    #[serde(rename = "payment.captured")]
-    PaymentCaptured,
-    /// A manual payment's authorization was released: by a cancel, or by the processor once it
-    /// expired uncaptured (`cancellation_reason` `expired`).
-    #[serde(rename = "payment.canceled")]
-    PaymentCanceled,
-    /// A dispute's evidence was submitted: `under_review`.
-    #[serde(rename = "dispute.updated")]
-    DisputeUpdated,
-    /// The cardholder's bank decided a dispute: `won` (its amount is the payment's again) or
-    /// `lost`.
-    #[serde(rename = "dispute.closed")]
-    DisputeClosed,
+vocabulary! {
+    // In the order the documentation lists them; the names as the API, the `events.type` column
+    // and the metrics spell them.
+    /// What happened: the event's `type`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+    pub enum EventType: "event type" {
+        /// A payment was created and its charge succeeded; or the processor's success event moved a
+        /// failed payment back to succeeded.
+        PaymentSucceeded => "payment.succeeded",
+        /// A payment was created and its charge was declined.
+        PaymentDeclined => "payment.declined",
+        /// The processor's failure event moved a payment to failed.
+        PaymentFailed => "payment.failed",
+        /// A payment was refunded, partially or fully: the payment after the refund.
+        PaymentRefunded => "payment.refunded",
+        /// A new dispute of the payment was recorded: the payment with its disputed amount.
+        PaymentDisputed => "payment.disputed",
+        /// A refund was made.
+        RefundCreated => "refund.created",
+        /// The processor reported a refund failed: its amount is refundable again.
+        RefundFailed => "refund.failed",
+        /// A manual payment was authorized: its amount is held on the card (`requires_capture`).
+        PaymentAuthorized => "payment.authorized",
+        /// A manual payment was captured (`succeeded`, with its `amount_captured`).
+        PaymentCaptured => "payment.captured",
+        /// A manual payment's authorization was released: by a cancel, or by the processor once it
+        /// expired uncaptured (`cancellation_reason` `expired`).
+        PaymentCanceled => "payment.canceled",
+        /// A dispute's evidence was submitted: `under_review`.
+        DisputeUpdated => "dispute.updated",
+        /// The cardholder's bank decided a dispute: `won` (its amount is the payment's again) or
+        /// `lost`.
+        DisputeClosed => "dispute.closed",
+    }
 }
-
-// In the order the documentation lists them; the names as the API, the `events.type` column
-// and the metrics spell them.
-vocabulary!(EventType, "event type" {
-    PaymentSucceeded => "payment.succeeded",
-    PaymentDeclined => "payment.declined",
-    PaymentFailed => "payment.failed",
-    PaymentRefunded => "payment.refunded",
-    PaymentDisputed => "payment.disputed",
-    RefundCreated => "refund.created",
-    RefundFailed => "refund.failed",
-    PaymentAuthorized => "payment.authorized",
-    PaymentCaptured => "payment.captured",
-    PaymentCanceled => "payment.canceled",
-    DisputeUpdated => "dispute.updated",
-    DisputeClosed => "dispute.closed",
-});
 
 /// An event, as the feed serves it and endpoints receive it.
 #[derive(Debug, Serialize, ToSchema)]

@@ -125,28 +125,21 @@ impl From<Description> for String {
     }
 }
 
-/// The test payment methods of the simulated processor, which decide the outcome as Stripe's test
-/// cards do: `pm_card_visa` succeeds, `pm_card_chargeDeclined` is declined (402) and
-/// `pm_card_slow` succeeds after a delay, its key in progress meanwhile. `pm_card_visa` when absent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub enum PaymentMethod {
-    /// Always succeeds.
-    #[default]
-    #[serde(rename = "pm_card_visa")]
-    CardVisa,
-    /// Always declined: the payment is recorded as `declined` and the answer is 402.
-    #[serde(rename = "pm_card_chargeDeclined")]
-    CardChargeDeclined,
-    /// Succeeds after `IDEMPAY_SLOW_CHARGE`, so the key stays in progress meanwhile.
-    #[serde(rename = "pm_card_slow")]
-    CardSlow,
+vocabulary! {
+    /// The test payment methods of the simulated processor, which decide the outcome as Stripe's test
+    /// cards do: `pm_card_visa` succeeds, `pm_card_chargeDeclined` is declined (402) and
+    /// `pm_card_slow` succeeds after a delay, its key in progress meanwhile. `pm_card_visa` when absent.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ToSchema)]
+    pub enum PaymentMethod: "payment method" {
+        /// Always succeeds.
+        #[default]
+        CardVisa => "pm_card_visa",
+        /// Always declined: the payment is recorded as `declined` and the answer is 402.
+        CardChargeDeclined => "pm_card_chargeDeclined",
+        /// Succeeds after `IDEMPAY_SLOW_CHARGE`, so the key stays in progress meanwhile.
+        CardSlow => "pm_card_slow",
+    }
 }
-
-vocabulary!(PaymentMethod, "payment method" {
-    CardVisa => "pm_card_visa",
-    CardChargeDeclined => "pm_card_chargeDeclined",
-    CardSlow => "pm_card_slow",
-});
 
 /// A payment to create. Unknown fields are refused, so a typo is not silently ignored.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
@@ -179,24 +172,20 @@ pub struct NewPayment {
     pub metadata: Metadata,
 }
 
-/// When the money is taken: `automatic` charges at once (the default); `manual` authorizes now,
-/// holding the amount on the card (`requires_capture`), and takes it when
-/// `POST /v1/payments/{id}/capture` is called (all or part of it), or releases it on
-/// `POST /v1/payments/{id}/cancel`. An authorization not captured within the processor's limit
-/// (7 days by default) is released by the processor, and the payment becomes `canceled`. On a
-/// payment, absent from the replay of one stored before manual capture existed (automatic).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum CaptureMethod {
-    #[default]
-    Automatic,
-    Manual,
+vocabulary! {
+    /// When the money is taken: `automatic` charges at once (the default); `manual` authorizes now,
+    /// holding the amount on the card (`requires_capture`), and takes it when
+    /// `POST /v1/payments/{id}/capture` is called (all or part of it), or releases it on
+    /// `POST /v1/payments/{id}/cancel`. An authorization not captured within the processor's limit
+    /// (7 days by default) is released by the processor, and the payment becomes `canceled`. On a
+    /// payment, absent from the replay of one stored before manual capture existed (automatic).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ToSchema)]
+    pub enum CaptureMethod: "capture method" {
+        #[default]
+        Automatic => "automatic",
+        Manual => "manual",
+    }
 }
-
-vocabulary!(CaptureMethod, "capture method" {
-    Automatic => "automatic",
-    Manual => "manual",
-});
 
 /// `cancellation_reason` as a string of [`CancellationReason`]'s names or `null`, one schema: not
 /// utoipa's `oneOf` of the enum and `{"type": "null"}`, which code generators read as a union.
@@ -212,54 +201,39 @@ fn cancellation_reason_or_null() -> utoipa::openapi::schema::Object {
         .build()
 }
 
-/// Why a payment was canceled: one of Stripe's reasons a merchant gives, or `expired` when the
-/// processor released an authorization nobody captured in time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum CancellationReason {
-    Duplicate,
-    Fraudulent,
-    RequestedByCustomer,
-    Abandoned,
-    Expired,
+vocabulary! {
+    /// Why a payment was canceled: one of Stripe's reasons a merchant gives, or `expired` when the
+    /// processor released an authorization nobody captured in time.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+    pub enum CancellationReason: "cancellation reason" {
+        Duplicate => "duplicate",
+        Fraudulent => "fraudulent",
+        RequestedByCustomer => "requested_by_customer",
+        Abandoned => "abandoned",
+        Expired => "expired",
+    }
 }
-
-vocabulary!(CancellationReason, "cancellation reason" {
-    Duplicate => "duplicate",
-    Fraudulent => "fraudulent",
-    RequestedByCustomer => "requested_by_customer",
-    Abandoned => "abandoned",
-    Expired => "expired",
-});
 
 service::public_id!(
     /// A payment id: `pay_` followed by 24 random base62 characters.
     pub PaymentId, "pay", 24, "a payment id"
 );
 
-/// The state of a payment: `succeeded` or `declined` when charged, `refunded` once refunded in
-/// full (a partial refund leaves it `succeeded`), `failed` when the processor reported a failure.
-/// A manual payment is `requires_capture` once authorized, then `succeeded` when captured or
-/// `canceled` when its authorization was released.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PaymentStatus {
-    Succeeded,
-    Declined,
-    Refunded,
-    Failed,
-    RequiresCapture,
-    Canceled,
+vocabulary! {
+    /// The state of a payment: `succeeded` or `declined` when charged, `refunded` once refunded in
+    /// full (a partial refund leaves it `succeeded`), `failed` when the processor reported a failure.
+    /// A manual payment is `requires_capture` once authorized, then `succeeded` when captured or
+    /// `canceled` when its authorization was released.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+    pub enum PaymentStatus: "payment status" {
+        Succeeded => "succeeded",
+        Declined => "declined",
+        Refunded => "refunded",
+        Failed => "failed",
+        RequiresCapture => "requires_capture",
+        Canceled => "canceled",
+    }
 }
-
-vocabulary!(PaymentStatus, "payment status" {
-    Succeeded => "succeeded",
-    Declined => "declined",
-    Refunded => "refunded",
-    Failed => "failed",
-    RequiresCapture => "requires_capture",
-    Canceled => "canceled",
-});
 
 /// A payment, as the API returns it.
 #[derive(Clone, Debug, Serialize, ToSchema)]

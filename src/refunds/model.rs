@@ -15,19 +15,15 @@ service::public_id!(
     pub RefundId, "re", 24, "a refund id"
 );
 
-/// The state of a refund: `succeeded` when made, `failed` if the processor later reported it
-/// failed (the amount is refundable again).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RefundStatus {
-    Succeeded,
-    Failed,
+vocabulary! {
+    /// The state of a refund: `succeeded` when made, `failed` if the processor later reported it
+    /// failed (the amount is refundable again).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+    pub enum RefundStatus: "refund status" {
+        Succeeded => "succeeded",
+        Failed => "failed",
+    }
 }
-
-vocabulary!(RefundStatus, "refund status" {
-    Succeeded => "succeeded",
-    Failed => "failed",
-});
 
 /// A refund, as the API returns it.
 #[derive(Clone, Debug, Serialize, ToSchema)]

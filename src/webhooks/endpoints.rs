@@ -145,20 +145,16 @@ impl utoipa::PartialSchema for EnabledEvents {
 
 impl utoipa::ToSchema for EnabledEvents {}
 
-/// Whether an endpoint is sent events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EndpointStatus {
-    /// Its events are delivered.
-    Enabled,
-    /// It acknowledged no delivery for the whole retry schedule: it is sent nothing more.
-    Disabled,
+vocabulary! {
+    /// Whether an endpoint is sent events.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+    pub enum EndpointStatus: "webhook endpoint status" {
+        /// Its events are delivered.
+        Enabled => "enabled",
+        /// It acknowledged no delivery for the whole retry schedule: it is sent nothing more.
+        Disabled => "disabled",
+    }
 }
-
-vocabulary!(EndpointStatus, "webhook endpoint status" {
-    Enabled => "enabled",
-    Disabled => "disabled",
-});
 
 /// A webhook endpoint, as the API returns it.
 #[derive(Debug, Serialize, ToSchema)]

@@ -15,7 +15,7 @@
 //! authorization expired, captured or voided).
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 use utoipa::ToSchema;
@@ -59,44 +59,28 @@ pub struct Envelope {
     pub data: Value,
 }
 
-/// The event types the intake understands (the processor's, and the same naming idempay's own
-/// objects); any other is acknowledged and recorded without effect.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IntakeType {
-    PaymentSucceeded,
-    ChargeSucceeded,
-    PaymentFailed,
-    ChargeFailed,
-    DisputeCreated,
-    ChargeDisputeCreated,
-    RefundFailed,
-    ChargeRefundFailed,
-    ChargeDeclined,
-    ChargeRefunded,
-    ChargeCaptured,
-    ChargeVoided,
-    ChargeExpired,
-    ChargeDisputeUpdated,
-    ChargeDisputeClosed,
+vocabulary! {
+    /// The event types the intake understands (the processor's, and the same naming idempay's own
+    /// objects); any other is acknowledged and recorded without effect.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum IntakeType: "event type" {
+        PaymentSucceeded => "payment.succeeded",
+        ChargeSucceeded => "charge.succeeded",
+        PaymentFailed => "payment.failed",
+        ChargeFailed => "charge.failed",
+        DisputeCreated => "dispute.created",
+        ChargeDisputeCreated => "charge.dispute.created",
+        RefundFailed => "refund.failed",
+        ChargeRefundFailed => "charge.refund.failed",
+        ChargeDeclined => "charge.declined",
+        ChargeRefunded => "charge.refunded",
+        ChargeCaptured => "charge.captured",
+        ChargeVoided => "charge.voided",
+        ChargeExpired => "charge.expired",
+        ChargeDisputeUpdated => "charge.dispute.updated",
+        ChargeDisputeClosed => "charge.dispute.closed",
+    }
 }
-
-vocabulary!(IntakeType, "event type" {
-    PaymentSucceeded => "payment.succeeded",
-    ChargeSucceeded => "charge.succeeded",
-    PaymentFailed => "payment.failed",
-    ChargeFailed => "charge.failed",
-    DisputeCreated => "dispute.created",
-    ChargeDisputeCreated => "charge.dispute.created",
-    RefundFailed => "refund.failed",
-    ChargeRefundFailed => "charge.refund.failed",
-    ChargeDeclined => "charge.declined",
-    ChargeRefunded => "charge.refunded",
-    ChargeCaptured => "charge.captured",
-    ChargeVoided => "charge.voided",
-    ChargeExpired => "charge.expired",
-    ChargeDisputeUpdated => "charge.dispute.updated",
-    ChargeDisputeClosed => "charge.dispute.closed",
-});
 
 /// The events the service understands.
 #[derive(Debug)]
@@ -226,40 +210,33 @@ struct RefundData {
     refund: String,
 }
 
-/// What became of an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EventOutcome {
-    /// Its effect was applied now; for an event without one (`charge.declined`,
-    /// `charge.refunded`), what it names is recorded.
-    Applied,
-    /// Acknowledged without effect: an unknown type, an object of idempay's own (`pay_…`, `re_…`)
-    /// that does not exist, or data that cannot apply.
-    Ignored,
-    /// A redelivery of an event already processed, or an effect already recorded under another
-    /// event id (a dispute already known by its dispute id): nothing was applied again.
-    Duplicate,
-    /// Older than the last event applied to the payment (by the envelope's `timestamp`): recorded,
-    /// and the payment keeps the newer state.
-    Stale,
-    /// A dispute over more than remains of the payment (after its refunds and other disputes):
-    /// recorded and flagged for an operator's review; the payment's `amount_disputed` took only
-    /// what remained.
-    NeedsReview,
-    /// About a charge or refund of the processor's that idempay has not recorded yet: kept, and
-    /// applied once when it is recorded (by the client's retry, the recovery job or an operator).
-    Parked,
+vocabulary! {
+    // The outcomes' names, as the API, the processed events and the metrics spell them.
+    /// What became of an event.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+    pub enum EventOutcome: "webhook event outcome" {
+        /// Its effect was applied now; for an event without one (`charge.declined`,
+        /// `charge.refunded`), what it names is recorded.
+        Applied => "applied",
+        /// Acknowledged without effect: an unknown type, an object of idempay's own (`pay_…`,
+        /// `re_…`) that does not exist, or data that cannot apply.
+        Ignored => "ignored",
+        /// A redelivery of an event already processed, or an effect already recorded under another
+        /// event id (a dispute already known by its dispute id): nothing was applied again.
+        Duplicate => "duplicate",
+        /// Older than the last event applied to the payment (by the envelope's `timestamp`):
+        /// recorded, and the payment keeps the newer state.
+        Stale => "stale",
+        /// A dispute over more than remains of the payment (after its refunds and other disputes):
+        /// recorded and flagged for an operator's review; the payment's `amount_disputed` took only
+        /// what remained.
+        NeedsReview => "needs_review",
+        /// About a charge or refund of the processor's that idempay has not recorded yet: kept, and
+        /// applied once when it is recorded (by the client's retry, the recovery job or an
+        /// operator).
+        Parked => "parked",
+    }
 }
-
-// The outcomes' names, as the API, the processed events and the metrics spell them.
-vocabulary!(EventOutcome, "webhook event outcome" {
-    Applied => "applied",
-    Ignored => "ignored",
-    Duplicate => "duplicate",
-    Stale => "stale",
-    NeedsReview => "needs_review",
-    Parked => "parked",
-});
 
 /// What applying an event did: its outcome, and the event it wrote about the change, if any.
 #[derive(Debug)]

@@ -66,26 +66,19 @@ impl Currency {
     }
 }
 
-/// The test cards, which decide a charge's outcome as Stripe's test payment methods do.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-pub enum PaymentMethod {
-    /// Always succeeds.
-    #[default]
-    #[serde(rename = "pm_card_visa")]
-    CardVisa,
-    /// Always declined: the charge is recorded as `declined` and answered 402.
-    #[serde(rename = "pm_card_chargeDeclined")]
-    CardChargeDeclined,
-    /// Succeeds after `IDEMPAY_SLOW_CHARGE`.
-    #[serde(rename = "pm_card_slow")]
-    CardSlow,
+vocabulary! {
+    /// The test cards, which decide a charge's outcome as Stripe's test payment methods do.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum PaymentMethod: "payment method" {
+        /// Always succeeds.
+        #[default]
+        CardVisa => "pm_card_visa",
+        /// Always declined: the charge is recorded as `declined` and answered 402.
+        CardChargeDeclined => "pm_card_chargeDeclined",
+        /// Succeeds after `IDEMPAY_SLOW_CHARGE`.
+        CardSlow => "pm_card_slow",
+    }
 }
-
-vocabulary!(PaymentMethod, "payment method" {
-    CardVisa => "pm_card_visa",
-    CardChargeDeclined => "pm_card_chargeDeclined",
-    CardSlow => "pm_card_slow",
-});
 
 /// A charge to make. Unknown fields are refused. `pm_card_visa` when no method is given.
 #[derive(Clone, Debug, Deserialize)]
@@ -119,25 +112,19 @@ pub struct NewCapture {
 #[serde(deny_unknown_fields)]
 pub struct NewVoid {}
 
-/// Where a charge's money is: taken (`captured`), held on the card (`requires_capture`), or
-/// released, by a void (`voided`) or because nobody captured it in time (`expired`). A declined
-/// charge is `captured` of nothing: it never held money.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CaptureState {
-    #[default]
-    Captured,
-    RequiresCapture,
-    Voided,
-    Expired,
+vocabulary! {
+    /// Where a charge's money is: taken (`captured`), held on the card (`requires_capture`), or
+    /// released, by a void (`voided`) or because nobody captured it in time (`expired`). A declined
+    /// charge is `captured` of nothing: it never held money.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum CaptureState: "capture state" {
+        #[default]
+        Captured => "captured",
+        RequiresCapture => "requires_capture",
+        Voided => "voided",
+        Expired => "expired",
+    }
 }
-
-vocabulary!(CaptureState, "capture state" {
-    Captured => "captured",
-    RequiresCapture => "requires_capture",
-    Voided => "voided",
-    Expired => "expired",
-});
 
 /// A refund to make: all that remains refundable when no amount is given.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -154,18 +141,14 @@ pub struct NewDispute {
     pub amount: Amount,
 }
 
-/// What became of a charge: a decline is a result, recorded like a success.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChargeStatus {
-    Succeeded,
-    Declined,
+vocabulary! {
+    /// What became of a charge: a decline is a result, recorded like a success.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ChargeStatus: "charge status" {
+        Succeeded => "succeeded",
+        Declined => "declined",
+    }
 }
-
-vocabulary!(ChargeStatus, "charge status" {
-    Succeeded => "succeeded",
-    Declined => "declined",
-});
 
 /// A charge, as `GET /v1/charges/{id}` answers it (with `"object": "charge"`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,48 +187,33 @@ pub struct Charge {
     pub created_at: DateTime<Utc>,
 }
 
-/// The state of a refund at the processor: made when it is recorded; `failed` when the card
-/// network gave it back later (the amount is the charge's again).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RefundStatus {
-    Succeeded,
-    Failed,
+vocabulary! {
+    /// The state of a refund at the processor: made when it is recorded; `failed` when the card
+    /// network gave it back later (the amount is the charge's again).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum RefundStatus: "processor refund status" {
+        Succeeded => "succeeded",
+        Failed => "failed",
+    }
 }
 
-vocabulary!(RefundStatus, "processor refund status" {
-    Succeeded => "succeeded",
-    Failed => "failed",
-});
-
-/// The types of the events the processor sends (to `IDEMPAY_PROCESSOR_WEBHOOK_URL`), each written
-/// to its outbox with the change it announces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcessorEventType {
-    ChargeSucceeded,
-    ChargeDeclined,
-    ChargeRefunded,
-    ChargeDisputeCreated,
-    ChargeRefundFailed,
-    ChargeCaptured,
-    ChargeVoided,
-    ChargeExpired,
-    ChargeDisputeUpdated,
-    ChargeDisputeClosed,
+vocabulary! {
+    /// The types of the events the processor sends (to `IDEMPAY_PROCESSOR_WEBHOOK_URL`), each
+    /// written to its outbox with the change it announces.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ProcessorEventType: "processor event type" {
+        ChargeSucceeded => "charge.succeeded",
+        ChargeDeclined => "charge.declined",
+        ChargeRefunded => "charge.refunded",
+        ChargeDisputeCreated => "charge.dispute.created",
+        ChargeRefundFailed => "charge.refund.failed",
+        ChargeCaptured => "charge.captured",
+        ChargeVoided => "charge.voided",
+        ChargeExpired => "charge.expired",
+        ChargeDisputeUpdated => "charge.dispute.updated",
+        ChargeDisputeClosed => "charge.dispute.closed",
+    }
 }
-
-vocabulary!(ProcessorEventType, "processor event type" {
-    ChargeSucceeded => "charge.succeeded",
-    ChargeDeclined => "charge.declined",
-    ChargeRefunded => "charge.refunded",
-    ChargeDisputeCreated => "charge.dispute.created",
-    ChargeRefundFailed => "charge.refund.failed",
-    ChargeCaptured => "charge.captured",
-    ChargeVoided => "charge.voided",
-    ChargeExpired => "charge.expired",
-    ChargeDisputeUpdated => "charge.dispute.updated",
-    ChargeDisputeClosed => "charge.dispute.closed",
-});
 
 impl ProcessorEventType {
     /// The event that announces a charge with this result.
@@ -286,25 +254,19 @@ pub struct Dispute {
     pub created_at: DateTime<Utc>,
 }
 
-/// A dispute's lifecycle, as Stripe's: opened (`needs_response`), evidence submitted
-/// (`under_review`), then closed by the cardholder's bank, `won` (the money comes back to the
-/// charge) or `lost` (it stays with the cardholder).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DisputeStatus {
-    #[default]
-    NeedsResponse,
-    UnderReview,
-    Won,
-    Lost,
+vocabulary! {
+    /// A dispute's lifecycle, as Stripe's: opened (`needs_response`), evidence submitted
+    /// (`under_review`), then closed by the cardholder's bank, `won` (the money comes back to the
+    /// charge) or `lost` (it stays with the cardholder).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum DisputeStatus: "dispute status" {
+        #[default]
+        NeedsResponse => "needs_response",
+        UnderReview => "under_review",
+        Won => "won",
+        Lost => "lost",
+    }
 }
-
-vocabulary!(DisputeStatus, "dispute status" {
-    NeedsResponse => "needs_response",
-    UnderReview => "under_review",
-    Won => "won",
-    Lost => "lost",
-});
 
 impl DisputeStatus {
     /// Whether the bank has decided: nothing changes a closed dispute.

@@ -1,7 +1,7 @@
 //! Closed vocabularies: the enums whose values are stored or sent as strings (statuses, event
-//! types, problem types). [`vocabulary!`] declares each one's names once, as a table, and derives
-//! `as_str`, `ALL` and a `FromStr` that refuses any other string with [`Unknown`]: a stored value
-//! that is none of them is an error, never taken for a default.
+//! types, outcomes). [`vocabulary!`] declares each enum with its names, once, and derives `as_str`,
+//! `ALL`, serde's traits under the same names, and a `FromStr` that refuses any other string with
+//! [`Unknown`]: a stored value that is none of them is an error, never taken for a default.
 
 /// A string that is none of a vocabulary's names.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -34,17 +34,45 @@ pub fn stored<T: std::str::FromStr<Err = Unknown>>(value: &str) -> Result<T, sql
     value.parse().map_err(sqlx::Error::from)
 }
 
-/// Declares the names of an enum's variants, once: `vocabulary!(Status, "payment status" {
-/// Succeeded => "succeeded", … })` gives `Status::ALL` (in this order), `as_str`, `Display` and
-/// `FromStr` (which refuses any other string with [`Unknown`]). `as_str` matches exhaustively, so
-/// a variant left out of the table does not compile.
+/// Declares a closed vocabulary once: the enum, and each variant's name as it is stored and
+/// sent.
+///
+/// ```ignore
+/// vocabulary! {
+///     /// Where a payment stands.
+///     #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
+///     pub enum PaymentStatus: "payment status" {
+///         Succeeded => "succeeded",
+///         RequiresCapture => "requires_capture",
+///     }
+/// }
+/// ```
+///
+/// gives the enum with its attributes and its variants' (docs, `#[default]`), `ALL` (in this
+/// order), `as_str`, `Display`, a `FromStr` that refuses any other string with [`Unknown`] (its
+/// words name the vocabulary: "payment status"), and serde's `Serialize` and `Deserialize` under
+/// the same names: each name is written once, and what derives from serde (an OpenAPI schema)
+/// reads it too. The caller derives neither serde trait itself.
 ///
 /// Exported at the crate's root under a hidden name, and named here: `use
 /// service::vocabulary::vocabulary` from any crate, whose `$crate` paths still find [`Unknown`].
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __vocabulary {
-    ($name:ident, $what:literal { $($variant:ident => $text:literal),+ $(,)? }) => {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident: $what:literal {
+            // Each name a token tree, not a `literal` fragment: forwarded as it is, so that the
+            // derives that read `#[serde(rename)]` (utoipa's schema) see a plain string.
+            $($(#[$variant_meta:meta])* $variant:ident => $text:tt),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(::serde::Serialize, ::serde::Deserialize)]
+        $vis enum $name {
+            $($(#[$variant_meta])* #[serde(rename = $text)] $variant,)+
+        }
+
         impl $name {
             /// Every value, in the order of its declaration.
             pub const ALL: &'static [Self] = &[$(Self::$variant),+];
@@ -82,13 +110,14 @@ pub use crate::__vocabulary as vocabulary;
 mod tests {
     use super::*;
 
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    enum Colour {
-        Red,
-        DarkBlue,
+    vocabulary! {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        enum Colour: "colour" {
+            Red => "red",
+            /// Two words.
+            DarkBlue => "dark_blue",
+        }
     }
-
-    vocabulary!(Colour, "colour" { Red => "red", DarkBlue => "dark_blue" });
 
     #[test]
     fn every_name_reads_back_and_any_other_is_refused_naming_the_vocabulary() {
@@ -104,5 +133,15 @@ mod tests {
             decoded.to_string().contains("unknown colour `green`"),
             "{decoded}"
         );
+        // serde's names are the vocabulary's.
+        assert_eq!(
+            serde_json::to_string(&Colour::DarkBlue).unwrap(),
+            "\"dark_blue\""
+        );
+        assert_eq!(
+            serde_json::from_str::<Colour>("\"dark_blue\"").unwrap(),
+            Colour::DarkBlue
+        );
+        assert!(serde_json::from_str::<Colour>("\"DarkBlue\"").is_err());
     }
 }
