@@ -185,7 +185,9 @@ pub async fn write(
     // `seq` is taken in the order the rows are produced: ORDER BY the arrays' ordinality keeps
     // the caller's order (a refund's `refund.created` before its `payment.refunded`).
     // The endpoints are read by the account, not through the inserted rows: on Citus that keeps
-    // the read on the account's shard.
+    // the read on the account's shard. Their status is named as text (`enabled`, which the
+    // endpoints' own tests hold to be `EndpointStatus::Enabled`): `webhooks`, which owns the type,
+    // builds on this module.
     sqlx::query!(
         r#"
         WITH event AS (
@@ -235,7 +237,8 @@ async fn write_routed(
     .await?;
     // The endpoints are read, then each delivery inserted with its values: an `INSERT … SELECT`
     // into this table (its id comes from a sequence) is run through the coordinator on a
-    // connection of its own, and the transaction then commits by two-phase commit.
+    // connection of its own, and the transaction then commits by two-phase commit. The status is
+    // text, as above.
     let endpoints = sqlx::query!(
         r#"
         SELECT id, url FROM webhook_endpoints

@@ -247,7 +247,8 @@ async fn insert(
 /// Records the payment and its event and completes its key with `fence` in one statement: all
 /// three commit, or, when another request took the key over, none. The event costs no round trip:
 /// it is one more row (and its webhook deliveries, one per subscribed endpoint) in the same
-/// statement.
+/// statement. The endpoints' status is named as text (`enabled`), as `events::write` names it:
+/// `webhooks`, which owns the type, builds on payments.
 async fn insert_and_complete(
     connection: &mut PgConnection,
     account: &AccountId,

@@ -124,10 +124,11 @@ impl Ours {
             r#"
             SELECT id, charge AS "charge!", amount, currency, status, amount_refunded,
                    amount_disputed,
-                   COALESCE(amount_captured, CASE WHEN status = 'declined' THEN 0 ELSE amount END)
+                   COALESCE(amount_captured, CASE WHEN status = $1 THEN 0 ELSE amount END)
                        AS "amount_captured!"
             FROM payments WHERE charge IS NOT NULL
-            "#
+            "#,
+            PaymentStatus::Declined.as_str(),
         )
         .fetch_all(&mut *tx)
         .await?

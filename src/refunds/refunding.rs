@@ -9,9 +9,10 @@ use axum::http::{StatusCode, header};
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use super::model::{RefundId, RefundRow};
+use super::model::{RefundId, RefundRow, RefundStatus};
 use super::refund_state::{self, Refund, RefundState};
 use crate::accounts::AccountId;
+use crate::disputes::Review;
 use crate::downstream::ProcessorRefund;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
@@ -216,7 +217,7 @@ async fn record(
         INSERT INTO refunds
             (id, payment_id, account_id, amount, reason, status, idempotency_key, processor_refund,
              metadata)
-        VALUES ($1, $2, $3, $4, $5, 'succeeded', $6, $7, $8)
+        VALUES ($1, $2, $3, $4, $5, $9, $6, $7, $8)
         RETURNING id, payment_id, amount, reason, status, processor_refund, created_at,
                   metadata AS "metadata: Json<Metadata>"
         "#,
@@ -228,6 +229,7 @@ async fn record(
         lease.key().as_str(),
         refunded.id,
         Json(&intent.metadata) as _,
+        RefundStatus::Succeeded.as_str(),
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -269,11 +271,13 @@ async fn record(
         );
         sqlx::query!(
             r#"
-            UPDATE disputes SET status = 'needs_review'
-            WHERE account_id = $2 AND payment_id = $1 AND status = 'open'
+            UPDATE disputes SET status = $3
+            WHERE account_id = $2 AND payment_id = $1 AND status = $4
             "#,
             intent.payment,
             intent.account,
+            Review::NeedsReview.as_str(),
+            Review::Open.as_str(),
         )
         .execute(&mut *tx)
         .await?;

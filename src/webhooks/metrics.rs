@@ -5,6 +5,7 @@ use metrics::{counter, describe_counter, describe_gauge, gauge};
 use sqlx::PgPool;
 
 use super::EventOutcome;
+use super::endpoints::EndpointStatus;
 
 const WEBHOOK_EVENTS: &str = "idempay_webhook_events_total";
 const MANUAL_RETRIES: &str = "idempay_webhook_manual_retries_total";
@@ -65,18 +66,22 @@ pub fn read_endpoints(pool: &PgPool) -> futures_util::future::BoxFuture<'_, ()> 
     Box::pin(async move {
         let counted = sqlx::query!(
             r#"
-            SELECT count(*) FILTER (WHERE status = 'enabled') AS "enabled!",
-                   count(*) FILTER (WHERE status = 'disabled') AS "disabled!"
+            SELECT count(*) FILTER (WHERE status = $1) AS "enabled!",
+                   count(*) FILTER (WHERE status = $2) AS "disabled!"
             FROM webhook_endpoints
             "#,
+            EndpointStatus::Enabled.as_str(),
+            EndpointStatus::Disabled.as_str(),
         )
         .fetch_one(pool)
         .await;
         match counted {
             #[allow(clippy::cast_precision_loss)]
             Ok(counted) => {
-                gauge!(ENDPOINTS, "status" => "enabled").set(counted.enabled as f64);
-                gauge!(ENDPOINTS, "status" => "disabled").set(counted.disabled as f64);
+                gauge!(ENDPOINTS, "status" => EndpointStatus::Enabled.as_str())
+                    .set(counted.enabled as f64);
+                gauge!(ENDPOINTS, "status" => EndpointStatus::Disabled.as_str())
+                    .set(counted.disabled as f64);
             }
             Err(error) => tracing::warn!(%error, "cannot count the webhook endpoints"),
         }

@@ -223,13 +223,14 @@ async fn process(
     let recorded = sqlx::query_scalar!(
         r#"
         INSERT INTO processed_events (id, type, outcome, expires_at)
-        VALUES ($1, $2, 'applied', now() + $3::bigint * interval '1 millisecond')
+        VALUES ($1, $2, $4, now() + $3::bigint * interval '1 millisecond')
         ON CONFLICT (id) DO NOTHING
         RETURNING id
         "#,
         id,
         envelope.kind,
         i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+        EventOutcome::Applied.as_str(),
     )
     .fetch_optional(&mut *tx)
     .await?;

@@ -176,13 +176,14 @@ async fn apply(
     let outcome = sqlx::query_scalar!(
         r#"
         INSERT INTO processed_events (id, type, outcome, expires_at)
-        VALUES ($1, $2, 'parked', now() + $3::bigint * interval '1 millisecond')
+        VALUES ($1, $2, $4, now() + $3::bigint * interval '1 millisecond')
         ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
         RETURNING outcome
         "#,
         id,
         kind,
         i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+        EventOutcome::Parked.as_str(),
     )
     .fetch_one(&mut *tx)
     .await?;

@@ -172,7 +172,7 @@ async fn capture(
         ChargeRow,
         r#"
         UPDATE processor_charges
-        SET capture_state = 'captured', amount_captured = $2, capture_key = $3
+        SET capture_state = $4, amount_captured = $2, capture_key = $3
         WHERE id = $1
         RETURNING id, amount, currency, status, payment_method, decline_code, amount_refunded,
                   capture_state, amount_captured, capture_key, void_key, idempotency_key,
@@ -181,6 +181,7 @@ async fn capture(
         id,
         amount,
         key.as_str(),
+        CaptureState::Captured.as_str(),
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -200,7 +201,7 @@ async fn void(
         ChargeRow,
         r#"
         UPDATE processor_charges
-        SET capture_state = 'voided', amount_captured = 0, void_key = $2
+        SET capture_state = $3, amount_captured = 0, void_key = $2
         WHERE id = $1
         RETURNING id, amount, currency, status, payment_method, decline_code, amount_refunded,
                   capture_state, amount_captured, capture_key, void_key, idempotency_key,
@@ -208,6 +209,7 @@ async fn void(
         "#,
         id,
         key.as_str(),
+        CaptureState::Voided.as_str(),
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -226,8 +228,10 @@ pub(crate) async fn expire_batch(
     let mut tx = pool.begin().await?;
     let expired = sqlx::query!(
         r#"
-        UPDATE processor_charges c SET capture_state = 'expired', amount_captured = 0
+        UPDATE processor_charges c SET capture_state = $2, amount_captured = 0
         FROM (
+            -- The literal, not a parameter: the partial index of the authorizations held
+            -- (`processor_charges_requires_capture`) serves only a statement that names it.
             SELECT id FROM processor_charges
             WHERE capture_state = 'requires_capture'
               AND created_at < now() - $1::float8 * interval '1 second'
@@ -239,6 +243,7 @@ pub(crate) async fn expire_batch(
         RETURNING c.id, c.amount, now() AS "at!: DateTime<Utc>"
         "#,
         ttl.as_secs_f64(),
+        CaptureState::Expired.as_str(),
     )
     .fetch_all(&mut *tx)
     .await?;

@@ -22,7 +22,7 @@ use crate::extract::{Authorized, KeyedPageQuery, Path};
 use crate::faults::Faults;
 use crate::model::{
     CaptureState, Charge, ChargeRow, ChargeStatus, DisputeRow, IdKind, NewCharge, NewDispute,
-    NewRefund, PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, tagged,
+    NewRefund, PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, RefundStatus, tagged,
 };
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::engine::Engine;
@@ -501,7 +501,7 @@ async fn refund(
         RefundRow,
         r#"
         INSERT INTO processor_refunds (id, charge_id, amount, status, idempotency_key, created_at)
-        VALUES ($1, $2, $3, 'succeeded', $4, $5)
+        VALUES ($1, $2, $3, $6, $4, $5)
         RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
         IdKind::Refund.generate(),
@@ -509,6 +509,7 @@ async fn refund(
         amount,
         key.as_str(),
         at,
+        RefundStatus::Succeeded.as_str(),
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -677,11 +678,13 @@ pub(crate) async fn fail_refund(
     let failed = sqlx::query_as!(
         RefundRow,
         r#"
-        UPDATE processor_refunds SET status = 'failed'
-        WHERE id = $1 AND status = 'succeeded'
+        UPDATE processor_refunds SET status = $2
+        WHERE id = $1 AND status = $3
         RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
         id,
+        RefundStatus::Failed.as_str(),
+        RefundStatus::Succeeded.as_str(),
     )
     .fetch_optional(&mut *tx)
     .await?

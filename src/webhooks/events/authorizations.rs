@@ -12,7 +12,7 @@ use super::{
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
-use crate::payments::{CancellationReason, PaymentRow, payment_query};
+use crate::payments::{CancellationReason, PaymentRow, PaymentStatus, payment_query};
 
 impl Envelope {
     /// Cancels the payment whose authorization `charge` expired, if it still `requires_capture`.
@@ -32,14 +32,16 @@ impl Envelope {
         };
         let canceled = payment_query!(
             "UPDATE payments
-             SET status = 'canceled', amount_capturable = 0, amount_captured = 0,
+             SET status = $4, amount_capturable = 0, amount_captured = 0,
                  canceled_at = now(), cancellation_reason = $3
-             WHERE account_id = $2 AND charge = $1 AND status = 'requires_capture'
+             WHERE account_id = $2 AND charge = $1 AND status = $5
              RETURNING",
             "",
             charge,
             account,
             CancellationReason::Expired.as_str(),
+            PaymentStatus::Canceled.as_str(),
+            PaymentStatus::RequiresCapture.as_str(),
         )
         .fetch_optional(&mut *conn)
         .await?;

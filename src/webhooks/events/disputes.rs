@@ -188,16 +188,18 @@ impl Envelope {
                 FOR NO KEY UPDATE
             ) prior
             WHERE d.account_id = $2 AND d.account_id = prior.account_id AND d.id = prior.id
-              AND d.lifecycle NOT IN ('won', 'lost')
+              AND d.lifecycle NOT IN ($5, $6)
               AND (d.last_event_at IS NULL OR d.last_event_at < $4
                    -- At the same instant, the bank's decision comes after the evidence.
-                   OR (d.last_event_at = $4 AND $3 IN ('won', 'lost')))
+                   OR (d.last_event_at = $4 AND $3 IN ($5, $6)))
             RETURNING d.payment_id, d.amount
             "#,
             dispute,
             account,
             status.as_str(),
             self.timestamp,
+            DisputeStatus::Won.as_str(),
+            DisputeStatus::Lost.as_str(),
         )
         .fetch_optional(&mut *conn)
         .await?;

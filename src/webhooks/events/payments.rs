@@ -43,7 +43,7 @@ impl Envelope {
                 FOR NO KEY UPDATE
             ) prior
             WHERE p.account_id = $5 AND p.account_id = prior.account_id AND p.id = prior.id
-              AND p.status IN ('succeeded', 'failed')
+              AND p.status IN ($6, $7)
               AND (p.last_event_at IS NULL OR p.last_event_at < $3)
             RETURNING prior.status AS prior_status, p.account_id, p.id, p.amount, p.currency,
                       p.status, p.payment_method, p.order_ref, p.description, p.amount_refunded,
@@ -56,6 +56,8 @@ impl Envelope {
             self.timestamp,
             status.as_str(),
             account,
+            PaymentStatus::Succeeded.as_str(),
+            PaymentStatus::Failed.as_str(),
         )
         .fetch_optional(&mut *conn)
         .await?;

@@ -11,7 +11,8 @@ use super::{
 use crate::db::Engine;
 use crate::events::{self, EventType, NewEvent};
 use crate::metadata::Metadata;
-use crate::refunds::RefundRow;
+use crate::payments::PaymentStatus;
+use crate::refunds::{RefundRow, RefundStatus};
 
 impl Envelope {
     /// The money of a refund did not go back: the amount is refundable again, and the refund's
@@ -28,15 +29,15 @@ impl Envelope {
         let failed = sqlx::query!(
             r#"
             WITH failed AS (
-                UPDATE refunds SET status = 'failed'
+                UPDATE refunds SET status = $3
                 WHERE account_id = $2 AND (id = $1 OR processor_refund = $1)
-                  AND status = 'succeeded'
+                  AND status = $4
                 RETURNING id, payment_id, account_id, amount, reason, status, processor_refund,
                           created_at, metadata
             )
             UPDATE payments p
             SET amount_refunded = p.amount_refunded - failed.amount,
-                status = CASE WHEN p.status = 'refunded' THEN 'succeeded' ELSE p.status END
+                status = CASE WHEN p.status = $5 THEN $6 ELSE p.status END
             FROM failed
             WHERE p.account_id = $2 AND p.account_id = failed.account_id
               AND p.id = failed.payment_id
@@ -49,6 +50,10 @@ impl Envelope {
             "#,
             refund,
             account,
+            RefundStatus::Failed.as_str(),
+            RefundStatus::Succeeded.as_str(),
+            PaymentStatus::Refunded.as_str(),
+            PaymentStatus::Succeeded.as_str(),
         )
         .fetch_optional(&mut *conn)
         .await?;
