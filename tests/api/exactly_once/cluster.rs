@@ -104,7 +104,7 @@ const ACROSS_ACCOUNTS: [(&str, &str); 29] = [
         "the metrics' age of each endpoint's oldest due delivery, over every account",
     ),
     (
-        "count(*) FILTER (WHERE status = 'enabled')",
+        r#"count(*) FILTER (WHERE status = $1) AS "enabled!""#,
         "the metrics' count of webhook endpoints by status, over every account",
     ),
     (
