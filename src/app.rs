@@ -402,11 +402,8 @@ impl Application {
             ),
             watch(
                 "recovery",
-                recovery::spawn(
-                    self.state.idempotency.clone(),
-                    self.settings.recovery_interval,
-                    stop.clone(),
-                ),
+                recovery::job(&self.state.idempotency, self.settings.recovery_interval)
+                    .spawn(stop.clone()),
             ),
             watch(
                 "parked-webhooks",

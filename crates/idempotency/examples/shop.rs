@@ -2,11 +2,13 @@
 //! cargo run -p idempotency --example shop` (it creates the keys' table where it is missing), then
 //! `curl -X POST -H 'Idempotency-Key: k1' localhost:3000/orders` twice: one order is placed, and
 //! the second answer is the first's, replayed (`Idempotent-Replayed: true`). `SHOP_LISTEN` moves it
-//! off 127.0.0.1:3000. An integration test runs it so against PostgreSQL
-//! (tests/api/tools/adoption.rs at the workspace's root).
+//! off 127.0.0.1:3000; `SHOP_KEY_TTL_SECS` shortens how long a key lives (24 h), after which the
+//! expiry job deletes it and the key places a new order. Integration tests run it so against
+//! PostgreSQL (tests/api/tools/adoption.rs at the workspace's root).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
@@ -14,6 +16,7 @@ use axum::http::request::Parts;
 use axum::routing::post;
 use axum::{Router, middleware};
 use idempotency::{Error, Idempotency, Owners, Policy};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Clone)]
 struct Shop {
@@ -46,8 +49,24 @@ async fn place_order(State(shop): State<Shop>) -> (StatusCode, String) {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
     idempotency::migrate(&pool).await?; // the keys' table, where it is missing
+    let key_ttl = match std::env::var("SHOP_KEY_TTL_SECS") {
+        Ok(seconds) => Duration::from_secs(seconds.parse()?),
+        Err(_) => Policy::default().key_ttl, // 24 h
+    };
+    let idempotency = Idempotency::new(
+        pool,
+        Policy {
+            key_ttl,
+            ..Policy::default()
+        },
+    );
+    // Deletes the expired keys; stopped by its token (here, never: it ends with the process).
+    idempotency.spawn_expiry(
+        key_ttl.min(Duration::from_secs(60)),
+        CancellationToken::new(),
+    );
     let shop = Shop {
-        idempotency: Idempotency::new(pool, Policy::default()), // keys live 24 h
+        idempotency,
         orders: Arc::default(),
     };
     let app = Router::new()

@@ -159,3 +159,59 @@ async fn the_example_shop_places_one_order_for_a_key_sent_twice() {
     );
     child.kill().await.unwrap();
 }
+
+/// The mechanism's own expiry job, as the example runs it: a key past its lifetime is deleted, and
+/// then it is a new key, which places a new order. The key is in the table after its first answer,
+/// so it is the job that deletes it.
+#[api_test]
+async fn the_example_shop_s_expiry_job_deletes_an_expired_key_which_then_orders_anew() {
+    let database = empty_database().await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(the_example("shop"))
+        .env("DATABASE_URL", &database)
+        .env("SHOP_LISTEN", &listen)
+        .env("SHOP_KEY_TTL_SECS", "2")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let order = |key: &str| {
+        client
+            .post(format!("http://{listen}/orders"))
+            .header("idempotency-key", key)
+            .send()
+    };
+    wait_until("the shop answers", || async {
+        client
+            .get(format!("http://{listen}/"))
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+            .is_ok()
+    })
+    .await;
+    let adopter = PgPool::connect(&database).await.unwrap();
+    let stored = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_keys")
+            .fetch_one(&adopter)
+            .await
+            .unwrap()
+    };
+
+    let key = new_key();
+    let first = order(&key).await.unwrap().text().await.unwrap();
+    assert_eq!(first, "order 1\n");
+    assert_eq!(stored().await, 1, "the key is stored with its answer");
+    wait_until("the expiry job deletes the expired key", || async {
+        stored().await == 0
+    })
+    .await;
+    let again = order(&key).await.unwrap();
+    assert!(
+        again.headers().get("idempotent-replayed").is_none(),
+        "an expired key's request is no replay"
+    );
+    assert_eq!(again.text().await.unwrap(), "order 2\n");
+    child.kill().await.unwrap();
+}
