@@ -5,6 +5,12 @@ use idempotency::{BodyError, Refusal, StoredResponse};
 
 use super::error::{ApiError, PROBLEM_JSON, Problem, ProblemKind};
 
+/// A held key's detail in idempay's words: its one call to another system is the processor's.
+const HELD: &str = "The call to the processor made for this Idempotency-Key could not be settled \
+    within the recovery window, so whether it took effect is not known, and it is held for an \
+    operator to settle. Do not retry this intent under a new key: it may have taken effect. This \
+    key answers the same until the operator settles it, then with its result.";
+
 impl From<idempotency::Error> for ApiError {
     fn from(error: idempotency::Error) -> Self {
         match error {
@@ -29,7 +35,7 @@ impl From<Refusal> for Problem {
             Refusal::Mismatch { fields } => {
                 Problem::new(ProblemKind::IdempotencyKeyMismatch, detail).mismatched_fields(fields)
             }
-            Refusal::Held => Problem::new(ProblemKind::IdempotencyKeyHeld, detail),
+            Refusal::Held => Problem::new(ProblemKind::IdempotencyKeyHeld, HELD),
             // Written by another release: this instance cannot answer it now, one that reads it can.
             Refusal::UnknownFormat { retry_after } => {
                 Problem::new(ProblemKind::ServiceUnavailable, detail).retry_after(retry_after)

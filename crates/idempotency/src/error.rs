@@ -108,7 +108,7 @@ const IN_FLIGHT: &str = "A request with this Idempotency-Key is still being proc
 const MISMATCH: &str = "This Idempotency-Key was already used with a different request body. Use \
     a new key for a new request.";
 
-const HELD: &str = "The call to the processor made for this Idempotency-Key could not be settled \
+const HELD: &str = "The call to another system made for this Idempotency-Key could not be settled \
     within the recovery window, so whether it took effect is not known, and it is held for an \
     operator to settle. Do not retry this intent under a new key: it may have taken effect. This \
     key answers the same until the operator settles it, then with its result.";
