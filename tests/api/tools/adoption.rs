@@ -93,44 +93,20 @@ async fn the_mechanism_s_migration_makes_the_schema_idempay_s_migrations_made() 
 #[api_test]
 async fn the_example_shop_places_one_order_for_a_key_sent_twice() {
     let database = empty_database().await;
-    let shop = the_example("shop");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(&shop)
-        .env("DATABASE_URL", &database)
-        .env("SHOP_LISTEN", &listen)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let order = |key: &str| {
-        client
-            .post(format!("http://{listen}/orders"))
-            .header("idempotency-key", key)
-            .send()
-    };
-    wait_until("the shop answers", || async {
-        client
-            .get(format!("http://{listen}/"))
-            .timeout(Duration::from_secs(1))
-            .send()
-            .await
-            .is_ok()
-    })
-    .await;
+    let shop = Shop::start(&database, &[]).await;
 
     let key = new_key();
-    let first = order(&key).await.unwrap();
+    let first = shop.order(&key).await.unwrap();
     let (status, replayed) = (
         first.status(),
         first.headers().get("idempotent-replayed").cloned(),
     );
     let placed = first.text().await.unwrap();
-    let again = order(&key).await.unwrap();
+    let again = shop.order(&key).await.unwrap();
     let replayed_again = again.headers().get("idempotent-replayed").cloned();
     let again_status = again.status();
     let answer = again.text().await.unwrap();
-    let other = order(&new_key()).await.unwrap().text().await.unwrap();
+    let other = shop.order(&new_key()).await.unwrap().text().await.unwrap();
 
     assert_eq!(status, 201);
     assert_eq!(placed, "order 1\n");
@@ -157,7 +133,7 @@ async fn the_example_shop_places_one_order_for_a_key_sent_twice() {
             ("shop:POST /orders".to_owned(), "completed".to_owned()),
         ]
     );
-    child.kill().await.unwrap();
+    shop.stop().await;
 }
 
 /// The mechanism's own expiry job, as the example runs it: a key past its lifetime is deleted, and
@@ -166,31 +142,7 @@ async fn the_example_shop_places_one_order_for_a_key_sent_twice() {
 #[api_test]
 async fn the_example_shop_s_expiry_job_deletes_an_expired_key_which_then_orders_anew() {
     let database = empty_database().await;
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(the_example("shop"))
-        .env("DATABASE_URL", &database)
-        .env("SHOP_LISTEN", &listen)
-        .env("SHOP_KEY_TTL_SECS", "2")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let order = |key: &str| {
-        client
-            .post(format!("http://{listen}/orders"))
-            .header("idempotency-key", key)
-            .send()
-    };
-    wait_until("the shop answers", || async {
-        client
-            .get(format!("http://{listen}/"))
-            .timeout(Duration::from_secs(1))
-            .send()
-            .await
-            .is_ok()
-    })
-    .await;
+    let shop = Shop::start(&database, &[("SHOP_KEY_TTL_SECS", "2")]).await;
     let adopter = PgPool::connect(&database).await.unwrap();
     let stored = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_keys")
@@ -200,18 +152,67 @@ async fn the_example_shop_s_expiry_job_deletes_an_expired_key_which_then_orders_
     };
 
     let key = new_key();
-    let first = order(&key).await.unwrap().text().await.unwrap();
+    let first = shop.order(&key).await.unwrap().text().await.unwrap();
     assert_eq!(first, "order 1\n");
     assert_eq!(stored().await, 1, "the key is stored with its answer");
     wait_until("the expiry job deletes the expired key", || async {
         stored().await == 0
     })
     .await;
-    let again = order(&key).await.unwrap();
+    let again = shop.order(&key).await.unwrap();
     assert!(
         again.headers().get("idempotent-replayed").is_none(),
         "an expired key's request is no replay"
     );
     assert_eq!(again.text().await.unwrap(), "order 2\n");
-    child.kill().await.unwrap();
+    shop.stop().await;
+}
+
+/// The example shop, built as a program (`make test` builds the examples first), on a free port.
+struct Shop {
+    child: tokio::process::Child,
+    listen: String,
+    client: reqwest::Client,
+}
+
+impl Shop {
+    /// Starts it on `database` with `env` besides, once it answers.
+    async fn start(database: &str, env: &[(&str, &str)]) -> Self {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(the_example("shop"))
+            .env("DATABASE_URL", database)
+            .env("SHOP_LISTEN", &listen)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let client = reqwest::Client::new();
+        wait_until("the shop answers", || async {
+            client
+                .get(format!("http://{listen}/"))
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await
+                .is_ok()
+        })
+        .await;
+        Self {
+            child,
+            listen,
+            client,
+        }
+    }
+
+    /// Places an order with `key`.
+    fn order(&self, key: &str) -> impl Future<Output = reqwest::Result<reqwest::Response>> {
+        self.client
+            .post(format!("http://{}/orders", self.listen))
+            .header("idempotency-key", key)
+            .send()
+    }
+
+    async fn stop(mut self) {
+        self.child.kill().await.unwrap();
+    }
 }
