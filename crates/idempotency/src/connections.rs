@@ -35,8 +35,8 @@ pub struct Server {
     base: Instant,
 }
 
-/// The servers this process has met, by address: the pool and the lots beside it (idempay's,
-/// the embedded processor's) share one.
+/// The servers this process has met, by address: the pool and the lots beside it (a service's,
+/// and those of another service embedded in the same process) share one.
 static SERVERS: LazyLock<Mutex<HashMap<String, Arc<Server>>>> = LazyLock::new(Mutex::default);
 
 impl Server {
@@ -116,7 +116,7 @@ impl std::fmt::Debug for Server {
 }
 
 /// The `application_name` of the lot's connections when the database URL sets none.
-const LOT_APPLICATION_NAME: &str = "idempay lot";
+const LOT_APPLICATION_NAME: &str = "idempotency lot";
 
 /// How long the lot uses one connection before it closes it and opens another, as sqlx's pool
 /// does by default: nothing a session accumulated on the server lives forever.
@@ -128,7 +128,8 @@ const LOT_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// sqlx's pool pings every connection it gets back (a `Sync` message and its answer), in a task
 /// of its own: it cannot know whether the statement on it finished or was cut short, and a
 /// future dropped mid-statement leaves a connection mid-protocol. A new key returns four
-/// connections (two at idempay, two at the processor), so the pings were four more round trips
+/// connections in idempay (two of its own, two of the processor it calls), so the pings were four
+/// more round trips
 /// and eight more wake-ups for PostgreSQL and the services to pay after every answer: `make
 /// bench` measured 10–14 % more new keys per second with the lot, and 7–8 % less PostgreSQL CPU
 /// for each (bench/README.md). Whoever holds a [`Lent`] connection does know: a statement that returned, with rows or
@@ -169,7 +170,7 @@ impl std::fmt::Debug for Lot {
 
 impl Lot {
     /// A lot the size of `pool`, whose connections have its settings and session limits. They
-    /// name themselves `idempay lot` (or the pool's application name with ` (lot)`), so
+    /// name themselves `idempotency lot` (or the pool's application name with ` (lot)`), so
     /// that `pg_stat_activity` tells them from the pool's.
     pub fn beside(pool: &PgPool) -> Self {
         let options = pool.options();

@@ -45,13 +45,13 @@ pub struct KeyInspection {
 pub enum KeyUseState {
     /// A request holds the key under a lease (`locked_until`) and is working on it.
     InProgress,
-    /// The work's call to the processor has an unknown outcome and no request holds the key: its
+    /// The work's call downstream has an unknown outcome and no request holds the key: its
     /// client's retry, or the recovery job at `next_recovery_at`, resumes it from its recovery
     /// point with the same downstream key.
     Suspended,
     /// The response is stored: every repeat with the same body receives it.
     Completed,
-    /// The work's call to the processor stayed unsettled past the recovery window: nothing
+    /// The work's call downstream stayed unsettled past the recovery window: nothing
     /// resumes it by itself, and an operator settles it (`idempotency-key-held`).
     Held,
 }
@@ -72,15 +72,15 @@ pub struct KeyUse {
     /// While in progress: until when the request holding the key may work without renewing its
     /// lease. Past it, the next retry (or the recovery job) takes the key over.
     locked_until: Option<DateTime<Utc>>,
-    /// The step the work recorded before calling the processor, from which the next attempt
+    /// The step the work recorded before its call downstream, from which the next attempt
     /// resumes (e.g. `payment.charge_requested`).
     recovery_point: Option<String>,
-    /// What resuming the work needs, as it recorded it with its recovery point: for a payment,
-    /// the payment id chosen before the call and the charge asked for. What a settled key records
-    /// (`idempay keys settle`).
+    /// What resuming the work needs, as it recorded it with its recovery point (for a payment,
+    /// say, its id chosen before the call and the charge asked for); what an operator's settle
+    /// recorded, for a settled key.
     #[schema(value_type = Option<Object>)]
     recovery_state: Option<serde_json::Value>,
-    /// The key idempay sends to the processor for this key's work, the same on every attempt.
+    /// The key this service sends downstream for this key's work, the same on every attempt.
     downstream_key: Option<String>,
     /// How many times the recovery job tried to resume the key.
     recovery_attempts: i32,
@@ -124,7 +124,7 @@ impl Idempotency {
         FROM idempotency_keys
         WHERE account_id = $3 AND scope = ANY($1) AND idem_key = $2
           -- What the reservation treats as expired (new again) is not shown; a key whose call
-          -- to the processor is unsettled is, past its expires_at too.
+          -- downstream is unsettled is, past its expires_at too.
           AND NOT (expires_at <= now()
                    AND (status = 'completed'
                         OR (locked_until <= now() AND recovery_point IS NULL)))
