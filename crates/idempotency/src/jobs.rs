@@ -57,14 +57,11 @@ impl Idempotency {
         RecoveryJob {
             idempotency: self.clone(),
             interval,
-            names: Names::with_prefix(DEFAULT_PREFIX),
+            names: Names::with_prefix(RecoveryJob::DEFAULT_PREFIX),
             succeeded: || {},
         }
     }
 }
-
-/// The prefix of the recovery job's series unless [`RecoveryJob::counted_as`] names another.
-pub const DEFAULT_PREFIX: &str = "idempotency_recovery";
 
 /// The recovery job: each run holds the keys past the recovery window for an operator, reports
 /// those whose state this build does not read (left alone for a release that reads them), then
@@ -73,7 +70,7 @@ pub const DEFAULT_PREFIX: &str = "idempotency_recovery";
 /// It counts into four series, named `{prefix}_runs_total`, `{prefix}_keys_total` (by
 /// `result`: completed, released, suspended, held, unknown_format),
 /// `{prefix}_unresolved_keys` and `{prefix}_last_success_timestamp_seconds`; the prefix is
-/// [`DEFAULT_PREFIX`] unless [`RecoveryJob::counted_as`] names another.
+/// [`RecoveryJob::DEFAULT_PREFIX`] unless [`RecoveryJob::counted_as`] names another.
 #[derive(Clone)]
 pub struct RecoveryJob {
     idempotency: Idempotency,
@@ -103,6 +100,9 @@ impl Names {
 }
 
 impl RecoveryJob {
+    /// The prefix of the recovery job's series unless [`RecoveryJob::counted_as`] names another.
+    pub const DEFAULT_PREFIX: &str = "idempotency_recovery";
+
     /// Names its series `{prefix}_…`, so that a service's dashboards and alerts keep its own.
     pub fn counted_as(mut self, prefix: &str) -> Self {
         self.names = Names::with_prefix(prefix);

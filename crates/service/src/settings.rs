@@ -107,6 +107,16 @@ mod tests {
         assert_eq!(declared.name, None);
     }
 
+    #[test]
+    fn a_group_s_declared_defaults_do_not_read_the_environment() {
+        // SAFETY: no other test reads or writes this variable, which only `Declared` names.
+        unsafe { std::env::set_var("SETTINGS_TEST_COUNT", "9") };
+        let parsed = Declared::parse_from(["declared"]);
+        assert_eq!(parsed.count, 9, "the command line reads the variable");
+        let declared: Declared = declared_defaults();
+        assert_eq!(declared.count, 7, "the declared default does not");
+    }
+
     #[derive(Parser, Debug)]
     struct Required {
         #[arg(long)]
