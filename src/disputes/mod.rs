@@ -17,7 +17,7 @@ use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
 use crate::http::extract::Path;
 use crate::payments::PaymentId;
-use service::pagination::{List, ListParams, PageRequest, Position};
+use service::pagination::{List, ListParams, PageRequest};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest dispute id, as the table's CHECK bounds it: the processor chooses them.
@@ -224,26 +224,11 @@ async fn list_disputes(
     let rows = service::keyset_page!(
         &pool,
         &page,
-        async |cursor| {
-            if !is_dispute_id(cursor) {
-                return Ok(None);
-            }
-            Ok::<_, ApiError>(
-                sqlx::query_as!(
-                    Position,
-                    r#"
+        DisputeRow,
+        position(cursor) if is_dispute_id(cursor) => r#"
                 SELECT created_at, id FROM disputes
                 WHERE account_id = $1 AND id = $2 AND ($3::text IS NULL OR payment_id = $3)
-                "#,
-                    account,
-                    cursor,
-                    payment,
-                )
-                .fetch_optional(&pool)
-                .await?,
-            )
-        },
-        DisputeRow,
+                "#, account, cursor, payment;
         select: r#"SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
                    FROM disputes d
                    JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id"#,
@@ -254,11 +239,7 @@ async fn list_disputes(
         payment,
     )
     .await?;
-    let rows = rows
-        .into_iter()
-        .map(DisputeRow::parse)
-        .collect::<Result<_, _>>()?;
-    Ok(axum::Json(List::from_rows(rows, &page)).into_response())
+    Ok(axum::Json(List::parse_rows(rows, &page, DisputeRow::parse)?).into_response())
 }
 
 /// Retrieve a dispute

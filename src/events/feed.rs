@@ -195,11 +195,7 @@ async fn list_events(
             .await?
         }
     };
-    let events = rows
-        .into_iter()
-        .map(|row| raw(row.body))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(axum::Json(List::from_rows(events, &page)).into_response())
+    Ok(axum::Json(List::parse_rows(rows, &page, |row| raw(row.body))?).into_response())
 }
 
 /// Retrieve an event

@@ -6,7 +6,7 @@ use axum::extract::FromRequestParts;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use service::pagination::{PageError, PageRequest};
+use service::pagination::{ListError, PageError, PageRequest};
 
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
@@ -53,6 +53,15 @@ impl From<PageError> for Problem {
 impl From<PageError> for ApiError {
     fn from(error: PageError) -> Self {
         Problem::from(error).into()
+    }
+}
+
+impl From<ListError> for ApiError {
+    fn from(error: ListError) -> Self {
+        match error {
+            ListError::Page(error) => error.into(),
+            ListError::Database(error) => error.into(),
+        }
     }
 }
 

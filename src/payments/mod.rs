@@ -28,7 +28,7 @@ use crate::http::error::{
 use crate::http::extract::{PageQuery, Path};
 use crate::metadata::Metadata;
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
-use service::pagination::{List, ListParams, Position};
+use service::pagination::{List, ListParams};
 
 pub use capturing::{CANCEL_REQUESTED, CAPTURE_REQUESTED, CancelRequested, CaptureRequested};
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
@@ -354,8 +354,9 @@ async fn list_payments(
     let rows = service::keyset_page!(
         &pool,
         &page,
-        async |id| Ok::<_, ApiError>(position_of(&pool, account, id).await?),
         PaymentRow,
+        position(id) if PaymentId::fits(id) =>
+            "SELECT created_at, id FROM payments WHERE id = $1 AND account_id = $2", id, account;
         select: r#"SELECT id, amount, currency, status, payment_method, order_ref, description,
                           amount_refunded, amount_disputed, charge, created_at,
                           metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
@@ -367,28 +368,5 @@ async fn list_payments(
         account,
     )
     .await?;
-    let rows = rows
-        .into_iter()
-        .map(PaymentRow::parse)
-        .collect::<Result<_, _>>()?;
-    Ok(axum::Json(List::from_rows(rows, &page)).into_response())
-}
-
-/// Where a cursor stands in the account's list; `None` if it names none of its payments.
-async fn position_of(
-    pool: &sqlx::PgPool,
-    account: &str,
-    id: &str,
-) -> Result<Option<Position>, sqlx::Error> {
-    let Some(id) = PaymentId::parse(id) else {
-        return Ok(None);
-    };
-    sqlx::query_as!(
-        Position,
-        "SELECT created_at, id FROM payments WHERE id = $1 AND account_id = $2",
-        id.as_str(),
-        account,
-    )
-    .fetch_optional(pool)
-    .await
+    Ok(axum::Json(List::parse_rows(rows, &page, PaymentRow::parse)?).into_response())
 }

@@ -21,7 +21,7 @@ use crate::http::error::{
 };
 use crate::http::extract::{PageQuery, Path};
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
-use service::pagination::{List, ListParams, Position};
+use service::pagination::{List, ListParams};
 
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
@@ -189,26 +189,11 @@ async fn list_refunds(
     let rows = service::keyset_page!(
         &pool,
         &page,
-        async |cursor| {
-            if !RefundId::fits(cursor) {
-                return Ok(None);
-            }
-            Ok::<_, ApiError>(
-                sqlx::query_as!(
-                    Position,
-                    r#"
+        RefundRow,
+        position(cursor) if RefundId::fits(cursor) => r#"
                 SELECT created_at, id FROM refunds
                 WHERE account_id = $3 AND id = $1 AND payment_id = $2
-                "#,
-                    cursor,
-                    payment,
-                    account.id().as_str(),
-                )
-                .fetch_optional(&pool)
-                .await?,
-            )
-        },
-        RefundRow,
+                "#, cursor, payment, account.id().as_str();
         select: r#"SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
                           metadata AS "metadata: Json<Metadata>"
                    FROM refunds"#,
@@ -219,11 +204,7 @@ async fn list_refunds(
         account.id().as_str(),
     )
     .await?;
-    let rows = rows
-        .into_iter()
-        .map(RefundRow::parse)
-        .collect::<Result<_, _>>()?;
-    Ok(axum::Json(List::from_rows(rows, &page)).into_response())
+    Ok(axum::Json(List::parse_rows(rows, &page, RefundRow::parse)?).into_response())
 }
 
 /// Retrieve a refund

@@ -25,7 +25,7 @@ use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
 use service::outbox::{WebhookSecret, address};
-use service::pagination::{List, ListParams, Position};
+use service::pagination::{List, ListParams};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
@@ -397,22 +397,10 @@ async fn list_webhook_endpoints(
     let rows = service::keyset_page!(
         &pool,
         &page,
-        async |cursor| {
-            if !EndpointId::fits(cursor) {
-                return Ok(None);
-            }
-            Ok::<_, ApiError>(
-            sqlx::query_as!(
-                Position,
-                "SELECT created_at, id FROM webhook_endpoints WHERE id = $1 AND account_id = $2",
-                cursor,
-                account,
-            )
-            .fetch_optional(&pool)
-            .await?
-            )
-        },
         EndpointRow,
+        position(cursor) if EndpointId::fits(cursor) =>
+            "SELECT created_at, id FROM webhook_endpoints WHERE id = $1 AND account_id = $2",
+            cursor, account;
         select: "SELECT id, url, enabled_events, status, created_at FROM webhook_endpoints",
         created_at: "created_at",
         id: "id",
@@ -420,11 +408,7 @@ async fn list_webhook_endpoints(
         account,
     )
     .await?;
-    let rows = rows
-        .into_iter()
-        .map(EndpointRow::parse)
-        .collect::<Result<_, _>>()?;
-    Ok(axum::Json(List::from_rows(rows, &page)).into_response())
+    Ok(axum::Json(List::parse_rows(rows, &page, EndpointRow::parse)?).into_response())
 }
 
 /// Retrieve a webhook endpoint

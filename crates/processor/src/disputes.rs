@@ -15,10 +15,10 @@ use serde_json::json;
 use crate::ProcessorState;
 use crate::extract::{Authorized, PageQuery, Path};
 use crate::handlers::Page;
-use crate::model::{Dispute, DisputeClosing, DisputeOutcome, DisputeRow, IdKind, tagged};
+use crate::model::{DisputeClosing, DisputeOutcome, DisputeRow, IdKind, tagged};
 use crate::model::{DisputeStatus, ProcessorEventType};
 use crate::problem::{Error, Problem, ProblemKind};
-use service::pagination::{List, Position};
+use service::pagination::List;
 use service::vocabulary::stored;
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
@@ -30,32 +30,16 @@ pub(crate) async fn list_disputes(
     let rows = service::keyset_page!(
         &state.pool,
         &page,
-        async |id| {
-            if !IdKind::Dispute.is(id) {
-                return Ok(None);
-            }
-            Ok::<_, Error>(
-                sqlx::query_as!(
-                    Position,
-                    "SELECT created_at, id FROM processor_disputes WHERE id = $1",
-                    id,
-                )
-                .fetch_optional(&state.pool)
-                .await?,
-            )
-        },
         DisputeRow,
+        position(id) if IdKind::Dispute.is(id) =>
+            "SELECT created_at, id FROM processor_disputes WHERE id = $1", id;
         select: "SELECT id, charge_id AS charge, amount, status, created_at FROM processor_disputes",
         created_at: "created_at",
         id: "id",
         filter: "TRUE",
     )
     .await?;
-    let disputes: Vec<Dispute> = rows
-        .into_iter()
-        .map(DisputeRow::parse)
-        .collect::<Result<_, _>>()?;
-    let list = List::from_rows(disputes, &page);
+    let list = List::parse_rows(rows, &page, DisputeRow::parse)?;
     let data = list.data.iter().map(|d| tagged("dispute", d)).collect();
     Ok(axum::Json(Page {
         list: List {

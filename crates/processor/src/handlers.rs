@@ -30,7 +30,7 @@ use idempotency::{
     Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Idempotent, Lease, StoredResponse,
 };
 use service::outbox::delivery;
-use service::pagination::{List, Position};
+use service::pagination::List;
 use service::server::Hangup;
 use service::vocabulary::stored;
 
@@ -364,21 +364,9 @@ pub(crate) async fn list_charges(
     let rows = service::keyset_page!(
         &state.pool,
         &page,
-        async |id| {
-            if !IdKind::Charge.is(id) {
-                return Ok(None);
-            }
-            Ok::<_, Error>(
-                sqlx::query_as!(
-                    Position,
-                    "SELECT created_at, id FROM processor_charges WHERE id = $1",
-                    id,
-                )
-                .fetch_optional(&state.pool)
-                .await?,
-            )
-        },
         ChargeRow,
+        position(id) if IdKind::Charge.is(id) =>
+            "SELECT created_at, id FROM processor_charges WHERE id = $1", id;
         select: r#"SELECT id, amount, currency, status, payment_method, decline_code,
                           amount_refunded, capture_state, amount_captured, capture_key, void_key,
                           idempotency_key, created_at
@@ -389,11 +377,7 @@ pub(crate) async fn list_charges(
         key,
     )
     .await?;
-    let charges: Vec<Charge> = rows
-        .into_iter()
-        .map(ChargeRow::parse)
-        .collect::<Result<_, _>>()?;
-    let list = List::from_rows(charges, &page);
+    let list = List::parse_rows(rows, &page, ChargeRow::parse)?;
     let data = list.data.iter().map(|c| tagged("charge", c)).collect();
     Ok(axum::Json(Page {
         list: List {
@@ -540,21 +524,9 @@ pub(crate) async fn list_refunds(
     let rows = service::keyset_page!(
         &state.pool,
         &page,
-        async |id| {
-            if !IdKind::Refund.is(id) {
-                return Ok(None);
-            }
-            Ok::<_, Error>(
-                sqlx::query_as!(
-                    Position,
-                    "SELECT created_at, id FROM processor_refunds WHERE id = $1",
-                    id,
-                )
-                .fetch_optional(&state.pool)
-                .await?,
-            )
-        },
         RefundRow,
+        position(id) if IdKind::Refund.is(id) =>
+            "SELECT created_at, id FROM processor_refunds WHERE id = $1", id;
         select: r#"SELECT id, charge_id, amount, status, idempotency_key, created_at
                    FROM processor_refunds"#,
         created_at: "created_at",
@@ -563,11 +535,7 @@ pub(crate) async fn list_refunds(
         key,
     )
     .await?;
-    let refunds: Vec<ProcessorRefund> = rows
-        .into_iter()
-        .map(RefundRow::parse)
-        .collect::<Result<_, _>>()?;
-    let list = List::from_rows(refunds, &page);
+    let list = List::parse_rows(rows, &page, RefundRow::parse)?;
     let data = list.data.iter().map(|r| tagged("refund", r)).collect();
     Ok(axum::Json(Page {
         list: List {

@@ -12,7 +12,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idempotency::{BodyError, Refusal, StoredResponse};
 use serde::Serialize;
-use service::pagination::PageError;
+use service::pagination::{ListError, PageError};
 use service::problem::PROBLEM_JSON;
 
 service::problem_catalogue! {
@@ -349,6 +349,15 @@ impl From<PageError> for Problem {
 impl From<PageError> for Error {
     fn from(error: PageError) -> Self {
         Self::Problem(error.into())
+    }
+}
+
+impl From<ListError> for Error {
+    fn from(error: ListError) -> Self {
+        match error {
+            ListError::Page(error) => error.into(),
+            ListError::Database(error) => error.into(),
+        }
     }
 }
 

@@ -170,6 +170,16 @@ impl<T> List<T> {
             has_more,
         }
     }
+
+    /// [`List::from_rows`] of the rows read, each parsed into what the API shows.
+    pub fn parse_rows<R, E>(
+        rows: Vec<R>,
+        page: &PageRequest,
+        parse: impl FnMut(R) -> Result<T, E>,
+    ) -> Result<Self, E> {
+        let rows = rows.into_iter().map(parse).collect::<Result<_, _>>()?;
+        Ok(Self::from_rows(rows, page))
+    }
 }
 
 /// The cursor names no object of this list: like any id that names nothing, 404.
@@ -177,25 +187,40 @@ pub fn unknown_cursor(id: &str) -> PageError {
     PageError::UnknownCursor(id.to_owned())
 }
 
-/// The rows of one page of a list cut by keyset ([`keyset`]), with the list's two statements
-/// written once and both checked at compile time:
+/// The rows of one page of a list cut by keyset ([`keyset`]), with the list's three statements
+/// written once and each checked at compile time:
+/// - `position(cursor) if fits => statement, args…;` finds where the cursor's id stands: the
+///   statement selects `created_at, id` of the one object it names among the list's, and runs only
+///   when `fits` (an id of another kind's shape names nothing, without a query);
 /// - `select` is a statement up to its `WHERE` (`SELECT … FROM …`, joins included);
 /// - `created_at` and `id` name the columns the list is ordered by (`d.created_at` through a join);
 /// - `filter` is the list's own condition (`TRUE` for none), whose parameters are `$4` onward,
 ///   given after it: `$1` and `$2` are the cursor's position, `$3` the rows to fetch.
 ///
-/// `position` is [`keyset`]'s: where a cursor's id stands, `None` when it names none of the list.
-/// The rows are `row`, fetched on `executor`; the error type is `position`'s.
+/// The rows are `row`, fetched on `executor`; a failure is a [`ListError`], which each service
+/// answers as its own problem.
 #[macro_export]
 macro_rules! keyset_page {
     (
-        $executor:expr, $page:expr, $position:expr, $row:path,
+        $executor:expr, $page:expr, $row:path,
+        position($cursor:ident) if $fits:expr => $position:literal $(, $position_arg:expr)*;
         select: $select:literal, created_at: $created_at:literal, id: $id:literal,
         filter: $filter:literal $(, $arg:expr)* $(,)?
     ) => {
-        $crate::pagination::keyset(
+        $crate::pagination::keyset::<_, $crate::pagination::ListError>(
             $page,
-            $position,
+            async |$cursor: &str| {
+                if !$fits {
+                    return Ok(None);
+                }
+                Ok(::sqlx::query_as!(
+                    $crate::pagination::Position,
+                    $position
+                    $(, $position_arg)*
+                )
+                .fetch_optional($executor)
+                .await?)
+            },
             async |after: $crate::pagination::Position| {
                 Ok(::sqlx::query_as!(
                     $row,
@@ -225,6 +250,16 @@ macro_rules! keyset_page {
             },
         )
     };
+}
+
+/// Why a page of a list could not be read: the request's page (a 400, or a 404 for a cursor that
+/// names nothing), or the database.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error(transparent)]
+    Page(#[from] PageError),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
 }
 
 /// The rows of one page of a list cut by keyset, for [`List::from_rows`]. The walk is the same for
