@@ -78,11 +78,13 @@ openapi:
 fmt:
 	$(CARGO) fmt --all
 
-## Formatting, the migrations (squawk, scripts/lint-migrations.sh) and clippy, as CI checks them.
+## Formatting, the migrations (squawk, scripts/lint-migrations.sh), clippy and the API docs
+## (no broken link), as CI checks them.
 lint:
 	$(CARGO) fmt --all --check
 	bash scripts/lint-migrations.sh
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 ## Everything CI runs.
 check: lint test contract

@@ -12,7 +12,7 @@
 //! records it, and never deletes one, so whatever idempay's snapshot names is in the processor's
 //! ledger read after it. What the processor has and the snapshot does not is either recorded
 //! since, or in flight (the key that asked for it is still in progress, its outcome being
-//! settled), or a difference: idempay's ledger is read again for those alone ([`Later`]), after
+//! settled), or a difference: idempay's ledger is read again for those alone (`Later`), after
 //! the processor's, when every key that asked for one of them exists already. In flight is said,
 //! not counted as a difference; a charge no key accounts for is one.
 //!

@@ -121,7 +121,7 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The longest one request (or one resume of the recovery job) asks the processor about one call
-/// when each answer is lost: its [`ATTEMPTS`] each cut off at `timeout`, and the pauses between
+/// when each answer is lost: its three attempts (`ATTEMPTS`) each cut off at `timeout`, and the pauses between
 /// them. The recovery window is checked against it at start (`config::check_recovery_window`).
 pub fn longest_asking(timeout: Duration) -> Duration {
     let pauses = (0..ATTEMPTS - 1)

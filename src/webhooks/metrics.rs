@@ -41,7 +41,8 @@ pub enum ManualRetry {
     Queued,
     /// Refused: a delivery of the event to the endpoint is pending.
     Pending,
-    /// Refused: the event was delivered again to the endpoint [`MAX_MANUAL_RETRIES`](super::retry::MAX_MANUAL_RETRIES) times.
+    /// Refused: the event was delivered again to the endpoint the most times it may be by hand
+    /// (`MAX_MANUAL_RETRIES`, 5).
     Limit,
 }
 

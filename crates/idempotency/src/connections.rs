@@ -127,12 +127,12 @@ const LOT_LIFETIME: Duration = Duration::from_secs(30 * 60);
 ///
 /// sqlx's pool pings every connection it gets back (a `Sync` message and its answer), in a task
 /// of its own: it cannot know whether the statement on it finished or was cut short, and a
-/// future dropped mid-statement leaves a connection mid-protocol. A new key returns four
-/// connections in idempay (two of its own, two of the processor it calls), so the pings were four
-/// more round trips
-/// and eight more wake-ups for PostgreSQL and the services to pay after every answer: `make
-/// bench` measured 10–14 % more new keys per second with the lot, and 7–8 % less PostgreSQL CPU
-/// for each (bench/README.md). Whoever holds a [`Lent`] connection does know: a statement that returned, with rows or
+/// future dropped mid-statement leaves a connection mid-protocol. A new key of a service that
+/// calls another service adopting the crate returns four connections (two on each side), so the
+/// pings are four more round trips and eight more wake-ups for PostgreSQL and the services after
+/// every answer: the workspace's `make bench` measured 10–14 % more new keys per second with the
+/// lot, and 7–8 % less PostgreSQL CPU for each (bench/README.md). Whoever holds a [`Lent`]
+/// connection does know: a statement that returned, with rows or
 /// with the database's refusal, left the connection idle and ready (as between the statements of
 /// a transaction, which sqlx does not ping either), and [`Lent::settle`] keeps it for the next
 /// one. A connection dropped unsettled (the request's future was cut short) or settled after an
@@ -244,7 +244,7 @@ impl Lent {
     /// the lot when the statement returned, rows or the database's refusal (a constraint, a
     /// raised exception: the server ended the statement and is ready); closed after any other
     /// error, which may have left it mid-protocol or ended the session (an I/O error, the server
-    /// terminating its backends), and after [`LOT_LIFETIME`].
+    /// terminating its backends), and once it is 30 minutes old (`LOT_LIFETIME`).
     ///
     /// Such an error closes the connections at rest too: it mostly means the server went away (a
     /// restart, a failover), and each of them would fail a request of its own before the lot

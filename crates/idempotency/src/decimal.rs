@@ -89,7 +89,7 @@ impl Decimal {
     }
 
     /// The one JSON text of this value: an integer is written out in full (`4200`, `-7`, `0`)
-    /// unless that takes more than [`MAX_WRITTEN_ZEROS`] zeros; any other value is its digits and
+    /// unless that takes more than 64 zeros (`MAX_WRITTEN_ZEROS`); any other value is its digits and
     /// an exponent (`425e-1` for 42.5). Equal values give equal text, different values different
     /// text, and the text is a JSON number of the same value.
     pub fn canonical(&self) -> String {

@@ -5,7 +5,7 @@
 use crate::metrics::{self, KeyOutcome};
 
 /// How an instance of the mechanism tells what it does: the counter its outcomes go to, and the
-/// hook its crash points call, so that two instances in one process (a service and the processor
+/// hook its crash points call, so that two instances in one process (a service and the service
 /// it calls, in tests) are counted apart and crashed apart.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Instrumentation {

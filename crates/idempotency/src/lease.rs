@@ -12,6 +12,8 @@ use futures_util::FutureExt;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+#[cfg(doc)]
+use crate::Idempotency;
 use crate::connections::Lot;
 use crate::engine::KnownEngine;
 use crate::instrumentation::Instrumentation;
@@ -124,8 +126,8 @@ pub(crate) type Resumer = Arc<
 >;
 
 /// The resumers of the work that records recovery points, by point name, each with the versions of
-/// its state it reads: handed to the mechanism once ([`Idempotency::resuming`]), which then refuses
-/// to record a point (or a version of its state) none of them resumes, tells at start of
+/// its state it reads: handed to the mechanism once ([`Idempotency::resuming`]), which then
+/// refuses to record a point (or a version of its state) none of them resumes, tells at start of
 /// suspended keys at an unknown point ([`Idempotency::unresumable`]), and leaves alone the keys
 /// whose state is in a version none of them reads. A unit may also say how an operator settles a
 /// key held at its point ([`Resumers::settled_by`]).

@@ -23,7 +23,7 @@
 //! 7. **Settle**: an operator completes a held key from the other system's ledger, read under the
 //!    key's downstream key, and the key answers as its first request would have (`settle.rs`).
 //!
-//! The SQL of each step is in [`store`] (of the recovery side, in `store/recovery.rs`). The
+//! The SQL of each step is in `store.rs` (of the recovery side, in `store/recovery.rs`). The
 //! PostgreSQL unique constraint on `(account_id, scope, idem_key)` decides between concurrent
 //! requests, and every clock reading is the database's `now()`.
 

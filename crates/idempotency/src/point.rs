@@ -9,6 +9,8 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::KeyedRequest;
+#[cfg(doc)]
+use crate::{Idempotency, Resumers};
 
 /// Where work that calls another system can be resumed, recorded on its key before the call.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -32,7 +32,7 @@ impl Lease {
     /// Records, in a commit of its own and fenced by this lease's token, that the work is about to
     /// call another system: `name` and `state` say how to resume. The downstream key is created
     /// with the first point and kept by every later one. From here on, a failure of the work does
-    /// not release the key but suspends it (see [`Idempotency::release`]).
+    /// not release the key but suspends it (see `Idempotency::release`).
     ///
     /// `None` when another request took the key over: the work must stop, with [`Lease::lost`].
     ///
@@ -207,7 +207,7 @@ impl Idempotency {
     /// window, a batch at a time, and returns how many it held. Never a silent retry: the other
     /// system may have forgotten the downstream key by the time a resume would ask it again, and
     /// would then act a second time. Each is logged as an error and counted
-    /// (`outcome="held"`); `idempay reconcile` and the key's inspection show it.
+    /// (`outcome="held"`); the key's inspection ([`Idempotency::inspect`]) shows it.
     pub async fn hold_overdue(&self) -> Result<usize, sqlx::Error> {
         let window = self.policy.recovery_window;
         let held = match self.engine().await? {

@@ -26,8 +26,9 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// service's state implements this trait, usually by authenticating the request, and the
 /// [`Owner`] extractor, [`Idempotent`] and [`guard`](super::guard) ask it.
 ///
-/// Keys are never shared between owners, so two owners must never have the same name: idempay
-/// names an account by its id (`acct_…`), the simulated processor is `processor`. A name has no
+/// Keys are never shared between owners, so two owners must never have the same name: a service
+/// may name an account by its id (`acct_…`), and a second service sharing the table names itself
+/// by a word no id has the shape of. A name has no
 /// `:` (the scope's separator), and it is what a key row is found by first: on Citus, the value
 /// that decides which node holds the key.
 ///
@@ -239,10 +240,10 @@ impl fmt::Debug for MakeState {
 }
 
 /// A JSON body of type `T` that arrived with a valid `Idempotency-Key`, from the owner the state
-/// names ([`Owners`]). Rejections are problem documents: the owner's own first (idempay's: 401
-/// without a valid API key, 429 over the account's rate limit, so a throttled request reserves
-/// nothing), then 400 for the key or the body, 415 for a body that is not JSON, 413 for one over
-/// the size limit, 408 for one that stopped arriving.
+/// names ([`Owners`]). Rejections are problem documents: the owner's own first (a 401 without a
+/// valid API key, say, or a 429 over the account's rate limit, so that a throttled request
+/// reserves nothing), then 400 for the key or the body, 415 for a body that is not JSON, 413 for
+/// one over the size limit, 408 for one that stopped arriving.
 #[derive(Debug)]
 pub struct Idempotent<T> {
     pub request: KeyedRequest,

@@ -97,7 +97,7 @@ pub(super) enum Reservation {
 /// carries the reservation to disk with it. Lost in a crash before that, the reservation takes
 /// nothing with it but a 409 some retry saw: the retry then finds the key new, as if the first
 /// request had never come. So it need not wait, and a new key of a route whose work is database
-/// work only (the processor's charges and refunds) costs one commit that waits, not two.
+/// work only (a charge made by the service that is called, say) costs one commit that waits, not two.
 /// On Citus the reservation ([`reserve_routed`]) keeps the session's setting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Durability {

@@ -119,8 +119,8 @@ impl FromRequestParts<ProcessorState> for Authorized {
 }
 
 /// The processor has one caller, whose API key every keyed route checks first; the owner of its
-/// keys' scopes is then [`SCOPE_OWNER`]. With this, its keyed routes take the mechanism's
-/// [`Idempotent`](idempotency::Idempotent) as any service adopting the crate does.
+/// keys' scopes is then `processor` (`SCOPE_OWNER`). With this, its keyed routes take the
+/// mechanism's [`Idempotent`](idempotency::Idempotent) as any service adopting the crate does.
 impl Owners for ProcessorState {
     type Rejection = Error;
 

@@ -13,8 +13,8 @@ const ID_LEN: usize = 24;
 /// The most one charge may be, in minor units: a card network's bound, not a client's.
 const MAX_AMOUNT: i64 = 99_999_999;
 
-/// An amount of money in the currency's minor units (cents for `eur`), 1 to [`MAX_AMOUNT`]: what
-/// is charged, refunded or disputed. An integer in JSON; a fraction is refused, never rounded.
+/// An amount of money in the currency's minor units (cents for `eur`), 1 to 99,999,999
+/// (`MAX_AMOUNT`): what is charged, refunded or disputed. An integer in JSON; a fraction is refused, never rounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "i64")]
 pub struct Amount(i64);

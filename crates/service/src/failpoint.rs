@@ -1,7 +1,7 @@
 //! Crash points for fault-injection tests. With the `failpoints` feature, a process whose
 //! `IDEMPAY_FAILPOINT` names a point aborts there, as a power cut would: no unwinding, no cleanup,
 //! open transactions left for PostgreSQL to roll back. Without the feature they compile to nothing.
-//! A few points [`panic`] instead: a bug in one task, which the process survives.
+//! A few points [`panic()`] instead: a bug in one task, which the process survives.
 
 /// Aborts the process if `IDEMPAY_FAILPOINT` is `point` (only with the `failpoints` feature).
 #[cfg(feature = "failpoints")]

@@ -5,7 +5,7 @@
 //!
 //! The page never sees an API key. Loading it starts a demo session (an HttpOnly cookie, valid
 //! for [`SESSION_TTL`]), and the page's calls to `/demo/api/...` are passed, in process, to the
-//! same API routes a client calls, with the demo account's key added here. See [`forward`] for
+//! same API routes a client calls, with the demo account's key added here. See `forward` for
 //! why this is no way around authentication.
 
 mod session;

@@ -16,7 +16,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 /// Whether an address is one anyone on the internet could reach: not loopback, private (RFC 1918,
 /// fc00::/7), link-local (169.254/16, fe80::/10), shared (CGNAT, 100.64/10), unspecified,
 /// multicast, broadcast, documentation or otherwise reserved, and no IPv6 form that wraps an
-/// IPv4 address a host here could reach by it (see [`is_public_v6`]).
+/// IPv4 address a host here could reach by it (see `is_public_v6`).
 pub fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_public_v4(v4),

@@ -166,7 +166,7 @@ pub enum Rejection {
 }
 
 impl From<WebhookError> for Rejection {
-    /// The crate's verdicts, for what [`precheck`] has not already refused.
+    /// The crate's verdicts, for what `precheck` has not already refused.
     fn from(error: WebhookError) -> Self {
         match error {
             WebhookError::MissingHeader("id") | WebhookError::InvalidHeader("id") => {
