@@ -278,3 +278,46 @@ fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |since| since.as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Policy;
+
+    fn series(job: &RecoveryJob) -> [&str; 4] {
+        let names = &job.names;
+        [
+            &names.runs,
+            &names.keys,
+            &names.unresolved,
+            &names.last_success,
+        ]
+    }
+
+    #[tokio::test]
+    async fn the_recovery_job_counts_under_its_default_prefix_until_a_service_names_its_own() {
+        // A pool that never connects: naming the series asks nothing of the database.
+        let pool = sqlx::PgPool::connect_lazy("postgres://nobody@localhost/none").unwrap();
+        let idempotency = Idempotency::new(pool, Policy::default());
+        let job = idempotency.recovery_job(Duration::from_secs(1));
+        assert_eq!(
+            series(&job),
+            [
+                "idempotency_recovery_runs_total",
+                "idempotency_recovery_keys_total",
+                "idempotency_recovery_unresolved_keys",
+                "idempotency_recovery_last_success_timestamp_seconds",
+            ]
+        );
+        let job = job.counted_as("shop_recovery");
+        assert_eq!(
+            series(&job),
+            [
+                "shop_recovery_runs_total",
+                "shop_recovery_keys_total",
+                "shop_recovery_unresolved_keys",
+                "shop_recovery_last_success_timestamp_seconds",
+            ]
+        );
+    }
+}
