@@ -21,13 +21,13 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::ProcessorState;
 use crate::extract::Path;
-use crate::handlers::charge_not_found;
+use crate::handlers::{Made, charge_not_found};
 use crate::model::{
-    CaptureState, Charge, ChargeRow, IdKind, NewCapture, NewVoid, ProcessorEventType, tagged,
+    CaptureState, Charge, ChargeRow, IdKind, NewCapture, NewVoid, ProcessorEventType,
 };
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::engine::Engine;
-use idempotency::{IdempotencyKey, Idempotent, StoredResponse};
+use idempotency::{IdempotencyKey, Idempotent};
 use service::outbox::delivery;
 use service::server::Hangup;
 use service::vocabulary::stored;
@@ -45,25 +45,17 @@ pub(crate) async fn capture_charge(
     }
     let shared = state.clone();
     let answer = state.idempotency.run(request, move |lease| async move {
-        shared.delay().await;
-        let mut tx = lease.begin().await?;
-        let response = match capture(&mut tx, &id, body.amount.map(i64::from), lease.key()).await? {
-            Ok(charge) => {
-                let data = json!({ "charge": charge.id, "amount": charge.amount_captured });
-                shared
-                    .announce(
-                        &mut tx,
-                        ProcessorEventType::ChargeCaptured,
-                        lease.now(),
-                        &data,
-                    )
-                    .await?;
-                StoredResponse::json(StatusCode::OK, &tagged("charge", &charge))
-                    .map_err(anyhow::Error::from)?
-            }
-            Err(refusal) => refusal.stored(),
+        let made = async |tx: &mut PgConnection, key: &IdempotencyKey, _| {
+            let amount = body.amount.map(i64::from);
+            Ok(capture(tx, &id, amount, key).await?.map(|charge| Made {
+                status: StatusCode::OK,
+                object: "charge",
+                data: json!({ "charge": charge.id, "amount": charge.amount_captured }),
+                event: ProcessorEventType::ChargeCaptured,
+                answer: charge,
+            }))
         };
-        Ok(lease.complete(tx, response).await?)
+        shared.change_under_key(lease, made).await
     });
     state.with_faults(hangup, answer).await
 }
@@ -84,25 +76,16 @@ pub(crate) async fn void_charge(
     }
     let shared = state.clone();
     let answer = state.idempotency.run(request, move |lease| async move {
-        shared.delay().await;
-        let mut tx = lease.begin().await?;
-        let response = match void(&mut tx, &id, lease.key()).await? {
-            Ok(charge) => {
-                let data = json!({ "charge": charge.id, "amount": charge.amount });
-                shared
-                    .announce(
-                        &mut tx,
-                        ProcessorEventType::ChargeVoided,
-                        lease.now(),
-                        &data,
-                    )
-                    .await?;
-                StoredResponse::json(StatusCode::OK, &tagged("charge", &charge))
-                    .map_err(anyhow::Error::from)?
-            }
-            Err(refusal) => refusal.stored(),
+        let made = async |tx: &mut PgConnection, key: &IdempotencyKey, _| {
+            Ok(void(tx, &id, key).await?.map(|charge| Made {
+                status: StatusCode::OK,
+                object: "charge",
+                data: json!({ "charge": charge.id, "amount": charge.amount }),
+                event: ProcessorEventType::ChargeVoided,
+                answer: charge,
+            }))
         };
-        Ok(lease.complete(tx, response).await?)
+        shared.change_under_key(lease, made).await
     });
     state.with_faults(hangup, answer).await
 }

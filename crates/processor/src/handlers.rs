@@ -111,6 +111,43 @@ impl ProcessorState {
         .await?;
         Ok(())
     }
+
+    /// The work of a keyed route that changes a charge: after the injected latency, `change` runs
+    /// in the key's transaction (given the key and the lease's time); what it made is announced and
+    /// answered, and a refusal is answered. Either answer is the key's stored response, committed
+    /// with the change and its event, so a repeat of the key gets it again and changes nothing.
+    pub(crate) async fn change_under_key<T: Serialize>(
+        &self,
+        lease: Lease,
+        change: impl AsyncFnOnce(
+            &mut PgConnection,
+            &IdempotencyKey,
+            DateTime<Utc>,
+        ) -> Result<Result<Made<T>, Problem>, sqlx::Error>,
+    ) -> Result<Completion, Error> {
+        self.delay().await;
+        let at = lease.now();
+        let mut tx = lease.begin().await?;
+        let response = match change(&mut tx, lease.key(), at).await? {
+            Ok(made) => {
+                self.announce(&mut tx, made.event, at, &made.data).await?;
+                StoredResponse::json(made.status, &tagged(made.object, &made.answer))
+                    .map_err(anyhow::Error::from)?
+            }
+            Err(refusal) => refusal.stored(),
+        };
+        Ok(lease.complete(tx, response).await?)
+    }
+}
+
+/// What a keyed route made: the object it answers with (`object` names its kind) under `status`,
+/// and the event that announces it, with its data.
+pub(crate) struct Made<T> {
+    pub(crate) status: StatusCode,
+    pub(crate) object: &'static str,
+    pub(crate) answer: T,
+    pub(crate) event: ProcessorEventType,
+    pub(crate) data: serde_json::Value,
 }
 
 // -------------------------------------------------------------------------------------------
@@ -408,22 +445,16 @@ pub(crate) async fn create_refund(
     }
     let shared = state.clone();
     let answer = state.idempotency.run(request, move |lease| async move {
-        shared.delay().await;
-        let at = lease.now();
-        let mut tx = lease.begin().await?;
-        let response = match refund(&mut tx, &id, &body, lease.key(), at).await? {
-            Ok(refund) => {
-                let data =
-                    json!({ "charge": refund.charge, "refund": refund.id, "amount": refund.amount });
-                shared
-                    .announce(&mut tx, ProcessorEventType::ChargeRefunded, at, &data)
-                    .await?;
-                StoredResponse::json(StatusCode::CREATED, &tagged("refund", &refund))
-                    .map_err(anyhow::Error::from)?
-            }
-            Err(refusal) => refusal.stored(),
+        let made = async |tx: &mut PgConnection, key: &IdempotencyKey, at| {
+            Ok(refund(tx, &id, &body, key, at).await?.map(|refund| Made {
+                status: StatusCode::CREATED,
+                object: "refund",
+                data: json!({ "charge": refund.charge, "refund": refund.id, "amount": refund.amount }),
+                event: ProcessorEventType::ChargeRefunded,
+                answer: refund,
+            }))
         };
-        Ok(lease.complete(tx, response).await?)
+        shared.change_under_key(lease, made).await
     });
     state.with_faults(hangup, answer).await
 }
