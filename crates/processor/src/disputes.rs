@@ -14,11 +14,10 @@ use serde_json::json;
 
 use crate::ProcessorState;
 use crate::extract::{Authorized, PageQuery, Path};
-use crate::handlers::Page;
+use crate::handlers::answer_page;
 use crate::model::{DisputeClosing, DisputeOutcome, DisputeRow, IdKind, tagged};
 use crate::model::{DisputeStatus, ProcessorEventType};
 use crate::problem::{Error, Problem, ProblemKind};
-use service::pagination::List;
 use service::vocabulary::stored;
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
@@ -39,17 +38,7 @@ pub(crate) async fn list_disputes(
         filter: "TRUE",
     )
     .await?;
-    let list = List::parse_rows(rows, &page, DisputeRow::parse)?;
-    let data = list.data.iter().map(|d| tagged("dispute", d)).collect();
-    Ok(axum::Json(Page {
-        list: List {
-            object: list.object,
-            data,
-            has_more: list.has_more,
-        },
-        url: "/v1/disputes",
-    })
-    .into_response())
+    answer_page(rows, &page, DisputeRow::parse, "dispute", "/v1/disputes")
 }
 
 /// `POST /v1/disputes/{id}/evidence`: the merchant answered the dispute; it is `under_review`

@@ -30,7 +30,7 @@ use idempotency::{
     Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Idempotent, Lease, StoredResponse,
 };
 use service::outbox::delivery;
-use service::pagination::List;
+use service::pagination::{List, PageRequest};
 use service::server::Hangup;
 use service::vocabulary::stored;
 
@@ -376,10 +376,28 @@ async fn still_making(state: &ProcessorState, route: &str, key: &str) -> Result<
 
 /// A page of a list, in Stripe's shape: the list and where it is read.
 #[derive(Serialize)]
-pub(crate) struct Page<T> {
+struct Page<T> {
     #[serde(flatten)]
-    pub(crate) list: List<T>,
-    pub(crate) url: &'static str,
+    list: List<T>,
+    url: &'static str,
+}
+
+/// The answer to a list read at `url`: the rows read for `page`, each parsed and tagged as an
+/// `object` (`"object": "charge"`).
+pub(crate) fn answer_page<R, T: Serialize>(
+    rows: Vec<R>,
+    page: &PageRequest,
+    parse: impl FnMut(R) -> Result<T, sqlx::Error>,
+    object: &'static str,
+    url: &'static str,
+) -> Result<Response, Error> {
+    let list = List::parse_rows(rows, page, parse)?;
+    let list = List {
+        object: list.object,
+        data: list.data.iter().map(|item| tagged(object, item)).collect(),
+        has_more: list.has_more,
+    };
+    Ok(axum::Json(Page { list, url }).into_response())
 }
 
 /// `GET /v1/charges`: newest first, a keyset page at a time; with `idempotency_key`, only the
@@ -414,17 +432,7 @@ pub(crate) async fn list_charges(
         key,
     )
     .await?;
-    let list = List::parse_rows(rows, &page, ChargeRow::parse)?;
-    let data = list.data.iter().map(|c| tagged("charge", c)).collect();
-    Ok(axum::Json(Page {
-        list: List {
-            object: list.object,
-            data,
-            has_more: list.has_more,
-        },
-        url: "/v1/charges",
-    })
-    .into_response())
+    answer_page(rows, &page, ChargeRow::parse, "charge", "/v1/charges")
 }
 
 // -------------------------------------------------------------------------------------------
@@ -566,17 +574,7 @@ pub(crate) async fn list_refunds(
         key,
     )
     .await?;
-    let list = List::parse_rows(rows, &page, RefundRow::parse)?;
-    let data = list.data.iter().map(|r| tagged("refund", r)).collect();
-    Ok(axum::Json(Page {
-        list: List {
-            object: list.object,
-            data,
-            has_more: list.has_more,
-        },
-        url: "/v1/refunds",
-    })
-    .into_response())
+    answer_page(rows, &page, RefundRow::parse, "refund", "/v1/refunds")
 }
 
 // -------------------------------------------------------------------------------------------
