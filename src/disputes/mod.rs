@@ -226,9 +226,9 @@ async fn list_disputes(
         &page,
         DisputeRow,
         position(cursor) if is_dispute_id(cursor) => r#"
-                SELECT created_at, id FROM disputes
-                WHERE account_id = $1 AND id = $2 AND ($3::text IS NULL OR payment_id = $3)
-                "#, account, cursor, payment;
+            SELECT created_at, id FROM disputes
+            WHERE id = $1 AND account_id = $2 AND ($3::text IS NULL OR payment_id = $3)
+        "#, cursor, account, payment;
         select: r#"SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
                    FROM disputes d
                    JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id"#,

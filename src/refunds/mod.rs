@@ -191,9 +191,8 @@ async fn list_refunds(
         &page,
         RefundRow,
         position(cursor) if RefundId::fits(cursor) => r#"
-                SELECT created_at, id FROM refunds
-                WHERE account_id = $3 AND id = $1 AND payment_id = $2
-                "#, cursor, payment, account.id().as_str();
+            SELECT created_at, id FROM refunds WHERE id = $1 AND payment_id = $2 AND account_id = $3
+        "#, cursor, payment, account.id().as_str();
         select: r#"SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
                           metadata AS "metadata: Json<Metadata>"
                    FROM refunds"#,
