@@ -91,7 +91,7 @@ async fn an_endpoint_that_never_answers_does_not_delay_another_account_s_event()
     let paid = app
         .post_payment_as(&b_key, &new_key(), &payment(4200))
         .await;
-    assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
+    paid.assert_status(201);
     let paid_at = Instant::now();
     wait_for(
         "B's event reaches B's endpoint",

@@ -133,12 +133,7 @@ pub async fn endpoint_for(app: &TestApp, url: &str, events: &[&str]) -> (String,
         &json!({ "url": url, "enabled_events": events }),
     )
     .await;
-    assert_eq!(
-        created.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&created.body)
-    );
+    created.assert_status(201);
     let created = created.json();
     (
         created["id"].as_str().unwrap().to_owned(),

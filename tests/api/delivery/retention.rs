@@ -490,12 +490,7 @@ async fn an_account_has_at_most_16_endpoints_even_registered_all_at_once() {
         .await;
     assert_eq!(deleted.status, 200);
     let retried = post_endpoint(&app, &app.api_key, refused[0], &body).await;
-    assert_eq!(
-        retried.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&retried.body)
-    );
+    retried.assert_status(201);
     post_endpoint(&app, &app.api_key, refused[1], &body)
         .await
         .assert_problem(409, "webhook-endpoint-limit");

@@ -20,12 +20,7 @@ async fn a_replayed_registration_returns_the_same_endpoint_and_secret_which_get_
     let first = post_endpoint(&app, &app.api_key, &key, &body).await;
     let again = post_endpoint(&app, &app.api_key, &key, &body).await;
 
-    assert_eq!(
-        first.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
+    first.assert_status(201);
     assert_eq!(again.status, 201);
     assert!(!first.replayed());
     assert!(again.replayed());
@@ -184,18 +179,8 @@ async fn a_completed_registration_is_replayed_even_where_its_address_is_now_refu
     let first = post_endpoint(&development, &development.api_key, &key, &body).await;
     let replay = post_endpoint(&production, &production.api_key, &key, &body).await;
 
-    assert_eq!(
-        first.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
-    assert_eq!(
-        replay.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&replay.body)
-    );
+    first.assert_status(201);
+    replay.assert_status(201);
     assert!(replay.replayed());
     assert_eq!(
         replay.body, first.body,

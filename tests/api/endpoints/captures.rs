@@ -3,6 +3,7 @@
 
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
+use sqlx::{Postgres, Transaction};
 
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 
@@ -29,6 +30,38 @@ async fn events_of(app: &TestApp, payment: &str) -> Vec<String> {
     .fetch_all(&app.db)
     .await
     .unwrap()
+}
+
+/// Holds the processor's charge of `payment` (locked until the transaction ends), as a capture or
+/// a void must lock it: the test keeps one in flight at the processor for as long as it holds it.
+async fn hold_the_charge(app: &TestApp, payment: &str) -> Transaction<'static, Postgres> {
+    let mut barrier = app.db.begin().await.unwrap();
+    sqlx::query(
+        "SELECT FROM processor_charges WHERE id = (SELECT charge FROM payments WHERE id = $1)
+         FOR UPDATE",
+    )
+    .bind(payment)
+    .execute(&mut *barrier)
+    .await
+    .unwrap();
+    barrier
+}
+
+/// Waits until the processor holds a `capture` or `void` call in progress under its key.
+async fn until_at_the_processor(app: &TestApp, call: &str) {
+    let what = format!("the {call} is at the processor");
+    let scope = format!("processor:POST /v1/charges/%/{call}");
+    wait_until(&what, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM idempotency_keys
+                            WHERE scope LIKE $1 AND status = 'in_progress')",
+        )
+        .bind(&scope)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
 }
 
 fn manual(amount: i64) -> Value {
@@ -80,12 +113,7 @@ async fn a_partial_capture_takes_part_once_its_replay_is_byte_for_byte_and_a_new
     let replay = app.post_capture(&id, &key, &body).await;
     let again = app.post_capture(&id, &new_key(), &json!({})).await;
 
-    assert_eq!(
-        captured.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&captured.body)
-    );
+    captured.assert_status(200);
     let payment = captured.json();
     assert_eq!(payment["status"], "succeeded");
     assert_eq!(
@@ -136,29 +164,11 @@ async fn a_capture_in_flight_answers_its_retry_409_with_retry_after_then_its_res
     let app = TestApp::spawn().await;
     let id = app.authorized(5000).await;
     // The barrier: the test holds the processor's charge, which the capture locks to capture it.
-    let mut barrier = app.db.begin().await.unwrap();
-    sqlx::query(
-        "SELECT FROM processor_charges WHERE id = (SELECT charge FROM payments WHERE id = $1)
-         FOR UPDATE",
-    )
-    .bind(&id)
-    .execute(&mut *barrier)
-    .await
-    .unwrap();
+    let barrier = hold_the_charge(&app, &id).await;
     let (key, all) = (new_key(), json!({}));
 
     let (first, meanwhile) = tokio::join!(app.post_capture(&id, &key, &all), async {
-        wait_until("the capture is at the processor", || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM idempotency_keys
-                                WHERE scope LIKE 'processor:POST /v1/charges/%/capture'
-                                  AND status = 'in_progress')",
-            )
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-        })
-        .await;
+        until_at_the_processor(&app, "capture").await;
         let meanwhile = app.post_capture(&id, &key, &all).await;
         barrier.rollback().await.unwrap();
         meanwhile
@@ -185,12 +195,7 @@ async fn a_cancel_releases_the_authorization_and_a_capture_after_it_is_refused()
     let capture = app.post_capture(&id, &new_key(), &json!({})).await;
     let cancel_again = app.post_cancel(&id, &new_key(), &json!({})).await;
 
-    assert_eq!(
-        canceled.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&canceled.body)
-    );
+    canceled.assert_status(200);
     let payment = canceled.json();
     assert_eq!(payment["status"], "canceled");
     assert_eq!(payment["cancellation_reason"], "requested_by_customer");
@@ -274,7 +279,7 @@ async fn refunds_follow_the_amount_captured() {
         .assert_problem(400, "refund-exceeds-payment");
     let all = app.post_refund(&id, &new_key(), &json!({})).await;
 
-    assert_eq!(all.status, 201, "{}", String::from_utf8_lossy(&all.body));
+    all.assert_status(201);
     assert_eq!(all.json()["amount"], 3000);
     let payment = app.get_payment(&id).await.json();
     assert_eq!(payment["status"], "refunded");
@@ -320,29 +325,11 @@ async fn a_cancel_key_reused_with_another_reason_is_refused_and_a_cancel_in_flig
     let app = TestApp::spawn().await;
     let id = app.authorized(5000).await;
     // The barrier: the test holds the processor's charge, which the void locks to void it.
-    let mut barrier = app.db.begin().await.unwrap();
-    sqlx::query(
-        "SELECT FROM processor_charges WHERE id = (SELECT charge FROM payments WHERE id = $1)
-         FOR UPDATE",
-    )
-    .bind(&id)
-    .execute(&mut *barrier)
-    .await
-    .unwrap();
+    let barrier = hold_the_charge(&app, &id).await;
     let (key, abandoned) = (new_key(), json!({ "cancellation_reason": "abandoned" }));
 
     let (first, (meanwhile, other)) = tokio::join!(app.post_cancel(&id, &key, &abandoned), async {
-        wait_until("the void is at the processor", || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM idempotency_keys
-                                WHERE scope LIKE 'processor:POST /v1/charges/%/void'
-                                  AND status = 'in_progress')",
-            )
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-        })
-        .await;
+        until_at_the_processor(&app, "void").await;
         let meanwhile = app.post_cancel(&id, &key, &abandoned).await;
         let other = app
             .post_cancel(&id, &key, &json!({ "cancellation_reason": "fraudulent" }))
@@ -358,12 +345,7 @@ async fn a_cancel_key_reused_with_another_reason_is_refused_and_a_cancel_in_flig
         problem["mismatched_fields"],
         json!(["/cancellation_reason"])
     );
-    assert_eq!(
-        first.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
+    first.assert_status(200);
     assert_eq!(first.json()["cancellation_reason"], "abandoned");
     let replay = app.post_cancel(&id, &key, &abandoned).await;
     assert!(replay.replayed());

@@ -5,7 +5,10 @@ use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 
 use super::webhooks::{deliver, deliver_at};
-use crate::support::helpers::{TestApp, new_key, payment};
+use chrono::{DateTime, Utc};
+use service::outbox::WebhookSecrets;
+
+use crate::support::helpers::{TestApp, TestResponse, new_key, payment};
 
 /// The ids of a page's disputes, in its order.
 fn ids(page: &Value) -> Vec<&str> {
@@ -20,7 +23,7 @@ fn ids(page: &Value) -> Vec<&str> {
 /// Three disputes over two payments, recorded one after another by the processor's events: the
 /// first two payments' ids, and the disputes `dp_a` (500 of the first), `dp_b` (700 of the
 /// second, more than it has left: flagged) and `dp_c` (300 of the first).
-async fn three_disputes(app: &TestApp, secret: &service::outbox::WebhookSecrets) -> [String; 2] {
+async fn three_disputes(app: &TestApp, secret: &WebhookSecrets) -> [String; 2] {
     let first = app.paid(5000).await;
     let second = app.paid(600).await;
     for (event, payment, dispute, amount) in [
@@ -183,6 +186,24 @@ async fn another_account_s_dispute_is_not_found_like_an_unknown_one() {
     assert_eq!(owned.json()["amount"], 100);
 }
 
+/// The processor's charge behind `payment`: what its dispute events name.
+async fn charge_of(app: &TestApp, payment: &str) -> String {
+    app.get_payment(payment).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The processor, as its signed events about a charge's dispute reach `app`.
+struct Processor<'a>(&'a TestApp, &'a WebhookSecrets);
+
+impl Processor<'_> {
+    /// Delivers event `id` of `kind` about a dispute, created `at`: a test orders them in time.
+    async fn event(&self, id: &str, kind: &str, data: &Value, at: DateTime<Utc>) -> TestResponse {
+        deliver_at(self.0, self.1, id, kind, data, at).await
+    }
+}
+
 /// Where a dispute stands, and the payment's disputed amount.
 async fn standing(app: &TestApp, dispute: &str, payment: &str) -> (Value, Value) {
     let dispute = app.get(&format!("/v1/disputes/{dispute}")).await.json();
@@ -202,73 +223,45 @@ async fn standing(app: &TestApp, dispute: &str, payment: &str) -> (Value, Value)
 async fn a_won_dispute_gives_its_amount_back_once_and_in_order() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
-    let charge = app.get_payment(&paid).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let charge = charge_of(&app, &paid).await;
+    let processor = Processor(&app, &secret);
     let t0 = chrono::Utc::now();
     let at = |seconds: i64| t0 + chrono::Duration::seconds(seconds);
     let event = |status: &str| json!({ "charge": charge, "dispute": "dp_w", "amount": 1500, "status": status });
     let opened = json!({ "charge": charge, "dispute": "dp_w", "amount": 1500 });
-    deliver_at(
-        &app,
-        &secret,
-        "evt_w1",
-        "charge.dispute.created",
-        &opened,
-        at(0),
-    )
-    .await;
+    processor
+        .event("evt_w1", "charge.dispute.created", &opened, at(0))
+        .await;
     assert_eq!(
         standing(&app, "dp_w", &paid).await,
         (json!("needs_response"), json!(1500))
     );
 
-    let reviewed = deliver_at(
-        &app,
-        &secret,
-        "evt_w2",
-        "charge.dispute.updated",
-        &event("under_review"),
-        at(1),
-    )
-    .await;
-    let won = deliver_at(
-        &app,
-        &secret,
-        "evt_w3",
-        "charge.dispute.closed",
-        &event("won"),
-        at(2),
-    )
-    .await;
-    let again = deliver_at(
-        &app,
-        &secret,
-        "evt_w3",
-        "charge.dispute.closed",
-        &event("won"),
-        at(2),
-    )
-    .await;
-    let late = deliver_at(
-        &app,
-        &secret,
-        "evt_w4",
-        "charge.dispute.updated",
-        &event("under_review"),
-        at(1),
-    )
-    .await;
-    let lost_after = deliver_at(
-        &app,
-        &secret,
-        "evt_w5",
-        "charge.dispute.closed",
-        &event("lost"),
-        at(3),
-    )
-    .await;
+    let reviewed = processor
+        .event(
+            "evt_w2",
+            "charge.dispute.updated",
+            &event("under_review"),
+            at(1),
+        )
+        .await;
+    let won = processor
+        .event("evt_w3", "charge.dispute.closed", &event("won"), at(2))
+        .await;
+    let again = processor
+        .event("evt_w3", "charge.dispute.closed", &event("won"), at(2))
+        .await;
+    let late = processor
+        .event(
+            "evt_w4",
+            "charge.dispute.updated",
+            &event("under_review"),
+            at(1),
+        )
+        .await;
+    let lost_after = processor
+        .event("evt_w5", "charge.dispute.closed", &event("lost"), at(3))
+        .await;
 
     assert_eq!(reviewed.json()["outcome"], "applied");
     assert_eq!(won.json()["outcome"], "applied");
@@ -319,32 +312,23 @@ async fn a_won_dispute_gives_its_amount_back_once_and_in_order() {
 async fn a_lost_dispute_keeps_its_amount_and_a_close_before_its_dispute_waits_for_it() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
-    let charge = app.get_payment(&paid).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let charge = charge_of(&app, &paid).await;
+    let processor = Processor(&app, &secret);
     let t0 = chrono::Utc::now();
     let closed = json!({ "charge": charge, "dispute": "dp_l", "amount": 2000, "status": "lost" });
     let opened = json!({ "charge": charge, "dispute": "dp_l", "amount": 2000 });
 
-    let early = deliver_at(
-        &app,
-        &secret,
-        "evt_l2",
-        "charge.dispute.closed",
-        &closed,
-        t0 + chrono::Duration::seconds(1),
-    )
-    .await;
-    let created = deliver_at(
-        &app,
-        &secret,
-        "evt_l1",
-        "charge.dispute.created",
-        &opened,
-        t0,
-    )
-    .await;
+    let early = processor
+        .event(
+            "evt_l2",
+            "charge.dispute.closed",
+            &closed,
+            t0 + chrono::Duration::seconds(1),
+        )
+        .await;
+    let created = processor
+        .event("evt_l1", "charge.dispute.created", &opened, t0)
+        .await;
 
     assert_eq!(early.json()["outcome"], "parked");
     assert_eq!(created.json()["outcome"], "applied");
@@ -363,14 +347,13 @@ async fn a_lost_dispute_keeps_its_amount_and_a_close_before_its_dispute_waits_fo
         .assert_problem(400, "refund-exceeds-payment");
     let unknown_status =
         json!({ "charge": charge, "dispute": "dp_l", "amount": 2000, "status": "open" });
-    let refused = deliver_at(
-        &app,
-        &secret,
-        "evt_l3",
-        "charge.dispute.closed",
-        &unknown_status,
-        t0 + chrono::Duration::seconds(5),
-    )
-    .await;
+    let refused = processor
+        .event(
+            "evt_l3",
+            "charge.dispute.closed",
+            &unknown_status,
+            t0 + chrono::Duration::seconds(5),
+        )
+        .await;
     assert_eq!(refused.json()["outcome"], "ignored");
 }

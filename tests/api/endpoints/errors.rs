@@ -4,7 +4,7 @@ use futures::future::join_all;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::support::helpers::{TestApp, new_key, payment, send};
+use crate::support::helpers::{TestApp, TestResponse, new_key, payment, send};
 
 #[api_test]
 async fn invalid_idempotency_keys_are_refused_with_400_and_nothing_is_stored() {
@@ -103,13 +103,7 @@ async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
         assert!(problem["detail"].as_str().unwrap().len() > 20, "{problem}");
         assert_eq!(problem["param"], *param, "{body}: {problem}");
     }
-    let malformed = app
-        .raw_post()
-        .header("idempotency-key", &key)
-        .header("content-type", "application/json")
-        .body(r#"{"amount": 100, "currency": "eur""#);
-    let problem = app
-        .send(malformed)
+    let problem = post_json_text(&app, &key, r#"{"amount": 100, "currency": "eur""#)
         .await
         .assert_problem(400, "invalid-request");
     assert!(problem.get("param").is_none(), "no one field's: {problem}");
@@ -120,20 +114,13 @@ async fn an_invalid_body_is_refused_before_the_key_is_reserved() {
             .starts_with("The request body is not valid JSON"),
         "{problem}"
     );
-    let duplicated = app
-        .raw_post()
-        .header("idempotency-key", &key)
-        .header("content-type", "application/json")
-        .body(r#"{"amount": 100, "amount": 200, "currency": "eur"}"#);
-    app.send(duplicated)
+    let duplicated = r#"{"amount": 100, "amount": 200, "currency": "eur"}"#;
+    post_json_text(&app, &key, duplicated)
         .await
         .assert_problem(400, "invalid-request");
     assert_eq!(app.key_count().await, 0);
 
-    // The key was not burned: a valid request with it executes.
-    let valid = app.post_payment(&key, &payment(4200)).await;
-    assert_eq!(valid.status, 201);
-    assert!(!valid.replayed());
+    assert_the_key_is_free(&app, &key).await;
 }
 
 #[api_test]
@@ -141,24 +128,31 @@ async fn an_amount_with_a_fraction_too_small_for_a_float_is_refused_and_the_key_
     let app = TestApp::spawn().await;
     let key = new_key();
     // As an f64 this is 4200.0 exactly: only its text shows the fraction.
-    let fractional = app
-        .raw_post()
-        .header("idempotency-key", &key)
-        .header("content-type", "application/json")
-        .body(r#"{"amount": 4200.0000000000001, "currency": "eur"}"#);
-    let problem = app
-        .send(fractional)
+    let fractional = r#"{"amount": 4200.0000000000001, "currency": "eur"}"#;
+    let problem = post_json_text(&app, &key, fractional)
         .await
         .assert_problem(400, "invalid-request");
-    let detail = problem["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("amount must be an integer in minor units"),
-        "{detail}"
-    );
+    super::assert_refuses_a_fractional_amount(&problem);
     assert_eq!(app.key_count().await, 0);
     assert_eq!(app.payment_count().await, 0);
 
-    let valid = app.post_payment(&key, &payment(4200)).await;
+    assert_the_key_is_free(&app, &key).await;
+}
+
+/// `POST /v1/payments` under `key` with `text` as its JSON body, sent as written: JSON that
+/// `serde_json::Value` cannot hold (malformed, a field twice, a fraction past a float's).
+async fn post_json_text(app: &TestApp, key: &str, text: &'static str) -> TestResponse {
+    let request = app
+        .raw_post()
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(text);
+    app.send(request).await
+}
+
+/// Asserts a refusal did not burn `key`: a valid payment under it executes (it is no replay).
+async fn assert_the_key_is_free(app: &TestApp, key: &str) {
+    let valid = app.post_payment(key, &payment(4200)).await;
     assert_eq!(valid.status, 201);
     assert!(!valid.replayed());
 }
@@ -279,12 +273,7 @@ async fn the_api_key_is_taken_as_the_user_name_of_http_basic_as_stripe_takes_it(
                 .json(&payment(4200)),
         )
         .await;
-    assert_eq!(
-        basic.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&basic.body)
-    );
+    basic.assert_status(201);
     // The same account: a bearer retry of the same key replays it.
     let bearer = app.post_payment(&key, &payment(4200)).await;
     assert_eq!(bearer.status, 201);

@@ -360,7 +360,7 @@ impl Consumer {
                 None => "/v1/events?limit=7".to_owned(),
             };
             let page = app.get(&path).await;
-            assert_eq!(page.status, 200, "{}", String::from_utf8_lossy(&page.body));
+            page.assert_status(200);
             let page = page.json();
             let data = page["data"].as_array().unwrap();
             let ids = data

@@ -15,3 +15,13 @@ mod webhooks_effects;
 mod webhooks_once;
 mod webhooks_refusals;
 mod webhooks_send_command;
+
+/// Asserts `problem` refuses an amount for its fraction: the text had one, though as a float it
+/// may read as whole.
+fn assert_refuses_a_fractional_amount(problem: &serde_json::Value) {
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("amount must be an integer in minor units"),
+        "{detail}"
+    );
+}

@@ -317,7 +317,7 @@ async fn a_live_prometheus_fires_the_held_key_and_stalled_endpoint_alerts_and_an
         // started may answer past idempay's timeout (503, an unknown outcome).
         let (key, body) = (new_key(), payment(1000));
         let paid = retry_while_in_flight(|| app.post_payment(&key, &body)).await;
-        assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
+        paid.assert_status(201);
     }
     let pending = || async {
         sqlx::query_scalar::<_, i64>(

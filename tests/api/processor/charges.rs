@@ -15,12 +15,7 @@ async fn a_charge_is_created_and_replayed_byte_for_byte_with_one_ledger_row() {
     let first = processor.charge(&key, &charge(4200, "pm_card_visa")).await;
     let again = processor.charge(&key, &charge(4200, "pm_card_visa")).await;
 
-    assert_eq!(
-        first.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
+    first.assert_status(201);
     let created = first.json();
     assert!(created["id"].as_str().unwrap().starts_with("ch_"));
     assert_eq!(created["object"], "charge");

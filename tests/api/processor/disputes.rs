@@ -85,12 +85,7 @@ async fn a_won_dispute_gives_its_amount_back_to_the_charge_which_can_then_be_ref
     let refund = processor
         .post(&refund_path, Some(&new_key()), &json!({ "amount": 3000 }))
         .await;
-    assert_eq!(
-        refund.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&refund.body)
-    );
+    refund.assert_status(201);
 }
 
 #[api_test]

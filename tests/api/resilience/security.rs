@@ -141,12 +141,7 @@ async fn another_account_is_not_blocked_by_a_key_in_flight_for_this_one() {
     );
     // ...and with the same body too: it is charged for B, not told to wait for A.
     let theirs = b.pay(&key, &slow).await;
-    assert_eq!(
-        theirs.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&theirs.body)
-    );
+    theirs.assert_status(201);
     assert!(theirs.header("idempotent-replayed").is_none());
 
     let mine = first.await.unwrap();

@@ -53,12 +53,7 @@ async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero
     let key = new_key();
     let body = payment(4200);
     let unknown = instance.post_payment(&app.api_key, &key, &body).await;
-    assert_eq!(
-        unknown.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&unknown.body)
-    );
+    unknown.assert_status(503);
 
     let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await.json();
     let used = &inspected["uses"][0];
@@ -120,7 +115,7 @@ async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero
     // The processor answers again: the retry resumes the key, and the gauge drops to 0.
     set_faults(&processor, 0.0, 0.0).await;
     let paid = instance.post_payment(&app.api_key, &key, &body).await;
-    assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
+    paid.assert_status(201);
     let metrics = instance.metrics().await;
     assert_eq!(metrics.value(&suspended), Some(0.0), "{}", metrics.text());
     assert!(

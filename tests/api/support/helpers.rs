@@ -41,6 +41,17 @@ impl TestResponse {
         self.headers.get(name).and_then(|value| value.to_str().ok())
     }
 
+    /// Asserts the status; when it differs, the failure shows the body, which says why.
+    #[track_caller]
+    pub fn assert_status(&self, status: u16) {
+        assert_eq!(
+            self.status,
+            status,
+            "{}",
+            String::from_utf8_lossy(&self.body)
+        );
+    }
+
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
     }
@@ -194,14 +205,23 @@ impl TestApp {
     }
 
     pub async fn post_payment_as(&self, api_key: &str, key: &str, body: &Value) -> TestResponse {
-        self.send(
-            self.client
-                .post(self.url("/v1/payments"))
-                .bearer_auth(api_key)
-                .header("idempotency-key", key)
-                .json(body),
-        )
-        .await
+        self.send(self.keyed_post_as(api_key, "/v1/payments", key, body))
+            .await
+    }
+
+    /// `POST path` with `body` under `key` as the account of `api_key`, not yet sent.
+    pub fn keyed_post_as(
+        &self,
+        api_key: &str,
+        path: &str,
+        key: &str,
+        body: &Value,
+    ) -> reqwest::RequestBuilder {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(api_key)
+            .header("idempotency-key", key)
+            .json(body)
     }
 
     /// `POST /v1/payments` with a raw body, content type and headers as given.
@@ -213,14 +233,8 @@ impl TestApp {
 
     /// `POST /v1/payments/{payment}/refunds` with the given key and body.
     pub async fn post_refund(&self, payment: &str, key: &str, body: &Value) -> TestResponse {
-        self.send(
-            self.client
-                .post(self.url(&format!("/v1/payments/{payment}/refunds")))
-                .bearer_auth(&self.api_key)
-                .header("idempotency-key", key)
-                .json(body),
-        )
-        .await
+        self.post_keyed(&format!("/v1/payments/{payment}/refunds"), key, body)
+            .await
     }
 
     /// `POST /v1/payments/{payment}/capture` under `key`.
@@ -237,14 +251,8 @@ impl TestApp {
 
     /// `POST path` with `body` under `key`, as this app's account.
     pub async fn post_keyed(&self, path: &str, key: &str, body: &Value) -> TestResponse {
-        self.send(
-            self.client
-                .post(self.url(path))
-                .bearer_auth(&self.api_key)
-                .header("idempotency-key", key)
-                .json(body),
-        )
-        .await
+        self.send(self.keyed_post_as(&self.api_key, path, key, body))
+            .await
     }
 
     /// A manual payment of `amount`, authorized (`requires_capture`): its id.
@@ -252,12 +260,7 @@ impl TestApp {
         let (key, mut body) = (new_key(), payment(amount));
         body["capture_method"] = Value::from("manual");
         let response = retry_while_in_flight(|| self.post_payment(&key, &body)).await;
-        assert_eq!(
-            response.status,
-            201,
-            "{}",
-            String::from_utf8_lossy(&response.body)
-        );
+        response.assert_status(201);
         assert_eq!(response.json()["status"], "requires_capture");
         response.json()["id"].as_str().unwrap().to_owned()
     }
@@ -274,12 +277,7 @@ impl TestApp {
     pub async fn paid(&self, amount: i64) -> String {
         let (key, body) = (new_key(), payment(amount));
         let response = retry_while_in_flight(|| self.post_payment(&key, &body)).await;
-        assert_eq!(
-            response.status,
-            201,
-            "{}",
-            String::from_utf8_lossy(&response.body)
-        );
+        response.assert_status(201);
         response.json()["id"].as_str().unwrap().to_owned()
     }
 
@@ -375,12 +373,7 @@ impl TestApp {
         key: &str,
         body: &Value,
     ) -> tokio::task::JoinHandle<TestResponse> {
-        let request = self
-            .client
-            .post(self.url("/v1/payments"))
-            .bearer_auth(&self.api_key)
-            .header("idempotency-key", key)
-            .json(body);
+        let request = self.keyed_post_as(&self.api_key, "/v1/payments", key, body);
         let response = tokio::spawn(send(request));
         self.wait_for_keys(1).await;
         response

@@ -29,7 +29,7 @@ fn demo_ui() -> Settings {
 /// makes.
 async fn open_checkout(app: &TestApp) -> (TestResponse, String) {
     let page = app.send(app.client().get(app.url("/demo/checkout"))).await;
-    assert_eq!(page.status, 200, "{}", String::from_utf8_lossy(&page.body));
+    page.assert_status(200);
     let set_cookie = page.header("set-cookie").expect("a session cookie");
     let pair = set_cookie.split(';').next().unwrap().trim().to_owned();
     assert!(
