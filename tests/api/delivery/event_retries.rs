@@ -17,14 +17,19 @@ pub(super) async fn post_retry(
     key: &str,
     body: &Value,
 ) -> TestResponse {
-    app.send(
-        app.client()
-            .post(app.url(&format!("/v1/events/{event}/retry")))
-            .bearer_auth(api_key)
-            .header("idempotency-key", key)
-            .json(body),
-    )
-    .await
+    let path = format!("/v1/events/{event}/retry");
+    app.send(app.keyed_post_as(api_key, &path, key, body)).await
+}
+
+/// `POST /v1/events/{event}/retry` to `endpoint` under `key`, as the app's account.
+pub(super) async fn retry_under(
+    app: &TestApp,
+    event: &str,
+    key: &str,
+    endpoint: &str,
+) -> TestResponse {
+    let body = json!({ "endpoint": endpoint });
+    post_retry(app, &app.api_key, event, key, &body).await
 }
 
 /// The deliveries of `event` to `endpoint`: (queued by a retry, count).
@@ -56,14 +61,7 @@ async fn a_retried_event_reaches_the_endpoint_again_with_its_id_and_a_replay_que
     settled(&app, &event, None).await;
 
     let key = new_key();
-    let retried = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &key,
-        &json!({ "endpoint": endpoint }),
-    )
-    .await;
+    let retried = retry_under(&app, &event, &key, &endpoint).await;
     assert_eq!(retried.status, 202, "{:?}", retried.json());
     let delivery = retried.json();
     assert_eq!(delivery["object"], "webhook_delivery");
@@ -94,14 +92,7 @@ async fn a_retried_event_reaches_the_endpoint_again_with_its_id_and_a_replay_que
     assert_eq!(received[0].1, received[1].1, "the same bytes both times");
 
     // The same key again: the same answer, and no other delivery.
-    let replay = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &key,
-        &json!({ "endpoint": endpoint }),
-    )
-    .await;
+    let replay = retry_under(&app, &event, &key, &endpoint).await;
     assert_eq!(replay.status, 202);
     assert!(replay.replayed());
     assert_eq!(replay.body, retried.body);
@@ -121,14 +112,7 @@ async fn a_retried_event_reaches_the_endpoint_again_with_its_id_and_a_replay_que
     assert_eq!(attempts["data"].as_array().unwrap().len(), 2, "{attempts}");
 
     // Another key asks for one more.
-    let again = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &new_key(),
-        &json!({ "endpoint": endpoint }),
-    )
-    .await;
+    let again = retry_under(&app, &event, &new_key(), &endpoint).await;
     assert_eq!(again.status, 202);
     assert_eq!(
         deliveries(&app, &event, &endpoint).await,
@@ -162,15 +146,9 @@ async fn a_retry_of_an_unknown_or_another_account_s_event_or_endpoint_is_404_and
         (event.as_str(), theirs.as_str()),
         ("pay_nothing", endpoint.as_str()),
     ] {
-        post_retry(
-            &app,
-            &app.api_key,
-            event,
-            &key,
-            &json!({ "endpoint": endpoint }),
-        )
-        .await
-        .assert_problem(404, "not-found");
+        retry_under(&app, event, &key, &endpoint)
+            .await
+            .assert_problem(404, "not-found");
     }
     // A body that names no endpoint is refused before the key is reserved.
     for body in [
@@ -190,14 +168,7 @@ async fn a_retry_of_an_unknown_or_another_account_s_event_or_endpoint_is_404_and
     // Nothing was kept of the refused requests: the key serves a good one, once the event's own
     // delivery was acknowledged (a retry is refused while one is pending).
     settled(&app, &event, None).await;
-    let retried = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &key,
-        &json!({ "endpoint": endpoint }),
-    )
-    .await;
+    let retried = retry_under(&app, &event, &key, &endpoint).await;
     assert_eq!(retried.status, 202);
     assert!(!retried.replayed());
 }
@@ -217,29 +188,16 @@ async fn a_retry_to_a_disabled_endpoint_is_refused_with_409_and_queues_nothing()
         .unwrap();
 
     let key = new_key();
-    let problem = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &key,
-        &json!({ "endpoint": endpoint }),
-    )
-    .await
-    .assert_problem(409, "webhook-endpoint-disabled");
+    let problem = retry_under(&app, &event, &key, &endpoint)
+        .await
+        .assert_problem(409, "webhook-endpoint-disabled");
     assert!(
         problem["detail"].as_str().unwrap().contains(&endpoint),
         "{problem}"
     );
     assert_eq!(deliveries(&app, &event, &endpoint).await, [(false, 1)]);
     // Not stored: the same key asks again, and is refused again, not replayed.
-    let again = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &key,
-        &json!({ "endpoint": endpoint }),
-    )
-    .await;
+    let again = retry_under(&app, &event, &key, &endpoint).await;
     again.assert_problem(409, "webhook-endpoint-disabled");
     assert!(!again.replayed());
 }

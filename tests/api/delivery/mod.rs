@@ -59,9 +59,7 @@ impl Receiver {
         let app = Router::new()
             .route("/hooks", post(receive))
             .with_state(inbox.clone());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = serve_hooks(app).await;
         Self { url, inbox }
     }
 
@@ -69,15 +67,36 @@ impl Receiver {
         self.inbox.received.lock().unwrap().clone()
     }
 
+    /// How many deliveries arrived.
+    pub fn count(&self) -> usize {
+        self.inbox.received.lock().unwrap().len()
+    }
+
+    /// The `webhook-id` of every delivery received, in the order they came.
+    pub fn webhook_ids(&self) -> Vec<String> {
+        self.deliveries()
+            .iter()
+            .map(|(headers, _)| headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect()
+    }
+
     /// How many deliveries arrived for each `webhook-id`.
     pub fn arrivals(&self) -> HashMap<String, usize> {
         let mut arrivals = HashMap::new();
-        for (headers, _) in self.deliveries() {
-            let id = headers["webhook-id"].to_str().unwrap().to_owned();
+        for id in self.webhook_ids() {
             *arrivals.entry(id).or_default() += 1;
         }
         arrivals
     }
+}
+
+/// Serves `app` on a free port of 127.0.0.1 for as long as the test runs; the URL of its `/hooks`,
+/// where an endpoint registered for it is delivered to.
+pub async fn serve_hooks(app: Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
 }
 
 async fn receive(State(inbox): State<Inbox>, headers: HeaderMap, body: Bytes) -> StatusCode {
@@ -109,14 +128,8 @@ pub fn local(schedule: &str) -> Settings {
 
 /// `POST /v1/webhook_endpoints` as `api_key`.
 pub async fn post_endpoint(app: &TestApp, api_key: &str, key: &str, body: &Value) -> TestResponse {
-    app.send(
-        app.client()
-            .post(app.url("/v1/webhook_endpoints"))
-            .bearer_auth(api_key)
-            .header("idempotency-key", key)
-            .json(body),
-    )
-    .await
+    app.send(app.keyed_post_as(api_key, "/v1/webhook_endpoints", key, body))
+        .await
 }
 
 /// Registers an endpoint for every event at `url`; returns its id and secret.
@@ -190,6 +203,18 @@ where
         assert!(started.elapsed() < within, "{what}: not within {within:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until `attempts` delivery attempts are recorded (at most 20 s), saying `what` if not.
+pub async fn attempts_recorded(db: &PgPool, attempts: i64, what: &str) {
+    wait_for(what, Duration::from_secs(20), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
+            .fetch_one(db)
+            .await
+            .unwrap()
+            == attempts
+    })
+    .await;
 }
 
 /// Waits until no delivery of `event` is pending (to `endpoint` only, when given): acknowledged or

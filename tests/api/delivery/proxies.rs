@@ -10,7 +10,7 @@ use idempay_test_macros::api_test;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::{Receiver, endpoint_for_all, local, wait_for, write_event};
+use super::{Receiver, attempts_recorded, endpoint_for_all, local, wait_for, write_event};
 use crate::processor::{API_KEY, TestProcessor};
 use crate::support::helpers::{TestApp, new_key, payment};
 use crate::support::instance::Instance;
@@ -142,18 +142,7 @@ async fn a_proxy_in_the_environment_does_not_carry_a_delivery_past_the_address_g
         "payment.succeeded",
     )
     .await;
-    wait_for(
-        "the attempt is recorded",
-        Duration::from_secs(20),
-        || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
-                .fetch_one(&registering.db)
-                .await
-                .unwrap()
-                == 1
-        },
-    )
-    .await;
+    attempts_recorded(&registering.db, 1, "the attempt is recorded").await;
 
     assert_eq!(
         proxy.requests(),

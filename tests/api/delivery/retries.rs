@@ -8,7 +8,10 @@ use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::Value;
 
-use super::{FAN_OUT, Receiver, endpoint_for_all, local, wait_for, write_event};
+use super::{
+    FAN_OUT, Receiver, attempts_recorded, endpoint_for_all, local, serve_hooks, wait_for,
+    write_event,
+};
 use crate::support::helpers::{TestApp, one_storm_at_a_time};
 use crate::support::instance::{Instance, Metrics};
 
@@ -268,18 +271,7 @@ async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
     let sending = registering.another_instance(Settings::default()).await;
 
     let event = write_event(&sending.db, &sending.account_id, "payment.succeeded").await;
-    wait_for(
-        "the three attempts are recorded",
-        Duration::from_secs(20),
-        || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
-                .fetch_one(&sending.db)
-                .await
-                .unwrap()
-                == 3
-        },
-    )
-    .await;
+    attempts_recorded(&sending.db, 3, "the three attempts are recorded").await;
 
     assert!(receiver.deliveries().is_empty(), "nothing was sent");
     let attempts = sending
@@ -322,24 +314,11 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, redirecting).await });
+    let url = serve_hooks(redirecting).await;
     endpoint_for_all(&app, &url).await;
 
     let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
-    wait_for(
-        "the attempt is recorded",
-        Duration::from_secs(20),
-        || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
-                .fetch_one(&app.db)
-                .await
-                .unwrap()
-                == 1
-        },
-    )
-    .await;
+    attempts_recorded(&app.db, 1, "the attempt is recorded").await;
 
     let attempts = app
         .get(&format!("/v1/events/{event}/attempts"))
@@ -366,24 +345,11 @@ async fn an_answer_later_than_the_delivery_timeout_is_a_failed_attempt() {
             axum::http::StatusCode::OK
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, slow).await });
+    let url = serve_hooks(slow).await;
     endpoint_for_all(&app, &url).await;
 
     let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
-    wait_for(
-        "the attempt is recorded",
-        Duration::from_secs(20),
-        || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_attempts")
-                .fetch_one(&app.db)
-                .await
-                .unwrap()
-                == 1
-        },
-    )
-    .await;
+    attempts_recorded(&app.db, 1, "the attempt is recorded").await;
 
     let attempts = app
         .get(&format!("/v1/events/{event}/attempts"))
@@ -448,9 +414,7 @@ async fn one_delivery_given_up_after_a_later_one_acknowledged(
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, picky).await });
+    let url = serve_hooks(picky).await;
     let (endpoint, _) = endpoint_for_all(app, &url).await;
 
     // The first event is refused; it is written before the second, which is acknowledged.

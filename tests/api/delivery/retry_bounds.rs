@@ -9,20 +9,13 @@ use idempay::webhooks::retention::prune_events;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
-use super::event_retries::post_retry;
+use super::event_retries::retry_under;
 use super::{Receiver, endpoint_for_all, local, settled, wait_for, write_event};
 use crate::support::helpers::{TestApp, TestResponse, new_key};
 
 /// `POST /v1/events/{event}/retry` to `endpoint` under a new key.
 async fn retry_to(app: &TestApp, event: &str, endpoint: &str) -> TestResponse {
-    post_retry(
-        app,
-        &app.api_key,
-        event,
-        &new_key(),
-        &json!({ "endpoint": endpoint }),
-    )
-    .await
+    retry_under(app, event, &new_key(), endpoint).await
 }
 
 #[api_test]
@@ -37,14 +30,7 @@ async fn a_retry_is_refused_while_a_delivery_is_pending_and_after_five_to_one_en
 
     // The delivery to the failing endpoint is pending: another is refused, and the key released.
     let key = new_key();
-    let pending = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &key,
-        &json!({ "endpoint": stuck }),
-    )
-    .await;
+    let pending = retry_under(&app, &event, &key, &stuck).await;
     let body = pending.assert_problem(409, "webhook-retry-pending");
     assert!(
         body["detail"].as_str().unwrap().contains("still pending"),
@@ -74,14 +60,7 @@ async fn a_retry_is_refused_while_a_delivery_is_pending_and_after_five_to_one_en
     );
 
     // The key of a refused retry was released: it can be used again (and is refused again).
-    let reused = post_retry(
-        &app,
-        &app.api_key,
-        &event,
-        &key,
-        &json!({ "endpoint": stuck }),
-    )
-    .await;
+    let reused = retry_under(&app, &event, &key, &stuck).await;
     assert_eq!(reused.status, 409);
 
     let scraped = app.send(app.client().get(app.url("/metrics"))).await;

@@ -2,15 +2,13 @@
 //! Webhooks (checked with the `standardwebhooks` crate, and by idempay's own intake), retried with
 //! the same `webhook-id` until a 2xx, and sent once per attempt however many loops run.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ::service::shared_settings::SharedArgs;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use idempay::config::Settings;
@@ -18,71 +16,10 @@ use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 use service::outbox::delivery::{self, Deliverer};
 use service::outbox::{RetrySchedule, WebhookSecrets};
-use tokio::net::TcpListener;
 
 use super::{TestProcessor, charge, settings};
+use crate::delivery::{Receiver, serve_hooks};
 use crate::support::helpers::{TestApp, new_key, one_connection_planning_for_empty, wait_until};
-
-/// A receiver on a free port of 127.0.0.1 that answers 500 to its first `failures` deliveries,
-/// then 200, and keeps every delivery it received.
-struct Receiver {
-    url: String,
-    received: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
-}
-
-#[derive(Clone)]
-struct Inbox {
-    received: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
-    failures: Arc<AtomicUsize>,
-}
-
-impl Receiver {
-    async fn start(failures: usize) -> Self {
-        let inbox = Inbox {
-            received: Arc::default(),
-            failures: Arc::new(AtomicUsize::new(failures)),
-        };
-        let received = inbox.received.clone();
-        let app = Router::new()
-            .route("/hooks", post(receive))
-            .with_state(inbox);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { url, received }
-    }
-
-    fn deliveries(&self) -> Vec<(HeaderMap, Bytes)> {
-        self.received.lock().unwrap().clone()
-    }
-
-    fn count(&self) -> usize {
-        self.received.lock().unwrap().len()
-    }
-
-    /// The `webhook-id` of every delivery received, in the order they came.
-    fn webhook_ids(&self) -> Vec<String> {
-        self.deliveries()
-            .iter()
-            .map(|(headers, _)| headers["webhook-id"].to_str().unwrap().to_owned())
-            .collect()
-    }
-}
-
-async fn receive(State(inbox): State<Inbox>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    inbox.received.lock().unwrap().push((headers, body));
-    let failing = inbox
-        .failures
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-            left.checked_sub(1)
-        })
-        .is_ok();
-    if failing {
-        StatusCode::INTERNAL_SERVER_ERROR
-    } else {
-        StatusCode::OK
-    }
-}
 
 /// A processor that delivers its events to `url`, signed with `secret`, retrying fast.
 async fn delivering_to(url: &str, secret: &WebhookSecrets) -> TestProcessor {
@@ -439,9 +376,7 @@ async fn a_receiver_s_retry_after_brings_the_next_attempt_forward() {
                 }
             }),
         );
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = serve_hooks(app).await;
         let mut settings = settings();
         settings.webhook_url = Some(url);
         settings.shared.webhook_secrets = Some(WebhookSecrets::generate());
