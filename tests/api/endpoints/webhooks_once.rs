@@ -14,12 +14,29 @@ use super::webhooks::{deliver, disputes, envelope, event_count, event_outcomes};
 use crate::support::helpers::{TestApp, wait_until};
 use crate::support::instance::Instance;
 
-/// Makes every processed event record due for the expiry job, as the event TTL's end would.
-async fn age_events(app: &TestApp) {
+/// Makes every processed event record due for the expiry job, as the event TTL's end would, and
+/// waits until the job deleted them.
+async fn expire_event_ids(app: &TestApp) {
     sqlx::query("UPDATE processed_events SET expires_at = now() - interval '1 second'")
         .execute(&app.db)
         .await
         .unwrap();
+    wait_until("the processed event id expires", || async {
+        event_count(app).await == 0
+    })
+    .await;
+}
+
+/// Settings that accept webhooks signed with `secret`, and whose expiry job runs every 100 ms.
+fn expiring_every_100ms(secret: &WebhookSecrets) -> Settings {
+    Settings {
+        shared: SharedArgs {
+            expiry_interval: Duration::from_millis(100),
+            webhook_secrets: Some(secret.clone()),
+            ..SharedArgs::default()
+        },
+        ..Settings::default()
+    }
 }
 
 #[api_test(citus)]
@@ -113,12 +130,7 @@ async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
     let secret = WebhookSecrets::generate();
     let app = TestApp::spawn_with(Settings {
         key_ttl: Duration::from_secs(1),
-        shared: SharedArgs {
-            expiry_interval: Duration::from_millis(100),
-            webhook_secrets: Some(secret.clone()),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
+        ..expiring_every_100ms(&secret)
     })
     .await;
     // Acknowledged means recorded: the record commits with the answer.
@@ -135,11 +147,7 @@ async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
         kept_for_days,
         "the event TTL (7 days by default), not the key TTL"
     );
-    age_events(&app).await;
-    wait_until("the processed event id expires", || async {
-        event_count(&app).await == 0
-    })
-    .await;
+    expire_event_ids(&app).await;
 }
 
 /// A dispute is keyed by the processor's dispute id: its event redelivered after the event id was
@@ -147,24 +155,12 @@ async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
 #[api_test]
 async fn a_dispute_redelivered_after_its_event_id_expired_changes_nothing() {
     let secret = WebhookSecrets::generate();
-    let app = TestApp::spawn_with(Settings {
-        shared: SharedArgs {
-            expiry_interval: Duration::from_millis(100),
-            webhook_secrets: Some(secret.clone()),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    })
-    .await;
+    let app = TestApp::spawn_with(expiring_every_100ms(&secret)).await;
     let paid = app.paid(5000).await;
     let data = json!({ "payment": paid, "dispute": "dp_late", "amount": 1500 });
     let first = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
     assert_eq!(first.json()["outcome"], "applied");
-    age_events(&app).await;
-    wait_until("the processed event id expires", || async {
-        event_count(&app).await == 0
-    })
-    .await;
+    expire_event_ids(&app).await;
 
     let late = deliver(&app, &secret, "evt_1", "dispute.created", &data).await;
 
@@ -220,7 +216,8 @@ async fn the_same_dispute_under_two_event_ids_counts_once() {
 async fn an_intake_that_dies_before_its_commit_leaves_nothing_and_its_redelivery_applies_once() {
     use std::os::unix::process::ExitStatusExt;
 
-    use crate::support::instance::{ANSWER_WITHIN, LogFile};
+    use crate::support::helpers::died_before_answering;
+    use crate::support::instance::LogFile;
 
     let (app, secret) = TestApp::spawn_with_webhooks().await;
     let paid = app.paid(5000).await;
@@ -250,11 +247,7 @@ async fn an_intake_that_dies_before_its_commit_leaves_nothing_and_its_redelivery
         .body(body)
         .send()
         .await;
-    assert!(sent.is_err(), "the process died before it answered");
-    let exit = tokio::time::timeout(ANSWER_WITHIN, crashing.child.wait())
-        .await
-        .expect("the process exits")
-        .unwrap();
+    let exit = died_before_answering(sent, &mut crashing).await;
     let logs = logs.read();
     assert_eq!(
         exit.signal(),

@@ -32,21 +32,46 @@ async fn list(instance: &Instance, api_key: &str) -> TestResponse {
 
 /// Asserts that `api_key` is refused by `instance` within [`TOLD_WITHIN`].
 async fn refused_soon(instance: &Instance, api_key: &str) {
-    let started = Instant::now();
+    first_refusal(instance, api_key, Instant::now(), Duration::from_millis(20)).await;
+}
+
+/// Asks `instance` with `api_key`, every `every`, until it refuses the key, which it must within
+/// [`TOLD_WITHIN`] of `since` (until then the key works); how long after `since` the refusal ended.
+async fn first_refusal(
+    instance: &Instance,
+    api_key: &str,
+    since: Instant,
+    every: Duration,
+) -> Duration {
     loop {
         let answer = list(instance, api_key).await;
         if answer.status == 401 {
             answer.assert_problem(401, "unauthorized");
-            return;
+            return since.elapsed();
         }
         assert_eq!(answer.status, 200, "{answer:?}");
         assert!(
-            started.elapsed() < TOLD_WITHIN,
+            since.elapsed() < TOLD_WITHIN,
             "the changed key still works on {} after {TOLD_WITHIN:?}",
             instance.address
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(every).await;
     }
+}
+
+/// Two `idempay serve` instances on the app's database, each told of key changes and with the
+/// app's key in its account cache (it has served it).
+async fn two_instances_serving_the_key(app: &TestApp) -> [Instance; 2] {
+    let database_url = app.database_url();
+    let instances = [
+        Instance::start(&database_url, &[]).await,
+        Instance::start(&database_url, &[]).await,
+    ];
+    for instance in &instances {
+        instance.listening_for_key_changes().await;
+        assert_eq!(list(instance, &app.api_key).await.status, 200);
+    }
+    instances
 }
 
 /// Runs `idempay account ARGS`, which changes `api_key`, while the test holds the account's row:
@@ -92,22 +117,11 @@ async fn change_key_and_time_its_end(
 
     let released = Instant::now();
     holder.commit().await.unwrap();
-    let refused_after = futures::future::join_all(instances.iter().map(|instance| async move {
-        loop {
-            let answer = list(instance, api_key).await;
-            if answer.status == 401 {
-                answer.assert_problem(401, "unauthorized");
-                return released.elapsed();
-            }
-            assert_eq!(answer.status, 200, "{answer:?}");
-            assert!(
-                released.elapsed() < TOLD_WITHIN,
-                "the changed key still works on {} after {TOLD_WITHIN:?}",
-                instance.address
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }))
+    let refused_after = futures::future::join_all(
+        instances
+            .iter()
+            .map(|instance| first_refusal(instance, api_key, released, Duration::from_millis(10))),
+    )
     .await;
     let output = command.await.unwrap();
     eprintln!(
@@ -151,16 +165,7 @@ fn printed_key(output: &std::process::Output) -> String {
 #[api_test(citus)]
 async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_works() {
     let app = TestApp::spawn().await;
-    let database_url = app.database_url();
-    let instances = [
-        Instance::start(&database_url, &[]).await,
-        Instance::start(&database_url, &[]).await,
-    ];
-    for instance in &instances {
-        instance.listening_for_key_changes().await;
-        // The old key is now in the instance's cache.
-        assert_eq!(list(instance, &app.api_key).await.status, 200);
-    }
+    let instances = two_instances_serving_the_key(&app).await;
 
     let (rotated, refused_after) = change_key_and_time_its_end(
         &app,
@@ -181,15 +186,7 @@ async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_w
 #[api_test(citus)]
 async fn a_revoked_key_stops_working_on_a_running_instance_until_the_account_gets_a_new_one() {
     let app = TestApp::spawn().await;
-    let database_url = app.database_url();
-    let instances = [
-        Instance::start(&database_url, &[]).await,
-        Instance::start(&database_url, &[]).await,
-    ];
-    for instance in &instances {
-        instance.listening_for_key_changes().await;
-        assert_eq!(list(instance, &app.api_key).await.status, 200);
-    }
+    let instances = two_instances_serving_the_key(&app).await;
 
     let (revoked, refused_after) = change_key_and_time_its_end(
         &app,

@@ -12,6 +12,29 @@ use tokio::process::Command;
 use crate::support::helpers::bare_database;
 use crate::support::instance::free_port;
 
+/// Asks `instance` for `/readyz` until it no longer answers 200 (a job died), within 30 s; that
+/// answer. The failure shows the instance's log, which says what became of the job.
+#[cfg(feature = "failpoints")]
+async fn readiness_lost(
+    instance: &crate::support::instance::Instance,
+    logs: &crate::support::instance::LogFile,
+) -> crate::support::helpers::TestResponse {
+    let started = std::time::Instant::now();
+    loop {
+        let ready = instance.get("/readyz").await;
+        if ready.status != 200 {
+            return ready;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "/readyz still 200 after {:?}; logs:\n{}",
+            started.elapsed(),
+            logs.read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// How long a process refused at start may take to exit: a parse error exits at once, and a
 /// debug build on a loaded machine starts in a few seconds. One still running then is serving.
 const EXITS_WITHIN: Duration = Duration::from_secs(20);
@@ -156,20 +179,7 @@ async fn a_background_job_that_dies_takes_readiness_down() {
         .await;
     assert_eq!(answer.status, 201);
 
-    let started = std::time::Instant::now();
-    let ready = loop {
-        let ready = instance.get("/readyz").await;
-        if ready.status != 200 {
-            break ready;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "/readyz still 200 after {:?}; logs:\n{}",
-            started.elapsed(),
-            logs.read()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let ready = readiness_lost(&instance, &logs).await;
     let problem = ready.assert_problem(503, "service-unavailable");
     let detail = problem["detail"].as_str().unwrap_or_default();
     assert!(detail.contains("expiry"), "names the job: {detail}");
@@ -212,20 +222,7 @@ async fn a_job_of_the_embedded_processor_that_dies_takes_readiness_down() {
     )
     .await;
 
-    let started = std::time::Instant::now();
-    let ready = loop {
-        let ready = instance.get("/readyz").await;
-        if ready.status != 200 {
-            break ready;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "/readyz still 200 after {:?}; logs:\n{}",
-            started.elapsed(),
-            logs.read()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let ready = readiness_lost(&instance, &logs).await;
     let problem = ready.assert_problem(503, "service-unavailable");
     let detail = problem["detail"].as_str().unwrap_or_default();
     assert!(

@@ -17,7 +17,7 @@ use crate::support::invariants::assert_exactly_once;
 // What only the crash tests use, which need the failpoints.
 #[cfg(feature = "failpoints")]
 use crate::support::{
-    helpers::payment, instance::ANSWER_WITHIN, invariants::assert_every_charge_recorded_once,
+    helpers::died_before_answering, helpers::payment, invariants::assert_every_charge_recorded_once,
 };
 
 /// SIGABRT, the signal `std::process::abort()` raises (6 on every Unix the service runs on).
@@ -51,15 +51,11 @@ async fn crash_at(failpoint: &str) -> (TestApp, TestResponse) {
     .await;
     let key = new_key();
     let body = payment(4200);
-    let request = crashing
+    let sent = crashing
         .payment_request(&app.api_key, &key, &body)
         .send()
         .await;
-    assert!(request.is_err(), "the process died before it answered");
-    let exit = tokio::time::timeout(ANSWER_WITHIN, crashing.child.wait())
-        .await
-        .expect("the process exits")
-        .unwrap();
+    let exit = died_before_answering(sent, &mut crashing).await;
     let logs = logs.read();
     assert_eq!(
         exit.signal(),

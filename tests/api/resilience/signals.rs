@@ -12,8 +12,8 @@ use idempay_test_macros::api_test;
 
 use crate::exactly_once::two_hops::{faulty, idempay_and_processor, instance_env};
 use crate::processor::{API_KEY, TestProcessor};
-use crate::support::helpers::{new_key, payment, wait_until};
-use crate::support::instance::{Instance, LogFile};
+use crate::support::helpers::{TestApp, new_key, payment, wait_until};
+use crate::support::instance::{Instance, LogFile, Metrics};
 
 /// Sets the processor's faults as an operator's demo does.
 async fn set_faults(processor: &TestProcessor, lose_answers: f64, fail: f64) {
@@ -29,13 +29,29 @@ async fn set_faults(processor: &TestProcessor, lose_answers: f64, fail: f64) {
     assert_eq!(answer.status, 200);
 }
 
-#[api_test]
-async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero_once_resolved() {
-    let (app, processor) = idempay_and_processor(
+/// idempay (in the test process) and a processor of its own that fails every call.
+async fn with_a_failing_processor() -> (TestApp, TestProcessor) {
+    idempay_and_processor(
         Settings::default(),
         faulty(|s| s.faults.fail = Fraction::ALWAYS),
     )
-    .await;
+    .await
+}
+
+/// Asserts the instance counted at least one charge call to the processor that ended `outcome`.
+fn assert_charge_calls(metrics: &Metrics, outcome: &str) {
+    let series =
+        format!(r#"idempay_processor_calls_total{{operation="charge",outcome="{outcome}"}}"#);
+    assert!(
+        metrics.value(&series).is_some_and(|calls| calls >= 1.0),
+        "{}",
+        metrics.text()
+    );
+}
+
+#[api_test]
+async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero_once_resolved() {
+    let (app, processor) = with_a_failing_processor().await;
     let (logs, log_file) = LogFile::create();
     let instance = Instance::start_logging_to(
         log_file,
@@ -81,13 +97,7 @@ async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero
     };
     assert_eq!(metrics.value(&outcome("suspended")), Some(1.0));
     assert_eq!(metrics.value(&outcome("executed")), None);
-    assert!(
-        metrics
-            .value(r#"idempay_processor_calls_total{operation="charge",outcome="unknown"}"#)
-            .is_some_and(|calls| calls >= 1.0),
-        "{}",
-        metrics.text()
-    );
+    assert_charge_calls(&metrics, "unknown");
 
     // The expected 503 is a warning in the request's span, never an error; the failed calls are
     // logged with their downstream key, outcome and cause.
@@ -118,22 +128,12 @@ async fn a_suspended_key_is_named_so_gauged_by_route_and_point_and_drops_to_zero
     paid.assert_status(201);
     let metrics = instance.metrics().await;
     assert_eq!(metrics.value(&suspended), Some(0.0), "{}", metrics.text());
-    assert!(
-        metrics
-            .value(r#"idempay_processor_calls_total{operation="charge",outcome="succeeded"}"#)
-            .is_some_and(|calls| calls >= 1.0),
-        "{}",
-        metrics.text()
-    );
+    assert_charge_calls(&metrics, "succeeded");
 }
 
 #[api_test]
 async fn calls_the_processor_refuses_or_fails_are_counted_and_the_problem_names_no_address() {
-    let (app, processor) = idempay_and_processor(
-        Settings::default(),
-        faulty(|s| s.faults.fail = Fraction::ALWAYS),
-    )
-    .await;
+    let (app, processor) = with_a_failing_processor().await;
     let instance = Instance::start(
         &app.database_url(),
         &instance_env(&processor, &[("IDEMPAY_RECOVERY_INTERVAL", "1h")]),
@@ -188,13 +188,7 @@ async fn calls_the_processor_refuses_or_fails_are_counted_and_the_problem_names_
         "the detail carries no internal error: {detail}"
     );
     let metrics = instance.metrics().await;
-    assert!(
-        metrics
-            .value(r#"idempay_processor_calls_total{operation="charge",outcome="not_sent"}"#)
-            .is_some_and(|calls| calls >= 1.0),
-        "{}",
-        metrics.text()
-    );
+    assert_charge_calls(&metrics, "not_sent");
 }
 
 #[api_test]

@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::harness::{create_database, database_url};
+use crate::support::instance::{ANSWER_WITHIN, Instance};
 
 /// The key every test sends unless it needs another.
 pub fn new_key() -> String {
@@ -413,6 +414,19 @@ pub async fn send(request: reqwest::RequestBuilder) -> TestResponse {
     };
     crate::support::contract::check(&method, &path, &response);
     response
+}
+
+/// Asserts `sent` failed, the process having crashed before it answered, and waits for `crashed`
+/// to exit (within [`ANSWER_WITHIN`]); its exit status, for the test to check how it died.
+pub async fn died_before_answering(
+    sent: reqwest::Result<reqwest::Response>,
+    crashed: &mut Instance,
+) -> std::process::ExitStatus {
+    assert!(sent.is_err(), "the process died before it answered");
+    tokio::time::timeout(ANSWER_WITHIN, crashed.child.wait())
+        .await
+        .expect("the process exits")
+        .unwrap()
 }
 
 /// Sends a request as a client told to retry would: again, a moment later, while the answer is 409
