@@ -25,6 +25,20 @@ async fn delivered(app: &TestApp, event: &str) -> bool {
     .unwrap()
 }
 
+/// Waits, at most `within`, until the delivery of `event` is given up; `what` says which one.
+async fn until_given_up(app: &TestApp, event: &str, what: &str, within: Duration) {
+    wait_for(what, within, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
+        )
+        .bind(event)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+    })
+    .await;
+}
+
 #[api_test(citus)]
 async fn an_endpoint_that_fails_three_deliveries_gets_the_fourth_with_the_same_id_and_its_own_signature()
  {
@@ -113,18 +127,11 @@ async fn when_the_schedule_runs_out_the_delivery_fails_and_the_endpoint_is_disab
     let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
 
     let event = write_event(&app.db, &app.account_id, "refund.created").await;
-    wait_for(
+    until_given_up(
+        &app,
+        &event,
         "the delivery is given up",
         Duration::from_secs(20),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
-            )
-            .bind(&event)
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-        },
     )
     .await;
 
@@ -460,18 +467,11 @@ async fn one_delivery_given_up_after_a_later_one_acknowledged(
     }
     done.send(true).unwrap();
 
-    wait_for(
+    until_given_up(
+        &app,
+        &first,
         "the first delivery is given up",
         Duration::from_secs(30),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT failed_at IS NOT NULL FROM webhook_deliveries WHERE event_id = $1",
-            )
-            .bind(&first)
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-        },
     )
     .await;
     (endpoint, second)

@@ -74,28 +74,29 @@ async fn two_instances_serving_the_key(app: &TestApp) -> [Instance; 2] {
     instances
 }
 
-/// Runs `idempay account ARGS`, which changes `api_key`, while the test holds the account's row:
-/// the command's UPDATE waits for it, and every instance still serves the key. Then the test lets
-/// the row go, which is the last moment before the change can commit, and every instance is asked
-/// at once, again and again, until it refuses the key. Returns the command's output and, per
-/// instance, how long after the release its first refusal ended: what the promise is measured by.
+/// Runs `idempay account SUBCOMMAND --api-key KEY`, which changes the app's key, while the test
+/// holds the account's row: the command's UPDATE waits for it, and every instance still serves the
+/// key. Then the test lets the row go, which is the last moment before the change can commit, and
+/// every instance is asked at once, again and again, until it refuses the key. Returns the
+/// command's output and, per instance, how long after the release its first refusal ended: what
+/// the promise is measured by.
 async fn change_key_and_time_its_end(
     app: &TestApp,
     instances: &[Instance],
-    args: &[&str],
-    api_key: &str,
+    subcommand: &str,
 ) -> (std::process::Output, Vec<Duration>) {
+    let api_key = app.api_key.as_str();
+    let args = [subcommand, "--api-key", api_key];
     let mut holder = app.db.begin().await.unwrap();
     sqlx::query("SELECT FROM accounts WHERE id = $1 FOR UPDATE")
         .bind(&app.account_id)
         .execute(&mut *holder)
         .await
         .unwrap();
-    let subcommand = args[0].to_owned();
     let database_url = app.database_url();
     let args: Vec<String> = ["account"]
         .iter()
-        .chain(args)
+        .chain(&args)
         .map(|arg| (*arg).to_owned())
         .collect();
     let command = tokio::spawn(async move {
@@ -167,13 +168,8 @@ async fn a_rotated_key_stops_working_on_every_running_instance_and_the_new_one_w
     let app = TestApp::spawn().await;
     let instances = two_instances_serving_the_key(&app).await;
 
-    let (rotated, refused_after) = change_key_and_time_its_end(
-        &app,
-        &instances,
-        &["rotate-key", "--api-key", &app.api_key],
-        &app.api_key,
-    )
-    .await;
+    let (rotated, refused_after) =
+        change_key_and_time_its_end(&app, &instances, "rotate-key").await;
 
     assert_promise_kept(&refused_after);
     let new_key = printed_key(&rotated);
@@ -188,13 +184,8 @@ async fn a_revoked_key_stops_working_on_a_running_instance_until_the_account_get
     let app = TestApp::spawn().await;
     let instances = two_instances_serving_the_key(&app).await;
 
-    let (revoked, refused_after) = change_key_and_time_its_end(
-        &app,
-        &instances,
-        &["revoke-key", "--api-key", &app.api_key],
-        &app.api_key,
-    )
-    .await;
+    let (revoked, refused_after) =
+        change_key_and_time_its_end(&app, &instances, "revoke-key").await;
 
     assert!(revoked.status.success(), "{revoked:?}");
     assert_promise_kept(&refused_after);

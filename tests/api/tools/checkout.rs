@@ -9,6 +9,7 @@ use ::service::shared_settings::SharedArgs;
 use idempay::config::Settings;
 use idempay::dev::checkout::{SESSION_COOKIE, SESSION_TTL};
 use idempay_test_macros::api_test;
+use reqwest::{Method, RequestBuilder};
 use serde_json::json;
 
 use crate::support::helpers::{TestApp, TestResponse, retry_while_in_flight};
@@ -37,6 +38,19 @@ async fn open_checkout(app: &TestApp) -> (TestResponse, String) {
         "{set_cookie}"
     );
     (page, pair)
+}
+
+/// `method path` in the checkout page's session (with its `Cookie` header), not yet sent.
+fn in_session(app: &TestApp, cookie: &str, method: Method, path: &str) -> RequestBuilder {
+    app.client()
+        .request(method, app.url(path))
+        .header("cookie", cookie)
+}
+
+/// The key's inspection, as the page reads it in its session.
+async fn inspected(app: &TestApp, cookie: &str, key: &str) -> TestResponse {
+    let path = format!("/demo/api/idempotency_keys/{key}");
+    app.send(in_session(app, cookie, Method::GET, &path)).await
 }
 
 async fn demo_payment(app: &TestApp, cookie: Option<&str>, key: &str) -> TestResponse {
@@ -201,24 +215,19 @@ async fn a_double_click_through_the_demo_session_pays_once_as_the_demo_account_o
     assert_eq!(app.payment_count().await, 1);
 
     // The key's timeline, as the page reads it.
-    let inspection = app
-        .send(
-            app.client()
-                .get(app.url(&format!("/demo/api/idempotency_keys/{key}")))
-                .header("cookie", &cookie),
-        )
-        .await;
+    let inspection = inspected(&app, &cookie, &key).await;
     assert_eq!(inspection.status, 200);
     assert_eq!(inspection.json()["uses"][0]["state"], "completed");
     assert_eq!(inspection.json()["uses"][0]["response_status"], 201);
 
     // The payment is the demo account's: the page lists it, the test merchant does not see it.
     let listed = app
-        .send(
-            app.client()
-                .get(app.url("/demo/api/payments?limit=5"))
-                .header("cookie", &cookie),
-        )
+        .send(in_session(
+            &app,
+            &cookie,
+            Method::GET,
+            "/demo/api/payments?limit=5",
+        ))
         .await;
     assert_eq!(listed.json()["data"][0]["id"], first.json()["id"]);
     let merchants = app.get("/v1/payments").await;
@@ -274,13 +283,7 @@ async fn a_payment_authorized_through_the_demo_session_is_shipped_by_one_capture
         (&pay_key, "POST /v1/payments"),
         (&ship_key, "POST /v1/payments/{id}/capture"),
     ] {
-        let inspection = app
-            .send(
-                app.client()
-                    .get(app.url(&format!("/demo/api/idempotency_keys/{key}")))
-                    .header("cookie", &cookie),
-            )
-            .await;
+        let inspection = inspected(&app, &cookie, &key).await;
         assert_eq!(inspection.json()["uses"][0]["route"], route);
         assert_eq!(inspection.json()["uses"][0]["state"], "completed");
     }
@@ -290,45 +293,28 @@ async fn a_payment_authorized_through_the_demo_session_is_shipped_by_one_capture
 async fn bad_input_through_the_demo_session_is_answered_as_the_api_answers_it() {
     let app = TestApp::spawn_with(demo_ui()).await;
     let (_, cookie) = open_checkout(&app).await;
+    let request = |method: Method, path: &str| in_session(&app, &cookie, method, path);
 
-    let no_key = app
-        .client()
-        .post(app.url("/demo/api/payments"))
-        .header("cookie", &cookie)
+    let no_key = request(Method::POST, "/demo/api/payments")
         .json(&json!({ "amount": 4200, "currency": "eur" }));
     app.send(no_key)
         .await
         .assert_problem(400, "invalid-idempotency-key");
-    let bad_body = app
-        .client()
-        .post(app.url("/demo/api/payments"))
-        .header("cookie", &cookie)
+    let bad_body = request(Method::POST, "/demo/api/payments")
         .header("idempotency-key", "k1")
         .json(&json!({ "amount": -1, "currency": "eur" }));
     app.send(bad_body)
         .await
         .assert_problem(400, "invalid-request");
-    app.send(
-        app.client()
-            .get(app.url("/demo/api/payments?limit=many"))
-            .header("cookie", &cookie),
-    )
-    .await
-    .assert_problem(400, "invalid-request");
+    app.send(request(Method::GET, "/demo/api/payments?limit=many"))
+        .await
+        .assert_problem(400, "invalid-request");
     // Only paying, listing and inspecting a key pass: refunds and other methods do not exist here.
-    app.send(
-        app.client()
-            .post(app.url("/demo/api/payments/pay_x/refunds"))
-            .header("cookie", &cookie),
-    )
-    .await
-    .assert_problem(404, "not-found");
-    app.send(
-        app.client()
-            .delete(app.url("/demo/api/payments"))
-            .header("cookie", &cookie),
-    )
-    .await
-    .assert_problem(405, "method-not-allowed");
+    app.send(request(Method::POST, "/demo/api/payments/pay_x/refunds"))
+        .await
+        .assert_problem(404, "not-found");
+    app.send(request(Method::DELETE, "/demo/api/payments"))
+        .await
+        .assert_problem(405, "method-not-allowed");
     assert_eq!(app.payment_count().await, 0);
 }

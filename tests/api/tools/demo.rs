@@ -27,16 +27,30 @@ async fn with_processor(new_key_per_call: bool) -> (TestApp, TestProcessor, Proc
 /// of its answers.
 async fn lossy_run(app: &TestApp, processor: ProcessorClient, intents: usize) -> demo::Tally {
     let options = Options {
+        processor: Some((processor, 0.3)),
+        ..losing_30_percent(intents, 0.0, false)
+    };
+    run(app, &options).await
+}
+
+/// `intents`, 8 at a time, through a network that loses 30 % of the answers and resets `resets`
+/// of the connections; `naive`, a new key per attempt, as a client without the mechanism does.
+fn losing_30_percent(intents: usize, resets: f64, naive: bool) -> Options {
+    Options {
         intents,
         faults: Faults {
             lost_responses: 0.3,
-            resets: 0.0,
+            resets,
         },
-        naive: false,
+        naive,
         concurrency: 8,
-        processor: Some((processor, 0.3)),
-    };
-    let tally = demo::run(&app.address, &app.api_key, &options, |_| {})
+        processor: None,
+    }
+}
+
+/// Runs the demo against `app`; its tally, printed for the run's log.
+async fn run(app: &TestApp, options: &Options) -> demo::Tally {
+    let tally = demo::run(&app.address, &app.api_key, options, |_| {})
         .await
         .unwrap();
     println!("{tally}");
@@ -75,22 +89,9 @@ async fn a_new_key_per_processor_call_charges_lost_answers_twice() {
 #[api_test]
 async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hundred_payments() {
     let app = TestApp::spawn().await;
-    let options = Options {
-        intents: 200,
-        faults: Faults {
-            lost_responses: 0.3,
-            resets: 0.05,
-        },
-        naive: false,
-        concurrency: 8,
-        processor: None,
-    };
 
-    let tally = demo::run(&app.address, &app.api_key, &options, |_| {})
-        .await
-        .unwrap();
+    let tally = run(&app, &losing_30_percent(200, 0.05, false)).await;
 
-    println!("{tally}");
     assert!(
         tally.lost_responses > 20,
         "the network did lose answers: {tally}"
@@ -131,22 +132,9 @@ async fn two_hundred_intents_through_30_percent_lost_answers_make_exactly_two_hu
 #[api_test]
 async fn a_new_key_per_attempt_charges_twice() {
     let app = TestApp::spawn().await;
-    let options = Options {
-        intents: 50,
-        faults: Faults {
-            lost_responses: 0.3,
-            resets: 0.0,
-        },
-        naive: true,
-        concurrency: 8,
-        processor: None,
-    };
 
-    let tally = demo::run(&app.address, &app.api_key, &options, |_| {})
-        .await
-        .unwrap();
+    let tally = run(&app, &losing_30_percent(50, 0.0, true)).await;
 
-    println!("{tally}");
     assert!(tally.duplicates > 0, "{tally}");
     assert_eq!(tally.payments_in_ledger, 50 + tally.duplicates);
     assert_eq!(app.payment_count().await as usize, tally.payments_in_ledger);
