@@ -21,6 +21,20 @@ fn visa(amount: i64) -> ChargeRequest {
     }
 }
 
+/// A client of the processor at `address` with `api_key`, whose calls time out after 5 s.
+fn client_of(address: &str, api_key: String) -> ProcessorClient {
+    ProcessorClient::new(address, api_key, Duration::from_secs(5)).unwrap()
+}
+
+/// Asserts the call is known not done, refused with `status` (`None`: nothing was answered).
+#[track_caller]
+fn assert_not_done<T: std::fmt::Debug>(outcome: &ProcessorOutcome<T>, status: Option<u16>) {
+    assert!(
+        matches!(outcome, ProcessorOutcome::NotDone(refusal) if refusal.status == status),
+        "{outcome:?}"
+    );
+}
+
 fn with(configure: impl FnOnce(&mut ProcessorSettings)) -> ProcessorSettings {
     let mut settings = settings();
     configure(&mut settings);
@@ -54,22 +68,14 @@ async fn a_charge_is_done_and_a_decline_is_done_as_a_declined_charge() {
 
 #[api_test]
 async fn a_refused_connection_is_not_done() {
-    let client = ProcessorClient::new(
+    let client = client_of(
         &format!("http://127.0.0.1:{}", free_port()),
         API_KEY.to_owned(),
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    );
 
     let outcome = client.charge(&new_key(), &visa(100)).await;
 
-    assert!(
-        matches!(
-            outcome,
-            ProcessorOutcome::NotDone(ProcessorRefusal { status: None, .. })
-        ),
-        "{outcome:?}"
-    );
+    assert_not_done(&outcome, None);
 }
 
 #[api_test]
@@ -265,25 +271,11 @@ async fn the_client_lists_every_charge_and_refund_across_pages() {
 #[api_test]
 async fn a_wrong_api_key_is_not_done() {
     let processor = TestProcessor::spawn().await;
-    let client = ProcessorClient::new(
-        &processor.address,
-        "pk_wrong".into(),
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let client = client_of(&processor.address, "pk_wrong".into());
 
     let outcome = client.charge(&new_key(), &visa(100)).await;
 
-    assert!(
-        matches!(
-            outcome,
-            ProcessorOutcome::NotDone(ProcessorRefusal {
-                status: Some(401),
-                ..
-            })
-        ),
-        "{outcome:?}"
-    );
+    assert_not_done(&outcome, Some(401));
 }
 
 #[api_test]
@@ -304,12 +296,7 @@ async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
         .kill_on_drop(true)
         .spawn()
         .expect("idempay processor starts");
-    let client = ProcessorClient::new(
-        &format!("http://127.0.0.1:{port}"),
-        API_KEY.to_owned(),
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let client = client_of(&format!("http://127.0.0.1:{port}"), API_KEY.to_owned());
     let key = new_key();
 
     // Not listening yet is "not done": ask until it is up (30 s for a slow debug start).

@@ -146,10 +146,7 @@ async fn pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay() {
         "--idempotency-key",
         key.as_str(),
     ];
-    let env = [
-        ("IDEMPAY_URL", app.address.as_str()),
-        ("IDEMPAY_API_KEY", app.api_key.as_str()),
-    ];
+    let env = env(&app);
 
     let first = idempay(&args, &env).await;
     let again = idempay(&args, &env).await;
@@ -173,10 +170,7 @@ async fn pay_charges_once_and_a_rerun_with_the_same_key_is_a_replay() {
 #[api_test]
 async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
     let app = TestApp::spawn().await;
-    let env = [
-        ("IDEMPAY_URL", app.address.as_str()),
-        ("IDEMPAY_API_KEY", app.api_key.as_str()),
-    ];
+    let env = env(&app);
 
     let output = idempay(
         &[
@@ -221,9 +215,7 @@ async fn pay_exits_non_zero_with_the_problem_when_the_card_is_declined() {
 /// deadline, takes the key over once the lease has ended, and pays once.
 #[api_test]
 async fn pay_retries_a_dead_instance_s_key_with_the_same_key_until_its_lease_ends_and_pays_once() {
-    let app = TestApp::spawn().await;
-    let key = new_key();
-    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '1 hour'").await;
+    let (app, key) = a_dead_process_s_key("now() + interval '1 hour'").await;
     let mut pay = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
         .args(pay_args(&key, "60s"))
         .envs(env(&app))
@@ -269,9 +261,7 @@ async fn pay_retries_a_dead_instance_s_key_with_the_same_key_until_its_lease_end
 /// unknown: `pay` says so with an exit code of its own and prints the key to retry with.
 #[api_test]
 async fn pay_whose_deadline_runs_out_exits_with_outcome_unknown_and_prints_the_key() {
-    let app = TestApp::spawn().await;
-    let key = new_key();
-    reserve_as_a_dead_process(&app, &key, &payment(4200), "now() + interval '1 minute'").await;
+    let (app, key) = a_dead_process_s_key("now() + interval '1 minute'").await;
 
     let output = idempay(&pay_args(&key, "3s"), &env(&app)).await;
 
@@ -373,6 +363,16 @@ fn pay_args<'a>(key: &'a str, deadline: &'a str) -> Vec<&'a str> {
 }
 
 /// Where `idempay pay` finds the app, and who it pays as.
+/// A server, and a key of its account reserved for a payment of 4200 (as `pay_args` sends) by a
+/// process that died, its lease ending `locked_until`.
+async fn a_dead_process_s_key(locked_until: &str) -> (TestApp, String) {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    reserve_as_a_dead_process(&app, &key, &payment(4200), locked_until).await;
+    (app, key)
+}
+
+/// The environment that points `idempay pay` and `idempay keys` at `app` as its account.
 fn env(app: &TestApp) -> [(&str, &str); 2] {
     [
         ("IDEMPAY_URL", app.address.as_str()),
@@ -395,10 +395,7 @@ async fn keys_show_prints_each_route_s_block_and_refuses_an_unknown_key() {
     let app = TestApp::spawn().await;
     let key = format!("order/{}", new_key());
     let paid = app.post_payment(&key, &payment(4200)).await;
-    let env = [
-        ("IDEMPAY_URL", app.address.as_str()),
-        ("IDEMPAY_API_KEY", app.api_key.as_str()),
-    ];
+    let env = env(&app);
 
     let shown = idempay(&["keys", "show", &key], &env).await;
     let unknown = idempay(&["keys", "show", &new_key()], &env).await;
