@@ -110,28 +110,33 @@ fn the_graph_of_a_tree_has_its_edges_from_use_trees_and_paths_but_not_doc_links(
             .cloned()
             .collect()
     };
-    assert_eq!(
-        names("payments", "web", "src/payments/mod.rs"),
-        ["web::AppState", "web::extract::Json", "web::extract::Query"]
-    );
-    // `store::{self}` binds a name: the path through it is the import.
-    assert_eq!(
-        names("payments", "store", "src/payments/mod.rs"),
-        ["store::open"]
-    );
-    assert_eq!(
-        names("payments", "store", "src/payments/charging.rs"),
-        ["store::open"]
-    );
-    assert_eq!(names("store", "web", "src/store.rs"), ["web::serve"]);
-    assert_eq!(
-        names("store", "config", "src/store/pool.rs"),
-        ["config::Settings"]
-    );
-    assert_eq!(
-        names("web", "config", "src/web/extract.rs"),
-        ["config::Settings"]
-    );
+    let expected: [(&str, &str, &str, &[&str]); 6] = [
+        (
+            "payments",
+            "web",
+            "src/payments/mod.rs",
+            &["web::AppState", "web::extract::Json", "web::extract::Query"],
+        ),
+        // `store::{self}` binds a name: the path through it is the import.
+        ("payments", "store", "src/payments/mod.rs", &["store::open"]),
+        (
+            "payments",
+            "store",
+            "src/payments/charging.rs",
+            &["store::open"],
+        ),
+        ("store", "web", "src/store.rs", &["web::serve"]),
+        (
+            "store",
+            "config",
+            "src/store/pool.rs",
+            &["config::Settings"],
+        ),
+        ("web", "config", "src/web/extract.rs", &["config::Settings"]),
+    ];
+    for (from, to, file, imported) in expected {
+        assert_eq!(names(from, to, file), imported, "{from} -> {to} in {file}");
+    }
 }
 
 #[test]

@@ -302,6 +302,20 @@ async fn a_delivery_to_a_private_address_is_refused_at_sending_time() {
     }
 }
 
+/// Registers an endpoint for every event served by `hooks`, writes an event and waits for the one
+/// attempt to deliver it: the event's id and its attempts as the API lists them.
+async fn one_attempt_at(app: &TestApp, hooks: axum::Router) -> (String, Value) {
+    let url = serve_hooks(hooks).await;
+    endpoint_for_all(app, &url).await;
+    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+    attempts_recorded(&app.db, 1, "the attempt is recorded").await;
+    let attempts = app
+        .get(&format!("/v1/events/{event}/attempts"))
+        .await
+        .json();
+    (event, attempts)
+}
+
 /// A redirect could lead anywhere, a private address included: it is not followed, and counts as
 /// a failed attempt.
 #[api_test]
@@ -321,16 +335,7 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
             }
         }),
     );
-    let url = serve_hooks(redirecting).await;
-    endpoint_for_all(&app, &url).await;
-
-    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
-    attempts_recorded(&app.db, 1, "the attempt is recorded").await;
-
-    let attempts = app
-        .get(&format!("/v1/events/{event}/attempts"))
-        .await
-        .json();
+    let (event, attempts) = one_attempt_at(&app, redirecting).await;
     assert_eq!(attempts["data"][0]["status_code"], 307);
     assert!(!delivered(&app, &event).await);
     assert!(
@@ -352,16 +357,7 @@ async fn an_answer_later_than_the_delivery_timeout_is_a_failed_attempt() {
             axum::http::StatusCode::OK
         }),
     );
-    let url = serve_hooks(slow).await;
-    endpoint_for_all(&app, &url).await;
-
-    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
-    attempts_recorded(&app.db, 1, "the attempt is recorded").await;
-
-    let attempts = app
-        .get(&format!("/v1/events/{event}/attempts"))
-        .await
-        .json();
+    let (event, attempts) = one_attempt_at(&app, slow).await;
     let attempt = &attempts["data"][0];
     assert_eq!(attempt["status_code"], Value::Null);
     assert!(attempt["latency_ms"].as_i64().unwrap() < 3000, "{attempt}");

@@ -6,7 +6,7 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use super::{local, post_endpoint};
-use crate::support::helpers::{TestApp, new_key};
+use crate::support::helpers::{TestApp, TestResponse, new_key};
 
 #[api_test]
 async fn a_replayed_registration_returns_the_same_endpoint_and_secret_which_get_never_shows() {
@@ -151,14 +151,7 @@ async fn a_private_url_is_refused_unless_private_addresses_are_allowed() {
     for url in private {
         let body = json!({ "url": url, "enabled_events": ["*"] });
         let refused = post_endpoint(&production, &production.api_key, &new_key(), &body).await;
-        let problem = refused.assert_problem(400, "invalid-request");
-        assert!(
-            problem["detail"]
-                .as_str()
-                .unwrap()
-                .contains("not a public address"),
-            "{url}: {problem}"
-        );
+        assert_refused_as_not_public(&refused, url);
         let accepted = post_endpoint(&development, &development.api_key, &new_key(), &body).await;
         assert_eq!(accepted.status, 201, "{url}");
     }
@@ -190,14 +183,7 @@ async fn a_completed_registration_is_replayed_even_where_its_address_is_now_refu
 
     let other = new_key();
     let refused = post_endpoint(&production, &production.api_key, &other, &body).await;
-    let problem = refused.assert_problem(400, "invalid-request");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("not a public address"),
-        "{problem}"
-    );
+    assert_refused_as_not_public(&refused, "http://127.0.0.1:9/hooks");
     let registered = post_endpoint(&development, &development.api_key, &other, &body).await;
     assert_eq!(registered.status, 201, "the refusal released the key");
     assert!(!registered.replayed());
@@ -206,4 +192,17 @@ async fn a_completed_registration_is_replayed_even_where_its_address_is_now_refu
         .await
         .unwrap();
     assert_eq!(count, 2, "one endpoint per key");
+}
+
+/// Asserts the registration of `url` was refused for its address: not a public one.
+#[track_caller]
+fn assert_refused_as_not_public(refused: &TestResponse, url: &str) {
+    let problem = refused.assert_problem(400, "invalid-request");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not a public address"),
+        "{url}: {problem}"
+    );
 }

@@ -74,6 +74,18 @@ async fn two_instances_serving_the_key(app: &TestApp) -> [Instance; 2] {
     instances
 }
 
+/// An `idempay serve` instance on the app's database, told of key changes, whose pool has 8
+/// connections: at most half of them, 4, look keys up at once.
+async fn with_a_pool_of_8(app: &TestApp) -> Instance {
+    let instance = Instance::start(
+        &app.database_url(),
+        &[("IDEMPAY_DATABASE_MAX_CONNECTIONS", "8")],
+    )
+    .await;
+    instance.listening_for_key_changes().await;
+    instance
+}
+
 /// Runs `idempay account SUBCOMMAND --api-key KEY`, which changes the app's key, while the test
 /// holds the account's row: the command's UPDATE waits for it, and every instance still serves the
 /// key. Then the test lets the row go, which is the last moment before the change can commit, and
@@ -230,13 +242,7 @@ async fn a_key_changed_after_the_listener_lost_its_connection_is_not_trusted_fro
 #[api_test]
 async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account_has_it() {
     let app = TestApp::spawn().await;
-    // A pool of 8, so that the flood below is bounded by its half, 4.
-    let instance = Instance::start(
-        &app.database_url(),
-        &[("IDEMPAY_DATABASE_MAX_CONNECTIONS", "8")],
-    )
-    .await;
-    instance.listening_for_key_changes().await;
+    let instance = with_a_pool_of_8(&app).await;
     let lookups = |metrics: &crate::support::instance::Metrics| {
         metrics
             .value(r#"idempay_account_lookups_total{result="unknown"}"#)
@@ -291,13 +297,7 @@ async fn a_repeated_unknown_key_costs_one_lookup_and_works_as_soon_as_an_account
 #[api_test]
 async fn a_flood_of_random_keys_looks_up_on_half_the_pool_and_known_keys_are_still_served() {
     let app = TestApp::spawn().await;
-    // A pool of 8 connections, so at most 4 lookups at once.
-    let instance = Instance::start(
-        &app.database_url(),
-        &[("IDEMPAY_DATABASE_MAX_CONNECTIONS", "8")],
-    )
-    .await;
-    instance.listening_for_key_changes().await;
+    let instance = with_a_pool_of_8(&app).await;
     assert_eq!(
         list(&instance, &app.api_key).await.status,
         200,

@@ -362,7 +362,6 @@ fn pay_args<'a>(key: &'a str, deadline: &'a str) -> Vec<&'a str> {
     ]
 }
 
-/// Where `idempay pay` finds the app, and who it pays as.
 /// A server, and a key of its account reserved for a payment of 4200 (as `pay_args` sends) by a
 /// process that died, its lease ending `locked_until`.
 async fn a_dead_process_s_key(locked_until: &str) -> (TestApp, String) {
@@ -372,7 +371,7 @@ async fn a_dead_process_s_key(locked_until: &str) -> (TestApp, String) {
     (app, key)
 }
 
-/// The environment that points `idempay pay` and `idempay keys` at `app` as its account.
+/// Where `idempay pay` finds the app, and who it pays as.
 fn env(app: &TestApp) -> [(&str, &str); 2] {
     [
         ("IDEMPAY_URL", app.address.as_str()),
