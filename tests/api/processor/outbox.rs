@@ -21,6 +21,19 @@ use super::{TestProcessor, charge, settings};
 use crate::delivery::{Receiver, serve_hooks};
 use crate::support::helpers::{TestApp, new_key, one_connection_planning_for_empty, wait_until};
 
+/// Waits until the processor's one delivery has its `column` (`delivered_at`, `failed_at`) set;
+/// `what` says what that means.
+async fn until_the_delivery_has(processor: &TestProcessor, what: &str, column: &str) {
+    let query = format!("SELECT {column} IS NOT NULL FROM webhook_deliveries");
+    wait_until(what, || async {
+        sqlx::query_scalar::<_, bool>(&query)
+            .fetch_one(&processor.db)
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
 /// A processor that delivers its events to `url`, signed with `secret`, retrying fast.
 async fn delivering_to(url: &str, secret: &WebhookSecrets) -> TestProcessor {
     let mut settings = settings();
@@ -124,13 +137,7 @@ async fn a_delivery_is_retried_with_the_same_webhook_id_until_answered_2xx() {
     processor
         .charge(&new_key(), &charge(5000, "pm_card_visa"))
         .await;
-    wait_until("the fourth attempt succeeds", || async {
-        sqlx::query_scalar::<_, bool>("SELECT delivered_at IS NOT NULL FROM webhook_deliveries")
-            .fetch_one(&processor.db)
-            .await
-            .unwrap()
-    })
-    .await;
+    until_the_delivery_has(&processor, "the fourth attempt succeeds", "delivered_at").await;
 
     let deliveries = receiver.deliveries();
     assert_eq!(deliveries.len(), 4);
@@ -191,13 +198,7 @@ async fn the_processor_gives_a_delivery_up_when_the_schedule_runs_out() {
     processor
         .charge(&new_key(), &charge(5000, "pm_card_visa"))
         .await;
-    wait_until("the delivery is given up", || async {
-        sqlx::query_scalar::<_, bool>("SELECT failed_at IS NOT NULL FROM webhook_deliveries")
-            .fetch_one(&processor.db)
-            .await
-            .unwrap()
-    })
-    .await;
+    until_the_delivery_has(&processor, "the delivery is given up", "failed_at").await;
     let (attempts, recorded): (i32, i64) = sqlx::query_as(
         "SELECT attempts, (SELECT count(*) FROM webhook_attempts) FROM webhook_deliveries",
     )
@@ -386,12 +387,11 @@ async fn a_receiver_s_retry_after_brings_the_next_attempt_forward() {
         processor
             .charge(&new_key(), &charge(5000, "pm_card_visa"))
             .await;
-        wait_until("the second attempt is acknowledged", || async {
-            sqlx::query_scalar::<_, bool>("SELECT delivered_at IS NOT NULL FROM webhook_deliveries")
-                .fetch_one(&processor.db)
-                .await
-                .unwrap()
-        })
+        until_the_delivery_has(
+            &processor,
+            "the second attempt is acknowledged",
+            "delivered_at",
+        )
         .await;
         let (attempts, early, statuses): (i32, i32, Vec<i16>) = sqlx::query_as(
             "SELECT d.attempts, d.early_attempts,
