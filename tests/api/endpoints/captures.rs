@@ -3,7 +3,6 @@
 
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
-use sqlx::{Postgres, Transaction};
 
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 
@@ -30,21 +29,6 @@ async fn events_of(app: &TestApp, payment: &str) -> Vec<String> {
     .fetch_all(&app.db)
     .await
     .unwrap()
-}
-
-/// Holds the processor's charge of `payment` (locked until the transaction ends), as a capture or
-/// a void must lock it: the test keeps one in flight at the processor for as long as it holds it.
-async fn hold_the_charge(app: &TestApp, payment: &str) -> Transaction<'static, Postgres> {
-    let mut barrier = app.db.begin().await.unwrap();
-    sqlx::query(
-        "SELECT FROM processor_charges WHERE id = (SELECT charge FROM payments WHERE id = $1)
-         FOR UPDATE",
-    )
-    .bind(payment)
-    .execute(&mut *barrier)
-    .await
-    .unwrap();
-    barrier
 }
 
 /// Waits until the processor holds a `capture` or `void` call in progress under its key.
@@ -164,7 +148,7 @@ async fn a_capture_in_flight_answers_its_retry_409_with_retry_after_then_its_res
     let app = TestApp::spawn().await;
     let id = app.authorized(5000).await;
     // The barrier: the test holds the processor's charge, which the capture locks to capture it.
-    let barrier = hold_the_charge(&app, &id).await;
+    let barrier = super::hold_the_charge(&app, &id).await;
     let (key, all) = (new_key(), json!({}));
 
     let (first, meanwhile) = tokio::join!(app.post_capture(&id, &key, &all), async {
@@ -325,7 +309,7 @@ async fn a_cancel_key_reused_with_another_reason_is_refused_and_a_cancel_in_flig
     let app = TestApp::spawn().await;
     let id = app.authorized(5000).await;
     // The barrier: the test holds the processor's charge, which the void locks to void it.
-    let barrier = hold_the_charge(&app, &id).await;
+    let barrier = super::hold_the_charge(&app, &id).await;
     let (key, abandoned) = (new_key(), json!({ "cancellation_reason": "abandoned" }));
 
     let (first, (meanwhile, other)) = tokio::join!(app.post_cancel(&id, &key, &abandoned), async {

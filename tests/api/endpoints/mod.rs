@@ -25,3 +25,24 @@ fn assert_refuses_a_fractional_amount(problem: &serde_json::Value) {
         "{detail}"
     );
 }
+
+/// Holds the processor's charge of `payment` (its row locked until the transaction ends), as a
+/// capture, a void or a refund must lock it: the test keeps them waiting at the processor for as
+/// long as it holds it.
+async fn hold_the_charge(
+    app: &crate::support::helpers::TestApp,
+    payment: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let charge: String = sqlx::query_scalar("SELECT charge FROM payments WHERE id = $1")
+        .bind(payment)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let mut barrier = app.db.begin().await.unwrap();
+    sqlx::query("SELECT FROM processor_charges WHERE id = $1 FOR UPDATE")
+        .bind(&charge)
+        .execute(&mut *barrier)
+        .await
+        .unwrap();
+    barrier
+}

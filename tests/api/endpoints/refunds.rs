@@ -98,17 +98,7 @@ async fn twenty_simultaneous_refunds_of_10_on_a_payment_of_50_make_exactly_five(
     // The barrier: the test holds the processor's charge, which each refund locks to refund it.
     // Every refund passes idempay's own check (50 remain) and waits there; the processor's row
     // lock then decides, one at a time, and refuses what would go beyond the charge.
-    let charge: String = sqlx::query_scalar("SELECT charge FROM payments WHERE id = $1")
-        .bind(&paid)
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
-    let mut barrier = app.db.begin().await.unwrap();
-    sqlx::query("SELECT FROM processor_charges WHERE id = $1 FOR UPDATE")
-        .bind(&charge)
-        .execute(&mut *barrier)
-        .await
-        .unwrap();
+    let barrier = super::hold_the_charge(&app, &paid).await;
 
     let (responses, together) = tokio::join!(
         // Each sent as a client would: an answer that is not final yet (409 in progress, or 503
