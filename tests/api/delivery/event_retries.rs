@@ -127,15 +127,7 @@ async fn a_retry_of_an_unknown_or_another_account_s_event_or_endpoint_is_404_and
     let (endpoint, _) = endpoint_for_all(&app, &receiver.url).await;
     let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
     let (other, other_key) = app.create_account("other merchant").await;
-    let theirs = super::post_endpoint(
-        &app,
-        &other_key,
-        &new_key(),
-        &json!({ "url": receiver.url, "enabled_events": ["*"] }),
-    )
-    .await;
-    assert_eq!(theirs.status, 201);
-    let theirs = theirs.json()["id"].as_str().unwrap().to_owned();
+    let (theirs, _) = super::endpoint_as(&app, &other_key, &receiver.url, &["*"]).await;
     let their_event = write_event(&app.db, &other, "payment.succeeded").await;
 
     let key = new_key();

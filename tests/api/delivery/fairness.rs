@@ -6,14 +6,24 @@ use std::time::{Duration, Instant};
 
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
-use serde_json::json;
 use tokio::net::TcpListener;
 
-use super::{Receiver, endpoint_for_all, post_endpoint, wait_for};
+use super::{Receiver, endpoint_as, endpoint_for_all, wait_for};
 use crate::support::helpers::{TestApp, new_key, payment};
 
 /// How many deliveries are due to the endpoint that never answers.
 const STALLED: i64 = 2_000;
+
+/// How many of `endpoint`'s deliveries were sent at least once.
+async fn sent_to(app: &TestApp, endpoint: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1 AND attempts > 0",
+    )
+    .bind(endpoint)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
 
 /// A listener that accepts every connection and holds it, answering nothing: each send to it
 /// lasts the whole delivery timeout (10 s by default).
@@ -65,29 +75,13 @@ async fn an_endpoint_that_never_answers_does_not_delay_another_account_s_event()
     wait_for(
         "the loop sends to the endpoint that never answers",
         Duration::from_secs(10),
-        || async {
-            let sent: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1 AND attempts > 0",
-            )
-            .bind(&stalled)
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-            sent >= 5
-        },
+        || async { sent_to(&app, &stalled).await >= 5 },
     )
     .await;
 
     let (_, b_key) = app.create_account("Merchant B").await;
     let receiver = Receiver::start(0).await;
-    let registered = post_endpoint(
-        &app,
-        &b_key,
-        &new_key(),
-        &json!({ "url": receiver.url, "enabled_events": ["*"] }),
-    )
-    .await;
-    assert_eq!(registered.status, 201);
+    endpoint_as(&app, &b_key, &receiver.url, &["*"]).await;
     let paid = app
         .post_payment_as(&b_key, &new_key(), &payment(4200))
         .await;
@@ -105,13 +99,7 @@ async fn an_endpoint_that_never_answers_does_not_delay_another_account_s_event()
          to A's endpoint that never answers"
     );
 
-    let sent_to_a: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1 AND attempts > 0",
-    )
-    .bind(&stalled)
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
+    let sent_to_a = sent_to(&app, &stalled).await;
     assert!(sent_to_a <= 5, "{sent_to_a} sends to A's endpoint at once");
 
     // The lag of A's endpoint is on a line of its own.

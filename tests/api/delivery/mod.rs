@@ -139,13 +139,18 @@ pub async fn endpoint_for_all(app: &TestApp, url: &str) -> (String, String) {
 
 /// Registers an endpoint for `events` at `url`; returns its id and secret.
 pub async fn endpoint_for(app: &TestApp, url: &str, events: &[&str]) -> (String, String) {
-    let created = post_endpoint(
-        app,
-        &app.api_key,
-        &new_key(),
-        &json!({ "url": url, "enabled_events": events }),
-    )
-    .await;
+    endpoint_as(app, &app.api_key, url, events).await
+}
+
+/// Registers an endpoint for `events` at `url` as the account of `api_key`; its id and secret.
+pub async fn endpoint_as(
+    app: &TestApp,
+    api_key: &str,
+    url: &str,
+    events: &[&str],
+) -> (String, String) {
+    let body = json!({ "url": url, "enabled_events": events });
+    let created = post_endpoint(app, api_key, &new_key(), &body).await;
     created.assert_status(201);
     let created = created.json();
     (
