@@ -138,7 +138,7 @@ async fn a_retry_of_an_unknown_or_another_account_s_event_or_endpoint_is_404_and
         (event.as_str(), theirs.as_str()),
         ("pay_nothing", endpoint.as_str()),
     ] {
-        retry_under(&app, event, &key, &endpoint)
+        retry_under(&app, event, &key, endpoint)
             .await
             .assert_problem(404, "not-found");
     }

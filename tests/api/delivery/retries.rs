@@ -464,7 +464,7 @@ async fn one_delivery_given_up_after_a_later_one_acknowledged(
     done.send(true).unwrap();
 
     until_given_up(
-        &app,
+        app,
         &first,
         "the first delivery is given up",
         Duration::from_secs(30),

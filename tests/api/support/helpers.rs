@@ -13,7 +13,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::harness::{create_database, database_url};
-use crate::support::instance::{ANSWER_WITHIN, Instance};
 
 /// The key every test sends unless it needs another.
 pub fn new_key() -> String {
@@ -417,11 +416,14 @@ pub async fn send(request: reqwest::RequestBuilder) -> TestResponse {
 }
 
 /// Asserts `sent` failed, the process having crashed before it answered, and waits for `crashed`
-/// to exit (within [`ANSWER_WITHIN`]); its exit status, for the test to check how it died.
+/// to exit (within `ANSWER_WITHIN`); its exit status, for the test to check how it died.
+#[cfg(feature = "failpoints")]
 pub async fn died_before_answering(
     sent: reqwest::Result<reqwest::Response>,
-    crashed: &mut Instance,
+    crashed: &mut crate::support::instance::Instance,
 ) -> std::process::ExitStatus {
+    use crate::support::instance::ANSWER_WITHIN;
+
     assert!(sent.is_err(), "the process died before it answered");
     tokio::time::timeout(ANSWER_WITHIN, crashed.child.wait())
         .await

@@ -283,7 +283,7 @@ async fn a_payment_authorized_through_the_demo_session_is_shipped_by_one_capture
         (&pay_key, "POST /v1/payments"),
         (&ship_key, "POST /v1/payments/{id}/capture"),
     ] {
-        let inspection = inspected(&app, &cookie, &key).await;
+        let inspection = inspected(&app, &cookie, key).await;
         assert_eq!(inspection.json()["uses"][0]["route"], route);
         assert_eq!(inspection.json()["uses"][0]["state"], "completed");
     }
