@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 
 use super::two_hops::{assert_ledgers_agree, faulty, key_row, linked_to, reconcile, the_charge};
 use crate::processor::{self, TestProcessor};
+use crate::support::checks::{assert_status, count, id_of};
 use crate::support::helpers::{TestApp, TestResponse, new_key, payment, send, wait_until};
 
 /// Every 200 ms for 30 s: longer than any scenario here takes to record its payment.
@@ -80,13 +81,8 @@ pub(crate) async fn dispute_at_the_processor(
             &json!({ "amount": amount }),
         )
         .await;
-    assert_eq!(
-        opened.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&opened.body)
-    );
-    opened.json()["id"].as_str().unwrap().to_owned()
+    assert_status(&opened, 201);
+    id_of(&opened)
 }
 
 /// The processor's delivery of the event whose body names `object`: its event id, attempts so far,
@@ -260,14 +256,9 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_parked_t
     assert_eq!(parked(&app).await, waiting);
 
     let retry = app.post_payment(&key, &payment(4200)).await;
-    assert_eq!(
-        retry.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    assert_status(&retry, 201);
     assert_eq!(retry.json()["charge"], charge.as_str());
-    let paid = retry.json()["id"].as_str().unwrap().to_owned();
+    let paid = id_of(&retry);
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
     assert_eq!(processed(&app, &event).await.as_deref(), Some("applied"));
     assert!(parked(&app).await.is_empty(), "both applied");
@@ -548,7 +539,7 @@ async fn an_event_about_a_charge_never_recorded_is_parked_and_reconcile_names_it
         .charge(&new_key(), &processor::charge(777, "pm_card_visa"))
         .await;
     assert_eq!(direct.status, 201);
-    let stranger = direct.json()["id"].as_str().unwrap().to_owned();
+    let stranger = id_of(&direct);
     let paid = app.paid(5000).await;
     let charge = app.get_payment(&paid).await.json()["charge"]
         .as_str()
@@ -623,17 +614,13 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
         .post_refund(&paid[0].0, &new_key(), &json!({ "amount": 1000 }))
         .await;
     assert_eq!(refunded.status, 201);
-    let refund = refunded.json()["id"].as_str().unwrap().to_owned();
+    let refund = id_of(&refunded);
     let disputes = [
         dispute_at_the_processor(&processor, &paid[1].1, 1500).await,
         dispute_at_the_processor(&processor, &paid[2].1, 700).await,
     ];
     wait_until("idempay applies both disputes", || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM disputes")
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-            == 2
+        count(&app.db, "SELECT count(*) FROM disputes").await == 2
     })
     .await;
     until_none_is_parked(&app).await;
@@ -737,11 +724,7 @@ async fn reconcile_finds_a_dispute_squeezed_by_a_refund_equal_on_both_ledgers() 
     assert_eq!(refunded.status, 201);
     let dispute = dispute_at_the_processor(&processor, &charge, 2000).await;
     wait_until("idempay records the dispute", || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM disputes")
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-            == 1
+        count(&app.db, "SELECT count(*) FROM disputes").await == 1
     })
     .await;
     let recorded = app.get(&format!("/v1/disputes/{dispute}")).await.json();

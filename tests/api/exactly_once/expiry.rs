@@ -9,6 +9,7 @@ use idempay::db::Engine;
 use idempay_test_macros::api_test;
 use idempotency::Idempotency;
 
+use crate::support::checks::{assert_status, count};
 use crate::support::helpers::{
     TestApp, bare_database, new_key, one_connection_planning_for_empty, payment, wait_until,
 };
@@ -43,12 +44,7 @@ async fn an_expired_key_not_yet_deleted_is_new_again() {
     // Even with another payload: the old key's binding has expired.
     let again = app.post_payment(&key, &payment(100)).await;
 
-    assert_eq!(
-        again.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&again.body)
-    );
+    assert_status(&again, 201);
     assert!(!again.replayed());
     assert_ne!(again.json()["id"], first.json()["id"]);
     assert_eq!(app.key_count().await, 1);
@@ -110,12 +106,11 @@ async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
     .unwrap();
 
     wait_until("the job drains every expired key", || async {
-        let expired: i64 = sqlx::query_scalar(
+        let expired = count(
+            &app.db,
             "SELECT count(*) FROM idempotency_keys WHERE idem_key LIKE 'expired-%'",
         )
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+        .await;
         expired == 0
     })
     .await;

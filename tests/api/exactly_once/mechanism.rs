@@ -16,6 +16,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
+use crate::support::checks::count;
 use crate::support::harness::EXPECTED_PANIC;
 use crate::support::helpers::{TestApp, bare_database, one_connection_planning_for_empty};
 use crate::support::instance::ANSWER_WITHIN;
@@ -196,12 +197,11 @@ async fn a_recovery_batch_planned_while_no_key_was_recoverable_still_claims_at_m
         );
     }
     assert_eq!(batches, [20, 20, 10], "the recovery job's batches");
-    let completed: i64 = sqlx::query_scalar(
+    let completed = count(
+        &db,
         "SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_code = 201",
     )
-    .fetch_one(&db)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(completed, 50, "every claimed key was resumed and completed");
 }
 

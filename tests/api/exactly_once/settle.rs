@@ -22,6 +22,7 @@ use super::two_hops::{
     the_charge,
 };
 use crate::processor::{self, API_KEY, TestProcessor};
+use crate::support::checks::{assert_status, count, id_of};
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 use crate::support::instance::idempay;
 
@@ -152,12 +153,7 @@ async fn a_held_charge_is_settled_from_the_processors_ledger_and_its_retry_gets_
         )
     );
     let retry = app.post_payment(&key, &payment(4200)).await;
-    assert_eq!(
-        retry.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    assert_status(&retry, 201);
     assert!(retry.replayed(), "the first request's answer, replayed");
     let body = retry.json();
     assert_eq!(body["id"], payment_id);
@@ -259,7 +255,7 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
     let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
     let paid = app.post_payment(&new_key(), &payment(4200)).await;
     assert_eq!(paid.status, 201);
-    let payment_id = paid.json()["id"].as_str().unwrap().to_owned();
+    let payment_id = id_of(&paid);
     let losing = replace(&app, healthy, losing_answers()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
@@ -278,12 +274,7 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
         )
     );
     let retry = app.post_refund(&payment_id, &key, &refund).await;
-    assert_eq!(
-        retry.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    assert_status(&retry, 201);
     assert!(retry.replayed());
     assert_eq!(retry.json()["id"], refund_id);
     let payment = app.get(&format!("/v1/payments/{payment_id}")).await.json();
@@ -297,7 +288,7 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
 async fn a_held_refund_the_processor_never_made_completes_with_a_final_nothing_made() {
     let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
     let paid = app.post_payment(&new_key(), &payment(4200)).await;
-    let payment_id = paid.json()["id"].as_str().unwrap().to_owned();
+    let payment_id = id_of(&paid);
     let failing = replace(&app, healthy, failing()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
@@ -350,12 +341,7 @@ async fn a_held_capture_is_settled_from_the_processors_charge() {
         stdout(&settled)
     );
     let retry = app.post_capture(&authorized, &key, &body).await;
-    assert_eq!(
-        retry.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    assert_status(&retry, 200);
     assert!(retry.replayed());
     assert_eq!(retry.json()["amount_captured"], 4000);
     assert!(nothing.status.success(), "{nothing:?}");
@@ -444,12 +430,11 @@ async fn a_dispute_opened_while_the_key_was_held_is_applied_once_by_the_settle()
     dispute_at_the_processor(&processor, &charge, 1000).await;
     // Its own event, not any: the charge's `charge.succeeded` is parked too, and may be first.
     wait_until("the dispute event is parked", || async {
-        sqlx::query_scalar::<_, i64>(
+        count(
+            &app.db,
             "SELECT count(*) FROM parked_events WHERE type = 'charge.dispute.created'",
         )
-        .fetch_one(&app.db)
         .await
-        .unwrap()
             == 1
     })
     .await;
@@ -460,15 +445,9 @@ async fn a_dispute_opened_while_the_key_was_held_is_applied_once_by_the_settle()
     let payment_id = chosen(&app, &key, "payment").await;
     let payment = app.get(&format!("/v1/payments/{payment_id}")).await.json();
     assert_eq!(payment["amount_disputed"], 1000, "{payment}");
-    let disputes: i64 = sqlx::query_scalar("SELECT count(*) FROM disputes")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+    let disputes = count(&app.db, "SELECT count(*) FROM disputes").await;
     assert_eq!(disputes, 1);
-    let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM parked_events")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+    let parked = count(&app.db, "SELECT count(*) FROM parked_events").await;
     assert_eq!(parked, 0);
     assert_ledgers_agree(&app, &processor, 1).await;
 }

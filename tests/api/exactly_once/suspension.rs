@@ -19,6 +19,7 @@ use super::two_hops::{
     reconcile,
 };
 use crate::processor::{self, TestProcessor};
+use crate::support::checks::assert_status;
 use crate::support::helpers::{TestApp, bare_database, new_key, payment, wait_until};
 use crate::support::instance::{Instance, free_port};
 
@@ -184,18 +185,13 @@ async fn a_suspended_key_past_its_expires_at_is_shown_and_resumed_by_its_retry()
     assert!(expired, "the key's expires_at has passed");
 
     let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await;
-    assert_eq!(
-        inspected.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&inspected.body)
-    );
+    assert_status(&inspected, 200);
     assert_eq!(inspected.json()["uses"][0]["state"], "suspended");
 
     let processor = heal(&app, failing).await;
     let paid = app.post_payment(&key, &payment(4200)).await;
 
-    assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
+    assert_status(&paid, 201);
     assert!(!paid.replayed());
     assert_ledgers_agree(&app, &processor, 1).await;
 }

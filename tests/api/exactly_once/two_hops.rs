@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::processor::{self, API_KEY, TestProcessor};
 use crate::support::helpers::{TestApp, WAIT_LIMIT};
-use crate::support::instance::idempay;
+use crate::support::instance::{Instance, idempay};
 use crate::support::invariants::{assert_every_charge_recorded_once, assert_exactly_once};
 
 /// idempay's settings, calling the processor at `address`. Its recovery job is kept out of the
@@ -102,6 +102,43 @@ pub(crate) async fn reconcile(app: &TestApp, processor: &TestProcessor) -> std::
     .await
 }
 
+/// Runs `idempay reconcile` and asserts it succeeds; the failure shows the differences it found.
+pub(crate) async fn assert_reconcile_succeeds(app: &TestApp, processor: &TestProcessor) {
+    let output = reconcile(app, processor).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
+/// Runs `idempay reconcile` and asserts it says exactly `said` and succeeds.
+pub(crate) async fn assert_reconcile_says(app: &TestApp, processor: &TestProcessor, said: &str) {
+    let output = reconcile(app, processor).await;
+    assert_eq!(String::from_utf8_lossy(&output.stdout), said);
+    assert!(output.status.success());
+}
+
+/// Runs `idempay reconcile` and asserts it exits `code` with the lines `expected`, in any order
+/// (it reports by table, not in the order the test broke them), then its summary `summary`.
+pub(crate) async fn assert_reconcile_reports(
+    app: &TestApp,
+    processor: &TestProcessor,
+    code: i32,
+    mut expected: Vec<String>,
+    summary: &str,
+) {
+    let output = reconcile(app, processor).await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(output.status.code(), Some(code), "{stdout}");
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    let said = lines.pop();
+    lines.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(lines, expected);
+    assert_eq!(said, Some(summary));
+}
+
 /// The invariants as SQL, then reconcile: every scenario ends here.
 pub(crate) async fn assert_ledgers_agree(app: &TestApp, processor: &TestProcessor, payments: i64) {
     assert_eq!(app.payment_count().await, payments, "payments");
@@ -166,6 +203,45 @@ pub(crate) async fn under_way(app: &TestApp, scope: &str, point: &str, key: &str
     .fetch_one(&app.db)
     .await
     .unwrap()
+}
+
+/// Environment for instances whose recovery jobs resume a dead instance's keys within the test:
+/// a lease of 3 s to run out, a connection waited for 1 s at most (on a loaded cluster a request
+/// is answered 503 rather than held, and resent), and a recovery job every `interval`.
+pub(crate) fn recovering_env<'a>(
+    processor: &'a TestProcessor,
+    interval: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    instance_env(
+        processor,
+        &[
+            ("IDEMPAY_LEASE", "3s"),
+            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+            ("IDEMPAY_RECOVERY_INTERVAL", interval),
+        ],
+    )
+}
+
+/// Two instances whose recovery jobs run every 500 ms: one to kill in a crash test's window, and
+/// the one that survives it and recovers what it left.
+pub(crate) async fn doomed_and_survivor(
+    app: &TestApp,
+    processor: &TestProcessor,
+) -> (Instance, Instance) {
+    let recovering = recovering_env(processor, "500ms");
+    let doomed = Instance::start(&app.database_url(), &recovering).await;
+    let survivor = Instance::start(&app.database_url(), &recovering).await;
+    (doomed, survivor)
+}
+
+/// Kills `doomed` with SIGKILL while its request `in_flight` is held in its window, and asserts
+/// that request was never answered: the crash, not an answer, ended it.
+pub(crate) async fn kill_in_the_window(doomed: &mut Instance, in_flight: InFlight) {
+    doomed.child.kill().await.expect("SIGKILL");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the killed instance never answered"
+    );
 }
 
 /// A request in flight, held in the window its test aims at.

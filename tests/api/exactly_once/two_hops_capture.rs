@@ -15,10 +15,12 @@ use service::outbox::RetrySchedule;
 use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
 use super::forever::until_known;
 use super::two_hops::{
-    faulty, idempay_and_processor, instance_env, key_row, port_of, rebind, reconcile,
-    sent_into_the_window, under_way,
+    assert_reconcile_says, assert_reconcile_succeeds, doomed_and_survivor, faulty,
+    idempay_and_processor, key_row, kill_in_the_window, port_of, rebind, sent_into_the_window,
+    under_way,
 };
 use crate::processor::{self, TestProcessor};
+use crate::support::checks::{assert_status, count, id_of, keyed_post};
 use crate::support::helpers::{new_key, payment, send, wait_until};
 use crate::support::instance::Instance;
 
@@ -86,24 +88,14 @@ async fn a_refused_connection_after_a_capture_whose_answer_was_lost_keeps_the_ke
     let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
     let captured = until_known(|| app.post_capture(&authorized, &key, &body)).await;
 
-    assert_eq!(
-        captured.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&captured.body)
-    );
+    assert_status(&captured, 200);
     assert_eq!(captured.json()["amount_captured"], 3000);
     assert_eq!(
         the_authorization(&app.db).await,
         ("captured".to_owned(), Some(3000), downstream),
         "one capture at the processor, under the key's downstream key"
     );
-    let output = reconcile(&app, &processor).await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    assert_reconcile_succeeds(&app, &processor).await;
 }
 
 /// An instance killed while the processor captures (the capture's recovery point committed, the
@@ -118,38 +110,26 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
         faulty(|s| s.faults.latency = Duration::from_secs(6)),
     )
     .await;
-    let recovering = instance_env(
-        &processor,
-        &[
-            ("IDEMPAY_LEASE", "3s"),
-            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
-            ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
-        ],
-    );
-    let mut doomed = Instance::start(&app.database_url(), &recovering).await;
-    let survivor = Instance::start(&app.database_url(), &recovering).await;
+    let (mut doomed, survivor) = doomed_and_survivor(&app, &processor).await;
     let authorized = survivor
         .post_payment(&app.api_key, &new_key(), &manual(5000))
         .await;
     assert_eq!(authorized.status, 201);
-    let captures = format!(
-        "{}/v1/payments/{}/capture",
-        doomed.address,
-        authorized.json()["id"].as_str().unwrap()
-    );
+    let path = format!("/v1/payments/{}/capture", id_of(&authorized));
     let key = new_key();
-    let capture = |base: &str| {
-        reqwest::Client::new()
-            .post(captures.replace(&doomed.address, base))
-            .bearer_auth(&app.api_key)
-            .header("idempotency-key", &key)
-            .json(&json!({ "amount_to_capture": 4000 }))
+    let capture = |instance: &Instance| {
+        keyed_post(
+            &format!("{}{path}", instance.address),
+            &app.api_key,
+            &key,
+            &json!({ "amount_to_capture": 4000 }),
+        )
     };
     // The crash must hit the window: the capture under way at the processor, not yet recorded.
     let in_flight = sent_into_the_window(
         &app,
         "the capture under way at the processor",
-        || capture(&doomed.address),
+        || capture(&doomed),
         || {
             under_way(
                 &app,
@@ -171,24 +151,15 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
         "requires_capture",
         "killed before the capture was recorded"
     );
-    doomed.child.kill().await.expect("SIGKILL");
-    assert!(
-        in_flight.await.unwrap().is_err(),
-        "the killed instance never answered"
-    );
+    kill_in_the_window(&mut doomed, in_flight).await;
 
     wait_until("the recovery job records the capture", || async {
         status().await == "succeeded"
     })
     .await;
-    let retry = send(capture(&survivor.address)).await;
+    let retry = send(capture(&survivor)).await;
 
-    assert_eq!(
-        retry.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    assert_status(&retry, 200);
     assert!(retry.replayed(), "answered from the recovered key");
     assert_eq!(retry.json()["amount_captured"], 4000);
     let (state, captured, _) = the_authorization(&app.db).await;
@@ -197,12 +168,12 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
         ("captured", Some(4000)),
         "one capture at the processor, the one recorded"
     );
-    let output = reconcile(&app, &processor).await;
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "reconciled 1 charges, 1 payments, 0 refunds and 0 disputes: 0 difference(s)\n"
-    );
-    assert!(output.status.success());
+    assert_reconcile_says(
+        &app,
+        &processor,
+        "reconciled 1 charges, 1 payments, 0 refunds and 0 disputes: 0 difference(s)\n",
+    )
+    .await;
 }
 
 /// An authorization nobody captures is released by the processor's expiry job once its time is
@@ -248,20 +219,15 @@ async fn an_authorization_nobody_captures_expires_at_the_processor_and_the_payme
     let late = app.post_capture(&held, &new_key(), &json!({})).await;
     let refused = late.assert_problem(409, "payment-unexpected-state");
     assert!(refused["detail"].as_str().unwrap().contains("`canceled`"));
-    let canceled: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'payment.canceled'")
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
+    let canceled = count(
+        &app.db,
+        "SELECT count(*) FROM events WHERE type = 'payment.canceled'",
+    )
+    .await;
     assert_eq!(canceled, 1, "one payment.canceled");
     assert_eq!(
         app.get_payment(&captured).await.json()["status"],
         "succeeded"
     );
-    let output = reconcile(&app, &processor).await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    assert_reconcile_succeeds(&app, &processor).await;
 }

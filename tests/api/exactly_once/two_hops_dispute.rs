@@ -13,6 +13,7 @@ use service::outbox::RetrySchedule;
 use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
 use super::two_hops::reconcile;
 use crate::processor::TestProcessor;
+use crate::support::checks::{count, id_of};
 use crate::support::helpers::{TestApp, new_key, wait_until};
 
 /// idempay and a processor that delivers its events to it, every 200 ms until acknowledged.
@@ -43,7 +44,7 @@ async fn opened(app: &TestApp, processor: &TestProcessor, payment: &str, amount:
         )
         .await;
     assert_eq!(dispute.status, 201, "{:?}", dispute.json());
-    let id = dispute.json()["id"].as_str().unwrap().to_owned();
+    let id = id_of(&dispute);
     wait_until("idempay records the dispute", || async {
         app.get(&format!("/v1/disputes/{id}")).await.status == 200
     })
@@ -143,10 +144,10 @@ async fn a_dispute_lost_at_the_processor_keeps_the_amount_disputed_at_both() {
     app.post_refund(&paid, &new_key(), &json!({ "amount": 3001 }))
         .await
         .assert_problem(400, "refund-exceeds-payment");
-    let closed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'dispute.closed'")
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
+    let closed = count(
+        &app.db,
+        "SELECT count(*) FROM events WHERE type = 'dispute.closed'",
+    )
+    .await;
     assert_eq!(closed, 1, "one dispute.closed, whatever the redeliveries");
 }

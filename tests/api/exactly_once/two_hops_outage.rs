@@ -14,6 +14,7 @@ use super::two_hops::{
     assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
 };
 use crate::processor::{self, TestProcessor};
+use crate::support::checks::{assert_status, count};
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 use crate::support::instance::free_port;
 
@@ -41,7 +42,7 @@ async fn a_processor_refusing_connections_charges_nothing_and_releases_the_key_u
     let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
     for (n, key) in keys.iter().enumerate() {
         let paid = app.post_payment(key, &payment(1000 + n as i64)).await;
-        assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
+        assert_status(&paid, 201);
         assert!(
             !paid.replayed(),
             "nothing had been done: the retry executes"
@@ -77,7 +78,7 @@ async fn a_processor_answering_503_leaves_the_outcome_unknown_and_the_retry_char
     let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
     let paid = app.post_payment(&key, &payment(4200)).await;
 
-    assert_eq!(paid.status, 201, "{}", String::from_utf8_lossy(&paid.body));
+    assert_status(&paid, 201);
     assert_ledgers_agree(&app, &processor, 1).await;
 }
 
@@ -114,19 +115,13 @@ async fn events_delivered_while_idempay_is_down_are_redelivered_and_applied_once
             &json!({ "amount": 1500 }),
         )
         .await;
-    assert_eq!(
-        dispute.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&dispute.body)
-    );
+    assert_status(&dispute, 201);
     let attempted = || async {
-        sqlx::query_scalar::<_, i64>(
+        count(
+            &app.db,
             "SELECT count(*) FROM webhook_deliveries WHERE attempts >= 2 AND delivered_at IS NULL",
         )
-        .fetch_one(&app.db)
         .await
-        .unwrap()
     };
     wait_until("both events fail to be delivered, twice", || async {
         attempted().await == 2
@@ -137,12 +132,11 @@ async fn events_delivered_while_idempay_is_down_are_redelivered_and_applied_once
         .another_instance_on(rebind(intake).await, with_secret)
         .await;
     let delivered = || async {
-        sqlx::query_scalar::<_, i64>(
+        count(
+            &app.db,
             "SELECT count(*) FROM webhook_deliveries WHERE delivered_at IS NOT NULL",
         )
-        .fetch_one(&app.db)
         .await
-        .unwrap()
     };
     wait_until("both events are redelivered to idempay", || async {
         delivered().await == 2
@@ -177,10 +171,7 @@ async fn events_delivered_while_idempay_is_down_are_redelivered_and_applied_once
         "{outcomes:?}"
     );
     assert_eq!(disputed().await, 1500, "the dispute applied once");
-    let disputes: i64 = sqlx::query_scalar("SELECT count(*) FROM processor_disputes")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+    let disputes = count(&app.db, "SELECT count(*) FROM processor_disputes").await;
     assert_eq!(disputes, 1);
     assert_ledgers_agree(&app, &processor, 1).await;
 }

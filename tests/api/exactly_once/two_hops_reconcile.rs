@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 
 use super::two_hops::{assert_reconciled, idempay_and_processor, reconcile};
 use crate::processor::{self, API_KEY};
+use crate::support::checks::id_of;
 use crate::support::helpers::{new_key, payment, wait_until};
 use crate::support::instance::idempay;
 
@@ -80,7 +81,7 @@ async fn reconcile_names_a_currency_or_a_refund_s_charge_that_differs() {
         .post_refund(&paid[0], &new_key(), &serde_json::json!({ "amount": 1000 }))
         .await;
     assert_eq!(refund.status, 201);
-    let refund = refund.json()["id"].as_str().unwrap().to_owned();
+    let refund = id_of(&refund);
     assert_reconciled(&app, &processor, 2).await;
 
     sqlx::query("UPDATE payments SET currency = 'usd' WHERE id = $1")

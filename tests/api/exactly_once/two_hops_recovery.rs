@@ -9,9 +9,11 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use super::two_hops::{
-    assert_ledgers_agree, charge_under_way, faulty, idempay_and_processor, instance_env, key_row,
-    reconcile, sent_into_the_window, the_charge, under_way,
+    assert_ledgers_agree, assert_reconcile_says, charge_under_way, doomed_and_survivor, faulty,
+    idempay_and_processor, instance_env, key_row, kill_in_the_window, recovering_env,
+    sent_into_the_window, the_charge, under_way,
 };
+use crate::support::checks::{assert_status, count, id_of, keyed_post};
 use crate::support::helpers::{
     new_key, one_storm_at_a_time, payment, retry_while_in_flight, send, slow_payment, wait_until,
 };
@@ -32,14 +34,7 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
         faulty(|s| s.shared.slow_charge = Duration::from_secs(6)),
     )
     .await;
-    let recovering = instance_env(
-        &processor,
-        &[
-            ("IDEMPAY_LEASE", "3s"),
-            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
-            ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
-        ],
-    );
+    let recovering = recovering_env(&processor, "500ms");
     let mut doomed = Instance::start(&app.database_url(), &recovering).await;
     let mut survivor = None;
     if survivor_runs_beside {
@@ -57,11 +52,7 @@ async fn killed_during_the_charge_is_recovered_without_a_retry(survivor_runs_bes
     )
     .await;
     assert_eq!(app.payment_count().await, 0, "killed before the payment");
-    doomed.child.kill().await.expect("SIGKILL");
-    assert!(
-        in_flight.await.unwrap().is_err(),
-        "the killed instance never answered"
-    );
+    kill_in_the_window(&mut doomed, in_flight).await;
 
     let survivor = match survivor {
         Some(survivor) => survivor,
@@ -144,12 +135,7 @@ async fn a_request_that_loses_its_lease_during_the_charge_and_its_takeover_name_
     let retry = retry_while_in_flight(|| app.post_payment(&key, &slow)).await;
     let original = original.await.unwrap();
 
-    assert_eq!(
-        retry.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    assert_status(&retry, 201);
     assert!(
         original.status == 409 || original.replayed(),
         "the original, without its lease, recorded nothing: {} {}",
@@ -185,38 +171,26 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
         faulty(|s| s.faults.latency = Duration::from_secs(6)),
     )
     .await;
-    let recovering = instance_env(
-        &processor,
-        &[
-            ("IDEMPAY_LEASE", "3s"),
-            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
-            ("IDEMPAY_RECOVERY_INTERVAL", "500ms"),
-        ],
-    );
-    let mut doomed = Instance::start(&app.database_url(), &recovering).await;
-    let survivor = Instance::start(&app.database_url(), &recovering).await;
+    let (mut doomed, survivor) = doomed_and_survivor(&app, &processor).await;
     let paid = survivor
         .post_payment(&app.api_key, &new_key(), &payment(5000))
         .await;
     assert_eq!(paid.status, 201);
-    let refunds = format!(
-        "{}/v1/payments/{}/refunds",
-        doomed.address,
-        paid.json()["id"].as_str().unwrap()
-    );
+    let path = format!("/v1/payments/{}/refunds", id_of(&paid));
     let key = new_key();
-    let refund = |base: &str| {
-        reqwest::Client::new()
-            .post(refunds.replace(&doomed.address, base))
-            .bearer_auth(&app.api_key)
-            .header("idempotency-key", &key)
-            .json(&json!({ "amount": 2000 }))
+    let refund = |instance: &Instance| {
+        keyed_post(
+            &format!("{}{path}", instance.address),
+            &app.api_key,
+            &key,
+            &json!({ "amount": 2000 }),
+        )
     };
     // The crash must hit the window: the refund under way at the processor, not yet recorded.
     let in_flight = sent_into_the_window(
         &app,
         "the refund under way at the processor",
-        || refund(&doomed.address),
+        || refund(&doomed),
         || {
             under_way(
                 &app,
@@ -227,31 +201,17 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
         },
     )
     .await;
-    let recorded = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM refunds")
-            .fetch_one(&app.db)
-            .await
-            .unwrap()
-    };
+    let recorded = || async { count(&app.db, "SELECT count(*) FROM refunds").await };
     assert_eq!(recorded().await, 0, "killed before the refund was recorded");
-    doomed.child.kill().await.expect("SIGKILL");
-    assert!(
-        in_flight.await.unwrap().is_err(),
-        "the killed instance never answered"
-    );
+    kill_in_the_window(&mut doomed, in_flight).await;
 
     wait_until("the recovery job records the refund", || async {
         recorded().await == 1
     })
     .await;
-    let retry = send(refund(&survivor.address)).await;
+    let retry = send(refund(&survivor)).await;
 
-    assert_eq!(
-        retry.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    assert_status(&retry, 201);
     assert!(retry.replayed(), "answered from the recovered key");
     let processor_refunds: Vec<String> = sqlx::query_scalar("SELECT id FROM processor_refunds")
         .fetch_all(&app.db)
@@ -265,12 +225,12 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
             .to_owned()],
         "one refund at the processor, the one recorded"
     );
-    let output = reconcile(&app, &processor).await;
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "reconciled 1 charges, 1 payments, 1 refunds and 0 disputes: 0 difference(s)\n"
-    );
-    assert!(output.status.success());
+    assert_reconcile_says(
+        &app,
+        &processor,
+        "reconciled 1 charges, 1 payments, 1 refunds and 0 disputes: 0 difference(s)\n",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -318,14 +278,7 @@ async fn the_recovery_jobs_of_three_instances_record_a_backlog_of_suspended_keys
     .await;
     assert_eq!(app.payment_count().await, 0, "nothing recorded yet");
 
-    let recovering = instance_env(
-        &processor,
-        &[
-            ("IDEMPAY_LEASE", "3s"),
-            ("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
-            ("IDEMPAY_RECOVERY_INTERVAL", "300ms"),
-        ],
-    );
+    let recovering = recovering_env(&processor, "300ms");
     let mut instances = Vec::new();
     for _ in 0..3 {
         instances.push(Instance::start(&app.database_url(), &recovering).await);

@@ -11,6 +11,7 @@ use service::outbox::{RetrySchedule, WebhookSecrets};
 
 use super::two_hops::{faulty, idempay_and_processor, key_row, rebind, reconcile};
 use crate::processor;
+use crate::support::checks::assert_status;
 use crate::support::helpers::{new_key, wait_until};
 use crate::support::instance::free_port;
 use crate::support::invariants::assert_exactly_once;
@@ -53,12 +54,7 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
         .post_refund(&paid, &key, &json!({ "amount": 2000 }))
         .await;
 
-    assert_eq!(
-        refund.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&refund.body)
-    );
+    assert_status(&refund, 201);
     assert!(again.replayed());
     assert_eq!(again.body, refund.body);
     let processor_refund = refund.json()["processor_refund"]
@@ -85,12 +81,7 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
             &json!({}),
         )
         .await;
-    assert_eq!(
-        failed.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&failed.body)
-    );
+    assert_status(&failed, 200);
     wait_until("idempay applies charge.refund.failed", || async {
         app.get_payment(&paid).await.json()["amount_refunded"] == 0
     })

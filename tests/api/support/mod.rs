@@ -4,6 +4,7 @@
 //! ([`invariants`]) and the check of every response against the API description ([`contract`]);
 //! for the cluster suite, the Citus cluster and its template on every node ([`citus`]).
 
+pub mod checks;
 pub mod citus;
 pub mod contract;
 pub mod harness;

@@ -1,0 +1,43 @@
+//! Small checks and look-ups the exactly-once tests lean on: an answer's status with its body in
+//! the failure, an answer's id, a keyed request to send by hand, and a count read from the
+//! database.
+
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::support::helpers::TestResponse;
+
+/// Asserts `response` answered `status`; the failure shows its body, which says why (a problem's
+/// type and detail).
+#[track_caller]
+pub fn assert_status(response: &TestResponse, status: u16) {
+    assert_eq!(
+        response.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+}
+
+/// The `id` of what `response` created or shows.
+pub fn id_of(response: &TestResponse) -> String {
+    response.json()["id"]
+        .as_str()
+        .expect("an id in the answer")
+        .to_owned()
+}
+
+/// A keyed `POST url` with `body`, to send as the test needs: from a task of its own, or to an
+/// instance that may die before it answers.
+pub fn keyed_post(url: &str, api_key: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(url)
+        .bearer_auth(api_key)
+        .header("idempotency-key", key)
+        .json(body)
+}
+
+/// The one number a `SELECT count(*) …` query answers.
+pub async fn count(db: &PgPool, query: &str) -> i64 {
+    sqlx::query_scalar(query).fetch_one(db).await.unwrap()
+}
