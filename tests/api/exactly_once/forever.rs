@@ -12,8 +12,8 @@ use idempay_test_macros::api_test;
 use serde_json::json;
 
 use super::two_hops::{
-    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
-    reconcile, the_charge,
+    assert_ledgers_agree, assert_reconcile_succeeds, faulty, idempay_and_processor, key_row,
+    linked_to, port_of, rebind, the_charge,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::assert_status;
@@ -211,10 +211,5 @@ async fn a_refused_connection_after_a_refund_whose_answer_was_lost_keeps_the_key
         .unwrap();
     assert_eq!(at_the_processor, [1000], "one refund at the processor");
     assert_eq!(app.get_payment(&paid).await.json()["amount_refunded"], 1000);
-    let output = reconcile(&app, &processor).await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    assert_reconcile_succeeds(&app, &processor).await;
 }

@@ -14,7 +14,9 @@
 use std::time::Duration;
 
 use ::processor::ProcessorSettings;
+use ::service::shared_settings::SharedArgs;
 use idempay::config::{ProcessorLink, Settings};
+use service::outbox::{RetrySchedule, WebhookSecrets};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -146,6 +148,30 @@ pub(crate) async fn assert_ledgers_agree(app: &TestApp, processor: &TestProcesso
     assert_exactly_once(&app.db).await;
     assert_every_charge_recorded_once(&app.db).await;
     assert_reconciled(app, processor, payments as usize).await;
+}
+
+/// idempay's settings taking the events signed with `secret`.
+pub(crate) fn taking_events_signed_with(secret: WebhookSecrets) -> Settings {
+    Settings {
+        shared: SharedArgs {
+            webhook_secrets: Some(secret),
+            ..SharedArgs::default()
+        },
+        ..Settings::default()
+    }
+}
+
+/// A processor delivering its events, signed, to an idempay whose intake will listen on `intake`
+/// (nothing needs to listen there yet), retrying every 200 ms for 20 s: longer than a scenario's
+/// idempay is down or takes to start. Its settings, and idempay's taking those events.
+pub(crate) fn delivering_to(intake: u16) -> (ProcessorSettings, Settings) {
+    let secret = WebhookSecrets::generate();
+    let mut settings = processor::settings();
+    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
+    settings.shared.webhook_secrets = Some(secret.clone());
+    settings.shared.webhook_retry_schedule =
+        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
+    (settings, taking_events_signed_with(secret))
 }
 
 /// A processor's settings with these faults.

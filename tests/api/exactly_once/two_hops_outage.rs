@@ -1,17 +1,14 @@
 //! Exactly once across two hops, outages: a processor refusing connections or answering 503, and
 //! its webhooks delivered while idempay is down. The setup is `two_hops.rs`'s.
 
-use std::time::Duration;
-
 use ::processor::Fraction;
-use ::service::shared_settings::SharedArgs;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
-use serde_json::json;
-use service::outbox::{RetrySchedule, WebhookSecrets};
 
+use super::early_events::dispute_at_the_processor;
 use super::two_hops::{
-    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
+    assert_ledgers_agree, delivering_to, faulty, idempay_and_processor, key_row, linked_to,
+    port_of, rebind,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::{assert_status, count};
@@ -88,34 +85,14 @@ async fn a_processor_answering_503_leaves_the_outcome_unknown_and_the_retry_char
 
 #[api_test]
 async fn events_delivered_while_idempay_is_down_are_redelivered_and_applied_once() {
-    let secret = WebhookSecrets::generate();
     // The port idempay's intake will listen on; nothing listens there yet.
     let intake = free_port();
-    let mut settings = processor::settings();
-    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.shared.webhook_secrets = Some(secret.clone());
-    // Retried every 200 ms for 20 s: longer than idempay is down.
-    settings.shared.webhook_retry_schedule =
-        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
-    let with_secret = Settings {
-        shared: SharedArgs {
-            webhook_secrets: Some(secret),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    };
+    let (settings, with_secret) = delivering_to(intake);
     let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
     let paid = app.post_payment(&new_key(), &payment(5000)).await;
     assert_eq!(paid.status, 201);
     let (payment_id, charge) = (paid.json()["id"].clone(), paid.json()["charge"].clone());
-    let dispute = processor
-        .post(
-            &format!("/v1/charges/{}/disputes", charge.as_str().unwrap()),
-            None,
-            &json!({ "amount": 1500 }),
-        )
-        .await;
-    assert_status(&dispute, 201);
+    dispute_at_the_processor(&processor, charge.as_str().unwrap(), 1500).await;
     let attempted = || async {
         count(
             &app.db,

@@ -12,7 +12,9 @@ use idempay_test_macros::api_test;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use super::two_hops::{assert_reconciled, idempay_and_processor, reconcile};
+use super::two_hops::{
+    assert_reconcile_reports, assert_reconciled, idempay_and_processor, reconcile,
+};
 use crate::processor::{self, API_KEY};
 use crate::support::checks::id_of;
 use crate::support::helpers::{new_key, payment, wait_until};
@@ -46,23 +48,17 @@ async fn reconcile_names_every_difference_of_a_broken_ledger_and_exits_1() {
     .execute(&app.db)
     .await
     .unwrap();
-    let output = reconcile(&app, &processor).await;
-
-    assert_eq!(output.status.code(), Some(1));
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    let mut lines: Vec<&str> = stdout.lines().collect();
-    let summary = lines.pop();
-    lines.sort_unstable();
-    let mut expected = vec![
-        format!("charge {lost} (2000) has no payment"),
-        "charge ch_stray (777) has no payment".to_owned(),
-    ];
-    expected.sort_unstable();
-    assert_eq!(lines, expected);
-    assert_eq!(
-        summary,
-        Some("reconciled 3 charges, 1 payments, 0 refunds and 0 disputes: 2 difference(s)")
-    );
+    assert_reconcile_reports(
+        &app,
+        &processor,
+        1,
+        vec![
+            format!("charge {lost} (2000) has no payment"),
+            "charge ch_stray (777) has no payment".to_owned(),
+        ],
+        "reconciled 3 charges, 1 payments, 0 refunds and 0 disputes: 2 difference(s)",
+    )
+    .await;
 }
 
 /// Reconcile compares currencies: a payment in another currency than its charge is a line. And a
@@ -95,29 +91,23 @@ async fn reconcile_names_a_currency_or_a_refund_s_charge_that_differs() {
         .execute(&app.db)
         .await
         .unwrap();
-    let output = reconcile(&app, &processor).await;
-
-    assert_eq!(output.status.code(), Some(1), "{output:?}");
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    let mut lines: Vec<&str> = stdout.lines().collect();
-    let summary = lines.pop();
-    lines.sort_unstable();
-    let mut expected = vec![
-        format!(
-            "payment {} / charge {}: currency is usd here, eur at the processor",
-            paid[1], charges[1]
-        ),
-        format!(
-            "refund {refund}: is of charge {} here (its payment's), {} at the processor",
-            charges[0], charges[1]
-        ),
-    ];
-    expected.sort_unstable();
-    assert_eq!(lines, expected);
-    assert_eq!(
-        summary,
-        Some("reconciled 2 charges, 2 payments, 1 refunds and 0 disputes: 2 difference(s)")
-    );
+    assert_reconcile_reports(
+        &app,
+        &processor,
+        1,
+        vec![
+            format!(
+                "payment {} / charge {}: currency is usd here, eur at the processor",
+                paid[1], charges[1]
+            ),
+            format!(
+                "refund {refund}: is of charge {} here (its payment's), {} at the processor",
+                charges[0], charges[1]
+            ),
+        ],
+        "reconciled 2 charges, 2 payments, 1 refunds and 0 disputes: 2 difference(s)",
+    )
+    .await;
 }
 
 /// A charge and a refund the processor made while the keys that asked for them are in progress
@@ -172,33 +162,25 @@ async fn reconcile_says_a_charge_or_refund_whose_key_is_in_progress_is_in_flight
     .unwrap();
     let scope = |route: &str| format!("{}:{route}", app.account_id);
 
-    let output = reconcile(&app, &processor).await;
-
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    assert_eq!(output.status.code(), Some(0), "{stdout}");
-    let mut lines: Vec<&str> = stdout.lines().collect();
-    let summary = lines.pop();
-    lines.sort_unstable();
-    let mut expected = vec![
-        format!(
-            "charge {charge} (4200) in flight: key {charging:?} ({}), which asked for it, is in \
-             progress; its payment is not recorded yet",
-            scope("POST /v1/payments")
-        ),
-        format!(
-            "processor refund {refund} (1000) in flight: key {refunding:?} ({}), which asked for \
-             it, is in progress; its refund is not recorded yet",
-            scope("POST /v1/payments/{id}/refunds")
-        ),
-    ];
-    expected.sort_unstable();
-    assert_eq!(lines, expected);
-    assert_eq!(
-        summary,
-        Some(
-            "reconciled 2 charges, 1 payments, 0 refunds and 0 disputes: 0 difference(s), 2 in flight"
-        )
-    );
+    assert_reconcile_reports(
+        &app,
+        &processor,
+        0,
+        vec![
+            format!(
+                "charge {charge} (4200) in flight: key {charging:?} ({}), which asked for it, is in \
+                 progress; its payment is not recorded yet",
+                scope("POST /v1/payments")
+            ),
+            format!(
+                "processor refund {refund} (1000) in flight: key {refunding:?} ({}), which asked for \
+                 it, is in progress; its refund is not recorded yet",
+                scope("POST /v1/payments/{id}/refunds")
+            ),
+        ],
+        "reconciled 2 charges, 1 payments, 0 refunds and 0 disputes: 0 difference(s), 2 in flight",
+    )
+    .await;
 
     // A real difference is never hidden: with the charge's key gone, nothing accounts for it.
     sqlx::query(

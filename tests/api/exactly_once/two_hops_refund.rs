@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use ::service::shared_settings::SharedArgs;
-use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::json;
-use service::outbox::{RetrySchedule, WebhookSecrets};
+use service::outbox::WebhookSecrets;
 
-use super::two_hops::{faulty, idempay_and_processor, key_row, rebind, reconcile};
-use crate::processor;
+use super::two_hops::{
+    assert_reconcile_succeeds, delivering_to, faulty, idempay_and_processor, key_row, rebind,
+    taking_events_signed_with,
+};
 use crate::support::checks::assert_status;
 use crate::support::helpers::{new_key, wait_until};
 use crate::support::instance::free_port;
@@ -26,20 +26,8 @@ use crate::support::invariants::assert_exactly_once;
 /// The ledgers agree at each step.
 #[api_test]
 async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_agree() {
-    let secret = WebhookSecrets::generate();
     let intake = free_port();
-    let mut settings = processor::settings();
-    settings.webhook_url = Some(format!("http://127.0.0.1:{intake}/v1/webhooks/processor"));
-    settings.shared.webhook_secrets = Some(secret.clone());
-    settings.shared.webhook_retry_schedule =
-        RetrySchedule::new(vec![Duration::from_millis(200); 100]).unwrap();
-    let with_secret = Settings {
-        shared: SharedArgs {
-            webhook_secrets: Some(secret),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    };
+    let (settings, with_secret) = delivering_to(intake);
     let (app, processor) = idempay_and_processor(with_secret.clone(), settings).await;
     let app = app
         .another_instance_on(rebind(intake).await, with_secret)
@@ -71,8 +59,7 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
         "one refund at the processor"
     );
     assert_eq!(app.get_payment(&paid).await.json()["amount_refunded"], 2000);
-    let output = reconcile(&app, &processor).await;
-    assert!(output.status.success(), "{output:?}");
+    assert_reconcile_succeeds(&app, &processor).await;
 
     let failed = processor
         .post(
@@ -93,12 +80,7 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
         ))
         .await;
     assert_eq!(ours.json()["status"], "failed");
-    let output = reconcile(&app, &processor).await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    assert_reconcile_succeeds(&app, &processor).await;
     let whole = app.post_refund(&paid, &new_key(), &json!({})).await;
     assert_eq!(whole.status, 201, "the amount is refundable again, at both");
     assert_eq!(whole.json()["amount"], 5000);
@@ -113,13 +95,7 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
 async fn a_refund_recorded_after_a_dispute_took_its_room_flags_the_dispute_for_review() {
     let secret = WebhookSecrets::generate();
     let (app, _processor) = idempay_and_processor(
-        Settings {
-            shared: SharedArgs {
-                webhook_secrets: Some(secret.clone()),
-                ..SharedArgs::default()
-            },
-            ..Settings::default()
-        },
+        taking_events_signed_with(secret.clone()),
         // Every charge and refund takes this long at the processor.
         faulty(|s| s.faults.latency = Duration::from_secs(2)),
     )
