@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ::processor::ProcessorSettings;
 use ::service::shared_settings::SharedArgs;
-use idempay::config::{ProcessorLink, Settings};
+use idempay::config::Settings;
 use idempay::webhooks::parked::MAX_PARKED;
 use idempay_test_macros::api_test;
 use serde_json::json;
@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 
 use super::two_hops::{
     assert_ledgers_agree, assert_reconcile_reports, faulty, key_row, linked_to, reconcile,
-    taking_events_signed_with, the_charge,
+    taking_events_signed_with, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::{assert_status, count, id_of};
@@ -194,13 +194,7 @@ async fn a_dispute_before_its_payment(
 /// idempay's link to a processor slower than it waits: the answer comes after idempay gave up.
 fn slower_than_idempay_waits() -> (Settings, ProcessorSettings) {
     (
-        Settings {
-            processor: ProcessorLink {
-                timeout: Duration::from_millis(300),
-                ..ProcessorLink::default()
-            },
-            ..Settings::default()
-        },
+        waiting_at_most(Duration::from_millis(300)),
         faulty(|s| s.faults.latency = Duration::from_secs(2)),
     )
 }

@@ -75,23 +75,12 @@ async fn a_replay_kept_in_memory_ends_when_its_key_expires() {
 
 #[api_test(citus)]
 async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
-    let app = TestApp::spawn_with(Settings {
-        shared: SharedArgs {
-            expiry_interval: Duration::from_millis(200),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    })
-    .await;
+    let app = TestApp::spawn_with(expiring_every(Duration::from_millis(200))).await;
     // More than one batch of expired keys, some live ones, and an expired key whose request is
     // still running: it keeps its row until its lease ends.
+    expired_keys(&app, 2500).await;
     sqlx::raw_sql(
         "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
-                                       response_headers, response_body, expires_at)
-         SELECT 'acct_x', 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
-                201, '{}', '\\x7b7d', now() - interval '1 minute'
-         FROM generate_series(1, 2500) AS i;
-         INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
                                        response_headers, response_body, expires_at)
          SELECT 'acct_x', 'acct_x:POST /v1/payments', 'live-' || i, sha256(i::text::bytea), 'completed',
                 201, '{}', '\\x7b7d', now() + interval '1 hour'
@@ -132,6 +121,13 @@ async fn the_job_drains_expired_keys_in_batches_and_leaves_live_ones() {
 fn keys_living_one_second(expiry_interval: Duration) -> Settings {
     Settings {
         key_ttl: Duration::from_secs(1),
+        ..expiring_every(expiry_interval)
+    }
+}
+
+/// The expiry job every `expiry_interval`.
+fn expiring_every(expiry_interval: Duration) -> Settings {
+    Settings {
         shared: SharedArgs {
             expiry_interval,
             ..SharedArgs::default()
@@ -140,34 +136,38 @@ fn keys_living_one_second(expiry_interval: Duration) -> Settings {
     }
 }
 
+/// A backlog of `keys` completed keys, expired a minute ago, of an account of no consequence.
+async fn expired_keys(app: &TestApp, keys: i32) {
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
+                                       response_headers, response_body, expires_at)
+         SELECT 'acct_x', 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
+                201, '{}', '\\x7b7d', now() - interval '1 minute'
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(keys)
+    .execute(&app.db)
+    .await
+    .unwrap();
+}
+
 /// Each delete of the job takes at most 1,000 rows, so no statement holds many locks for long:
 /// 2,500 expired keys go in three statements. Every delete statement on the table records how many
 /// rows it took, through a statement trigger of the test's own.
 #[api_test]
 async fn the_job_deletes_at_most_1000_keys_per_statement() {
-    let app = TestApp::spawn_with(Settings {
-        shared: SharedArgs {
-            expiry_interval: Duration::from_millis(200),
-            ..SharedArgs::default()
-        },
-        ..Settings::default()
-    })
-    .await;
+    let app = TestApp::spawn_with(expiring_every(Duration::from_millis(200))).await;
     sqlx::raw_sql(
         "CREATE TABLE deletes (id bigserial PRIMARY KEY, rows bigint NOT NULL);
          CREATE FUNCTION count_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN INSERT INTO deletes (rows) SELECT count(*) FROM deleted; RETURN NULL; END $$;
          CREATE TRIGGER count_deleted AFTER DELETE ON idempotency_keys
-         REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION count_deleted();
-         INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status, response_code,
-                                       response_headers, response_body, expires_at)
-         SELECT 'acct_x', 'acct_x:POST /v1/payments', 'expired-' || i, sha256(i::text::bytea), 'completed',
-                201, '{}', '\\x7b7d', now() - interval '1 minute'
-         FROM generate_series(1, 2500) AS i;",
+         REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION count_deleted();",
     )
     .execute(&app.db)
     .await
     .unwrap();
+    expired_keys(&app, 2500).await;
 
     wait_until("the job drains every expired key", || async {
         app.key_count().await == 0

@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use idempay::config::{ProcessorLink, Settings};
+use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
 use super::two_hops::{
     assert_ledgers_agree, assert_reconcile_succeeds, faulty, idempay_and_processor, key_row,
-    linked_to, port_of, rebind, the_charge,
+    linked_to, port_of, rebind, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::assert_status;
@@ -26,13 +26,7 @@ const LATENCY: Duration = Duration::from_secs(3);
 const TIMEOUT: Duration = Duration::from_secs(1);
 
 fn impatient() -> Settings {
-    Settings {
-        processor: ProcessorLink {
-            timeout: TIMEOUT,
-            ..ProcessorLink::default()
-        },
-        ..Settings::default()
-    }
+    waiting_at_most(TIMEOUT)
 }
 
 /// Sends the request until it is answered otherwise than 503 `processor-outcome-unknown`, as the

@@ -39,6 +39,17 @@ pub(crate) fn linked_to(address: &str, settings: Settings) -> Settings {
     }
 }
 
+/// idempay's default settings but for its wait for each attempt at the processor: `timeout`.
+pub(crate) fn waiting_at_most(timeout: Duration) -> Settings {
+    Settings {
+        processor: ProcessorLink {
+            timeout,
+            ..ProcessorLink::default()
+        },
+        ..Settings::default()
+    }
+}
+
 /// idempay on a fresh database, and a processor with `processor` settings keeping its ledger in
 /// that database; idempay calls it with `settings` (its link filled in).
 pub(crate) async fn idempay_and_processor(

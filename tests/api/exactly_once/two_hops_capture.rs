@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use idempay::config::{ProcessorLink, Settings};
+use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 use service::outbox::RetrySchedule;
@@ -17,7 +17,7 @@ use super::forever::until_known;
 use super::two_hops::{
     assert_reconcile_says, assert_reconcile_succeeds, doomed_and_survivor, faulty,
     idempay_and_processor, key_row, kill_in_the_window, port_of, rebind, sent_into_the_window,
-    under_way,
+    under_way, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::{assert_status, count, id_of, keyed_post};
@@ -45,13 +45,7 @@ fn manual(amount: i64) -> Value {
 #[api_test]
 async fn a_refused_connection_after_a_capture_whose_answer_was_lost_keeps_the_key_and_captures_once()
  {
-    let impatient = Settings {
-        processor: ProcessorLink {
-            timeout: Duration::from_secs(1),
-            ..ProcessorLink::default()
-        },
-        ..Settings::default()
-    };
+    let impatient = waiting_at_most(Duration::from_secs(1));
     let (app, healthy) = idempay_and_processor(impatient, processor::settings()).await;
     let authorized = app.authorized(5000).await;
     let port = port_of(&healthy);

@@ -7,12 +7,12 @@ use std::time::Duration;
 use ::processor::Fraction;
 use client::{Client, NewPayment};
 use futures::StreamExt;
-use idempay::config::{ProcessorLink, Settings};
+use idempay::config::Settings;
 use idempay_test_macros::api_test;
 
 use super::two_hops::{
     assert_ledgers_agree, charge_under_way, faulty, idempay_and_processor, instance_env, key_row,
-    sent_into_the_window, the_charge,
+    sent_into_the_window, the_charge, waiting_at_most,
 };
 use crate::processor;
 use crate::support::checks::assert_status;
@@ -86,13 +86,7 @@ async fn a_hundred_intents_through_a_processor_losing_30_percent_of_its_answers_
 #[api_test]
 async fn a_charge_slower_than_the_processor_timeout_is_recorded_by_the_retry_once() {
     let (app, processor) = idempay_and_processor(
-        Settings {
-            processor: ProcessorLink {
-                timeout: Duration::from_millis(300),
-                ..ProcessorLink::default()
-            },
-            ..Settings::default()
-        },
+        waiting_at_most(Duration::from_millis(300)),
         // Far beyond idempay's three attempts (300 ms, then two that find the key in flight).
         faulty(|s| s.faults.latency = Duration::from_secs(2)),
     )

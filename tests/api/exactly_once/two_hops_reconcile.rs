@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::extract::State;
-use idempay::config::{ProcessorLink, Settings};
+use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use super::two_hops::{
-    assert_reconcile_reports, assert_reconciled, idempay_and_processor, reconcile,
+    assert_reconcile_reports, assert_reconciled, idempay_and_processor, reconcile, waiting_at_most,
 };
 use crate::processor::{self, API_KEY};
 use crate::support::checks::id_of;
@@ -121,13 +121,7 @@ async fn reconcile_says_a_charge_or_refund_whose_key_is_in_progress_is_in_flight
     // A second per attempt: the first payment, at a processor without latency, is made within it
     // on a loaded machine too (at 200 ms, a loaded CI run timed it out), and the later ones, at a
     // processor three times slower, never are.
-    let settings = Settings {
-        processor: ProcessorLink {
-            timeout: Duration::from_secs(1),
-            ..ProcessorLink::default()
-        },
-        ..Settings::default()
-    };
+    let settings = waiting_at_most(Duration::from_secs(1));
     let (app, processor) = idempay_and_processor(settings, processor::settings()).await;
     let paid = app.paid(4000).await;
     // Slower than idempay waits: every attempt times out, and the processor acts later.
