@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::two_hops::{assert_ledgers_agree, idempay_and_processor, instance_env};
 use crate::processor;
-use crate::support::checks::{assert_status, id_of};
+use crate::support::checks::{assert_status, execute, id_of};
 use crate::support::helpers::{TestApp, TestResponse, new_key, send, wait_until};
 use crate::support::instance::{Instance, LogFile};
 
@@ -75,6 +75,25 @@ async fn suspended_by_an_earlier_release(
     downstream_key
 }
 
+/// The fixtures' payment, its key left suspended at its charge by an earlier release with `state`;
+/// the downstream key its call was sent with.
+async fn a_payment_suspended_by_an_earlier_release(
+    app: &TestApp,
+    key: &str,
+    state: &Value,
+) -> String {
+    suspended_by_an_earlier_release(
+        app,
+        "/v1/payments",
+        "/v1/payments",
+        key,
+        &the_fixtures_payment(),
+        "payment.charge_requested",
+        state,
+    )
+    .await
+}
+
 /// The processor's charges (or refunds) made under `downstream_key`.
 async fn made_under(app: &TestApp, table: &str, downstream_key: &str) -> Vec<String> {
     sqlx::query_scalar(&format!(
@@ -96,16 +115,7 @@ async fn a_charge_suspended_by_the_release_before_versions_is_resumed_by_a_retry
     let key = new_key();
     let body = the_fixtures_payment();
     let state = fixture_for(&app, CHARGE_V1);
-    let downstream = suspended_by_an_earlier_release(
-        &app,
-        "/v1/payments",
-        "/v1/payments",
-        &key,
-        &body,
-        "payment.charge_requested",
-        &state,
-    )
-    .await;
+    let downstream = a_payment_suspended_by_an_earlier_release(&app, &key, &state).await;
 
     let resumed = app.post_payment(&key, &body).await;
 
@@ -176,16 +186,7 @@ async fn a_charge_suspended_in_the_newest_version_is_resumed_by_the_recovery_job
     let key = new_key();
     let body = the_fixtures_payment();
     let state = fixture_for(&app, CHARGE_V2);
-    suspended_by_an_earlier_release(
-        &app,
-        "/v1/payments",
-        "/v1/payments",
-        &key,
-        &body,
-        "payment.charge_requested",
-        &state,
-    )
-    .await;
+    a_payment_suspended_by_an_earlier_release(&app, &key, &state).await;
     let recovering = instance_env(&processor, &[("IDEMPAY_RECOVERY_INTERVAL", "300ms")]);
     let instance = Instance::start(&app.database_url(), &recovering).await;
 
@@ -223,16 +224,7 @@ async fn suspended_by_a_later_release(app: &TestApp, key: &str) -> i64 {
     let mut state = fixture_for(app, CHARGE_V2);
     state["version"] = json!(99);
     state["capture"] = json!("later");
-    suspended_by_an_earlier_release(
-        app,
-        "/v1/payments",
-        "/v1/payments",
-        key,
-        &the_fixtures_payment(),
-        "payment.charge_requested",
-        &state,
-    )
-    .await;
+    a_payment_suspended_by_an_earlier_release(app, key, &state).await;
     sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idem_key = $1")
         .bind(key)
         .fetch_one(&app.db)
@@ -409,11 +401,12 @@ async fn a_fingerprint_or_response_of_a_later_version_is_neither_a_mismatch_nor_
     // retry, so it does not call it another payload either.
     let key = new_key();
     completed_by_an_earlier_release(&app, &key, &body).await;
-    sqlx::query("UPDATE idempotency_keys SET fingerprint_version = 7 WHERE idem_key = $1")
-        .bind(&key)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    execute(
+        &app.db,
+        "UPDATE idempotency_keys SET fingerprint_version = 7 WHERE idem_key = $1",
+        &key,
+    )
+    .await;
     for sent in [&body, &json!({ "amount": 9900, "currency": "eur" })] {
         app.post_payment(&key, sent)
             .await

@@ -27,7 +27,7 @@ use super::two_hops::{
     taking_events_signed_with, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::checks::{assert_status, count, id_of};
+use crate::support::checks::{assert_status, count, execute, id_of};
 use crate::support::helpers::{TestApp, TestResponse, new_key, payment, send, wait_until};
 
 /// Every 200 ms for 30 s: longer than any scenario here takes to record its payment.
@@ -359,14 +359,13 @@ async fn park_by_hand(app: &TestApp, event: &str, charge: &str) {
         "timestamp": chrono::Utc::now(),
         "data": { "charge": charge, "dispute": "dp_crossed", "amount": 700 },
     });
-    sqlx::query(
+    execute(
+        &app.db,
         "INSERT INTO processed_events (id, type, outcome, expires_at)
          VALUES ($1, 'charge.dispute.created', 'parked', now() + interval '1 day')",
+        event,
     )
-    .bind(event)
-    .execute(&app.db)
-    .await
-    .unwrap();
+    .await;
     sqlx::query(
         "INSERT INTO parked_events (id, type, object, body)
          VALUES ($1, 'charge.dispute.created', $2, $3)",
@@ -620,26 +619,30 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
     // shows (the issue's lost event), a dispute recorded for less than the bank took, and one of
     // the processor's disputes no dispute records; and a refund recorded for less than the
     // processor refunded.
-    sqlx::query("UPDATE payments SET amount_refunded = 0 WHERE id = $1")
-        .bind(&paid[0].0)
-        .execute(&app.db)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE payments SET amount_disputed = 0 WHERE id = $1")
-        .bind(&paid[1].0)
-        .execute(&app.db)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE disputes SET amount = 500 WHERE id = $1")
-        .bind(&disputes[1])
-        .execute(&app.db)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE refunds SET amount = 900 WHERE id = $1")
-        .bind(&refund)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    execute(
+        &app.db,
+        "UPDATE payments SET amount_refunded = 0 WHERE id = $1",
+        &paid[0].0,
+    )
+    .await;
+    execute(
+        &app.db,
+        "UPDATE payments SET amount_disputed = 0 WHERE id = $1",
+        &paid[1].0,
+    )
+    .await;
+    execute(
+        &app.db,
+        "UPDATE disputes SET amount = 500 WHERE id = $1",
+        &disputes[1],
+    )
+    .await;
+    execute(
+        &app.db,
+        "UPDATE refunds SET amount = 900 WHERE id = $1",
+        &refund,
+    )
+    .await;
     let stray = "dp_stray";
     sqlx::query("INSERT INTO processor_disputes (id, charge_id, amount) VALUES ($1, $2, 300)")
         .bind(stray)
@@ -725,11 +728,12 @@ async fn reconcile_finds_a_dispute_squeezed_by_a_refund_equal_on_both_ledgers() 
     until_none_is_parked(&app).await;
     assert_ledgers_agree(&app, &processor, 1).await;
 
-    sqlx::query("UPDATE payments SET amount_disputed = 500 WHERE id = $1")
-        .bind(&paid)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    execute(
+        &app.db,
+        "UPDATE payments SET amount_disputed = 500 WHERE id = $1",
+        &paid,
+    )
+    .await;
     let output = reconcile(&app, &processor).await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert_eq!(output.status.code(), Some(1), "{stdout}");

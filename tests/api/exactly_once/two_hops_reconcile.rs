@@ -16,7 +16,7 @@ use super::two_hops::{
     assert_reconcile_reports, assert_reconciled, idempay_and_processor, reconcile, waiting_at_most,
 };
 use crate::processor::{self, API_KEY};
-use crate::support::checks::id_of;
+use crate::support::checks::{execute, id_of};
 use crate::support::helpers::{new_key, payment, wait_until};
 use crate::support::instance::idempay;
 
@@ -80,17 +80,19 @@ async fn reconcile_names_a_currency_or_a_refund_s_charge_that_differs() {
     let refund = id_of(&refund);
     assert_reconciled(&app, &processor, 2).await;
 
-    sqlx::query("UPDATE payments SET currency = 'usd' WHERE id = $1")
-        .bind(&paid[1])
-        .execute(&app.db)
-        .await
-        .unwrap();
+    execute(
+        &app.db,
+        "UPDATE payments SET currency = 'usd' WHERE id = $1",
+        &paid[1],
+    )
+    .await;
     // The processor's refund moved to the other charge (whose refunded total stays as it was).
-    sqlx::query("UPDATE processor_refunds SET charge_id = $1")
-        .bind(&charges[1])
-        .execute(&app.db)
-        .await
-        .unwrap();
+    execute(
+        &app.db,
+        "UPDATE processor_refunds SET charge_id = $1",
+        &charges[1],
+    )
+    .await;
     assert_reconcile_reports(
         &app,
         &processor,
@@ -177,13 +179,12 @@ async fn reconcile_says_a_charge_or_refund_whose_key_is_in_progress_is_in_flight
     .await;
 
     // A real difference is never hidden: with the charge's key gone, nothing accounts for it.
-    sqlx::query(
+    execute(
+        &app.db,
         "DELETE FROM idempotency_keys WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'",
+        &charging,
     )
-    .bind(&charging)
-    .execute(&app.db)
-    .await
-    .unwrap();
+    .await;
     let output = reconcile(&app, &processor).await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert_eq!(output.status.code(), Some(1), "{stdout}");
