@@ -23,8 +23,8 @@ use service::outbox::{RetrySchedule, WebhookSecrets};
 use tokio::net::TcpListener;
 
 use super::two_hops::{
-    assert_ledgers_agree, assert_reconcile_reports, faulty, key_row, linked_to, reconcile,
-    taking_events_signed_with, the_charge, waiting_at_most,
+    assert_ledgers_agree, assert_reconcile_reports, charge_of, faulty, key_row, linked_to,
+    reconcile, taking_events_signed_with, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::{assert_status, count, execute, id_of};
@@ -162,6 +162,15 @@ async fn deliver(
     .await
 }
 
+/// Asserts the intake acknowledged an event (200), having done `outcome` with it.
+#[track_caller]
+fn assert_acknowledged(answer: &TestResponse, outcome: &str) {
+    assert_eq!(
+        (answer.status, answer.json()["outcome"].as_str()),
+        (200, Some(outcome))
+    );
+}
+
 /// The body of the processor's delivery of the event `event`.
 async fn body_of(app: &TestApp, event: &str) -> Vec<u8> {
     sqlx::query_scalar("SELECT body FROM webhook_deliveries WHERE event_id = $1")
@@ -246,10 +255,7 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_parked_t
 
     // The same event once more, signed as the processor signs it: a duplicate, still one parked.
     let again = deliver(&app, &secret, &event, body_of(&app, &event).await).await;
-    assert_eq!(
-        (again.status, again.json()["outcome"].as_str()),
-        (200, Some("duplicate"))
-    );
+    assert_acknowledged(&again, "duplicate");
     assert_eq!(parked(&app).await, waiting);
 
     let retry = app.post_payment(&key, &payment(4200)).await;
@@ -263,10 +269,7 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_parked_t
 
     // After it applied, the event once more is a duplicate, and applies nothing.
     let again = deliver(&app, &secret, &event, body_of(&app, &event).await).await;
-    assert_eq!(
-        (again.status, again.json()["outcome"].as_str()),
-        (200, Some("duplicate"))
-    );
+    assert_acknowledged(&again, "duplicate");
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
     assert_eq!(disputes_and_their_events(&app).await, (1, 1));
     let (_, attempts, _, _) = delivery_naming(&app, &dispute).await.unwrap();
@@ -335,10 +338,7 @@ async fn the_sweep_applies_a_parked_event_whose_object_was_recorded_without_appl
     })
     .await;
     let paid = app.paid(5000).await;
-    let charge = app.get_payment(&paid).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let charge = charge_of(&app, &paid).await;
     let event = "evt_crossed";
     park_by_hand(&app, event, &charge).await;
 
@@ -390,10 +390,7 @@ async fn reconcile_says_a_parked_event_whose_object_is_recorded_waits_for_the_sw
     )
     .await;
     let paid = app.paid(5000).await;
-    let charge = app.get_payment(&paid).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let charge = charge_of(&app, &paid).await;
     park_by_hand(&app, "evt_crossed", &charge).await;
 
     let output = reconcile(&app, &processor).await;
@@ -448,10 +445,7 @@ async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowher
         .await
         .unwrap();
     let kept = deliver(&app, &secret, "evt_one_too_many", body).await;
-    assert_eq!(
-        (kept.status, kept.json()["outcome"].as_str()),
-        (200, Some("parked"))
-    );
+    assert_acknowledged(&kept, "parked");
     assert_eq!(
         processed(&app, "evt_one_too_many").await.as_deref(),
         Some("parked")
@@ -467,10 +461,7 @@ async fn past_the_bound_of_parked_events_an_event_is_refused_and_recorded_nowher
 async fn an_event_about_a_refund_not_recorded_yet_is_parked_not_ignored() {
     let (app, secret) = taking_events_by_hand().await;
     let paid = app.paid(5000).await;
-    let charge = app.get_payment(&paid).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let charge = charge_of(&app, &paid).await;
     for (event, kind) in [
         ("evt_early_refunded", "charge.refunded"),
         ("evt_early_refund_failed", "charge.refund.failed"),
@@ -530,10 +521,7 @@ async fn an_event_about_a_charge_never_recorded_is_parked_and_reconcile_names_it
     assert_eq!(direct.status, 201);
     let stranger = id_of(&direct);
     let paid = app.paid(5000).await;
-    let charge = app.get_payment(&paid).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let charge = charge_of(&app, &paid).await;
     dispute_at_the_processor(&processor, &charge, 1500).await;
 
     // The stranger's delivery: its event id, attempts, last answer, acknowledged.
@@ -593,10 +581,7 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
     let mut paid = Vec::new();
     for amount in [4000, 5000, 6000] {
         let id = app.paid(amount).await;
-        let charge = app.get_payment(&id).await.json()["charge"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let charge = charge_of(&app, &id).await;
         paid.push((id, charge));
     }
     let refunded = app
@@ -701,10 +686,7 @@ async fn reconcile_finds_a_dispute_squeezed_by_a_refund_equal_on_both_ledgers() 
     )
     .await;
     let paid = app.paid(4000).await;
-    let charge = app.get_payment(&paid).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let charge = charge_of(&app, &paid).await;
     let refunded = app
         .post_refund(&paid, &new_key(), &json!({ "amount": 3000 }))
         .await;

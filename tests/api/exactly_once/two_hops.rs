@@ -353,6 +353,14 @@ async fn keys(app: &TestApp) -> Vec<(String, String, Option<String>, Option<Stri
         .unwrap()
 }
 
+/// The processor's charge idempay recorded for `payment`.
+pub(crate) async fn charge_of(app: &TestApp, payment: &str) -> String {
+    app.get_payment(payment).await.json()["charge"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// The processor's only charge: its id and the idempotency key it was made with.
 pub(crate) async fn the_charge(app: &TestApp) -> (String, String) {
     sqlx::query_as("SELECT id, idempotency_key FROM processor_charges")

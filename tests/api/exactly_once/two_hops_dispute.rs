@@ -10,10 +10,10 @@ use idempay_test_macros::api_test;
 use serde_json::{Value, json};
 use service::outbox::RetrySchedule;
 
-use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
-use super::two_hops::reconcile;
+use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events, dispute_at_the_processor};
+use super::two_hops::{assert_reconcile_succeeds, charge_of};
 use crate::processor::TestProcessor;
-use crate::support::checks::{count, id_of};
+use crate::support::checks::count;
 use crate::support::helpers::{TestApp, new_key, wait_until};
 
 /// idempay and a processor that delivers its events to it, every 200 ms until acknowledged.
@@ -32,19 +32,8 @@ async fn delivering() -> (TestApp, TestProcessor) {
 /// Opens a dispute of `amount` on the payment's charge at the processor; its id, once idempay
 /// recorded it.
 async fn opened(app: &TestApp, processor: &TestProcessor, payment: &str, amount: i64) -> String {
-    let charge = app.get_payment(payment).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let dispute = processor
-        .post(
-            &format!("/v1/charges/{charge}/disputes"),
-            None,
-            &json!({ "amount": amount }),
-        )
-        .await;
-    assert_eq!(dispute.status, 201, "{:?}", dispute.json());
-    let id = id_of(&dispute);
+    let charge = charge_of(app, payment).await;
+    let id = dispute_at_the_processor(processor, &charge, amount).await;
     wait_until("idempay records the dispute", || async {
         app.get(&format!("/v1/disputes/{id}")).await.status == 200
     })
@@ -61,22 +50,13 @@ async fn until_status(app: &TestApp, dispute: &str, status: &str) -> Value {
     app.get(&format!("/v1/disputes/{dispute}")).await.json()
 }
 
-async fn assert_reconciled(app: &TestApp, processor: &TestProcessor) {
-    let output = reconcile(app, processor).await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-}
-
 #[api_test]
 async fn a_dispute_won_at_the_processor_gives_the_amount_back_at_both_and_closes_once() {
     let (app, processor) = delivering().await;
     let paid = app.paid(5000).await;
     let dispute = opened(&app, &processor, &paid, 1500).await;
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
-    assert_reconciled(&app, &processor).await;
+    assert_reconcile_succeeds(&app, &processor).await;
 
     let evidence = processor
         .post(
@@ -87,7 +67,7 @@ async fn a_dispute_won_at_the_processor_gives_the_amount_back_at_both_and_closes
         .await;
     assert_eq!(evidence.json()["status"], "under_review");
     until_status(&app, &dispute, "under_review").await;
-    assert_reconciled(&app, &processor).await;
+    assert_reconcile_succeeds(&app, &processor).await;
     let won = processor
         .post(
             &format!("/v1/disputes/{dispute}/close"),
@@ -117,7 +97,7 @@ async fn a_dispute_won_at_the_processor_gives_the_amount_back_at_both_and_closes
         .await
         .unwrap();
     assert_eq!(charge, (0,), "given back at the processor too");
-    assert_reconciled(&app, &processor).await;
+    assert_reconcile_succeeds(&app, &processor).await;
     let all = app.post_refund(&paid, &new_key(), &json!({})).await;
     assert_eq!(all.status, 201, "{:?}", all.json());
     assert_eq!(all.json()["amount"], 5000);
@@ -140,7 +120,7 @@ async fn a_dispute_lost_at_the_processor_keeps_the_amount_disputed_at_both() {
     assert_eq!(lost.json()["status"], "lost");
     until_status(&app, &dispute, "lost").await;
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 2000);
-    assert_reconciled(&app, &processor).await;
+    assert_reconcile_succeeds(&app, &processor).await;
     app.post_refund(&paid, &new_key(), &json!({ "amount": 3001 }))
         .await
         .assert_problem(400, "refund-exceeds-payment");

@@ -13,7 +13,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use super::two_hops::{
-    assert_reconcile_reports, assert_reconciled, idempay_and_processor, reconcile, waiting_at_most,
+    assert_reconcile_reports, assert_reconciled, charge_of, idempay_and_processor, reconcile,
+    waiting_at_most,
 };
 use crate::processor::{self, API_KEY};
 use crate::support::checks::{execute, id_of};
@@ -248,13 +249,6 @@ async fn a_payment_made_while_reconcile_reads_the_ledgers_is_no_difference() {
         );
     }
     assert_reconciled(&app, &processor, 3).await;
-}
-
-async fn charge_of(app: &crate::support::helpers::TestApp, payment: &str) -> String {
-    app.get_payment(payment).await.json()["charge"]
-        .as_str()
-        .unwrap()
-        .to_owned()
 }
 
 /// Where the gate holds reconcile's first read of the processor's charges.
