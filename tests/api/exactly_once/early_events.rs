@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 
 use super::two_hops::{
     assert_ledgers_agree, assert_reconcile_reports, charge_of, faulty, key_row, linked_to,
-    reconcile, taking_events_signed_with, the_charge, waiting_at_most,
+    reconcile_said, taking_events_signed_with, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::{assert_status, count, execute, id_of};
@@ -393,9 +393,7 @@ async fn reconcile_says_a_parked_event_whose_object_is_recorded_waits_for_the_sw
     let charge = charge_of(&app, &paid).await;
     park_by_hand(&app, "evt_crossed", &charge).await;
 
-    let output = reconcile(&app, &processor).await;
-    assert_eq!(output.status.code(), Some(1), "{output:?}");
-    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stdout = reconcile_said(&app, &processor, 1).await;
     assert!(
         stdout.contains("event evt_crossed (charge.dispute.created) parked since ")
             && stdout.contains(&format!(
@@ -552,10 +550,8 @@ async fn an_event_about_a_charge_never_recorded_is_parked_and_reconcile_names_it
             .fetch_one(&app.db)
             .await
             .unwrap();
-    let output = reconcile(&app, &processor).await;
-    assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert_eq!(
-        String::from_utf8(output.stdout).unwrap(),
+        reconcile_said(&app, &processor, 1).await,
         format!(
             "charge {stranger} (777) has no payment\n\
              event {event} (charge.succeeded) parked since {}: waits for {stranger}, which \
@@ -716,9 +712,7 @@ async fn reconcile_finds_a_dispute_squeezed_by_a_refund_equal_on_both_ledgers() 
         &paid,
     )
     .await;
-    let output = reconcile(&app, &processor).await;
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let stdout = reconcile_said(&app, &processor, 1).await;
     assert_eq!(
         stdout.lines().next(),
         Some(

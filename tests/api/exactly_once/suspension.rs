@@ -16,7 +16,7 @@ use idempay_test_macros::api_test;
 
 use super::two_hops::{
     assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
-    reconcile,
+    reconcile_said,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::assert_status;
@@ -102,9 +102,7 @@ async fn a_key_suspended_past_the_recovery_window_is_held_for_an_operator_and_ne
         "{metrics}"
     );
     // `idempay reconcile` names it, and exits 1 until an operator settles it.
-    let output = reconcile(&app, &processor).await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let stdout = reconcile_said(&app, &processor, 1).await;
     assert!(
         stdout.contains(&format!(
             "key {key:?} ({}:POST /v1/payments) held for an operator since",

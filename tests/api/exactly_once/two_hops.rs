@@ -132,6 +132,19 @@ pub(crate) async fn assert_reconcile_says(app: &TestApp, processor: &TestProcess
     assert!(output.status.success());
 }
 
+/// Runs `idempay reconcile` and asserts it exits `code` (1: it found differences); what it said.
+pub(crate) async fn reconcile_said(app: &TestApp, processor: &TestProcessor, code: i32) -> String {
+    let output = reconcile(app, processor).await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 /// Runs `idempay reconcile` and asserts it exits `code` with the lines `expected`, in any order
 /// (it reports by table, not in the order the test broke them), then its summary `summary`.
 pub(crate) async fn assert_reconcile_reports(
@@ -141,9 +154,7 @@ pub(crate) async fn assert_reconcile_reports(
     mut expected: Vec<String>,
     summary: &str,
 ) {
-    let output = reconcile(app, processor).await;
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    assert_eq!(output.status.code(), Some(code), "{stdout}");
+    let stdout = reconcile_said(app, processor, code).await;
     let mut lines: Vec<&str> = stdout.lines().collect();
     let said = lines.pop();
     lines.sort_unstable();

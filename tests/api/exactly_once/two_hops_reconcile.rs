@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use super::two_hops::{
-    assert_reconcile_reports, assert_reconciled, charge_of, idempay_and_processor, reconcile,
+    assert_reconcile_reports, assert_reconciled, charge_of, idempay_and_processor, reconcile_said,
     waiting_at_most,
 };
 use crate::processor::{self, API_KEY};
@@ -186,9 +186,7 @@ async fn reconcile_says_a_charge_or_refund_whose_key_is_in_progress_is_in_flight
         &charging,
     )
     .await;
-    let output = reconcile(&app, &processor).await;
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let stdout = reconcile_said(&app, &processor, 1).await;
     assert!(
         stdout
             .lines()
