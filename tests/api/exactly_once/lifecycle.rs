@@ -7,7 +7,7 @@ use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::support::checks::assert_status;
+use crate::support::checks::{assert_status, key_status, refuses_connections};
 use crate::support::helpers::{
     TestApp, new_key, payment, reserve_as_a_dead_process, retry_while_in_flight, slow_payment,
     wait_until, with_slow_charge,
@@ -336,14 +336,9 @@ async fn a_request_that_lost_its_lease_rolls_back_its_charge() {
         0,
         "the loser's charge was rolled back"
     );
-    let status: String = sqlx::query_scalar(
-        "SELECT status FROM idempotency_keys WHERE scope NOT LIKE 'processor:%'",
-    )
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
     assert_eq!(
-        status, "in_progress",
+        key_status(&app).await,
+        "in_progress",
         "the winner's reservation is untouched"
     );
     assert_exactly_once(&app.db).await;
@@ -488,22 +483,6 @@ async fn a_server_that_shuts_down_finishes_its_in_flight_requests() {
 /// How long a server may take to end once its last request is answered: closing its connections
 /// and stopping its expiry job take milliseconds; the rest is for a loaded machine.
 const SERVER_ENDS_WITHIN: Duration = Duration::from_secs(10);
-
-/// Whether a TCP connection to `address` is refused: nothing listens there any more.
-async fn refuses_connections(address: std::net::SocketAddr) -> bool {
-    matches!(
-        tokio::net::TcpStream::connect(address).await,
-        Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused
-    )
-}
-
-/// The status of the only key in the app's database.
-async fn key_status(app: &TestApp) -> String {
-    sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE scope NOT LIKE 'processor:%'")
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
-}
 
 /// The request timeout answers 503 while the charge runs; the charge goes on in a task of its own
 /// and commits, and the client's retry with the same key receives that result as a replay: one

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
-use serde_json::{Value, json};
+use serde_json::json;
 use service::outbox::RetrySchedule;
 
 use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
@@ -20,8 +20,8 @@ use super::two_hops::{
     under_way, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::checks::{assert_status, count, id_of, keyed_post};
-use crate::support::helpers::{new_key, payment, send, wait_until};
+use crate::support::checks::{assert_status, count, id_of, keyed_post, manual};
+use crate::support::helpers::{new_key, send, wait_until};
 use crate::support::instance::Instance;
 
 /// What the processor holds of its one authorized charge: its capture state, what it took, and
@@ -31,12 +31,6 @@ async fn the_authorization(db: &sqlx::PgPool) -> (String, Option<i64>, Option<St
         .fetch_one(db)
         .await
         .unwrap()
-}
-
-fn manual(amount: i64) -> Value {
-    let mut body = payment(amount);
-    body["capture_method"] = json!("manual");
-    body
 }
 
 /// A capture of 3000 of a 5000 authorization, made by the processor after idempay stopped

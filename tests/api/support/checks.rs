@@ -1,11 +1,11 @@
-//! Small checks and look-ups the exactly-once tests lean on: an answer's status with its body in
-//! the failure, an answer's id, a keyed request to send by hand, and a count read from the
-//! database.
+//! Small checks and look-ups the black-box tests lean on: an answer's status with its body in the
+//! failure, an answer's id, requests to send by hand, what a test reads from the database or
+//! changes there behind the service's back, and whether a server still listens.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::support::helpers::TestResponse;
+use crate::support::helpers::{TestApp, TestResponse, payment};
 
 /// Asserts `response` answered `status`; the failure shows its body, which says why (a problem's
 /// type and detail).
@@ -50,4 +50,27 @@ pub async fn execute(db: &PgPool, statement: &str, value: &str) {
         .execute(db)
         .await
         .unwrap();
+}
+
+/// A payment of `amount` to authorize only, captured later by its own request.
+pub fn manual(amount: i64) -> Value {
+    let mut body = payment(amount);
+    body["capture_method"] = json!("manual");
+    body
+}
+
+/// The status of the only key of idempay's in the app's database.
+pub async fn key_status(app: &TestApp) -> String {
+    sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE scope NOT LIKE 'processor:%'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+/// Whether a TCP connection to `address` is refused: nothing listens there any more.
+pub async fn refuses_connections(address: std::net::SocketAddr) -> bool {
+    matches!(
+        tokio::net::TcpStream::connect(address).await,
+        Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }
