@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::two_hops::{
     assert_ledgers_agree, assert_reconcile_succeeds, faulty, idempay_and_processor, key_row,
-    linked_to, port_of, rebind, the_charge, waiting_at_most,
+    linked_to, port_of, rebind, replace_processor, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::assert_status;
@@ -172,13 +172,7 @@ async fn a_refused_connection_after_a_refund_whose_answer_was_lost_keeps_the_key
     let (app, healthy) = idempay_and_processor(impatient(), processor::settings()).await;
     let paid = app.paid(4200).await;
     let port = port_of(&healthy);
-    healthy.stop();
-    let slow = TestProcessor::beside_on(
-        &app,
-        faulty(|s| s.faults.latency = LATENCY),
-        rebind(port).await,
-    )
-    .await;
+    let slow = replace_processor(&app, healthy, faulty(|s| s.faults.latency = LATENCY)).await;
     let key = new_key();
     let refund = json!({ "amount": 1000 });
 

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use ::processor::{Fraction, ProcessorSettings};
+use ::processor::ProcessorSettings;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 
@@ -18,8 +18,8 @@ use super::early_events::{
     NOT_WITHIN_THE_TEST, delivering_events, dispute_at_the_processor, patiently,
 };
 use super::two_hops::{
-    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
-    the_charge,
+    assert_ledgers_agree, failing, faulty, idempay_and_processor, key_row, linked_to, port_of,
+    rebind, replace_processor, the_charge,
 };
 use crate::processor::{self, API_KEY, TestProcessor};
 use crate::support::checks::{assert_status, count, id_of};
@@ -43,17 +43,6 @@ fn settings() -> Settings {
 /// every attempt, so its outcome is unknown to idempay.
 fn losing_answers() -> ProcessorSettings {
     faulty(|s| s.faults.latency = Duration::from_secs(1))
-}
-
-fn failing() -> ProcessorSettings {
-    faulty(|s| s.faults.fail = Fraction::ALWAYS)
-}
-
-/// Replaces the processor by one with `settings` on the same port and database.
-async fn replace(app: &TestApp, old: TestProcessor, settings: ProcessorSettings) -> TestProcessor {
-    let port = port_of(&old);
-    old.stop();
-    TestProcessor::beside_on(app, settings, rebind(port).await).await
 }
 
 /// Waits out the recovery window, after which the key's retry finds it held.
@@ -127,7 +116,7 @@ async fn a_held_charge_is_settled_from_the_processors_ledger_and_its_retry_gets_
     let key = new_key();
     hold_payment(&app, &key).await;
     assert_eq!(losing.count("processor_charges").await, 1, "charged");
-    let processor = replace(&app, losing, processor::settings()).await;
+    let processor = replace_processor(&app, losing, processor::settings()).await;
     let payment_id = chosen(&app, &key, "payment").await;
     // The recovery job of another instance runs beside the settle, every 100 ms.
     let _recovering = app
@@ -197,7 +186,7 @@ async fn a_held_charge_the_processor_never_made_completes_with_a_final_nothing_m
     let (app, failing) = idempay_and_processor(settings(), failing()).await;
     let key = new_key();
     hold_payment(&app, &key).await;
-    let processor = replace(&app, failing, processor::settings()).await;
+    let processor = replace_processor(&app, failing, processor::settings()).await;
 
     let settled = settle(&app, &processor, &key).await;
 
@@ -256,12 +245,12 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
     let paid = app.post_payment(&new_key(), &payment(4200)).await;
     assert_eq!(paid.status, 201);
     let payment_id = id_of(&paid);
-    let losing = replace(&app, healthy, losing_answers()).await;
+    let losing = replace_processor(&app, healthy, losing_answers()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
     hold_refund(&app, &payment_id, &key, &refund).await;
     assert_eq!(losing.count("processor_refunds").await, 1, "refunded");
-    let processor = replace(&app, losing, processor::settings()).await;
+    let processor = replace_processor(&app, losing, processor::settings()).await;
     let refund_id = chosen(&app, &key, "refund").await;
 
     let settled = settle(&app, &processor, &key).await;
@@ -289,11 +278,11 @@ async fn a_held_refund_the_processor_never_made_completes_with_a_final_nothing_m
     let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
     let paid = app.post_payment(&new_key(), &payment(4200)).await;
     let payment_id = id_of(&paid);
-    let failing = replace(&app, healthy, failing()).await;
+    let failing = replace_processor(&app, healthy, failing()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
     hold_refund(&app, &payment_id, &key, &refund).await;
-    let processor = replace(&app, failing, processor::settings()).await;
+    let processor = replace_processor(&app, failing, processor::settings()).await;
 
     let settled = settle(&app, &processor, &key).await;
 
@@ -315,12 +304,12 @@ async fn a_held_capture_is_settled_from_the_processors_charge() {
     let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
     let authorized = app.authorized(5000).await;
     let never = app.authorized(3000).await;
-    let losing = replace(&app, healthy, losing_answers()).await;
+    let losing = replace_processor(&app, healthy, losing_answers()).await;
     let (key, body) = (new_key(), serde_json::json!({ "amount_to_capture": 4000 }));
     app.post_capture(&authorized, &key, &body)
         .await
         .assert_problem(503, "processor-outcome-unknown");
-    let failing = replace(&app, losing, failing()).await;
+    let failing = replace_processor(&app, losing, failing()).await;
     let (unmade, all) = (new_key(), serde_json::json!({}));
     app.post_capture(&never, &unmade, &all)
         .await
@@ -328,7 +317,7 @@ async fn a_held_capture_is_settled_from_the_processors_charge() {
     past_the_window().await;
     assert_held(&app, &key, app.post_capture(&authorized, &key, &body).await).await;
     assert_held(&app, &unmade, app.post_capture(&never, &unmade, &all).await).await;
-    let processor = replace(&app, failing, processor::settings()).await;
+    let processor = replace_processor(&app, failing, processor::settings()).await;
 
     let settled = settle(&app, &processor, &key).await;
     let nothing = settle(&app, &processor, &unmade).await;
@@ -425,7 +414,7 @@ async fn a_dispute_opened_while_the_key_was_held_is_applied_once_by_the_settle()
     healthy.webhook_url = Some(app.url("/v1/webhooks/processor"));
     healthy.shared.webhook_secrets = Some(secret);
     healthy.shared.webhook_retry_schedule = patiently();
-    let processor = replace(&app, slow, healthy).await;
+    let processor = replace_processor(&app, slow, healthy).await;
     let (charge, _) = the_charge(&app).await;
     dispute_at_the_processor(&processor, &charge, 1000).await;
     // Its own event, not any: the charge's `charge.succeeded` is parked too, and may be first.

@@ -10,13 +10,12 @@
 
 use std::time::Duration;
 
-use ::processor::Fraction;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 
 use super::two_hops::{
-    assert_ledgers_agree, faulty, idempay_and_processor, key_row, linked_to, port_of, rebind,
-    reconcile_said,
+    assert_ledgers_agree, failing, idempay_and_processor, key_row, linked_to, reconcile_said,
+    replace_processor,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::assert_status;
@@ -37,9 +36,7 @@ async fn suspended(app: &TestApp, key: &str) {
 
 /// Replaces the failing processor by a healthy one on the same port and database.
 async fn heal(app: &TestApp, failing: TestProcessor) -> TestProcessor {
-    let port = port_of(&failing);
-    failing.stop();
-    TestProcessor::beside_on(app, processor::settings(), rebind(port).await).await
+    replace_processor(app, failing, processor::settings()).await
 }
 
 async fn key_column<T>(app: &TestApp, key: &str, column: &str) -> T
@@ -53,10 +50,6 @@ where
     .fetch_one(&app.db)
     .await
     .unwrap()
-}
-
-fn failing() -> ::processor::ProcessorSettings {
-    faulty(|s| s.faults.fail = Fraction::ALWAYS)
 }
 
 #[api_test]

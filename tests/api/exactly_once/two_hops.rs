@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use ::processor::ProcessorSettings;
+use ::processor::{Fraction, ProcessorSettings};
 use ::service::shared_settings::SharedArgs;
 use idempay::config::{ProcessorLink, Settings};
 use service::outbox::{RetrySchedule, WebhookSecrets};
@@ -378,6 +378,23 @@ pub(crate) async fn the_charge(app: &TestApp) -> (String, String) {
         .fetch_one(&app.db)
         .await
         .unwrap()
+}
+
+/// Replaces the processor `old` by one with `settings` on the same port and database: idempay,
+/// which knows the processor by its address, calls the new one.
+pub(crate) async fn replace_processor(
+    app: &TestApp,
+    old: TestProcessor,
+    settings: ProcessorSettings,
+) -> TestProcessor {
+    let port = port_of(&old);
+    old.stop();
+    TestProcessor::beside_on(app, settings, rebind(port).await).await
+}
+
+/// A processor's settings under which every call fails (503) before anything is made.
+pub(crate) fn failing() -> ProcessorSettings {
+    faulty(|s| s.faults.fail = Fraction::ALWAYS)
 }
 
 /// The port a processor serves on, to start another there once it stopped.

@@ -16,8 +16,8 @@ use super::early_events::{NOT_WITHIN_THE_TEST, delivering_events};
 use super::forever::until_known;
 use super::two_hops::{
     assert_reconcile_says, assert_reconcile_succeeds, doomed_and_survivor, faulty,
-    idempay_and_processor, key_row, kill_in_the_window, port_of, rebind, sent_into_the_window,
-    under_way, waiting_at_most,
+    idempay_and_processor, key_row, kill_in_the_window, port_of, rebind, replace_processor,
+    sent_into_the_window, under_way, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::{assert_status, count, id_of, keyed_post, manual};
@@ -43,13 +43,12 @@ async fn a_refused_connection_after_a_capture_whose_answer_was_lost_keeps_the_ke
     let (app, healthy) = idempay_and_processor(impatient, processor::settings()).await;
     let authorized = app.authorized(5000).await;
     let port = port_of(&healthy);
-    healthy.stop();
     // Each call takes 3 s there, beyond idempay's 1 s and its three attempts: the answer is lost,
     // the processor captures anyway.
-    let slow = TestProcessor::beside_on(
+    let slow = replace_processor(
         &app,
+        healthy,
         faulty(|s| s.faults.latency = Duration::from_secs(3)),
-        rebind(port).await,
     )
     .await;
     let key = new_key();

@@ -1,14 +1,13 @@
 //! Exactly once across two hops, outages: a processor refusing connections or answering 503, and
 //! its webhooks delivered while idempay is down. The setup is `two_hops.rs`'s.
 
-use ::processor::Fraction;
 use idempay::config::Settings;
 use idempay_test_macros::api_test;
 
 use super::early_events::dispute_at_the_processor;
 use super::two_hops::{
-    assert_ledgers_agree, delivering_to, faulty, idempay_and_processor, key_row, linked_to,
-    port_of, rebind,
+    assert_ledgers_agree, delivering_to, failing, idempay_and_processor, key_row, linked_to,
+    rebind, replace_processor,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::{assert_status, count};
@@ -50,11 +49,7 @@ async fn a_processor_refusing_connections_charges_nothing_and_releases_the_key_u
 
 #[api_test]
 async fn a_processor_answering_503_leaves_the_outcome_unknown_and_the_retry_charges_once() {
-    let (app, failing) = idempay_and_processor(
-        Settings::default(),
-        faulty(|s| s.faults.fail = Fraction::ALWAYS),
-    )
-    .await;
+    let (app, failing) = idempay_and_processor(Settings::default(), failing()).await;
     let key = new_key();
 
     let unknown = app.post_payment(&key, &payment(4200)).await;
@@ -70,9 +65,7 @@ async fn a_processor_answering_503_leaves_the_outcome_unknown_and_the_retry_char
     assert_eq!(app.charge_count().await, 0);
 
     // The processor is replaced by a healthy one on the same port and database.
-    let port = port_of(&failing);
-    failing.stop();
-    let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
+    let processor = replace_processor(&app, failing, processor::settings()).await;
     let paid = app.post_payment(&key, &payment(4200)).await;
 
     assert_status(&paid, 201);
