@@ -18,8 +18,8 @@ use super::early_events::{
     NOT_WITHIN_THE_TEST, delivering_events, dispute_at_the_processor, patiently,
 };
 use super::two_hops::{
-    assert_ledgers_agree, failing, faulty, idempay_and_processor, key_row, linked_to, port_of,
-    rebind, replace_processor, the_charge,
+    assert_ledgers_agree, failing, faulty, idempay_and_processor, key_column, key_row, linked_to,
+    port_of, rebind, replace_processor, the_charge,
 };
 use crate::processor::{self, API_KEY, TestProcessor};
 use crate::support::checks::{assert_status, count, id_of};
@@ -95,15 +95,7 @@ fn stdout(output: &std::process::Output) -> String {
 
 /// The recovery state's payment or refund id: what the key chose before the call.
 async fn chosen(app: &TestApp, key: &str, member: &str) -> String {
-    sqlx::query_scalar(
-        "SELECT recovery_state ->> $2 FROM idempotency_keys
-         WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'",
-    )
-    .bind(key)
-    .bind(member)
-    .fetch_one(&app.db)
-    .await
-    .unwrap()
+    key_column(app, key, &format!("recovery_state ->> '{member}'")).await
 }
 
 /// The processor charged and its answer was lost; the key was held. The settle records the

@@ -14,8 +14,8 @@ use idempay::config::Settings;
 use idempay_test_macros::api_test;
 
 use super::two_hops::{
-    assert_ledgers_agree, failing, idempay_and_processor, key_row, linked_to, reconcile_said,
-    replace_processor,
+    assert_ledgers_agree, failing, idempay_and_processor, key_column, key_row, linked_to,
+    reconcile_said, replace_processor,
 };
 use crate::processor::{self, TestProcessor};
 use crate::support::checks::assert_status;
@@ -37,19 +37,6 @@ async fn suspended(app: &TestApp, key: &str) {
 /// Replaces the failing processor by a healthy one on the same port and database.
 async fn heal(app: &TestApp, failing: TestProcessor) -> TestProcessor {
     replace_processor(app, failing, processor::settings()).await
-}
-
-async fn key_column<T>(app: &TestApp, key: &str, column: &str) -> T
-where
-    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
-{
-    sqlx::query_scalar(&format!(
-        "SELECT {column} FROM idempotency_keys WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'"
-    ))
-    .bind(key)
-    .fetch_one(&app.db)
-    .await
-    .unwrap()
 }
 
 #[api_test]

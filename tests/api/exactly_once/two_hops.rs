@@ -218,6 +218,20 @@ pub(crate) async fn key_row(
     .unwrap()
 }
 
+/// One column (or expression over the columns) of the key row of idempay's key `key`.
+pub(crate) async fn key_column<T>(app: &TestApp, key: &str, column: &str) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(&format!(
+        "SELECT {column} FROM idempotency_keys WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'"
+    ))
+    .bind(key)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
 /// Whether the payment under `key` is in the middle of its charge: its recovery point is committed
 /// (the reservation records it) and the processor holds its own key for the charge's downstream
 /// key, in progress: the call has reached the processor and is not answered yet.
