@@ -2,8 +2,9 @@
 //! part) or a cancel releases it, each once per key, and never twice under a new key.
 
 use idempay_test_macros::api_test;
-use serde_json::{Value, json};
+use serde_json::json;
 
+use crate::support::checks::manual;
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 
 /// The processor's charge of `payment`: its capture state and what it took.
@@ -46,12 +47,6 @@ async fn until_at_the_processor(app: &TestApp, call: &str) {
         .unwrap()
     })
     .await;
-}
-
-fn manual(amount: i64) -> Value {
-    let mut body = payment(amount);
-    body["capture_method"] = json!("manual");
-    body
 }
 
 #[api_test(citus)]

@@ -7,7 +7,6 @@
 use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::support::checks::assert_status;
 use crate::support::helpers::{TestApp, new_key, payment};
 use crate::support::instance::Instance;
 use crate::support::invariants::assert_exactly_once;
@@ -24,7 +23,7 @@ async fn another_body_on_another_instance_is_refused_from_the_key_s_row() {
     let paid = paying
         .post_payment(&app.api_key, &key, &payment(4200))
         .await;
-    assert_status(&paid, 201);
+    paid.assert_status(201);
 
     // `deciding` never answered this key, so nothing in its memory can: only the row can.
     let other = deciding

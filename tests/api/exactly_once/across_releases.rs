@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::two_hops::{assert_ledgers_agree, idempay_and_processor, instance_env};
 use crate::processor;
-use crate::support::checks::{assert_status, execute, id_of};
+use crate::support::checks::execute;
 use crate::support::helpers::{TestApp, TestResponse, new_key, send, wait_until};
 use crate::support::instance::{Instance, LogFile};
 
@@ -119,7 +119,7 @@ async fn a_charge_suspended_by_the_release_before_versions_is_resumed_by_a_retry
 
     let resumed = app.post_payment(&key, &body).await;
 
-    assert_status(&resumed, 201);
+    resumed.assert_status(201);
     assert_eq!(resumed.json()["id"], state["payment"]);
     assert_eq!(resumed.json()["metadata"]["order_id"], "6735");
     let charges = made_under(&app, "processor_charges", &downstream).await;
@@ -140,7 +140,7 @@ async fn a_refund_suspended_by_the_release_before_versions_is_resumed_by_a_retry
     let (app, processor) = idempay_and_processor(Settings::default(), processor::settings()).await;
     let paid = app.post_payment(&new_key(), &the_fixtures_payment()).await;
     assert_eq!(paid.status, 201);
-    let payment = id_of(&paid);
+    let payment = paid.id();
     let mut state = fixture_for(&app, REFUND_V1);
     state["payment"] = json!(payment);
     state["charge"] = paid.json()["charge"].clone();
@@ -161,7 +161,7 @@ async fn a_refund_suspended_by_the_release_before_versions_is_resumed_by_a_retry
 
     let resumed = app.post_refund(&payment, &key, &body).await;
 
-    assert_status(&resumed, 201);
+    resumed.assert_status(201);
     assert_eq!(resumed.json()["id"], state["refund"]);
     assert_eq!(resumed.json()["amount"], 1200);
     assert_eq!(
@@ -341,7 +341,7 @@ async fn a_key_made_before_fingerprint_versions_is_compared_under_its_version_an
 
     let retry = pay_with_a_query(&app, &key, &body).await;
 
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(retry.replayed());
     assert_eq!(
         retry.body,

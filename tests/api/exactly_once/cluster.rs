@@ -14,7 +14,6 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::processor::{API_KEY, TestProcessor};
-use crate::support::checks::{assert_status, id_of};
 use crate::support::helpers::{TestApp, new_key};
 
 /// The statements of idempay's own code that may reach more than one node, each found by text
@@ -249,15 +248,15 @@ async fn on_citus_payments_replays_refunds_and_lists_commit_without_a_two_phase_
         let key = new_key();
         let body = json!({"amount": amount, "currency": "eur", "payment_method": "pm_card_visa"});
         let created = app.post_payment(&key, &body).await;
-        assert_status(&created, 201);
+        created.assert_status(201);
         let replay = app.post_payment(&key, &body).await;
         assert_eq!(replay.body, created.body);
-        payments.push(id_of(&created));
+        payments.push(created.id());
     }
     let refund = app
         .post_refund(&payments[0], &new_key(), &json!({"amount": 500}))
         .await;
-    assert_status(&refund, 201);
+    refund.assert_status(201);
     for path in [
         "/v1/payments".to_owned(),
         format!("/v1/payments/{}", payments[1]),

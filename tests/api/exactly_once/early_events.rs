@@ -27,7 +27,7 @@ use super::two_hops::{
     reconcile_said, taking_events_signed_with, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::checks::{assert_status, count, execute, id_of};
+use crate::support::checks::{count, execute};
 use crate::support::helpers::{TestApp, TestResponse, new_key, payment, send, wait_until};
 
 /// Every 200 ms for 30 s: longer than any scenario here takes to record its payment.
@@ -84,8 +84,8 @@ pub(crate) async fn dispute_at_the_processor(
             &json!({ "amount": amount }),
         )
         .await;
-    assert_status(&opened, 201);
-    id_of(&opened)
+    opened.assert_status(201);
+    opened.id()
 }
 
 /// The processor's delivery of the event whose body names `object`: its event id, attempts so far,
@@ -259,9 +259,9 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_parked_t
     assert_eq!(parked(&app).await, waiting);
 
     let retry = app.post_payment(&key, &payment(4200)).await;
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert_eq!(retry.json()["charge"], charge.as_str());
-    let paid = id_of(&retry);
+    let paid = retry.id();
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 1500);
     assert_eq!(processed(&app, &event).await.as_deref(), Some("applied"));
     assert!(parked(&app).await.is_empty(), "both applied");
@@ -517,7 +517,7 @@ async fn an_event_about_a_charge_never_recorded_is_parked_and_reconcile_names_it
         .charge(&new_key(), &processor::charge(777, "pm_card_visa"))
         .await;
     assert_eq!(direct.status, 201);
-    let stranger = id_of(&direct);
+    let stranger = direct.id();
     let paid = app.paid(5000).await;
     let charge = charge_of(&app, &paid).await;
     dispute_at_the_processor(&processor, &charge, 1500).await;
@@ -584,7 +584,7 @@ async fn reconcile_names_a_refunded_or_disputed_amount_that_differs_between_the_
         .post_refund(&paid[0].0, &new_key(), &json!({ "amount": 1000 }))
         .await;
     assert_eq!(refunded.status, 201);
-    let refund = id_of(&refunded);
+    let refund = refunded.id();
     let disputes = [
         dispute_at_the_processor(&processor, &paid[1].1, 1500).await,
         dispute_at_the_processor(&processor, &paid[2].1, 700).await,

@@ -9,7 +9,7 @@ use idempay::db::Engine;
 use idempay_test_macros::api_test;
 use idempotency::Idempotency;
 
-use crate::support::checks::{assert_status, count};
+use crate::support::checks::count;
 use crate::support::helpers::{
     TestApp, bare_database, new_key, one_connection_planning_for_empty, payment, wait_until,
 };
@@ -44,7 +44,7 @@ async fn an_expired_key_not_yet_deleted_is_new_again() {
     // Even with another payload: the old key's binding has expired.
     let again = app.post_payment(&key, &payment(100)).await;
 
-    assert_status(&again, 201);
+    again.assert_status(201);
     assert!(!again.replayed());
     assert_ne!(again.json()["id"], first.json()["id"]);
     assert_eq!(app.key_count().await, 1);

@@ -16,7 +16,6 @@ use super::two_hops::{
     linked_to, port_of, rebind, replace_processor, the_charge, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::checks::assert_status;
 use crate::support::helpers::{TestApp, TestResponse, new_key, payment, wait_until};
 
 /// How long the processor takes over each call in these scenarios, beyond idempay's timeout
@@ -106,7 +105,7 @@ async fn a_refused_connection_after_a_charge_whose_answer_was_lost_keeps_the_key
     let body = payment(4200);
     let paid = until_known(|| app.post_payment(&key, &body)).await;
 
-    assert_status(&paid, 201);
+    paid.assert_status(201);
     assert_eq!(
         paid.json()["charge"],
         charge.as_str(),
@@ -157,7 +156,7 @@ async fn the_recovery_job_meeting_a_refused_connection_keeps_the_key_and_records
     let body = payment(4200);
     let retry = until_known(|| recovering.post_payment(&key, &body)).await;
 
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(retry.replayed(), "the recovery job's result");
     assert_eq!(retry.json()["charge"], charge.as_str());
     assert_ledgers_agree(&app, &processor, 1).await;
@@ -192,7 +191,7 @@ async fn a_refused_connection_after_a_refund_whose_answer_was_lost_keeps_the_key
     let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
     let refunded = until_known(|| app.post_refund(&paid, &key, &refund)).await;
 
-    assert_status(&refunded, 201);
+    refunded.assert_status(201);
     let at_the_processor: Vec<i64> = sqlx::query_scalar("SELECT amount FROM processor_refunds")
         .fetch_all(&app.db)
         .await

@@ -7,7 +7,7 @@ use idempay::config::Settings;
 use idempay_test_macros::api_test;
 use serde_json::json;
 
-use crate::support::checks::{assert_status, key_status, refuses_connections};
+use crate::support::checks::{key_status, refuses_connections};
 use crate::support::helpers::{
     TestApp, new_key, payment, reserve_as_a_dead_process, retry_while_in_flight, slow_payment,
     wait_until, with_slow_charge,
@@ -287,7 +287,7 @@ async fn a_key_whose_process_died_is_taken_over_after_its_lease() {
 
     let retry = app.post_payment(&key, &payment(4200)).await;
 
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(!retry.replayed());
     assert_eq!(app.payment_count().await, 1);
     let replay = app.post_payment(&key, &payment(4200)).await;
@@ -524,7 +524,7 @@ async fn the_work_of_a_request_answered_503_at_its_timeout_goes_on_and_its_retry
     );
     // The client retries as told; the work it started goes on meanwhile, and completes.
     let retry = retry_while_in_flight(|| app.post_payment(&key, &slow)).await;
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(
         retry.replayed(),
         "the retry receives the result of the work that went on, not a second execution"

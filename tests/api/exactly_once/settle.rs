@@ -22,7 +22,7 @@ use super::two_hops::{
     port_of, rebind, replace_processor, the_charge,
 };
 use crate::processor::{self, API_KEY, TestProcessor};
-use crate::support::checks::{assert_status, count, id_of};
+use crate::support::checks::count;
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 use crate::support::instance::idempay;
 
@@ -134,7 +134,7 @@ async fn a_held_charge_is_settled_from_the_processors_ledger_and_its_retry_gets_
         )
     );
     let retry = app.post_payment(&key, &payment(4200)).await;
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(retry.replayed(), "the first request's answer, replayed");
     let body = retry.json();
     assert_eq!(body["id"], payment_id);
@@ -236,7 +236,7 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
     let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
     let paid = app.post_payment(&new_key(), &payment(4200)).await;
     assert_eq!(paid.status, 201);
-    let payment_id = id_of(&paid);
+    let payment_id = paid.id();
     let losing = replace_processor(&app, healthy, losing_answers()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
@@ -255,7 +255,7 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
         )
     );
     let retry = app.post_refund(&payment_id, &key, &refund).await;
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(retry.replayed());
     assert_eq!(retry.json()["id"], refund_id);
     let payment = app.get(&format!("/v1/payments/{payment_id}")).await.json();
@@ -269,7 +269,7 @@ async fn a_held_refund_is_settled_from_the_processors_ledger() {
 async fn a_held_refund_the_processor_never_made_completes_with_a_final_nothing_made() {
     let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
     let paid = app.post_payment(&new_key(), &payment(4200)).await;
-    let payment_id = id_of(&paid);
+    let payment_id = paid.id();
     let failing = replace_processor(&app, healthy, failing()).await;
     let key = new_key();
     let refund = serde_json::json!({ "amount": 1500 });
@@ -322,7 +322,7 @@ async fn a_held_capture_is_settled_from_the_processors_charge() {
         stdout(&settled)
     );
     let retry = app.post_capture(&authorized, &key, &body).await;
-    assert_status(&retry, 200);
+    retry.assert_status(200);
     assert!(retry.replayed());
     assert_eq!(retry.json()["amount_captured"], 4000);
     assert!(nothing.status.success(), "{nothing:?}");

@@ -18,7 +18,6 @@ use super::two_hops::{
     reconcile_said, replace_processor,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::checks::assert_status;
 use crate::support::helpers::{TestApp, bare_database, new_key, payment, wait_until};
 use crate::support::instance::{Instance, free_port};
 
@@ -163,13 +162,13 @@ async fn a_suspended_key_past_its_expires_at_is_shown_and_resumed_by_its_retry()
     assert!(expired, "the key's expires_at has passed");
 
     let inspected = app.get(&format!("/v1/idempotency_keys/{key}")).await;
-    assert_status(&inspected, 200);
+    inspected.assert_status(200);
     assert_eq!(inspected.json()["uses"][0]["state"], "suspended");
 
     let processor = heal(&app, failing).await;
     let paid = app.post_payment(&key, &payment(4200)).await;
 
-    assert_status(&paid, 201);
+    paid.assert_status(201);
     assert!(!paid.replayed());
     assert_ledgers_agree(&app, &processor, 1).await;
 }

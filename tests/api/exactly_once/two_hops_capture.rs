@@ -20,7 +20,7 @@ use super::two_hops::{
     sent_into_the_window, under_way, waiting_at_most,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::checks::{assert_status, count, id_of, keyed_post, manual};
+use crate::support::checks::{count, keyed_post, manual};
 use crate::support::helpers::{new_key, send, wait_until};
 use crate::support::instance::Instance;
 
@@ -75,7 +75,7 @@ async fn a_refused_connection_after_a_capture_whose_answer_was_lost_keeps_the_ke
     let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
     let captured = until_known(|| app.post_capture(&authorized, &key, &body)).await;
 
-    assert_status(&captured, 200);
+    captured.assert_status(200);
     assert_eq!(captured.json()["amount_captured"], 3000);
     assert_eq!(
         the_authorization(&app.db).await,
@@ -102,7 +102,7 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
         .post_payment(&app.api_key, &new_key(), &manual(5000))
         .await;
     assert_eq!(authorized.status, 201);
-    let path = format!("/v1/payments/{}/capture", id_of(&authorized));
+    let path = format!("/v1/payments/{}/capture", authorized.id());
     let key = new_key();
     let capture = |instance: &Instance| {
         keyed_post(
@@ -146,7 +146,7 @@ async fn an_instance_killed_during_a_capture_is_recovered_by_another_instance_wi
     .await;
     let retry = send(capture(&survivor)).await;
 
-    assert_status(&retry, 200);
+    retry.assert_status(200);
     assert!(retry.replayed(), "answered from the recovered key");
     assert_eq!(retry.json()["amount_captured"], 4000);
     let (state, captured, _) = the_authorization(&app.db).await;

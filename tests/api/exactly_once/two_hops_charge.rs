@@ -15,7 +15,6 @@ use super::two_hops::{
     sent_into_the_window, the_charge, waiting_at_most,
 };
 use crate::processor;
-use crate::support::checks::assert_status;
 use crate::support::helpers::{
     new_key, one_storm_at_a_time, payment, retry_while_in_flight, wait_until,
 };
@@ -110,7 +109,7 @@ async fn a_charge_slower_than_the_processor_timeout_is_recorded_by_the_retry_onc
 
     let retry = app.post_payment(&key, &payment(4200)).await;
 
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert_eq!(
         retry.json()["charge"],
         charge.as_str(),
@@ -228,7 +227,7 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
         ("in_progress", Some("payment.charge_requested"))
     );
     let retry = retry_while_in_flight(|| instance.post_payment(&app.api_key, &key, &body)).await;
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert_eq!(retry.json()["charge"], the_charge(&app).await.0.as_str());
     assert_ledgers_agree(&app, &processor, 1).await;
 }

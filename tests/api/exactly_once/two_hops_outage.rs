@@ -10,7 +10,7 @@ use super::two_hops::{
     rebind, replace_processor,
 };
 use crate::processor::{self, TestProcessor};
-use crate::support::checks::{assert_status, count};
+use crate::support::checks::count;
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 use crate::support::instance::free_port;
 
@@ -38,7 +38,7 @@ async fn a_processor_refusing_connections_charges_nothing_and_releases_the_key_u
     let processor = TestProcessor::beside_on(&app, processor::settings(), rebind(port).await).await;
     for (n, key) in keys.iter().enumerate() {
         let paid = app.post_payment(key, &payment(1000 + n as i64)).await;
-        assert_status(&paid, 201);
+        paid.assert_status(201);
         assert!(
             !paid.replayed(),
             "nothing had been done: the retry executes"
@@ -68,7 +68,7 @@ async fn a_processor_answering_503_leaves_the_outcome_unknown_and_the_retry_char
     let processor = replace_processor(&app, failing, processor::settings()).await;
     let paid = app.post_payment(&key, &payment(4200)).await;
 
-    assert_status(&paid, 201);
+    paid.assert_status(201);
     assert_ledgers_agree(&app, &processor, 1).await;
 }
 

@@ -17,7 +17,7 @@ use super::two_hops::{
     waiting_at_most,
 };
 use crate::processor::{self, API_KEY};
-use crate::support::checks::{execute, id_of};
+use crate::support::checks::execute;
 use crate::support::helpers::{new_key, payment, wait_until};
 use crate::support::instance::idempay;
 
@@ -78,7 +78,7 @@ async fn reconcile_names_a_currency_or_a_refund_s_charge_that_differs() {
         .post_refund(&paid[0], &new_key(), &serde_json::json!({ "amount": 1000 }))
         .await;
     assert_eq!(refund.status, 201);
-    let refund = id_of(&refund);
+    let refund = refund.id();
     assert_reconciled(&app, &processor, 2).await;
 
     execute(

@@ -13,7 +13,7 @@ use super::two_hops::{
     idempay_and_processor, instance_env, key_row, kill_in_the_window, recovering_env,
     sent_into_the_window, the_charge, under_way,
 };
-use crate::support::checks::{assert_status, count, id_of, keyed_post};
+use crate::support::checks::{count, keyed_post};
 use crate::support::helpers::{
     new_key, one_storm_at_a_time, payment, retry_while_in_flight, send, slow_payment, wait_until,
 };
@@ -135,7 +135,7 @@ async fn a_request_that_loses_its_lease_during_the_charge_and_its_takeover_name_
     let retry = retry_while_in_flight(|| app.post_payment(&key, &slow)).await;
     let original = original.await.unwrap();
 
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(
         original.status == 409 || original.replayed(),
         "the original, without its lease, recorded nothing: {} {}",
@@ -176,7 +176,7 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
         .post_payment(&app.api_key, &new_key(), &payment(5000))
         .await;
     assert_eq!(paid.status, 201);
-    let path = format!("/v1/payments/{}/refunds", id_of(&paid));
+    let path = format!("/v1/payments/{}/refunds", paid.id());
     let key = new_key();
     let refund = |instance: &Instance| {
         keyed_post(
@@ -211,7 +211,7 @@ async fn an_instance_killed_during_a_refund_is_recovered_by_another_instance_wit
     .await;
     let retry = send(refund(&survivor)).await;
 
-    assert_status(&retry, 201);
+    retry.assert_status(201);
     assert!(retry.replayed(), "answered from the recovered key");
     let processor_refunds: Vec<String> = sqlx::query_scalar("SELECT id FROM processor_refunds")
         .fetch_all(&app.db)

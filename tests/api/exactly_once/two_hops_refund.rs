@@ -11,7 +11,6 @@ use super::two_hops::{
     assert_reconcile_succeeds, delivering_to, faulty, idempay_and_processor, key_row, rebind,
     taking_events_signed_with,
 };
-use crate::support::checks::assert_status;
 use crate::support::helpers::{new_key, wait_until};
 use crate::support::instance::free_port;
 use crate::support::invariants::assert_exactly_once;
@@ -42,7 +41,7 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
         .post_refund(&paid, &key, &json!({ "amount": 2000 }))
         .await;
 
-    assert_status(&refund, 201);
+    refund.assert_status(201);
     assert!(again.replayed());
     assert_eq!(again.body, refund.body);
     let processor_refund = refund.json()["processor_refund"]
@@ -68,7 +67,7 @@ async fn a_refund_the_processor_fails_later_is_refundable_again_and_the_ledgers_
             &json!({}),
         )
         .await;
-    assert_status(&failed, 200);
+    failed.assert_status(200);
     wait_until("idempay applies charge.refund.failed", || async {
         app.get_payment(&paid).await.json()["amount_refunded"] == 0
     })

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use idempay_test_macros::api_test;
 
+use crate::support::checks::{key_status, refuses_connections};
 use crate::support::helpers::{TestApp, new_key, slow_payment, wait_until};
 use crate::support::instance::{ANSWER_WITHIN, Instance, LogFile};
 use crate::support::invariants::assert_exactly_once;
@@ -116,20 +117,4 @@ async fn sigterm_finishes_the_request_in_flight_refuses_new_connections_and_exit
     );
     assert!(!logs.contains("a background job died"), "{logs}");
     assert!(!logs.contains("ERROR"), "{logs}");
-}
-
-/// Whether a TCP connection to `address` is refused: nothing listens there any more.
-async fn refuses_connections(address: SocketAddr) -> bool {
-    matches!(
-        tokio::net::TcpStream::connect(address).await,
-        Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused
-    )
-}
-
-/// The status of the only key of idempay's in the app's database.
-async fn key_status(app: &TestApp) -> String {
-    sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE scope NOT LIKE 'processor:%'")
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
 }

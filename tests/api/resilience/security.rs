@@ -96,13 +96,6 @@ async fn two_accounts(app: &TestApp) -> (Caller<'_>, Caller<'_>) {
     (a, b)
 }
 
-fn id(response: &TestResponse) -> String {
-    response.json()["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no id in {}", response.json()))
-        .to_owned()
-}
-
 #[api_test(citus)]
 async fn another_account_is_not_blocked_by_a_key_in_flight_for_this_one() {
     // Long enough for another account to be made and to pay while A's charge runs, on a loaded
@@ -147,25 +140,25 @@ async fn another_account_is_not_blocked_by_a_key_in_flight_for_this_one() {
     let mine = first.await.unwrap();
     assert_eq!(mine.status, 201);
     assert!(mine.header("idempotent-replayed").is_none());
-    assert_ne!(id(&mine), id(&theirs));
+    assert_ne!(mine.id(), theirs.id());
     let owners: Vec<(String, String)> = sqlx::query_as("SELECT id, account_id FROM payments")
         .fetch_all(&app.db)
         .await
         .unwrap();
     assert_eq!(owners.len(), 3, "{owners:?}");
-    assert!(owners.contains(&(id(&mine), app.account_id.clone())));
-    assert!(owners.contains(&(id(&theirs), b.account_id.clone())));
-    assert!(owners.contains(&(id(&other_body), third_account)));
+    assert!(owners.contains(&(mine.id(), app.account_id.clone())));
+    assert!(owners.contains(&(theirs.id(), b.account_id.clone())));
+    assert!(owners.contains(&(other_body.id(), third_account)));
     // Each account reads its own payment and not the other's.
     assert_eq!(
-        a.get(&format!("/v1/payments/{}", id(&mine))).await.status,
+        a.get(&format!("/v1/payments/{}", mine.id())).await.status,
         200
     );
     assert_eq!(
-        b.get(&format!("/v1/payments/{}", id(&theirs))).await.status,
+        b.get(&format!("/v1/payments/{}", theirs.id())).await.status,
         200
     );
-    b.get(&format!("/v1/payments/{}", id(&mine)))
+    b.get(&format!("/v1/payments/{}", mine.id()))
         .await
         .assert_problem(404, "not-found");
     assert_exactly_once(&app.db).await;
@@ -232,7 +225,7 @@ async fn another_accounts_objects_answer_as_ids_that_do_not_exist() {
         )
         .await;
     assert_eq!(refund.status, 201);
-    let refund = id(&refund);
+    let refund = refund.id();
     let unknown_payment = "pay_000000000000000000000000";
     let unknown_refund = "re_000000000000000000000000";
 
@@ -419,7 +412,7 @@ async fn api_keys_never_appear_in_an_answer_and_near_misses_are_refused() {
         caller.get("/v1/payments").await;
         caller.get(&format!("/v1/payments/{paid}")).await;
         caller.get(&format!("/v1/payments/{paid}/refunds")).await;
-        caller.get(&format!("/v1/refunds/{}", id(&refund))).await;
+        caller.get(&format!("/v1/refunds/{}", refund.id())).await;
         caller.get("/v1/nothing").await;
         caller.pay("", &payment(100)).await;
         caller.pay(&new_key(), &json!({ "amount": 0 })).await;

@@ -5,27 +5,7 @@
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::support::helpers::{TestApp, TestResponse, payment};
-
-/// Asserts `response` answered `status`; the failure shows its body, which says why (a problem's
-/// type and detail).
-#[track_caller]
-pub fn assert_status(response: &TestResponse, status: u16) {
-    assert_eq!(
-        response.status,
-        status,
-        "{}",
-        String::from_utf8_lossy(&response.body)
-    );
-}
-
-/// The `id` of what `response` created or shows.
-pub fn id_of(response: &TestResponse) -> String {
-    response.json()["id"]
-        .as_str()
-        .expect("an id in the answer")
-        .to_owned()
-}
+use crate::support::helpers::{TestApp, payment};
 
 /// A keyed `POST url` with `body`, to send as the test needs: from a task of its own, or to an
 /// instance that may die before it answers.

@@ -52,6 +52,15 @@ impl TestResponse {
         );
     }
 
+    /// The `id` of what the answer created or shows.
+    #[track_caller]
+    pub fn id(&self) -> String {
+        self.json()["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no id in {}", self.json()))
+            .to_owned()
+    }
+
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
     }
