@@ -12,8 +12,6 @@ use futures_util::FutureExt;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-#[cfg(doc)]
-use crate::Idempotency;
 use crate::connections::Lot;
 use crate::engine::KnownEngine;
 use crate::instrumentation::Instrumentation;
@@ -126,10 +124,11 @@ pub(crate) type Resumer = Arc<
 >;
 
 /// The resumers of the work that records recovery points, by point name, each with the versions of
-/// its state it reads: handed to the mechanism once ([`Idempotency::resuming`]), which then
-/// refuses to record a point (or a version of its state) none of them resumes, tells at start of
-/// suspended keys at an unknown point ([`Idempotency::unresumable`]), and leaves alone the keys
-/// whose state is in a version none of them reads. A unit may also say how an operator settles a
+/// its state it reads: handed to the mechanism once ([`resuming`](crate::Idempotency::resuming)),
+/// which then refuses to record a point (or a version of its state) none of them resumes, tells at
+/// start of suspended keys at an unknown point
+/// ([`unresumable`](crate::Idempotency::unresumable)), and leaves alone the keys whose state is in
+/// a version none of them reads. A unit may also say how an operator settles a
 /// key held at its point ([`Resumers::settled_by`]).
 #[derive(Clone, Default)]
 pub struct Resumers(Vec<Unit>);
@@ -185,9 +184,10 @@ impl Resumers {
         self
     }
 
-    /// Settles keys held at the point `name` with `settle` ([`Idempotency::settle`]): a unit of
-    /// work that asks the other system what the call under the key's downstream key made, with
-    /// a read that never makes it again, and completes the key with it. `name` must be resumed
+    /// Settles keys held at the point `name` with `settle`
+    /// ([`Idempotency::settle`](crate::Idempotency::settle)): a unit of work that asks the other
+    /// system what the call under the key's downstream key made, with a read that never makes it
+    /// again, and completes the key with it. `name` must be resumed
     /// ([`Resumers::on`]) first: a point is settled by the unit that records it, reading the same
     /// versions of its state.
     ///

@@ -9,8 +9,6 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::KeyedRequest;
-#[cfg(doc)]
-use crate::{Idempotency, Resumers};
 
 /// Where work that calls another system can be resumed, recorded on its key before the call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,12 +58,13 @@ impl EarlierCalls {
 ///
 /// The version travels inside the state, in the one column that holds it, so that no statement of
 /// any release, those before versions included, can write a state and leave beside it a version
-/// that is not its own. A resumer reads the versions it names ([`Resumers::on`]); a key whose state
-/// is in another (a later release wrote it) is left alone by this release: not taken over by a
-/// retry (answered 503 with `Retry-After`), not claimed by the recovery job, never released nor
-/// its call resent, and reported ([`Idempotency::report_unknown_states`]). Past the recovery window
-/// it is held for an operator like any other key: the window is the other system's memory, not
-/// the format's.
+/// that is not its own. A resumer reads the versions it names
+/// ([`Resumers::on`](crate::Resumers::on)); a key whose state is in another (a later release
+/// wrote it) is left alone by this release: not taken over by a retry (answered 503 with
+/// `Retry-After`), not claimed by the recovery job, never released nor its call resent, and
+/// reported ([`report_unknown_states`](crate::Idempotency::report_unknown_states)). Past the
+/// recovery window it is held for an operator like any other key: the window is the other
+/// system's memory, not the format's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StateVersion(u16);
 
