@@ -272,7 +272,8 @@ pub enum ListError {
 /// - `older(position)` fetches up to [`PageRequest::fetch`] rows before it, newest first
 ///   (`starting_after`), or the newest rows given `None` (the first page).
 ///
-/// [`keyset_page!`](crate::keyset_page) writes both fetches from one description of the list.
+/// [`keyset_page!`](crate::keyset_page) writes all three (the position and both fetches) from one
+/// description of the list.
 pub async fn keyset<R, E>(
     page: &PageRequest,
     position: impl AsyncFnOnce(&str) -> Result<Option<Position>, E>,
