@@ -15,8 +15,9 @@ use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
-use crate::http::extract::Path;
+use crate::http::extract::PathId;
 use crate::payments::PaymentId;
+use service::ids::PublicId;
 use service::pagination::{List, ListParams, PageRequest};
 use service::vocabulary::{stored, vocabulary};
 
@@ -264,12 +265,8 @@ async fn list_disputes(
 async fn get_dispute(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(DisputeId(id)): PathId<DisputeId>,
 ) -> Result<Response, ApiError> {
-    let not_found = || Problem::new(ProblemKind::NotFound, format!("No dispute `{id}`."));
-    if !is_dispute_id(&id) {
-        return Err(not_found().into());
-    }
     let row = sqlx::query_as!(
         DisputeRow,
         r#"
@@ -283,12 +280,24 @@ async fn get_dispute(
     )
     .fetch_optional(&pool)
     .await?
-    .ok_or_else(not_found)?;
+    .ok_or_else(|| DisputeId::no_such(&id))?;
     Ok(axum::Json(row.parse()?).into_response())
 }
 
-/// Whether `id` could be a dispute's: the processor chooses the ids, so only what the table
-/// admits is checked (1 to 100 characters), and a NUL, which PostgreSQL refuses in text.
+/// A dispute's id: the processor chooses them, so only what the table admits is checked (1 to 100
+/// characters), and a NUL, which PostgreSQL refuses in text.
+struct DisputeId(String);
+
+impl PublicId for DisputeId {
+    fn object() -> &'static str {
+        "dispute"
+    }
+
+    fn parse(raw: &str) -> Option<Self> {
+        is_dispute_id(raw).then(|| Self(raw.to_owned()))
+    }
+}
+
 fn is_dispute_id(id: &str) -> bool {
     (1..=MAX_ID_LEN).contains(&id.chars().count()) && !id.contains('\0')
 }

@@ -13,7 +13,8 @@ use utoipa_axum::routes;
 use super::{Event, EventId, EventType};
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
-use crate::http::extract::Path;
+use crate::http::extract::PathId;
+use service::ids::PublicId;
 use service::pagination::{Cursor, List, ListParams, PageRequest, unknown_cursor};
 
 pub fn router<S>() -> OpenApiRouter<S>
@@ -219,20 +220,16 @@ async fn list_events(
 async fn get_event(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(id): PathId<EventId>,
 ) -> Result<Response, ApiError> {
-    let not_found = || Problem::new(ProblemKind::NotFound, format!("No event `{id}`."));
-    if !EventId::fits(&id) {
-        return Err(not_found().into());
-    }
     let body = sqlx::query_scalar!(
         "SELECT body FROM events WHERE id = $1 AND account_id = $2",
-        id,
+        id.as_str(),
         account.id().as_str(),
     )
     .fetch_optional(&pool)
     .await?
-    .ok_or_else(not_found)?;
+    .ok_or_else(|| EventId::no_such(id.as_str()))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 

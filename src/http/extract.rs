@@ -6,6 +6,7 @@ use axum::extract::FromRequestParts;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use service::ids::{NoSuch, PublicId};
 use service::pagination::{ListError, PageError, PageRequest};
 
 use crate::http::error::{ApiError, Problem, ProblemKind};
@@ -21,6 +22,33 @@ impl From<PathRejection> for Problem {
             ProblemKind::NotFound,
             format!("No such resource: {}.", rejection.body_text()),
         )
+    }
+}
+
+/// A path that names no object of its kind (`service::ids::PathId`), or no object the account
+/// has: 404 `not-found`.
+impl From<NoSuch> for Problem {
+    fn from(no_such: NoSuch) -> Self {
+        Problem::new(ProblemKind::NotFound, no_such.0)
+    }
+}
+
+impl From<NoSuch> for ApiError {
+    fn from(no_such: NoSuch) -> Self {
+        Problem::from(no_such).into()
+    }
+}
+
+/// An object's id from the route's `{id}`, of the kind `T`: `PathId(id): PathId<PaymentId>`. One
+/// that cannot be such an id is a 404 `not-found`, as one that names nothing the caller may see.
+#[derive(Debug)]
+pub struct PathId<T>(pub T);
+
+impl<S: Send + Sync, T: PublicId> FromRequestParts<S> for PathId<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        Ok(Self(service::ids::from_path(parts, state).await?))
     }
 }
 

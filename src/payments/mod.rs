@@ -22,12 +22,11 @@ use utoipa_axum::routes;
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::downstream::ProcessorClient;
 use crate::downstream::call;
-use crate::http::error::{
-    ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
-};
-use crate::http::extract::{PageQuery, Path};
+use crate::http::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem};
+use crate::http::extract::{PageQuery, PathId};
 use crate::metadata::Metadata;
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
+use service::ids::PublicId;
 use service::pagination::{List, ListParams};
 
 pub use capturing::{CANCEL_REQUESTED, CAPTURE_REQUESTED, CancelRequested, CaptureRequested};
@@ -148,13 +147,22 @@ async fn capture_payment(
     State(idempotency): State<Idempotency>,
     State(processor): State<ProcessorClient>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(payment): PathId<PaymentId>,
     Idempotent { request, body }: Idempotent<CapturePayment>,
 ) -> Result<Response, ApiError> {
     let asked = capturing::Asked::Capture {
         amount: body.amount_to_capture.map(i64::from),
     };
-    capture_or_cancel(pool, idempotency, processor, account, &id, request, asked).await
+    capture_or_cancel(
+        pool,
+        idempotency,
+        processor,
+        account,
+        payment,
+        request,
+        asked,
+    )
+    .await
 }
 
 /// Cancel a payment
@@ -199,28 +207,34 @@ async fn cancel_payment(
     State(idempotency): State<Idempotency>,
     State(processor): State<ProcessorClient>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(payment): PathId<PaymentId>,
     Idempotent { request, body }: Idempotent<CancelPayment>,
 ) -> Result<Response, ApiError> {
     let asked = capturing::Asked::Cancel {
         reason: body.cancellation_reason.map(CancellationReason::from),
     };
-    capture_or_cancel(pool, idempotency, processor, account, &id, request, asked).await
+    capture_or_cancel(
+        pool,
+        idempotency,
+        processor,
+        account,
+        payment,
+        request,
+        asked,
+    )
+    .await
 }
 
-/// Both routes' work: an id that cannot name a payment is refused before the key is reserved.
+/// Both routes' work, under the key.
 async fn capture_or_cancel(
     pool: PgPool,
     idempotency: Idempotency,
     processor: ProcessorClient,
     account: Account,
-    id: &str,
+    payment: PaymentId,
     request: idempotency::KeyedRequest,
     asked: capturing::Asked,
 ) -> Result<Response, ApiError> {
-    let Some(payment) = PaymentId::parse(id) else {
-        return Err(payment_not_found(id).into());
-    };
     let account = account.id().clone();
     idempotency
         .run(request, move |lease| {
@@ -302,21 +316,17 @@ async fn create_payment(
 async fn get_payment(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(id): PathId<PaymentId>,
 ) -> Result<Response, ApiError> {
-    let not_found = || Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."));
-    let Some(payment_id) = PaymentId::parse(&id) else {
-        return Err(not_found().into());
-    };
     let row = payment_query!(
         "SELECT",
         "FROM payments WHERE id = $1 AND account_id = $2",
-        payment_id.as_str(),
+        id.as_str(),
         account.id().as_str(),
     )
     .fetch_optional(&pool)
     .await?
-    .ok_or_else(not_found)?;
+    .ok_or_else(|| PaymentId::no_such(id.as_str()))?;
     Ok(axum::Json(row.parse()?).into_response())
 }
 

@@ -7,9 +7,10 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::currency::Currency;
-use crate::http::error::{Problem, ProblemKind};
+use crate::http::error::Problem;
 use crate::metadata::Metadata;
 use idempotency::decimal::Decimal;
+use service::ids::PublicId;
 use service::vocabulary::{stored, vocabulary};
 
 /// The largest amount accepted, in minor units (999 999.99 in a two-decimal currency).
@@ -322,9 +323,9 @@ impl Payment {
     }
 }
 
-/// No payment `id` for this account.
+/// No payment `id` for this account: the 404 of a route's path, as a stored result.
 pub(crate) fn payment_not_found(id: &str) -> Problem {
-    Problem::new(ProblemKind::NotFound, format!("No payment `{id}`."))
+    PaymentId::no_such(id).into()
 }
 
 /// `sqlx::query_as!` into a [`PaymentRow`], with a payment's columns written here once: `$before`

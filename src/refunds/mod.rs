@@ -16,16 +16,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountCache, RateLimit};
-use crate::http::error::{
-    ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
-};
-use crate::http::extract::{PageQuery, Path};
+use crate::http::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem};
+use crate::http::extract::{PageQuery, PathId};
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
+use service::ids::PublicId;
 use service::pagination::{List, ListParams};
 
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
-use crate::payments::{Amount, PaymentId, payment_not_found};
+use crate::payments::{Amount, PaymentId};
 
 const MAX_REASON_LEN: usize = 500;
 
@@ -127,13 +126,9 @@ async fn create_refund(
     State(idempotency): State<Idempotency>,
     State(processor): State<ProcessorClient>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(payment): PathId<PaymentId>,
     Idempotent { request, body }: Idempotent<NewRefund>,
 ) -> Result<Response, ApiError> {
-    // An id that cannot name a payment is refused before the key is reserved.
-    let Some(payment) = PaymentId::parse(&id) else {
-        return Err(payment_not_found(&id).into());
-    };
     let asked = RefundAsked {
         account: account.id().clone(),
         payment,
@@ -170,22 +165,17 @@ async fn create_refund(
 async fn list_refunds(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(payment): PathId<PaymentId>,
     PageQuery(page): PageQuery,
 ) -> Result<Response, ApiError> {
-    let Some(payment) = PaymentId::parse(&id) else {
-        return Err(payment_not_found(&id).into());
-    };
-    let owned = sqlx::query_scalar!(
+    let payment = sqlx::query_scalar!(
         "SELECT id FROM payments WHERE id = $1 AND account_id = $2",
         payment.as_str(),
         account.id().as_str(),
     )
     .fetch_optional(&pool)
-    .await?;
-    let Some(payment) = owned else {
-        return Err(payment_not_found(&id).into());
-    };
+    .await?
+    .ok_or_else(|| PaymentId::no_such(payment.as_str()))?;
     let rows = service::keyset_page!(
         &pool,
         &page,
@@ -226,12 +216,8 @@ async fn list_refunds(
 async fn get_refund(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(id): PathId<RefundId>,
 ) -> Result<Response, ApiError> {
-    let not_found = || Problem::new(ProblemKind::NotFound, format!("No refund `{id}`."));
-    if !RefundId::fits(&id) {
-        return Err(not_found().into());
-    }
     let row = sqlx::query_as!(
         RefundRow,
         r#"
@@ -240,12 +226,12 @@ async fn get_refund(
         FROM refunds
         WHERE id = $1 AND account_id = $2
         "#,
-        id,
+        id.as_str(),
         account.id().as_str(),
     )
     .fetch_optional(&pool)
     .await?
-    .ok_or_else(not_found)?;
+    .ok_or_else(|| RefundId::no_such(id.as_str()))?;
     Ok(axum::Json(row.parse()?).into_response())
 }
 

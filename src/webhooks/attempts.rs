@@ -11,8 +11,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountCache, RateLimit};
-use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
-use crate::http::extract::Path;
+use crate::events::EventId;
+use crate::http::error::{ApiError, AuthenticatedProblems, Problem};
+use crate::http::extract::PathId;
+use service::ids::PublicId;
 use service::pagination::List;
 
 /// The most attempts one answer lists: an event sent to many endpoints, each tried the whole
@@ -80,19 +82,17 @@ pub struct WebhookAttempt {
 async fn list_event_attempts(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(id): PathId<EventId>,
 ) -> Result<Response, ApiError> {
     let account = account.id().as_str();
-    let known = sqlx::query_scalar!(
+    let id = sqlx::query_scalar!(
         "SELECT id FROM events WHERE id = $1 AND account_id = $2",
-        id,
+        id.as_str(),
         account,
     )
     .fetch_optional(&pool)
-    .await?;
-    if known.is_none() {
-        return Err(Problem::new(ProblemKind::NotFound, format!("No event `{id}`.")).into());
-    }
+    .await?
+    .ok_or_else(|| EventId::no_such(id.as_str()))?;
     let mut data = sqlx::query!(
         r#"
         SELECT delivery.endpoint_id AS "endpoint!", attempt.attempt, attempt.status_code,

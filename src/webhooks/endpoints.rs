@@ -20,10 +20,11 @@ use crate::events::EventType;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
-use crate::http::extract::{PageQuery, Path};
+use crate::http::extract::{PageQuery, PathId};
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
+use service::ids::PublicId;
 use service::outbox::{WebhookSecret, address};
 use service::pagination::{List, ListParams};
 use service::vocabulary::{stored, vocabulary};
@@ -431,11 +432,8 @@ async fn list_webhook_endpoints(
 async fn get_webhook_endpoint(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(id): PathId<EndpointId>,
 ) -> Result<Response, ApiError> {
-    if !EndpointId::fits(&id) {
-        return Err(endpoint_not_found(&id).into());
-    }
     let row = sqlx::query_as!(
         EndpointRow,
         r#"
@@ -443,12 +441,12 @@ async fn get_webhook_endpoint(
         FROM webhook_endpoints
         WHERE id = $1 AND account_id = $2
         "#,
-        id,
+        id.as_str(),
         account.id().as_str(),
     )
     .fetch_optional(&pool)
     .await?
-    .ok_or_else(|| endpoint_not_found(&id))?;
+    .ok_or_else(|| EndpointId::no_such(id.as_str()))?;
     Ok(axum::Json(row.parse()?).into_response())
 }
 
@@ -473,19 +471,16 @@ async fn get_webhook_endpoint(
 async fn delete_webhook_endpoint(
     State(pool): State<PgPool>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(id): PathId<EndpointId>,
 ) -> Result<Response, ApiError> {
-    if !EndpointId::fits(&id) {
-        return Err(endpoint_not_found(&id).into());
-    }
     let deleted = sqlx::query_scalar!(
         "DELETE FROM webhook_endpoints WHERE id = $1 AND account_id = $2 RETURNING id",
-        id,
+        id.as_str(),
         account.id().as_str(),
     )
     .fetch_optional(&pool)
     .await?
-    .ok_or_else(|| endpoint_not_found(&id))?;
+    .ok_or_else(|| EndpointId::no_such(id.as_str()))?;
     Ok(axum::Json(DeletedWebhookEndpoint {
         id: deleted,
         object: "webhook_endpoint",
@@ -498,13 +493,6 @@ service::public_id!(
     /// A webhook endpoint's id: `we_` and 24 base62 characters.
     pub EndpointId, "we", 24, "a webhook endpoint id"
 );
-
-fn endpoint_not_found(id: &str) -> Problem {
-    Problem::new(
-        ProblemKind::NotFound,
-        format!("No webhook endpoint `{id}`."),
-    )
-}
 
 #[cfg(test)]
 mod tests {

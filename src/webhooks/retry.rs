@@ -19,10 +19,11 @@ use crate::events::EventId;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
-use crate::http::extract::Path;
+use crate::http::extract::PathId;
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
+use service::ids::PublicId;
 use service::vocabulary::stored;
 
 /// How many deliveries of one event to one endpoint may be asked for (`POST
@@ -118,13 +119,9 @@ pub struct WebhookDelivery {
 async fn retry_event(
     State(idempotency): State<Idempotency>,
     account: Account,
-    Path(id): Path<String>,
+    PathId(id): PathId<EventId>,
     Idempotent { request, body }: Idempotent<EventRetry>,
 ) -> Result<Response, ApiError> {
-    // An id that cannot name an event is refused before the key is reserved.
-    if !EventId::fits(&id) {
-        return Err(event_not_found(&id).into());
-    }
     let account = account.id().clone();
     idempotency
         .run(request, move |lease| {
@@ -138,7 +135,7 @@ async fn retry_event(
 async fn queue(
     lease: Lease,
     account: AccountId,
-    event: String,
+    event: EventId,
     endpoint: EndpointId,
 ) -> Result<Completion, ApiError> {
     let mut tx = lease.begin().await?;
@@ -148,11 +145,11 @@ async fn queue(
     let body = sqlx::query_scalar!(
         "SELECT body FROM events WHERE account_id = $1 AND id = $2 FOR NO KEY UPDATE",
         account.as_str(),
-        event,
+        event.as_str(),
     )
     .fetch_optional(&mut *tx)
     .await?
-    .ok_or_else(|| event_not_found(&event))?;
+    .ok_or_else(|| EventId::no_such(event.as_str()))?;
     // Locked against the update that disables the endpoint until this commits: that update then
     // gives up this delivery with the endpoint's other pending ones. Without the lock, a delivery
     // queued while the endpoint is being disabled would stay pending for a disabled endpoint (the
@@ -193,7 +190,7 @@ async fn queue(
         WHERE account_id = $1 AND event_id = $2 AND endpoint_id = $3
         "#,
         account.as_str(),
-        event,
+        event.as_str(),
         endpoint.as_str(),
     )
     .fetch_one(&mut *tx)
@@ -230,7 +227,7 @@ async fn queue(
         RETURNING created_at
         "#,
         account.as_str(),
-        event,
+        event.as_str(),
         target.url,
         body,
         endpoint.as_str(),
@@ -239,7 +236,7 @@ async fn queue(
     .await?;
     let delivery = WebhookDelivery {
         object: "webhook_delivery",
-        event,
+        event: event.into(),
         endpoint: endpoint.into(),
         url: target.url,
         created_at,
@@ -249,8 +246,4 @@ async fn queue(
     let completion = lease.complete(tx, response).await?;
     super::metrics::manual_retry(super::metrics::ManualRetry::Queued);
     Ok(completion)
-}
-
-fn event_not_found(id: &str) -> Problem {
-    Problem::new(ProblemKind::NotFound, format!("No event `{id}`."))
 }

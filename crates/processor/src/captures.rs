@@ -20,10 +20,10 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
 use crate::ProcessorState;
-use crate::extract::Path;
+use crate::extract::PathId;
 use crate::handlers::{Made, charge_not_found};
 use crate::model::{
-    CaptureState, Charge, ChargeRow, IdKind, NewCapture, NewVoid, ProcessorEventType,
+    CaptureState, Charge, ChargeId, ChargeRow, NewCapture, NewVoid, ProcessorEventType,
 };
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::engine::Engine;
@@ -37,23 +37,22 @@ use service::vocabulary::stored;
 pub(crate) async fn capture_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
-    Path(id): Path<String>,
+    PathId(id): PathId<ChargeId>,
     Idempotent { request, body }: Idempotent<NewCapture>,
 ) -> Result<Response, Error> {
-    if !IdKind::Charge.is(&id) {
-        return Err(charge_not_found(&id).into());
-    }
     let shared = state.clone();
     let answer = state.idempotency.run(request, move |lease| async move {
         let made = async |tx: &mut PgConnection, key: &IdempotencyKey, _| {
             let amount = body.amount.map(i64::from);
-            Ok(capture(tx, &id, amount, key).await?.map(|charge| Made {
-                status: StatusCode::OK,
-                object: "charge",
-                data: json!({ "charge": charge.id, "amount": charge.amount_captured }),
-                event: ProcessorEventType::ChargeCaptured,
-                answer: charge,
-            }))
+            Ok(capture(tx, id.as_str(), amount, key)
+                .await?
+                .map(|charge| Made {
+                    status: StatusCode::OK,
+                    object: "charge",
+                    data: json!({ "charge": charge.id, "amount": charge.amount_captured }),
+                    event: ProcessorEventType::ChargeCaptured,
+                    answer: charge,
+                }))
         };
         shared.change_under_key(lease, made).await
     });
@@ -65,19 +64,16 @@ pub(crate) async fn capture_charge(
 pub(crate) async fn void_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
-    Path(id): Path<String>,
+    PathId(id): PathId<ChargeId>,
     Idempotent {
         request,
         body: NewVoid {},
     }: Idempotent<NewVoid>,
 ) -> Result<Response, Error> {
-    if !IdKind::Charge.is(&id) {
-        return Err(charge_not_found(&id).into());
-    }
     let shared = state.clone();
     let answer = state.idempotency.run(request, move |lease| async move {
         let made = async |tx: &mut PgConnection, key: &IdempotencyKey, _| {
-            Ok(void(tx, &id, key).await?.map(|charge| Made {
+            Ok(void(tx, id.as_str(), key).await?.map(|charge| Made {
                 status: StatusCode::OK,
                 object: "charge",
                 data: json!({ "charge": charge.id, "amount": charge.amount }),

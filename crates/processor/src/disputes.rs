@@ -13,11 +13,12 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::ProcessorState;
-use crate::extract::{Authorized, PageQuery, Path};
+use crate::extract::{Authorized, PageQuery, PathId};
 use crate::handlers::answer_page;
-use crate::model::{DisputeClosing, DisputeOutcome, DisputeRow, IdKind, tagged};
+use crate::model::{DisputeClosing, DisputeId, DisputeOutcome, DisputeRow, tagged};
 use crate::model::{DisputeStatus, ProcessorEventType};
 use crate::problem::{Error, Problem, ProblemKind};
+use service::ids::PublicId;
 use service::vocabulary::stored;
 
 /// `GET /v1/disputes`: every dispute, newest first, each naming its charge.
@@ -30,7 +31,7 @@ pub(crate) async fn list_disputes(
         &state.pool,
         &page,
         DisputeRow,
-        position(id) if IdKind::Dispute.is(id) =>
+        position(id) if DisputeId::fits(id) =>
             "SELECT created_at, id FROM processor_disputes WHERE id = $1", id;
         select: "SELECT id, charge_id AS charge, amount, status, created_at FROM processor_disputes",
         created_at: "created_at",
@@ -47,7 +48,7 @@ pub(crate) async fn list_disputes(
 pub(crate) async fn submit_evidence(
     State(state): State<ProcessorState>,
     _: Authorized,
-    Path(id): Path<String>,
+    PathId(id): PathId<DisputeId>,
 ) -> Result<Response, Error> {
     change(&state, &id, DisputeStatus::UnderReview).await
 }
@@ -58,7 +59,7 @@ pub(crate) async fn submit_evidence(
 pub(crate) async fn close_dispute(
     State(state): State<ProcessorState>,
     _: Authorized,
-    Path(id): Path<String>,
+    PathId(id): PathId<DisputeId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Error> {
     let body = body.map_err(Problem::from)?;
@@ -75,22 +76,18 @@ pub(crate) async fn close_dispute(
 /// disputed amount given back, in one transaction.
 async fn change(
     state: &ProcessorState,
-    id: &str,
+    id: &DisputeId,
     status: DisputeStatus,
 ) -> Result<Response, Error> {
-    let not_found = || Problem::new(ProblemKind::NotFound, format!("No dispute `{id}`."));
-    if !IdKind::Dispute.is(id) {
-        return Err(not_found().into());
-    }
     let mut tx = state.pool.begin().await?;
     let now: DisputeStatus = stored(
         &sqlx::query_scalar!(
             "SELECT status FROM processor_disputes WHERE id = $1 FOR UPDATE",
-            id
+            id.as_str()
         )
         .fetch_optional(&mut *tx)
         .await?
-        .ok_or_else(not_found)?,
+        .ok_or_else(|| DisputeId::no_such(id.as_str()))?,
     )?;
     let allowed = match status {
         DisputeStatus::UnderReview => now == DisputeStatus::NeedsResponse,
@@ -115,7 +112,7 @@ async fn change(
         UPDATE processor_disputes SET status = $2 WHERE id = $1
         RETURNING id, charge_id AS charge, amount, status, created_at
         "#,
-        id,
+        id.as_str(),
         status.as_str(),
     )
     .fetch_one(&mut *tx)

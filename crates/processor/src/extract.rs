@@ -1,33 +1,33 @@
 //! The processor's extractors: its bearer key, the owner of its keys (so that its mutating routes
-//! take the mechanism's [`Idempotent`](idempotency::Idempotent)), paths and pages.
+//! take the mechanism's [`Idempotent`](idempotency::Idempotent)) and pages; a path's id is
+//! [`PathId`].
 //! Only who may call differs from idempay: one API key for the processor, where idempay has
 //! accounts.
 
 use axum::extract::FromRequestParts;
-use axum::extract::rejection::PathRejection;
 use axum::http::header;
 use axum::http::request::Parts;
 
 use crate::ProcessorState;
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::{IdempotencyKey, Owners};
+use service::ids::PublicId;
 use service::pagination::PageRequest;
 
 /// The owner of every processor key's scope (`processor:POST /v1/charges`). No account id has this
 /// shape, so the processor's keys never meet idempay's in the shared table.
 pub const SCOPE_OWNER: &str = "processor";
 
-/// A path parameter; one that cannot be decoded names no resource: 404.
-#[derive(Debug, FromRequestParts)]
-#[from_request(via(axum::extract::Path), rejection(Problem))]
-pub struct Path<T>(pub T);
+/// An object's id from the route's `{id}`, of the kind `T`: `PathId(id): PathId<ChargeId>`. One
+/// that cannot be such an id is a 404 `not-found`, as one that names nothing the caller may see.
+#[derive(Debug)]
+pub struct PathId<T>(pub T);
 
-impl From<PathRejection> for Problem {
-    fn from(rejection: PathRejection) -> Self {
-        Problem::new(
-            ProblemKind::NotFound,
-            format!("No such resource: {}.", rejection.body_text()),
-        )
+impl<S: Send + Sync, T: PublicId> FromRequestParts<S> for PathId<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        Ok(Self(service::ids::from_path(parts, state).await?))
     }
 }
 

@@ -18,17 +18,19 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use crate::ProcessorState;
-use crate::extract::{Authorized, KeyedPageQuery, Path};
+use crate::extract::{Authorized, KeyedPageQuery, PathId};
 use crate::faults::Faults;
 use crate::model::{
-    CaptureState, Charge, ChargeRow, ChargeStatus, DisputeRow, IdKind, NewCharge, NewDispute,
-    NewRefund, PaymentMethod, ProcessorEventType, ProcessorRefund, RefundRow, RefundStatus, tagged,
+    CaptureState, Charge, ChargeId, ChargeRow, ChargeStatus, DisputeId, DisputeRow, NewCharge,
+    NewDispute, NewRefund, PaymentMethod, ProcessorEventType, ProcessorRefund, RefundId, RefundRow,
+    RefundStatus, tagged,
 };
 use crate::problem::{Error, Problem, ProblemKind};
 use idempotency::engine::Engine;
 use idempotency::{
     Completion, Fence, IDEMPOTENT_REPLAYED, IdempotencyKey, Idempotent, Lease, StoredResponse,
 };
+use service::ids::PublicId;
 use service::outbox::delivery;
 use service::pagination::{List, PageRequest};
 use service::server::Hangup;
@@ -186,7 +188,7 @@ async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<C
         (None, false) => (CaptureState::RequiresCapture, 0),
     };
     let charge = Charge {
-        id: IdKind::Charge.generate(),
+        id: ChargeId::generate().into(),
         amount,
         currency: new.currency.as_str().to_owned(),
         status: match decline_code {
@@ -323,12 +325,8 @@ async fn record_charge(
 pub(crate) async fn get_charge(
     State(state): State<ProcessorState>,
     _: Authorized,
-    Path(id): Path<String>,
+    PathId(id): PathId<ChargeId>,
 ) -> Result<Response, Error> {
-    let not_found = || Problem::new(ProblemKind::NotFound, format!("No charge `{id}`."));
-    if !IdKind::Charge.is(&id) {
-        return Err(not_found().into());
-    }
     let row = sqlx::query_as!(
         ChargeRow,
         r#"
@@ -338,11 +336,11 @@ pub(crate) async fn get_charge(
         FROM processor_charges
         WHERE id = $1
         "#,
-        id,
+        id.as_str(),
     )
     .fetch_optional(&state.pool)
     .await?
-    .ok_or_else(not_found)?;
+    .ok_or_else(|| ChargeId::no_such(id.as_str()))?;
     Ok(axum::Json(tagged("charge", &row.parse()?)).into_response())
 }
 
@@ -420,7 +418,7 @@ pub(crate) async fn list_charges(
         &state.pool,
         &page,
         ChargeRow,
-        position(id) if IdKind::Charge.is(id) =>
+        position(id) if ChargeId::fits(id) =>
             "SELECT created_at, id FROM processor_charges WHERE id = $1", id;
         select: r#"SELECT id, amount, currency, status, payment_method, decline_code,
                           amount_refunded, capture_state, amount_captured, capture_key, void_key,
@@ -444,17 +442,13 @@ pub(crate) async fn list_charges(
 pub(crate) async fn create_refund(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
-    Path(id): Path<String>,
+    PathId(id): PathId<ChargeId>,
     Idempotent { request, body }: Idempotent<NewRefund>,
 ) -> Result<Response, Error> {
-    // An id that cannot name a charge is refused before the key is reserved.
-    if !IdKind::Charge.is(&id) {
-        return Err(charge_not_found(&id).into());
-    }
     let shared = state.clone();
     let answer = state.idempotency.run(request, move |lease| async move {
         let made = async |tx: &mut PgConnection, key: &IdempotencyKey, at| {
-            Ok(refund(tx, &id, &body, key, at).await?.map(|refund| Made {
+            Ok(refund(tx, id.as_str(), &body, key, at).await?.map(|refund| Made {
                 status: StatusCode::CREATED,
                 object: "refund",
                 data: json!({ "charge": refund.charge, "refund": refund.id, "amount": refund.amount }),
@@ -527,7 +521,7 @@ async fn refund(
         VALUES ($1, $2, $3, $6, $4, $5)
         RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
-        IdKind::Refund.generate(),
+        String::from(RefundId::generate()),
         charge,
         amount,
         key.as_str(),
@@ -564,7 +558,7 @@ pub(crate) async fn list_refunds(
         &state.pool,
         &page,
         RefundRow,
-        position(id) if IdKind::Refund.is(id) =>
+        position(id) if RefundId::fits(id) =>
             "SELECT created_at, id FROM processor_refunds WHERE id = $1", id;
         select: r#"SELECT id, charge_id, amount, status, idempotency_key, created_at
                    FROM processor_refunds"#,
@@ -586,12 +580,9 @@ pub(crate) async fn list_refunds(
 pub(crate) async fn create_dispute(
     State(state): State<ProcessorState>,
     _: Authorized,
-    Path(id): Path<String>,
+    PathId(id): PathId<ChargeId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Error> {
-    if !IdKind::Charge.is(&id) {
-        return Err(charge_not_found(&id).into());
-    }
     let body = body.map_err(Problem::from)?;
     let new: NewDispute = serde_json::from_slice(&body)
         .map_err(|error| Problem::invalid_body::<NewDispute>(&body, &error))?;
@@ -603,12 +594,12 @@ pub(crate) async fn create_dispute(
                capture_state
         FROM processor_charges WHERE id = $1 FOR UPDATE
         "#,
-        id,
+        id.as_str(),
     )
     .fetch_optional(&mut *tx)
     .await?
     else {
-        return Err(charge_not_found(&id).into());
+        return Err(ChargeId::no_such(id.as_str()).into());
     };
     // Only captured money can be disputed: an authorization never left the card.
     let open = charged.captured - charged.amount_disputed;
@@ -632,8 +623,8 @@ pub(crate) async fn create_dispute(
         VALUES ($1, $2, $3)
         RETURNING id, charge_id AS charge, amount, status, created_at
         "#,
-        IdKind::Dispute.generate(),
-        id,
+        String::from(DisputeId::generate()),
+        id.as_str(),
         amount,
     )
     .fetch_one(&mut *tx)
@@ -641,7 +632,7 @@ pub(crate) async fn create_dispute(
     .parse()?;
     sqlx::query!(
         "UPDATE processor_charges SET amount_disputed = amount_disputed + $2 WHERE id = $1",
-        id,
+        id.as_str(),
         amount,
     )
     .execute(&mut *tx)
@@ -665,12 +656,8 @@ pub(crate) async fn create_dispute(
 pub(crate) async fn fail_refund(
     State(state): State<ProcessorState>,
     _: Authorized,
-    Path(id): Path<String>,
+    PathId(id): PathId<RefundId>,
 ) -> Result<Response, Error> {
-    let not_found = || Problem::new(ProblemKind::NotFound, format!("No refund `{id}`."));
-    if !IdKind::Refund.is(&id) {
-        return Err(not_found().into());
-    }
     let mut tx = state.pool.begin().await?;
     let failed = sqlx::query_as!(
         RefundRow,
@@ -679,13 +666,13 @@ pub(crate) async fn fail_refund(
         WHERE id = $1 AND status = $3
         RETURNING id, charge_id, amount, status, idempotency_key, created_at
         "#,
-        id,
+        id.as_str(),
         RefundStatus::Failed.as_str(),
         RefundStatus::Succeeded.as_str(),
     )
     .fetch_optional(&mut *tx)
     .await?
-    .ok_or_else(not_found)?;
+    .ok_or_else(|| RefundId::no_such(id.as_str()))?;
     sqlx::query!(
         "UPDATE processor_charges SET amount_refunded = amount_refunded - $2 WHERE id = $1",
         failed.charge_id,
@@ -704,5 +691,5 @@ pub(crate) async fn fail_refund(
 }
 
 pub(crate) fn charge_not_found(id: &str) -> Problem {
-    Problem::new(ProblemKind::NotFound, format!("No charge `{id}`."))
+    ChargeId::no_such(id).into()
 }

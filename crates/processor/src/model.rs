@@ -4,11 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use service::ids;
 use service::vocabulary::{stored, vocabulary};
-
-/// The length of the random part of every processor id.
-const ID_LEN: usize = 24;
 
 /// The most one charge may be, in minor units: a card network's bound, not a client's.
 const MAX_AMOUNT: i64 = 99_999_999;
@@ -303,32 +299,20 @@ pub(crate) fn tagged<'a, T>(object: &'static str, resource: &'a T) -> Tagged<'a,
     Tagged { object, resource }
 }
 
-/// The kinds of id the processor hands out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum IdKind {
-    Charge,
-    Refund,
-    Dispute,
-}
+service::public_id!(
+    /// A charge's id: `ch_` and 24 base62 characters.
+    pub ChargeId, "ch", 24, "a charge id"
+);
 
-impl IdKind {
-    fn prefix(self) -> &'static str {
-        match self {
-            Self::Charge => "ch",
-            Self::Refund => "pyr",
-            Self::Dispute => "dp",
-        }
-    }
+service::public_id!(
+    /// A refund's id at the processor: `pyr_` and 24 base62 characters.
+    pub RefundId, "pyr", 24, "a refund id"
+);
 
-    pub(crate) fn generate(self) -> String {
-        ids::generate(self.prefix(), ID_LEN)
-    }
-
-    /// Whether `raw` has this kind's shape; anything else names nothing and is not worth a query.
-    pub(crate) fn is(self, raw: &str) -> bool {
-        ids::has_shape(raw, self.prefix(), ID_LEN)
-    }
-}
+service::public_id!(
+    /// A dispute's id: `dp_` and 24 base62 characters.
+    pub DisputeId, "dp", 24, "a dispute id"
+);
 
 /// A `processor_charges` row.
 pub(crate) struct ChargeRow {
@@ -499,20 +483,19 @@ mod tests {
 
     #[test]
     fn ids_have_their_own_prefixes_and_are_recognised() {
-        for kind in [IdKind::Charge, IdKind::Refund, IdKind::Dispute] {
-            let id = kind.generate();
-            assert!(kind.is(&id), "{id}");
-        }
-        assert!(IdKind::Refund.generate().starts_with("pyr_"));
-        assert!(!IdKind::Charge.is("ch_short"));
-        assert!(!IdKind::Refund.is(&IdKind::Charge.generate()));
-        assert!(!IdKind::Charge.is("chx_aaaaaaaaaaaaaaaaaaaaaaaa"));
+        assert!(ChargeId::fits(ChargeId::generate().as_str()));
+        assert!(RefundId::fits(RefundId::generate().as_str()));
+        assert!(DisputeId::fits(DisputeId::generate().as_str()));
+        assert!(RefundId::generate().as_str().starts_with("pyr_"));
+        assert!(!ChargeId::fits("ch_short"));
+        assert!(!RefundId::fits(ChargeId::generate().as_str()));
+        assert!(!ChargeId::fits("chx_aaaaaaaaaaaaaaaaaaaaaaaa"));
     }
 
     #[test]
     fn a_charge_is_sent_with_its_object_and_read_back_without_it() {
         let charge = Charge {
-            id: IdKind::Charge.generate(),
+            id: ChargeId::generate().into(),
             amount: 4200,
             currency: "eur".into(),
             status: ChargeStatus::Declined,

@@ -12,6 +12,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idempotency::{BodyError, Refusal, StoredResponse};
 use serde::Serialize;
+use service::ids::NoSuch;
 use service::pagination::{ListError, PageError};
 use service::problem::PROBLEM_JSON;
 
@@ -343,6 +344,19 @@ impl From<PageError> for Problem {
             PageError::UnknownCursor(_) => ProblemKind::NotFound,
         };
         Self::new(kind, error.to_string())
+    }
+}
+
+/// A path that names no object of its kind, or none that exists: 404 `not-found`.
+impl From<NoSuch> for Problem {
+    fn from(no_such: NoSuch) -> Self {
+        Problem::new(ProblemKind::NotFound, no_such.0)
+    }
+}
+
+impl From<NoSuch> for Error {
+    fn from(no_such: NoSuch) -> Self {
+        Self::Problem(no_such.into())
     }
 }
 

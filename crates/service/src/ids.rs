@@ -25,10 +25,65 @@ pub fn has_shape(raw: &str, prefix: &str, len: usize) -> bool {
         })
 }
 
+/// An id of one kind of object, as a route reads it from its path ([`from_path`]): what the kind is
+/// called, and which strings can be one. `public_id!` implements it; a kind whose ids another
+/// service chooses implements it by hand.
+pub trait PublicId: Sized {
+    /// What an id of this kind names, as a 404 says it: `payment`, `webhook endpoint`.
+    fn object() -> &'static str;
+
+    /// The id `raw` is, if it can be one of this kind; anything else names nothing, and is not
+    /// worth a query.
+    fn parse(raw: &str) -> Option<Self>;
+
+    /// The 404 of `raw`, whether it cannot be an id of this kind or names no such object the
+    /// caller may see: the two read alike, so a 404 tells nobody which ids exist.
+    fn no_such(raw: &str) -> NoSuch {
+        NoSuch(format!("No {} `{raw}`.", Self::object()))
+    }
+}
+
+/// A path that names no object of the kind it asks for: a 404, whose detail this holds. Each
+/// service answers it as its own `not-found` problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoSuch(pub String);
+
+impl std::fmt::Display for NoSuch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The id of a route's `{id}`, of the kind `T`: what each service's `PathId<T>` extractor reads,
+/// and rejects as its own problem. A segment that cannot be decoded (not UTF-8) or cannot be such
+/// an id is [`NoSuch`], found before the handler runs: before a query, and before an idempotency
+/// key is reserved.
+pub async fn from_path<T: PublicId, S: Send + Sync>(
+    parts: &mut axum::http::request::Parts,
+    state: &S,
+) -> Result<T, NoSuch> {
+    use axum::extract::{FromRequestParts, Path};
+    let Path(raw) = Path::<String>::from_request_parts(parts, state)
+        .await
+        .map_err(|rejection| NoSuch(format!("No such resource: {}.", rejection.body_text())))?;
+    T::parse(&raw).ok_or_else(|| T::no_such(&raw))
+}
+
+/// What an id of a `public_id!` kind names, from its description: "a webhook endpoint id" gives
+/// "webhook endpoint".
+#[doc(hidden)]
+pub fn object_of(what: &'static str) -> &'static str {
+    let named = what
+        .strip_prefix("an ")
+        .or_else(|| what.strip_prefix("a "))
+        .unwrap_or(what);
+    named.strip_suffix(" id").unwrap_or(named)
+}
+
 /// Declares a public id's newtype: `public_id!(PaymentId, "pay", 24, "a payment id")` makes a
 /// `PaymentId` that holds only what [`generate`] could have made with that prefix and length.
 /// `generate`, `parse` (`None` for any other shape, so a look-up of it can be skipped), `fits`,
-/// `as_str` and `Display`; it serialises as its string and deserialises only from a string of
+/// `as_str`, `Display` and [`PublicId`] (so a route reads it from its path, [`from_path`]); it serialises as its string and deserialises only from a string of
 /// its shape, the error naming the id (`"a payment id"`) and the shape.
 #[macro_export]
 macro_rules! public_id {
@@ -55,6 +110,17 @@ macro_rules! public_id {
 
             pub fn as_str(&self) -> &str {
                 &self.0
+            }
+        }
+
+        impl $crate::ids::PublicId for $name {
+            fn object() -> &'static str {
+                $crate::ids::object_of($what)
+            }
+
+            fn parse(raw: &str) -> Option<Self> {
+                // The inherent `parse`: an inherent method comes before a trait's.
+                $name::parse(raw)
             }
         }
 
@@ -149,5 +215,14 @@ mod tests {
             "{refused}"
         );
         assert_eq!(String::from(id.clone()), id.to_string());
+    }
+
+    #[test]
+    fn a_public_id_names_its_object_in_a_404() {
+        assert_eq!(TestId::object(), "test");
+        assert_eq!(object_of("a webhook endpoint id"), "webhook endpoint");
+        assert_eq!(object_of("an event id"), "event");
+        assert_eq!(TestId::no_such("tst_x").to_string(), "No test `tst_x`.");
+        assert_eq!(<TestId as PublicId>::parse("tst_short"), None);
     }
 }

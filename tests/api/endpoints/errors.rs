@@ -404,3 +404,86 @@ async fn the_service_sessions_bound_statements_locks_and_idle_transactions() {
         "the service's sessions set synchronous_commit"
     );
 }
+
+/// A path's id that cannot be one of its kind reads as one that names nothing: the same 404 and
+/// the same sentence, so a 404 never tells which ids exist. On a keyed route it is refused before
+/// the key is reserved (the body, empty here, is not even read), so the key stays free for the
+/// call the client meant.
+#[api_test]
+async fn an_id_of_another_kind_is_the_404_of_a_missing_one_and_reserves_no_key() {
+    let app = TestApp::spawn().await;
+    let missing = "pay_000000000000000000000000";
+    let too_long = "d".repeat(101);
+    for (path, detail) in [
+        (
+            format!("/v1/payments/{missing}"),
+            format!("No payment `{missing}`."),
+        ),
+        (
+            "/v1/payments/re_000000000000000000000000".to_owned(),
+            "No payment `re_000000000000000000000000`.".to_owned(),
+        ),
+        (
+            format!("/v1/payments/{missing}/refunds"),
+            format!("No payment `{missing}`."),
+        ),
+        (
+            "/v1/payments/pay_short/refunds".to_owned(),
+            "No payment `pay_short`.".to_owned(),
+        ),
+        (
+            format!("/v1/refunds/{missing}"),
+            format!("No refund `{missing}`."),
+        ),
+        (
+            "/v1/events/evt_short".to_owned(),
+            "No event `evt_short`.".to_owned(),
+        ),
+        (
+            "/v1/events/evt_short/attempts".to_owned(),
+            "No event `evt_short`.".to_owned(),
+        ),
+        (
+            "/v1/webhook_endpoints/we_short".to_owned(),
+            "No webhook endpoint `we_short`.".to_owned(),
+        ),
+        (
+            format!("/v1/disputes/{too_long}"),
+            format!("No dispute `{too_long}`."),
+        ),
+        (
+            "/v1/disputes/dp_none".to_owned(),
+            "No dispute `dp_none`.".to_owned(),
+        ),
+    ] {
+        let problem = app.get(&path).await.assert_problem(404, "not-found");
+        assert_eq!(problem["detail"], detail, "GET {path}");
+    }
+    let deleted = app
+        .send(
+            app.client()
+                .delete(app.url("/v1/webhook_endpoints/we_short"))
+                .bearer_auth(&app.api_key),
+        )
+        .await
+        .assert_problem(404, "not-found");
+    assert_eq!(deleted["detail"], "No webhook endpoint `we_short`.");
+
+    for (path, detail) in [
+        ("/v1/payments/pay_short/capture", "No payment `pay_short`."),
+        ("/v1/payments/pay_short/cancel", "No payment `pay_short`."),
+        ("/v1/payments/pay_short/refunds", "No payment `pay_short`."),
+        ("/v1/events/evt_short/retry", "No event `evt_short`."),
+    ] {
+        let problem = app
+            .post_keyed(path, &new_key(), &json!({}))
+            .await
+            .assert_problem(404, "not-found");
+        assert_eq!(problem["detail"], detail, "POST {path}");
+    }
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(keys, 0, "a refused id reserves no key");
+}
