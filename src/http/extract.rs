@@ -25,8 +25,8 @@ impl From<PathRejection> for Problem {
     }
 }
 
-/// A path that names no object of its kind (`service::ids::PathId`), or no object the account
-/// has: 404 `not-found`.
+/// A path whose id cannot be of its kind ([`PathId`]), or names no object the account has: 404
+/// `not-found`.
 impl From<NoSuch> for Problem {
     fn from(no_such: NoSuch) -> Self {
         Problem::new(ProblemKind::NotFound, no_such.0)

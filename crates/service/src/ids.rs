@@ -83,8 +83,9 @@ pub fn object_of(what: &'static str) -> &'static str {
 /// Declares a public id's newtype: `public_id!(PaymentId, "pay", 24, "a payment id")` makes a
 /// `PaymentId` that holds only what [`generate`] could have made with that prefix and length.
 /// `generate`, `parse` (`None` for any other shape, so a look-up of it can be skipped), `fits`,
-/// `as_str`, `Display` and [`PublicId`] (so a route reads it from its path, [`from_path`]); it serialises as its string and deserialises only from a string of
-/// its shape, the error naming the id (`"a payment id"`) and the shape.
+/// `as_str`, `Display` and [`PublicId`] (so a route reads it from its path, [`from_path`]); it
+/// serialises as its string and deserialises only from a string of its shape, the error naming
+/// the id (`"a payment id"`) and the shape.
 #[macro_export]
 macro_rules! public_id {
     ($(#[$meta:meta])* $vis:vis $name:ident, $prefix:literal, $len:literal, $what:literal) => {
