@@ -130,6 +130,7 @@ impl FromRef<AppState> for metrics::Readings {
             crate::recovery::read_keys,
             service::outbox::lag::read_oldest_due,
             crate::webhooks::metrics::read_endpoints,
+            crate::db::read_idle_in_transaction,
         ])
     }
 }
@@ -297,6 +298,7 @@ impl Application {
             crate::downstream::metrics::describe();
             crate::recovery::describe_metrics();
             crate::recovery::describe_key_gauges();
+            crate::db::describe();
         });
         crate::config::check_delivery_retention(
             settings.shared.webhook_delivery_retention,

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use clap::Args;
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 pub use idempotency::connections::{Lent, Lot, Server};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -68,6 +69,73 @@ pub fn check_lease(lease: Duration, pool: &PoolLimits) -> Result<(), String> {
     })
 }
 
+/// The `application_name` of the pool's connections when the database URL sets none: what the
+/// gauge of backends idle in a transaction looks for in `pg_stat_activity` (the lot's connections
+/// name themselves after it, [`Lot::beside`]).
+pub const APPLICATION_NAME: &str = "idempay";
+
+/// Connections the pool's release check closed rather than lend again, by reason.
+pub const CONNECTIONS_DISCARDED: &str = "idempay_db_connections_discarded_total";
+
+/// Backends of this service idle inside a transaction that has been open for longer than
+/// [`IDLE_IN_TRANSACTION_AFTER`], read from `pg_stat_activity` at each scrape. The transaction's
+/// age, not the idle spell's: a stray transaction on a connection reused every few seconds is
+/// idle only briefly each time, and is the one that does harm (its `idle_in_transaction_session_
+/// timeout` never fires).
+pub const IDLE_IN_TRANSACTION: &str = "idempay_db_backends_idle_in_transaction";
+
+/// How long a backend may sit idle in a transaction before [`IDLE_IN_TRANSACTION`] counts it. The
+/// service's transactions take milliseconds and never wait on anything outside the database.
+pub const IDLE_IN_TRANSACTION_AFTER: Duration = Duration::from_secs(5);
+
+/// Describes the pool's series, for the recorder.
+pub fn describe() {
+    metrics::describe_counter!(
+        CONNECTIONS_DISCARDED,
+        "Connections the pool closed on their return instead of lending them again, by reason \
+         (in_transaction, aborted_transaction): a request dropped mid-transaction left them so."
+    );
+    metrics::describe_gauge!(
+        IDLE_IN_TRANSACTION,
+        "Backends of this service (the pool's and the lot's) idle inside a transaction open for \
+         more than 5 s, from pg_stat_activity: each holds its locks and its snapshot."
+    );
+    // Both reasons exported from the start at 0: a scraper sees the series before the first
+    // discard, so the first one is an increase (a series born at 1 increases by nothing).
+    for reason in [Discarded::InTransaction, Discarded::AbortedTransaction] {
+        metrics::counter!(CONNECTIONS_DISCARDED, "reason" => reason.as_str()).absolute(0);
+    }
+}
+
+/// Reads [`IDLE_IN_TRANSACTION`], for a scrape ([`crate::http::metrics::Readings`]).
+pub fn read_idle_in_transaction(pool: &PgPool) -> BoxFuture<'_, ()> {
+    async move {
+        let name = pool
+            .connect_options()
+            .get_application_name()
+            .unwrap_or(APPLICATION_NAME)
+            .to_owned();
+        let after = IDLE_IN_TRANSACTION_AFTER.as_secs_f64();
+        let idle = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "backends!" FROM pg_stat_activity
+               WHERE datname = current_database()
+                 AND (application_name = $1 OR application_name = $1 || ' (lot)')
+                 AND state IN ('idle in transaction', 'idle in transaction (aborted)')
+                 AND xact_start < now() - make_interval(secs => $2)"#,
+            name,
+            after,
+        )
+        .fetch_one(pool)
+        .await;
+        match idle {
+            #[allow(clippy::cast_precision_loss, reason = "a count of backends")]
+            Ok(backends) => metrics::gauge!(IDLE_IN_TRANSACTION).set(backends as f64),
+            Err(error) => tracing::warn!(%error, "backends idle in a transaction not read"),
+        }
+    }
+    .boxed()
+}
+
 /// Limits every session sets, so a stuck query or a forgotten transaction cannot hold a pool
 /// connection (and the locks it took) for long. Every statement of the service takes milliseconds.
 const SESSION_LIMITS: [(&str, &str); 3] = [
@@ -89,7 +157,10 @@ pub fn pool(database_url: &str) -> Result<PgPool, sqlx::Error> {
 /// server started after the one before (a restart, a failover), the connections at rest from
 /// before are retired as they come up, never handed to a request ([`Server::predates`]).
 pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx::Error> {
-    let options = PgConnectOptions::from_str(database_url)?.options(SESSION_LIMITS);
+    let mut options = PgConnectOptions::from_str(database_url)?.options(SESSION_LIMITS);
+    if options.get_application_name().is_none() {
+        options = options.application_name(APPLICATION_NAME);
+    }
     let server = Server::at(&options);
     let met = Arc::clone(&server);
     Ok(PgPoolOptions::new()
@@ -109,7 +180,82 @@ pub fn pool_with(database_url: &str, limits: PoolLimits) -> Result<PgPool, sqlx:
             let current = !server.predates(meta.age);
             async move { Ok(current) }.boxed()
         })
+        .after_release(|connection, meta| released_outside_a_transaction(connection, meta).boxed())
         .connect_lazy_with(options))
+}
+
+/// Asked of every connection that comes back to the pool, after its owner's queued `ROLLBACK` (a
+/// transaction dropped unfinished) has run. In PostgreSQL's simple protocol a statement outside a
+/// transaction block runs in a transaction of its own, which starts with it (`now()` is
+/// `statement_timestamp()`); inside a block, `now()` is when the block began. An aborted block
+/// refuses the statement with 25P02.
+const RELEASE_CHECK: &str = "SELECT now() = statement_timestamp(), \
+     (extract(epoch FROM statement_timestamp() - now()) * 1000)::int8, \
+     pg_current_xact_id_if_assigned() IS NOT NULL, pg_backend_pid()";
+
+/// Why the release check closed a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Discarded {
+    /// The server is inside a transaction block that nobody on this side knows of.
+    InTransaction,
+    /// The server is inside a failed transaction block: every statement on it would fail (25P02).
+    AbortedTransaction,
+}
+
+impl Discarded {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::InTransaction => "in_transaction",
+            Self::AbortedTransaction => "aborted_transaction",
+        }
+    }
+}
+
+/// The pool's release check (sqlx's `after_release`): a connection whose session is inside a
+/// transaction is closed, never lent again, counted in [`CONNECTIONS_DISCARDED`] and logged.
+///
+/// Lent on, such a connection would run the next borrowers' autocommit statements inside a
+/// transaction that is not theirs: acknowledged writes nobody else sees, committed late or rolled
+/// back by a stranger, and after one failed statement a 25P02 for every statement after it. sqlx
+/// keeps no count of a `BEGIN` whose answer its owner never awaited (before 0.9.1), and its release
+/// ping reads the server's transaction status without acting on it; this check does. It costs a
+/// round trip per release, beside sqlx's own ping, in the task that hands the connection back, not
+/// in the request's (`make bench-compare`, bench/README.md).
+async fn released_outside_a_transaction(
+    connection: &mut sqlx::PgConnection,
+    meta: sqlx::pool::PoolConnectionMetadata,
+) -> Result<bool, sqlx::Error> {
+    use sqlx::Row;
+    let discarded = match sqlx::raw_sql(RELEASE_CHECK)
+        .fetch_one(&mut *connection)
+        .await
+    {
+        Ok(row) if row.try_get::<bool, _>(0)? => return Ok(true),
+        Ok(row) => {
+            tracing::warn!(
+                backend = row.try_get::<i32, _>(3)?,
+                open_ms = row.try_get::<i64, _>(1)?,
+                wrote = row.try_get::<bool, _>(2)?,
+                connection_age = ?meta.age,
+                "a connection came back to the pool inside a transaction nobody will end (a \
+                 future dropped while its BEGIN was answered?): closed, not lent again; its \
+                 uncommitted statements are rolled back"
+            );
+            Discarded::InTransaction
+        }
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("25P02") => {
+            tracing::warn!(
+                connection_age = ?meta.age,
+                "a connection came back to the pool inside a failed transaction: closed, not lent \
+                 again"
+            );
+            Discarded::AbortedTransaction
+        }
+        // Broken otherwise: sqlx closes it without a word to the server.
+        Err(error) => return Err(error),
+    };
+    metrics::counter!(CONNECTIONS_DISCARDED, "reason" => discarded.as_str()).increment(1);
+    Ok(false)
 }
 /// Applies the migrations under `migrations/` that have not run yet.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {

@@ -15,7 +15,7 @@
 //! The calls are Citus functions, which a plain PostgreSQL does not have: they are built at run
 //! time, not checked at compile time like the rest of the SQL.
 
-use sqlx::{Connection, PgPool};
+use sqlx::{AssertSqlSafe, Connection, PgPool};
 
 /// The reference table: a copy on every node, so that the foreign keys of distributed tables can
 /// name it and every node reads it locally.
@@ -72,7 +72,7 @@ pub async fn distribute(pool: &PgPool) -> Result<Distribution, sqlx::Error> {
         .filter(|table| !done.iter().any(|name| name == table))
         .collect();
     let foreign_keys: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+        "SELECT conrelid::regclass::text, quote_ident(conname), pg_get_constraintdef(oid)
          FROM pg_catalog.pg_constraint
          WHERE contype = 'f' AND conrelid::regclass::text = ANY($1)
            AND confrelid::regclass::text = ANY($1)",
@@ -80,10 +80,14 @@ pub async fn distribute(pool: &PgPool) -> Result<Distribution, sqlx::Error> {
     .bind(&pending)
     .fetch_all(&mut connection)
     .await?;
+    // Every name is the catalog's own, quoted by it (`regclass`'s text, `quote_ident`), and the
+    // definition is `pg_get_constraintdef`'s: nothing of a request reaches these statements.
     for (table, name, _) in &foreign_keys {
-        sqlx::query(&format!("ALTER TABLE {table} DROP CONSTRAINT {name}"))
-            .execute(&mut connection)
-            .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "ALTER TABLE {table} DROP CONSTRAINT {name}"
+        )))
+        .execute(&mut connection)
+        .await?;
     }
     let mut distribution = Distribution::default();
     for &table in REFERENCE {
@@ -110,9 +114,9 @@ pub async fn distribute(pool: &PgPool) -> Result<Distribution, sqlx::Error> {
         }
     }
     for (table, name, definition) in &foreign_keys {
-        sqlx::query(&format!(
+        sqlx::query(AssertSqlSafe(format!(
             "ALTER TABLE {table} ADD CONSTRAINT {name} {definition}"
-        ))
+        )))
         .execute(&mut connection)
         .await?;
     }

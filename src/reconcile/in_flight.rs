@@ -135,7 +135,7 @@ impl Later {
                     .filter_map(|r| r.idempotency_key.as_deref()),
             )
             .collect());
-        let mut tx = pool.begin().await?;
+        let mut tx = idempotency::connections::begin(pool).await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;

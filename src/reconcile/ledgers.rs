@@ -115,7 +115,7 @@ impl Ours {
     /// payment is read with its refunds and disputes), so that a payment's figures and the rows
     /// they sum are of one moment.
     pub(super) async fn read(pool: &PgPool) -> anyhow::Result<Self> {
-        let mut tx = pool.begin().await?;
+        let mut tx = idempotency::connections::begin(pool).await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;

@@ -219,7 +219,7 @@ async fn process(
     body: &[u8],
     ttl: Duration,
 ) -> Result<Result<EventOutcome, NotRecorded>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = idempotency::connections::begin(pool).await?;
     let recorded = sqlx::query_scalar!(
         r#"
         INSERT INTO processed_events (id, type, outcome, expires_at)

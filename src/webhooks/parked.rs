@@ -172,7 +172,7 @@ async fn apply(
     id: &str,
     kind: &str,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = idempotency::connections::begin(pool).await?;
     let outcome = sqlx::query_scalar!(
         r#"
         INSERT INTO processed_events (id, type, outcome, expires_at)

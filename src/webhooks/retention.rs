@@ -37,7 +37,7 @@ pub async fn prune_events(
     if engine == Engine::Citus {
         return prune_events_unlocked(pool, retention).await;
     }
-    let mut tx = pool.begin().await?;
+    let mut tx = idempotency::connections::begin(pool).await?;
     let batch = sqlx::query!(
         r#"
         SELECT account_id, id FROM events

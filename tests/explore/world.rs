@@ -130,11 +130,13 @@ impl Postgres {
         let mut connection = PgConnection::connect(&self.url("postgres"))
             .await
             .expect("connect");
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
-            .execute(&mut connection)
-            .await
-            .expect("drop");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name}"
+        )))
+        .execute(&mut connection)
+        .await
+        .expect("drop");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut connection)
             .await
             .expect("create");
@@ -219,7 +221,7 @@ impl Citus {
                 format!("DROP DATABASE IF EXISTS {name}"),
                 format!("CREATE DATABASE {name}"),
             ] {
-                sqlx::query(&statement)
+                sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
                     .execute(&mut admin)
                     .await
                     .unwrap_or_else(|error| panic!("{statement} on port {port}: {error}"));

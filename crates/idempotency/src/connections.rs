@@ -1,6 +1,7 @@
 //! The connections of the key lifecycle: the [`Lot`] its single statements run on, taken back
-//! without sqlx's release ping, and the [`Server`] generations that keep a connection from before
-//! a database restart from ever being used again (the service's pool asks the same registry).
+//! without sqlx's release ping, the [`Server`] generations that keep a connection from before
+//! a database restart from ever being used again (the service's pool asks the same registry), and
+//! [`begin`], the one way the workspace opens a transaction.
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -9,8 +10,38 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Opens a transaction on a connection of `pool`: the one way this workspace opens one (clippy.toml
+/// refuses sqlx's `begin` everywhere else).
+///
+/// The `BEGIN` round trip runs in a task of its own, which the caller only awaits. Any future can
+/// be dropped at any `.await` (a client hangs up, a timeout fires). sqlx before 0.9.1 raised its
+/// transaction depth only after `BEGIN`'s answer, so a future dropped while it waited left the
+/// server inside a transaction that neither drop guard ended; the pool then lent that connection
+/// on, and the next borrowers' autocommit writes ran inside it: acknowledged, invisible to everyone
+/// else, and committed late or rolled back by a stranger. sqlx 0.9.1 claims the depth first; this
+/// makes the window unreachable whatever the version does, as the release check of the service's
+/// pool discards any connection that still comes back inside a transaction.
+///
+/// The task always reads `BEGIN`'s answer. If nobody awaits the transaction any more, it is dropped
+/// in the task, which queues its `ROLLBACK` before the connection goes back to the pool. Once
+/// begun, a transaction dropped at any later `.await` rolls back: nothing of it is committed.
+pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let pool = pool.clone();
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the one way: in a task of its own"
+    )]
+    let begun = tokio::spawn(async move { pool.begin().await });
+    match begun.await {
+        Ok(transaction) => transaction,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        // The runtime is shutting down: so is the pool.
+        Err(_) => Err(sqlx::Error::PoolClosed),
+    }
+}
 
 /// What this process knows of the PostgreSQL server behind one address: which one it is (when it
 /// started), and from when its connections are of that one.

@@ -679,7 +679,7 @@ impl Lease {
     /// handed to [`Lease::complete`]. Slow work (calling a processor) belongs before this call: it
     /// must not hold a pool connection or a transaction open.
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        self.pool.begin().await
+        connections::begin(&self.pool).await
     }
 
     /// Stores the response with the key and commits the transaction, effect included.

@@ -204,7 +204,7 @@ pub(crate) async fn expire_batch(
     ttl: Duration,
     webhook_url: Option<&str>,
 ) -> Result<u64, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = idempotency::connections::begin(pool).await?;
     let expired = sqlx::query!(
         r#"
         UPDATE processor_charges c SET capture_state = $2, amount_captured = 0

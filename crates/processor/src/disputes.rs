@@ -79,7 +79,7 @@ async fn change(
     id: &DisputeId,
     status: DisputeStatus,
 ) -> Result<Response, Error> {
-    let mut tx = state.pool.begin().await?;
+    let mut tx = idempotency::connections::begin(&state.pool).await?;
     let now: DisputeStatus = stored(
         &sqlx::query_scalar!(
             "SELECT status FROM processor_disputes WHERE id = $1 FOR UPDATE",

@@ -587,7 +587,7 @@ pub(crate) async fn create_dispute(
     let new: NewDispute = serde_json::from_slice(&body)
         .map_err(|error| Problem::invalid_body::<NewDispute>(&body, &error))?;
     let amount = i64::from(new.amount);
-    let mut tx = state.pool.begin().await?;
+    let mut tx = idempotency::connections::begin(&state.pool).await?;
     let Some(charged) = sqlx::query!(
         r#"
         SELECT COALESCE(amount_captured, amount) AS "captured!", amount_disputed, status,
@@ -658,7 +658,7 @@ pub(crate) async fn fail_refund(
     _: Authorized,
     PathId(id): PathId<RefundId>,
 ) -> Result<Response, Error> {
-    let mut tx = state.pool.begin().await?;
+    let mut tx = idempotency::connections::begin(&state.pool).await?;
     let failed = sqlx::query_as!(
         RefundRow,
         r#"

@@ -180,12 +180,12 @@ pub async fn write_event(db: &PgPool, account: &str, kind: &str) -> String {
         "data": { "object": { "id": "pay_U5PgTqA02dYsv3cLANIGkqIs", "object": "payment" } },
     });
     // Queued for the account's endpoints as idempay queues its own events (src/events/mod.rs).
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH event AS (
              INSERT INTO events (id, account_id, type, body) VALUES ($1, $2, $3, $4)
              RETURNING id, account_id, type, body
          ) {FAN_OUT}"
-    ))
+    )))
     .bind(&id)
     .bind(account)
     .bind(kind)

@@ -67,7 +67,7 @@ async fn old_event(
         "failed" => ("NULL", "now() - $4::interval"),
         _ => unreachable!(),
     };
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH event AS (
              INSERT INTO events (id, account_id, type, body, created_at)
              VALUES ($1, $2, 'payment.succeeded', $5, now() - $4::interval)
@@ -82,7 +82,7 @@ async fn old_event(
          INSERT INTO webhook_attempts (account_id, delivery_id, attempt, status_code, latency_ms,
                                        error, attempted_at)
          SELECT account_id, id, 1, 500, 3, 'answered 500', now() - $4::interval FROM delivery"
-    ))
+    )))
     .bind(&id)
     .bind(account)
     .bind(endpoint)
@@ -130,7 +130,7 @@ async fn events_left(db: &PgPool, ids: &[&String]) -> Vec<String> {
 /// The count `query` makes of the account's rows (`$1`) older than [`recent_window`] (`$2`, in
 /// milliseconds).
 async fn older_than_the_window(app: &TestApp, query: &str) -> i64 {
-    sqlx::query_scalar(query)
+    sqlx::query_scalar(sqlx::AssertSqlSafe(query))
         .bind(&app.account_id)
         .bind(recent_window().as_millis() as i64)
         .fetch_one(&app.db)

@@ -188,7 +188,7 @@ async fn three_instances_deliver_every_event_once() {
     let instances =
         futures::future::join_all((0..3).map(|_| Instance::start(&database_url, &env))).await;
 
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH event AS (
              INSERT INTO events (id, account_id, type, body)
              SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'payment.succeeded',
@@ -199,7 +199,7 @@ async fn three_instances_deliver_every_event_once() {
              FROM generate_series(1, $2) n
              RETURNING id, account_id, type, body
          ) {FAN_OUT}",
-    ))
+    )))
     .bind(&app.account_id)
     .bind(EVENTS)
     .execute(&app.db)
@@ -423,13 +423,13 @@ async fn one_delivery_given_up_after_a_later_one_acknowledged(
     // The first event is refused; it is written before the second, which is acknowledged.
     let first = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
     *refused.lock().unwrap() = first.clone();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH event AS (
              INSERT INTO events (id, account_id, type, body)
              VALUES ($1, $2, 'payment.succeeded', $3)
              RETURNING id, account_id, type, body
          ) {FAN_OUT}",
-    ))
+    )))
     .bind(&first)
     .bind(&app.account_id)
     .bind(format!(r#"{{"id":"{first}","object":"event","type":"payment.succeeded"}}"#).into_bytes())

@@ -95,7 +95,7 @@ async fn the_retention_never_deletes_an_event_a_retry_is_queueing_a_delivery_of(
         .await
         .unwrap();
 
-    let mut held = app.db.begin().await.unwrap();
+    let mut held = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE")
         .bind(&endpoint)
         .execute(&mut *held)

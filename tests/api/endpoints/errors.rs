@@ -387,7 +387,7 @@ async fn the_service_sessions_bound_statements_locks_and_idle_transactions() {
         ("lock_timeout", "5s"),
         ("idle_in_transaction_session_timeout", "30s"),
     ] {
-        let value: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+        let value: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
             .fetch_one(&pool)
             .await
             .unwrap();

@@ -412,7 +412,7 @@ async fn hold_an_event(
     app: &TestApp,
     payment: &Value,
 ) -> (sqlx::Transaction<'static, sqlx::Postgres>, String) {
-    let mut tx = app.db.begin().await.unwrap();
+    let mut tx = idempotency::connections::begin(&app.db).await.unwrap();
     let id = format!("evt_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
     let body = json!({
         "id": id,

@@ -38,7 +38,7 @@ async fn hold_the_charge(
         .fetch_one(&app.db)
         .await
         .unwrap();
-    let mut barrier = app.db.begin().await.unwrap();
+    let mut barrier = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("SELECT FROM processor_charges WHERE id = $1 FOR UPDATE")
         .bind(&charge)
         .execute(&mut *barrier)

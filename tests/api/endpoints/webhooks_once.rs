@@ -79,7 +79,7 @@ async fn ten_simultaneous_redeliveries_apply_the_effect_once() {
     // The barrier: the test records the event's id in a transaction it holds open. Each delivery
     // inserts the id first, and waits on the test's uncommitted row; the test then rolls it back,
     // and the deliveries meet each other's inserts instead.
-    let mut barrier = app.db.begin().await.unwrap();
+    let mut barrier = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query(
         "INSERT INTO processed_events (id, type, outcome, expires_at)
          VALUES ('evt_storm', 'dispute.created', 'applied', now() + interval '1 day')",

@@ -96,9 +96,9 @@ async fn a_payment_suspended_by_an_earlier_release(
 
 /// The processor's charges (or refunds) made under `downstream_key`.
 async fn made_under(app: &TestApp, table: &str, downstream_key: &str) -> Vec<String> {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT id FROM {table} WHERE idempotency_key = $1"
-    ))
+    )))
     .bind(downstream_key)
     .fetch_all(&app.db)
     .await
@@ -383,9 +383,9 @@ async fn a_fingerprint_or_response_of_a_later_version_is_neither_a_mismatch_nor_
     for column in ["fingerprint_version", "response_version"] {
         let key = new_key();
         completed_by_an_earlier_release(&app, &key, &body).await;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE idempotency_keys SET {column} = 7 WHERE idem_key = $1"
-        ))
+        )))
         .bind(&key)
         .execute(&app.db)
         .await

@@ -273,7 +273,7 @@ async fn on_citus_payments_replays_refunds_and_lists_commit_without_a_two_phase_
 
     // The count sees one when there is one: a transaction that writes two accounts on two
     // different nodes commits by two-phase commit.
-    let mut tx = app.db.begin().await.unwrap();
+    let mut tx = idempotency::connections::begin(&app.db).await.unwrap();
     for account in [&app.account_id, &other_account] {
         sqlx::query("UPDATE accounts SET name = name WHERE id = $1")
             .bind(account)
@@ -392,7 +392,7 @@ async fn explain(
         .collect();
     let name = format!("statement_{n}");
     let prepare = format!("PREPARE {name} AS {query}");
-    sqlx::raw_sql(&prepare)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(prepare.as_str()))
         .execute(session)
         .await
         .unwrap_or_else(|error| panic!("{error}: {query}"));
@@ -401,12 +401,15 @@ async fn explain(
     } else {
         format!("EXPLAIN (COSTS OFF) EXECUTE {name}({})", values.join(", "))
     };
-    let plan: Vec<String> = sqlx::query_scalar(&execute)
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(execute.as_str()))
         .fetch_all(session)
         .await
         .unwrap_or_else(|error| panic!("{error}: {query}"));
     let deallocate = format!("DEALLOCATE {name}");
-    sqlx::raw_sql(&deallocate).execute(session).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(deallocate.as_str()))
+        .execute(session)
+        .await
+        .unwrap();
     plan
 }
 

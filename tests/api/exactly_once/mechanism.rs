@@ -117,7 +117,7 @@ async fn the_work_goes_on_while_a_renewal_of_its_lease_waits_for_the_key_row() {
         .await
         .expect("the key is reserved and the work starts");
 
-    let mut holder = app.db.begin().await.unwrap();
+    let mut holder = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("SELECT id FROM idempotency_keys WHERE status = 'in_progress' FOR UPDATE")
         .fetch_one(&mut *holder)
         .await

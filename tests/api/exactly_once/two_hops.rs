@@ -223,9 +223,9 @@ pub(crate) async fn key_column<T>(app: &TestApp, key: &str, column: &str) -> T
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
 {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT {column} FROM idempotency_keys WHERE idem_key = $1 AND scope NOT LIKE 'processor:%'"
-    ))
+    )))
     .bind(key)
     .fetch_one(&app.db)
     .await

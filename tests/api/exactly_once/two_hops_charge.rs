@@ -136,7 +136,7 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
  {
     let (app, processor) = idempay_and_processor(Settings::default(), processor::settings()).await;
     // Reads of the ledger go on; the processor's insert of the charge waits for this transaction.
-    let mut ledger = app.db.begin().await.unwrap();
+    let mut ledger = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("LOCK TABLE processor_charges IN SHARE ROW EXCLUSIVE MODE")
         .execute(&mut *ledger)
         .await
@@ -176,7 +176,7 @@ async fn a_charge_made_while_the_pool_is_exhausted_is_recorded_by_the_retry_with
     // reservation's insert waits to learn whether that row will exist. The processor's statements
     // are not held up. The refund names no payment, so it makes nothing once it runs.
     let held = new_key();
-    let mut lock = app.db.begin().await.unwrap();
+    let mut lock = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query(
         "INSERT INTO idempotency_keys
              (account_id, scope, idem_key, request_hash, status, lock_token, locked_until,

@@ -64,8 +64,9 @@ async fn the_rules_pass_promtool_check_and_every_alert_fires_and_stays_quiet_in_
 }
 
 /// The alerts an operator relies on: held keys, unknown outcomes, old suspended keys, delivery lag,
-/// disabled endpoints, dead or failing jobs, targets down, and the objectives' burn rates.
-const REQUIRED: [&str; 14] = [
+/// disabled endpoints, dead or failing jobs, targets down, the objectives' burn rates, and
+/// backends left inside a transaction.
+const REQUIRED: [&str; 16] = [
     "IdempayKeyHeld",
     "IdempaySuspendedKeyOld",
     "IdempayProcessorOutcomesUnknown",
@@ -80,6 +81,8 @@ const REQUIRED: [&str; 14] = [
     "IdempayAvailabilityBudgetBurnSlow",
     "IdempayLatencyBudgetBurnFast",
     "IdempayLatencyBudgetBurnSlow",
+    "IdempayIdleInTransaction",
+    "IdempayConnectionsDiscarded",
 ];
 
 #[api_test]

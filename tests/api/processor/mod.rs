@@ -59,11 +59,31 @@ impl TestProcessor {
         Self::serve(app.database_name(), settings, listener).await
     }
 
+    /// A processor on a fresh database whose pool reaches it at the URL `reach` makes of the
+    /// database's (a proxy's), with `limits`; the test's own pool (`db`) connects directly.
+    pub async fn spawn_reaching(
+        settings: ProcessorSettings,
+        limits: idempay::db::PoolLimits,
+        reach: impl FnOnce(&str) -> String,
+    ) -> Self {
+        let database = fresh_database().await;
+        let pool = idempay::db::pool_with(&reach(&database_url(&database)), limits).expect("pool");
+        Self::serve_on(&database, settings, bind_any().await, pool).await
+    }
+
     async fn serve(database: &str, settings: ProcessorSettings, listener: TcpListener) -> Self {
+        let pool = idempay::db::pool(&database_url(database)).expect("pool");
+        Self::serve_on(database, settings, listener, pool).await
+    }
+
+    async fn serve_on(
+        database: &str,
+        settings: ProcessorSettings,
+        listener: TcpListener,
+        pool: PgPool,
+    ) -> Self {
         let url = database_url(database);
-        let processor =
-            Processor::build(settings, idempay::db::pool(&url).expect("pool"), listener)
-                .expect("the processor builds");
+        let processor = Processor::build(settings, pool, listener).expect("the processor builds");
         let address = format!("http://{}", processor.local_addr().expect("address"));
         let stop = CancellationToken::new();
         tokio::spawn(processor.run_until_stopped(stop.clone().cancelled_owned()));
@@ -131,7 +151,7 @@ impl TestProcessor {
     }
 
     pub async fn count(&self, table: &str) -> i64 {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
             .fetch_one(&self.db)
             .await
             .expect("count rows")

@@ -26,7 +26,7 @@ use crate::support::helpers::{TestApp, new_key, one_connection_planning_for_empt
 async fn until_the_delivery_has(processor: &TestProcessor, what: &str, column: &str) {
     let query = format!("SELECT {column} IS NOT NULL FROM webhook_deliveries");
     wait_until(what, || async {
-        sqlx::query_scalar::<_, bool>(&query)
+        sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(query.as_str()))
             .fetch_one(&processor.db)
             .await
             .unwrap()

@@ -153,7 +153,9 @@ async fn a_failing_processor_is_unknown_and_charges_nothing() {
 #[api_test]
 async fn a_timeout_shorter_than_the_latency_is_unknown_and_the_charge_still_happens() {
     let processor = TestProcessor::spawn().await;
-    let mut ledger = processor.db.begin().await.unwrap();
+    let mut ledger = idempotency::connections::begin(&processor.db)
+        .await
+        .unwrap();
     sqlx::query("LOCK TABLE processor_charges IN SHARE ROW EXCLUSIVE MODE")
         .execute(&mut *ledger)
         .await

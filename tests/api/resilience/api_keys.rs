@@ -99,7 +99,7 @@ async fn change_key_and_time_its_end(
 ) -> (std::process::Output, Vec<Duration>) {
     let api_key = app.api_key.as_str();
     let args = [subcommand, "--api-key", api_key];
-    let mut holder = app.db.begin().await.unwrap();
+    let mut holder = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("SELECT FROM accounts WHERE id = $1 FOR UPDATE")
         .bind(&app.account_id)
         .execute(&mut *holder)
@@ -304,7 +304,7 @@ async fn a_flood_of_random_keys_looks_up_on_half_the_pool_and_known_keys_are_sti
         "now cached"
     );
 
-    let mut holder = app.db.begin().await.unwrap();
+    let mut holder = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *holder)
         .await

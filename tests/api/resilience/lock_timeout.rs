@@ -27,7 +27,7 @@ async fn a_statement_past_the_lock_timeout_is_answered_503_and_the_key_is_retrie
         201
     );
 
-    let mut locker = app.db.begin().await.unwrap();
+    let mut locker = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *locker)
         .await

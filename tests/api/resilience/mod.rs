@@ -3,6 +3,7 @@
 
 mod api_keys;
 mod background_jobs;
+mod cancellation;
 mod connections;
 mod faults;
 mod graceful_stop;

@@ -226,7 +226,7 @@ async fn an_exhausted_pool_answers_503_at_once_and_recovers() {
         ],
     )
     .await;
-    let mut blocker = app.db.begin().await.unwrap();
+    let mut blocker = idempotency::connections::begin(&app.db).await.unwrap();
     sqlx::query("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *blocker)
         .await

@@ -19,13 +19,16 @@ pub fn keyed_post(url: &str, api_key: &str, key: &str, body: &Value) -> reqwest:
 
 /// The one number a `SELECT count(*) …` query answers.
 pub async fn count(db: &PgPool, query: &str) -> i64 {
-    sqlx::query_scalar(query).fetch_one(db).await.unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(query))
+        .fetch_one(db)
+        .await
+        .unwrap()
 }
 
 /// Runs `statement` with its one parameter `$1` bound to `value`: how a test changes a row behind
 /// the service's back.
 pub async fn execute(db: &PgPool, statement: &str, value: &str) {
-    sqlx::query(statement)
+    sqlx::query(sqlx::AssertSqlSafe(statement))
         .bind(value)
         .execute(db)
         .await

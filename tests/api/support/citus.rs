@@ -89,7 +89,7 @@ impl Cluster {
                 .with_context(|| format!("connect to the node on port {port}"))?;
             no_database_propagation(&mut admin).await?;
             admin
-                .execute(format!("CREATE DATABASE {template}").as_str())
+                .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {template}")))
                 .await?;
             admin.close().await?;
             let mut database =
@@ -213,7 +213,9 @@ pub async fn no_database_propagation(admin: &mut PgConnection) -> Result<(), sql
 pub async fn close_to_connections(url_base: &str, database: &str) -> anyhow::Result<()> {
     let mut admin = PgConnection::connect(&format!("{url_base}/postgres")).await?;
     admin
-        .execute(format!("ALTER DATABASE {database} WITH ALLOW_CONNECTIONS false").as_str())
+        .execute(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {database} WITH ALLOW_CONNECTIONS false"
+        )))
         .await?;
     // Ended sessions may be followed by one that was starting; done once a pass finds nobody.
     for _ in 0..100 {

@@ -127,7 +127,9 @@ pub async fn create_database(database: &str) -> Result<(), sqlx::Error> {
             if shared.citus {
                 citus::no_database_propagation(&mut admin).await?;
             }
-            sqlx::query(statement).execute(&mut admin).await?;
+            sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+                .execute(&mut admin)
+                .await?;
             admin.close().await
         }
     }))
@@ -268,7 +270,7 @@ async fn start() -> anyhow::Result<Postgres> {
     let postgres = Postgres::start().await?;
     let admin_url = postgres.url("postgres");
     let mut admin = PgConnection::connect(&admin_url).await?;
-    sqlx::query(&format!("CREATE DATABASE {TEMPLATE}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {TEMPLATE}")))
         .execute(&mut admin)
         .await?;
     admin.close().await?;

@@ -146,9 +146,35 @@ impl TestApp {
         app
     }
 
+    /// A server on a fresh database, with one account, whose pool reaches the database at the URL
+    /// `reach` makes of the database's (a proxy's), with `limits`; the test's own pool (`db`)
+    /// connects directly.
+    pub async fn spawn_reaching(
+        settings: Settings,
+        limits: idempay::db::PoolLimits,
+        reach: impl FnOnce(&str) -> String,
+    ) -> Self {
+        let database = fresh_database().await;
+        let pool = idempay::db::pool_with(&reach(&database_url(&database)), limits).expect("pool");
+        let mut app = Self::serve_on(&database, settings, bind_any().await, pool).await;
+        let (account_id, api_key) = app.create_account("test merchant").await;
+        app.account_id = account_id;
+        app.api_key = api_key;
+        app
+    }
+
     async fn serve(database: &str, settings: Settings, listener: TcpListener) -> Self {
+        let pool = idempay::db::pool(&database_url(database)).expect("pool");
+        Self::serve_on(database, settings, listener, pool).await
+    }
+
+    async fn serve_on(
+        database: &str,
+        settings: Settings,
+        listener: TcpListener,
+        pool: PgPool,
+    ) -> Self {
         let url = database_url(database);
-        let pool = idempay::db::pool(&url).expect("pool");
         let app = Application::build(settings, pool, listener).expect("build");
         let app = idempay::dev::checkout::mount(app, None);
         let address = format!("http://{}", app.local_addr().expect("address"));
@@ -334,7 +360,9 @@ impl TestApp {
     pub async fn refuse_payments(&self) {
         // On Citus the trigger is created on every shard of the table, which it allows when told
         // (this one touches no other table), one statement at a time.
-        let mut tx = self.db.begin().await.expect("a transaction");
+        let mut tx = idempotency::connections::begin(&self.db)
+            .await
+            .expect("a transaction");
         if crate::support::citus::enabled() {
             sqlx::query("SET LOCAL citus.enable_unsafe_triggers = on")
                 .execute(&mut *tx)
@@ -638,9 +666,9 @@ pub async fn one_connection_planning_for_empty(database_url: &str, tables: &[&st
         .await
         .unwrap();
     for table in tables {
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "ALTER TABLE {table} SET (autovacuum_enabled = false); ANALYZE {table}"
-        ))
+        )))
         .execute(&pool)
         .await
         .unwrap();
@@ -696,13 +724,13 @@ pub async fn reserve_as_a_dead_process(
     locked_until: &str,
 ) {
     let fingerprint = idempotency::Fingerprint::of_request("/v1/payments", body);
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO idempotency_keys
              (account_id, scope, idem_key, request_hash, status, lock_token, locked_until,
               expires_at)
          VALUES (split_part($1, ':', 1), $1, $2, $3, 'in_progress', gen_random_uuid(),
                  {locked_until}, now() + interval '1 day')"
-    ))
+    )))
     .bind(format!("{}:POST /v1/payments", app.account_id))
     .bind(key)
     .bind(fingerprint.as_bytes().as_slice())

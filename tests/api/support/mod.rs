@@ -11,5 +11,6 @@ pub mod harness;
 pub mod helpers;
 pub mod instance;
 pub mod invariants;
+pub mod pg_proxy;
 pub mod raw_http;
 pub mod stream;

@@ -21,7 +21,7 @@ async fn empty_database() -> String {
     let mut admin = PgConnection::connect(&database_url("postgres"))
         .await
         .unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut admin)
         .await
         .unwrap();

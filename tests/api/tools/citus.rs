@@ -95,10 +95,11 @@ async fn a_test_database_is_on_every_node_and_distributes_its_rows_across_both_w
             copies.insert(*port, node(*port, app.database_name()).await);
         }
         let worker = copies.get_mut(port).expect("connected above");
-        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {shard}"))
-            .fetch_one(&mut *worker)
-            .await
-            .unwrap();
+        let rows: i64 =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {shard}")))
+                .fetch_one(&mut *worker)
+                .await
+                .unwrap();
         *rows_per_worker.entry(*port).or_default() += rows;
     }
     assert_eq!(

@@ -117,9 +117,9 @@ async fn columns_holding(db: &sqlx::PgPool, needle: &str) -> Vec<String> {
         } else {
             format!(r#"position($1 in "{column}"::text) > 0"#)
         };
-        let holding: i64 = sqlx::query_scalar(&format!(
+        let holding: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             r#"SELECT count(*) FROM "{table}" WHERE {condition}"#
-        ))
+        )))
         .bind(needle)
         .fetch_one(db)
         .await

@@ -422,7 +422,7 @@ impl Deliverer {
             Some(Retry::GiveUp) => DeliveryOutcome::Failed,
             Some(_) => DeliveryOutcome::Retried,
         };
-        let mut tx = self.pool.begin().await?;
+        let mut tx = idempotency::connections::begin(&self.pool).await?;
         sqlx::query!(
             r#"
             INSERT INTO webhook_attempts

@@ -1,0 +1,388 @@
+//! Requests dropped at the worst moment: while PostgreSQL's answer to their `BEGIN` is on its way.
+//! A proxy between the service and the database holds that answer back ([`PgProxy`]); the client
+//! hangs up (or the service's request timeout answers for it) while it is held; then the answer
+//! goes through. Whatever the route, no backend of the service is left idle inside a transaction,
+//! a write acknowledged afterwards is seen by another session at once, and nothing answers 500.
+//!
+//! The pool has one connection, so the connection the dropped request held is the one every later
+//! statement runs on: a connection left inside a transaction could not hide among others. The
+//! background jobs run hourly, so the `BEGIN` held is the request's. Each test proves the drop hit
+//! its window: the client gave up while the answer was held, and what the request would have
+//! written is not there once the answer went through.
+
+use std::time::Duration;
+
+use ::service::shared_settings::SharedArgs;
+use idempay::config::Settings;
+use idempay::db::PoolLimits;
+use idempay_test_macros::api_test;
+use processor::ProcessorSettings;
+use serde_json::json;
+use service::outbox::WebhookSecrets;
+use sqlx::PgPool;
+
+use crate::processor::{API_KEY, TestProcessor, charge};
+use crate::support::helpers::{TestApp, new_key, retry_while_in_flight};
+use crate::support::pg_proxy::PgProxy;
+
+/// How long a client waits before it hangs up: well inside the held answer.
+const HANG_UP_AFTER: Duration = Duration::from_millis(300);
+
+/// One connection, and a short wait for it: a request that finds the only connection lost to a
+/// stranger's transaction fails within the test instead of hanging.
+fn one_connection() -> PoolLimits {
+    PoolLimits {
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(3),
+    }
+}
+
+/// Jobs that run hourly: nothing but the test's requests sends a `BEGIN` meanwhile.
+fn quiet_shared(secret: Option<WebhookSecrets>) -> SharedArgs {
+    SharedArgs {
+        expiry_interval: Duration::from_secs(3600),
+        webhook_secrets: secret,
+        ..SharedArgs::default()
+    }
+}
+
+fn quiet_settings(secret: Option<WebhookSecrets>) -> Settings {
+    Settings {
+        shared: quiet_shared(secret),
+        recovery_interval: Duration::from_secs(3600),
+        webhook_poll_interval: Duration::from_secs(3600),
+        ..Settings::default()
+    }
+}
+
+/// Lets the jobs' first runs at start and the deliveries of the set-up's events finish: after it,
+/// nothing but the test's request sends a `BEGIN`.
+async fn quiet_down() {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// Asserts that the held `BEGIN` was the dropped request's: once its answer came, nobody awaited
+/// the transaction any more and it was rolled back, before any other statement on its connection.
+fn its_owner_was_gone(proxy: &PgProxy) {
+    let sent = proxy.sent_after_held();
+    assert_eq!(
+        sent.first().map(String::as_str),
+        Some("ROLLBACK"),
+        "after the held BEGIN its connection sent {sent:?}"
+    );
+}
+
+/// Backends of the database `db` is on, other than `db`'s own, idle inside a transaction.
+async fn idle_in_transaction(db: &PgPool) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT application_name, state FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap()
+}
+
+/// Lets the held answer through, then asserts that within 2 s no backend is idle in a
+/// transaction (the service had to notice the stray transaction and end it or close its
+/// connection; left alone, the session's own timeout would take 30 s).
+async fn release_and_check(proxy: &PgProxy, db: &PgPool) {
+    proxy.release();
+    let mut left = Vec::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = idle_in_transaction(db).await;
+        if left.is_empty() {
+            return;
+        }
+    }
+    panic!(
+        "backends idle in a transaction 2 s after the dropped request's BEGIN was answered: \
+         {left:?}; the held connection then sent {:?}",
+        proxy.sent_after_held()
+    );
+}
+
+/// A webhook event signed with `secret`, posted with a client that gives up after `patience`.
+fn webhook(
+    app: &TestApp,
+    secret: &WebhookSecrets,
+    id: &str,
+    payment: &str,
+    patience: Duration,
+) -> reqwest::RequestBuilder {
+    let body = serde_json::to_vec(&json!({
+        "type": "dispute.created",
+        "timestamp": chrono::Utc::now(),
+        "data": { "payment": payment, "dispute": format!("dp_{id}"), "amount": 100 },
+    }))
+    .unwrap();
+    let now = chrono::Utc::now().timestamp();
+    app.client()
+        .post(app.url("/v1/webhooks/processor"))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", now)
+        .header("webhook-signature", secret.sign(id, now, &body).unwrap())
+        .timeout(patience)
+        .body(body)
+}
+
+async fn recorded_events(app: &TestApp, id: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM processed_events WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+/// A webhook app whose pool goes through a proxy, with a payment to dispute.
+async fn webhook_app(
+    settings: impl FnOnce(WebhookSecrets) -> Settings,
+) -> (TestApp, PgProxy, WebhookSecrets, String) {
+    let secret = WebhookSecrets::generate();
+    let proxy = PgProxy::to(&crate::support::harness::database_url("postgres")).await;
+    let app = TestApp::spawn_reaching(settings(secret.clone()), one_connection(), |url| {
+        proxy.url(url)
+    })
+    .await;
+    let paid = app.paid(5000).await;
+    quiet_down().await;
+    (app, proxy, secret, paid)
+}
+
+/// After the dropped event, another one is acknowledged and at once seen from another session.
+async fn a_later_event_is_applied_and_seen(app: &TestApp, secret: &WebhookSecrets, paid: &str) {
+    let later = webhook(app, secret, "evt_after", paid, Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(later.status(), 200, "{}", later.text().await.unwrap());
+    assert_eq!(
+        recorded_events(app, "evt_after").await,
+        1,
+        "an acknowledged event is seen by another session"
+    );
+    assert!(idle_in_transaction(&app.db).await.is_empty());
+}
+
+#[api_test]
+async fn webhook_intake_dropped_by_a_client_hanging_up_mid_begin_leaves_no_transaction_open() {
+    let (app, proxy, secret, paid) = webhook_app(|secret| quiet_settings(Some(secret))).await;
+    proxy.hold_answer_to_begin();
+
+    let gave_up = webhook(&app, &secret, "evt_dropped", &paid, HANG_UP_AFTER)
+        .send()
+        .await;
+
+    assert!(
+        gave_up.is_err_and(|error| error.is_timeout()),
+        "the client hung up"
+    );
+    assert!(
+        proxy.is_holding(),
+        "while the answer to the intake's BEGIN was held"
+    );
+    // The server notices the closed connection and drops the request's future.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release_and_check(&proxy, &app.db).await;
+    its_owner_was_gone(&proxy);
+    assert_eq!(
+        recorded_events(&app, "evt_dropped").await,
+        0,
+        "the request was dropped before its transaction wrote anything"
+    );
+    a_later_event_is_applied_and_seen(&app, &secret, &paid).await;
+}
+
+#[api_test]
+async fn webhook_intake_cut_short_by_the_request_timeout_mid_begin_leaves_no_transaction_open() {
+    let (app, proxy, secret, paid) = webhook_app(|secret| Settings {
+        request_timeout: HANG_UP_AFTER,
+        ..quiet_settings(Some(secret))
+    })
+    .await;
+    proxy.hold_answer_to_begin();
+
+    let timed_out = webhook(
+        &app,
+        &secret,
+        "evt_timed_out",
+        &paid,
+        Duration::from_secs(10),
+    )
+    .send()
+    .await
+    .unwrap();
+
+    assert_eq!(
+        timed_out.status(),
+        503,
+        "the service's request timeout answered"
+    );
+    assert!(
+        proxy.is_holding(),
+        "while the answer to the intake's BEGIN was held"
+    );
+    release_and_check(&proxy, &app.db).await;
+    its_owner_was_gone(&proxy);
+    assert_eq!(recorded_events(&app, "evt_timed_out").await, 0);
+    a_later_event_is_applied_and_seen(&app, &secret, &paid).await;
+}
+
+#[api_test]
+async fn a_processor_route_dropped_mid_begin_leaves_no_transaction_open() {
+    let proxy = PgProxy::to(&crate::support::harness::database_url("postgres")).await;
+    let processor = TestProcessor::spawn_reaching(
+        ProcessorSettings {
+            shared: quiet_shared(None),
+            ..crate::processor::settings()
+        },
+        one_connection(),
+        |url| proxy.url(url),
+    )
+    .await;
+    let charged = processor
+        .charge(&new_key(), &charge(5000, "pm_card_visa"))
+        .await;
+    assert_eq!(charged.status, 201);
+    let charge_id = charged.json()["id"].as_str().unwrap().to_owned();
+    let disputes = format!("{}/v1/charges/{charge_id}/disputes", processor.address);
+    let client = reqwest::Client::new();
+    quiet_down().await;
+    proxy.hold_answer_to_begin();
+
+    let gave_up = client
+        .post(&disputes)
+        .bearer_auth(API_KEY)
+        .json(&json!({ "amount": 100 }))
+        .timeout(HANG_UP_AFTER)
+        .send()
+        .await;
+
+    assert!(
+        gave_up.is_err_and(|error| error.is_timeout()),
+        "the client hung up"
+    );
+    assert!(
+        proxy.is_holding(),
+        "while the answer to the dispute's BEGIN was held"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release_and_check(&proxy, &processor.db).await;
+    assert_eq!(
+        processor.count("processor_disputes").await,
+        0,
+        "the dropped dispute wrote nothing"
+    );
+    let opened = client
+        .post(&disputes)
+        .bearer_auth(API_KEY)
+        .json(&json!({ "amount": 200 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 201, "{}", opened.text().await.unwrap());
+    assert_eq!(
+        processor.count("processor_disputes").await,
+        1,
+        "seen by another session"
+    );
+    assert!(idle_in_transaction(&processor.db).await.is_empty());
+}
+
+#[api_test]
+async fn a_keyed_refund_whose_client_hangs_up_mid_begin_completes_and_replays() {
+    let proxy = PgProxy::to(&crate::support::harness::database_url("postgres")).await;
+    let app =
+        TestApp::spawn_reaching(quiet_settings(None), one_connection(), |url| proxy.url(url)).await;
+    let paid = app.paid(5000).await;
+    let (key, body) = (new_key(), json!({ "amount": 1200 }));
+    let refunds = format!("/v1/payments/{paid}/refunds");
+    quiet_down().await;
+    proxy.hold_answer_to_begin();
+
+    let gave_up = app
+        .keyed_post_as(&app.api_key, &refunds, &key, &body)
+        .timeout(HANG_UP_AFTER)
+        .send()
+        .await;
+
+    assert!(
+        gave_up.is_err_and(|error| error.is_timeout()),
+        "the client hung up"
+    );
+    assert!(
+        proxy.is_holding(),
+        "while the answer to a BEGIN of the refund's was held"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release_and_check(&proxy, &app.db).await;
+    // The keyed work runs to completion in a task of its own, so the held BEGIN's owner went on
+    // (the processor's refund under its key, or idempay's record of it)...
+    let sent = proxy.sent_after_held();
+    assert!(
+        sent.first()
+            .is_some_and(|next| next.contains("refund") || next.contains("processor_charges")),
+        "after the held BEGIN its connection sent {sent:?}"
+    );
+    // ...and the retry with the same key is the refund's replay.
+    let retried =
+        retry_while_in_flight(|| app.send(app.keyed_post_as(&app.api_key, &refunds, &key, &body)))
+            .await;
+    retried.assert_status(201);
+    assert!(retried.replayed());
+    let refunds_made: i64 = sqlx::query_scalar("SELECT count(*) FROM refunds")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(refunds_made, 1);
+    assert!(idle_in_transaction(&app.db).await.is_empty());
+}
+
+#[api_test]
+async fn a_list_whose_client_hangs_up_mid_query_leaves_the_connection_clean() {
+    let proxy = PgProxy::to(&crate::support::harness::database_url("postgres")).await;
+    let app =
+        TestApp::spawn_reaching(quiet_settings(None), one_connection(), |url| proxy.url(url)).await;
+    let paid = app.paid(1200).await;
+    quiet_down().await;
+    // The list's page query (its position query runs only with a cursor).
+    proxy.hold_answer_to(|sql: &str| sql.contains("FROM payments") && sql.contains("ORDER BY"));
+
+    let gave_up = app
+        .client()
+        .get(app.url("/v1/payments"))
+        .bearer_auth(&app.api_key)
+        .timeout(HANG_UP_AFTER)
+        .send()
+        .await;
+
+    assert!(
+        gave_up.is_err_and(|error| error.is_timeout()),
+        "the client hung up"
+    );
+    assert!(
+        proxy.is_holding(),
+        "while the answer to the list's query was held"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release_and_check(&proxy, &app.db).await;
+    let listed = app
+        .send(
+            app.client()
+                .get(app.url("/v1/payments"))
+                .bearer_auth(&app.api_key),
+        )
+        .await;
+    listed.assert_status(200);
+    assert_eq!(listed.json()["data"][0]["id"], paid.as_str());
+    let another = app.paid(1300).await;
+    assert_eq!(
+        app.payment_count().await,
+        2,
+        "{another} is seen by another session"
+    );
+    assert!(idle_in_transaction(&app.db).await.is_empty());
+}

@@ -1,0 +1,223 @@
+//! A TCP proxy between a service and PostgreSQL that holds back the server's answer to one chosen
+//! statement until the test lets it through: the window between a client sending `BEGIN` and
+//! reading its answer, where a future dropped once left a pooled connection inside a transaction
+//! nobody would end (tests/api/resilience/cancellation.rs).
+//!
+//! It reads only the frames of the frontend's side of the protocol, to find the statement's text
+//! in a simple query (`Q`) or a parse message (`P`); every byte goes through unchanged.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// The proxy, listening on a port of 127.0.0.1; it stops accepting when dropped.
+pub struct PgProxy {
+    address: SocketAddr,
+    shared: Arc<Shared>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+type Matcher = Box<dyn Fn(&str) -> bool + Send>;
+
+struct Shared {
+    /// Which statement's answer is to be held, once; `None` once matched.
+    armed: Mutex<Option<Matcher>>,
+    /// True from the moment the armed statement is sent until [`PgProxy::release`].
+    holding: watch::Sender<bool>,
+    /// The statements the held connection sent after the held one, in order (the borrowers that
+    /// came after it, and whether they ran inside its transaction).
+    held_connection_sent: Mutex<Vec<String>>,
+}
+
+impl PgProxy {
+    /// A proxy to the server of `database_url` (a `postgres://…@host:port/…` URL).
+    pub async fn to(database_url: &str) -> Self {
+        let target = host_port(database_url);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let shared = Arc::new(Shared {
+            armed: Mutex::new(None),
+            holding: watch::channel(false).0,
+            held_connection_sent: Mutex::new(Vec::new()),
+        });
+        let accepting = tokio::spawn({
+            let shared = Arc::clone(&shared);
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let shared = Arc::clone(&shared);
+                    let target = target.clone();
+                    tokio::spawn(async move {
+                        if let Ok(server) = TcpStream::connect(&target).await {
+                            pipe(client, server, shared).await;
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            address,
+            shared,
+            accepting,
+        }
+    }
+
+    /// `database_url` with the proxy in place of the server.
+    pub fn url(&self, database_url: &str) -> String {
+        database_url.replacen(&host_port(database_url), &self.address.to_string(), 1)
+    }
+
+    /// Holds back the answer to the next `BEGIN`, on whichever connection sends it, until
+    /// [`Self::release`].
+    pub fn hold_answer_to_begin(&self) {
+        self.hold_answer_to(|sql: &str| sql.trim().eq_ignore_ascii_case("BEGIN"));
+    }
+
+    /// Holds back the answer to the next statement `matches`, on whichever connection sends it,
+    /// until [`Self::release`].
+    pub fn hold_answer_to(&self, matches: impl Fn(&str) -> bool + Send + 'static) {
+        *self.shared.armed.lock().unwrap() = Some(Box::new(matches));
+    }
+
+    /// Whether an answer is held right now.
+    pub fn is_holding(&self) -> bool {
+        *self.shared.holding.borrow()
+    }
+
+    /// Lets the held answer, and everything after it, through.
+    pub fn release(&self) {
+        self.shared.holding.send_replace(false);
+    }
+
+    /// What the held connection sent after the held statement.
+    pub fn sent_after_held(&self) -> Vec<String> {
+        self.shared.held_connection_sent.lock().unwrap().clone()
+    }
+}
+
+impl Drop for PgProxy {
+    fn drop(&mut self) {
+        self.release();
+        self.accepting.abort();
+    }
+}
+
+/// The `host:port` of a `postgres://user:password@host:port/database` URL.
+fn host_port(database_url: &str) -> String {
+    let after_at = database_url.rsplit_once('@').expect("a URL with a user").1;
+    after_at.split('/').next().expect("host:port").to_owned()
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    // Whether this connection is the one whose answers are held.
+    let held_here = Arc::new(AtomicBool::new(false));
+    let upstream = frontend(
+        client_read,
+        server_write,
+        Arc::clone(&shared),
+        Arc::clone(&held_here),
+    );
+    let downstream = backend(server_read, client_write, shared, held_here);
+    tokio::select! {
+        () = upstream => {}
+        () = downstream => {}
+    }
+}
+
+/// The frontend's bytes to the server, frame by frame, arming the hold when the statement comes.
+async fn frontend(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    shared: Arc<Shared>,
+    held_here: Arc<AtomicBool>,
+) {
+    // The startup phase: untyped frames (an SSL or GSS request, then the startup message).
+    loop {
+        let Some(frame) = read_frame(&mut from, false).await else {
+            return;
+        };
+        let code = u32::from_be_bytes(frame[4..8].try_into().unwrap());
+        if to.write_all(&frame).await.is_err() {
+            return;
+        }
+        // 80877103: SSLRequest, 80877104: GSSENCRequest; the server answers 'N' and the startup
+        // message follows.
+        if code != 80_877_103 && code != 80_877_104 {
+            break;
+        }
+    }
+    while let Some(frame) = read_frame(&mut from, true).await {
+        if let Some(sql) = statement(&frame) {
+            if held_here.load(Ordering::Acquire) {
+                shared
+                    .held_connection_sent
+                    .lock()
+                    .unwrap()
+                    .push(sql.clone());
+            }
+            let mut armed = shared.armed.lock().unwrap();
+            if armed.as_ref().is_some_and(|matches| matches(&sql)) {
+                *armed = None;
+                held_here.store(true, Ordering::Release);
+                shared.holding.send_replace(true);
+            }
+        }
+        if to.write_all(&frame).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The server's bytes to the frontend, waiting while this connection's answers are held.
+async fn backend(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    shared: Arc<Shared>,
+    held_here: Arc<AtomicBool>,
+) {
+    let mut holding = shared.holding.subscribe();
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        if held_here.load(Ordering::Acquire) && holding.wait_for(|held| !*held).await.is_err() {
+            return;
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One frame: a type byte (after the startup phase), a length that counts itself, the body.
+async fn read_frame(from: &mut OwnedReadHalf, typed: bool) -> Option<Vec<u8>> {
+    let mut frame = vec![0; if typed { 5 } else { 4 }];
+    from.read_exact(&mut frame).await.ok()?;
+    let length = u32::from_be_bytes(frame[frame.len() - 4..].try_into().unwrap()) as usize;
+    let start = frame.len();
+    frame.resize(start + length.checked_sub(4)?, 0);
+    from.read_exact(&mut frame[start..]).await.ok()?;
+    Some(frame)
+}
+
+/// The statement text of a simple query (`Q`) or a parse message (`P`, after the statement's name).
+fn statement(frame: &[u8]) -> Option<String> {
+    let body = &frame[5..];
+    let text = match frame[0] {
+        b'Q' => body,
+        b'P' => &body[body.iter().position(|&byte| byte == 0)? + 1..],
+        _ => return None,
+    };
+    let end = text.iter().position(|&byte| byte == 0)?;
+    Some(String::from_utf8_lossy(&text[..end]).into_owned())
+}
