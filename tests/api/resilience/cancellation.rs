@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use ::service::shared_settings::SharedArgs;
+use futures::StreamExt;
 use idempay::config::Settings;
 use idempay::db::PoolLimits;
 use idempay_test_macros::api_test;
@@ -22,8 +23,10 @@ use service::outbox::WebhookSecrets;
 use sqlx::PgPool;
 
 use crate::processor::{API_KEY, TestProcessor, charge};
-use crate::support::helpers::{TestApp, new_key, retry_while_in_flight};
-use crate::support::pg_proxy::PgProxy;
+use crate::support::helpers::{
+    TestApp, new_key, one_storm_at_a_time, payment, retry_while_in_flight,
+};
+use crate::support::pg_proxy::{PgProxy, Said};
 
 /// How long a client waits before it hangs up: well inside the held answer.
 const HANG_UP_AFTER: Duration = Duration::from_millis(300);
@@ -385,4 +388,144 @@ async fn a_list_whose_client_hangs_up_mid_query_leaves_the_connection_clean() {
         "{another} is seen by another session"
     );
     assert!(idle_in_transaction(&app.db).await.is_empty());
+}
+
+/// Backends of the database `db` is on, other than `db`'s own, idle in a transaction opened more
+/// than `open_for` ago.
+async fn idle_in_a_transaction_open_for(db: &PgPool, open_for: Duration) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT application_name, left(query, 200) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND state LIKE 'idle in transaction%'
+           AND xact_start < now() - make_interval(secs => $1)",
+    )
+    .bind(open_for.as_secs_f64())
+    .fetch_all(db)
+    .await
+    .unwrap()
+}
+
+/// What a request of the storm was, and what it was answered.
+enum Answered {
+    Payment(String),
+    Event(String),
+    HungUp,
+}
+
+/// With every answer of the database 40 ms late, 1,500 requests (new payments and webhook events)
+/// from clients that hang up at moments spread over each request's life: none is answered 500, no
+/// backend is idle in a transaction opened over 2 s before, PostgreSQL never says "there is
+/// already a transaction in progress" nor refuses a statement of a failed one (25P02), and every
+/// payment and event answered 2xx is still there 33 s later, past the sessions'
+/// `idle_in_transaction_session_timeout` (30 s), which would have rolled back a write acknowledged
+/// inside a stray transaction.
+#[api_test]
+async fn a_storm_of_hang_ups_over_a_slow_database_link_leaves_nothing_inside_a_transaction() {
+    const REQUESTS: usize = 1_500;
+    let _alone = one_storm_at_a_time().await;
+    let secret = WebhookSecrets::generate();
+    let proxy = PgProxy::to(&crate::support::harness::database_url("postgres")).await;
+    let app = TestApp::spawn_reaching(
+        Settings {
+            shared: SharedArgs {
+                webhook_secrets: Some(secret.clone()),
+                ..SharedArgs::default()
+            },
+            ..Settings::default()
+        },
+        PoolLimits::default(),
+        |url| proxy.url(url),
+    )
+    .await;
+    let paid = app.paid(5_000).await;
+    proxy.delay_answers(Duration::from_millis(40));
+
+    let answers: Vec<Answered> = futures::stream::iter(0..REQUESTS)
+        .map(|i| {
+            let (app, secret, paid) = (&app, &secret, &paid);
+            async move {
+                // From 10 ms (before the first statement's answer) to 800 ms (after most answers).
+                let patience = Duration::from_millis(10 + (i as u64 * 7_919) % 790);
+                let request = if i % 2 == 0 {
+                    app.keyed_post_as(
+                        &app.api_key,
+                        "/v1/payments",
+                        &new_key(),
+                        &payment(100 + i as i64),
+                    )
+                    .timeout(patience)
+                } else {
+                    webhook(app, secret, &format!("evt_storm_{i}"), paid, patience)
+                };
+                let Ok(response) = request.send().await else {
+                    return Answered::HungUp;
+                };
+                let status = response.status().as_u16();
+                let body: serde_json::Value = response.json().await.unwrap_or_default();
+                assert!(status < 500 || status == 503, "answered {status}: {body}");
+                match (status, i % 2) {
+                    (201, 0) => Answered::Payment(body["id"].as_str().unwrap().to_owned()),
+                    (200, 1) => Answered::Event(format!("evt_storm_{i}")),
+                    _ => Answered::HungUp,
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    proxy.delay_answers(Duration::ZERO);
+
+    let (mut payments, mut events) = (Vec::new(), Vec::new());
+    for answer in answers {
+        match answer {
+            Answered::Payment(id) => payments.push(id),
+            Answered::Event(id) => events.push(id),
+            Answered::HungUp => {}
+        }
+    }
+    let hung_up = REQUESTS - payments.len() - events.len();
+    eprintln!(
+        "storm: {} payments answered 201, {} events answered 200, {hung_up} hung up or refused",
+        payments.len(),
+        events.len()
+    );
+    assert!(
+        hung_up >= REQUESTS / 4,
+        "only {hung_up} of {REQUESTS} clients hung up"
+    );
+    assert!(
+        !payments.is_empty() && !events.is_empty(),
+        "some were answered"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stray = idle_in_a_transaction_open_for(&app.db, Duration::from_secs(2)).await;
+    assert!(
+        stray.is_empty(),
+        "backends idle in a transaction: {stray:?}"
+    );
+    assert_eq!(proxy.said(), Said::default(), "what PostgreSQL said");
+
+    tokio::time::sleep(Duration::from_secs(33)).await;
+    let kept_payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE id = ANY($1)")
+        .bind(&payments)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let kept_events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM processed_events WHERE id = ANY($1)")
+            .bind(&events)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        kept_payments as usize,
+        payments.len(),
+        "payments answered 201 are kept"
+    );
+    assert_eq!(
+        kept_events as usize,
+        events.len(),
+        "events answered 200 are kept"
+    );
+    assert_eq!(proxy.said(), Said::default());
 }

@@ -7,8 +7,9 @@
 //! in a simple query (`Q`) or a parse message (`P`); every byte goes through unchanged.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -32,7 +33,23 @@ struct Shared {
     /// The statements the held connection sent after the held one, in order (the borrowers that
     /// came after it, and whether they ran inside its transaction).
     held_connection_sent: Mutex<Vec<String>>,
+    /// How long every chunk of the server's bytes waits before it goes on, in milliseconds.
+    delay_ms: AtomicU64,
+    /// What the server said that no healthy run says, by what: counted in its bytes.
+    said: Mutex<Said>,
 }
+
+/// Counts of what PostgreSQL said to the service through the proxy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Said {
+    /// The notice of a `BEGIN` sent on a connection already inside a transaction (25001).
+    pub already_in_transaction: u64,
+    /// A statement refused because its transaction had failed before (25P02).
+    pub in_failed_transaction: u64,
+}
+
+const ALREADY: &[u8] = b"there is already a transaction in progress";
+const FAILED: &[u8] = b"current transaction is aborted";
 
 impl PgProxy {
     /// A proxy to the server of `database_url` (a `postgres://…@host:port/…` URL).
@@ -44,6 +61,8 @@ impl PgProxy {
             armed: Mutex::new(None),
             holding: watch::channel(false).0,
             held_connection_sent: Mutex::new(Vec::new()),
+            delay_ms: AtomicU64::new(0),
+            said: Mutex::new(Said::default()),
         });
         let accepting = tokio::spawn({
             let shared = Arc::clone(&shared);
@@ -91,6 +110,17 @@ impl PgProxy {
     /// Lets the held answer, and everything after it, through.
     pub fn release(&self) {
         self.shared.holding.send_replace(false);
+    }
+
+    /// Delays every answer of the server by `delay` from now on, as a slow link would.
+    pub fn delay_answers(&self, delay: Duration) {
+        let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.shared.delay_ms.store(millis, Ordering::Release);
+    }
+
+    /// What the server said so far that no healthy run says.
+    pub fn said(&self) -> Said {
+        *self.shared.said.lock().unwrap()
     }
 
     /// What the held connection sent after the held statement.
@@ -185,11 +215,25 @@ async fn backend(
 ) {
     let mut holding = shared.holding.subscribe();
     let mut buffer = vec![0; 64 * 1024];
+    // The end of the chunk before, so that a sentence split between two reads is found once.
+    let mut tail: Vec<u8> = Vec::new();
     loop {
         let read = match from.read(&mut buffer).await {
             Ok(0) | Err(_) => return,
             Ok(read) => read,
         };
+        tail.extend_from_slice(&buffer[..read]);
+        {
+            let mut said = shared.said.lock().unwrap();
+            said.already_in_transaction += occurrences(&tail, ALREADY);
+            said.in_failed_transaction += occurrences(&tail, FAILED);
+        }
+        let keep = ALREADY.len().max(FAILED.len()) - 1;
+        tail.drain(..tail.len().saturating_sub(keep));
+        let delay = shared.delay_ms.load(Ordering::Acquire);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         if held_here.load(Ordering::Acquire) && holding.wait_for(|held| !*held).await.is_err() {
             return;
         }
@@ -197,6 +241,14 @@ async fn backend(
             return;
         }
     }
+}
+
+/// How often `needle` occurs in `haystack`.
+fn occurrences(haystack: &[u8], needle: &[u8]) -> u64 {
+    haystack
+        .windows(needle.len())
+        .filter(|window| *window == needle)
+        .count() as u64
 }
 
 /// One frame: a type byte (after the startup phase), a length that counts itself, the body.
