@@ -631,3 +631,57 @@ pub async fn count_work(s: &Schedule, answers: &[Option<Answer>]) {
         u32::try_from(recoveries).unwrap_or(u32::MAX),
     );
 }
+
+/// No backend of the schedule's database sits idle inside a transaction opened more than 2 s
+/// before, once every intent has its answer: each would hold its locks, and what was written on
+/// it, acknowledged or not, waits on a `COMMIT` nobody will send.
+pub async fn no_transaction_left_open(s: &Schedule, database: &str) -> Vec<Violation> {
+    let left: Vec<(i32, String, String)> = sqlx::query_as(
+        "SELECT pid, coalesce(application_name, ''), left(coalesce(query, ''), 160)
+         FROM pg_stat_activity
+         WHERE datname = $1 AND state LIKE 'idle in transaction%'
+           AND xact_start < now() - interval '2 seconds'",
+    )
+    .bind(database)
+    .fetch_all(&s.db)
+    .await
+    .unwrap_or_default();
+    left.into_iter()
+        .map(|(pid, application, query)| Violation {
+            kind: "transaction left open",
+            detail: format!("backend {pid} ({application}) idle in a transaction, last: {query}"),
+        })
+        .collect()
+}
+
+/// What PostgreSQL says only to a connection inside a transaction its owner does not know of: a
+/// `BEGIN` on it ("there is already a transaction in progress", 25001), or any statement once that
+/// transaction failed ("current transaction is aborted", 25P02). Neither appears in any process's
+/// log of a schedule.
+pub fn no_stray_transaction_said(logs: &std::path::Path) -> Vec<Violation> {
+    const SAID: [&str; 3] = [
+        "already a transaction in progress",
+        "current transaction is aborted",
+        "25P02",
+    ];
+    let mut violations = Vec::new();
+    let Ok(files) = std::fs::read_dir(logs) else {
+        return violations;
+    };
+    for file in files.flatten() {
+        let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+        for said in SAID {
+            let count = text.matches(said).count();
+            if count > 0 {
+                violations.push(Violation {
+                    kind: "stray transaction",
+                    detail: format!(
+                        "{} logged \"{said}\" {count} time(s)",
+                        file.file_name().to_string_lossy()
+                    ),
+                });
+            }
+        }
+    }
+    violations
+}

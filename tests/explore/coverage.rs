@@ -35,9 +35,13 @@ pub enum Seen {
     Takeover,
     /// A key resumed by a recovery job.
     Recovery,
+    /// A request whose client hung up before its answer (and tried again).
+    HungUp,
+    /// A slow database link struck: the database's answers late on every process's link.
+    SlowDatabase,
 }
 
-pub const KINDS: [Seen; 14] = [
+pub const KINDS: [Seen; 16] = [
     Seen::Paid,
     Seen::Declined,
     Seen::Refunded,
@@ -52,12 +56,14 @@ pub const KINDS: [Seen; 14] = [
     Seen::Redelivered,
     Seen::Takeover,
     Seen::Recovery,
+    Seen::HungUp,
+    Seen::SlowDatabase,
 ];
 
 /// What every default run must have met at least once: the work, and the faults each schedule
 /// plans. Early events, database restarts, declines and cancels depend on draws that a run's handful
 /// of schedules may all miss; they are counted, not required.
-const REQUIRED: [Seen; 9] = [
+const REQUIRED: [Seen; 11] = [
     Seen::Paid,
     Seen::Refunded,
     Seen::Disputed,
@@ -67,6 +73,8 @@ const REQUIRED: [Seen; 9] = [
     Seen::Redelivered,
     Seen::Takeover,
     Seen::Recovery,
+    Seen::HungUp,
+    Seen::SlowDatabase,
 ];
 
 impl Seen {
@@ -86,6 +94,8 @@ impl Seen {
             Self::Redelivered => "redeliv",
             Self::Takeover => "takeover",
             Self::Recovery => "recovery",
+            Self::HungUp => "hang-up",
+            Self::SlowDatabase => "slow-db",
         }
     }
 

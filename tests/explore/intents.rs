@@ -13,12 +13,14 @@ use crate::plan::{Rng, Want};
 use crate::run::{Answer, PROCESSOR_KEY, Schedule};
 
 /// The retrying client of the fault phase: its deadline is short, so that an intent whose
-/// instance is down moves to another one; the final phase gives each a minute.
-fn policy(deadline: Duration) -> RetryPolicy {
+/// instance is down moves to another one; the final phase gives each a minute. Each attempt waits
+/// `hang_up_after` for its answer, while the clients hang up ([`Schedule::hang_up_after`]), else
+/// 15 s.
+fn policy(deadline: Duration, hang_up_after: Option<Duration>) -> RetryPolicy {
     RetryPolicy {
         base_delay: Duration::from_millis(100),
         max_delay: Duration::from_secs(1),
-        attempt_timeout: Duration::from_secs(15),
+        attempt_timeout: hang_up_after.unwrap_or(Duration::from_secs(15)),
         deadline,
     }
 }
@@ -33,11 +35,16 @@ pub async fn send(
     deadline: Duration,
 ) -> Option<Answer> {
     let intent = &s.plan.intents[k];
+    let hang_up_after = s.hang_up_after();
     let observer = {
         let s = Arc::clone(s);
         move |attempt: &client::Attempt| {
             let result = match attempt.result {
                 AttemptResult::NotSent => "not sent".to_owned(),
+                AttemptResult::NoAnswer if hang_up_after.is_some() => {
+                    s.coverage.saw(Seen::HungUp);
+                    format!("hung up after {:?}", hang_up_after.unwrap_or_default())
+                }
                 AttemptResult::NoAnswer => "no answer".to_owned(),
                 AttemptResult::Status { status, .. } => status.to_string(),
             };
@@ -51,7 +58,7 @@ pub async fn send(
         }
     };
     let client = Client::new(s.instance_address(instance), &s.api_key)
-        .with_policy(policy(deadline))
+        .with_policy(policy(deadline, hang_up_after))
         .on_attempt(observer);
     let key = Some(s.key(k));
     let (what, result) = match &intent.want {
@@ -351,12 +358,13 @@ async fn deliver(s: &Schedule, id: &str, body: &[u8], instance: usize) -> Option
     let timestamp = chrono::Utc::now().timestamp();
     let signature = s.secrets.sign(id, timestamp, body).expect("UTF-8 ids");
     let kind = serde_json::from_slice::<Value>(body).unwrap_or_default()["type"].clone();
+    let hang_up_after = s.hang_up_after();
     let sent = reqwest::Client::new()
         .post(format!(
             "{}/v1/webhooks/processor",
             s.instance_address(instance)
         ))
-        .timeout(Duration::from_secs(5))
+        .timeout(hang_up_after.unwrap_or(Duration::from_secs(5)))
         .header("content-type", "application/json")
         .header("webhook-id", id)
         .header("webhook-timestamp", timestamp)
@@ -369,6 +377,10 @@ async fn deliver(s: &Schedule, id: &str, body: &[u8], instance: usize) -> Option
             let status = response.status().as_u16();
             let text = response.text().await.unwrap_or_default();
             (Some(status), format!("{status} {text}"))
+        }
+        Err(error) if error.is_timeout() && hang_up_after.is_some() => {
+            s.coverage.saw(Seen::HungUp);
+            (None, format!("hung up after {hang_up_after:?}"))
         }
         Err(error) => (None, error.to_string()),
     };

@@ -5,9 +5,11 @@
 //! Each schedule is drawn from one seed ([`plan`]): payments, refunds and disputes sent by
 //! retrying clients over 1–3 instances, while the processor is slower than idempay waits, loses
 //! answers, fails, is killed and restarted, instances are killed and restarted, PostgreSQL
-//! restarts, recovery jobs tick and the processor's events arrive early, late, twice and out of
-//! order. Then every fault ends, every intent is driven to a final answer with its own key and
-//! body, and the invariants are checked ([`check`]). A failing schedule prints its seed, its
+//! restarts or answers late over a slow link, clients hang up mid-request and retry, recovery jobs
+//! tick and the processor's events arrive early, late, twice and out of order. Then every fault
+//! ends, every intent is driven to a final answer with its own key and body, and the invariants
+//! are checked ([`check`]), with two of the connections': no backend left idle in a transaction,
+//! and no process's log saying what only a connection inside a stray transaction hears. A failing schedule prints its seed, its
 //! timeline and the command that replays it.
 //!
 //! Settings (environment; `make explore SCHEDULES=N SEED=S` sets the first two):

@@ -114,6 +114,14 @@ pub enum Fault {
     Redeliver { count: usize },
     /// SIGSTOP of a process, SIGCONT after `pause`: alive but silent, its leases lapsing.
     Pause { target: Target, pause: Duration },
+    /// The database's answers `delay_ms` late on every process's link from now on (0 ends it):
+    /// the wait between a statement and its answer, where a dropped request once left a
+    /// connection inside a transaction, widens.
+    SlowDatabase { delay_ms: u64 },
+    /// For `span`, the clients hang up each attempt after a few hundred milliseconds at most, and
+    /// retry it (the same key and body), and events already delivered are sent again by a sender
+    /// that hangs up as they do: requests dropped at every moment of their lives.
+    HangUps { span: Duration },
 }
 
 /// A process of the schedule.
@@ -150,6 +158,11 @@ impl fmt::Display for Fault {
             Self::RestartDatabase => f.write_str("restart PostgreSQL"),
             Self::Redeliver { count } => write!(f, "redeliver {count} processor events"),
             Self::Pause { target, pause } => write!(f, "SIGSTOP {target} (for {pause:?})"),
+            Self::SlowDatabase { delay_ms: 0 } => f.write_str("the database's answers on time"),
+            Self::SlowDatabase { delay_ms } => {
+                write!(f, "the database's answers {delay_ms}ms late")
+            }
+            Self::HangUps { span } => write!(f, "clients hang up mid-request (for {span:?})"),
         }
     }
 }
@@ -423,6 +436,33 @@ impl Plan {
                 instance: manual.pick(instances.len()),
                 want: then,
             });
+        }
+
+        // A slow database link and clients that hang up, from a stream of their own too: each
+        // once a schedule, the hang-ups mostly while the link is slow, when a request spends the
+        // longest waiting on the database.
+        let mut drops = Rng::new(seed.rotate_left(7) ^ 0x00D8_0995);
+        if draws == Draws::Current {
+            let slow_from = within(&mut drops, Duration::ZERO, duration.mul_f64(0.7));
+            let slow_for = drops.millis(2000, 5000);
+            faults.push((
+                slow_from,
+                Fault::SlowDatabase {
+                    delay_ms: drops.range(20, 60),
+                },
+            ));
+            faults.push((slow_from + slow_for, Fault::SlowDatabase { delay_ms: 0 }));
+            let hang_from = if drops.chance(0.7) {
+                slow_from + drops.millis(0, 1000)
+            } else {
+                within(&mut drops, Duration::ZERO, duration.mul_f64(0.7))
+            };
+            faults.push((
+                hang_from,
+                Fault::HangUps {
+                    span: drops.millis(2000, 4000),
+                },
+            ));
         }
 
         faults.sort_by_key(|(at, _)| *at);

@@ -16,7 +16,7 @@ use crate::check::{self, Violation};
 use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
 use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
-use crate::world::{Database, Process, Ready, free_port, idempay};
+use crate::world::{Database, Link, Process, Ready, free_port, idempay};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
 pub const PROCESSOR_KEY: &str = "pk_explore";
@@ -115,6 +115,10 @@ pub struct Schedule {
     /// What went wrong on the way, beside the invariants: a fault not injected, an early event
     /// refused. Each is a violation: the schedule did not test what it planned.
     trouble: Mutex<Vec<Violation>>,
+    /// The processes' link to the database, slowed by [`Fault::SlowDatabase`].
+    link: Link,
+    /// Until when the clients hang up mid-request ([`Fault::HangUps`]), and how long each waits.
+    hang_ups: Mutex<(Option<Instant>, Rng)>,
 }
 
 impl Schedule {
@@ -147,6 +151,17 @@ impl Schedule {
                 replayed: false,
             },
         );
+    }
+
+    /// How long a client waits for an answer before it hangs up, while the clients hang up
+    /// ([`Fault::HangUps`]): from 10 ms (before the request's first statement is answered) to
+    /// 400 ms (after most requests are); `None` otherwise.
+    pub fn hang_up_after(&self) -> Option<Duration> {
+        let mut hang_ups = self.hang_ups.lock().unwrap();
+        let (until, rng) = &mut *hang_ups;
+        until
+            .is_some_and(|until| Instant::now() < until)
+            .then(|| rng.millis(10, 400))
     }
 
     pub fn trouble(&self, kind: &'static str, detail: String) {
@@ -319,6 +334,28 @@ impl Schedule {
                     }
                 }))
             }
+            Fault::SlowDatabase { delay_ms } => {
+                self.link.delay(Duration::from_millis(delay_ms));
+                if delay_ms > 0 {
+                    self.coverage.saw(Seen::SlowDatabase);
+                }
+                None
+            }
+            Fault::HangUps { span } => {
+                let until = Instant::now() + span;
+                self.hang_ups.lock().unwrap().0 = Some(until);
+                // The webhook intake is hung up on too, where a request's own future opens the
+                // transaction: events already delivered, sent again throughout the span by a
+                // sender that gives up as the clients do.
+                let s = Arc::clone(self);
+                let mut rng = Rng::new(rng.next_u64());
+                Some(tokio::spawn(async move {
+                    while Instant::now() < until {
+                        intents::redeliver(&s, 4, &mut rng).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }))
+            }
         }
     }
 }
@@ -356,6 +393,10 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     std::fs::remove_dir_all(&logs).ok();
     std::fs::create_dir_all(&logs).expect("the logs' directory");
 
+    // Every process reaches the database over the link a slow-link fault slows; the explorer's
+    // own statements (the set-up above, the checks) go straight to it.
+    let link = Link::to(&url).await;
+    let linked = link.url(&url);
     let secrets = WebhookSecrets::generate();
     let processor_port = free_port();
     let instance_ports: Vec<u16> = plan.instances.iter().map(|_| free_port()).collect();
@@ -364,7 +405,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
         "processor",
         &["processor"],
         vec![
-            common("DATABASE_URL", &url),
+            common("DATABASE_URL", &linked),
             common(
                 "IDEMPAY_PROCESSOR_LISTEN",
                 &format!("127.0.0.1:{processor_port}"),
@@ -406,7 +447,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
                 &format!("instance-{index}"),
                 &["serve"],
                 vec![
-                    common("DATABASE_URL", &url),
+                    common("DATABASE_URL", &linked),
                     common("IDEMPAY_LISTEN", &format!("127.0.0.1:{port}")),
                     common("IDEMPAY_PROCESSOR_URL", &processor_address),
                     common("IDEMPAY_PROCESSOR_API_KEY", PROCESSOR_KEY),
@@ -452,6 +493,8 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
         database,
         coverage: Coverage::default(),
         trouble: Mutex::new(Vec::new()),
+        link,
+        hang_ups: Mutex::new((None, Rng::new(seed.rotate_left(11) ^ 0x4A96_0995))),
         plan,
     });
     s.timeline.log(format!("seed {seed}: {}", s.plan));
@@ -494,6 +537,8 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     s.timeline
         .log("END OF FAULTS: the processor healthy, every process up");
     *s.faults.lock().unwrap() = (0, 0.0, 0.0);
+    s.link.delay(Duration::ZERO);
+    s.hang_ups.lock().unwrap().0 = None;
     s.start_processor().await;
     s.put_faults().await;
     futures::future::join_all((0..s.instances.len()).map(|index| s.start_instance(index))).await;
@@ -553,6 +598,8 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     check::count_work(&s, &answers).await;
     let mut violations = std::mem::take(&mut *s.trouble.lock().unwrap());
     violations.extend(check::invariants(&s, &answers, database_epoch).await);
+    violations.extend(check::no_transaction_left_open(&s, &name).await);
+    violations.extend(check::no_stray_transaction_said(&logs));
     s.timeline
         .log(format!("checked: {} violation(s)", violations.len()));
     s.processor.lock().await.kill().await;

@@ -513,3 +513,101 @@ pub async fn idempay(args: &[&str], env: &[(&str, &str)]) -> std::process::Outpu
     }
     command.output().await.expect("the binary runs")
 }
+
+/// The link between the schedule's processes and the database: a TCP proxy on a port of
+/// 127.0.0.1 that passes every byte, and delays the server's while a slow-link fault is in force
+/// (its answers late, as over a congested network or from a server short of CPU): the window
+/// between a statement sent and its answer read widens, and a client that hangs up meanwhile
+/// drops a request in it. It stops accepting when dropped; a connection ends with either side.
+pub struct Link {
+    port: u16,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl Link {
+    /// A link to the server of `database_url` (a `postgres://…@host:port/…` URL).
+    pub async fn to(database_url: &str) -> Self {
+        let target = database_url
+            .rsplit_once('@')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .expect("host:port in the URL")
+            .to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("the link's port");
+        let port = listener.local_addr().expect("its address").port();
+        let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let accepting = tokio::spawn({
+            let delay_ms = std::sync::Arc::clone(&delay_ms);
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let (target, delay_ms) = (target.clone(), std::sync::Arc::clone(&delay_ms));
+                    tokio::spawn(async move {
+                        if let Ok(server) = tokio::net::TcpStream::connect(&target).await {
+                            pass(client, server, delay_ms).await;
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            port,
+            delay_ms,
+            accepting,
+        }
+    }
+
+    /// `database_url` through the link.
+    pub fn url(&self, database_url: &str) -> String {
+        let (before, rest) = database_url.rsplit_once('@').expect("a URL with a user");
+        let path = rest.split_once('/').map_or("", |(_, path)| path);
+        format!("{before}@127.0.0.1:{}/{path}", self.port)
+    }
+
+    /// Delays every answer of the server by `delay` from now on (zero: none).
+    pub fn delay(&self, delay: Duration) {
+        let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.delay_ms
+            .store(millis, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+async fn pass(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = tokio::io::copy(&mut client_read, &mut server_write);
+    let down = async move {
+        let mut buffer = vec![0; 64 * 1024];
+        loop {
+            let read = match server_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            };
+            let delay = delay_ms.load(std::sync::atomic::Ordering::Acquire);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            if client_write.write_all(&buffer[..read]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        () = down => {}
+    }
+}
