@@ -107,6 +107,26 @@ async fn release_and_check(proxy: &PgProxy, db: &PgPool) {
     );
 }
 
+/// Sends `request` from a client that gives up after [`HANG_UP_AFTER`], asserts that it hung up
+/// while the proxy held the answer to `held` (the window the test aims at), gives the server a
+/// moment to notice the closed connection and drop the request, then lets the answer through and
+/// checks that nothing was left inside a transaction ([`release_and_check`]).
+async fn hang_up_while_held(
+    proxy: &PgProxy,
+    db: &PgPool,
+    request: reqwest::RequestBuilder,
+    held: &str,
+) {
+    let gave_up = request.timeout(HANG_UP_AFTER).send().await;
+    assert!(
+        gave_up.is_err_and(|error| error.is_timeout()),
+        "the client hung up"
+    );
+    assert!(proxy.is_holding(), "while the answer to {held} was held");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release_and_check(proxy, db).await;
+}
+
 /// A webhook event signed with `secret`, posted with a client that gives up after `patience`.
 fn webhook(
     app: &TestApp,
@@ -175,21 +195,13 @@ async fn webhook_intake_dropped_by_a_client_hanging_up_mid_begin_leaves_no_trans
     let (app, proxy, secret, paid) = webhook_app(|secret| quiet_settings(Some(secret))).await;
     proxy.hold_answer_to_begin();
 
-    let gave_up = webhook(&app, &secret, "evt_dropped", &paid, HANG_UP_AFTER)
-        .send()
-        .await;
-
-    assert!(
-        gave_up.is_err_and(|error| error.is_timeout()),
-        "the client hung up"
-    );
-    assert!(
-        proxy.is_holding(),
-        "while the answer to the intake's BEGIN was held"
-    );
-    // The server notices the closed connection and drops the request's future.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    release_and_check(&proxy, &app.db).await;
+    hang_up_while_held(
+        &proxy,
+        &app.db,
+        webhook(&app, &secret, "evt_dropped", &paid, HANG_UP_AFTER),
+        "the intake's BEGIN",
+    )
+    .await;
     its_owner_was_gone(&proxy);
     assert_eq!(
         recorded_events(&app, "evt_dropped").await,
@@ -256,24 +268,17 @@ async fn a_processor_route_dropped_mid_begin_leaves_no_transaction_open() {
     quiet_down().await;
     proxy.hold_answer_to_begin();
 
-    let gave_up = client
-        .post(&disputes)
-        .bearer_auth(API_KEY)
-        .json(&json!({ "amount": 100 }))
-        .timeout(HANG_UP_AFTER)
-        .send()
-        .await;
-
-    assert!(
-        gave_up.is_err_and(|error| error.is_timeout()),
-        "the client hung up"
-    );
-    assert!(
-        proxy.is_holding(),
-        "while the answer to the dispute's BEGIN was held"
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    release_and_check(&proxy, &processor.db).await;
+    hang_up_while_held(
+        &proxy,
+        &processor.db,
+        client
+            .post(&disputes)
+            .bearer_auth(API_KEY)
+            .json(&json!({ "amount": 100 })),
+        "the dispute's BEGIN",
+    )
+    .await;
+    its_owner_was_gone(&proxy);
     assert_eq!(
         processor.count("processor_disputes").await,
         0,
@@ -306,22 +311,13 @@ async fn a_keyed_refund_whose_client_hangs_up_mid_begin_completes_and_replays() 
     quiet_down().await;
     proxy.hold_answer_to_begin();
 
-    let gave_up = app
-        .keyed_post_as(&app.api_key, &refunds, &key, &body)
-        .timeout(HANG_UP_AFTER)
-        .send()
-        .await;
-
-    assert!(
-        gave_up.is_err_and(|error| error.is_timeout()),
-        "the client hung up"
-    );
-    assert!(
-        proxy.is_holding(),
-        "while the answer to a BEGIN of the refund's was held"
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    release_and_check(&proxy, &app.db).await;
+    hang_up_while_held(
+        &proxy,
+        &app.db,
+        app.keyed_post_as(&app.api_key, &refunds, &key, &body),
+        "a BEGIN of the refund's",
+    )
+    .await;
     // The keyed work runs to completion in a task of its own, so the held BEGIN's owner went on
     // (the processor's refund under its key, or idempay's record of it)...
     let sent = proxy.sent_after_held();
@@ -354,24 +350,15 @@ async fn a_list_whose_client_hangs_up_mid_query_leaves_the_connection_clean() {
     // The list's page query (its position query runs only with a cursor).
     proxy.hold_answer_to(|sql: &str| sql.contains("FROM payments") && sql.contains("ORDER BY"));
 
-    let gave_up = app
-        .client()
-        .get(app.url("/v1/payments"))
-        .bearer_auth(&app.api_key)
-        .timeout(HANG_UP_AFTER)
-        .send()
-        .await;
-
-    assert!(
-        gave_up.is_err_and(|error| error.is_timeout()),
-        "the client hung up"
-    );
-    assert!(
-        proxy.is_holding(),
-        "while the answer to the list's query was held"
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    release_and_check(&proxy, &app.db).await;
+    hang_up_while_held(
+        &proxy,
+        &app.db,
+        app.client()
+            .get(app.url("/v1/payments"))
+            .bearer_auth(&app.api_key),
+        "the list's query",
+    )
+    .await;
     let listed = app
         .send(
             app.client()
