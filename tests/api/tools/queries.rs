@@ -75,9 +75,10 @@ async fn replays_and_warm_api_keys_are_answered_without_a_database_query() {
 /// without sqlx's release ping (a `Sync` message with no statement before it, which was one round
 /// trip more for each statement); and, once the payment committed, the look for the processor's
 /// events parked about its charge (`downstream::call::record`: the processor's outbox often
-/// delivers them before the recording commits). That look goes through the pool, which pings the
-/// connection it takes back and may first prepare the statement on it: at most two exchanges
-/// more than its statement.
+/// delivers them before the recording commits). That look goes through the pool, which asks the
+/// connection it takes back whether it is outside a transaction (the release check, one simple
+/// query: `db::pool_with`), pings it, and may first prepare the statement on it: one statement and
+/// at most two exchanges more than the look's own.
 #[api_test]
 async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
     let app = TestApp::spawn().await;
@@ -93,9 +94,9 @@ async fn a_new_key_costs_each_service_two_statements_and_no_ping() {
     let sent = proxy.sent() - before;
     assert_eq!(
         sent.statements,
-        5 * 5,
-        "five new keys, each two statements and the look for parked events at idempay, and two \
-         at the processor: {sent:?}"
+        5 * 6,
+        "five new keys, each two statements, the look for parked events and the pool's release \
+         check of its connection at idempay, and two at the processor: {sent:?}"
     );
     assert!(
         sent.exchanges <= sent.statements + 5 * 2,
