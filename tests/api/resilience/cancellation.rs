@@ -410,7 +410,7 @@ enum Answered {
     HungUp,
 }
 
-/// With every answer of the database 40 ms late, 1,500 requests (new payments and webhook events)
+/// With every answer of the database 40 ms late, 1,500 requests (new payments and webhook events, 16 at a time)
 /// from clients that hang up at moments spread over each request's life (10 ms to 2 s in): none is answered 500, no
 /// backend is idle in a transaction opened over 2 s before, PostgreSQL never says "there is
 /// already a transaction in progress" nor refuses a statement of a failed one (25P02), and every
@@ -469,7 +469,7 @@ async fn a_storm_of_hang_ups_over_a_slow_database_link_leaves_nothing_inside_a_t
                 }
             }
         })
-        .buffer_unordered(32)
+        .buffer_unordered(16)
         .collect()
         .await;
     proxy.delay_answers(Duration::ZERO);

@@ -290,7 +290,7 @@ async fn sessions_the_database_ended_are_met_once_and_the_next_payments_go_throu
         "WITH others AS MATERIALIZED (
              SELECT pid FROM pg_stat_activity
              WHERE datname = current_database() AND pid <> pg_backend_pid()
-               AND application_name = 'idempotency lot'
+               AND application_name = 'idempay (lot)'
          )
          SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM others",
     )

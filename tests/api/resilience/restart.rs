@@ -97,13 +97,13 @@ async fn send_payments(
     keys.into_iter().zip(answers).collect()
 }
 
-/// How many sessions of the lots (idempay's and its processor's, named `idempotency lot`) are idle
+/// How many sessions of the lots (idempay's and its processor's, named `idempay (lot)` after the pool's `idempay`) are idle
 /// on the server now.
 async fn lot_sessions_at_rest(database_url: &str) -> i64 {
     let mut admin = PgConnection::connect(database_url).await.unwrap();
     let count = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity
-         WHERE application_name = 'idempotency lot' AND state = 'idle'",
+         WHERE application_name = 'idempay (lot)' AND state = 'idle'",
     )
     .fetch_one(&mut admin)
     .await
