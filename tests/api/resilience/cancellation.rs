@@ -528,3 +528,35 @@ async fn a_storm_of_hang_ups_over_a_slow_database_link_leaves_nothing_inside_a_t
     );
     assert_eq!(proxy.said(), Said::default());
 }
+
+/// The pool's release check, alone: a connection handed back inside a transaction (here a raw
+/// `BEGIN`, as a dropped future once left it) is closed, not lent again; one inside a failed
+/// transaction too. The next borrower gets another backend, outside any transaction.
+#[api_test]
+async fn the_pool_closes_a_connection_handed_back_inside_a_transaction() {
+    let app = TestApp::spawn().await;
+    let pool = idempay::db::pool_with(&app.database_url(), one_connection()).expect("pool");
+    for poison in ["BEGIN", "BEGIN; SELECT 1/0"] {
+        let mut connection = pool.acquire().await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *connection)
+            .await
+            .unwrap();
+        sqlx::raw_sql(poison).execute(&mut *connection).await.ok();
+        drop(connection);
+        let mut next = pool.acquire().await.unwrap();
+        let other: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *next)
+            .await
+            .unwrap();
+        assert_ne!(
+            other, pid,
+            "{poison}: the connection was closed, not lent again"
+        );
+        drop(next);
+        assert!(
+            idle_in_transaction(&app.db).await.is_empty(),
+            "{poison}: no backend is left idle in a transaction"
+        );
+    }
+}
