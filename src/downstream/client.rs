@@ -442,10 +442,13 @@ impl ProcessorClient {
         outcome
     }
 
-    /// The charge `id` as the processor holds it now: what a capture or void made under a key
-    /// is read from it (`capture_idempotency_key`, `void_idempotency_key`).
-    pub async fn charge_now(&self, id: &str) -> anyhow::Result<Charge> {
-        self.get(&format!("v1/charges/{id}")).await
+    /// Charge `id` as a capture or void under `downstream_key` left it (what it made is read from
+    /// the charge: `capture_idempotency_key`, `void_idempotency_key`): the processor answers 409
+    /// (an error here) while that capture or void is still being made, so the charge read is
+    /// final for the key.
+    pub async fn charge_after(&self, id: &str, downstream_key: &str) -> anyhow::Result<Charge> {
+        self.get(&under_key(&format!("v1/charges/{id}"), downstream_key))
+            .await
     }
 
     /// Every charge, all pages, newest first: for reconciliation.

@@ -11,19 +11,16 @@ use std::future::Future;
 
 use axum::http::StatusCode;
 use sqlx::PgPool;
-use sqlx::types::Json;
 
 use super::authorization_state::{self, CancelState, CaptureState};
-use super::model::{
-    CancellationReason, PaymentId, PaymentRow, PaymentStatus, payment_not_found, payment_query,
-};
+use super::model::{CancellationReason, PaymentId, PaymentStatus, payment_not_found};
 use crate::accounts::AccountId;
+use crate::disputes;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{CaptureState as ProcessorCaptureState, Charge};
 use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
-use crate::metadata::Metadata;
 use idempotency::{Completion, Lease, StateVersion, StoredResponse};
 use service::vocabulary::stored;
 
@@ -167,7 +164,10 @@ async fn made_on_charge(
     downstream_key: &str,
     made: impl Fn(&Charge) -> bool,
 ) -> anyhow::Result<Option<Charge>> {
-    let now = processor.charge_now(charge).await?;
+    // Asked under the key: while the capture or void under it is still being made there, the
+    // processor answers 409, and the settle fails, handing the key back held, rather than read an
+    // authorization still held and record that nothing was made.
+    let now = processor.charge_after(charge, downstream_key).await?;
     if made(&now) {
         return Ok(Some(now));
     }
@@ -320,13 +320,11 @@ async fn record(
     let at = lease.now();
     let canceled_at = (status == PaymentStatus::Canceled).then_some(at);
     let mut tx = lease.begin().await?;
-    let row = payment_query!(
+    sqlx::query!(
         "UPDATE payments
          SET status = $3, amount_captured = $4, amount_capturable = 0, canceled_at = $6,
              cancellation_reason = $5
-         WHERE account_id = $2 AND id = $1
-         RETURNING",
-        "",
+         WHERE account_id = $2 AND id = $1",
         payment,
         account,
         status.as_str(),
@@ -334,9 +332,14 @@ async fn record(
         reason,
         canceled_at,
     )
-    .fetch_one(&mut *tx)
+    .execute(&mut *tx)
     .await?;
-    let payment = row.parse()?;
+    // A dispute that arrived before this capture was recorded holds what the capture took; a
+    // cancel leaves nothing for one to hold (`disputes::held`).
+    let payment = disputes::recount(&mut tx, &account, &payment)
+        .await?
+        .payment
+        .parse()?;
     let event = NewEvent::new(kind, &payment, at).map_err(anyhow::Error::from)?;
     let engine = lease.engine().await?;
     events::write(&mut tx, engine, &account, std::slice::from_ref(&event)).await?;

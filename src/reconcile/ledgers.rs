@@ -5,7 +5,7 @@ use std::fmt;
 
 use sqlx::PgPool;
 
-use crate::disputes::{DisputeStatus, Review};
+use crate::disputes::DisputeStatus;
 use crate::downstream::ProcessorClient;
 use crate::downstream::{Charge, Dispute, ProcessorRefund};
 use crate::payments::PaymentStatus;
@@ -105,8 +105,6 @@ pub(super) struct OurDispute {
     pub(super) id: String,
     pub(super) charge: String,
     pub(super) amount: i64,
-    /// Whether the payment's `amount_disputed` took all of it.
-    pub(super) review: Review,
     pub(super) status: DisputeStatus,
 }
 
@@ -171,7 +169,7 @@ impl Ours {
         // of a payment with no charge has nothing at the processor to be compared with.
         let disputes = sqlx::query!(
             r#"
-            SELECT d.id, p.charge AS "charge!", d.amount, d.status, d.lifecycle
+            SELECT d.id, p.charge AS "charge!", d.amount, d.lifecycle
             FROM disputes d
             JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id
             WHERE p.charge IS NOT NULL
@@ -182,7 +180,6 @@ impl Ours {
         .into_iter()
         .map(|row| {
             Ok(OurDispute {
-                review: stored(&row.status)?,
                 status: stored(&row.lifecycle)?,
                 id: row.id,
                 charge: row.charge,

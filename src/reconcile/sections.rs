@@ -6,7 +6,6 @@ use std::fmt;
 
 use super::Difference;
 use super::ledgers::{OurDispute, OurRefund, Ours, Theirs};
-use crate::disputes::Review;
 use crate::downstream::{
     CaptureState, Charge, ChargeStatus, Dispute, DisputeStatus as ProcessorDisputeStatus,
     ProcessorRefund, RefundStatus,
@@ -51,12 +50,6 @@ pub(super) fn payments_against_charges(
             charge.recorded += dispute.amount;
         }
     }
-    let squeezed: BTreeSet<&str> = ours
-        .disputes
-        .iter()
-        .filter(|d| d.review == Review::NeedsReview)
-        .map(|d| d.charge.as_str())
-        .collect();
     for payment in &ours.payments {
         let Some(charge) = by_charge.get(payment.charge.as_str()) else {
             differences.push(Difference::PaymentWithoutCharge {
@@ -80,15 +73,11 @@ pub(super) fn payments_against_charges(
             .copied()
             .unwrap_or_default();
         let disputed = Figure::less(disputed.recorded + disputed.since, disputed.since);
-        // A dispute over more than remained after the refunds is recorded in full, flagged
-        // `needs_review`, and the payment's `amount_disputed` takes only what remained
-        // (`webhooks::events`, `refunds::refunding`): with such a dispute, that is the figure both
-        // ledgers agree on. Without one, the disputed amount is all of the processor's.
-        let disputed = if squeezed.contains(payment.charge.as_str()) {
-            disputed.capped(payment.amount_captured - payment.amount_refunded)
-        } else {
-            disputed
-        };
+        // What the disputes hold on our side is derived (`disputes::held`): those not won, at
+        // most what was captured and not refunded. A dispute over more than remained is recorded
+        // in full and flagged `needs_review`; the payment's figure takes only what fits, and so
+        // is compared here.
+        let disputed = disputed.capped(payment.amount_captured - payment.amount_refunded);
         let figures = [
             (
                 "amount",
@@ -181,8 +170,8 @@ struct Disputed {
 }
 
 /// A figure of the processor's (a refunded or disputed amount), as a payment must show it: less
-/// what the payment's snapshot could not count yet, and for a squeezed dispute, no more than
-/// what remained after the refunds.
+/// what the payment's snapshot could not count yet, and for the disputes, no more than what was
+/// captured and not refunded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Figure {
     processor: i64,
@@ -219,11 +208,8 @@ impl fmt::Display for Figure {
         if self.since > 0 {
             write!(f, " (less {} recorded since or in flight)", self.since)?;
         }
-        if let Some(cap) = self.cap {
-            write!(
-                f,
-                " (a dispute needs review: at most the {cap} left after the refunds)"
-            )?;
+        if let Some(cap) = self.cap.filter(|&cap| cap < self.processor - self.since) {
+            write!(f, " (at most the {cap} captured and not refunded)")?;
         }
         Ok(())
     }

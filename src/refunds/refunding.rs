@@ -12,14 +12,14 @@ use sqlx::types::Json;
 use super::model::{RefundId, RefundRow, RefundStatus};
 use super::refund_state::{self, Refund, RefundState};
 use crate::accounts::AccountId;
-use crate::disputes::Review;
+use crate::disputes;
 use crate::downstream::ProcessorRefund;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
-use crate::payments::{PaymentId, PaymentRow, PaymentStatus, payment_not_found};
+use crate::payments::{PaymentId, PaymentStatus, payment_not_found};
 use idempotency::{Completion, Lease, StateVersion, StoredResponse};
 use service::vocabulary::stored;
 
@@ -189,7 +189,7 @@ async fn check(
 
 /// What remains refundable of a payment: what was captured, less what was refunded and what the
 /// cardholder disputes (that money is the bank's to take back; Stripe refuses to refund it too).
-/// The same rule as the `payments_refunded_and_disputed` CHECK.
+/// The same rule as the `payments_money_held` CHECK.
 fn refundable(captured: i64, refunded: i64, disputed: i64) -> i64 {
     (captured - refunded - disputed).max(0)
 }
@@ -201,9 +201,9 @@ fn refundable(captured: i64, refunded: i64, disputed: i64) -> i64 {
 /// payment's row lock makes concurrent refunds of one payment take turns.
 ///
 /// The refund is a fact by now (the processor made it), so it is recorded in full even when a
-/// dispute arrived since the check (or the key is resumed long after it): the disputed amount
-/// then gives way to what still fits beside the refunds, and the payment's disputes are flagged
-/// `needs_review`, since the money may leave twice. This path and the check agree on one rule,
+/// dispute arrived since the check (or the key is resumed long after it): the disputed amount,
+/// recounted, then holds what still fits beside the refunds, and the payment's disputes are
+/// flagged `needs_review`, since the money may leave twice. This path and the check agree on one rule,
 /// [`refundable`], which the CHECK on `payments` enforces.
 async fn record(
     lease: Lease,
@@ -233,76 +233,34 @@ async fn record(
     )
     .fetch_one(&mut *tx)
     .await?;
-    // `locked` reads the row under its lock (the latest version, even if a dispute committed
-    // since this statement began), so the UPDATE can say whether it squeezed the disputed amount.
-    // NO KEY UPDATE, the lock the UPDATE takes anyway: a full FOR UPDATE would wait on the key
-    // share lock each concurrent refund's insert (its foreign key) holds, and they deadlock.
-    let paid = sqlx::query!(
+    // The payment's row lock (NO KEY UPDATE, the lock the UPDATE takes anyway: a full FOR UPDATE
+    // would wait on the key share lock each concurrent refund's insert, its foreign key, holds,
+    // and they deadlock), with what the disputes held before the refund.
+    let locked = disputes::lock(&mut tx, &intent.account, &intent.payment).await?;
+    // The disputed amount capped at what still fits beside the refunds, so that the row keeps its
+    // CHECK until the recount sets it exactly (`disputes::held`).
+    sqlx::query!(
         r#"
-        UPDATE payments p
-        SET amount_refunded = p.amount_refunded + $2,
-            amount_disputed = GREATEST(0, LEAST(p.amount_disputed,
-                COALESCE(p.amount_captured, p.amount) - p.amount_refunded - $2)),
-            status = CASE WHEN p.amount_refunded + $2 = COALESCE(p.amount_captured, p.amount)
-                          THEN 'refunded' ELSE p.status END
-        FROM (
-            SELECT account_id, id, amount_disputed FROM payments
-            WHERE account_id = $3 AND id = $1
-            FOR NO KEY UPDATE
-        ) locked
-        WHERE p.account_id = $3 AND p.account_id = locked.account_id AND p.id = locked.id
-        RETURNING p.amount_disputed < locked.amount_disputed AS "squeezed!",
-                  p.id, p.amount, p.currency, p.status, p.payment_method, p.order_ref,
-                  p.description, p.amount_refunded, p.amount_disputed, p.charge, p.created_at,
-                  p.metadata AS "metadata: Json<Metadata>", p.capture_method, p.amount_captured,
-                  p.amount_capturable, p.canceled_at, p.cancellation_reason
+        UPDATE payments
+        SET amount_refunded = amount_refunded + $2,
+            amount_disputed = LEAST(amount_disputed,
+                COALESCE(amount_captured, amount) - amount_refunded - $2),
+            status = CASE WHEN amount_refunded + $2 = COALESCE(amount_captured, amount)
+                          THEN 'refunded' ELSE status END
+        WHERE account_id = $3 AND id = $1
         "#,
         intent.payment,
         refunded.amount,
         intent.account,
     )
-    .fetch_one(&mut *tx)
+    .execute(&mut *tx)
     .await?;
-    if paid.squeezed {
-        tracing::warn!(
-            payment = %intent.payment,
-            refund = intent.refund,
-            "a refund recorded beside a dispute: the payment's disputes need review"
-        );
-        sqlx::query!(
-            r#"
-            UPDATE disputes SET status = $3
-            WHERE account_id = $2 AND payment_id = $1 AND status = $4
-            "#,
-            intent.payment,
-            intent.account,
-            Review::NeedsReview.as_str(),
-            Review::Open.as_str(),
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
+    let payment = locked
+        .recount_flagging(&mut tx, "a refund")
+        .await?
+        .payment
+        .parse()?;
     let refund = row.parse()?;
-    let payment = PaymentRow {
-        id: paid.id,
-        amount: paid.amount,
-        currency: paid.currency,
-        status: paid.status,
-        payment_method: paid.payment_method,
-        order_ref: paid.order_ref,
-        description: paid.description,
-        amount_refunded: paid.amount_refunded,
-        amount_disputed: paid.amount_disputed,
-        charge: paid.charge,
-        created_at: paid.created_at,
-        metadata: paid.metadata,
-        capture_method: paid.capture_method,
-        amount_captured: paid.amount_captured,
-        amount_capturable: paid.amount_capturable,
-        canceled_at: paid.canceled_at,
-        cancellation_reason: paid.cancellation_reason,
-    }
-    .parse()?;
     // The refund's `created_at` is its transaction's `now()`: the time of both events.
     let at = refund.created_at;
     let written = [

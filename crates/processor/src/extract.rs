@@ -72,14 +72,7 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyedPageQuery {
         .map_err(|rejection| Problem::new(ProblemKind::InvalidRequest, rejection.body_text()))?;
         let idempotency_key = params
             .idempotency_key
-            .map(|key| {
-                IdempotencyKey::parse(key.as_bytes()).map_err(|error| {
-                    Problem::new(
-                        ProblemKind::InvalidRequest,
-                        format!("idempotency_key is no idempotency key: {error}."),
-                    )
-                })
-            })
+            .map(|key| parse_key(&key))
             .transpose()?;
         let page = PageRequest::try_from(service::pagination::ListParams::new(
             params.limit,
@@ -91,6 +84,43 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyedPageQuery {
             idempotency_key,
         })
     }
+}
+
+/// The query string of a read of one object: `?idempotency_key=…`, or nothing. With a key, the
+/// read answers 409 while a request under that key is still changing the object (`GET
+/// /v1/charges/{id}?idempotency_key=…` while a capture or a void under it is being made).
+pub struct KeyQuery(pub Option<IdempotencyKey>);
+
+/// The query string of a [`KeyQuery`].
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyParams {
+    idempotency_key: Option<String>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyQuery {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        let axum::extract::Query(params) =
+            axum::extract::Query::<KeyParams>::try_from_uri(&parts.uri).map_err(|rejection| {
+                Problem::new(ProblemKind::InvalidRequest, rejection.body_text())
+            })?;
+        params
+            .idempotency_key
+            .map(|key| parse_key(&key))
+            .transpose()
+            .map(Self)
+    }
+}
+
+fn parse_key(key: &str) -> Result<IdempotencyKey, Problem> {
+    IdempotencyKey::parse(key.as_bytes()).map_err(|error| {
+        Problem::new(
+            ProblemKind::InvalidRequest,
+            format!("idempotency_key is no idempotency key: {error}."),
+        )
+    })
 }
 
 /// Proof that the request carried the processor's API key.

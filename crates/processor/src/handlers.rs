@@ -18,7 +18,7 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use crate::ProcessorState;
-use crate::extract::{Authorized, KeyedPageQuery, PathId};
+use crate::extract::{Authorized, KeyQuery, KeyedPageQuery, PathId};
 use crate::faults::Faults;
 use crate::model::{
     CaptureState, Charge, ChargeId, ChargeRow, ChargeStatus, DisputeId, DisputeRow, NewCharge,
@@ -321,12 +321,24 @@ async fn record_charge(
     Ok(())
 }
 
-/// `GET /v1/charges/{id}`.
+/// `GET /v1/charges/{id}`; with `?idempotency_key=…`, 409 while a capture or a void under that
+/// key is still being made (in its latency, or waiting on the charge's row lock): the charge read
+/// then would say "still authorized" and be wrong a moment later. A client settling a capture or
+/// void whose answer it lost asks this way (as it lists the charges or refunds made under a key).
 pub(crate) async fn get_charge(
     State(state): State<ProcessorState>,
     _: Authorized,
     PathId(id): PathId<ChargeId>,
+    KeyQuery(key): KeyQuery,
 ) -> Result<Response, Error> {
+    if let Some(key) = &key {
+        for route in [
+            "POST /v1/charges/{id}/capture",
+            "POST /v1/charges/{id}/void",
+        ] {
+            still_making(&state, route, key.as_str()).await?;
+        }
+    }
     let row = sqlx::query_as!(
         ChargeRow,
         r#"

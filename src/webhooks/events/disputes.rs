@@ -1,21 +1,19 @@
 //! The processor's dispute events: `charge.dispute.created` records a dispute (once per processor
-//! dispute id) and adds it to its payment's disputed amount; `charge.dispute.updated` and
-//! `charge.dispute.closed` move it through Stripe's lifecycle, and a `won` one gives its amount
-//! back to the payment. Each change writes idempay's own event in its transaction
+//! dispute id); `charge.dispute.updated` and `charge.dispute.closed` move it through Stripe's
+//! lifecycle. After each, the payment's `amount_disputed` is recounted from its disputes
+//! (`disputes::held`): a `won` one holds nothing, so it gives back what it held, never more. Each change writes idempay's own event in its transaction
 //! (`payment.disputed`, `dispute.updated`, `dispute.closed`).
 
 use sqlx::PgConnection;
-use sqlx::types::Json;
 
 use super::{
     Applied, Applying, Envelope, EventOutcome, IntakeType, NoEffect, NotRecorded, Target, ignored,
     now, unencodable,
 };
 use crate::db::Engine;
+use crate::disputes;
 use crate::disputes::{Dispute, DisputeStatus};
 use crate::events::{self, EventType, NewEvent};
-use crate::metadata::Metadata;
-use crate::payments::PaymentRow;
 use service::vocabulary::stored;
 
 impl Envelope {
@@ -34,9 +32,9 @@ impl Envelope {
         }
     }
 
-    /// Records a dispute by the processor's dispute id and adds it to the payment's disputed
-    /// amount, as far as it fits: `amount_refunded + amount_disputed` never exceeds the amount (a
-    /// CHECK holds that line). A dispute over more than remains is still recorded, in full, with
+    /// Records a dispute by the processor's dispute id; the payment's disputed amount takes it as
+    /// far as it fits: `amount_refunded + amount_disputed` never exceeds what was captured (the
+    /// recount's rule, and a CHECK holds that line). A dispute over more than remains is still recorded, in full, with
     /// the status `needs_review`: the bank takes what it claims, whatever our books say, so an
     /// operator must see it rather than the event being dropped.
     pub(super) async fn dispute(
@@ -58,8 +56,11 @@ impl Envelope {
         let Some(paid) = sqlx::query!(
             r#"
             SELECT id, account_id,
-                   COALESCE(amount_captured, amount) - amount_refunded - amount_disputed
-                       AS "remaining!"
+                   -- What the payment can have captured: an authorization still held
+                   -- counts at its amount, since the processor disputes only captured money
+                   -- (the capture's answer is still on its way here).
+                   COALESCE(amount_captured, amount) + amount_capturable - amount_refunded
+                       - amount_disputed AS "remaining!"
             FROM payments
             WHERE account_id = $3 AND (id = $1 OR charge = $2)
             FOR NO KEY UPDATE
@@ -97,40 +98,10 @@ impl Envelope {
             tracing::info!(dispute, event = event_id, "dispute already recorded");
             return Ok(Ok(Applied::without_event(EventOutcome::Duplicate)));
         }
-        let disputed = sqlx::query!(
-            r#"
-            UPDATE payments SET amount_disputed = amount_disputed + $2
-            WHERE account_id = $3 AND id = $1
-            RETURNING id, amount, currency, status, payment_method, order_ref, description,
-                      amount_refunded, amount_disputed, charge, created_at,
-                      metadata AS "metadata: Json<Metadata>", capture_method, amount_captured,
-                      amount_capturable, canceled_at, cancellation_reason
-            "#,
-            paid.id,
-            amount.min(paid.remaining),
-            paid.account_id,
-        )
-        .fetch_one(&mut *conn)
-        .await?;
-        let row = PaymentRow {
-            id: disputed.id,
-            amount: disputed.amount,
-            currency: disputed.currency,
-            status: disputed.status,
-            payment_method: disputed.payment_method,
-            order_ref: disputed.order_ref,
-            description: disputed.description,
-            amount_refunded: disputed.amount_refunded,
-            amount_disputed: disputed.amount_disputed,
-            charge: disputed.charge,
-            created_at: disputed.created_at,
-            metadata: disputed.metadata,
-            capture_method: disputed.capture_method,
-            amount_captured: disputed.amount_captured,
-            amount_capturable: disputed.amount_capturable,
-            canceled_at: disputed.canceled_at,
-            cancellation_reason: disputed.cancellation_reason,
-        };
+        // What the payment's disputes hold now, this one with them (`disputes::held`).
+        let row = disputes::recount(conn, &paid.account_id, &paid.id)
+            .await?
+            .payment;
         let event = NewEvent::new(EventType::PaymentDisputed, &row.parse()?, now(conn).await?)
             .map_err(unencodable)?;
         events::write(conn, engine, &paid.account_id, std::slice::from_ref(&event)).await?;
@@ -153,9 +124,9 @@ impl Envelope {
     }
 
     /// Moves the dispute to `status` (`under_review`, `won` or `lost`), with `dispute.updated` or
-    /// `dispute.closed`; a `won` one gives its amount back to the payment (`amount_disputed` falls,
-    /// never below 0). Each processor event applies once and in order: a closed dispute changes no
-    /// more (`duplicate` for its own status again), and an event older than the last one applied
+    /// `dispute.closed`; a `won` one gives back what it held (the recount leaves it out). Each
+    /// processor event applies once and in order: a closed dispute changes no more (`duplicate`
+    /// for its own status again), and an event older than the last one applied
     /// to the dispute (by the envelope's `timestamp`) is `stale`. A dispute not recorded yet (its
     /// `charge.dispute.created` still on its way) is [`NotRecorded`]: the intake parks the event
     /// until the dispute is recorded.
@@ -192,7 +163,7 @@ impl Envelope {
               AND (d.last_event_at IS NULL OR d.last_event_at < $4
                    -- At the same instant, the bank's decision comes after the evidence.
                    OR (d.last_event_at = $4 AND $3 IN ($5, $6)))
-            RETURNING d.payment_id, d.amount
+            RETURNING d.payment_id
             "#,
             dispute,
             account,
@@ -225,19 +196,8 @@ impl Envelope {
             };
             return Ok(Ok(Applied::without_event(outcome)));
         };
-        if status == DisputeStatus::Won {
-            sqlx::query!(
-                r#"
-                UPDATE payments SET amount_disputed = GREATEST(0, amount_disputed - $3)
-                WHERE account_id = $2 AND id = $1
-                "#,
-                changed.payment_id,
-                account,
-                changed.amount,
-            )
-            .execute(&mut *conn)
-            .await?;
-        }
+        // A won dispute holds nothing any more; the others, what they held (`disputes::held`).
+        disputes::recount(conn, &account, &changed.payment_id).await?;
         let read = sqlx::query!(
             r#"
             SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at

@@ -367,3 +367,180 @@ async fn a_lost_dispute_keeps_its_amount_and_a_close_before_its_dispute_waits_fo
         .await;
     assert_eq!(refused.json()["outcome"], "ignored");
 }
+
+/// A payment's disputed amount is what its disputes hold, counted from them (`disputes::held`):
+/// pay 8,861, refund 3,000, and the bank opens two disputes of 4,000; the second claims more than
+/// is left (5,861 is captured and not refunded), so it is flagged and the payment holds 5,861.
+/// Won, the second gives back only what it held: the first's 4,000 stays disputed, and only
+/// 1,861 remains refundable. (An accumulated figure gave back all 4,000 and showed 1,861.)
+#[api_test(citus)]
+async fn a_won_dispute_squeezed_beside_a_refund_gives_back_only_what_it_held() {
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
+    let paid = app.paid(8861).await;
+    let refunded = app
+        .post_refund(&paid, &new_key(), &json!({ "amount": 3000 }))
+        .await;
+    assert_eq!(refunded.status, 201, "{:?}", refunded.json());
+    let charge = charge_of(&app, &paid).await;
+    let processor = Processor(&app, &secret);
+    let t0 = chrono::Utc::now();
+    let at = |seconds: i64| t0 + chrono::Duration::seconds(seconds);
+    for (event, dispute) in [("evt_s1", "dp_first"), ("evt_s2", "dp_second")] {
+        let opened = json!({ "charge": charge, "dispute": dispute, "amount": 4000 });
+        processor
+            .event(event, "charge.dispute.created", &opened, at(0))
+            .await
+            .assert_status(200);
+    }
+    assert_eq!(
+        standing(&app, "dp_second", &paid).await,
+        (json!("needs_response"), json!(5861)),
+        "the disputes hold what is left, no more"
+    );
+    assert_eq!(
+        app.get("/v1/disputes/dp_second").await.json()["needs_review"],
+        true
+    );
+
+    let closed =
+        json!({ "charge": charge, "dispute": "dp_second", "amount": 4000, "status": "won" });
+    let won = processor
+        .event("evt_s3", "charge.dispute.closed", &closed, at(1))
+        .await;
+
+    assert_eq!(won.json()["outcome"], "applied");
+    assert_eq!(
+        standing(&app, "dp_second", &paid).await,
+        (json!("won"), json!(4000)),
+        "the first dispute still holds its 4,000"
+    );
+    app.post_refund(&paid, &new_key(), &json!({ "amount": 1862 }))
+        .await
+        .assert_problem(400, "refund-exceeds-payment");
+    let rest = app
+        .post_refund(&paid, &new_key(), &json!({ "amount": 1861 }))
+        .await;
+    assert_eq!(rest.status, 201, "{:?}", rest.json());
+    assert_eq!(
+        app.get_payment(&paid).await.json()["amount_disputed"],
+        4000,
+        "a refund of what is not disputed leaves the disputes whole"
+    );
+}
+
+/// A dispute whose event arrives while idempay's payment still requires capture (the processor
+/// captured; the capture's answer is still on its way here) holds nothing yet, since nothing is
+/// captured here; it is not flagged, since the authorization covers it. Once the capture is
+/// recorded, it holds what the capture took, and that much is no longer refundable.
+#[api_test(citus)]
+async fn a_dispute_before_the_capture_is_recorded_holds_what_the_capture_took() {
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
+    let authorized = app.authorized(5000).await;
+    let charge = charge_of(&app, &authorized).await;
+    let opened = json!({ "charge": charge, "dispute": "dp_early", "amount": 2000 });
+    Processor(&app, &secret)
+        .event(
+            "evt_e1",
+            "charge.dispute.created",
+            &opened,
+            chrono::Utc::now(),
+        )
+        .await
+        .assert_status(200);
+    assert_eq!(
+        standing(&app, "dp_early", &authorized).await,
+        (json!("needs_response"), json!(0))
+    );
+    assert_eq!(
+        app.get("/v1/disputes/dp_early").await.json()["needs_review"],
+        false
+    );
+
+    let captured = app
+        .post_capture(
+            &authorized,
+            &new_key(),
+            &json!({ "amount_to_capture": 3000 }),
+        )
+        .await;
+
+    captured.assert_status(200);
+    assert_eq!(
+        captured.json()["amount_disputed"],
+        2000,
+        "the capture's answer counts the dispute"
+    );
+    assert_eq!(
+        standing(&app, "dp_early", &authorized).await,
+        (json!("needs_response"), json!(2000))
+    );
+    app.post_refund(&authorized, &new_key(), &json!({ "amount": 1001 }))
+        .await
+        .assert_problem(400, "refund-exceeds-payment");
+}
+
+/// The ledgers' money rules are the database's (migrations/20261210000001_money_invariants.sql):
+/// a statement that would break one is refused, naming the rule, whatever code wrote it.
+#[api_test(citus)]
+async fn the_schema_refuses_a_payment_that_breaks_a_money_rule() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(5000).await;
+    let authorized = app.authorized(4000).await;
+    let (paid_charge, authorized_charge) = (
+        charge_of(&app, &paid).await,
+        charge_of(&app, &authorized).await,
+    );
+    // Each statement breaks one rule alone.
+    let breaks = [
+        (
+            "UPDATE payments SET amount_captured = 4000, amount_refunded = 3000,
+                                 amount_disputed = 1001
+             WHERE id = $1",
+            &paid,
+            "payments_money_held",
+        ),
+        (
+            "UPDATE payments SET amount_capturable = 10 WHERE id = $1",
+            &paid,
+            "payments_capturable",
+        ),
+        (
+            "UPDATE payments SET amount_captured = 100 WHERE id = $1",
+            &authorized,
+            "payments_capturable",
+        ),
+        (
+            "UPDATE payments SET canceled_at = now() WHERE id = $1",
+            &paid,
+            "payments_canceled",
+        ),
+        (
+            "UPDATE payments SET status = 'canceled', amount_capturable = 0 WHERE id = $1",
+            &authorized,
+            "payments_canceled",
+        ),
+        (
+            "UPDATE processor_charges SET amount_refunded = amount, amount_captured = 10
+             WHERE id = $1",
+            &paid_charge,
+            "processor_charges_money_held",
+        ),
+        (
+            "UPDATE processor_charges SET amount_captured = 10 WHERE id = $1",
+            &authorized_charge,
+            "processor_charges_released",
+        ),
+    ];
+    for (statement, row, rule) in breaks {
+        let refused = sqlx::query(statement)
+            .bind(row)
+            .execute(&app.db)
+            .await
+            .expect_err(statement);
+        let refused = refused
+            .as_database_error()
+            .expect("a refusal of the database's");
+        assert_eq!(refused.code().as_deref(), Some("23514"), "{statement}");
+        assert_eq!(refused.constraint(), Some(rule), "{statement}");
+    }
+}

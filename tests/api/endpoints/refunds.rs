@@ -402,7 +402,8 @@ async fn a_disputed_amount_is_not_refundable() {
 }
 
 /// The schema holds the rules whatever the code does: refunded and disputed together never exceed
-/// the amount, and a refund names its payment with that payment's account.
+/// what was captured (`payments_money_held`), and a refund names its payment with that payment's
+/// account.
 #[api_test]
 async fn the_database_refuses_refunds_beyond_the_undisputed_amount_and_across_accounts() {
     let app = TestApp::spawn().await;
@@ -432,10 +433,7 @@ async fn the_database_refuses_refunds_beyond_the_undisputed_amount_and_across_ac
             .map(|code| code.into_owned())
     };
     assert_eq!(code(&over).as_deref(), Some("23514"), "a CHECK: {over}");
-    assert!(
-        over.to_string().contains("payments_refunded_and_disputed"),
-        "{over}"
-    );
+    assert!(over.to_string().contains("payments_money_held"), "{over}");
     assert_eq!(
         code(&elsewhere).as_deref(),
         Some("23503"),
