@@ -29,6 +29,7 @@ use crate::{disputes, events, expiry, keys, payments, recovery, refunds, webhook
 use idempotency::{Idempotency, MAX_KEY_LEN, Policy, Resumers};
 use processor::{Processor, ProcessorApiKey, ProcessorSettings};
 use service::jobs::Jobs;
+use service::outbox::WebhookSecrets;
 use service::outbox::delivery::{Deliverer, Sender};
 use service::server::{self, MAX_BODY_BYTES};
 use service::{failpoint, ids, sweeps};
@@ -144,7 +145,14 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    pub fn new(pool: PgPool, settings: &Settings, processor: ProcessorClient) -> Self {
+    /// `embedded_secrets`: the secret the embedded processor signs its expiries with when no
+    /// webhook secret is configured (`WebhookSettings::embedded`).
+    pub fn new(
+        pool: PgPool,
+        settings: &Settings,
+        processor: ProcessorClient,
+        embedded_secrets: Option<WebhookSecrets>,
+    ) -> Self {
         // The events that came before the objects they name wait in the intake's park until a
         // recording of those objects applies them: whoever records (a request, the recovery job,
         // an operator's settle) runs on this state, so the hook is installed here.
@@ -167,6 +175,7 @@ impl AppState {
             processor,
             webhooks: WebhookSettings {
                 secrets: settings.shared.webhook_secrets.clone(),
+                embedded: embedded_secrets,
                 event_ttl: settings.event_ttl,
                 allow_private: settings.webhook_allow_private,
             },
@@ -306,17 +315,21 @@ impl Application {
             settings.shared.webhook_delivery_timeout,
         )
         .map_err(anyhow::Error::msg)?;
-        let (client, embedded) = match settings.processor.client()? {
-            Some(client) => (client, None),
+        // The embedded processor's expiries reach this idempay's own intake, signed with its
+        // webhook secret, or, where none is configured, with one made up for the process, which
+        // the intake then accepts from it alone (`WebhookSettings::embedded`).
+        let (client, embedded, embedded_secrets) = match settings.processor.client()? {
+            Some(client) => (client, None, None),
             None => {
-                let (embedded, api_key) = embedded_processor(&settings, &pool)?;
+                let (embedded, api_key, secrets) =
+                    embedded_processor(&settings, &pool, own_intake(&listener)?)?;
                 let url = format!("http://{}", embedded.local_addr()?);
                 let client = settings.processor.configure(ProcessorClient::new(
                     &url,
                     api_key,
                     settings.processor.timeout,
                 )?);
-                (client, Some(embedded))
+                (client, Some(embedded), secrets)
             }
         };
         #[cfg(not(feature = "dev"))]
@@ -334,7 +347,7 @@ impl Application {
         )?
         .with_poll_interval(settings.webhook_poll_interval);
         Ok(Self {
-            state: AppState::new(pool, &settings, client),
+            state: AppState::new(pool, &settings, client, embedded_secrets),
             deliverer,
             listener,
             settings,
@@ -495,23 +508,46 @@ fn unresumable_refusal(unresumable: &[(String, i64)]) -> Option<String> {
 }
 
 /// The processor `serve` runs when no URL names one: the same service as `idempay processor`,
-/// on a loopback port of its own, its ledger in idempay's database, its API key made up here. It
-/// sends no events: idempay learns each charge's outcome from its answer, and an event about it,
+/// on a loopback port of its own, its ledger in idempay's database, its API key made up here. Of
+/// its events it sends only `charge.expired`, to `intake` (idempay's own): an authorization it
+/// releases must cancel its payment, which nothing else would tell idempay. The others it does
+/// not send: idempay learns each charge's outcome from its answer, and an event about it,
 /// delivered later, would race the events a test or an operator sends (`idempay dev` runs the
-/// processor as a service of its own, with its events).
-fn embedded_processor(settings: &Settings, pool: &PgPool) -> anyhow::Result<(Processor, String)> {
+/// processor as a service of its own, with all its events). Its expiries are signed with
+/// idempay's webhook secret; without one, with a secret made up here, returned for the intake
+/// to accept from this processor alone.
+fn embedded_processor(
+    settings: &Settings,
+    pool: &PgPool,
+    intake: String,
+) -> anyhow::Result<(Processor, String, Option<WebhookSecrets>)> {
     let api_key = ids::generate("sk_embedded", 32);
     let mut embedded =
         ProcessorSettings::new(ProcessorApiKey::parse(&api_key).map_err(anyhow::Error::msg)?);
     // idempay's values, as one: its slow charge, its lease (a key the processor holds for a
-    // request of a dead instance is freed as soon as idempay's), its expiry job's. The delivery
-    // settings come along unused: with no webhook URL, it sends no events.
+    // request of a dead instance is freed as soon as idempay's), its expiry job's, its delivery
+    // settings for the expiries.
     embedded.shared = settings.shared.clone();
+    let made_up = match &settings.shared.webhook_secrets {
+        Some(_) => None,
+        None => Some(WebhookSecrets::generate()),
+    };
+    if let Some(secrets) = &made_up {
+        embedded.shared.webhook_secrets = Some(secrets.clone());
+    }
+    embedded.expiries_to = Some(intake);
+    embedded.authorization_ttl = settings.processor.authorization_ttl;
     let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
     socket.set_nonblocking(true)?;
     let processor =
         Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?.sharing_expiry();
-    Ok((processor, api_key))
+    Ok((processor, api_key, made_up))
+}
+
+/// The processor's webhook intake of the idempay serving on `listener`, over loopback.
+fn own_intake(listener: &TcpListener) -> std::io::Result<String> {
+    let port = listener.local_addr()?.port();
+    Ok(format!("http://127.0.0.1:{port}/v1/webhooks/processor"))
 }
 
 #[cfg(test)]

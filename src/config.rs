@@ -123,6 +123,13 @@ pub struct ProcessorLink {
     #[arg(long = "processor-timeout", env = "IDEMPAY_PROCESSOR_TIMEOUT", default_value = "10s", value_parser = positive("IDEMPAY_PROCESSOR_TIMEOUT"))]
     pub timeout: Duration,
 
+    /// How long the embedded processor's authorizations (charges made with `capture: false`)
+    /// hold their money uncaptured; then its expiry job releases them and tells this idempay, whose
+    /// payment becomes `canceled` (`expired`). The processor named by `IDEMPAY_PROCESSOR_URL` has
+    /// its own setting of the same name.
+    #[arg(long = "processor-authorization-ttl", env = "IDEMPAY_PROCESSOR_AUTHORIZATION_TTL", default_value = "7days", value_parser = positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL"))]
+    pub authorization_ttl: Duration,
+
     /// Wrong on purpose, for the demo only: a new key for every call to the processor instead of
     /// the downstream key, so that a lost answer's retry charges again. Shows what the downstream
     /// key prevents; never in production.

@@ -44,7 +44,7 @@ pub async fn settle(
     })?;
     let link = &settings.processor;
     let processor = Linked::to(pool, link.client()?, link.timeout).await?;
-    let state = AppState::new(pool.clone(), settings, processor.client.clone());
+    let state = AppState::new(pool.clone(), settings, processor.client.clone(), None);
     let settled = state
         .idempotency
         .settle(account.as_str(), &key, &IDEMPOTENT_ROUTES)

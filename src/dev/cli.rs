@@ -56,8 +56,9 @@ pub enum DevCommand {
     Dev {
         #[command(flatten)]
         listen: ListenArgs,
+        /// Boxed: the other commands are small beside the service's settings.
         #[command(flatten)]
-        settings: Settings,
+        settings: Box<Settings>,
     },
 }
 
@@ -218,7 +219,7 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
                     fail_first,
                 },
         } => super::listen::run(port, secret, fail_first).await,
-        DevCommand::Dev { listen, settings } => super::run(listen.listen, settings).await,
+        DevCommand::Dev { listen, settings } => super::run(listen.listen, *settings).await,
     }
 }
 

@@ -92,13 +92,15 @@ impl Locked<'_> {
         let payment = payment_query!(
             r#"
             UPDATE payments p
+            -- The sum is numeric (disputes' amounts may add up past a bigint: the bank
+            -- claims what it claims); the least is within the payment's amount.
             SET amount_disputed = LEAST(
-                (SELECT COALESCE(sum(d.amount), 0)::bigint FROM disputes d
+                (SELECT COALESCE(sum(d.amount), 0) FROM disputes d
                  WHERE d.account_id = $1 AND d.payment_id = $2 AND d.lifecycle <> $3),
                 -- What was captured: NULL on the payments of the releases before manual
                 -- capture, the whole amount then, or nothing for a decline.
                 COALESCE(p.amount_captured, CASE WHEN p.status = $4 THEN 0 ELSE p.amount END)
-                    - p.amount_refunded)
+                    - p.amount_refunded)::bigint
             WHERE p.account_id = $1 AND p.id = $2
             RETURNING"#,
             "",

@@ -138,16 +138,28 @@ async fn receive(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let Some(secrets) = settings.secrets.as_ref() else {
-        return Err(Problem::new(
-            ProblemKind::ServiceUnavailable,
-            "No webhook secret is configured (IDEMPAY_WEBHOOK_SECRET).",
+    let unconfigured = || {
+        ApiError::from(
+            Problem::new(
+                ProblemKind::ServiceUnavailable,
+                "No webhook secret is configured (IDEMPAY_WEBHOOK_SECRET).",
+            )
+            .retry_after(Duration::from_secs(60)),
         )
-        .retry_after(Duration::from_secs(60))
-        .into());
+    };
+    let (secrets, configured) = match (&settings.secrets, &settings.embedded) {
+        (Some(secrets), _) => (secrets, true),
+        (None, Some(embedded)) => (embedded, false),
+        (None, None) => return Err(unconfigured()),
     };
     let body = body.map_err(Problem::from)?;
-    let id = secrets.verify(&headers, &body).map_err(|rejection| {
+    let verified = secrets.verify(&headers, &body);
+    if verified.is_err() && !configured {
+        // Only the embedded processor holds the made-up secret: to anyone else, the intake has
+        // no secret, as without an embedded processor.
+        return Err(unconfigured());
+    }
+    let id = verified.map_err(|rejection| {
         let kind = match rejection {
             Rejection::MissingHeader(_) | Rejection::TooManySignatures | Rejection::NotUtf8 => {
                 ProblemKind::InvalidRequest

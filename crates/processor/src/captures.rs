@@ -196,13 +196,12 @@ async fn void(
 }
 
 /// One batch of the expiry job: releases up to `LIMIT 1000` authorizations held longer than
-/// `ttl`, each with its `charge.expired` (when events are delivered, to `webhook_url`), in one
-/// transaction; says how many. Rows another instance's batch holds are skipped.
+/// `ttl`, each with its `charge.expired` to `announce_to`, in one transaction; says how many. Rows another instance's batch holds are skipped.
 pub(crate) async fn expire_batch(
     pool: &PgPool,
     _engine: Engine,
     ttl: Duration,
-    webhook_url: Option<&str>,
+    announce_to: &str,
 ) -> Result<u64, sqlx::Error> {
     let mut tx = idempotency::connections::begin(pool).await?;
     let expired = sqlx::query!(
@@ -226,21 +225,18 @@ pub(crate) async fn expire_batch(
     )
     .fetch_all(&mut *tx)
     .await?;
-    if let Some(url) = webhook_url {
-        for charge in &expired {
-            let data = json!({ "charge": charge.id, "amount": charge.amount });
-            let body =
-                delivery::envelope(ProcessorEventType::ChargeExpired.as_str(), charge.at, &data)
-                    .map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
-            delivery::enqueue(
-                &mut tx,
-                crate::extract::SCOPE_OWNER,
-                &delivery::event_id(),
-                url,
-                &body,
-            )
-            .await?;
-        }
+    for charge in &expired {
+        let data = json!({ "charge": charge.id, "amount": charge.amount });
+        let body = delivery::envelope(ProcessorEventType::ChargeExpired.as_str(), charge.at, &data)
+            .map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+        delivery::enqueue(
+            &mut tx,
+            crate::extract::SCOPE_OWNER,
+            &delivery::event_id(),
+            announce_to,
+            &body,
+        )
+        .await?;
     }
     tx.commit().await?;
     if !expired.is_empty() {

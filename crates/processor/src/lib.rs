@@ -156,6 +156,9 @@ pub struct Processor {
     expiry_interval: Duration,
     delivery_retention: Duration,
     authorization_ttl: Duration,
+    /// Where each `charge.expired` is announced: the webhook URL, or the embedding idempay's
+    /// intake. `None`: authorizations are never released, since nobody could be told.
+    expiries_to: Option<String>,
     /// Where its background jobs' deaths are told: its own, or the embedding process's
     /// ([`Processor::watched_by`]).
     jobs: Jobs,
@@ -169,7 +172,13 @@ impl Processor {
         pool: PgPool,
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
-        let deliveries = match (&settings.webhook_url, &settings.shared.webhook_secrets) {
+        // Every event to the webhook URL; without one, only the expiries, to the embedding
+        // idempay's intake.
+        let expiries_to = settings
+            .webhook_url
+            .clone()
+            .or(settings.expiries_to.clone());
+        let deliveries = match (&expiries_to, &settings.shared.webhook_secrets) {
             (None, _) => None,
             (Some(_), None) => anyhow::bail!(
                 "IDEMPAY_PROCESSOR_WEBHOOK_URL is set but IDEMPAY_WEBHOOK_SECRET is not: events \
@@ -211,6 +220,7 @@ impl Processor {
             expiry_interval: settings.shared.expiry_interval,
             delivery_retention: settings.shared.webhook_delivery_retention,
             authorization_ttl: settings.authorization_ttl,
+            expiries_to,
             jobs: Jobs::default(),
         })
     }
@@ -256,12 +266,16 @@ impl Processor {
                 }));
             }
             // Its own table, whether or not it shares the keys' expiry: authorizations held past
-            // their time are released, each announced as `charge.expired`.
-            let (ttl, url) = (self.authorization_ttl, self.state.webhook_url.clone());
-            sweeps.push(Sweep::new("processor_charges", move |pool, engine| {
-                let url = url.clone();
-                async move { captures::expire_batch(&pool, engine, ttl, url.as_deref()).await }
-            }));
+            // their time are released, each announced as `charge.expired`. Only where it can be
+            // announced: released silently, an authorization would strand the payment that holds
+            // it, which could then be neither captured nor canceled.
+            if let Some(url) = self.expiries_to.clone() {
+                let ttl = self.authorization_ttl;
+                sweeps.push(Sweep::new("processor_charges", move |pool, engine| {
+                    let url = url.clone();
+                    async move { captures::expire_batch(&pool, engine, ttl, &url).await }
+                }));
+            }
             let retention = self.delivery_retention;
             sweeps.push(Sweep::new(
                 "processor_webhook_deliveries",

@@ -77,6 +77,13 @@ pub struct ProcessorSettings {
     #[arg(long, env = "IDEMPAY_PROCESSOR_AUTHORIZATION_TTL", default_value = DEFAULT_AUTHORIZATION_TTL, value_parser = positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL"))]
     pub authorization_ttl: Duration,
 
+    /// Where `charge.expired` goes when `webhook_url` is unset: the intake of the idempay that
+    /// embeds this processor, which must hear of every authorization released (a payment left
+    /// `requires_capture` on a released authorization could be neither captured nor canceled).
+    /// Set by the embedding process, never from the command line.
+    #[arg(skip)]
+    pub expiries_to: Option<String>,
+
     #[command(flatten)]
     pub faults: Faults,
 }
@@ -88,6 +95,7 @@ impl ProcessorSettings {
             api_key,
             shared: SharedArgs::default(),
             webhook_url: None,
+            expiries_to: None,
             authorization_ttl: positive("IDEMPAY_PROCESSOR_AUTHORIZATION_TTL")(
                 DEFAULT_AUTHORIZATION_TTL,
             )

@@ -334,3 +334,61 @@ async fn a_cancel_key_reused_with_another_reason_is_refused_and_a_cancel_in_flig
         ("voided".to_owned(), Some(0))
     );
 }
+
+/// `serve` with its embedded processor: an authorization nobody captures is released by that
+/// processor's expiry job once `IDEMPAY_PROCESSOR_AUTHORIZATION_TTL` is up, and its
+/// `charge.expired` reaches this idempay's own intake (signed with a secret made up for the
+/// process, since none is configured here), so the payment becomes `canceled` (`expired`) and a
+/// capture of it is refused naming that state. Without the report, the payment stayed
+/// `requires_capture` for good, its capture and cancel both refused by the processor.
+#[api_test]
+async fn an_authorization_the_embedded_processor_releases_cancels_its_payment() {
+    let mut settings = idempay::config::Settings::default();
+    settings.processor.authorization_ttl = std::time::Duration::from_secs(3);
+    settings.shared.expiry_interval = std::time::Duration::from_millis(300);
+    let app = TestApp::spawn_with(settings).await;
+    let held = app.authorized(5000).await;
+    let kept = app.authorized(2000).await;
+    app.post_capture(&kept, &new_key(), &json!({}))
+        .await
+        .assert_status(200);
+
+    wait_until("the lapsed authorization cancels its payment", || async {
+        app.get_payment(&held).await.json()["status"] == "canceled"
+    })
+    .await;
+
+    let payment = app.get_payment(&held).await.json();
+    assert_eq!(payment["cancellation_reason"], "expired");
+    assert_eq!(payment["amount_capturable"], 0);
+    assert_eq!(
+        at_the_processor(&app, &held).await,
+        ("expired".to_owned(), Some(0))
+    );
+    let refused = app.post_capture(&held, &new_key(), &json!({})).await;
+    let problem = refused.assert_problem(409, "payment-unexpected-state");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("canceled"),
+        "{problem}"
+    );
+    assert_eq!(
+        app.get_payment(&kept).await.json()["status"],
+        "succeeded",
+        "a captured one is not the expiry's"
+    );
+    // Anyone else's delivery is still refused for want of a configured secret.
+    let outsider = app
+        .send(
+            app.client()
+                .post(app.url("/v1/webhooks/processor"))
+                .header("webhook-id", "evt_outsider")
+                .header(
+                    "webhook-timestamp",
+                    chrono::Utc::now().timestamp().to_string(),
+                )
+                .header("webhook-signature", "v1,bm90IGEgc2lnbmF0dXJl")
+                .body("{}"),
+        )
+        .await;
+    outsider.assert_problem(503, "service-unavailable");
+}

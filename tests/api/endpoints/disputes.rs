@@ -541,6 +541,8 @@ async fn the_schema_refuses_a_payment_that_breaks_a_money_rule() {
             .as_database_error()
             .expect("a refusal of the database's");
         assert_eq!(refused.code().as_deref(), Some("23514"), "{statement}");
-        assert_eq!(refused.constraint(), Some(rule), "{statement}");
+        // By its message: on Citus the worker's error reaches the client without the
+        // constraint's field, and names the shard's copy of it (`payments_money_held_102008`).
+        assert!(refused.message().contains(rule), "{statement}: {refused}");
     }
 }

@@ -274,6 +274,17 @@ async fn three_instances_under_a_retry_storm_make_one_payment_per_key() {
         }
     }
 
+    // A copy answered 503 (its instance too loaded to answer within the request timeout) leaves
+    // its work running to its commit: the payments are counted once no key is in progress.
+    wait_until("every key's work has ended", || async {
+        crate::support::checks::count(
+            &app.db,
+            "SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'",
+        )
+        .await
+            == 0
+    })
+    .await;
     assert_eq!(app.payment_count().await, KEYS as i64);
     // The keys on which a process answered 409 while another process executed them.
     let mut raced = 0;
