@@ -337,6 +337,107 @@ async fn a_held_capture_is_settled_from_the_processors_charge() {
     assert_ledgers_agree(&app, &processor, 2).await;
 }
 
+/// A settle while the capture is still being made at the processor (in its latency, its key
+/// there in progress): the charge, read under the capture's downstream key, is answered 409, so
+/// the settle fails and hands the key back, held, rather than read an authorization still held
+/// and record "nothing made" beside a capture about to commit. Once the capture commits, the same
+/// settle records it, and the payment is captured once. (Read without the key, the charge said
+/// `requires_capture`: the key was completed as nothing made, the money taken regardless.)
+#[api_test]
+async fn a_settle_during_a_capture_still_being_made_leaves_the_key_held_until_it_is_made() {
+    let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
+    let authorized = app.authorized(5000).await;
+    // Each capture takes 8 s there: past idempay's three attempts and its recovery window, so the
+    // key is held while the processor is still making the first attempt's capture.
+    let slow = replace_processor(
+        &app,
+        healthy,
+        faulty(|s| s.faults.latency = Duration::from_secs(8)),
+    )
+    .await;
+    let (key, body) = (new_key(), serde_json::json!({ "amount_to_capture": 4000 }));
+    app.post_capture(&authorized, &key, &body)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(&app, &key, app.post_capture(&authorized, &key, &body).await).await;
+    let capture_state = || async {
+        sqlx::query_scalar::<_, String>("SELECT capture_state FROM processor_charges")
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        capture_state().await,
+        "requires_capture",
+        "the capture is still being made: the settle meets it in flight"
+    );
+
+    let early = settle(&app, &slow, &key).await;
+
+    assert!(!early.status.success(), "{}", stdout(&early));
+    let (status, _, _) = key_row(&app, &key).await.expect("kept");
+    assert_eq!(status, "held", "handed back, held");
+    wait_until("the processor commits the capture", || async {
+        capture_state().await == "captured"
+    })
+    .await;
+    let settled = settle(&app, &slow, &key).await;
+    assert!(settled.status.success(), "{settled:?}");
+    let retry = app.post_capture(&authorized, &key, &body).await;
+    retry.assert_status(200);
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["amount_captured"], 4000);
+    let captures = count(
+        &app.db,
+        "SELECT count(*) FROM events WHERE type = 'payment.captured'",
+    )
+    .await;
+    assert_eq!(captures, 1, "captured once");
+    assert_ledgers_agree(&app, &slow, 1).await;
+}
+
+/// The processor's side: a charge read under a key is answered 409 while a capture or a void
+/// under that key is in progress there, and read as usual otherwise.
+#[api_test]
+async fn the_processor_answers_a_charge_read_under_a_capture_key_in_progress_409() {
+    let processor = TestProcessor::spawn().await;
+    let made = processor
+        .charge("settle-key-a", &processor::charge(700, "pm_card_visa"))
+        .await;
+    let charge = made.json()["id"].as_str().unwrap().to_owned();
+    for (route, key) in [("capture", "capturing-key"), ("void", "voiding-key")] {
+        sqlx::query(
+            "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status,
+                                           lock_token, locked_until, expires_at)
+             VALUES ('processor', $1, $2, sha256('x'), 'in_progress', gen_random_uuid(),
+                     now() + interval '1 minute', now() + interval '1 day')",
+        )
+        .bind(format!("processor:POST /v1/charges/{{id}}/{route}"))
+        .bind(key)
+        .execute(&processor.db)
+        .await
+        .unwrap();
+        let busy = processor
+            .get(&format!("/v1/charges/{charge}?idempotency_key={key}"))
+            .await;
+        assert_eq!(busy.status, 409, "{route}");
+    }
+    let read = processor
+        .get(&format!("/v1/charges/{charge}?idempotency_key=another-key"))
+        .await;
+    assert_eq!(read.status, 200);
+    assert_eq!(read.json()["id"], charge.as_str());
+    assert_eq!(
+        processor.get(&format!("/v1/charges/{charge}")).await.status,
+        200
+    );
+    let invalid = processor
+        .get(&format!("/v1/charges/{charge}?idempotency_key="))
+        .await;
+    assert_eq!(invalid.status, 400);
+}
+
 /// The processor's side of a settle: its charges are found by the key they were made under, and
 /// a key it is still charging under is answered 409, not "nothing".
 #[api_test]
