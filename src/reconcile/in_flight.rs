@@ -9,7 +9,8 @@ use sqlx::PgPool;
 
 use super::Difference;
 use super::ledgers::{Ours, Theirs};
-use crate::downstream::{Charge, Dispute, ProcessorRefund};
+use crate::downstream::{CaptureState, Charge, Dispute, ProcessorRefund};
+use crate::payments::PaymentStatus;
 
 /// Something the processor made that idempay is still recording: the key that asked for it is in
 /// progress (its request still running, or suspended within the recovery window, to be resumed
@@ -20,6 +21,15 @@ pub enum InFlight {
     Charge {
         charge: String,
         amount: i64,
+        scope: String,
+        key: String,
+    },
+    /// A capture or a void of an authorization made under the downstream key of a key in
+    /// progress: the payment still `requires_capture` here.
+    Release {
+        charge: String,
+        /// `captured` or `voided`: what the processor did.
+        made: &'static str,
         scope: String,
         key: String,
     },
@@ -34,6 +44,19 @@ pub enum InFlight {
 
 impl fmt::Display for InFlight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Release {
+            charge,
+            made,
+            scope,
+            key,
+        } = self
+        {
+            return write!(
+                f,
+                "charge {charge} {made} in flight: key {key:?} ({scope}), which asked for it, is \
+                 in progress; its payment still requires capture here"
+            );
+        }
         let (what, id, amount, scope, key, record) = match self {
             Self::Charge {
                 charge,
@@ -54,6 +77,7 @@ impl fmt::Display for InFlight {
                 key,
                 "refund",
             ),
+            Self::Release { .. } => unreachable!("written above"),
         };
         write!(
             f,
@@ -67,6 +91,9 @@ impl fmt::Display for InFlight {
 /// recorded, or never recorded at all ([`Accounted`] tells them apart).
 pub(super) struct Unrecorded<'a> {
     charges: Vec<&'a Charge>,
+    /// Authorizations the processor captured or voided (or released) whose payment still
+    /// `requires_capture` here: recorded since, in flight, or a difference the comparison shows.
+    releases: Vec<&'a Charge>,
     refunds: Vec<&'a ProcessorRefund>,
     disputes: Vec<&'a Dispute>,
 }
@@ -80,7 +107,20 @@ impl<'a> Unrecorded<'a> {
             .map(|r| r.processor_refund.as_str())
             .collect();
         let disputes: BTreeSet<&str> = ours.disputes.iter().map(|d| d.id.as_str()).collect();
+        let held: BTreeSet<&str> = ours
+            .payments
+            .iter()
+            .filter(|p| p.status == PaymentStatus::RequiresCapture)
+            .map(|p| p.charge.as_str())
+            .collect();
         Self {
+            releases: theirs
+                .charges
+                .iter()
+                .filter(|c| {
+                    held.contains(c.id.as_str()) && c.capture_state != CaptureState::RequiresCapture
+                })
+                .collect(),
             charges: theirs
                 .charges
                 .iter()
@@ -100,8 +140,19 @@ impl<'a> Unrecorded<'a> {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.charges.is_empty() && self.refunds.is_empty() && self.disputes.is_empty()
+        self.charges.is_empty()
+            && self.releases.is_empty()
+            && self.refunds.is_empty()
+            && self.disputes.is_empty()
     }
+}
+
+/// The downstream key a capture or a void of `charge` was made under.
+fn release_key(charge: &Charge) -> Option<&str> {
+    charge
+        .capture_idempotency_key
+        .as_deref()
+        .or(charge.void_idempotency_key.as_deref())
 }
 
 /// idempay's ledger read again, after the processor's, for what the first snapshot did not
@@ -134,6 +185,7 @@ impl Later {
                     .iter()
                     .filter_map(|r| r.idempotency_key.as_deref()),
             )
+            .chain(unrecorded.releases.iter().filter_map(|c| release_key(c)))
             .collect());
         let mut tx = idempotency::connections::begin(pool).await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -235,6 +287,23 @@ impl<'a> Accounted<'a> {
                 accounted.differences.push(Difference::RefundWithoutRecord {
                     processor_refund: refund.id.clone(),
                     amount: refund.amount,
+                });
+            }
+        }
+        // A capture or void whose key is still in progress: the payment's capture figures are
+        // left out of the comparison (`since` holds the charge), as a charge's whole payment is.
+        // Without such a key, the comparison shows the difference.
+        for charge in &unrecorded.releases {
+            if let Some((scope, key)) = later.key_in_progress(release_key(charge)) {
+                accounted.since.insert(&charge.id);
+                accounted.in_flight.push(InFlight::Release {
+                    charge: charge.id.clone(),
+                    made: match charge.capture_state {
+                        CaptureState::Captured => "captured",
+                        _ => "voided",
+                    },
+                    scope,
+                    key,
                 });
             }
         }

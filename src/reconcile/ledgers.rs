@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use crate::disputes::DisputeStatus;
 use crate::downstream::ProcessorClient;
 use crate::downstream::{Charge, Dispute, ProcessorRefund};
-use crate::payments::PaymentStatus;
+use crate::payments::{CancellationReason, PaymentStatus};
 use crate::refunds::RefundStatus as OurRefundStatus;
 use service::vocabulary::stored;
 
@@ -88,6 +88,10 @@ pub(super) struct OurPayment {
     /// What the processor took, as idempay recorded it (the whole amount on payments recorded
     /// before manual capture, unless declined).
     pub(super) amount_captured: i64,
+    pub(super) amount_capturable: i64,
+    /// Canceled because the processor released the authorization (`cancellation_reason`
+    /// `expired`), not by a void of the merchant's.
+    pub(super) expired: bool,
 }
 
 /// A refund with the processor's refund that made it, and its payment's charge. (A refund carries
@@ -121,7 +125,7 @@ impl Ours {
         let payments = sqlx::query!(
             r#"
             SELECT id, charge AS "charge!", amount, currency, status, amount_refunded,
-                   amount_disputed,
+                   amount_disputed, amount_capturable, cancellation_reason,
                    COALESCE(amount_captured, CASE WHEN status = $1 THEN 0 ELSE amount END)
                        AS "amount_captured!"
             FROM payments WHERE charge IS NOT NULL
@@ -141,6 +145,9 @@ impl Ours {
                 amount_refunded: row.amount_refunded,
                 amount_disputed: row.amount_disputed,
                 amount_captured: row.amount_captured,
+                amount_capturable: row.amount_capturable,
+                expired: row.cancellation_reason.as_deref()
+                    == Some(CancellationReason::Expired.as_str()),
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;

@@ -346,3 +346,93 @@ async fn pass(
         .body(axum::body::Body::from(body))
         .unwrap()
 }
+
+/// A capture the processor made while idempay's key for it is still in progress (its answer
+/// lost, the key suspended at its recovery point) is in flight: said, and the payment's capture
+/// figures are not compared until it is recorded. Before, it was four differences (the capture,
+/// `amount_captured`...) and reconcile exited 1. Once the capture is recorded, the ledgers agree;
+/// a cancellation's reason that tells a void from an expiry is compared too (a voided
+/// authorization recorded as expired is a line).
+#[api_test]
+async fn reconcile_says_a_capture_whose_key_is_in_progress_is_in_flight_and_compares_cancellations()
+{
+    let settings = waiting_at_most(Duration::from_secs(1));
+    let (app, processor) = idempay_and_processor(settings, processor::settings()).await;
+    let authorized = app.authorized(5000).await;
+    let voided = app.authorized(2000).await;
+    app.post_cancel(&voided, &new_key(), &serde_json::json!({}))
+        .await
+        .assert_status(200);
+    let slow = processor
+        .send(
+            processor
+                .http()
+                .put(format!("{}/v1/test/faults", processor.address))
+                .bearer_auth(API_KEY)
+                .json(&serde_json::json!({ "lose_answers": 0.0, "fail": 0.0, "latency_ms": 3000 })),
+        )
+        .await;
+    assert_eq!(slow.status, 200);
+    let capturing = new_key();
+    let body = serde_json::json!({ "amount_to_capture": 3000 });
+    app.post_capture(&authorized, &capturing, &body)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    let charge = charge_of(&app, &authorized).await;
+    wait_until("the processor made the capture", || async {
+        sqlx::query_scalar::<_, String>("SELECT capture_state FROM processor_charges WHERE id = $1")
+            .bind(&charge)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+            == "captured"
+    })
+    .await;
+
+    assert_reconcile_reports(
+        &app,
+        &processor,
+        0,
+        vec![format!(
+            "charge {charge} captured in flight: key {capturing:?} ({}:POST \
+             /v1/payments/{{id}}/capture), which asked for it, is in progress; its payment still \
+             requires capture here",
+            app.account_id
+        )],
+        "reconciled 2 charges, 2 payments, 0 refunds and 0 disputes: 0 difference(s), 1 in flight",
+    )
+    .await;
+
+    let fast = processor
+        .send(
+            processor
+                .http()
+                .put(format!("{}/v1/test/faults", processor.address))
+                .bearer_auth(API_KEY)
+                .json(&serde_json::json!({ "lose_answers": 0.0, "fail": 0.0, "latency_ms": 0 })),
+        )
+        .await;
+    assert_eq!(fast.status, 200);
+    let recorded = app.post_capture(&authorized, &capturing, &body).await;
+    recorded.assert_status(200);
+    assert_eq!(recorded.json()["amount_captured"], 3000);
+    assert_reconciled(&app, &processor, 2).await;
+    execute(
+        &app.db,
+        "UPDATE payments SET cancellation_reason = 'expired' WHERE id = $1",
+        &voided,
+    )
+    .await;
+    let voided_charge = charge_of(&app, &voided).await;
+    assert_reconcile_reports(
+        &app,
+        &processor,
+        1,
+        vec![format!(
+            "payment {voided} / charge {voided_charge}: cancellation_reason is expired here, void \
+             at the processor"
+        )],
+        "reconciled 2 charges, 2 payments, 0 refunds and 0 disputes: 1 difference(s)",
+    )
+    .await;
+}
