@@ -125,3 +125,83 @@ async fn an_endpoint_that_never_answers_does_not_delay_another_account_s_event()
         "{metrics}"
     );
 }
+
+/// The bound across endpoints: twelve endpoints that never answer, ten deliveries due to each
+/// (room for 60 sends at 5 per endpoint), and the deliverer keeps 50 in flight in all
+/// (`delivery::BATCH`), never more, at most 5 to any one; the gauge says 50. Each send holds its
+/// own connection (none is answered, so none is reused), so the connections the endpoints accepted
+/// before the first send's 10 s timeout are the sends in flight.
+#[api_test]
+async fn the_sends_in_flight_across_all_endpoints_stay_within_the_deliverer_s_bound() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const ENDPOINTS: usize = 12;
+    let app = TestApp::spawn_with(Settings {
+        webhook_allow_private: true,
+        ..Settings::default()
+    })
+    .await;
+    let accepted: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..ENDPOINTS).map(|_| AtomicUsize::new(0)).collect());
+    for endpoint in 0..ENDPOINTS {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        let counts = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                counts[endpoint].fetch_add(1, Ordering::SeqCst);
+                held.push(connection);
+            }
+        });
+        let (id, _) = endpoint_for_all(&app, &url).await;
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (account_id, event_id, url, body, endpoint_id,
+                                             created_at, next_attempt_at)
+             SELECT $1, 'evt_' || $3 || '_' || lpad(n::text, 20, '0'), $2,
+                    convert_to('{}', 'UTF8'), $3, now(), now()
+             FROM generate_series(1, 10) AS n",
+        )
+        .bind(&app.account_id)
+        .bind(&url)
+        .bind(&id)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    }
+    let total = || {
+        accepted
+            .iter()
+            .map(|n| n.load(Ordering::SeqCst))
+            .sum::<usize>()
+    };
+
+    wait_for(
+        "the deliverer fills its bound",
+        Duration::from_secs(8),
+        || async { total() >= 50 },
+    )
+    .await;
+    // A moment more, still well within the first sends' timeout: nothing ends, nothing is added.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let per_endpoint: Vec<usize> = accepted.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+    assert_eq!(
+        total(),
+        50,
+        "sends in flight across endpoints: {per_endpoint:?}"
+    );
+    assert!(
+        per_endpoint.iter().all(|&sends| sends <= 5),
+        "at most 5 to one endpoint: {per_endpoint:?}"
+    );
+    let scraped = app.send(app.client().get(app.url("/metrics"))).await;
+    let metrics = String::from_utf8_lossy(&scraped.body);
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "idempay_webhook_deliveries_in_flight{sender=\"endpoints\"} 50"),
+        "{metrics}"
+    );
+}

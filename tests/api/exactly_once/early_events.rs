@@ -277,6 +277,57 @@ async fn a_dispute_event_that_arrives_before_its_payment_is_recorded_is_parked_t
     assert_ledgers_agree(&app, &processor, 1).await;
 }
 
+/// An early `charge.expired`: a manual payment answered 503 (the processor slower than idempay
+/// waits), whose authorization the processor makes and then, nobody capturing it, releases once
+/// its time is up, all before the client retries. The expiry's event is parked; the retry records
+/// the payment as the processor answered it (`requires_capture`) and, in the same request,
+/// applies the parked expiry: the payment is `canceled` (`expired`), not left holding an
+/// authorization the processor released, and a capture of it is refused.
+#[api_test]
+async fn an_expiry_that_arrives_before_its_authorization_is_recorded_cancels_it_once_recorded() {
+    let (settings, mut slow) = slower_than_idempay_waits();
+    slow.authorization_ttl = Duration::from_secs(1);
+    slow.shared.expiry_interval = Duration::from_millis(300);
+    let (app, processor, _) =
+        delivering_events(settings, slow, patiently(), NOT_WITHIN_THE_TEST).await;
+    let key = new_key();
+    let body = crate::support::checks::manual(4200);
+    app.post_payment(&key, &body)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    wait_until(
+        "the processor releases the authorization, and says so",
+        || async {
+            count(
+                &app.db,
+                "SELECT count(*) FROM parked_events WHERE type = 'charge.expired'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(app.payment_count().await, 0, "not recorded yet");
+
+    let retry = app.post_payment(&key, &body).await;
+
+    retry.assert_status(201);
+    assert_eq!(
+        retry.json()["status"],
+        "requires_capture",
+        "the answer the first request would have had"
+    );
+    let payment = app.get_payment(&retry.id()).await.json();
+    assert_eq!(payment["status"], "canceled", "{payment}");
+    assert_eq!(payment["cancellation_reason"], "expired");
+    assert_eq!(payment["amount_capturable"], 0);
+    app.post_capture(&retry.id(), &new_key(), &json!({}))
+        .await
+        .assert_problem(409, "payment-unexpected-state");
+    until_none_is_parked(&app).await;
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
 /// The client never retries: the recovery job records the payment, and the dispute parked before
 /// it is applied then, once. The job runs on another instance, started once the event is parked, so
 /// that the event surely comes first.

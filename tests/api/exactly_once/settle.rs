@@ -337,6 +337,49 @@ async fn a_held_capture_is_settled_from_the_processors_charge() {
     assert_ledgers_agree(&app, &processor, 2).await;
 }
 
+/// A cancel alike: voided at the processor after idempay stopped waiting, its key held; the settle
+/// reads the charge, which names the key its void was made under, and records the cancel with
+/// the reason the key asked for; the retry gets the 200 the first request would have had.
+#[api_test]
+async fn a_held_cancel_is_settled_from_the_processors_charge() {
+    let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
+    let authorized = app.authorized(5000).await;
+    let losing = replace_processor(&app, healthy, losing_answers()).await;
+    let (key, body) = (
+        new_key(),
+        serde_json::json!({ "cancellation_reason": "fraudulent" }),
+    );
+    app.post_cancel(&authorized, &key, &body)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(&app, &key, app.post_cancel(&authorized, &key, &body).await).await;
+    let processor = replace_processor(&app, losing, processor::settings()).await;
+
+    let settled = settle(&app, &processor, &key).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    assert!(
+        stdout(&settled)
+            .starts_with("POST /v1/payments/{id}/cancel: settled: the key now answers 200"),
+        "{}",
+        stdout(&settled)
+    );
+    let retry = app.post_cancel(&authorized, &key, &body).await;
+    retry.assert_status(200);
+    assert!(retry.replayed());
+    let payment = retry.json();
+    assert_eq!(payment["status"], "canceled");
+    assert_eq!(payment["cancellation_reason"], "fraudulent");
+    assert!(payment["canceled_at"].is_string());
+    let (state,): (String,) = sqlx::query_as("SELECT capture_state FROM processor_charges")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(state, "voided");
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
 /// A settle while the capture is still being made at the processor (in its latency, its key
 /// there in progress): the charge, read under the capture's downstream key, is answered 409, so
 /// the settle fails and hands the key back, held, rather than read an authorization still held

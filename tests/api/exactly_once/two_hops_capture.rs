@@ -218,3 +218,69 @@ async fn an_authorization_nobody_captures_expires_at_the_processor_and_the_payme
     );
     assert_reconcile_succeeds(&app, &processor).await;
 }
+
+/// A capture and a cancel of one authorization, both past idempay's check (each reads the payment
+/// `requires_capture`: the processor's latency keeps both calls in flight together), meet at the
+/// processor, whose charge row lock puts one first. The other is refused there, and that refusal
+/// is its key's result at both hops: idempay stores the 409, naming the processor's refusal, and
+/// replays it; the payment records only the winner, and the ledgers agree.
+#[api_test]
+async fn a_capture_and_a_cancel_that_both_pass_idempays_check_meet_at_the_processor() {
+    let (app, processor) = idempay_and_processor(
+        Settings::default(),
+        faulty(|s| s.faults.latency = Duration::from_millis(1500)),
+    )
+    .await;
+    let authorized = app.authorized(5000).await;
+    let (capturing, canceling) = (new_key(), new_key());
+    let capture_body = json!({ "amount_to_capture": 5000 });
+    let cancel_body = json!({ "cancellation_reason": "abandoned" });
+
+    let (captured, canceled) = tokio::join!(
+        app.post_capture(&authorized, &capturing, &capture_body),
+        app.post_cancel(&authorized, &canceling, &cancel_body),
+    );
+
+    let (won, lost, lost_retry) = match (captured.status, canceled.status) {
+        (200, 409) => (
+            "succeeded",
+            canceled,
+            app.post_cancel(&authorized, &canceling, &cancel_body).await,
+        ),
+        (409, 200) => (
+            "canceled",
+            captured,
+            app.post_capture(&authorized, &capturing, &capture_body)
+                .await,
+        ),
+        other => panic!("one wins, one is refused: {other:?}"),
+    };
+    let refused = lost.assert_problem(409, "payment-unexpected-state");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("The processor refused"),
+        "refused at the processor, under its lock, not by idempay's check: {refused}"
+    );
+    assert!(lost_retry.replayed(), "the refusal is the key's result");
+    assert_eq!(lost_retry.body, lost.body);
+    let payment = app.get_payment(&authorized).await.json();
+    assert_eq!(payment["status"], won);
+    let (state, _, _) = the_authorization(&app.db).await;
+    assert_eq!(
+        state,
+        if won == "succeeded" {
+            "captured"
+        } else {
+            "voided"
+        },
+        "the processor made the winner only"
+    );
+    assert_eq!(
+        payment["canceled_at"].is_null(),
+        won == "succeeded",
+        "a captured payment has no cancellation"
+    );
+    assert_reconcile_succeeds(&app, &processor).await;
+}
