@@ -131,3 +131,44 @@ async fn a_dispute_lost_at_the_processor_keeps_the_amount_disputed_at_both() {
     .await;
     assert_eq!(closed, 1, "one dispute.closed, whatever the redeliveries");
 }
+
+/// The scenario of a won dispute that gave back more than it took, end to end: pay 8,861, refund
+/// 3,000, and the bank opens two disputes of 4,000 at the processor (the second claims more than
+/// is left here: flagged, the payment holding 5,861). The second is won: the payment keeps the
+/// first's 4,000 disputed, and reconcile finds both ledgers agreeing (before, the payment showed
+/// 1,861 while the first dispute was still open, and reconcile named the difference).
+#[api_test]
+async fn a_won_dispute_squeezed_beside_a_refund_leaves_the_other_dispute_whole_at_both_ledgers() {
+    let (app, processor) = delivering().await;
+    let paid = app.paid(8861).await;
+    let refunded = app
+        .post_refund(&paid, &new_key(), &json!({ "amount": 3000 }))
+        .await;
+    assert_eq!(refunded.status, 201, "{:?}", refunded.json());
+    let first = opened(&app, &processor, &paid, 4000).await;
+    let second = opened(&app, &processor, &paid, 4000).await;
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 5861);
+    assert_eq!(
+        app.get(&format!("/v1/disputes/{second}")).await.json()["needs_review"],
+        true
+    );
+    assert_reconcile_succeeds(&app, &processor).await;
+
+    let won = processor
+        .post(
+            &format!("/v1/disputes/{second}/close"),
+            None,
+            &json!({ "outcome": "won" }),
+        )
+        .await;
+
+    assert_eq!(won.json()["status"], "won");
+    until_status(&app, &second, "won").await;
+    assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 4000);
+    assert_eq!(
+        app.get(&format!("/v1/disputes/{first}")).await.json()["status"],
+        "needs_response",
+        "the first is still open"
+    );
+    assert_reconcile_succeeds(&app, &processor).await;
+}
