@@ -539,8 +539,9 @@ fn embedded_processor(
     embedded.authorization_ttl = settings.processor.authorization_ttl;
     let socket = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
     socket.set_nonblocking(true)?;
-    let processor =
-        Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?.sharing_expiry();
+    let processor = Processor::build(embedded, pool.clone(), TcpListener::from_std(socket)?)?
+        .sharing_expiry()
+        .polling_every(settings.webhook_poll_interval);
     Ok((processor, api_key, made_up))
 }
 

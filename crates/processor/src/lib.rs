@@ -243,6 +243,17 @@ impl Processor {
         self
     }
 
+    /// How often its outbox looks for due deliveries while none ends: embedded, as often as the
+    /// embedding idempay's own (`IDEMPAY_WEBHOOK_POLL_INTERVAL`), so that the one setting quiets
+    /// both loops.
+    #[must_use]
+    pub fn polling_every(mut self, poll: Duration) -> Self {
+        self.deliveries = self
+            .deliveries
+            .map(|deliverer| deliverer.with_poll_interval(poll));
+        self
+    }
+
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }

@@ -128,7 +128,7 @@ async fn an_endpoint_that_never_answers_does_not_delay_another_account_s_event()
 
 /// The bound across endpoints: twelve endpoints that never answer, ten deliveries due to each
 /// (room for 60 sends at 5 per endpoint), and the deliverer keeps 50 in flight in all
-/// (`delivery::BATCH`), never more, at most 5 to any one; the gauge says 50. Each send holds its
+/// (`delivery::BATCH`), never more, at most 5 to any one. Each send holds its
 /// own connection (none is answered, so none is reused), so the connections the endpoints accepted
 /// before the first send's 10 s timeout are the sends in flight.
 #[api_test]
@@ -195,13 +195,5 @@ async fn the_sends_in_flight_across_all_endpoints_stay_within_the_deliverer_s_bo
     assert!(
         per_endpoint.iter().all(|&sends| sends <= 5),
         "at most 5 to one endpoint: {per_endpoint:?}"
-    );
-    let scraped = app.send(app.client().get(app.url("/metrics"))).await;
-    let metrics = String::from_utf8_lossy(&scraped.body);
-    assert!(
-        metrics
-            .lines()
-            .any(|line| line == "idempay_webhook_deliveries_in_flight{sender=\"endpoints\"} 50"),
-        "{metrics}"
     );
 }

@@ -768,8 +768,8 @@ async fn reconcile_finds_a_dispute_squeezed_by_a_refund_equal_on_both_ledgers() 
         stdout.lines().next(),
         Some(
             format!(
-                "payment {paid} / charge {charge}: amount_disputed is 500 here, 2000 (a dispute \
-                 needs review: at most the 1000 left after the refunds) at the processor"
+                "payment {paid} / charge {charge}: amount_disputed is 500 here, 2000 (at most \
+                 the 1000 captured and not refunded) at the processor"
             )
             .as_str()
         ),
