@@ -113,6 +113,20 @@ async fn reconcile_names_a_currency_or_a_refund_s_charge_that_differs() {
     .await;
 }
 
+/// Makes every call at the running `processor` take `ms` milliseconds (its test fault route).
+async fn taking(processor: &crate::processor::TestProcessor, ms: u64) {
+    let set = processor
+        .send(
+            processor
+                .http()
+                .put(format!("{}/v1/test/faults", processor.address))
+                .bearer_auth(API_KEY)
+                .json(&serde_json::json!({ "lose_answers": 0.0, "fail": 0.0, "latency_ms": ms })),
+        )
+        .await;
+    assert_eq!(set.status, 200);
+}
+
 /// A charge and a refund the processor made while the keys that asked for them are in progress
 /// (their answers came later than idempay waits, so the keys are suspended within the recovery
 /// window, to be resumed) are in flight: said, not differences, and the refunded amount they make
@@ -128,16 +142,7 @@ async fn reconcile_says_a_charge_or_refund_whose_key_is_in_progress_is_in_flight
     let (app, processor) = idempay_and_processor(settings, processor::settings()).await;
     let paid = app.paid(4000).await;
     // Slower than idempay waits: every attempt times out, and the processor acts later.
-    let slow = processor
-        .send(
-            processor
-                .http()
-                .put(format!("{}/v1/test/faults", processor.address))
-                .bearer_auth(API_KEY)
-                .json(&serde_json::json!({ "lose_answers": 0.0, "fail": 0.0, "latency_ms": 3000 })),
-        )
-        .await;
-    assert_eq!(slow.status, 200);
+    taking(&processor, 3000).await;
     let (charging, refunding) = (new_key(), new_key());
     app.post_payment(&charging, &payment(4200))
         .await
@@ -363,16 +368,7 @@ async fn reconcile_says_a_capture_whose_key_is_in_progress_is_in_flight_and_comp
     app.post_cancel(&voided, &new_key(), &serde_json::json!({}))
         .await
         .assert_status(200);
-    let slow = processor
-        .send(
-            processor
-                .http()
-                .put(format!("{}/v1/test/faults", processor.address))
-                .bearer_auth(API_KEY)
-                .json(&serde_json::json!({ "lose_answers": 0.0, "fail": 0.0, "latency_ms": 3000 })),
-        )
-        .await;
-    assert_eq!(slow.status, 200);
+    taking(&processor, 3000).await;
     let capturing = new_key();
     let body = serde_json::json!({ "amount_to_capture": 3000 });
     app.post_capture(&authorized, &capturing, &body)
@@ -403,16 +399,7 @@ async fn reconcile_says_a_capture_whose_key_is_in_progress_is_in_flight_and_comp
     )
     .await;
 
-    let fast = processor
-        .send(
-            processor
-                .http()
-                .put(format!("{}/v1/test/faults", processor.address))
-                .bearer_auth(API_KEY)
-                .json(&serde_json::json!({ "lose_answers": 0.0, "fail": 0.0, "latency_ms": 0 })),
-        )
-        .await;
-    assert_eq!(fast.status, 200);
+    taking(&processor, 0).await;
     let recorded = app.post_capture(&authorized, &capturing, &body).await;
     recorded.assert_status(200);
     assert_eq!(recorded.json()["amount_captured"], 3000);
