@@ -545,10 +545,17 @@ fn embedded_processor(
     Ok((processor, api_key, made_up))
 }
 
-/// The processor's webhook intake of the idempay serving on `listener`, over loopback.
+/// The processor's webhook intake of the idempay serving on `listener`: at its address, or over
+/// loopback when it listens on every interface.
 fn own_intake(listener: &TcpListener) -> std::io::Result<String> {
-    let port = listener.local_addr()?.port();
-    Ok(format!("http://127.0.0.1:{port}/v1/webhooks/processor"))
+    let address = listener.local_addr()?;
+    let ip = if address.ip().is_unspecified() {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    } else {
+        address.ip()
+    };
+    let address = SocketAddr::new(ip, address.port());
+    Ok(format!("http://{address}/v1/webhooks/processor"))
 }
 
 #[cfg(test)]

@@ -137,9 +137,10 @@ impl Envelope {
         dispute: &str,
         status: DisputeStatus,
     ) -> Result<Applying, sqlx::Error> {
-        // The dispute's account, read without a lock (it never changes), as a payment's is.
-        let Some(account) = sqlx::query_scalar!(
-            "SELECT account_id FROM disputes WHERE id = $1 LIMIT 1",
+        // The dispute's account and payment, read without a lock (neither ever changes), as a
+        // payment's account is.
+        let Some(owner) = sqlx::query!(
+            "SELECT account_id, payment_id FROM disputes WHERE id = $1 LIMIT 1",
             dispute
         )
         .fetch_optional(&mut *conn)
@@ -150,7 +151,12 @@ impl Envelope {
                 kind: self.kind.clone(),
             }));
         };
-        let changed = sqlx::query!(
+        let account = owner.account_id;
+        // The payment's row lock before the dispute's, the order of every path that changes both
+        // (a dispute recorded, a refund that flags the payment's disputes): the other order could
+        // deadlock with a refund.
+        let locked = disputes::lock(conn, &account, &owner.payment_id).await?;
+        let changed = sqlx::query_scalar!(
             r#"
             UPDATE disputes d SET lifecycle = $3, last_event_at = $4
             FROM (
@@ -163,7 +169,7 @@ impl Envelope {
               AND (d.last_event_at IS NULL OR d.last_event_at < $4
                    -- At the same instant, the bank's decision comes after the evidence.
                    OR (d.last_event_at = $4 AND $3 IN ($5, $6)))
-            RETURNING d.payment_id
+            RETURNING d.id
             "#,
             dispute,
             account,
@@ -174,7 +180,7 @@ impl Envelope {
         )
         .fetch_optional(&mut *conn)
         .await?;
-        let Some(changed) = changed else {
+        if changed.is_none() {
             let now = sqlx::query!(
                 "SELECT lifecycle, last_event_at FROM disputes WHERE account_id = $2 AND id = $1",
                 dispute,
@@ -195,9 +201,9 @@ impl Envelope {
                 )))
             };
             return Ok(Ok(Applied::without_event(outcome)));
-        };
+        }
         // A won dispute holds nothing any more; the others, what they held (`disputes::held`).
-        disputes::recount(conn, &account, &changed.payment_id).await?;
+        locked.recount(conn).await?;
         let read = sqlx::query!(
             r#"
             SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
