@@ -6,7 +6,7 @@
 --   * `payments_money_held`: refunds and disputes hold at most what was captured. What was
 --     captured is `amount_captured`, or, where a release before manual capture left it NULL, the
 --     whole amount (nothing for a decline). `amount_disputed` is derived from the disputes
---     (src/disputes/held.rs): the disputes not won, at most what was captured and not refunded.
+--     (src/payments/disputed.rs): the disputes not won, at most what was captured and not refunded.
 --   * `payments_capturable`: only an authorization still held can be captured, all of it, and
 --     nothing was taken yet; every other payment has nothing capturable.
 --   * `payments_canceled`: a canceled payment took nothing and says when it was canceled; no

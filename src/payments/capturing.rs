@@ -13,9 +13,9 @@ use axum::http::StatusCode;
 use sqlx::PgPool;
 
 use super::authorization_state::{self, CancelState, CaptureState};
+use super::disputed;
 use super::model::{CancellationReason, PaymentId, PaymentStatus, payment_not_found};
 use crate::accounts::AccountId;
-use crate::disputes;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{CaptureState as ProcessorCaptureState, Charge};
 use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
@@ -335,8 +335,8 @@ async fn record(
     .execute(&mut *tx)
     .await?;
     // A dispute that arrived before this capture was recorded holds what the capture took; a
-    // cancel leaves nothing for one to hold (`disputes::held`).
-    let payment = disputes::recount(&mut tx, &account, &payment)
+    // cancel leaves nothing for one to hold (`payments::disputed`).
+    let payment = disputed::recount(&mut tx, &account, &payment)
         .await?
         .payment
         .parse()?;

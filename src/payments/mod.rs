@@ -8,6 +8,7 @@ mod capturing;
 mod charge_state;
 mod charging;
 mod currency;
+pub(crate) mod disputed;
 mod model;
 
 use axum::extract::{FromRef, State};

@@ -73,7 +73,7 @@ pub(super) fn payments_against_charges(
             .copied()
             .unwrap_or_default();
         let disputed = Figure::less(disputed.recorded + disputed.since, disputed.since);
-        // What the disputes hold on our side is derived (`disputes::held`): those not won, at
+        // What the disputes hold on our side is derived (`payments::disputed`): those not won, at
         // most what was captured and not refunded. A dispute over more than remained is recorded
         // in full and flagged `needs_review`; the payment's figure takes only what fits, and so
         // is compared here.

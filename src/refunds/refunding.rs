@@ -12,14 +12,13 @@ use sqlx::types::Json;
 use super::model::{RefundId, RefundRow, RefundStatus};
 use super::refund_state::{self, Refund, RefundState};
 use crate::accounts::AccountId;
-use crate::disputes;
 use crate::downstream::ProcessorRefund;
 use crate::downstream::call::{self, ProcessorCall};
 use crate::downstream::{ProcessorClient, ProcessorOutcome, ProcessorRefusal};
 use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::metadata::Metadata;
-use crate::payments::{PaymentId, PaymentStatus, payment_not_found};
+use crate::payments::{PaymentId, PaymentStatus, disputed, payment_not_found};
 use idempotency::{Completion, Lease, StateVersion, StoredResponse};
 use service::vocabulary::stored;
 
@@ -236,9 +235,9 @@ async fn record(
     // The payment's row lock (NO KEY UPDATE, the lock the UPDATE takes anyway: a full FOR UPDATE
     // would wait on the key share lock each concurrent refund's insert, its foreign key, holds,
     // and they deadlock), with what the disputes held before the refund.
-    let locked = disputes::lock(&mut tx, &intent.account, &intent.payment).await?;
+    let locked = disputed::lock(&mut tx, &intent.account, &intent.payment).await?;
     // The disputed amount capped at what still fits beside the refunds, so that the row keeps its
-    // CHECK until the recount sets it exactly (`disputes::held`).
+    // CHECK until the recount sets it exactly (`payments::disputed`).
     sqlx::query!(
         r#"
         UPDATE payments

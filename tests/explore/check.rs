@@ -278,7 +278,7 @@ pub async fn invariants(
         let ours = our_disputes.get(&p.id).copied().unwrap_or_default();
         let theirs = their_disputes.get(&c.id).copied().unwrap_or_default();
         // What the disputes hold here is derived: the processor's disputed amount, at most what
-        // was captured and not refunded (src/disputes/held.rs).
+        // was captured and not refunded (src/payments/disputed.rs).
         let held = c.amount_disputed.min(p.captured - p.amount_refunded);
         if ours != theirs || p.amount_disputed != held {
             violation(

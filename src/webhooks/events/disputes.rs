@@ -1,8 +1,9 @@
 //! The processor's dispute events: `charge.dispute.created` records a dispute (once per processor
 //! dispute id); `charge.dispute.updated` and `charge.dispute.closed` move it through Stripe's
 //! lifecycle. After each, the payment's `amount_disputed` is recounted from its disputes
-//! (`disputes::held`): a `won` one holds nothing, so it gives back what it held, never more. Each change writes idempay's own event in its transaction
-//! (`payment.disputed`, `dispute.updated`, `dispute.closed`).
+//! (`payments::disputed`): a `won` one holds nothing, so it gives back what it held, never more.
+//! Each change writes idempay's own event in its transaction (`payment.disputed`,
+//! `dispute.updated`, `dispute.closed`).
 
 use sqlx::PgConnection;
 
@@ -11,9 +12,9 @@ use super::{
     now, unencodable,
 };
 use crate::db::Engine;
-use crate::disputes;
 use crate::disputes::{Dispute, DisputeStatus};
 use crate::events::{self, EventType, NewEvent};
+use crate::payments::disputed;
 use service::vocabulary::stored;
 
 impl Envelope {
@@ -98,8 +99,8 @@ impl Envelope {
             tracing::info!(dispute, event = event_id, "dispute already recorded");
             return Ok(Ok(Applied::without_event(EventOutcome::Duplicate)));
         }
-        // What the payment's disputes hold now, this one with them (`disputes::held`).
-        let row = disputes::recount(conn, &paid.account_id, &paid.id)
+        // What the payment's disputes hold now, this one with them (`payments::disputed`).
+        let row = disputed::recount(conn, &paid.account_id, &paid.id)
             .await?
             .payment;
         let event = NewEvent::new(EventType::PaymentDisputed, &row.parse()?, now(conn).await?)
@@ -155,7 +156,7 @@ impl Envelope {
         // The payment's row lock before the dispute's, the order of every path that changes both
         // (a dispute recorded, a refund that flags the payment's disputes): the other order could
         // deadlock with a refund.
-        let locked = disputes::lock(conn, &account, &owner.payment_id).await?;
+        let locked = disputed::lock(conn, &account, &owner.payment_id).await?;
         let changed = sqlx::query_scalar!(
             r#"
             UPDATE disputes d SET lifecycle = $3, last_event_at = $4
@@ -202,7 +203,7 @@ impl Envelope {
             };
             return Ok(Ok(Applied::without_event(outcome)));
         }
-        // A won dispute holds nothing any more; the others, what they held (`disputes::held`).
+        // A won dispute holds nothing any more; the others, what they held (`payments::disputed`).
         locked.recount(conn).await?;
         let read = sqlx::query!(
             r#"

@@ -68,7 +68,7 @@ impl Envelope {
             )))));
         };
         // The money is the payment's again: a dispute squeezed by the refund may hold it now.
-        crate::disputes::recount(conn, &account, &failed.payment_id).await?;
+        crate::payments::disputed::recount(conn, &account, &failed.payment_id).await?;
         let row = RefundRow {
             id: failed.id,
             payment_id: failed.payment_id,

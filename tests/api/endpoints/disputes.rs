@@ -368,9 +368,10 @@ async fn a_lost_dispute_keeps_its_amount_and_a_close_before_its_dispute_waits_fo
     assert_eq!(refused.json()["outcome"], "ignored");
 }
 
-/// A payment's disputed amount is what its disputes hold, counted from them (`disputes::held`):
-/// pay 8,861, refund 3,000, and the bank opens two disputes of 4,000; the second claims more than
-/// is left (5,861 is captured and not refunded), so it is flagged and the payment holds 5,861.
+/// A payment's disputed amount is what its disputes hold, counted from them
+/// (`payments::disputed`): pay 8,861, refund 3,000, and the bank opens two disputes of 4,000; the
+/// second claims more than is left (5,861 is captured and not refunded), so it is flagged and the
+/// payment holds 5,861.
 /// Won, the second gives back only what it held: the first's 4,000 stays disputed, and only
 /// 1,861 remains refundable. (An accumulated figure gave back all 4,000 and showed 1,861.)
 #[api_test(citus)]

@@ -12,13 +12,16 @@
 //! recorded, then what the capture took). An accumulated figure drifts: a dispute squeezed to what
 //! was left and later won would give back its whole amount, more than it ever took. The schema
 //! holds the bound (`payments_money_held`, migrations/20261210000001_money_invariants.sql).
+//!
+//! It lives with the payments, whose column it writes and whose capture recounts it; the dispute
+//! states it reads are the `disputes` table's, named in its SQL, so that this domain does not
+//! import the disputes' one, which builds on it.
 
 use sqlx::PgConnection;
 use sqlx::types::Json;
 
-use super::{DisputeStatus, Review};
+use super::{PaymentRow, PaymentStatus, payment_query};
 use crate::metadata::Metadata;
-use crate::payments::{PaymentRow, PaymentStatus, payment_query};
 
 /// A payment's `amount_disputed` before and after a recount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,17 +99,17 @@ impl Locked<'_> {
             -- claims what it claims); the least is within the payment's amount.
             SET amount_disputed = LEAST(
                 (SELECT COALESCE(sum(d.amount), 0) FROM disputes d
-                 WHERE d.account_id = $1 AND d.payment_id = $2 AND d.lifecycle <> $3),
+                 -- `won`: of the disputes' lifecycle (the `disputes_lifecycle` CHECK).
+                 WHERE d.account_id = $1 AND d.payment_id = $2 AND d.lifecycle <> 'won'),
                 -- What was captured: NULL on the payments of the releases before manual
                 -- capture, the whole amount then, or nothing for a decline.
-                COALESCE(p.amount_captured, CASE WHEN p.status = $4 THEN 0 ELSE p.amount END)
+                COALESCE(p.amount_captured, CASE WHEN p.status = $3 THEN 0 ELSE p.amount END)
                     - p.amount_refunded)::bigint
             WHERE p.account_id = $1 AND p.id = $2
             RETURNING"#,
             "",
             self.account,
             self.payment,
-            DisputeStatus::Won.as_str(),
             PaymentStatus::Declined.as_str(),
         )
         .fetch_one(&mut *conn)
@@ -136,15 +139,16 @@ impl Locked<'_> {
                 after = held.after,
                 "{why} took money a dispute held: the payment's disputes need review"
             );
+            // `open` and `needs_review`: the disputes' review (`disputes::Review`, the
+            // `disputes_status_check` CHECK), named here, where the payments' ledger needs them,
+            // rather than imported from the disputes' domain, which builds on this one.
             sqlx::query!(
                 r#"
-                UPDATE disputes SET status = $3
-                WHERE account_id = $2 AND payment_id = $1 AND status = $4
+                UPDATE disputes SET status = 'needs_review'
+                WHERE account_id = $2 AND payment_id = $1 AND status = 'open'
                 "#,
                 payment,
                 account,
-                Review::NeedsReview.as_str(),
-                Review::Open.as_str(),
             )
             .execute(&mut *conn)
             .await?;
