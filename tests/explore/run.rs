@@ -16,7 +16,7 @@ use crate::check::{self, Violation};
 use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
 use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
-use crate::world::{Database, Link, Process, Ready, free_port, idempay};
+use crate::world::{Database, Link, Process, Ready, free_ports, idempay};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
 pub const PROCESSOR_KEY: &str = "pk_explore";
@@ -398,8 +398,9 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     let link = Link::to(&url).await;
     let linked = link.url(&url);
     let secrets = WebhookSecrets::generate();
-    let processor_port = free_port();
-    let instance_ports: Vec<u16> = plan.instances.iter().map(|_| free_port()).collect();
+    let mut ports = free_ports(1 + plan.instances.len());
+    let processor_port = ports.remove(0);
+    let instance_ports = ports;
     let common = |name: &str, value: &str| (name.to_owned(), value.to_owned());
     let processor = Process::new(
         "processor",

@@ -18,10 +18,19 @@ pub fn binary() -> String {
 
 /// A TCP port of 127.0.0.1 that nothing listens on now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
+    free_ports(1)[0]
+}
+
+/// `count` distinct TCP ports of 127.0.0.1 that nothing listens on now: all held open together
+/// while they are chosen, since a port let go is free to be handed out again at once (seed 4 once
+/// drew the processor's port for an instance too, which then could not bind it).
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    held.iter()
+        .map(|listener| listener.local_addr().expect("a bound port").port())
+        .collect()
 }
 
 /// Where the schedules' databases live: each schedule makes one of its own there.
