@@ -31,8 +31,8 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// The disputes hold less than before while none was won: a refund (or a capture of less)
-    /// took money a dispute held, which an operator must look at.
+    /// The disputes hold less than before while none was won: a refund took money a dispute
+    /// held, which an operator must look at.
     pub(crate) fn squeezed(self) -> bool {
         self.after < self.before
     }
