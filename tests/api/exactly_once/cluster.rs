@@ -78,9 +78,9 @@ const ACROSS_ACCOUNTS: [(&str, &str); 29] = [
          processor's event names no account), whose bound of parked events it counts against",
     ),
     (
-        "SELECT account_id FROM disputes WHERE id = $1 LIMIT 1",
-        "webhook intake: the account of the dispute a `charge.dispute.updated` or `.closed` names \
-         (the processor's event names no account)",
+        "SELECT account_id, payment_id FROM disputes WHERE id = $1 LIMIT 1",
+        "webhook intake: the account and payment of the dispute a `charge.dispute.updated` or \
+         `.closed` names (the processor's event names no account)",
     ),
     (
         "OR processor_refund = $1 LIMIT 1",
