@@ -1,6 +1,6 @@
 -- The ledgers' money rules, held by the database, so that no code path can break one silently:
 -- a statement that would is refused, and its request answers 500 with the constraint's name in
--- the log (README.md, "Money rules", states them once).
+-- the log (src/payments/README.md, "Money rules", states them once).
 --
 -- idempay's payments:
 --   * `payments_money_held`: refunds and disputes hold at most what was captured. What was
