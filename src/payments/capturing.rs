@@ -320,11 +320,12 @@ async fn record(
     let at = lease.now();
     let canceled_at = (status == PaymentStatus::Canceled).then_some(at);
     let mut tx = lease.begin().await?;
-    sqlx::query!(
+    let held = sqlx::query_scalar!(
         "UPDATE payments
          SET status = $3, amount_captured = $4, amount_capturable = 0, canceled_at = $6,
              cancellation_reason = $5
-         WHERE account_id = $2 AND id = $1",
+         WHERE account_id = $2 AND id = $1
+         RETURNING amount_disputed",
         payment,
         account,
         status.as_str(),
@@ -332,11 +333,12 @@ async fn record(
         reason,
         canceled_at,
     )
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
     // A dispute that arrived before this capture was recorded holds what the capture took; a
-    // cancel leaves nothing for one to hold (`payments::disputed`).
-    let payment = disputed::recount(&mut tx, &account, &payment)
+    // cancel leaves nothing for one to hold (`payments::disputed`). The UPDATE holds the row lock.
+    let payment = disputed::locked_by_caller(&account, &payment, held)
+        .recount(&mut tx)
         .await?
         .payment
         .parse()?;

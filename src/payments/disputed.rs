@@ -74,6 +74,17 @@ pub(crate) async fn lock<'a>(
     })
 }
 
+/// The payment `payment` of `account`, whose row the caller's transaction has locked already, by a
+/// statement that read `before`, what its disputes held then: a recount then takes no lock of its
+/// own.
+pub(crate) fn locked_by_caller<'a>(account: &'a str, payment: &'a str, before: i64) -> Locked<'a> {
+    Locked {
+        account,
+        payment,
+        before,
+    }
+}
+
 /// Recounts `amount_disputed` of the payment `payment` of `account`, in the caller's transaction;
 /// the payment as it then is.
 pub(crate) async fn recount(

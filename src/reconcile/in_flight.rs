@@ -44,46 +44,38 @@ pub enum InFlight {
 
 impl fmt::Display for InFlight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Self::Release {
-            charge,
-            made,
-            scope,
-            key,
-        } = self
-        {
-            return write!(
-                f,
-                "charge {charge} {made} in flight: key {key:?} ({scope}), which asked for it, is \
-                 in progress; its payment still requires capture here"
-            );
-        }
-        let (what, id, amount, scope, key, record) = match self {
+        match self {
             Self::Charge {
                 charge,
                 amount,
                 scope,
                 key,
-            } => ("charge", charge, amount, scope, key, "payment"),
+            } => write!(
+                f,
+                "charge {charge} ({amount}) in flight: key {key:?} ({scope}), which asked for it, \
+                 is in progress; its payment is not recorded yet"
+            ),
+            Self::Release {
+                charge,
+                made,
+                scope,
+                key,
+            } => write!(
+                f,
+                "charge {charge} {made} in flight: key {key:?} ({scope}), which asked for it, is \
+                 in progress; its payment still requires capture here"
+            ),
             Self::Refund {
                 processor_refund,
                 amount,
                 scope,
                 key,
-            } => (
-                "processor refund",
-                processor_refund,
-                amount,
-                scope,
-                key,
-                "refund",
+            } => write!(
+                f,
+                "processor refund {processor_refund} ({amount}) in flight: key {key:?} ({scope}), \
+                 which asked for it, is in progress; its refund is not recorded yet"
             ),
-            Self::Release { .. } => unreachable!("written above"),
-        };
-        write!(
-            f,
-            "{what} {id} ({amount}) in flight: key {key:?} ({scope}), which asked for it, is in \
-             progress; its {record} is not recorded yet"
-        )
+        }
     }
 }
 

@@ -332,12 +332,11 @@ pub(crate) async fn get_charge(
     KeyQuery(key): KeyQuery,
 ) -> Result<Response, Error> {
     if let Some(key) = &key {
-        for route in [
+        let releases = [
             "POST /v1/charges/{id}/capture",
             "POST /v1/charges/{id}/void",
-        ] {
-            still_making(&state, route, key.as_str()).await?;
-        }
+        ];
+        still_making(&state, &releases, key.as_str()).await?;
     }
     let row = sqlx::query_as!(
         ChargeRow,
@@ -356,19 +355,23 @@ pub(crate) async fn get_charge(
     Ok(axum::Json(tagged("charge", &row.parse()?)).into_response())
 }
 
-/// Refuses to answer what was made under `key` on `route` while a request under that key is still
-/// making it: the list would say "nothing" and be wrong a moment later.
-async fn still_making(state: &ProcessorState, route: &str, key: &str) -> Result<(), Error> {
-    let scope = format!("{}:{route}", crate::extract::SCOPE_OWNER);
+/// Refuses to answer what was made under `key` on any of `routes` while a request under that key
+/// is still making it: the answer would say "nothing" and be wrong a moment later.
+async fn still_making(state: &ProcessorState, routes: &[&str], key: &str) -> Result<(), Error> {
+    let scopes: Vec<String> = routes
+        .iter()
+        .map(|route| format!("{}:{route}", crate::extract::SCOPE_OWNER))
+        .collect();
     let in_progress = sqlx::query_scalar!(
         r#"
         SELECT EXISTS (
             SELECT 1 FROM idempotency_keys
-            WHERE account_id = $1 AND scope = $2 AND idem_key = $3 AND status = 'in_progress'
+            WHERE account_id = $1 AND scope = ANY($2) AND idem_key = $3
+              AND status = 'in_progress'
         ) AS "in_progress!"
         "#,
         crate::extract::SCOPE_OWNER,
-        scope,
+        &scopes,
         key,
     )
     .fetch_one(&state.pool)
@@ -424,7 +427,7 @@ pub(crate) async fn list_charges(
 ) -> Result<Response, Error> {
     let key = idempotency_key.as_ref().map(IdempotencyKey::as_str);
     if let Some(key) = key {
-        still_making(&state, "POST /v1/charges", key).await?;
+        still_making(&state, &["POST /v1/charges"], key).await?;
     }
     let rows = service::keyset_page!(
         &state.pool,
@@ -564,7 +567,7 @@ pub(crate) async fn list_refunds(
 ) -> Result<Response, Error> {
     let key = idempotency_key.as_ref().map(IdempotencyKey::as_str);
     if let Some(key) = key {
-        still_making(&state, "POST /v1/charges/{id}/refunds", key).await?;
+        still_making(&state, &["POST /v1/charges/{id}/refunds"], key).await?;
     }
     let rows = service::keyset_page!(
         &state.pool,

@@ -56,7 +56,7 @@ impl Envelope {
         // share lock of its foreign key.
         let Some(paid) = sqlx::query!(
             r#"
-            SELECT id, account_id,
+            SELECT id, account_id, amount_disputed,
                    -- What the payment can have captured: an authorization still held
                    -- counts at its amount, since the processor disputes only captured money
                    -- (the capture's answer is still on its way here).
@@ -100,7 +100,9 @@ impl Envelope {
             return Ok(Ok(Applied::without_event(EventOutcome::Duplicate)));
         }
         // What the payment's disputes hold now, this one with them (`payments::disputed`).
-        let row = disputed::recount(conn, &paid.account_id, &paid.id)
+        // Under the row lock the first statement took.
+        let row = disputed::locked_by_caller(&paid.account_id, &paid.id, paid.amount_disputed)
+            .recount(conn)
             .await?
             .payment;
         let event = NewEvent::new(EventType::PaymentDisputed, &row.parse()?, now(conn).await?)
