@@ -275,10 +275,7 @@ async fn process(
             // looked for parked events before this one committed: looked for again now, one of
             // the two sees the other. (An error leaves it to the sweep.)
             if outcome == EventOutcome::Parked {
-                let object = &not_recorded.object;
-                if let Err(error) = parked::apply_waiting(pool, engine, ttl, object).await {
-                    tracing::warn!(%error, object, "parked events not applied; the sweep will");
-                }
+                parked::apply_waiting_detached(pool, engine, ttl, &not_recorded.object).await;
             }
             return Ok(Ok(outcome));
         }
@@ -301,9 +298,7 @@ async fn process(
     // A dispute just recorded may have its later changes parked (redelivered ahead of it): they
     // apply now rather than at the sweep. (An error leaves them to the sweep.)
     if let Some(dispute) = envelope.recorded_dispute(outcome) {
-        if let Err(error) = parked::apply_waiting(pool, engine, ttl, dispute).await {
-            tracing::warn!(%error, dispute, "parked events not applied; the sweep will");
-        }
+        parked::apply_waiting_detached(pool, engine, ttl, dispute).await;
     }
     Ok(Ok(outcome))
 }

@@ -10,7 +10,8 @@
 //!   outbox often delivers an event before idempay's recording of the answer commits;
 //! - right after the parking, by the intake, for an object recorded while the event was being
 //!   parked: the recording's look for parked events may have come before the parking committed,
-//!   but then the intake's look comes after the recording committed;
+//!   but then the intake's look comes after the recording committed. It runs in a task of its
+//!   own ([`apply_waiting_detached`]), so a sender that hangs up cannot take it with it;
 //! - by the [`spawn`]ed sweep, for an event whose recorder or intake died (or failed) before
 //!   applying it.
 //!
@@ -136,9 +137,30 @@ pub fn when_recorded(pool: PgPool, ttl: Duration) -> WhenRecorded {
     })
 }
 
+/// [`apply_waiting`] for a request's intake, in a task of its own: a sender that hangs up after
+/// the intake committed (its delivery timed out) drops the request's future, and the look that
+/// future was to make after the commit with it. The task makes it all the same, so an event parked
+/// while its object was being recorded is applied now, not at the sweep, whether or not anyone
+/// waits for the answer. A failure is logged: the sweep applies the events later.
+pub(super) async fn apply_waiting_detached(
+    pool: &PgPool,
+    engine: Engine,
+    ttl: Duration,
+    object: &str,
+) {
+    let (pool, object) = (pool.clone(), object.to_owned());
+    let look = tokio::spawn(async move {
+        if let Err(error) = apply_waiting(&pool, engine, ttl, &object).await {
+            tracing::warn!(%error, object, "parked events not applied; the sweep will");
+        }
+    });
+    // A panic in the task is the task's: logged by the runtime, the sweep applies the events.
+    let _ = look.await;
+}
+
 /// Applies the events parked for `object`, oldest first, each in its own transaction; how many
 /// were applied now (none while the object is not recorded).
-pub(super) async fn apply_waiting(
+async fn apply_waiting(
     pool: &PgPool,
     engine: Engine,
     ttl: Duration,

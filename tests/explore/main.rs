@@ -60,7 +60,9 @@ use plan::Draws;
 /// named by reconcile. That race is decided by milliseconds, and its sweep runs every second, so
 /// 109 (one instance sweeping hourly) stands beside it: it finds the same defect in every replay.
 /// At 448f1c2, with captures among the intents, 702 found the explorer itself too strict: an early
-/// event answered 503 by an instance whose database was restarting counted as refused. Seeds of
+/// event answered 503 by an instance whose database was restarting counted as refused. At 1d673f2,
+/// 534060137 found an event parked while its charge was recorded and left to the hourly sweep: the
+/// intake's look after parking was dropped with a sender that hung up. Seeds of
 /// `Draws::Current` draw manual payments, captures and cancels from a stream of their own.
 const REGRESSION_SEEDS: &[(u64, Draws)] = &[
     (4, Draws::BeforePauses),
@@ -79,6 +81,7 @@ const REGRESSION_SEEDS: &[(u64, Draws)] = &[
     (534_170_994, Draws::Current),
     (109, Draws::Current),
     (702, Draws::Current),
+    (534_060_137, Draws::Current),
 ];
 
 fn setting(name: &str) -> Option<u64> {

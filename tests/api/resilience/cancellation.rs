@@ -135,10 +135,24 @@ fn webhook(
     payment: &str,
     patience: Duration,
 ) -> reqwest::RequestBuilder {
+    let data = json!({ "payment": payment, "dispute": format!("dp_{id}"), "amount": 100 });
+    signed(app, secret, id, "dispute.created", &data, patience)
+}
+
+/// Event `id` of `kind` about `data`, signed with `secret`, posted with a client that gives up
+/// after `patience`.
+fn signed(
+    app: &TestApp,
+    secret: &WebhookSecrets,
+    id: &str,
+    kind: &str,
+    data: &serde_json::Value,
+    patience: Duration,
+) -> reqwest::RequestBuilder {
     let body = serde_json::to_vec(&json!({
-        "type": "dispute.created",
+        "type": kind,
         "timestamp": chrono::Utc::now(),
-        "data": { "payment": payment, "dispute": format!("dp_{id}"), "amount": 100 },
+        "data": data,
     }))
     .unwrap();
     let now = chrono::Utc::now().timestamp();
@@ -220,6 +234,96 @@ async fn webhook_intake_dropped_by_a_client_hanging_up_mid_begin_leaves_no_trans
         "the request was dropped before its transaction wrote anything"
     );
     a_later_event_is_applied_and_seen(&app, &secret, &paid).await;
+}
+
+/// The intake's look for parked events, after its commit, is no longer the sender's to cancel. A
+/// dispute's change waits parked (delivered before the dispute); then the dispute's creation, whose
+/// sender hangs up after the intake committed it, while PostgreSQL's answer to the intake's look
+/// for the events waiting on the dispute is held. Once the answer goes through, the waiting
+/// change is applied, by nobody's request: no event waits an hour for the sweep, and
+/// `idempay reconcile` names none meanwhile.
+#[api_test]
+async fn a_sender_that_hangs_up_after_the_intake_committed_leaves_no_event_parked() {
+    let (app, proxy, secret, paid) = webhook_app(|secret| quiet_settings(Some(secret))).await;
+    let dispute = |extra: serde_json::Value| {
+        let mut data = json!({ "payment": paid, "dispute": "dp_later", "amount": 100 });
+        data.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        data
+    };
+    let reviewed = dispute(json!({ "status": "under_review" }));
+    let early = signed(
+        &app,
+        &secret,
+        "evt_reviewed",
+        "charge.dispute.updated",
+        &reviewed,
+        Duration::from_secs(10),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(early.status(), 200);
+    let early: serde_json::Value = early.json().await.unwrap();
+    assert_eq!(early["outcome"], "parked");
+
+    proxy.hold_answer_to(|sql: &str| sql.contains("FROM parked_events WHERE object"));
+    let created = signed(
+        &app,
+        &secret,
+        "evt_opened",
+        "dispute.created",
+        &dispute(json!({})),
+        HANG_UP_AFTER,
+    )
+    .send()
+    .await;
+    let created = match created {
+        Err(error) => error,
+        Ok(answer) => panic!(
+            "answered {}: {}",
+            answer.status(),
+            answer.text().await.unwrap()
+        ),
+    };
+    assert!(created.is_timeout(), "the sender hung up: {created}");
+    assert!(
+        proxy.is_holding(),
+        "while the answer to the intake's look was held"
+    );
+    assert_eq!(
+        recorded_events(&app, "evt_opened").await,
+        1,
+        "the intake had committed the dispute's creation: the window is after the commit"
+    );
+    assert_eq!(parked_events(&app.db).await, ["evt_reviewed"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.release();
+
+    let mut waiting = parked_events(&app.db).await;
+    for _ in 0..50 {
+        if waiting.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waiting = parked_events(&app.db).await;
+    }
+    assert!(
+        waiting.is_empty(),
+        "the change waiting for the dispute is applied once the look's answer came, though its \
+         request was gone: still parked {waiting:?}"
+    );
+    let applied = app.get("/v1/disputes/dp_later").await.json();
+    assert_eq!(applied["status"], "under_review", "{applied}");
+    assert!(idle_in_transaction(&app.db).await.is_empty());
+}
+
+async fn parked_events(db: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT id FROM parked_events ORDER BY id")
+        .fetch_all(db)
+        .await
+        .unwrap()
 }
 
 #[api_test]

@@ -6,6 +6,7 @@
 //! It reads only the frames of the frontend's side of the protocol, to find the statement's text
 //! in a simple query (`Q`) or a parse message (`P`); every byte goes through unchanged.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -96,8 +97,8 @@ impl PgProxy {
         self.hold_answer_to(|sql: &str| sql.trim().eq_ignore_ascii_case("BEGIN"));
     }
 
-    /// Holds back the answer to the next statement `matches`, on whichever connection sends it,
-    /// until [`Self::release`].
+    /// Holds back the answer to the next statement `matches`, on whichever connection sends it
+    /// (prepared there now, or run again by name), until [`Self::release`].
     pub fn hold_answer_to(&self, matches: impl Fn(&str) -> bool + Send + 'static) {
         *self.shared.armed.lock().unwrap() = Some(Box::new(matches));
     }
@@ -184,8 +185,15 @@ async fn frontend(
             break;
         }
     }
+    // The texts of the statements this connection prepared, by name: sqlx prepares a statement
+    // once per connection, then sends only a bind naming it, and the hold must know it then too.
+    let mut prepared: HashMap<String, String> = HashMap::new();
     while let Some(frame) = read_frame(&mut from, true).await {
-        if let Some(sql) = statement(&frame) {
+        let sent = statement(&frame);
+        if let (Some(sql), Some(name)) = (&sent, parsed_name(&frame)) {
+            prepared.insert(name, sql.clone());
+        }
+        if let Some(sql) = &sent {
             if held_here.load(Ordering::Acquire) {
                 shared
                     .held_connection_sent
@@ -193,6 +201,10 @@ async fn frontend(
                     .unwrap()
                     .push(sql.clone());
             }
+        }
+        let executed =
+            sent.or_else(|| bound_name(&frame).and_then(|name| prepared.get(&name).cloned()));
+        if let Some(sql) = executed {
             let mut armed = shared.armed.lock().unwrap();
             if armed.as_ref().is_some_and(|matches| matches(&sql)) {
                 *armed = None;
@@ -272,4 +284,26 @@ fn statement(frame: &[u8]) -> Option<String> {
     };
     let end = text.iter().position(|&byte| byte == 0)?;
     Some(String::from_utf8_lossy(&text[..end]).into_owned())
+}
+
+/// The name a parse message (`P`) gives its statement, when it names one.
+fn parsed_name(frame: &[u8]) -> Option<String> {
+    if frame[0] != b'P' {
+        return None;
+    }
+    let body = &frame[5..];
+    let name = &body[..body.iter().position(|&byte| byte == 0)?];
+    (!name.is_empty()).then(|| String::from_utf8_lossy(name).into_owned())
+}
+
+/// The prepared statement a bind message (`B`: a portal's name, then the statement's) runs, when it
+/// names one.
+fn bound_name(frame: &[u8]) -> Option<String> {
+    if frame[0] != b'B' {
+        return None;
+    }
+    let body = &frame[5..];
+    let statement = &body[body.iter().position(|&byte| byte == 0)? + 1..];
+    let name = &statement[..statement.iter().position(|&byte| byte == 0)?];
+    (!name.is_empty()).then(|| String::from_utf8_lossy(name).into_owned())
 }
