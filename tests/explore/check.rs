@@ -605,8 +605,11 @@ async fn captures_as_asked(
     (amounts, broken)
 }
 
-/// Counts the work the schedule got done, and the takeovers and recoveries its keys met.
-pub async fn count_work(s: &Schedule, answers: &[Option<Answer>]) {
+/// Counts the work the schedule got done, and the takeovers and recoveries its keys met: a
+/// takeover is a client's retry taking a lapsed key (every claim of the recovery job counts in a
+/// key's `takeovers` too, and in its `recoveries`: taken out), a recovery a key the recovery job
+/// resumed to an answer, as its instance's log says (`logs`).
+pub async fn count_work(s: &Schedule, answers: &[Option<Answer>], logs: &std::path::Path) {
     for (k, intent) in s.plan.intents.iter().enumerate() {
         let status = answers[k].as_ref().map(|answer| answer.status);
         let seen = match (&intent.want, status) {
@@ -631,13 +634,34 @@ pub async fn count_work(s: &Schedule, answers: &[Option<Answer>]) {
     .await
     .map_err(|error| s.trouble("coverage not read", format!("the keys' takeovers: {error}")))
     .ok();
-    let (takeovers, recoveries) = keys.unwrap_or_default();
-    s.coverage
-        .add(Seen::Takeover, u32::try_from(takeovers).unwrap_or(u32::MAX));
+    let (takeovers, claims) = keys.unwrap_or_default();
     s.coverage.add(
-        Seen::Recovery,
-        u32::try_from(recoveries).unwrap_or(u32::MAX),
+        Seen::Takeover,
+        u32::try_from(takeovers - claims).unwrap_or(0),
     );
+    s.coverage.add(Seen::Recovery, resumed_to_an_answer(logs));
+}
+
+/// How many keys the recovery jobs resumed to an answer other than a 5xx, by the instances' logs
+/// ("recovery resumed a key … status=…").
+fn resumed_to_an_answer(logs: &std::path::Path) -> u32 {
+    let Ok(files) = std::fs::read_dir(logs) else {
+        return 0;
+    };
+    let mut resumed = 0;
+    for file in files.flatten() {
+        let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+        resumed += text
+            .lines()
+            .filter(|line| line.contains("recovery resumed a key"))
+            .filter(|line| {
+                line.split_whitespace()
+                    .find_map(|field| field.strip_prefix("status="))
+                    .is_some_and(|status| !status.starts_with('5'))
+            })
+            .count();
+    }
+    u32::try_from(resumed).unwrap_or(u32::MAX)
 }
 
 /// No backend of the schedule's database sits idle inside a transaction opened more than 2 s

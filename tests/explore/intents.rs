@@ -409,7 +409,11 @@ pub async fn redeliver(s: &Schedule, count: usize, rng: &mut Rng) {
     for _ in 0..count {
         let (id, body) = &delivered[rng.pick(delivered.len())];
         let instance = rng.pick(s.plan.instances.len());
-        if deliver(s, id, body, instance).await.is_some() {
+        // Counted once acknowledged: a redelivery answered 503 or not at all met no dedupe.
+        if deliver(s, id, body, instance)
+            .await
+            .is_some_and(|status| (200..300).contains(&status))
+        {
             s.coverage.saw(Seen::Redelivered);
         }
     }

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::coverage::Seen;
+
 /// SplitMix64: a tiny PRNG of our own, so a seed draws the same schedule whatever version of
 /// `rand` the lock file holds.
 #[derive(Clone, Debug)]
@@ -109,6 +111,11 @@ pub enum Fault {
     KillInstance { index: usize, down: Duration },
     /// PostgreSQL stopped (fast shutdown) and started again.
     RestartDatabase,
+    /// PostgreSQL killed without warning (SIGKILL of the postmaster and its children at once, as
+    /// a power cut or the kernel's OOM killer would), then started: it recovers from its WAL.
+    /// Its commits are durable (`fsync` and `synchronous_commit` on, as production runs), so
+    /// every answer a client received survives it.
+    CrashDatabase,
     /// Processor events already delivered, sent again to a random instance in a shuffled order:
     /// duplicates, late and out of order.
     Redeliver { count: usize },
@@ -156,6 +163,7 @@ impl fmt::Display for Fault {
                 write!(f, "kill -9 instance {index} (down {down:?})")
             }
             Self::RestartDatabase => f.write_str("restart PostgreSQL"),
+            Self::CrashDatabase => f.write_str("kill -9 PostgreSQL (a crash), then start it"),
             Self::Redeliver { count } => write!(f, "redeliver {count} processor events"),
             Self::Pause { target, pause } => write!(f, "SIGSTOP {target} (for {pause:?})"),
             Self::SlowDatabase { delay_ms: 0 } => f.write_str("the database's answers on time"),
@@ -188,8 +196,11 @@ pub struct Plan {
 /// some seeds had failed; a seed replays the schedule it failed on only with the draws of then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Draws {
-    /// Every draw but the pauses: the seeds that failed before pauses existed (f40e9cd).
+    /// Every draw but the pauses (and what came after them): the seeds that failed before
+    /// pauses existed (f40e9cd).
     BeforePauses,
+    /// Every draw but the database's crash: the seeds that failed before crashes existed.
+    BeforeCrashes,
     /// Every draw.
     Current,
 }
@@ -388,7 +399,7 @@ impl Plan {
         let mut pauses = Rng::new(seed.rotate_left(29) ^ 0x0051_570B);
         let count = match draws {
             Draws::BeforePauses => 0,
-            Draws::Current => pauses.range(1, 2),
+            Draws::BeforeCrashes | Draws::Current => pauses.range(1, 2),
         };
         for _ in 0..count {
             let target = if pauses.chance(0.4) {
@@ -411,7 +422,7 @@ impl Plan {
         let mut manual = Rng::new(seed.rotate_left(43) ^ 0x00CA_97DE);
         let authorizations = match draws {
             Draws::BeforePauses => 0,
-            Draws::Current => manual.range(1, 3) as usize,
+            Draws::BeforeCrashes | Draws::Current => manual.range(1, 3) as usize,
         };
         for n in 0..authorizations {
             let at = within(&mut manual, Duration::ZERO, duration.mul_f64(0.6));
@@ -442,7 +453,7 @@ impl Plan {
         // once a schedule, the hang-ups mostly while the link is slow, when a request spends the
         // longest waiting on the database.
         let mut drops = Rng::new(seed.rotate_left(7) ^ 0x00D8_0995);
-        if draws == Draws::Current {
+        if draws != Draws::BeforePauses {
             let slow_from = within(&mut drops, Duration::ZERO, duration.mul_f64(0.7));
             let slow_for = drops.millis(2000, 5000);
             faults.push((
@@ -465,6 +476,16 @@ impl Plan {
             ));
         }
 
+        // A crash of the database, from a stream of its own too: once a schedule, while the
+        // payments, refunds and captures are on their way (the intents are sent in the first
+        // 60% of the schedule), so that some are acknowledged just before it and some are
+        // cut off by it.
+        let mut crash = Rng::new(seed.rotate_left(53) ^ 0x00C2_A5E5);
+        if draws == Draws::Current {
+            let at = within(&mut crash, duration.mul_f64(0.15), duration.mul_f64(0.6));
+            faults.push((at, Fault::CrashDatabase));
+        }
+
         faults.sort_by_key(|(at, _)| *at);
         Self {
             seed,
@@ -476,6 +497,37 @@ impl Plan {
             intents,
             faults,
         }
+    }
+}
+
+impl Plan {
+    /// The kinds this plan drew for certain: its faults, and its payments by their card (each
+    /// answered 201 or 402 by its card alone). Refunds, disputes, captures and cancels wait on
+    /// their payment and may be skipped; takeovers and recoveries are what faults may bring.
+    pub fn drawn(&self) -> Vec<Seen> {
+        let mut kinds = Vec::new();
+        let faults = self.faults.iter().filter_map(|(_, fault)| match fault {
+            Fault::Processor { .. } => None,
+            Fault::KillProcessor { .. } => Some(Seen::ProcessorKilled),
+            Fault::KillInstance { .. } => Some(Seen::InstanceKilled),
+            Fault::RestartDatabase => Some(Seen::DatabaseRestarted),
+            Fault::CrashDatabase => Some(Seen::DatabaseCrashed),
+            Fault::Redeliver { .. } => Some(Seen::Redelivered),
+            Fault::Pause { .. } => Some(Seen::Paused),
+            Fault::SlowDatabase { delay_ms } => (*delay_ms > 0).then_some(Seen::SlowDatabase),
+            Fault::HangUps { .. } => Some(Seen::HungUp),
+        });
+        let payments = self.intents.iter().filter_map(|intent| match intent.want {
+            Want::Pay { method, .. } if method == DECLINED_CARD => Some(Seen::Declined),
+            Want::Pay { .. } => Some(Seen::Paid),
+            _ => None,
+        });
+        for kind in faults.chain(payments) {
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        kinds
     }
 }
 
@@ -508,8 +560,10 @@ impl fmt::Display for Plan {
             self.faults.len(),
             self.duration,
         )?;
-        if self.draws == Draws::BeforePauses {
-            f.write_str(", drawn as before pauses")?;
+        match self.draws {
+            Draws::BeforePauses => f.write_str(", drawn as before pauses")?,
+            Draws::BeforeCrashes => f.write_str(", drawn as before crashes")?,
+            Draws::Current => {}
         }
         Ok(())
     }

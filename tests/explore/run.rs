@@ -16,7 +16,7 @@ use crate::check::{self, Violation};
 use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
 use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
-use crate::world::{Database, Link, Process, Ready, free_ports, idempay};
+use crate::world::{Database, Link, Process, Ready, Stop, free_ports, idempay};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
 pub const PROCESSOR_KEY: &str = "pk_explore";
@@ -137,6 +137,18 @@ impl Schedule {
 
     pub fn set_answer(&self, k: usize, answer: Answer) {
         self.answers.lock().unwrap()[k] = Some(answer);
+    }
+
+    /// How many intents were sent (their moment came) and have no final answer yet.
+    fn in_flight(&self) -> usize {
+        let elapsed = self.started.elapsed();
+        let answers = self.answers.lock().unwrap();
+        self.plan
+            .intents
+            .iter()
+            .zip(answers.iter())
+            .filter(|(intent, answer)| intent.at <= elapsed && answer.is_none())
+            .count()
     }
 
     /// Intent `k` has nothing to do: its payment was refused or declined.
@@ -300,13 +312,32 @@ impl Schedule {
                 }))
             }
             Fault::RestartDatabase => {
-                match self.database.restart().await {
+                match self.database.restart(Stop::Fast).await {
                     Ok(()) => {
                         self.coverage.saw(Seen::DatabaseRestarted);
                         self.timeline.log("  the database up");
                     }
                     Err(error) => {
                         self.trouble("fault not injected", format!("database restart: {error}"))
+                    }
+                }
+                None
+            }
+            Fault::CrashDatabase => {
+                // What the crash cut into: the intents sent and not answered yet. A crash with
+                // none on their way proves nothing about acknowledged work, and is not counted.
+                let in_flight = self.in_flight();
+                match self.database.restart(Stop::Crash).await {
+                    Ok(()) => {
+                        self.timeline.log(format!(
+                            "  the database up after its crash ({in_flight} intent(s) on their way                              when it was killed)"
+                        ));
+                        if in_flight > 0 {
+                            self.coverage.saw(Seen::DatabaseCrashed);
+                        }
+                    }
+                    Err(error) => {
+                        self.trouble("fault not injected", format!("database crash: {error}"))
                     }
                 }
                 None
@@ -596,7 +627,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     check::until_events_delivered(&s).await;
 
     let answers = s.answers.lock().unwrap().clone();
-    check::count_work(&s, &answers).await;
+    check::count_work(&s, &answers, &logs).await;
     let mut violations = std::mem::take(&mut *s.trouble.lock().unwrap());
     violations.extend(check::invariants(&s, &answers, database_epoch).await);
     violations.extend(check::no_transaction_left_open(&s, &name).await);

@@ -75,13 +75,26 @@ impl Database {
         }
     }
 
-    /// A restart of the server every process connects to (on Citus, the coordinator's).
-    pub async fn restart(&self) -> Result<(), String> {
+    /// A restart of the server every process connects to (on Citus, the coordinator's), stopped
+    /// as `how` says.
+    pub async fn restart(&self, how: Stop) -> Result<(), String> {
         match self {
-            Self::Postgres(postgres) => postgres.restart().await,
-            Self::Citus(citus) => citus.restart().await,
+            Self::Postgres(postgres) => postgres.restart(how).await,
+            Self::Citus(citus) => citus.restart(how).await,
         }
     }
+}
+
+/// How a database server is stopped before it starts again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// As in a failover or an upgrade: SIGINT, PostgreSQL's fast shutdown, which rolls back
+    /// every open transaction, closes every connection and writes a checkpoint.
+    Fast,
+    /// A crash: SIGKILL of the container's first process, the postmaster, which takes its
+    /// children with it at once. No checkpoint, no goodbye to a client: the server replays its
+    /// WAL when it starts, and keeps exactly the transactions whose commit reached it.
+    Crash,
 }
 
 /// PostgreSQL in a container on the host's network, listening on a free port of 127.0.0.1.
@@ -106,10 +119,13 @@ impl Postgres {
             "--env",
             "POSTGRES_PASSWORD=postgres",
             &image,
+            // Durable, as production runs: a commit is on disk before its answer, so a crash
+            // ([`Stop::Crash`]) loses nothing a client was told (the server's defaults, said
+            // here because every test database of the project turns them off).
             "-c",
-            "fsync=off",
+            "fsync=on",
             "-c",
-            "synchronous_commit=off",
+            "synchronous_commit=on",
             "-c",
             "listen_addresses=127.0.0.1",
             "-c",
@@ -151,10 +167,9 @@ impl Postgres {
             .expect("create");
     }
 
-    /// A restart as in a failover or an upgrade: SIGINT (PostgreSQL's fast shutdown closes every
-    /// connection), the container's exit, then a start.
-    pub async fn restart(&self) -> Result<(), String> {
-        restart_container(&self.id, &self.url("postgres")).await
+    /// A stop as `how` says, the container's exit, then a start.
+    pub async fn restart(&self, how: Stop) -> Result<(), String> {
+        restart_container(&self.id, &self.url("postgres"), how).await
     }
 }
 
@@ -268,10 +283,11 @@ impl Citus {
     /// The coordinator restarted as [`Postgres::restart`] restarts its server: every process
     /// reaches the cluster through it. The workers keep running, as they would when only the
     /// coordinator fails over.
-    pub async fn restart(&self) -> Result<(), String> {
+    pub async fn restart(&self, how: Stop) -> Result<(), String> {
         restart_container(
             &format!("{CITUS_CLUSTER}-coordinator"),
             &self.url("postgres"),
+            how,
         )
         .await
     }
@@ -310,6 +326,11 @@ async fn citus_cluster(command: &str) -> Result<String, String> {
         .arg(command)
         .env("IDEMPAY_CITUS_CLUSTER", CITUS_CLUSTER)
         .env_remove("IDEMPAY_CITUS_TMPFS")
+        // Durable on every node, as [`Postgres::start`]'s server.
+        .env(
+            "IDEMPAY_CITUS_PG_OPTS",
+            "-c fsync=on -c synchronous_commit=on -c max_connections=300 -c max_worker_processes=64",
+        )
         .stdin(Stdio::null())
         .stderr(if command == "ports" {
             Stdio::null()
@@ -328,11 +349,14 @@ async fn citus_cluster(command: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// Restarts the container `id` as in a failover or an upgrade: SIGINT (PostgreSQL's fast shutdown
-/// closes every connection), the container's exit, then a start; done once `url` (the server's
-/// `postgres` database) answers again.
-async fn restart_container(id: &str, url: &str) -> Result<(), String> {
-    docker(&["kill", "--signal", "SIGINT", id]).await?;
+/// Restarts the container `id`: stopped as `how` says, its exit, then a start; done once `url`
+/// (the server's `postgres` database) answers again.
+async fn restart_container(id: &str, url: &str, how: Stop) -> Result<(), String> {
+    let signal = match how {
+        Stop::Fast => "SIGINT",
+        Stop::Crash => "SIGKILL",
+    };
+    docker(&["kill", "--signal", signal, id]).await?;
     docker(&["wait", id]).await?;
     docker(&["start", id]).await?;
     wait_until_connectable(url).await;
@@ -441,7 +465,11 @@ impl Process {
             let mut command = Command::new(binary());
             command
                 .args(&self.args)
-                .env("RUST_LOG", "warn,idempay::downstream::client=info")
+                // The recovery job's resumes at info: the explorer counts them from the logs.
+                .env(
+                    "RUST_LOG",
+                    "warn,idempay::downstream::client=info,idempotency::recovery=info",
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)
