@@ -11,7 +11,7 @@
 //! - right after the parking, by the intake, for an object recorded while the event was being
 //!   parked: the recording's look for parked events may have come before the parking committed,
 //!   but then the intake's look comes after the recording committed. It runs in a task of its
-//!   own ([`apply_waiting_detached`]), so a sender that hangs up cannot take it with it;
+//!   own (`apply_waiting_detached`), so a sender that hangs up cannot take it with it;
 //! - by the [`spawn`]ed sweep, for an event whose recorder or intake died (or failed) before
 //!   applying it.
 //!
