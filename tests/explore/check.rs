@@ -202,7 +202,10 @@ pub async fn invariants(
         // final answer (a 409 held key, a 422, an undocumented one) is a schedule that did not
         // pay, whose ledgers would agree on nothing done.
         let expected = if method == DECLINED_CARD { 402 } else { 201 };
-        if let Some(answer) = answers[k].as_ref().filter(|a| a.status != expected) {
+        if let Some(answer) = answers[k]
+            .as_ref()
+            .filter(|a| a.status != expected && !made_nothing(a))
+        {
             violation(
                 "unexpected answer",
                 format!("{name}: answered {answer}, where its card is answered {expected}"),
@@ -311,6 +314,63 @@ pub async fn invariants(
             );
         }
     }
+    for (k, intent) in s.plan.intents.iter().enumerate() {
+        match intent.want {
+            // The same key with another amount: refused 422 once its payment is paid, and
+            // nothing of its amount made anywhere (a charge of it is a stray charge below too).
+            Want::Reuse { of, amount } => {
+                if answers[of].as_ref().is_none_or(|paid| paid.status != 201) {
+                    continue;
+                }
+                let name = format!("intent {k} (pay {amount} under the key of intent {of})");
+                let made = charges.iter().filter(|c| c.amount == amount).count()
+                    + payments.iter().filter(|p| p.amount == amount).count();
+                match &answers[k] {
+                    Some(answer) if answer.status == 422 && made == 0 => {
+                        s.coverage.saw(Seen::Reused);
+                    }
+                    answer => violation(
+                        "reused key executed",
+                        format!(
+                            "{name}: answered {}, {made} charge(s) and payment(s) of its amount, \
+                             where a key reused with another payload is refused 422 and makes nothing",
+                            answer
+                                .as_ref()
+                                .map_or("nothing".to_owned(), ToString::to_string)
+                        ),
+                    ),
+                }
+            }
+            // Two clients, one intent: one answer (the same status and payment), one payment
+            // (the payment intent's own checks above count them).
+            Want::Twin { of } => {
+                let (ours, theirs) = (&answers[k], &answers[of]);
+                let same = match (ours, theirs) {
+                    (Some(ours), Some(theirs)) => {
+                        ours.status == theirs.status && ours.id == theirs.id
+                    }
+                    _ => false,
+                };
+                if same {
+                    s.coverage.saw(Seen::Twins);
+                } else {
+                    violation(
+                        "two answers to one intent",
+                        format!(
+                            "intent {k} (intent {of} sent by a second client): answered {}, \
+                             where intent {of} was answered {}",
+                            ours.as_ref()
+                                .map_or("nothing".to_owned(), ToString::to_string),
+                            theirs
+                                .as_ref()
+                                .map_or("nothing".to_owned(), ToString::to_string)
+                        ),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
     let (authorized, lines) = captures_as_asked(s, answers).await;
     amounts.extend(authorized);
     for line in lines {
@@ -414,6 +474,11 @@ async fn refunds_and_disputes_as_asked(
                     broken.push(("no final answer", format!("{name}: none")));
                     continue;
                 };
+                if made_nothing(answer) {
+                    // Settled by an operator: no refund under its key (the ledgers' counts
+                    // below compare what was made).
+                    continue;
+                }
                 if answer.status != 201 {
                     broken.push((
                         "unexpected answer",
@@ -448,7 +513,9 @@ async fn refunds_and_disputes_as_asked(
             Want::Pay { .. }
             | Want::Authorize { .. }
             | Want::Capture { .. }
-            | Want::Cancel { .. } => {}
+            | Want::Cancel { .. }
+            | Want::Reuse { .. }
+            | Want::Twin { .. } => {}
         }
     }
     for (of, count) in asked {
@@ -526,7 +593,7 @@ async fn captures_as_asked(
                 }
                 match &answers[k] {
                     None => broken.push(("no final answer", format!("{name}: none"))),
-                    Some(answer) if answer.status != 201 => broken.push((
+                    Some(answer) if answer.status != 201 && !made_nothing(answer) => broken.push((
                         "unexpected answer",
                         format!("{name}: answered {answer}, an authorization of the Visa card"),
                     )),
@@ -551,16 +618,61 @@ async fn captures_as_asked(
                     broken.push(("no final answer", format!("{name}: none")));
                     continue;
                 };
-                if answer.status != 200 {
-                    broken.push((
-                        "unexpected answer",
-                        format!("{name}: answered {answer}, of an authorization it alone ends"),
-                    ));
-                    continue;
-                }
                 let ours = payments.iter().find(|p| p.id == payment);
                 let theirs =
                     ours.and_then(|p| charges.iter().find(|c| Some(&c.id) == p.charge.as_ref()));
+                // The other capture or cancel of the same authorization (a race), and what it
+                // was answered.
+                let rival = s
+                    .plan
+                    .intents
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, other)| {
+                        *j != k
+                            && matches!(other.want,
+                                Want::Capture { of: o, .. } | Want::Cancel { of: o } if o == of)
+                    })
+                    .find_map(|(j, _)| answers[j].as_ref());
+                let lapsed = s.plan.authorization_ttl.is_some()
+                    && ours.is_some_and(|p| p.status == "canceled")
+                    && theirs.is_some_and(|c| c.capture_state == "expired");
+                if answer.status != 200 {
+                    // Refused, as the payment's state says: the rival won, or the authorization
+                    // lapsed first. Anything else is a release refused for no reason.
+                    let refused = answer.status == 409
+                        && answer
+                            .problem
+                            .as_deref()
+                            .is_some_and(|problem| problem.ends_with("payment-unexpected-state"));
+                    let rival_won = rival.is_some_and(|rival| rival.status == 200);
+                    if refused && rival_won {
+                        s.coverage.saw(Seen::Raced);
+                    } else if refused && lapsed {
+                        s.coverage.saw(Seen::Lapsed);
+                    } else if made_nothing(answer) {
+                        // Settled by an operator from the processor's ledger: nothing released
+                        // under its key (reconcile compares the payment with the charge).
+                    } else {
+                        broken.push((
+                            "unexpected answer",
+                            format!(
+                                "{name}: answered {answer}; its rival {}; payment {ours:?}, \
+                                 charge {theirs:?}",
+                                rival.map_or("none".to_owned(), ToString::to_string)
+                            ),
+                        ));
+                    }
+                    continue;
+                }
+                if rival.is_some_and(|rival| rival.status == 200) {
+                    broken.push((
+                        "double release",
+                        format!(
+                            "{name}: answered 200, and so was the other release of intent {of}"
+                        ),
+                    ));
+                }
                 let (status, state, captured) = match intent.want {
                     Want::Capture { amount, .. } => ("succeeded", "captured", amount),
                     _ => ("canceled", "voided", 0),
@@ -578,7 +690,8 @@ async fn captures_as_asked(
                             "cancel not as asked"
                         },
                         format!(
-                            "{name}: answered {answer}; payment {ours:?}, charge {theirs:?},                              where it should be {status} and {state}, {captured} captured"
+                            "{name}: answered {answer}; payment {ours:?}, charge {theirs:?}, \
+                             where it should be {status} and {state}, {captured} captured"
                         ),
                     ));
                 }
@@ -603,6 +716,15 @@ async fn captures_as_asked(
         }
     }
     (amounts, broken)
+}
+
+/// An operator settled the intent's held key and the processor had made nothing under it: a
+/// final answer for any intent (409 `processor-made-nothing`), with nothing made.
+fn made_nothing(answer: &Answer) -> bool {
+    answer
+        .problem
+        .as_deref()
+        .is_some_and(|problem| problem.ends_with("processor-made-nothing"))
 }
 
 /// Counts the work the schedule got done, and the takeovers and recoveries its keys met: a

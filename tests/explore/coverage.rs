@@ -43,9 +43,19 @@ pub enum Seen {
     HungUp,
     /// A slow database link struck: the database's answers late on every process's link.
     SlowDatabase,
+    /// A key reused with another payload, answered 422.
+    Reused,
+    /// A payment sent by two clients at once under one key, both answered the same.
+    Twins,
+    /// A capture and a cancel of one authorization, one answered 200 and the other 409.
+    Raced,
+    /// An authorization released by the processor's expiry, its payment canceled at idempay.
+    Lapsed,
+    /// A key held for an operator, settled by `idempay keys settle`.
+    Settled,
 }
 
-pub const KINDS: [Seen; 17] = [
+pub const KINDS: [Seen; 22] = [
     Seen::Paid,
     Seen::Declined,
     Seen::Refunded,
@@ -63,6 +73,11 @@ pub const KINDS: [Seen; 17] = [
     Seen::Recovery,
     Seen::HungUp,
     Seen::SlowDatabase,
+    Seen::Reused,
+    Seen::Twins,
+    Seen::Raced,
+    Seen::Lapsed,
+    Seen::Settled,
 ];
 
 /// What every default run (the regression seeds and new ones) must have met at least once: the
@@ -107,6 +122,11 @@ impl Seen {
             Self::Recovery => "recovery",
             Self::HungUp => "hang-up",
             Self::SlowDatabase => "slow-db",
+            Self::Reused => "reused",
+            Self::Twins => "twins",
+            Self::Raced => "raced",
+            Self::Lapsed => "lapsed",
+            Self::Settled => "settled",
         }
     }
 

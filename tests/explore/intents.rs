@@ -60,7 +60,7 @@ pub async fn send(
     let client = Client::new(s.instance_address(instance), &s.api_key)
         .with_policy(policy(deadline, hang_up_after))
         .on_attempt(observer);
-    let key = Some(s.key(k));
+    let key = Some(s.key_sent(k));
     let (what, result) = match &intent.want {
         Want::Pay { amount, method } => {
             let payment = NewPayment {
@@ -115,6 +115,35 @@ pub async fn send(
                 answer(result, |p| p.id.clone()),
             )
         }
+        Want::Reuse { of, amount } => {
+            let payment = NewPayment {
+                amount: *amount,
+                currency: "eur".to_owned(),
+                payment_method: Some("pm_card_visa".to_owned()),
+                ..NewPayment::default()
+            };
+            let result = client.create_payment(&payment, key).await;
+            (
+                format!("pay {amount} under the key of intent {of}"),
+                answer(result, |p| p.id.clone()),
+            )
+        }
+        Want::Twin { of } => {
+            let Want::Pay { amount, method } = s.plan.intents[*of].want else {
+                unreachable!("a twin is of a payment intent")
+            };
+            let payment = NewPayment {
+                amount,
+                currency: "eur".to_owned(),
+                payment_method: Some(method.to_owned()),
+                ..NewPayment::default()
+            };
+            let result = client.create_payment(&payment, key).await;
+            (
+                format!("pay {amount} as intent {of}'s second client"),
+                answer(result, |p| p.id.clone()),
+            )
+        }
         Want::Dispute { .. } => unreachable!("disputes are not sent to idempay"),
     };
     match result {
@@ -130,6 +159,59 @@ pub async fn send(
             None
         }
     }
+}
+
+/// [`send`], and when the answer is that the key is held for an operator
+/// (`idempotency-key-held`), the operator's part: `idempay keys settle` from the processor's
+/// ledger, as ops/runbooks.md says, then the client's retry, which gets the settled result.
+pub async fn send_settling(
+    s: &Arc<Schedule>,
+    k: usize,
+    instance: usize,
+    deadline: Duration,
+) -> Option<Answer> {
+    let answer = send(s, k, instance, deadline).await?;
+    let held = answer
+        .problem
+        .as_deref()
+        .is_some_and(|problem| problem.ends_with("idempotency-key-held"));
+    if !held {
+        return Some(answer);
+    }
+    let key = s.key_sent(k);
+    let account: Option<String> =
+        sqlx::query_scalar("SELECT account_id FROM idempotency_keys WHERE idem_key = $1 LIMIT 1")
+            .bind(&key)
+            .fetch_optional(&s.db)
+            .await
+            .unwrap_or(None);
+    let Some(account) = account else {
+        s.trouble(
+            "settle not run",
+            format!("held key {key}: its account not found"),
+        );
+        return None;
+    };
+    let env = s.operator_env();
+    let env: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect();
+    let settled =
+        crate::world::idempay(&["keys", "settle", &key, "--account", &account], &env).await;
+    let said = String::from_utf8_lossy(&settled.stderr);
+    s.timeline.log(format!(
+        "OPERATOR settles held key {key}: {} {}",
+        settled.status,
+        said.lines().last().unwrap_or("")
+    ));
+    if !settled.status.success() {
+        // Not settled (the processor unreachable, a call still in progress there): the key stays
+        // held, and the next attempt meets it again.
+        return None;
+    }
+    s.coverage.saw(Seen::Settled);
+    send(s, k, instance, deadline).await
 }
 
 /// A client's result as a final answer, or why it is none.
@@ -178,7 +260,9 @@ pub async fn during_faults(s: Arc<Schedule>, k: usize) {
         | Want::Refund { .. }
         | Want::Authorize { .. }
         | Want::Capture { .. }
-        | Want::Cancel { .. } => {
+        | Want::Cancel { .. }
+        | Want::Reuse { .. }
+        | Want::Twin { .. } => {
             if let Some(of) = intent.want.waits_for() {
                 // A refund waits for its payment's answer: only a paid payment is refunded; a
                 // capture or cancel for its authorization's.
@@ -192,7 +276,7 @@ pub async fn during_faults(s: Arc<Schedule>, k: usize) {
                 }
             }
             while Instant::now() < s.phase_end {
-                if let Some(answer) = send(&s, k, instance, Duration::from_secs(8)).await {
+                if let Some(answer) = send_settling(&s, k, instance, Duration::from_secs(8)).await {
                     s.set_answer(k, answer);
                     return;
                 }

@@ -74,6 +74,12 @@ pub enum Want {
     Capture { of: usize, amount: i64 },
     /// A cancel of the authorization of intent `of`, once it is authorized.
     Cancel { of: usize },
+    /// A payment of `amount` under the key of payment intent `of`, once that one is paid: the
+    /// same key with another payload, refused 422 and never executed.
+    Reuse { of: usize, amount: i64 },
+    /// Payment intent `of` sent at once by a second client (to another instance), with its key
+    /// and body: both end with the same answer, and one payment.
+    Twin { of: usize },
 }
 
 impl Want {
@@ -81,8 +87,14 @@ impl Want {
     /// authorization.
     pub fn waits_for(&self) -> Option<usize> {
         match *self {
-            Self::Refund { of, .. } | Self::Capture { of, .. } | Self::Cancel { of } => Some(of),
-            Self::Pay { .. } | Self::Authorize { .. } | Self::Dispute { .. } => None,
+            Self::Refund { of, .. }
+            | Self::Capture { of, .. }
+            | Self::Cancel { of }
+            | Self::Reuse { of, .. } => Some(of),
+            Self::Pay { .. }
+            | Self::Authorize { .. }
+            | Self::Dispute { .. }
+            | Self::Twin { .. } => None,
         }
     }
 }
@@ -190,6 +202,12 @@ pub struct Plan {
     pub intents: Vec<Intent>,
     /// Sorted by time.
     pub faults: Vec<(Duration, Fault)>,
+    /// `IDEMPAY_PROCESSOR_AUTHORIZATION_TTL` of the processor, when this schedule's
+    /// authorizations lapse within it (the processor's expiry job then runs every second).
+    pub authorization_ttl: Option<Duration>,
+    /// When set, the instances' `IDEMPAY_RECOVERY_WINDOW` is the shortest they accept plus this
+    /// ([`Plan::recovery_window`]): keys past it are held for an operator, who settles them.
+    pub recovery_window_over: Option<Duration>,
 }
 
 /// Which of the explorer's draws make a seed's schedule. The explorer grew a kind of fault after
@@ -486,6 +504,86 @@ impl Plan {
             faults.push((at, Fault::CrashDatabase));
         }
 
+        // What a client or an operator does beside the happy path, from a stream of its own too:
+        // a capture racing a cancel on one authorization, a key reused with another payload, two
+        // clients sending one intent, and authorizations that lapse at the processor.
+        let mut beside = Rng::new(seed.rotate_left(37) ^ 0x00B5_1DE5);
+        let mut authorization_ttl = None;
+        let mut recovery_window_over = None;
+        if draws == Draws::Current {
+            // The first authorization's capture (or cancel) meets the other one, sent within
+            // 300 ms of it by another client: one of them wins at both ledgers, the other is
+            // answered 409.
+            let first = intents
+                .iter()
+                .enumerate()
+                .find_map(|(k, intent)| match intent.want {
+                    Want::Capture { of, .. } | Want::Cancel { of } => Some((k, of)),
+                    _ => None,
+                });
+            if let Some((k, of)) = first.filter(|_| beside.chance(0.7)) {
+                let at = intents[k].at + beside.millis(0, 300);
+                let want = match intents[k].want {
+                    Want::Capture { .. } => Want::Cancel { of },
+                    _ => {
+                        let Want::Authorize { amount } = intents[of].want else {
+                            unreachable!("a cancel names an authorization")
+                        };
+                        Want::Capture {
+                            of,
+                            amount: beside.range(1, amount as u64) as i64,
+                        }
+                    }
+                };
+                intents.push(Intent {
+                    at,
+                    instance: beside.pick(instances.len()),
+                    want,
+                });
+            }
+            let paid: Vec<usize> = intents
+                .iter()
+                .enumerate()
+                .filter(|(_, intent)| {
+                    matches!(intent.want, Want::Pay { method, .. } if method != DECLINED_CARD)
+                })
+                .map(|(k, _)| k)
+                .collect();
+            if !paid.is_empty() {
+                // A key reused with another amount (a unique one, apart from every other
+                // intent's), once its payment is paid.
+                let of = paid[beside.pick(paid.len())];
+                intents.push(Intent {
+                    at: within(&mut beside, intents[of].at, duration),
+                    instance: beside.pick(instances.len()),
+                    want: Want::Reuse {
+                        of,
+                        amount: 2000 + beside.range(0, 99) as i64,
+                    },
+                });
+                // Two clients on one intent: the second at the same moment, on another instance
+                // where there is one.
+                let of = paid[beside.pick(paid.len())];
+                intents.push(Intent {
+                    at: intents[of].at,
+                    instance: (intents[of].instance + 1) % instances.len(),
+                    want: Want::Twin { of },
+                });
+            }
+            // Authorizations that lapse: 3–8 s at the processor, which its expiry job releases
+            // and announces as `charge.expired`; a capture or cancel sent after it is refused.
+            if beside.chance(0.4) {
+                authorization_ttl = Some(beside.millis(3000, 8000));
+            }
+            // A recovery window as short as idempay allows (the longest a request asks the
+            // processor, plus the lease), and up to 3 s more: a key whose call stays unknown that
+            // long (a processor down, a holder paused or killed) is held for an operator, who
+            // settles it from the processor's ledger; the client's retry then gets the result.
+            if beside.chance(0.4) {
+                recovery_window_over = Some(beside.millis(0, 3000));
+            }
+        }
+
         faults.sort_by_key(|(at, _)| *at);
         Self {
             seed,
@@ -496,11 +594,23 @@ impl Plan {
             duration,
             intents,
             faults,
+            authorization_ttl,
+            recovery_window_over,
         }
     }
 }
 
 impl Plan {
+    /// The instances' recovery window, when the plan shortens it: the shortest `serve` accepts
+    /// (`config::check_recovery_window`: the longest a request asks the processor, plus the
+    /// lease), plus what the plan drew.
+    pub fn recovery_window(&self) -> Option<Duration> {
+        let lease = humantime::parse_duration(self.lease).expect("the plan's lease");
+        self.recovery_window_over.map(|over| {
+            idempay::downstream::client::longest_asking(self.processor_timeout) + lease + over
+        })
+    }
+
     /// The kinds this plan drew for certain: its faults, and its payments by their card (each
     /// answered 201 or 402 by its card alone). Refunds, disputes, captures and cancels wait on
     /// their payment and may be skipped; takeovers and recoveries are what faults may bring.
@@ -520,6 +630,8 @@ impl Plan {
         let payments = self.intents.iter().filter_map(|intent| match intent.want {
             Want::Pay { method, .. } if method == DECLINED_CARD => Some(Seen::Declined),
             Want::Pay { .. } => Some(Seen::Paid),
+            Want::Twin { .. } => Some(Seen::Twins),
+            Want::Reuse { .. } => Some(Seen::Reused),
             _ => None,
         });
         for kind in faults.chain(payments) {
@@ -560,6 +672,12 @@ impl fmt::Display for Plan {
             self.faults.len(),
             self.duration,
         )?;
+        if let Some(ttl) = self.authorization_ttl {
+            write!(f, ", authorizations lapse after {ttl:?}")?;
+        }
+        if let Some(window) = self.recovery_window() {
+            write!(f, ", keys held for an operator after {window:?}")?;
+        }
         match self.draws {
             Draws::BeforePauses => f.write_str(", drawn as before pauses")?,
             Draws::BeforeCrashes => f.write_str(", drawn as before crashes")?,

@@ -91,6 +91,9 @@ impl fmt::Display for Answer {
     }
 }
 
+/// How long a crash of the database waits for a client's 2xx answer, to strike just after it.
+const ACK_WAIT: Duration = Duration::from_secs(3);
+
 /// What a schedule's tasks share.
 pub struct Schedule {
     pub plan: Plan,
@@ -131,12 +134,62 @@ impl Schedule {
         format!("explore-{}-{k}", self.plan.seed)
     }
 
+    /// The key intent `k` is sent under: its own, or the one of the intent it reuses or sends
+    /// a second time.
+    pub fn key_sent(&self, k: usize) -> String {
+        match self.plan.intents[k].want {
+            Want::Reuse { of, .. } | Want::Twin { of } => self.key(of),
+            _ => self.key(k),
+        }
+    }
+
     pub fn answer(&self, k: usize) -> Option<Answer> {
         self.answers.lock().unwrap()[k].clone()
     }
 
     pub fn set_answer(&self, k: usize, answer: Answer) {
         self.answers.lock().unwrap()[k] = Some(answer);
+    }
+
+    /// The settings an operator's `idempay keys settle` runs with: the instances' own (the
+    /// database, the processor, its timeout, the recovery window), as ops/runbooks.md says.
+    pub fn operator_env(&self) -> Vec<(&str, String)> {
+        let options = self.db.connect_options();
+        let mut env = vec![
+            (
+                "DATABASE_URL",
+                format!(
+                    "postgres://postgres:postgres@127.0.0.1:{}/{}",
+                    options.get_port(),
+                    options.get_database().unwrap_or("postgres")
+                ),
+            ),
+            ("IDEMPAY_PROCESSOR_URL", self.processor_address.clone()),
+            ("IDEMPAY_PROCESSOR_API_KEY", PROCESSOR_KEY.to_owned()),
+            (
+                "IDEMPAY_PROCESSOR_TIMEOUT",
+                format!("{}ms", self.plan.processor_timeout.as_millis()),
+            ),
+            ("IDEMPAY_LEASE", self.plan.lease.to_owned()),
+        ];
+        if let Some(window) = self.plan.recovery_window() {
+            env.push((
+                "IDEMPAY_RECOVERY_WINDOW",
+                format!("{}ms", window.as_millis()),
+            ));
+        }
+        env
+    }
+
+    /// How many intents have a final 2xx answer.
+    fn acknowledged(&self) -> usize {
+        self.answers
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .filter(|answer| (200..300).contains(&answer.status))
+            .count()
     }
 
     /// How many intents were sent (their moment came) and have no final answer yet.
@@ -324,13 +377,30 @@ impl Schedule {
                 None
             }
             Fault::CrashDatabase => {
+                // Aimed at the window where a lost commit would show: just after a client was
+                // answered 2xx (its commit acknowledged, and not durable unless it reached the
+                // disk first). The kill waits up to ACK_WAIT for the next such answer.
+                let acknowledged = self.acknowledged();
+                let waiting = Instant::now();
+                while self.acknowledged() == acknowledged && waiting.elapsed() < ACK_WAIT {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let aimed = if self.acknowledged() > acknowledged {
+                    format!(
+                        "at once after a 2xx answer, which came {:?} into the wait",
+                        waiting.elapsed()
+                    )
+                } else {
+                    format!("no 2xx answer within {ACK_WAIT:?}")
+                };
                 // What the crash cut into: the intents sent and not answered yet. A crash with
                 // none on their way proves nothing about acknowledged work, and is not counted.
                 let in_flight = self.in_flight();
                 match self.database.restart(Stop::Crash).await {
                     Ok(()) => {
                         self.timeline.log(format!(
-                            "  the database up after its crash ({in_flight} intent(s) on their way                              when it was killed)"
+                            "  the database up after its crash (killed {aimed}, {in_flight} \
+                             intent(s) on their way)"
                         ));
                         if in_flight > 0 {
                             self.coverage.saw(Seen::DatabaseCrashed);
@@ -433,35 +503,50 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     let processor_port = ports.remove(0);
     let instance_ports = ports;
     let common = |name: &str, value: &str| (name.to_owned(), value.to_owned());
+    // Authorizations that lapse within the schedule, released by an expiry job that looks every
+    // second; otherwise the processor's defaults (a week, every minute).
+    let lapsing = plan.authorization_ttl.map_or_else(Vec::new, |ttl| {
+        vec![
+            common(
+                "IDEMPAY_PROCESSOR_AUTHORIZATION_TTL",
+                &format!("{}ms", ttl.as_millis()),
+            ),
+            common("IDEMPAY_EXPIRY_INTERVAL", "1s"),
+        ]
+    });
     let processor = Process::new(
         "processor",
         &["processor"],
-        vec![
-            common("DATABASE_URL", &linked),
-            common(
-                "IDEMPAY_PROCESSOR_LISTEN",
-                &format!("127.0.0.1:{processor_port}"),
-            ),
-            common("IDEMPAY_PROCESSOR_API_KEY", PROCESSOR_KEY),
-            common("IDEMPAY_LEASE", plan.lease),
-            common("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
-            common("IDEMPAY_WEBHOOK_SECRET", &secrets.expose()),
-            common(
-                "IDEMPAY_PROCESSOR_WEBHOOK_URL",
-                &format!(
-                    "http://127.0.0.1:{}/v1/webhooks/processor",
-                    instance_ports[0]
+        [
+            vec![
+                common("DATABASE_URL", &linked),
+                common(
+                    "IDEMPAY_PROCESSOR_LISTEN",
+                    &format!("127.0.0.1:{processor_port}"),
                 ),
-            ),
-            // Every half second, for longer than any schedule: late, never given up. Then a
-            // last delay of 27 h, as `processor` refuses to give an event up before it forgot its
-            // keys (a day).
-            common(
-                "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
-                &[vec!["500ms"; 400], vec!["27h"]].concat().join(","),
-            ),
-            common("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", "2s"),
-        ],
+                common("IDEMPAY_PROCESSOR_API_KEY", PROCESSOR_KEY),
+                common("IDEMPAY_LEASE", plan.lease),
+                common("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
+                common("IDEMPAY_WEBHOOK_SECRET", &secrets.expose()),
+                common(
+                    "IDEMPAY_PROCESSOR_WEBHOOK_URL",
+                    &format!(
+                        "http://127.0.0.1:{}/v1/webhooks/processor",
+                        instance_ports[0]
+                    ),
+                ),
+                // Every half second, for longer than any schedule: late, never given up. Then a
+                // last delay of 27 h, as `processor` refuses to give an event up before it forgot its
+                // keys (a day).
+                common(
+                    "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
+                    &[vec!["500ms"; 400], vec!["27h"]].concat().join(","),
+                ),
+                common("IDEMPAY_WEBHOOK_DELIVERY_TIMEOUT", "2s"),
+            ],
+            lapsing,
+        ]
+        .concat(),
         processor_port,
         &logs,
         Ready::Processor {
@@ -491,7 +576,15 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
                     common("IDEMPAY_LEASE", plan.lease),
                     common("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
                     common("IDEMPAY_WEBHOOK_SECRET", &secrets.expose()),
-                ],
+                ]
+                .into_iter()
+                .chain(plan.recovery_window().map(|window| {
+                    common(
+                        "IDEMPAY_RECOVERY_WINDOW",
+                        &format!("{}ms", window.as_millis()),
+                    )
+                }))
+                .collect(),
                 *port,
                 &logs,
                 Ready::Readyz,
@@ -597,19 +690,22 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
                     return s.skip(k, "its payment was not paid or authorized");
                 }
             }
-            if let Some(answer) = intents::send(&s, k, k % n, last_chance).await {
+            if let Some(answer) = intents::send_settling(&s, k, k % n, last_chance).await {
                 s.set_answer(k, answer);
             }
         }
     };
     let payments = open(&s, |want| {
-        matches!(want, Want::Pay { .. } | Want::Authorize { .. })
+        matches!(
+            want,
+            Want::Pay { .. } | Want::Authorize { .. } | Want::Twin { .. }
+        )
     });
     futures::future::join_all(payments.into_iter().map(drive)).await;
     let refunds = open(&s, |want| {
         matches!(
             want,
-            Want::Refund { .. } | Want::Capture { .. } | Want::Cancel { .. }
+            Want::Refund { .. } | Want::Capture { .. } | Want::Cancel { .. } | Want::Reuse { .. }
         )
     });
     futures::future::join_all(refunds.into_iter().map(drive)).await;
