@@ -357,17 +357,46 @@ pub(crate) async fn get_charge(
 
 /// Refuses to answer what was made under `key` on any of `routes` while a request under that key
 /// is still making it: the answer would say "nothing" and be wrong a moment later.
+///
+/// A key whose lease ran out is made by nobody now: its holder died (its transaction rolled back)
+/// or stalls. It is fenced first (its token replaced, as a takeover does), so that a stalled
+/// holder that wakes cannot complete it, and its effect rolls back with its completion; then the
+/// ledger read after this answers for good. Without the fence, such a key would answer 409 until
+/// a retry under it took it over, and the caller that reads (`idempay keys settle`, whose own key
+/// is held, so that nobody retries) would ask forever.
 async fn still_making(state: &ProcessorState, routes: &[&str], key: &str) -> Result<(), Error> {
     let scopes: Vec<String> = routes
         .iter()
         .map(|route| format!("{}:{route}", crate::extract::SCOPE_OWNER))
         .collect();
+    // The token is made here, not by `gen_random_uuid()`: Citus refuses a volatile function in
+    // an update of a distributed table.
+    let fenced = sqlx::query_scalar!(
+        r#"
+        UPDATE idempotency_keys SET lock_token = $4
+        WHERE account_id = $1 AND scope = ANY($2) AND idem_key = $3
+          AND status = 'in_progress' AND locked_until <= now()
+        RETURNING id
+        "#,
+        crate::extract::SCOPE_OWNER,
+        &scopes,
+        key,
+        sqlx::types::Uuid::new_v4(),
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    if !fenced.is_empty() {
+        tracing::warn!(
+            key,
+            "a read under a key whose lease ran out fenced it: its holder can no longer complete it"
+        );
+    }
     let in_progress = sqlx::query_scalar!(
         r#"
         SELECT EXISTS (
             SELECT 1 FROM idempotency_keys
             WHERE account_id = $1 AND scope = ANY($2) AND idem_key = $3
-              AND status = 'in_progress'
+              AND status = 'in_progress' AND locked_until > now()
         ) AS "in_progress!"
         "#,
         crate::extract::SCOPE_OWNER,

@@ -481,6 +481,65 @@ async fn the_processor_answers_a_charge_read_under_a_capture_key_in_progress_409
     assert_eq!(invalid.status, 400);
 }
 
+/// The processor's side, when the request holding a key died (or stalls) and its lease ran out:
+/// nobody is making anything under the key, so a read under it is answered (nothing made)
+/// instead of 409 for ever, which would keep a held key from ever being settled. The read fences
+/// the key first (its token replaced, as a takeover's), so the old holder, should it wake, cannot
+/// complete it (its completion, and the charge with it, rolls back: see
+/// `a_request_that_lost_its_lease_rolls_back_its_charge`). Found by the explorer: seed 2011, a
+/// processor killed mid-charge, its key's settle answered 409 at every try.
+#[api_test]
+async fn a_read_under_a_key_whose_lease_ran_out_fences_it_and_answers() {
+    let processor = TestProcessor::spawn().await;
+    let lapsed_token: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO idempotency_keys (account_id, scope, idem_key, request_hash, status,
+                                       lock_token, locked_until, expires_at)
+         VALUES ('processor', 'processor:POST /v1/charges', 'dead-holder', sha256('x'),
+                 'in_progress', gen_random_uuid(), now() - interval '1 second',
+                 now() + interval '1 day')
+         RETURNING lock_token",
+    )
+    .fetch_one(&processor.db)
+    .await
+    .unwrap();
+
+    let read = processor
+        .get("/v1/charges?idempotency_key=dead-holder")
+        .await;
+    assert_eq!(read.status, 200, "{:?}", read.json());
+    assert_eq!(read.json()["data"].as_array().unwrap().len(), 0);
+    let token: uuid::Uuid = sqlx::query_scalar(
+        "SELECT lock_token FROM idempotency_keys WHERE idem_key = 'dead-holder'",
+    )
+    .fetch_one(&processor.db)
+    .await
+    .unwrap();
+    assert_ne!(
+        token, lapsed_token,
+        "the read fenced the key off its old holder"
+    );
+
+    // A live lease is still someone making it: 409, and the key left as it is.
+    sqlx::query(
+        "UPDATE idempotency_keys SET locked_until = now() + interval '1 minute'
+         WHERE idem_key = 'dead-holder'",
+    )
+    .execute(&processor.db)
+    .await
+    .unwrap();
+    let busy = processor
+        .get("/v1/charges?idempotency_key=dead-holder")
+        .await;
+    assert_eq!(busy.status, 409);
+    let unchanged: uuid::Uuid = sqlx::query_scalar(
+        "SELECT lock_token FROM idempotency_keys WHERE idem_key = 'dead-holder'",
+    )
+    .fetch_one(&processor.db)
+    .await
+    .unwrap();
+    assert_eq!(unchanged, token);
+}
+
 /// The processor's side of a settle: its charges are found by the key they were made under, and
 /// a key it is still charging under is answered 409, not "nothing".
 #[api_test]
