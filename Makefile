@@ -18,11 +18,14 @@ run:
 ## Unit and integration tests, the client crate's included; PostgreSQL runs in a container started
 ## by the tests; Debian's prometheus package (promtool, the server) is installed for the alert rules'
 ## tests where it is missing (scripts/install-prometheus.sh). The examples are built first as the
-## programs they are: the mechanism's example service is run by a test (tools/adoption.rs).
+## programs they are: the mechanism's example service is run by a test (tools/adoption.rs). Then
+## the documentation's examples (`--all-targets` leaves doctests out): the mechanism's runnable
+## ones are compiled and run as a reader would copy them.
 test:
 	bash scripts/install-prometheus.sh
 	$(CARGO) build --workspace --examples --features failpoints
 	$(CARGO) test --workspace --all-targets --features failpoints -- --test-threads $(TEST_THREADS)
+	$(CARGO) test --workspace --doc --features failpoints
 
 ## The fault-schedule explorer (tests/explore/): seeded schedules of faults on real processes, each
 ## ending with the ledgers' invariants; the regression seeds first, then SCHEDULES seeds drawn from
@@ -38,7 +41,7 @@ explore:
 ## The key lifecycle as a model (crates/model/), checked exhaustively by stateright: every
 ## interleaving of two clients, two instances, the processor, the recovery job, network faults and
 ## crashes at the full size (about 16 million states, minutes), then a manual payment captured and
-## canceled by two racing keys (the capture size, 10 million states; exits non-zero when a property fails
+## canceled by two racing keys (the capture size, 10.7 million states; exits non-zero when a property fails
 ## or an example is never found), then the model's tests: the small size and each defect's
 ## counterexample. The full size is checked once: its ignored test repeats what the run above did.
 model:
