@@ -155,9 +155,13 @@ fn refused_by_processor(payment: &str, doing: &str, refusal: &ProcessorRefusal) 
 }
 
 /// What the processor made under `downstream_key` on `charge`, read from the charge itself:
-/// `made` when the capture or void under this key is the charge's; `None` while the authorization
-/// is still held (nothing was made); an error when something else (another key, the expiry)
-/// released it, which an operator looks at.
+/// `made` when the capture or void under this key is the charge's; `None` when nothing was made
+/// under it and nothing can be any more: the authorization still held (a call under the key that
+/// never reached the processor), or released by something else (another key's capture or void,
+/// the expiry), after which the processor refuses every release. The settle then completes the
+/// key as nothing made, final; before, a release by another key was left to an operator "by
+/// hand", and the key stayed held for ever (the model's liveness check found it: switch
+/// `settle-gives-up-on-released`).
 async fn made_on_charge(
     processor: &ProcessorClient,
     charge: &str,
@@ -171,14 +175,16 @@ async fn made_on_charge(
     if made(&now) {
         return Ok(Some(now));
     }
-    if now.capture_state == ProcessorCaptureState::RequiresCapture {
-        return Ok(None);
+    if now.capture_state != ProcessorCaptureState::RequiresCapture {
+        tracing::info!(
+            charge,
+            downstream_key,
+            state = %now.capture_state,
+            "the authorization was released by another request or its expiry: nothing was made \
+             under this key"
+        );
     }
-    anyhow::bail!(
-        "the processor's charge {charge} is {} by another request than this key's ({downstream_key}): \
-         settle it by hand",
-        now.capture_state
-    )
+    Ok(None)
 }
 
 impl ProcessorCall for CaptureRequested {

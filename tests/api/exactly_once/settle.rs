@@ -337,6 +337,49 @@ async fn a_held_capture_is_settled_from_the_processors_charge() {
     assert_ledgers_agree(&app, &processor, 2).await;
 }
 
+/// A held capture whose authorization something else released meanwhile (here a void under
+/// another key, straight at the processor; an expiry does the same): nothing was made under the
+/// capture's key, and nothing can be (the processor refuses every release now), so the settle
+/// completes it as nothing made and the retry gets that, final. Before, the settle exited 1
+/// ("settle it by hand") and the key stayed held for ever.
+#[api_test]
+async fn a_held_capture_whose_authorization_was_released_otherwise_settles_as_nothing_made() {
+    let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
+    let authorized = app.authorized(5000).await;
+    let failing = replace_processor(&app, healthy, failing()).await;
+    let (key, body) = (new_key(), serde_json::json!({ "amount_to_capture": 4000 }));
+    app.post_capture(&authorized, &key, &body)
+        .await
+        .assert_problem(503, "processor-outcome-unknown");
+    past_the_window().await;
+    assert_held(&app, &key, app.post_capture(&authorized, &key, &body).await).await;
+    let processor = replace_processor(&app, failing, processor::settings()).await;
+    let charge = super::two_hops::charge_of(&app, &authorized).await;
+    let voided = processor
+        .post(
+            &format!("/v1/charges/{charge}/void"),
+            Some("another-key"),
+            &serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(voided.status, 200, "{:?}", voided.json());
+
+    let settled = settle(&app, &processor, &key).await;
+
+    assert!(settled.status.success(), "{settled:?}");
+    app.post_capture(&authorized, &key, &body)
+        .await
+        .assert_problem(409, "processor-made-nothing");
+    let captures: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM processor_charges WHERE id = $1 AND capture_state = 'captured'",
+    )
+    .bind(&charge)
+    .fetch_one(&processor.db)
+    .await
+    .unwrap();
+    assert_eq!(captures, 0, "nothing captured under any key");
+}
+
 /// A cancel alike: voided at the processor after idempay stopped waiting, its key held; the settle
 /// reads the charge, which names the key its void was made under, and records the cancel with
 /// the reason the key asked for; the retry gets the 200 the first request would have had.
