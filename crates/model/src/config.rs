@@ -70,6 +70,10 @@ pub struct Size {
     /// How many disputes the cardholders' banks open at the processor (0 or 1), each on a charge
     /// it made, whose event (`charge.dispute.created`) it delivers to idempay.
     pub disputes: u8,
+    /// Whether hours may pass while a holder is stalled between taking its key and sending its
+    /// call (its lease run out): the recovery window passes, the key is held and settled, and the
+    /// holder wakes after all that and sends.
+    pub stalls: bool,
 }
 
 impl Size {
@@ -86,6 +90,7 @@ impl Size {
             instance_crashes: 1,
             processor_crashes: 0,
             disputes: 1,
+            stalls: true,
         }
     }
 
@@ -105,6 +110,7 @@ impl Size {
             instance_crashes: 2,
             processor_crashes: 1,
             disputes: 1,
+            stalls: true,
         }
     }
 
@@ -134,6 +140,9 @@ impl Size {
             instance_crashes: 0,
             processor_crashes: 0,
             disputes: 0,
+            // A stall is a key's own lifecycle, checked at the other sizes; here it adds a third
+            // to the states of three keys.
+            stalls: false,
         }
     }
 
@@ -162,7 +171,7 @@ impl fmt::Display for Size {
         write!(
             f,
             "{}: {} intents on {} keys, {} instances, {} attempts per request, {} downstream keys, \
-             {} instance crash(es), {} processor crash(es), {} dispute(s)",
+             {} instance crash(es), {} processor crash(es), {} dispute(s){}",
             self.name,
             self.intents.len(),
             self.keys,
@@ -171,7 +180,8 @@ impl fmt::Display for Size {
             self.downstream_keys,
             self.instance_crashes,
             self.processor_crashes,
-            self.disputes
+            self.disputes,
+            if self.stalls { ", stalled holders" } else { "" }
         )
     }
 }
@@ -200,16 +210,54 @@ pub enum Defect {
     /// its charge's lock): a capture and a cancel that both passed idempay's check both go
     /// through.
     ProcessorReleasesTwice,
+    /// The recovery job never claims a key suspended at the charge's recovery point (its claim
+    /// names a point the charge does not record, or a version of its state no resumer reads): a
+    /// key whose client stopped retrying waits out the window for an operator.
+    RecoverySkipsPoint,
+    /// The recording's look for parked events and the sweep look them up by idempay's payment id,
+    /// while the intake parks them under the processor's charge id: a parked event is kept, and
+    /// never applied.
+    ParkedEventNeverFound,
+    /// The fingerprint leaves the payload out (the route and the key only): a request with another
+    /// payload under a used key is taken for a retry of the first, and answered its result.
+    FingerprintIgnoresPayload,
+    /// A replay renders the payment as it is now instead of returning the stored response: once a
+    /// dispute is recorded on it, a retry gets another answer than the first.
+    ReplayRerendered,
+    /// A request whose attempts all ended unknown believes the call failed and completes the key
+    /// with the final "made nothing" (a time-out taken for a failure): a call that charged, or
+    /// still will, is contradicted by the key.
+    UnknownStoredAsMadeNothing,
+    /// Today's code: the settle of a held capture or cancel whose authorization another key
+    /// released gives up ("settle it by hand", `made_on_charge` in src/payments/capturing.rs),
+    /// though nothing was made under its key and nothing can be: the key stays held for a person.
+    SettleGivesUpOnReleased,
+    /// Today's code: a call carries no deadline the processor checks. A holder stalled between
+    /// taking the key and sending its call (its lease run out) wakes after the window, the hold
+    /// and an operator's settle, and its call still acts.
+    NoCallDeadline,
+    /// Today's code with the tempting fix: the holder checks that its lease still holds before
+    /// each attempt, and then sends. The check and the send are two steps; the stall falls between
+    /// them.
+    LeaseCheckedBeforeSend,
 }
 
 impl Defect {
-    pub const ALL: [Defect; 6] = [
+    pub const ALL: [Defect; 14] = [
         Defect::RefusalAfterUnknownBelieved,
         Defect::TakeoverBelievesNoEarlierCall,
         Defect::UnboundedSuspension,
         Defect::UnfencedCompletion,
         Defect::EarlyEventAcknowledged,
         Defect::ProcessorReleasesTwice,
+        Defect::RecoverySkipsPoint,
+        Defect::ParkedEventNeverFound,
+        Defect::FingerprintIgnoresPayload,
+        Defect::ReplayRerendered,
+        Defect::UnknownStoredAsMadeNothing,
+        Defect::SettleGivesUpOnReleased,
+        Defect::NoCallDeadline,
+        Defect::LeaseCheckedBeforeSend,
     ];
 
     /// The name given on the command line (`--defect NAME`).
@@ -221,6 +269,14 @@ impl Defect {
             Defect::UnfencedCompletion => "unfenced-completion",
             Defect::EarlyEventAcknowledged => "early-event-acknowledged",
             Defect::ProcessorReleasesTwice => "processor-releases-twice",
+            Defect::RecoverySkipsPoint => "recovery-skips-point",
+            Defect::ParkedEventNeverFound => "parked-event-never-found",
+            Defect::FingerprintIgnoresPayload => "fingerprint-ignores-payload",
+            Defect::ReplayRerendered => "replay-rerendered",
+            Defect::UnknownStoredAsMadeNothing => "unknown-stored-as-made-nothing",
+            Defect::SettleGivesUpOnReleased => "settle-gives-up-on-released",
+            Defect::NoCallDeadline => "no-call-deadline",
+            Defect::LeaseCheckedBeforeSend => "lease-checked-before-send",
         }
     }
 

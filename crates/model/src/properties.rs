@@ -4,18 +4,23 @@
 
 use crate::config::{Config, Kind};
 use crate::state::{
-    Attempt, DisputeSeen, Grant, Instance, KeyRow, Reply, State, Status, Step, Stored,
+    Age, Attempt, ClientPhase, DisputeSeen, DownstreamKey, Grant, Instance, KeyRow, Reply, State,
+    Status, Step, Stored,
 };
 
 pub const ONE_CHARGE_PER_INTENT: &str = "one charge per intent";
 pub const REPLAY_EQUALS_FIRST_ANSWER: &str = "a replay equals the first answer";
-pub const CHANGED_PAYLOAD_NEVER_EXECUTES: &str = "a changed payload never executes";
-pub const EVERY_CHARGE_RECORDED_OR_KEPT: &str = "every charge is recorded or its key held";
+pub const CHANGED_PAYLOAD_NEVER_EXECUTES: &str =
+    "a changed payload never executes or gets another's result";
+pub const EVERY_CHARGE_RECORDED_OR_KEPT: &str = "every charge is recorded or its key kept";
 pub const NO_COMPLETION_CONTRADICTED: &str =
     "no key completes with a result the processor contradicts";
 pub const NO_ACKNOWLEDGED_EVENT_LOST: &str = "no acknowledged event is lost";
 pub const ONE_RELEASE_PER_AUTHORIZATION: &str =
     "one capture per capture intent, one release per authorization";
+pub const EVERY_KEY_COMPLETES: &str = "once faults stop, every key completes";
+pub const EVERY_EVENT_APPLIED: &str =
+    "once faults stop, every event of a recorded charge is applied";
 
 pub const A_TAKEOVER: &str = "a takeover";
 pub const A_RECOVERY_RESUME: &str = "a resume by the recovery job";
@@ -24,6 +29,9 @@ pub const A_REUSE_AFTER_EXPIRY: &str = "a reuse after expiry";
 pub const AN_EARLY_EVENT_PARKED: &str = "an early event parked";
 pub const A_RELEASE_REFUSED: &str = "a capture or cancel refused by the processor";
 pub const A_CAPTURE_RECORDED: &str = "a capture recorded";
+pub const AN_OPERATOR_SETTLES: &str = "an operator's settle completes a held key";
+pub const A_KEY_FORGOTTEN: &str = "the processor forgets a downstream key";
+pub const A_DELAYED_CALL_CHARGES: &str = "a delayed call charges";
 
 /// At most one charge at the processor, and at most one payment in idempay, for each intent.
 pub fn one_charge_per_intent(config: &Config, state: &State) -> bool {
@@ -83,14 +91,31 @@ pub fn replay_equals_first_answer(state: &State) -> bool {
 }
 
 /// Every charge is for the payload whose key made its downstream key: a request whose payload
-/// differs from its key's never reaches the processor under that key.
-pub fn changed_payload_never_executes(state: &State) -> bool {
+/// differs from its key's never reaches the processor under that key. And no client is answered
+/// with a charge of another intent's: the clients reuse a key only once its first intent has its
+/// answer, so a reused key is met completed (or gone), and what a wrong fingerprint lets through
+/// there is the first intent's result, not an execution.
+pub fn changed_payload_never_executes(config: &Config, state: &State) -> bool {
     let made_by = |downstream_key: u8| state.downstream_keys[usize::from(downstream_key)];
-    state
-        .processor
-        .ledger
-        .iter()
-        .all(|charge| made_by(charge.downstream_key) == charge.intent)
+    let own_results = state.clients.iter().enumerate().all(|(intent, client)| {
+        let ClientPhase::Answered(Stored::Charged(charge)) = client.phase else {
+            return true;
+        };
+        let paid_by = state.processor.ledger[usize::from(charge)].intent;
+        // A capture or cancel answers with the charge it released.
+        let expected = config
+            .size
+            .kind(intent as u8)
+            .releases()
+            .unwrap_or(intent as u8);
+        paid_by == expected
+    });
+    own_results
+        && state
+            .processor
+            .ledger
+            .iter()
+            .all(|charge| made_by(charge.downstream_key) == charge.intent)
         && state
             .processor
             .releases
@@ -100,13 +125,17 @@ pub fn changed_payload_never_executes(state: &State) -> bool {
 
 /// Every charge is a payment in idempay, and every capture or void is recorded on its payment, or
 /// the key whose downstream key made it is kept: in progress (being worked on, or suspended for a
-/// retry or the recovery job) or held for an operator. One under a key that was released,
-/// completed otherwise or expired is lost.
+/// retry or the recovery job), held for an operator, or completed. One under a key that was
+/// released or expired is lost. A completed key that does not record it contradicts the
+/// processor: that is the next property's to say, so that each defect is found by one of them.
 pub fn every_charge_recorded_or_kept(state: &State) -> bool {
     let kept = |downstream_key| {
         state.keys.iter().flatten().any(|row| {
             row.downstream_key == downstream_key
-                && matches!(row.status, Status::InProgress(_) | Status::Held)
+                && matches!(
+                    row.status,
+                    Status::InProgress(_) | Status::Held | Status::Completed(_)
+                )
         })
     };
     let charges = state
@@ -164,6 +193,68 @@ pub fn no_acknowledged_event_lost(state: &State) -> bool {
         Some(dispute) if dispute.acknowledged => state.dispute != DisputeSeen::Nothing,
         _ => true,
     }
+}
+
+/// Liveness, checked where the world comes to rest once faults stop (`Protocol::at_rest`): every
+/// key is completed (or released, or expired: nothing is owed under it), by its holder, a retry,
+/// the recovery job, or an operator's settle of a key held past its window. `at_rest` is asked
+/// only when some key is not done, since it costs the steps of the state again.
+pub fn every_key_completes(state: &State, at_rest: impl FnOnce() -> bool) -> bool {
+    let done = state
+        .keys
+        .iter()
+        .flatten()
+        .all(|row| matches!(row.status, Status::Completed(_)));
+    done || !at_rest()
+}
+
+/// Liveness, at rest as above: the dispute's event was delivered and acknowledged, and it is
+/// applied once its charge is recorded (by the recording's look or the sweep). An event whose
+/// charge is not recorded at rest waits rightly: that charge is a key's, which the property
+/// above speaks of.
+pub fn every_event_applied(state: &State, at_rest: impl FnOnce() -> bool) -> bool {
+    let waiting = match state.processor.dispute {
+        None => false,
+        Some(dispute) if !dispute.acknowledged => true,
+        Some(dispute) => {
+            state.dispute == DisputeSeen::Parked && state.payments.contains(&dispute.charge)
+        }
+    };
+    !waiting || !at_rest()
+}
+
+/// An operator's settle completed a held key: only a settle completes a key past its window,
+/// which nothing resumes (a stalled holder's call past it is refused by its deadline).
+pub fn an_operator_settles(state: &State) -> bool {
+    state
+        .keys
+        .iter()
+        .flatten()
+        .any(|row| row.age == Age::PastWindow && matches!(row.status, Status::Completed(_)))
+}
+
+/// The processor forgot the downstream key of one of its charges, its lifetime over.
+pub fn a_key_forgotten(state: &State) -> bool {
+    state
+        .processor
+        .ledger
+        .iter()
+        .any(|charge| !state.processor.keys.contains_key(&charge.downstream_key))
+}
+
+/// A call whose sender stopped waiting is on the network, and the processor, up, has nothing
+/// under its key yet and will not refuse it: its delivery, a step from here, acts on it (a
+/// charge, or a capture or void).
+pub fn a_delayed_call_charges(
+    state: &State,
+    past_deadline: impl Fn(DownstreamKey) -> bool,
+) -> bool {
+    state.processor.up
+        && state.network.iter().any(|call| {
+            call.reply_to.is_none()
+                && !state.processor.keys.contains_key(&call.downstream_key)
+                && !past_deadline(call.downstream_key)
+        })
 }
 
 /// A capture or cancel that idempay's check let through met an authorization the other one had

@@ -32,6 +32,11 @@ pub enum Action {
     },
 
     // --- idempay instances ---------------------------------------------------------------------
+    /// The instance checks that its lease is still its own before an attempt (only with
+    /// `Defect::LeaseCheckedBeforeSend`): the send is a step of its own after it.
+    CheckLease {
+        instance: InstanceId,
+    },
     /// The instance sends its call to the processor with the key's downstream key.
     Call {
         instance: InstanceId,
@@ -190,16 +195,31 @@ impl Protocol {
                 _ => Decision::Execute(Grant::Reserved),
             };
         };
-        if row.intent != intent {
+        if row.intent != intent && !self.has(Defect::FingerprintIgnoresPayload) {
             return Decision::Answer(Answer::Mismatch);
         }
         match row.status {
-            Status::Completed(stored) => Decision::Answer(Answer::Result(stored)),
+            Status::Completed(stored) => Decision::Answer(self.replay(state, stored)),
             Status::Held | Status::InProgress(Lease::By(_)) => Decision::Answer(Answer::TryLater),
             Status::InProgress(Lease::Ended) if self.resumable(row) => {
                 Decision::Execute(Grant::TakenOver)
             }
             Status::InProgress(Lease::Ended) => Decision::HoldNow,
+        }
+    }
+
+    /// A completed key's answer: its stored response, byte for byte (`StoredResponse::replay`).
+    /// Rendered again from the payment as it is now, it shows what was recorded on it since.
+    fn replay(&self, state: &State, stored: Stored) -> Answer {
+        match (stored, state.processor.dispute) {
+            (Stored::Charged(charge), Some(dispute))
+                if self.has(Defect::ReplayRerendered)
+                    && dispute.charge == charge
+                    && state.dispute == DisputeSeen::Recorded =>
+            {
+                Answer::Rerendered(charge)
+            }
+            _ => Answer::Result(stored),
         }
     }
 
@@ -237,6 +257,44 @@ impl Protocol {
         work.step == Step::Ready || self.verdict(work) == Some(Verdict::AskAgain)
     }
 
+    /// Whether the instance's next step is to send its call: at once, or after the check of its
+    /// lease when that is a step of its own.
+    fn sends_next(&self, work: &Work) -> bool {
+        if self.has(Defect::LeaseCheckedBeforeSend) {
+            work.step == Step::Checked
+        } else {
+            self.may_call(work)
+        }
+    }
+
+    /// Whether a holder is stalled before its first send: it took the key and has not sent yet.
+    /// Hours may pass over such a holder, unlike over a call on the network. (A holder stalled
+    /// before a later attempt adds nothing: its earlier call may have charged, which only makes
+    /// the operator's settle find a charge.)
+    fn stalled_before_send(&self, work: &Work) -> bool {
+        self.config.size.stalls && matches!(work.step, Step::Ready | Step::Checked)
+    }
+
+    /// Whether the processor refuses a call with `downstream_key` because its deadline passed:
+    /// the call carries its recovery point's time plus the recovery window, and the processor
+    /// checks it in the transaction that would act. A key is held only past its window, and the
+    /// processor forgets a key only later still, so once a key is held no call under its
+    /// downstream key acts: what an operator's settle reads stays true. Without a window (the
+    /// unbounded suspension) there is no deadline either.
+    fn past_deadline(&self, state: &State, downstream_key: DownstreamKey) -> bool {
+        let no_deadline = self.has(Defect::UnboundedSuspension)
+            || self.has(Defect::NoCallDeadline)
+            || self.has(Defect::LeaseCheckedBeforeSend);
+        // A downstream key whose row is gone was released before any call with it could have
+        // been made, or expired with no holder and no call left: nothing calls with it again.
+        !no_deadline
+            && state
+                .keys
+                .iter()
+                .flatten()
+                .any(|row| row.downstream_key == downstream_key && row.age == Age::PastWindow)
+    }
+
     /// Whether the processor may have forgotten `downstream_key`: it keeps its keys far longer
     /// than any call takes, and longer than the recovery window, by when the recovery job held
     /// every key still suspended. Without that bound, a suspended key may outlive the processor's
@@ -258,6 +316,69 @@ impl Protocol {
                 }
                 _ => true,
             })
+    }
+
+    /// Whether the world has come to rest once the faults stopped: no step is left but faults
+    /// (crashes, refusals, lost answers, a live holder's lease running out), a client's request
+    /// (the clients may all have gone), and hours passing. What the liveness properties check is
+    /// that every such state is a finished one: since every step that goes on is a step of the
+    /// model, each state's way to rest is itself checked, and a rest that is not finished is a
+    /// counterexample. Hours are left out so that a key the recovery job could resume within its
+    /// window may not wait for an operator instead.
+    pub fn at_rest(&self, state: &State) -> bool {
+        // Most states go on for plain reasons, found without listing their steps: a working
+        // instance always has one (send, wait for its answer or time out, settle; the processor
+        // restarts first if down), and the processor answers a call on the network.
+        let working = state
+            .instances
+            .iter()
+            .any(|instance| matches!(instance, Instance::Working(_)));
+        if working || !state.processor.up || !state.network.is_empty() {
+            return false;
+        }
+        let mut actions = Vec::new();
+        self.actions(state, &mut actions);
+        !actions.into_iter().any(|action| {
+            self.goes_on_without_faults(state, action) && self.next_state(state, action).is_some()
+        })
+    }
+
+    /// Whether `action` is a step the world still takes once faults stop: the processor answers
+    /// every call, a holder works on, a dead holder's lease runs out, the jobs and an operator do
+    /// their part.
+    fn goes_on_without_faults(&self, state: &State, action: Action) -> bool {
+        match action {
+            Action::CheckLease { .. }
+            | Action::Call { .. }
+            | Action::Settle { .. }
+            | Action::RestartProcessor
+            | Action::DeliverEvent
+            | Action::ApplyParked
+            | Action::RecoveryClaims { .. }
+            | Action::HoldOverdue { .. }
+            | Action::OperatorSettles { .. } => true,
+            Action::Deliver { answer_lost, .. } => !answer_lost,
+            // Only a call the processor's crash dropped is never answered.
+            Action::TimeOut { instance } => !state
+                .network
+                .iter()
+                .any(|call| call.reply_to == Some(instance)),
+            // A lease whose holder no longer works on the key (it died, or moved on).
+            Action::LeaseRunsOut { key } => match state.row(key).map(|row| row.status) {
+                Some(Status::InProgress(Lease::By(holder))) => {
+                    state.work(holder).is_none_or(|work| work.key != key)
+                }
+                _ => false,
+            },
+            Action::Request { .. }
+            | Action::CallRefused { .. }
+            | Action::CrashInstance { .. }
+            | Action::CrashProcessor
+            | Action::ProcessorForgets { .. }
+            | Action::OpenDispute { .. }
+            | Action::WindowPasses { .. }
+            | Action::Expire { .. } => false,
+        }
     }
 
     /// The instance's request is over: it answers its client (the recovery job has none).
@@ -313,6 +434,14 @@ impl Protocol {
                 }
                 Self::finish(state, instance, &work, Answer::TryLater);
             }
+            // Unknown taken for a failure: the key completes as if an operator had found nothing.
+            Verdict::Unknown if self.has(Defect::UnknownStoredAsMadeNothing) => {
+                if holds {
+                    state.row_mut(work.key)?.status = Status::Completed(Stored::MadeNothing);
+                }
+                let answer = Self::after_lost_lease(state, work.key);
+                Self::finish(state, instance, &work, answer);
+            }
             // 503: the key stays in progress at its recovery point, its lease ended, for the
             // client's retry or the recovery job.
             Verdict::Unknown => {
@@ -340,6 +469,13 @@ impl Protocol {
     fn deliver(&self, state: &mut State, call: Call, answer_lost: bool) -> Option<()> {
         if !state.processor.up || !state.network.remove(&call) {
             return None;
+        }
+        if self.past_deadline(state, call.downstream_key) {
+            // Refused before anything is made, and nothing stored under the key. (`Call` refuses
+            // a call sent past its deadline at once; hours never pass over a call on the
+            // network, so this is the processor's check written out, not a path of its own.)
+            Self::answer_attempt(state, call, answer_lost, Attempt::Refused);
+            return Some(());
         }
         let kind = self.config.size.kind(call.intent);
         let releases_twice = self.has(Defect::ProcessorReleasesTwice);
@@ -386,8 +522,13 @@ impl Protocol {
             Reply::Made(charge) => Attempt::Charged(charge),
             Reply::NotHeld => Attempt::NotHeld,
         };
-        // The answer reaches its sender if it still waits for it (a sender that stopped waiting
-        // left the call without one).
+        Self::answer_attempt(state, call, answer_lost, attempt);
+        Some(())
+    }
+
+    /// The answer reaches its sender if it still waits for it (a sender that stopped waiting left
+    /// the call without one).
+    fn answer_attempt(state: &mut State, call: Call, answer_lost: bool, attempt: Attempt) {
         if let (Some(instance), false) = (call.reply_to, answer_lost)
             && let Instance::Working(work) = &mut state.instances[usize::from(instance)]
             && work.step == Step::Awaiting
@@ -395,7 +536,6 @@ impl Protocol {
         {
             work.step = Step::Answered(attempt);
         }
-        Some(())
     }
 
     /// A call whose sender stopped waiting (timed out, or died) may still arrive: delayed.
@@ -488,16 +628,20 @@ impl Protocol {
                 }
             }
             for key in 0..self.config.size.keys {
-                if state
-                    .row(key)
-                    .is_some_and(|row| row.suspended() && self.resumable(row))
+                if !self.has(Defect::RecoverySkipsPoint)
+                    && state
+                        .row(key)
+                        .is_some_and(|row| row.suspended() && self.resumable(row))
                 {
                     actions.push(Action::RecoveryClaims { key, instance });
                 }
             }
             return;
         };
-        if self.may_call(work) {
+        if self.has(Defect::LeaseCheckedBeforeSend) && self.may_call(work) {
+            actions.push(Action::CheckLease { instance });
+        }
+        if self.sends_next(work) {
             if state.processor.up {
                 actions.push(Action::Call { instance });
             }
@@ -506,7 +650,7 @@ impl Protocol {
         match work.step {
             Step::Awaiting => actions.push(Action::TimeOut { instance }),
             Step::Answered(_) if !self.may_call(work) => actions.push(Action::Settle { instance }),
-            Step::Ready | Step::Answered(_) => {}
+            Step::Ready | Step::Checked | Step::Answered(_) => {}
         }
         if state.instance_crashes < self.config.size.instance_crashes {
             actions.push(Action::CrashInstance { instance });
@@ -532,7 +676,9 @@ impl Protocol {
                 if !dispute.acknowledged && state.processor.up {
                     actions.push(Action::DeliverEvent);
                 }
-                if state.dispute == DisputeSeen::Parked && state.payments.contains(&dispute.charge)
+                if state.dispute == DisputeSeen::Parked
+                    && state.payments.contains(&dispute.charge)
+                    && !self.has(Defect::ParkedEventNeverFound)
                 {
                     actions.push(Action::ApplyParked);
                 }
@@ -544,14 +690,21 @@ impl Protocol {
         let Some(row) = state.row(key) else {
             return;
         };
-        // Hours pass only while no request works on the key and no call with its downstream key
-        // is on the network: requests and calls have deadlines of seconds, far shorter than a
-        // key's time to live or the recovery window.
+        // Hours pass only while no call with the key's downstream key is on the network (calls
+        // have deadlines of seconds, far shorter than a key's time to live or the recovery window)
+        // and no request works on the key, but one stalled before its send: a holder whose lease
+        // ran out may be paused (a stopped process, a starved task, a statement that hung) for
+        // any time, and its timers only fire once it runs again.
         let quiet = !state.worked_on(key) && !state.in_flight(row.downstream_key);
+        let stalled_only = !state.in_flight(row.downstream_key)
+            && state.instances.iter().all(|instance| match instance {
+                Instance::Working(work) if work.key == key => self.stalled_before_send(work),
+                Instance::Working(_) | Instance::Idle => true,
+            });
         match row.status {
             Status::InProgress(Lease::By(_)) => actions.push(Action::LeaseRunsOut { key }),
             Status::InProgress(Lease::Ended) => {
-                if row.age == Age::Fresh && quiet {
+                if row.age == Age::Fresh && stalled_only {
                     actions.push(Action::WindowPasses { key });
                 }
                 if row.age == Age::PastWindow && !self.has(Defect::UnboundedSuspension) {
@@ -611,10 +764,34 @@ impl Model for Protocol {
         let mut state = last.clone();
         match action {
             Action::Request { intent, instance } => self.request(&mut state, intent, instance)?,
+            Action::CheckLease { instance } => {
+                let work = *state.work(instance)?;
+                if Self::fenced(&state, instance, &work) {
+                    let Instance::Working(work) = &mut state.instances[usize::from(instance)]
+                    else {
+                        return None;
+                    };
+                    work.step = Step::Checked;
+                } else {
+                    // The lease is another's: this request stops, as after a completion that
+                    // found it lost.
+                    let answer = Self::after_lost_lease(&state, work.key);
+                    Self::finish(&mut state, instance, &work, answer);
+                }
+            }
             Action::Call { instance } => {
+                let refused = self.past_deadline(&state, state.work(instance)?.downstream_key);
                 let Instance::Working(work) = &mut state.instances[usize::from(instance)] else {
                     return None;
                 };
+                if refused {
+                    // A call past its deadline changes nothing at the processor whenever it
+                    // arrives: its sending and its refusal are taken as one step (a lost refusal
+                    // would leave its sender as unsure, and as fenced out, as this one).
+                    work.attempts += 1;
+                    work.step = Step::Answered(Attempt::Refused);
+                    return Some(state);
+                }
                 work.attempts += 1;
                 work.step = Step::Awaiting;
                 let call = Call {
@@ -706,6 +883,9 @@ impl Model for Protocol {
             Action::OperatorSettles { key } => {
                 let row = *state.row(key)?;
                 let stored = state.made_under(self.config.size.kind(row.intent), &row)?;
+                if stored == Stored::Refused && self.has(Defect::SettleGivesUpOnReleased) {
+                    return None;
+                }
                 state.row_mut(key)?.status = Status::Completed(stored);
                 if let Stored::Charged(charge) = stored {
                     self.record(&mut state, row.intent, charge);
@@ -726,9 +906,10 @@ impl Model for Protocol {
             Property::always(props::REPLAY_EQUALS_FIRST_ANSWER, |_, state| {
                 props::replay_equals_first_answer(state)
             }),
-            Property::always(props::CHANGED_PAYLOAD_NEVER_EXECUTES, |_, state| {
-                props::changed_payload_never_executes(state)
-            }),
+            Property::always(
+                props::CHANGED_PAYLOAD_NEVER_EXECUTES,
+                |model: &Self, state| props::changed_payload_never_executes(&model.config, state),
+            ),
             Property::always(props::EVERY_CHARGE_RECORDED_OR_KEPT, |_, state| {
                 props::every_charge_recorded_or_kept(state)
             }),
@@ -740,11 +921,29 @@ impl Model for Protocol {
                 props::a_recovery_resume(state)
             }),
             Property::sometimes(props::A_HOLD, |_, state| props::a_hold(state)),
+            Property::always(props::EVERY_KEY_COMPLETES, |model: &Self, state| {
+                props::every_key_completes(state, || model.at_rest(state))
+            }),
+            Property::sometimes(props::AN_OPERATOR_SETTLES, |_, state| {
+                props::an_operator_settles(state)
+            }),
+            Property::sometimes(props::A_KEY_FORGOTTEN, |_, state| {
+                props::a_key_forgotten(state)
+            }),
+            Property::sometimes(props::A_DELAYED_CALL_CHARGES, |model: &Self, state| {
+                props::a_delayed_call_charges(state, |downstream_key| {
+                    model.past_deadline(state, downstream_key)
+                })
+            }),
         ];
         if size.disputes > 0 {
             properties.push(Property::always(
                 props::NO_ACKNOWLEDGED_EVENT_LOST,
                 |_, state| props::no_acknowledged_event_lost(state),
+            ));
+            properties.push(Property::always(
+                props::EVERY_EVENT_APPLIED,
+                |model: &Self, state| props::every_event_applied(state, || model.at_rest(state)),
             ));
             properties.push(Property::sometimes(
                 props::AN_EARLY_EVENT_PARKED,

@@ -37,6 +37,9 @@ pub enum Stored {
 pub enum Answer {
     /// A result: the first request's, or its replay.
     Result(Stored),
+    /// The payment of this charge rendered as it is now, its dispute recorded on it: what a replay
+    /// that re-renders (a defect) answers instead of the stored response.
+    Rerendered(ChargeId),
     /// 422: another payload under this key.
     Mismatch,
     /// 409 in flight, 409 held, or 503 (refused, outcome unknown): retry later.
@@ -146,6 +149,9 @@ pub enum Attempt {
 pub enum Step {
     /// The key is held at its recovery point; the call is next.
     Ready,
+    /// The holder found its lease still its own just now; the send is next (only with
+    /// `Defect::LeaseCheckedBeforeSend`, whose check and send are two steps).
+    Checked,
     /// The call is on the network; the instance waits for its answer.
     Awaiting,
     /// The last attempt's answer, for `until_known` to judge.
@@ -320,9 +326,10 @@ impl State {
     }
 
     /// What the processor made under a held key's downstream key, as `settle_held` reads it: the
-    /// charge, or the capture or void of the authorization (`made_on_charge`), or nothing. None
-    /// when the tool leaves it to a person: two charges under one downstream key, or an
-    /// authorization released under another key than this one.
+    /// charge, or the capture or void of the authorization (`made_on_charge`), or nothing, or, for
+    /// a capture or cancel whose authorization another key released, the refusal the processor
+    /// would answer it (nothing was made under this key, and no capture or void can be any more).
+    /// None when the tool leaves it to a person: two charges under one downstream key.
     pub fn made_under(&self, kind: Kind, row: &KeyRow) -> Option<Stored> {
         let processor = &self.processor;
         match kind.releases() {
@@ -347,7 +354,7 @@ impl State {
                     Some(release) if release.downstream_key == row.downstream_key => {
                         Some(Stored::Charged(charge))
                     }
-                    Some(_) => None,
+                    Some(_) => Some(Stored::Refused),
                 }
             }
         }
@@ -369,12 +376,17 @@ impl State {
             (ClientPhase::Retrying, Answer::Result(stored)) => {
                 client.phase = ClientPhase::Answered(stored)
             }
+            (ClientPhase::Retrying, Answer::Rerendered(charge)) => {
+                client.phase = ClientPhase::Answered(Stored::Charged(charge))
+            }
             (ClientPhase::Retrying, _) => {}
             (ClientPhase::Answered(first), Answer::Result(later)) => {
                 if later != first {
                     client.contradicted = true;
                 }
             }
+            // The body differs from any stored one: the dispute was recorded after the payment.
+            (ClientPhase::Answered(_), Answer::Rerendered(_)) => client.contradicted = true,
             // A 409 or 503 after the result answers a request the client sent before it and
             // stopped waiting for; a request sent after the result finds the key completed.
             (ClientPhase::Answered(_), _) => {}
