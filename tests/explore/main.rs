@@ -12,6 +12,11 @@
 //! and no process's log saying what only a connection inside a stray transaction hears. A failing schedule prints its seed, its
 //! timeline and the command that replays it.
 //!
+//! idempay's own events go out under the same faults ([`merchants`]): the sending account and a
+//! silent second one each register a webhook endpoint on a receiver of the explorer's, and once
+//! the outbox drained, every event of the sending account must have reached its endpoint, signed
+//! with its secret, and nothing any other account's.
+//!
 //! Settings (environment; `make explore SCHEDULES=N SEED=S` sets the first two):
 //! - `EXPLORE_SEED`: run seeds S, S+1, … only (a replay); unset, the regression seeds run first,
 //!   then seeds drawn from the clock.
@@ -44,6 +49,7 @@
 mod check;
 mod coverage;
 mod intents;
+mod merchants;
 mod plan;
 mod run;
 mod world;

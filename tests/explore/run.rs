@@ -15,6 +15,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::check::{self, Violation};
 use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
+use crate::merchants::{self, Merchants};
 use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
 use crate::world::{Database, Link, Process, Ready, Stop, free_ports, idempay};
 
@@ -490,6 +491,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
         .last()
         .expect("the API key")
         .to_owned();
+    let merchants = Merchants::start(&url).await;
     let logs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("explore/seed-{seed}"));
     std::fs::remove_dir_all(&logs).ok();
     std::fs::create_dir_all(&logs).expect("the logs' directory");
@@ -576,6 +578,12 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
                     common("IDEMPAY_LEASE", plan.lease),
                     common("IDEMPAY_DATABASE_ACQUIRE_TIMEOUT", "1s"),
                     common("IDEMPAY_WEBHOOK_SECRET", &secrets.expose()),
+                    // The merchant endpoints are the explorer's receiver, on loopback.
+                    common("IDEMPAY_WEBHOOK_ALLOW_PRIVATE", "true"),
+                    common(
+                        "IDEMPAY_WEBHOOK_RETRY_SCHEDULE",
+                        &merchants::retry_schedule(),
+                    ),
                 ]
                 .into_iter()
                 .chain(plan.recovery_window().map(|window| {
@@ -625,6 +633,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     s.timeline.log(format!("seed {seed}: {}", s.plan));
     s.start_processor().await;
     futures::future::join_all((0..s.instances.len()).map(|index| s.start_instance(index))).await;
+    merchants.register(&s).await;
     // The schedule's clock starts once everything runs.
     let s = {
         let mut owned = Arc::into_inner(s).expect("no other owner yet");
@@ -721,6 +730,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     }))
     .await;
     check::until_events_delivered(&s).await;
+    let merchant_violations = merchants.check(&s).await;
 
     let answers = s.answers.lock().unwrap().clone();
     check::count_work(&s, &answers, &logs).await;
@@ -728,6 +738,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     violations.extend(check::invariants(&s, &answers, database_epoch).await);
     violations.extend(check::no_transaction_left_open(&s, &name).await);
     violations.extend(check::no_stray_transaction_said(&logs));
+    violations.extend(merchant_violations);
     s.timeline
         .log(format!("checked: {} violation(s)", violations.len()));
     s.processor.lock().await.kill().await;
