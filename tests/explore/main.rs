@@ -12,7 +12,7 @@
 //! and no process's log saying what only a connection inside a stray transaction hears. A failing schedule prints its seed, its
 //! timeline and the command that replays it.
 //!
-//! idempay's own events go out under the same faults ([`merchants`]): the sending account and a
+//! idempay's own events go out under the same faults ([`merchants`], in today's draws): the sending account and a
 //! silent second one each register a webhook endpoint on a receiver of the explorer's, and once
 //! the outbox drained, every event of the sending account must have reached its endpoint, signed
 //! with its secret, and nothing any other account's.

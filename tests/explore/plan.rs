@@ -634,7 +634,9 @@ impl Plan {
             Want::Reuse { .. } => Some(Seen::Reused),
             _ => None,
         });
-        for kind in faults.chain(payments) {
+        // Today's draws register merchant endpoints, which receive the schedule's events.
+        let merchants = (self.draws == Draws::Current).then_some(Seen::MerchantEvents);
+        for kind in faults.chain(payments).chain(merchants) {
             if !kinds.contains(&kind) {
                 kinds.push(kind);
             }
