@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use crate::check::Violation;
 use crate::coverage::Seen;
 use crate::run::Schedule;
-use crate::world::idempay;
+use crate::world::create_account;
 
 /// How long the outbox may take, once every intent has its final answer, to deliver every event:
 /// a send cut by a kill is due again after the delivery timeout (10 s), then retried every second.
@@ -122,23 +122,7 @@ impl Merchants {
     /// Creates the silent account in the schedule's database and starts the receiver on a free
     /// loopback port.
     pub async fn start(database_url: &str) -> Self {
-        let created = idempay(
-            &["account", "create", "--name", "explorer (silent)"],
-            &[("DATABASE_URL", database_url)],
-        )
-        .await;
-        assert!(created.status.success(), "account create: {created:?}");
-        let silent_key = String::from_utf8_lossy(&created.stdout)
-            .lines()
-            .last()
-            .expect("the API key")
-            .to_owned();
-        // "created account acct_… (name)", on stderr.
-        let silent_account = String::from_utf8_lossy(&created.stderr)
-            .split_whitespace()
-            .find(|word| word.starts_with("acct_"))
-            .expect("the account's id")
-            .to_owned();
+        let (silent_key, silent_account) = create_account(database_url, "explorer (silent)").await;
         let inbox = Arc::new(Inbox::default());
         let app = Router::new()
             .route("/merchants/{endpoint}", post(receive))

@@ -17,7 +17,7 @@ use crate::coverage::{Counts, Coverage, Seen};
 use crate::intents;
 use crate::merchants::{self, Merchants};
 use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
-use crate::world::{Database, Link, Process, Ready, Stop, free_ports, idempay};
+use crate::world::{Database, Link, Process, Ready, Stop, create_account, free_ports, idempay};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
 pub const PROCESSOR_KEY: &str = "pk_explore";
@@ -480,17 +480,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
     let url = database.url(&name);
     let migrated = idempay(database.migrate_args(), &[("DATABASE_URL", &url)]).await;
     assert!(migrated.status.success(), "migrate: {migrated:?}");
-    let account = idempay(
-        &["account", "create", "--name", "explorer"],
-        &[("DATABASE_URL", &url)],
-    )
-    .await;
-    assert!(account.status.success(), "account create: {account:?}");
-    let api_key = String::from_utf8_lossy(&account.stdout)
-        .lines()
-        .last()
-        .expect("the API key")
-        .to_owned();
+    let (api_key, _) = create_account(&url, "explorer").await;
     // Merchant endpoints in today's draws only: waiting for their last deliveries adds about
     // 10 s to a schedule, and the regression seeds replay what they failed on without them.
     let merchants = if plan.draws == Draws::Current {

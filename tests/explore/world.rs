@@ -551,6 +551,29 @@ pub async fn idempay(args: &[&str], env: &[(&str, &str)]) -> std::process::Outpu
     command.output().await.expect("the binary runs")
 }
 
+/// Creates an account named `name` in the database at `url` as an operator does (`idempay account
+/// create`): its API key (the last line it prints) and its id (`acct_…`, in what it says on
+/// stderr).
+pub async fn create_account(url: &str, name: &str) -> (String, String) {
+    let created = idempay(
+        &["account", "create", "--name", name],
+        &[("DATABASE_URL", url)],
+    )
+    .await;
+    assert!(created.status.success(), "account create: {created:?}");
+    let key = String::from_utf8_lossy(&created.stdout)
+        .lines()
+        .last()
+        .expect("the API key")
+        .to_owned();
+    let id = String::from_utf8_lossy(&created.stderr)
+        .split_whitespace()
+        .find(|word| word.starts_with("acct_"))
+        .expect("the account's id")
+        .to_owned();
+    (key, id)
+}
+
 /// The link between the schedule's processes and the database: a TCP proxy on a port of
 /// 127.0.0.1 that passes every byte, and delays the server's while a slow-link fault is in force
 /// (its answers late, as over a congested network or from a server short of CPU): the window

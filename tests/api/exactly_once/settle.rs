@@ -551,12 +551,7 @@ async fn a_read_under_a_key_whose_lease_ran_out_fences_it_and_answers() {
         .await;
     assert_eq!(read.status, 200, "{:?}", read.json());
     assert_eq!(read.json()["data"].as_array().unwrap().len(), 0);
-    let token: uuid::Uuid = sqlx::query_scalar(
-        "SELECT lock_token FROM idempotency_keys WHERE idem_key = 'dead-holder'",
-    )
-    .fetch_one(&processor.db)
-    .await
-    .unwrap();
+    let token = dead_holders_token(&processor).await;
     assert_ne!(
         token, lapsed_token,
         "the read fenced the key off its old holder"
@@ -574,13 +569,16 @@ async fn a_read_under_a_key_whose_lease_ran_out_fences_it_and_answers() {
         .get("/v1/charges?idempotency_key=dead-holder")
         .await;
     assert_eq!(busy.status, 409);
-    let unchanged: uuid::Uuid = sqlx::query_scalar(
-        "SELECT lock_token FROM idempotency_keys WHERE idem_key = 'dead-holder'",
-    )
-    .fetch_one(&processor.db)
-    .await
-    .unwrap();
+    let unchanged = dead_holders_token(&processor).await;
     assert_eq!(unchanged, token);
+}
+
+/// The token of the processor's key `dead-holder`: who may complete it.
+async fn dead_holders_token(processor: &TestProcessor) -> uuid::Uuid {
+    sqlx::query_scalar("SELECT lock_token FROM idempotency_keys WHERE idem_key = 'dead-holder'")
+        .fetch_one(&processor.db)
+        .await
+        .unwrap()
 }
 
 /// The processor's side of a settle: its charges are found by the key they were made under, and
