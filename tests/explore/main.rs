@@ -46,6 +46,7 @@
 //! the kinds every run must: each kind of work and each fault kind, the database's crash among
 //! them.
 
+mod captures;
 mod check;
 mod coverage;
 mod intents;

@@ -8,13 +8,16 @@
 //! in this crate's README.md.
 //!
 //! `config` says what is checked (the size, the defects switched on), `state` what the world is,
-//! `protocol` how it moves, `properties` what must hold, `check` runs the checker.
+//! `steps` what can happen, `rules` what a state allows, `protocol` how it moves, `properties`
+//! what must hold, `check` runs the checker.
 
 pub mod check;
 pub mod config;
 pub mod properties;
 pub mod protocol;
+pub mod rules;
 pub mod state;
+pub mod steps;
 
 pub use check::{PropertyOutcome, Report, check};
 pub use config::{Config, Defect, Size};
