@@ -232,6 +232,13 @@ pub fn check_delivery_retention(
     Ok(())
 }
 
+/// The shortest recovery window `serve` accepts with the processor `timeout` and the `lease`:
+/// the longest a request asks the processor about one call, plus the lease
+/// ([`check_recovery_window`] says why).
+pub fn shortest_recovery_window(timeout: Duration, lease: Duration) -> Duration {
+    crate::downstream::client::longest_asking(timeout).saturating_add(lease)
+}
+
 /// Refuses at start (`serve`, `idempay dev`) a recovery window that does not fit between the
 /// processor calls it bounds:
 ///
@@ -248,7 +255,7 @@ pub fn check_recovery_window(settings: &Settings) -> Result<(), String> {
     let window = settings.recovery_window;
     let timeout = settings.processor.timeout;
     let asking = crate::downstream::client::longest_asking(timeout);
-    let shortest = asking.saturating_add(settings.shared.lease);
+    let shortest = shortest_recovery_window(timeout, settings.shared.lease);
     let format = humantime::format_duration;
     if window < shortest {
         return Err(format!(

@@ -602,12 +602,11 @@ impl Plan {
 
 impl Plan {
     /// The instances' recovery window, when the plan shortens it: the shortest `serve` accepts
-    /// (`config::check_recovery_window`: the longest a request asks the processor, plus the
-    /// lease), plus what the plan drew.
+    /// (`config::shortest_recovery_window`), plus what the plan drew.
     pub fn recovery_window(&self) -> Option<Duration> {
         let lease = humantime::parse_duration(self.lease).expect("the plan's lease");
         self.recovery_window_over.map(|over| {
-            idempay::downstream::client::longest_asking(self.processor_timeout) + lease + over
+            idempay::config::shortest_recovery_window(self.processor_timeout, lease) + over
         })
     }
 
