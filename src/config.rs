@@ -233,10 +233,12 @@ pub fn check_delivery_retention(
 }
 
 /// The shortest recovery window `serve` accepts with the processor `timeout` and the `lease`:
-/// the longest a request asks the processor about one call, plus the lease
-/// ([`check_recovery_window`] says why).
+/// the longest a request asks the processor about one call, plus the lease, plus the clock margin
+/// its calls' deadline keeps from the window's end ([`check_recovery_window`] says why).
 pub fn shortest_recovery_window(timeout: Duration, lease: Duration) -> Duration {
-    crate::downstream::client::longest_asking(timeout).saturating_add(lease)
+    crate::downstream::client::longest_asking(timeout)
+        .saturating_add(lease)
+        .saturating_add(idempotency::CLOCK_MARGIN)
 }
 
 /// Refuses at start (`serve`, `idempay dev`) a recovery window that does not fit between the
@@ -248,6 +250,8 @@ pub fn shortest_recovery_window(timeout: Duration, lease: Duration) -> Duration 
 ///   that long and then died leaves its lease to run out a lease later. With a shorter window, a
 ///   key would be held before any retry or the recovery job could take it over even once: every
 ///   lost answer would go to an operator (`IDEMPAY_RECOVERY_WINDOW=2s` once started, and did so).
+///   Plus `idempotency::CLOCK_MARGIN`: every call carries the window's end less that margin as
+///   its deadline, which the processor enforces.
 /// - Plus that asking time, shorter than the processor remembers its keys: a resume claimed just
 ///   before the window ends still calls the processor with the downstream key until then, and a
 ///   call after the processor forgot the key would be a new charge.
@@ -261,13 +265,15 @@ pub fn check_recovery_window(settings: &Settings) -> Result<(), String> {
         return Err(format!(
             "IDEMPAY_RECOVERY_WINDOW ({}) must be at least the longest a request asks the \
              processor about a call, 3 attempts of IDEMPAY_PROCESSOR_TIMEOUT ({}) and the pauses \
-             between them ({}), plus IDEMPAY_LEASE ({}): {}. A key past the window is held for an \
-             operator, and a shorter one would be held before any retry or the recovery job could \
+             between them ({}), plus IDEMPAY_LEASE ({}), plus the {} its calls' deadline keeps \
+             for clocks that differ: {}. A key past the window is held for an operator, and a \
+             shorter one would be held before any retry or the recovery job could \
              resume it. Lengthen the window, or shorten the timeout or the lease.",
             format(window),
             format(timeout),
             format(asking),
             format(settings.shared.lease),
+            format(idempotency::CLOCK_MARGIN),
             format(shortest),
         ));
     }
@@ -464,20 +470,25 @@ mod tests {
             refused.contains("IDEMPAY_RECOVERY_WINDOW (2s) must be at least")
                 && refused.contains("IDEMPAY_PROCESSOR_TIMEOUT (10s)")
                 && refused.contains("(30s 300ms)")
-                && refused.contains("IDEMPAY_LEASE (30s): 1m 300ms"),
+                && refused.contains("IDEMPAY_LEASE (30s), plus the 1s its calls' deadline")
+                && refused.contains(": 1m 1s 300ms."),
             "{refused}"
         );
         let fits = Cli::parse_from([
             "idempay",
             "--recovery-window",
-            "2s",
+            "3s",
             "--processor-timeout",
             "200ms",
             "--lease",
             "1s",
         ])
         .settings;
-        assert_eq!(check_recovery_window(&fits), Ok(()), "0.6 s + 0.3 s + 1 s");
+        assert_eq!(
+            check_recovery_window(&fits),
+            Ok(()),
+            "0.6 s + 0.3 s + 1 s + the 1 s margin"
+        );
         let late = Cli::parse_from(["idempay", "--recovery-window", "23h 59m 45s"]).settings;
         let refused = check_recovery_window(&late).unwrap_err();
         assert!(

@@ -226,8 +226,11 @@ async fn settle<C: ProcessorCall>(
     earlier: EarlierCalls,
 ) -> Result<Completion, ApiError> {
     let is_result = |refusal: &ProcessorRefusal| call.refusal_as_result(refusal).is_some();
+    // Every attempt carries the key's deadline: a holder that stalls past it, and sends then,
+    // is refused by the processor, which stores nothing (`Lease::call_deadline`).
+    let sending = processor.until(lease.call_deadline());
     let outcome = client::until_known(C::WHAT, earlier, is_result, || {
-        call.send(&processor, &downstream_key)
+        call.send(&sending, &downstream_key)
     });
     match outcome.await {
         ProcessorOutcome::Done(answer) => record(&processor, lease, call, answer).await,

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::metrics::{self, CallOutcome, Operation};
 use idempotency::EarlierCalls;
+use processor::deadline::{self, CALL_DEADLINE};
 use processor::problem::ProblemKind as ProcessorProblem;
 use processor::{Charge, Dispute, ProcessorRefund};
 
@@ -184,6 +186,8 @@ pub struct ProcessorClient {
     new_key_per_call: bool,
     /// What is done once idempay recorded an object the processor made; nothing unless set.
     when_recorded: Option<WhenRecorded>,
+    /// The `Call-Deadline` every keyed call carries, once set ([`ProcessorClient::until`]).
+    deadline: Option<DateTime<Utc>>,
 }
 
 /// What idempay does once it recorded a charge or refund the processor made (its id): apply the
@@ -249,10 +253,9 @@ impl Listed for Dispute {
 }
 
 /// How long a pooled connection to the processor may sit idle before it is dropped: well within
-/// the time after which the processor closes an idle keep-alive connection (its header read
-/// timeout, 10 s). A connection reused just as the server closes it fails after the request was
-/// sent ("connection closed before message completed"): a charge's outcome unknown for nothing,
-/// seen under load when a pooled connection had waited out a demo's run.
+/// the processor's closing of idle keep-alive connections (its header read timeout, 10 s). One
+/// reused just as the server closes it fails after the request was sent ("connection closed
+/// before message completed"): an outcome unknown for nothing, seen after a demo's idle wait.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl ProcessorClient {
@@ -275,6 +278,7 @@ impl ProcessorClient {
             api_key,
             new_key_per_call: false,
             when_recorded: None,
+            deadline: None,
         })
     }
 
@@ -300,6 +304,27 @@ impl ProcessorClient {
     pub fn with_a_new_key_per_call(mut self) -> Self {
         self.new_key_per_call = true;
         self
+    }
+
+    /// This client, its keyed calls carrying `deadline` (the key's `Lease::call_deadline`): the
+    /// processor refuses one that reaches it later, storing nothing (its `deadline.rs`).
+    #[must_use]
+    pub fn until(&self, deadline: DateTime<Utc>) -> Self {
+        Self {
+            deadline: Some(deadline),
+            ..self.clone()
+        }
+    }
+
+    /// A keyed `POST` to `path`: its `Idempotency-Key`, and its `Call-Deadline` when set.
+    fn keyed_post(&self, path: &str, downstream_key: &str) -> reqwest::RequestBuilder {
+        let request = self
+            .request(Method::POST, path)
+            .header("idempotency-key", self.key_for(downstream_key));
+        match self.deadline {
+            Some(deadline) => request.header(CALL_DEADLINE, deadline::header_value(deadline)),
+            None => request,
+        }
     }
 
     /// The key a call sends.
@@ -341,8 +366,7 @@ impl ProcessorClient {
         request: &ChargeRequest,
     ) -> (ProcessorOutcome<Charge>, bool) {
         let sent = self
-            .request(Method::POST, "v1/charges")
-            .header("idempotency-key", self.key_for(downstream_key))
+            .keyed_post("v1/charges", downstream_key)
             .json(request)
             .send()
             .await;
@@ -429,8 +453,7 @@ impl ProcessorClient {
     ) -> ProcessorOutcome<T> {
         let started = Instant::now();
         let sent = self
-            .request(Method::POST, path)
-            .header("idempotency-key", self.key_for(downstream_key))
+            .keyed_post(path, downstream_key)
             .json(body)
             .send()
             .await;

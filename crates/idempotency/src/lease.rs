@@ -37,6 +37,8 @@ pub struct Lease {
     /// When this instance was granted the lease, on its monotonic clock and on the database's.
     pub(crate) granted: Instant,
     pub(crate) granted_at: DateTime<Utc>,
+    /// The end of the key's recovery window, less the clock margin: see [`Lease::call_deadline`].
+    pub(crate) call_deadline: DateTime<Utc>,
     /// The key's row: its owner (the scope's first part) and id.
     pub(crate) owner: Arc<str>,
     pub(crate) key_id: i64,

@@ -92,7 +92,7 @@ pub use jobs::RecoveryJob;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{MAX_STORED_BODY, NotStored, guard};
 pub use point::{EarlierCalls, RecoveryPoint, StateVersion};
-pub use policy::{LeaseTooShort, Policy};
+pub use policy::{CLOCK_MARGIN, LeaseTooShort, Policy};
 pub use recovery::{HOLD_BATCH, KeyRecovery, LONGEST_RECOVERY_BACKOFF, RECOVERY_BATCH};
 pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, ResponseVersion, StoredResponse};
@@ -285,7 +285,8 @@ impl Idempotency {
             .await?;
             let existing = match reservation {
                 Reservation::Reserved { key_id, now } => {
-                    let mut lease = self.lease(KeyOutcome::Executed, key_id, token, now, request);
+                    let mut lease =
+                        self.lease(KeyOutcome::Executed, key_id, token, (now, now), request);
                     lease.recovery = first_point;
                     return Ok(Decision::Execute(lease));
                 }
@@ -426,7 +427,8 @@ impl Idempotency {
             recovery_point = taken.recovery.as_ref().map(|point| point.name.as_str()),
             "took over an idempotency key whose lease had expired"
         );
-        let mut lease = self.lease(KeyOutcome::TakenOver, key_id, token, taken.now, request);
+        let times = (taken.now, taken.window_from);
+        let mut lease = self.lease(KeyOutcome::TakenOver, key_id, token, times, request);
         lease.recovery = taken.recovery;
         Ok(Some(lease))
     }
@@ -446,20 +448,23 @@ impl Idempotency {
         )
         .await?;
         Ok(recycled.map(|now| {
-            let mut lease = self.lease(KeyOutcome::Executed, key_id, token, now, request);
+            let mut lease = self.lease(KeyOutcome::Executed, key_id, token, (now, now), request);
             lease.recovery = first_point;
             lease
         }))
     }
 
+    /// A lease granted at `now` (the database's time) on a key whose recovery window began at
+    /// `window_from` (its `created_at`: `now` for a key reserved or recycled by this request).
     fn lease(
         &self,
         outcome: KeyOutcome,
         key_id: i64,
         token: Uuid,
-        now: DateTime<Utc>,
+        (now, window_from): (DateTime<Utc>, DateTime<Utc>),
         request: &KeyedRequest,
     ) -> Lease {
+        let window = self.policy.recovery_window.saturating_sub(CLOCK_MARGIN);
         Lease {
             instrumentation: self.instrumentation,
             resumers: Arc::clone(&self.resumers),
@@ -469,6 +474,10 @@ impl Idempotency {
             outcome,
             granted: Instant::now(),
             granted_at: now,
+            call_deadline: chrono::Duration::from_std(window)
+                .ok()
+                .and_then(|window| window_from.checked_add_signed(window))
+                .unwrap_or(DateTime::<Utc>::MAX_UTC),
             owner: request.scope.owner().into(),
             key_id,
             token,
@@ -623,6 +632,17 @@ impl Lease {
     pub fn now(&self) -> DateTime<Utc> {
         let elapsed = chrono::Duration::from_std(self.granted.elapsed()).unwrap_or_default();
         (self.granted_at + elapsed).trunc_subsecs(6)
+    }
+
+    /// The instant after which no call made under this key may act: the end of the key's
+    /// recovery window, less [`CLOCK_MARGIN`]. Past the window the key may be held, and an operator
+    /// settles it from what the other system made under its downstream key; a holder that stalled
+    /// (a paused process, a starved task) and wakes after that must not make anything more. A
+    /// check of the lease before each call cannot promise it (the stall may fall between the check
+    /// and the send), so the call carries this deadline and the other system refuses it, storing
+    /// nothing, once its own clock is past it, in the transaction that would act.
+    pub fn call_deadline(&self) -> DateTime<Utc> {
+        self.call_deadline
     }
 
     fn fence(&self, response: &StoredResponse) -> Fence {

@@ -40,6 +40,16 @@ impl Policy {
     }
 }
 
+/// How far apart the clocks of the keys' database and of another system called under a key may
+/// be: a call's deadline ([`Lease::call_deadline`]) is this much before the end of the key's
+/// recovery window, so that the other system, reading its own clock, refuses a late call before
+/// the database's clock lets the key be held (and an operator settle it from what the other
+/// system made). Clocks kept by NTP differ by milliseconds; a second leaves room for a
+/// commit that takes a while too.
+///
+/// [`Lease::call_deadline`]: crate::Lease::call_deadline
+pub const CLOCK_MARGIN: Duration = Duration::from_secs(1);
+
 /// A lease shorter than three times the pool's acquire timeout ([`Policy::check_lease`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseTooShort {

@@ -136,7 +136,7 @@ impl Idempotency {
                 KeyOutcome::Recovered,
                 key.key_id,
                 key.token,
-                key.now,
+                (key.now, key.window_from),
                 &request,
             );
             tracing::warn!(

@@ -150,7 +150,7 @@ impl Idempotency {
             KeyOutcome::Settled,
             claimed.key_id,
             token,
-            claimed.now,
+            (claimed.now, claimed.window_from),
             &request,
         );
         lease.recovery = Some(claimed.recovery);

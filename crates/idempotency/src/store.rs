@@ -390,6 +390,10 @@ async fn reserve_routed(
 /// recorded, if it reached one.
 pub(super) struct TakenOver {
     pub now: DateTime<Utc>,
+    /// When the key's recovery window began: its `created_at`. (A key taken over past its window
+    /// before it reached a call gets a call refused for its deadline, is released, and its next
+    /// retry reserves it anew.)
+    pub window_from: DateTime<Utc>,
     pub recovery: Option<RecoveryPoint>,
 }
 
@@ -425,7 +429,7 @@ pub(super) async fn take_over(
                OR (created_at > now() - $9::bigint * interval '1 millisecond'
                    AND COALESCE(recovery_state -> 'version', '1')::text || ' ' || recovery_point
                        = ANY($11)))
-        RETURNING locked_until AS "locked_until!", recovery_point, recovery_state,
+        RETURNING locked_until AS "locked_until!", created_at, recovery_point, recovery_state,
                   downstream_key
         "#,
         key_id,
@@ -444,6 +448,7 @@ pub(super) async fn take_over(
     .await?;
     Ok(row.map(|row| TakenOver {
         now: granted_at(row.locked_until, lease),
+        window_from: row.created_at,
         recovery: RecoveryPoint::from_columns(
             row.recovery_point,
             row.recovery_state,

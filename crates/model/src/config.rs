@@ -232,11 +232,11 @@ pub enum Defect {
     /// released gives up ("settle it by hand", `made_on_charge` in src/payments/capturing.rs),
     /// though nothing was made under its key and nothing can be: the key stays held for a person.
     SettleGivesUpOnReleased,
-    /// Today's code: a call carries no deadline the processor checks. A holder stalled between
+    /// The code before calls carried a deadline (`Call-Deadline`): the processor checks none. A holder stalled between
     /// taking the key and sending its call (its lease run out) wakes after the window, the hold
     /// and an operator's settle, and its call still acts.
     NoCallDeadline,
-    /// Today's code with the tempting fix: the holder checks that its lease still holds before
+    /// That code with the tempting fix: the holder checks that its lease still holds before
     /// each attempt, and then sends. The check and the send are two steps; the stall falls between
     /// them.
     LeaseCheckedBeforeSend,

@@ -20,6 +20,7 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
 use crate::ProcessorState;
+use crate::deadline::CallDeadline;
 use crate::extract::PathId;
 use crate::handlers::{Made, charge_not_found};
 use crate::model::{
@@ -38,6 +39,7 @@ pub(crate) async fn capture_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     PathId(id): PathId<ChargeId>,
+    deadline: CallDeadline,
     Idempotent { request, body }: Idempotent<NewCapture>,
 ) -> Result<Response, Error> {
     let shared = state.clone();
@@ -54,7 +56,7 @@ pub(crate) async fn capture_charge(
                     answer: charge,
                 }))
         };
-        shared.change_under_key(lease, made).await
+        shared.change_under_key(lease, deadline, made).await
     });
     state.with_faults(hangup, answer).await
 }
@@ -65,6 +67,7 @@ pub(crate) async fn void_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     PathId(id): PathId<ChargeId>,
+    deadline: CallDeadline,
     Idempotent {
         request,
         body: NewVoid {},
@@ -81,7 +84,7 @@ pub(crate) async fn void_charge(
                 answer: charge,
             }))
         };
-        shared.change_under_key(lease, made).await
+        shared.change_under_key(lease, deadline, made).await
     });
     state.with_faults(hangup, answer).await
 }

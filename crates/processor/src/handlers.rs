@@ -18,6 +18,7 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use crate::ProcessorState;
+use crate::deadline::CallDeadline;
 use crate::extract::{Authorized, KeyQuery, KeyedPageQuery, PathId};
 use crate::faults::Faults;
 use crate::model::{
@@ -114,13 +115,14 @@ impl ProcessorState {
         Ok(())
     }
 
-    /// The work of a keyed route that changes a charge: after the injected latency, `change` runs
-    /// in the key's transaction (given the key and the lease's time); what it made is announced and
+    /// The work of a keyed route that changes a charge: after the injected latency, and unless the
+    /// call's deadline passed (see `deadline.rs`), `change` runs in the key's transaction (given the key and the lease's time); what it made is announced and
     /// answered, and a refusal is answered. Either answer is the key's stored response, committed
     /// with the change and its event, so a repeat of the key gets it again and changes nothing.
     pub(crate) async fn change_under_key<T: Serialize>(
         &self,
         lease: Lease,
+        deadline: CallDeadline,
         change: impl AsyncFnOnce(
             &mut PgConnection,
             &IdempotencyKey,
@@ -128,6 +130,7 @@ impl ProcessorState {
         ) -> Result<Result<Made<T>, Problem>, sqlx::Error>,
     ) -> Result<Completion, Error> {
         self.delay().await;
+        deadline.check()?;
         let at = lease.now();
         let mut tx = lease.begin().await?;
         let response = match change(&mut tx, lease.key(), at).await? {
@@ -161,16 +164,22 @@ pub(crate) struct Made<T> {
 pub(crate) async fn create_charge(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
+    deadline: CallDeadline,
     Idempotent { request, body }: Idempotent<NewCharge>,
 ) -> Result<Response, Error> {
     let shared = state.clone();
     let answer = state
         .idempotency
-        .run(request, move |lease| charge(shared, lease, body));
+        .run(request, move |lease| charge(shared, lease, deadline, body));
     state.with_faults(hangup, answer).await
 }
 
-async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<Completion, Error> {
+async fn charge(
+    state: ProcessorState,
+    lease: Lease,
+    deadline: CallDeadline,
+    new: NewCharge,
+) -> Result<Completion, Error> {
     state.delay().await;
     let decline_code = match new.payment_method {
         PaymentMethod::CardVisa => None,
@@ -180,6 +189,8 @@ async fn charge(state: ProcessorState, lease: Lease, new: NewCharge) -> Result<C
             None
         }
     };
+    // After the waits, right before the transaction that makes the charge.
+    deadline.check()?;
     let amount = i64::from(new.amount);
     // A decline holds nothing; an authorization holds the amount until it is captured or voided.
     let (capture_state, amount_captured) = match (decline_code, new.capture) {
@@ -487,6 +498,7 @@ pub(crate) async fn create_refund(
     State(state): State<ProcessorState>,
     hangup: Option<Extension<Hangup>>,
     PathId(id): PathId<ChargeId>,
+    deadline: CallDeadline,
     Idempotent { request, body }: Idempotent<NewRefund>,
 ) -> Result<Response, Error> {
     let shared = state.clone();
@@ -500,7 +512,7 @@ pub(crate) async fn create_refund(
                 answer: refund,
             }))
         };
-        shared.change_under_key(lease, made).await
+        shared.change_under_key(lease, deadline, made).await
     });
     state.with_faults(hangup, answer).await
 }

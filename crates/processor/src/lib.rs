@@ -12,6 +12,7 @@
 //! `GET /metrics` (Prometheus text).
 
 mod captures;
+pub mod deadline;
 mod disputes;
 mod extract;
 mod fault_routes;

@@ -94,6 +94,11 @@ service::problem_catalogue! {
             status: BAD_REQUEST,
             title: "The charge cannot be voided",
         }
+        CallDeadlinePassed {
+            slug: "call-deadline-passed",
+            status: UNPROCESSABLE_ENTITY,
+            title: "The call's deadline passed before it could act",
+        }
         Internal {
             slug: "internal",
             status: INTERNAL_SERVER_ERROR,

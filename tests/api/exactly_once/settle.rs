@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ::processor::ProcessorSettings;
 use idempay::config::Settings;
+use idempay::db::PoolLimits;
 use idempay_test_macros::api_test;
 
 use super::early_events::{
@@ -25,10 +26,13 @@ use crate::processor::{self, API_KEY, TestProcessor};
 use crate::support::checks::count;
 use crate::support::helpers::{TestApp, new_key, payment, wait_until};
 use crate::support::instance::idempay;
+use crate::support::pg_proxy::PgProxy;
 
 /// The recovery window of these scenarios: long enough for the first request's attempts (the
-/// processor's timeout is short), short enough to wait out.
-const WINDOW: Duration = Duration::from_secs(2);
+/// processor's timeout is short) and for the processor's 1 s of latency before its calls'
+/// deadline, a second before the window ends (`idempotency::CLOCK_MARGIN`); short enough to wait
+/// out.
+const WINDOW: Duration = Duration::from_secs(3);
 
 fn settings() -> Settings {
     let mut settings = Settings {
@@ -423,18 +427,22 @@ async fn a_held_cancel_is_settled_from_the_processors_charge() {
     assert_ledgers_agree(&app, &processor, 1).await;
 }
 
-/// A settle while the capture is still being made at the processor (in its latency, its key
-/// there in progress): the charge, read under the capture's downstream key, is answered 409, so
-/// the settle fails and hands the key back, held, rather than read an authorization still held
-/// and record "nothing made" beside a capture about to commit. Once the capture commits, the same
-/// settle records it, and the payment is captured once. (Read without the key, the charge said
-/// `requires_capture`: the key was completed as nothing made, the money taken regardless.)
+/// A settle while the capture is still in flight at the processor (in its latency, its key there
+/// in progress): the charge, read under the capture's downstream key, is answered 409, so the
+/// settle fails and hands the key back, held, rather than read an authorization still held and
+/// record "nothing made" beside a capture that might still commit. (Read without the key, the
+/// charge said `requires_capture`: the key was completed as nothing made, the money taken
+/// regardless.) The capture's latency outlasts its deadline, the window's end less the clock
+/// margin: the processor refuses it once the latency is over, storing nothing, and the same settle
+/// then records that nothing was made. The payment is still authorized, and a capture under a new
+/// key takes it, once.
 #[api_test]
-async fn a_settle_during_a_capture_still_being_made_leaves_the_key_held_until_it_is_made() {
+async fn a_settle_during_a_capture_still_in_flight_leaves_the_key_held_until_the_processor_decides()
+{
     let (app, healthy) = idempay_and_processor(settings(), processor::settings()).await;
     let authorized = app.authorized(5000).await;
     // Each capture takes 8 s there: past idempay's three attempts and its recovery window, so the
-    // key is held while the processor is still making the first attempt's capture.
+    // key is held while the processor is still in the first attempt's latency.
     let slow = replace_processor(
         &app,
         healthy,
@@ -453,10 +461,18 @@ async fn a_settle_during_a_capture_still_being_made_leaves_the_key_held_until_it
             .await
             .unwrap()
     };
+    let captures_in_flight = || async {
+        count(
+            &app.db,
+            "SELECT count(*) FROM idempotency_keys \
+             WHERE scope = 'processor:POST /v1/charges/{id}/capture' AND status = 'in_progress'",
+        )
+        .await
+    };
     assert_eq!(
-        capture_state().await,
-        "requires_capture",
-        "the capture is still being made: the settle meets it in flight"
+        captures_in_flight().await,
+        1,
+        "the settle meets it in flight"
     );
 
     let early = settle(&app, &slow, &key).await;
@@ -464,23 +480,32 @@ async fn a_settle_during_a_capture_still_being_made_leaves_the_key_held_until_it
     assert!(!early.status.success(), "{}", stdout(&early));
     let (status, _, _) = key_row(&app, &key).await.expect("kept");
     assert_eq!(status, "held", "handed back, held");
-    wait_until("the processor commits the capture", || async {
-        capture_state().await == "captured"
+    wait_until("the processor decides on the capture", || async {
+        captures_in_flight().await == 0
     })
     .await;
+    assert_eq!(
+        capture_state().await,
+        "requires_capture",
+        "refused for its deadline: nothing captured"
+    );
     let settled = settle(&app, &slow, &key).await;
     assert!(settled.status.success(), "{settled:?}");
     let retry = app.post_capture(&authorized, &key, &body).await;
-    retry.assert_status(200);
+    retry.assert_problem(409, "processor-made-nothing");
     assert!(retry.replayed());
-    assert_eq!(retry.json()["amount_captured"], 4000);
+    let healthy = replace_processor(&app, slow, processor::settings()).await;
+    let captured = app.post_capture(&authorized, &new_key(), &body).await;
+    captured.assert_status(200);
+    assert_eq!(captured.json()["amount_captured"], 4000);
+    assert_eq!(capture_state().await, "captured");
     let captures = count(
         &app.db,
         "SELECT count(*) FROM events WHERE type = 'payment.captured'",
     )
     .await;
     assert_eq!(captures, 1, "captured once");
-    assert_ledgers_agree(&app, &slow, 1).await;
+    assert_ledgers_agree(&app, &healthy, 1).await;
 }
 
 /// The processor's side: a charge read under a key is answered 409 while a capture or a void
@@ -674,5 +699,96 @@ async fn a_dispute_opened_while_the_key_was_held_is_applied_once_by_the_settle()
     assert_eq!(disputes, 1);
     let parked = count(&app.db, "SELECT count(*) FROM parked_events").await;
     assert_eq!(parked, 0);
+    assert_ledgers_agree(&app, &processor, 1).await;
+}
+
+/// A holder stalled between taking its key and sending its call, past the window, the hold and an
+/// operator's settle: when it wakes, its call reaches the processor, and is refused there for its
+/// deadline (the key's window's end, less the clock margin), so nothing contradicts the settle's
+/// "nothing made". Without the deadline, the call charged: a charge no payment records, under a key
+/// that answers that nothing happened.
+///
+/// The stall is PostgreSQL's answer to the reservation, held by a proxy: the key is committed
+/// (in progress, at its recovery point), and its holder waits, as a paused process would.
+#[api_test]
+async fn a_holder_that_wakes_after_its_key_was_settled_is_refused_by_its_call_s_deadline() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let mut stalling = Settings {
+        // No recovery job: it would resume the key within the window, and charge.
+        recovery_interval: Duration::from_secs(3600),
+        ..linked_to(&address, settings())
+    };
+    stalling.shared.lease = Duration::from_secs(1);
+    stalling.processor.timeout = Duration::from_secs(3);
+    let limits = PoolLimits {
+        acquire_timeout: Duration::from_millis(300),
+        ..PoolLimits::default()
+    };
+    let proxy = PgProxy::to(&crate::support::harness::database_url("postgres")).await;
+    let app = TestApp::spawn_reaching(stalling, limits, |url| proxy.url(url)).await;
+    // The processor's latency lets the test see the late call arrive (its key in progress there).
+    let processor = TestProcessor::beside_on(
+        &app,
+        faulty(|s| s.faults.latency = Duration::from_secs(1)),
+        listener,
+    )
+    .await;
+    // A first payment prepares the reservation on the connection the next one reuses: the proxy
+    // then holds the answer to its execution (a statement's first preparation is answered
+    // before it runs).
+    app.post_payment(&new_key(), &payment(1000))
+        .await
+        .assert_status(201);
+    let key = new_key();
+
+    proxy.hold_answer_to(|sql: &str| sql.contains("INSERT INTO idempotency_keys"));
+    let request = app.keyed_post_as(&app.api_key, "/v1/payments", &key, &payment(4200));
+    let stalled = tokio::spawn(request.send());
+    wait_until("the reservation's answer is held", || async {
+        proxy.is_holding()
+    })
+    .await;
+    let (status, point, _) = key_row(&app, &key).await.expect("the key is committed");
+    assert_eq!(
+        (status.as_str(), point.as_deref()),
+        ("in_progress", Some("payment.charge_requested"))
+    );
+    past_the_window().await;
+    assert_held(&app, &key, app.post_payment(&key, &payment(4200)).await).await;
+    let settled = settle(&app, &processor, &key).await;
+    assert!(settled.status.success(), "{settled:?}");
+    assert_eq!(
+        stdout(&settled),
+        "POST /v1/payments: settled: the key now answers 409\n"
+    );
+
+    proxy.release();
+    let processor_keys_in_progress = || async {
+        count(
+            &app.db,
+            "SELECT count(*) FROM idempotency_keys \
+             WHERE scope = 'processor:POST /v1/charges' AND status = 'in_progress'",
+        )
+        .await
+    };
+    wait_until("the woken holder's call reaches the processor", || async {
+        processor_keys_in_progress().await == 1
+    })
+    .await;
+    wait_until("the processor refused it and released its key", || async {
+        processor_keys_in_progress().await == 0
+    })
+    .await;
+    stalled.abort();
+
+    assert_eq!(
+        processor.count("processor_charges").await,
+        1,
+        "nothing charged but the first payment"
+    );
+    let retry = app.post_payment(&key, &payment(4200)).await;
+    retry.assert_problem(409, "processor-made-nothing");
+    assert!(retry.replayed());
     assert_ledgers_agree(&app, &processor, 1).await;
 }

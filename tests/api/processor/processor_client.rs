@@ -320,3 +320,71 @@ async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
     assert_eq!(client.charges().await.unwrap(), vec![charge]);
     child.kill().await.ok();
 }
+
+/// A call carries its key's deadline (`Call-Deadline`), and the processor checks it right before
+/// it acts, after its latency: a deadline that passes during the latency refuses the call, 422
+/// `call-deadline-passed`, known not done. Nothing is stored under the key: no charge, no key left
+/// to replay, so a read of what was made under it answers "nothing" at once, and the same key
+/// with a later deadline makes the charge.
+#[api_test]
+async fn a_call_that_reaches_its_deadline_before_it_acts_is_refused_and_stores_nothing() {
+    let processor = TestProcessor::spawn_with(with(|settings| {
+        settings.faults.latency = Duration::from_millis(600);
+    }))
+    .await;
+    let client = processor.client(Duration::from_secs(5));
+    let key = new_key();
+    let soon = chrono::Utc::now() + chrono::Duration::milliseconds(200);
+
+    let late = client.until(soon).charge(&key, &visa(4200)).await;
+
+    let ProcessorOutcome::NotDone(refusal) = &late else {
+        panic!("{late:?}");
+    };
+    assert_eq!(refusal.status, Some(422), "{refusal:?}");
+    assert_eq!(
+        refusal.problem(),
+        Some(::processor::problem::ProblemKind::CallDeadlinePassed),
+        "{refusal:?}"
+    );
+    assert_eq!(processor.count("processor_charges").await, 0);
+    assert_eq!(
+        processor.count("idempotency_keys").await,
+        0,
+        "the key released"
+    );
+    assert!(client.charges_made_under(&key).await.unwrap().is_empty());
+
+    let later = chrono::Utc::now() + chrono::Duration::seconds(30);
+    let made = client.until(later).charge(&key, &visa(4200)).await;
+    assert!(matches!(made, ProcessorOutcome::Done(_)), "{made:?}");
+    assert_eq!(processor.count("processor_charges").await, 1);
+}
+
+/// A `Call-Deadline` that is no instant is refused before anything, 400 naming the header.
+#[api_test]
+async fn a_malformed_call_deadline_is_refused_naming_the_header() {
+    let processor = TestProcessor::spawn().await;
+    let request = processor
+        .http()
+        .post(format!("{}/v1/charges", processor.address))
+        .bearer_auth(API_KEY)
+        .header("idempotency-key", new_key())
+        .header("call-deadline", "tomorrow")
+        .json(&serde_json::json!({
+            "amount": 100, "currency": "eur", "payment_method": "pm_card_visa"
+        }));
+
+    let refused = processor.send(request).await;
+
+    refused.assert_problem(400, "invalid-request");
+    assert!(
+        refused.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Call-Deadline"),
+        "{}",
+        refused.json()
+    );
+    assert_eq!(processor.count("processor_charges").await, 0);
+}

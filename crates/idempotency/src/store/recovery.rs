@@ -81,6 +81,8 @@ pub(crate) struct Recoverable {
     pub key_id: i64,
     pub token: Uuid,
     pub now: DateTime<Utc>,
+    /// When the key's recovery window began (its `created_at`).
+    pub window_from: DateTime<Utc>,
     pub scope: String,
     pub idem_key: String,
     pub fingerprint: Vec<u8>,
@@ -125,7 +127,8 @@ pub(crate) async fn claim_recoverable(
           AND status = 'in_progress' AND locked_until <= now()
         RETURNING id, lock_token AS "lock_token!", locked_until AS "locked_until!", scope, idem_key,
                   request_hash, fingerprint_version, recovery_point AS "recovery_point!",
-                  recovery_state AS "recovery_state!", downstream_key AS "downstream_key!"
+                  recovery_state AS "recovery_state!", downstream_key AS "downstream_key!",
+                  created_at
         "#,
         known,
         millis(lease),
@@ -141,6 +144,7 @@ pub(crate) async fn claim_recoverable(
             key_id: row.id,
             token: row.lock_token,
             now: granted_at(row.locked_until, lease),
+            window_from: row.created_at,
             scope: row.scope,
             idem_key: row.idem_key,
             fingerprint: row.request_hash,
@@ -310,7 +314,8 @@ pub(crate) async fn claim_recoverable_unlocked(
                   = ANY($6)
             RETURNING id, locked_until AS "locked_until!", scope, idem_key, request_hash,
                       fingerprint_version, recovery_point AS "recovery_point!",
-                      recovery_state AS "recovery_state!", downstream_key AS "downstream_key!"
+                      recovery_state AS "recovery_state!", downstream_key AS "downstream_key!",
+                      created_at
             "#,
             candidate.account_id,
             candidate.id,
@@ -326,6 +331,7 @@ pub(crate) async fn claim_recoverable_unlocked(
                 key_id: row.id,
                 token,
                 now: granted_at(row.locked_until, lease),
+                window_from: row.created_at,
                 scope: row.scope,
                 idem_key: row.idem_key,
                 fingerprint: row.request_hash,
@@ -375,6 +381,8 @@ pub(crate) async fn unresumable(
 pub(crate) struct Claimed {
     pub key_id: i64,
     pub now: DateTime<Utc>,
+    /// When the key's recovery window began (its `created_at`).
+    pub window_from: DateTime<Utc>,
     pub fingerprint: Vec<u8>,
     pub fingerprint_version: Option<i16>,
     pub recovery: RecoveryPoint,
@@ -401,7 +409,7 @@ pub(crate) async fn claim_held(
         WHERE account_id = $1 AND scope = $2 AND idem_key = $3 AND status = 'held'
         RETURNING id, locked_until AS "locked_until!", request_hash, fingerprint_version,
                   recovery_point AS "recovery_point!", recovery_state AS "recovery_state!",
-                  downstream_key AS "downstream_key!"
+                  downstream_key AS "downstream_key!", created_at
         "#,
         owner,
         scope,
@@ -414,6 +422,7 @@ pub(crate) async fn claim_held(
     Ok(row.map(|row| Claimed {
         key_id: row.id,
         now: granted_at(row.locked_until, lease),
+        window_from: row.created_at,
         fingerprint: row.request_hash,
         fingerprint_version: row.fingerprint_version,
         recovery: RecoveryPoint {
