@@ -29,7 +29,7 @@ test:
 
 ## The fault-schedule explorer (tests/explore/): seeded schedules of faults on real processes, each
 ## ending with the ledgers' invariants; the regression seeds first, then SCHEDULES seeds drawn from
-## the clock, within about seven minutes (a run that runs out of time before its last seed fails).
+## the clock, within about nine minutes (a run that runs out of time before its last seed fails).
 ## SEED=S runs seeds S… only: `make explore SEED=S SCHEDULES=1` replays a failure (with
 ## EXPLORE_PAUSES=0 for a seed found before pauses existed, as the failure's command says). The
 ## same features as `make test`, so it reuses that build.
