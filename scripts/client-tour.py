@@ -8,7 +8,8 @@ the package `idempay_client` into CLIENT_DIR:
 It imports the generated package, authenticates with API_KEY as a Bearer token through its
 AuthenticatedClient, and walks the API with the `sync_detailed` functions (they give the status and
 the headers as well as the parsed body): a payment with an Idempotency-Key, its replay, the key with
-another amount (422), a declined card (402), the list, one payment, a partial refund, a full refund
+another amount (422), a payment sent as a form (as Stripe's SDKs send it) replayed by its JSON twin,
+a declined card (402), the list, one payment, a partial refund, a full refund
 with no body, the events, the key's inspection, a webhook endpoint for every event type, and a
 dispute opened at the processor with the route and key that the banner of `idempay dev` (the file
 SERVER_OUT) shows, read back on the payment once the processor's event arrived. Each step checks
@@ -169,6 +170,26 @@ def main(base, api_key, client_dir, server_out):
             f"mismatched_fields {fields!r} lacks /amount",
         )
         return f"422 {problem.code}, mismatched_fields {fields}"
+
+    @step("a form-encoded payment, replayed as JSON")
+    def _():
+        # As Stripe's SDKs and `curl -d` send it: the client's own HTTP connection, a form body.
+        form_key = f"tour-form-{uuid.uuid4()}"
+        sent_form = client.get_httpx_client().post(
+            "/v1/payments",
+            data={"amount": "1500", "currency": "eur", "metadata[order_id]": "6736"},
+            headers={"Idempotency-Key": form_key},
+        )
+        check(sent_form.status_code == 201, f"expected HTTP 201, got {answer(sent_form)}")
+        made = sent_form.json()
+        check(made["metadata"] == {"order_id": "6736"}, f"metadata {made['metadata']}, not the one sent")
+        twin = new_payment(1500, metadata=Metadata.from_dict({"order_id": "6736"}))
+        r = create_payment.sync_detailed(client=client, body=twin, idempotency_key=form_key)
+        payment = expect(r, 201, Payment)
+        replayed = r.headers.get("Idempotent-Replayed")
+        check(replayed == "true", f"the JSON twin: Idempotent-Replayed {replayed!r}, not 'true'")
+        check(payment.id == made["id"], f"the JSON twin answered {payment.id}, not {made['id']}")
+        return f"{payment.id} by form, its JSON twin a replay"
 
     @step("a declined card")
     def _():

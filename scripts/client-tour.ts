@@ -7,7 +7,8 @@
 // It walks the API with the generated classes only (raw `fetch` for the processor's test routes,
 // which the description does not hold, as the Python tour does): a manual payment, a partial
 // capture and its replay, a cancel of another and the 409 for a capture after it, a refund of the
-// captured money, a 422 with its `mismatched_fields`, the list, and a dispute opened at the
+// captured money, a 422 with its `mismatched_fields`, a payment sent as a form and replayed by its
+// JSON twin, the list, and a dispute opened at the
 // processor and won there, read back on idempay. Each step prints one line; the first failure
 // exits 1 with what was expected and what came.
 
@@ -168,6 +169,28 @@ async function until<T>(what: string, read: () => Promise<T>, done: (value: T) =
   }
 }
 
+/// A manual payment sent as a form, as Stripe's SDKs send it (raw `fetch`: the generated client
+/// sends JSON), then its JSON twin under the same key through the generated client: a replay.
+async function formThenJson(): Promise<string> {
+  const key = newKey();
+  const response = await fetch(`${base}/v1/payments`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${apiKey}`, "Idempotency-Key": key },
+    body: new URLSearchParams({ amount: "2500", currency: "eur", capture_method: "manual", "metadata[cart]": "7" }),
+  });
+  check(response.status === 201, `the form answered ${response.status}: ${await response.text()}`);
+  const made = (await response.json()) as { id: string };
+  const twin = await payments.createPaymentRaw({
+    idempotencyKey: key,
+    newPayment: { ...manual(2500), metadata: { cart: "7" } },
+  });
+  const replayed = twin.raw.headers.get("Idempotent-Replayed");
+  const payment = await twin.value();
+  check(replayed === "true", `the JSON twin: Idempotent-Replayed ${replayed}`);
+  check(payment.id === made.id, `the JSON twin answered ${payment.id}, not ${made.id}`);
+  return `${payment.id} by form, its JSON twin a replay`;
+}
+
 async function disputeWon(): Promise<string> {
   const paid = await payments.createPayment({
     idempotencyKey: newKey(),
@@ -193,6 +216,7 @@ const steps: Array<[string, () => Promise<string>]> = [
   ["a cancel of another, then a capture of it", cancelThenCapture],
   ["a refund of the captured money", refundCaptured],
   ["a key reused with another body", mismatch],
+  ["a form, then its JSON twin", formThenJson],
   ["the list", list],
   ["a dispute won", disputeWon],
 ];

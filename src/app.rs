@@ -255,11 +255,12 @@ pub fn spec_json() -> String {
 }
 
 /// The description as served and committed: the shapes code generators need
-/// ([`openapi::finish`]), and the figures its texts name (`{key_ttl}`, …) filled in from the
-/// default settings and the constants, so no text retypes a figure that the code could change.
+/// ([`openapi::finish`]), the figures its texts name (`{key_ttl}`, …) filled in from the
+/// default settings and the constants, so no text retypes a figure that the code could change,
+/// and the form bodies beside the JSON ones ([`openapi::with_form_bodies`]).
 fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     let settings = Settings::default();
-    openapi::with_figures(openapi::finish(description), |text| {
+    let described = openapi::with_figures(openapi::finish(description), |text| {
         // The retry schedule is not `Copy`, as `Figures` is: filled in here, from the same settings.
         Figures::of(&settings)
             .fill(text)
@@ -271,7 +272,8 @@ fn described(description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi 
                 "{webhook_jitter}",
                 &format!("±{}%", service::outbox::JITTER * 100.0),
             )
-    })
+    });
+    openapi::with_form_bodies(described)
 }
 
 /// The running service: the HTTP API on a bound listener, and beside it the expiry job, the

@@ -141,7 +141,8 @@ pub enum IdempotencyProblems {
     /// The body is over {body_limit} (`payload-too-large`). Nothing was reserved.
     #[response(status = 413, content_type = "application/problem+json")]
     PayloadTooLarge(Problem),
-    /// The body is not `application/json` (`unsupported-media-type`). Nothing was reserved.
+    /// The body is neither `application/json` nor `application/x-www-form-urlencoded`
+    /// (`unsupported-media-type`). Nothing was reserved.
     #[response(status = 415, content_type = "application/problem+json")]
     UnsupportedMediaType(Problem),
     /// The key was already used with a different request (`idempotency-key-mismatch`). Nothing

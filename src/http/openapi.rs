@@ -205,6 +205,83 @@ fn optional_bodies_as_named_schemas(
     description
 }
 
+/// Every keyed `POST` takes its body as JSON or as a form (`application/x-www-form-urlencoded`,
+/// the mechanism's `form.rs`): the form is listed beside the JSON with the same schema, its object
+/// and list members encoded `deepObject`, which is Stripe's bracket notation
+/// (`metadata[order_id]=6735`). The processor's events come signed as JSON only.
+///
+/// Added last, after [`with_figures`]: utoipa reads back no `encoding` it wrote (its `headers`
+/// member is required when read and left out when written empty).
+pub fn with_form_bodies(mut description: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::encoding::EncodingBuilder;
+    use utoipa::openapi::path::ParameterStyle;
+    use utoipa::openapi::schema::{Schema, SchemaType, Type};
+    const FORM: &str = "application/x-www-form-urlencoded";
+    let schemas = description
+        .components
+        .as_ref()
+        .map(|components| components.schemas.clone())
+        .unwrap_or_default();
+    // The members of a body's schema that are objects or lists: those a form spells with brackets.
+    let nested = |body: &RefOr<Schema>| -> Vec<String> {
+        let schema = match body {
+            RefOr::Ref(reference) => reference
+                .ref_location
+                .rsplit('/')
+                .next()
+                .and_then(|name| schemas.get(name)),
+            inline @ RefOr::T(_) => Some(inline),
+        };
+        let Some(RefOr::T(Schema::Object(object))) = schema else {
+            return Vec::new();
+        };
+        let is_scalar = |member: &RefOr<Schema>| match member {
+            RefOr::T(Schema::Object(member)) => match &member.schema_type {
+                SchemaType::Type(kind) => !matches!(kind, Type::Object | Type::Array),
+                SchemaType::Array(kinds) => !kinds
+                    .iter()
+                    .any(|kind| matches!(kind, Type::Object | Type::Array)),
+                SchemaType::AnyValue => false,
+            },
+            _ => false,
+        };
+        object
+            .properties
+            .iter()
+            .filter(|(_, member)| !is_scalar(member))
+            .map(|(name, _)| name.clone())
+            .collect()
+    };
+    for item in description.paths.paths.values_mut() {
+        let Some(operation) = item.post.as_mut() else {
+            continue;
+        };
+        if operation.operation_id.as_deref() == Some("receiveProcessorEvent") {
+            continue;
+        }
+        let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+            continue;
+        };
+        let Some(RefOr::T(mut form)) = body.content.get("application/json").cloned() else {
+            continue;
+        };
+        form.example = None;
+        form.examples.clear();
+        if let Some(schema) = &form.schema {
+            for member in nested(schema) {
+                let encoding = EncodingBuilder::new()
+                    .style(Some(ParameterStyle::DeepObject))
+                    .explode(Some(true))
+                    .build();
+                form.encoding.insert(member, encoding);
+            }
+        }
+        body.content.insert(FORM.to_owned(), RefOr::T(form));
+    }
+    description
+}
+
 /// The description with the figures its texts name (`{key_ttl}`, …) filled in by `fill`, so no
 /// text retypes a figure that the code could change. The placeholders are filled in the serialized
 /// text: a figure is plain words, valid inside any JSON string, and parsing the text back keeps

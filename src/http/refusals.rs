@@ -26,7 +26,9 @@ impl From<Refusal> for Problem {
         let detail = refusal.detail();
         match refusal {
             Refusal::InvalidKey(_) => Problem::new(ProblemKind::InvalidIdempotencyKey, detail),
-            Refusal::NotJson => Problem::new(ProblemKind::UnsupportedMediaType, detail),
+            Refusal::UnsupportedMediaType => {
+                Problem::new(ProblemKind::UnsupportedMediaType, detail)
+            }
             Refusal::InvalidBody(error) => error.into(),
             Refusal::Unreadable(rejection) => rejection.into(),
             Refusal::InFlight { retry_after } => {

@@ -1,5 +1,6 @@
-//! A JSON body the route's type refused, told as a client can act on it: a sentence without the
-//! parser's line and column, and the JSON pointer (RFC 6901) of the field at fault.
+//! A body the route's type refused, JSON or a form, told as a client can act on it: a sentence
+//! without the parser's line and column, and the JSON pointer (RFC 6901) of the field at fault (a
+//! form's `items[0][sku]` is `/items/0/sku`, as in its JSON twin).
 
 use serde::de::DeserializeOwned;
 
@@ -9,8 +10,10 @@ use serde::de::DeserializeOwned;
 pub struct BodyError {
     /// The parser's message, without its position.
     message: String,
-    /// Whether the body is not JSON at all (rather than JSON of another shape).
+    /// Whether the body is not JSON (or form data) at all, rather than of another shape.
     syntax: bool,
+    /// Whether the body came as a form (`application/x-www-form-urlencoded`).
+    form: bool,
     /// The pointer of the field at fault, when one is.
     pointer: Option<String>,
 }
@@ -24,6 +27,7 @@ impl BodyError {
             return Self {
                 message,
                 syntax: true,
+                form: false,
                 pointer: None,
             };
         }
@@ -35,6 +39,30 @@ impl BodyError {
         Self {
             message,
             syntax: false,
+            form: false,
+            pointer: (!pointer.is_empty()).then_some(pointer),
+        }
+    }
+
+    /// A form whose field names do not make one document (a field given twice, or both as a
+    /// value and as an object, a list index skipped, brackets left open).
+    pub(crate) fn form_syntax(message: String) -> Self {
+        Self {
+            message,
+            syntax: true,
+            form: true,
+            pointer: None,
+        }
+    }
+
+    /// A form whose field at `path` is not what the route's type takes.
+    pub(crate) fn form_field(path: &serde_path_to_error::Path, error: &serde_json::Error) -> Self {
+        let message = without_position(error);
+        let pointer = json_pointer(path, &message);
+        Self {
+            message,
+            syntax: false,
+            form: true,
             pointer: (!pointer.is_empty()).then_some(pointer),
         }
     }
@@ -48,6 +76,9 @@ impl BodyError {
     pub fn detail(&self) -> String {
         let message = &self.message;
         match (&self.pointer, self.syntax) {
+            (_, true) if self.form => {
+                format!("The request body is not valid form data: {message}.")
+            }
             (_, true) => format!("The request body is not valid JSON: {message}."),
             (Some(pointer), false) => format!("The field `{pointer}` is invalid: {message}."),
             (None, false) => format!("The request body is invalid: {message}."),

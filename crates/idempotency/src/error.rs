@@ -34,10 +34,11 @@ pub enum Refusal {
     /// The `Idempotency-Key` header is missing, repeated or malformed (400).
     #[error("{0}")]
     InvalidKey(#[from] KeyError),
-    /// The body of a JSON route came with another content type (415).
-    #[error("send the request body as JSON")]
-    NotJson,
-    /// The body is not the JSON the route takes (400), with the pointer of the field at fault.
+    /// The body came with a content type that is neither JSON nor a form (415), or with none.
+    #[error("send the request body as JSON or as a form")]
+    UnsupportedMediaType,
+    /// The body is not the JSON (or form) the route takes (400), with the pointer of the field at
+    /// fault.
     #[error("{0}")]
     InvalidBody(#[from] BodyError),
     /// The body could not be read: too large (413), stalled (408), or cut short (400), as axum
@@ -67,7 +68,7 @@ impl Refusal {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidKey(_) | Self::InvalidBody(_) => StatusCode::BAD_REQUEST,
-            Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unreadable(rejection) => rejection.status(),
             Self::InFlight { .. } | Self::Held => StatusCode::CONFLICT,
             Self::UnknownFormat { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -79,9 +80,10 @@ impl Refusal {
     pub fn detail(&self) -> String {
         match self {
             Self::InvalidKey(error) => sentence(&error.to_string()),
-            Self::NotJson => {
-                "Send the request body as JSON with Content-Type: application/json.".to_owned()
-            }
+            Self::UnsupportedMediaType => "Send the request body as JSON with Content-Type: \
+                 application/json, or as a form with Content-Type: \
+                 application/x-www-form-urlencoded (Stripe's bracket notation for nested fields)."
+                .to_owned(),
             Self::InvalidBody(error) => error.detail(),
             Self::Unreadable(rejection) => sentence(&rejection.body_text()),
             Self::InFlight { .. } => IN_FLIGHT.to_owned(),

@@ -35,6 +35,7 @@ pub mod engine;
 mod error;
 mod fields;
 mod fingerprint;
+mod form;
 mod formats;
 pub mod gauges;
 mod inspect;

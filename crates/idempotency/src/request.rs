@@ -13,6 +13,8 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
+use crate::form;
+
 use super::{
     BodyError, Error, FieldDigests, Fingerprint, Fingerprints, IdempotencyKey, KeyError, Refusal,
     Target,
@@ -271,14 +273,19 @@ where
         let req = Request::from_parts(parts, body);
         let key = key_from(req.headers()).map_err(refused)?;
         let typed = req.headers().contains_key(header::CONTENT_TYPE);
-        if typed {
-            require_json(req.headers()).map_err(refused)?;
-        }
+        let encoding = if typed {
+            encoding_of(req.headers()).map_err(refused)?
+        } else {
+            Encoding::Json
+        };
         let bytes = Bytes::from_request(req, state).await.map_err(refused)?;
+        if encoding == Encoding::Form {
+            return Self::from_form(scope, key, uri, bytes).await;
+        }
         // No body at all, or `null`, is an empty object, as a full refund is asked for with a bare
         // POST; a body needs its content type.
         let bytes = match (typed, bytes.is_empty()) {
-            (false, false) => return Err(refused(Refusal::NotJson)),
+            (false, false) => return Err(refused(Refusal::UnsupportedMediaType)),
             (false, true) => Bytes::from_static(b"{}"),
             // An empty body is no body, whatever its Content-Type says: generated clients send
             // `Content-Type: application/json` with nothing after it for an optional body left out.
@@ -314,6 +321,56 @@ where
     }
 }
 
+impl<T: DeserializeOwned + Send + 'static> Idempotent<T> {
+    /// A form body: parsed as `T`, its values taking the types `T` asks for, and fingerprinted as
+    /// the JSON it is equivalent to (`form.rs`), so that a retry may switch encodings. Large ones
+    /// on the blocking pool, as JSON ones.
+    async fn from_form<R: From<Error>>(
+        scope: Scope,
+        key: IdempotencyKey,
+        uri: Uri,
+        bytes: Bytes,
+    ) -> Result<Self, R> {
+        let inline = bytes.len() <= INLINE_BODY_BYTES;
+        let parse = move || -> Result<_, Refusal> {
+            let (body, json) = form::parse::<T>(&bytes)?;
+            let mut request = KeyedRequest::of_json(scope, key, uri, Bytes::from(json));
+            if !inline {
+                request.digest()?;
+            }
+            Ok(Self { request, body })
+        };
+        if inline {
+            return parse().map_err(refused);
+        }
+        tokio::task::spawn_blocking(parse)
+            .await
+            .map_err(|error| R::from(Error::Internal(error.into())))?
+            .map_err(refused)
+    }
+}
+
+/// How a body is encoded, from its `Content-Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encoding {
+    Json,
+    Form,
+}
+
+/// JSON (`application/json`, `application/*+json`) or a form
+/// (`application/x-www-form-urlencoded`), with parameters such as `charset`; anything else is
+/// refused (415).
+fn encoding_of(headers: &HeaderMap) -> Result<Encoding, Refusal> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok());
+    match content_type {
+        Some(json) if is_json(json) => Ok(Encoding::Json),
+        Some(form) if form::is_form(form) => Ok(Encoding::Form),
+        _ => Err(Refusal::UnsupportedMediaType),
+    }
+}
+
 /// The request's one `Idempotency-Key`.
 pub(super) fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
@@ -327,18 +384,6 @@ pub(super) fn key_from(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> 
 /// A refusal in the service's own terms.
 pub(super) fn refused<R: From<Error>>(refusal: impl Into<Refusal>) -> R {
     R::from(Error::Refused(refusal.into()))
-}
-
-/// Accepts `application/json` and `application/*+json`, with parameters such as `charset`.
-fn require_json(headers: &HeaderMap) -> Result<(), Refusal> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok());
-    if content_type.is_some_and(is_json) {
-        Ok(())
-    } else {
-        Err(Refusal::NotJson)
-    }
 }
 
 /// Whether a `Content-Type` names JSON: `application/json` or `application/*+json`.

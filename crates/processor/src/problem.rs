@@ -67,7 +67,7 @@ service::problem_catalogue! {
         UnsupportedMediaType {
             slug: "unsupported-media-type",
             status: UNSUPPORTED_MEDIA_TYPE,
-            title: "The request body must be application/json",
+            title: "The request body must be JSON or a form",
         }
         IdempotencyKeyMismatch {
             slug: "idempotency-key-mismatch",
@@ -247,7 +247,7 @@ impl From<Refusal> for Problem {
         let detail = refusal.detail();
         match refusal {
             Refusal::InvalidKey(_) => Self::new(ProblemKind::InvalidIdempotencyKey, detail),
-            Refusal::NotJson => Self::new(ProblemKind::UnsupportedMediaType, detail),
+            Refusal::UnsupportedMediaType => Self::new(ProblemKind::UnsupportedMediaType, detail),
             Refusal::InvalidBody(error) => error.into(),
             Refusal::Unreadable(rejection) => rejection.into(),
             Refusal::InFlight { retry_after } => {

@@ -105,8 +105,10 @@ service::problem_catalogue! {
         UnsupportedMediaType {
             slug: "unsupported-media-type",
             status: UNSUPPORTED_MEDIA_TYPE,
-            title: "The request body must be application/json",
-            explanation: "Send the body as JSON with `Content-Type: application/json`.",
+            title: "The request body must be JSON or a form",
+            explanation: "Send the body as JSON with `Content-Type: application/json`, or as a form \
+                          with `Content-Type: application/x-www-form-urlencoded` (nested fields in \
+                          brackets: `metadata[order_id]=6735`).",
         }
         IdempotencyKeyMismatch {
             slug: "idempotency-key-mismatch",

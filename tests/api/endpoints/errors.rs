@@ -158,16 +158,26 @@ async fn assert_the_key_is_free(app: &TestApp, key: &str) {
 }
 
 #[api_test]
-async fn a_body_that_is_not_json_is_refused_with_415() {
+async fn a_body_neither_json_nor_a_form_is_refused_with_415() {
     let app = TestApp::spawn().await;
-    let form = app
-        .raw_post()
-        .header("idempotency-key", new_key())
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("amount=100&currency=eur");
-    app.send(form)
-        .await
-        .assert_problem(415, "unsupported-media-type");
+    for content_type in ["text/plain", "multipart/form-data; boundary=x"] {
+        let other = app
+            .raw_post()
+            .header("idempotency-key", new_key())
+            .header("content-type", content_type)
+            .body("amount=100&currency=eur");
+        let problem = app
+            .send(other)
+            .await
+            .assert_problem(415, "unsupported-media-type");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("application/x-www-form-urlencoded"),
+            "{problem}"
+        );
+    }
     let untyped = app
         .raw_post()
         .header("idempotency-key", new_key())
