@@ -19,6 +19,7 @@ import sys
 import urllib.request
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -147,8 +148,7 @@ def main(base, api_key, out):
         if [(p["status"], p.get("amount_captured")) for p in payments] != [("succeeded", 4200)]:
             problems.append(f"order {order} is not one payment captured in full: {payments}")
         wait.until(
-            lambda d: [b.get_attribute("data-state") for b in d.find_elements(By.CSS_SELECTOR, "#timeline .key-block")]
-            == ["completed", "completed"],
+            lambda d: key_states(d) == ["completed", "completed"],
             "the timeline never showed two keys completed (the payment's and the capture's)",
         )
         timeline = driver.find_element(By.ID, "timeline").text
@@ -184,6 +184,15 @@ def answers_of(driver):
 
 def successes(answers):
     return [a for a in answers if a["status"] in ("200", "201")]
+
+
+def key_states(driver):
+    """The state of each key block in the timeline; None while the timeline is being redrawn (a
+    block found, then replaced before it was read: seen on a loaded machine)."""
+    try:
+        return [b.get_attribute("data-state") for b in driver.find_elements(By.CSS_SELECTOR, "#timeline .key-block")]
+    except StaleElementReferenceException:
+        return None
 
 
 def timeline_state(driver):

@@ -178,8 +178,9 @@ async function formThenJson(): Promise<string> {
     headers: { Authorization: `Bearer ${apiKey}`, "Idempotency-Key": key },
     body: new URLSearchParams({ amount: "2500", currency: "eur", capture_method: "manual", "metadata[cart]": "7" }),
   });
-  check(response.status === 201, `the form answered ${response.status}: ${await response.text()}`);
-  const made = (await response.json()) as { id: string };
+  const text = await response.text();
+  check(response.status === 201, `the form answered ${response.status}: ${text}`);
+  const made = JSON.parse(text) as { id: string };
   const twin = await payments.createPaymentRaw({
     idempotencyKey: key,
     newPayment: { ...manual(2500), metadata: { cart: "7" } },

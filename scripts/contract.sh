@@ -349,8 +349,9 @@ if [[ $("$CLIENT_VENV/bin/openapi-python-client" --version 2>/dev/null) != *" $O
     "openapi-python-client==$OPENAPI_PYTHON_CLIENT_VERSION" || die "could not install openapi-python-client"
 fi
 
-# The generator reads only the committed file: it runs in a network namespace of its own, with no
-# interface but loopback, where unshare can make one (root, as here and in CI).
+# The generator reads only what is made here from the committed file: it runs in a network
+# namespace of its own, with no interface but loopback, where unshare can make one (root, as here
+# and in CI).
 offline=()
 if unshare --net true 2>/dev/null; then
   offline=(unshare --net --)
@@ -360,7 +361,22 @@ fi
 # Its post hooks are ruff's fix and format; they run below, apart, so that --fail-on-warning fails
 # on the generator's own warnings (a schema it skipped or read otherwise than written) only.
 printf 'post_hooks: []\n' >"$OUT/client-config.yaml"
-log "generating a Python client from openapi/openapi.json into $OUT/client (output in $OUT/client.txt)"
+# openapi-python-client 0.29.1 (the newest) writes a client that does not import for a body of two
+# media types (`body: NewPayment | NewPayment | Unset = UNSET`, `Unset` never imported): it
+# generates from the committed description with each body's JSON alone, every other member as
+# committed. The tour sends its form with the client's own connection.
+python3 - openapi/openapi.json "$OUT/openapi-json-bodies.json" <<'PY' || die "could not write the JSON-bodies view"
+import json, sys
+
+description = json.load(open(sys.argv[1], encoding="utf-8"))
+for item in description["paths"].values():
+    for operation in item.values():
+        if isinstance(operation, dict):
+            content = operation.get("requestBody", {}).get("content", {})
+            content.pop("application/x-www-form-urlencoded", None)
+json.dump(description, open(sys.argv[2], "w", encoding="utf-8"), indent=2)
+PY
+log "generating a Python client from openapi/openapi.json (its JSON bodies) into $OUT/client (output in $OUT/client.txt)"
 rm -rf "$OUT/client"
 : >"$OUT/client.txt"
 problems=()
@@ -368,7 +384,7 @@ gen_status=0
 run_step "$OUT/client.txt" "$OUT/client.txt" \
   timeout --foreground --kill-after=10 "$CLIENT_TIMEOUT" "${offline[@]}" \
   "$CLIENT_VENV/bin/openapi-python-client" generate \
-  --path openapi/openapi.json --output-path "$OUT/client" \
+  --path "$OUT/openapi-json-bodies.json" --output-path "$OUT/client" \
   --config "$OUT/client-config.yaml" --fail-on-warning || gen_status=$?
 ((gen_status != 130)) || die interrupted
 if ((gen_status != 0)); then

@@ -46,11 +46,12 @@ pub(super) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, Vec<u8>), B
     Ok((parsed, json))
 }
 
-/// One step of a field's name: `name`, then `[key]`, `[0]` or `[]`.
+/// One step of a field's name: `name`, then `[key]` or `[]`. An index (`items[0][sku]`) is a
+/// key until the body's type asks for a list there ([`Coerced::list`]): `metadata[0]` is the
+/// metadata key `"0"`, as Stripe reads it.
 #[derive(Debug, PartialEq, Eq)]
 enum Step {
     Key(String),
-    Index(usize),
     Push,
 }
 
@@ -81,9 +82,6 @@ fn steps(name: &str) -> Result<Vec<Step>, String> {
         let (segment, after) = (&inner[..close], &inner[close + 1..]);
         steps.push(match segment {
             "" => Step::Push,
-            digits if digits.bytes().all(|byte| byte.is_ascii_digit()) => {
-                Step::Index(digits.parse().map_err(|_| malformed())?)
-            }
             key => Step::Key(key.to_owned()),
         });
         rest = after;
@@ -119,27 +117,15 @@ fn insert(node: &mut Value, name: &str, steps: &[Step], value: String) -> Result
             };
             members.entry(key.clone()).or_insert(Value::Null)
         }
-        Step::Index(_) | Step::Push => {
+        Step::Push => {
             if node.is_null() {
                 *node = Value::Array(Vec::new());
             }
             let Value::Array(items) = node else {
                 return Err(conflict());
             };
-            let at = match *step {
-                Step::Index(index) => index,
-                _ => items.len(),
-            };
-            // Indices count up from 0, each a new item or one already begun (`items[0][sku]`,
-            // then `items[0][qty]`), so the list is the order the client meant.
-            if at == items.len() {
-                items.push(Value::Null);
-            } else if at > items.len() {
-                return Err(format!(
-                    "the field `{name}` skips an index: a list's indices count up from 0"
-                ));
-            }
-            &mut items[at]
+            items.push(Value::Null);
+            items.last_mut().ok_or_else(conflict)?
         }
     };
     insert(child, name, rest, value)
@@ -159,6 +145,37 @@ impl Coerced<'_> {
             *self.0 = Value::Number(number);
         }
         Ok(self.0.clone())
+    }
+
+    /// A list asked for where the form spelled an object by index (`items[0][sku]`, `items[1][sku]`):
+    /// the object becomes the list, its indices counting up from 0.
+    fn list(&mut self) -> Result<(), serde_json::Error> {
+        let Value::Object(members) = &mut *self.0 else {
+            return Ok(());
+        };
+        let mut indexed = Vec::with_capacity(members.len());
+        for (key, value) in std::mem::take(members) {
+            let index = key
+                .parse::<usize>()
+                .ok()
+                .filter(|_| key.bytes().all(|byte| byte.is_ascii_digit()))
+                .ok_or_else(|| {
+                    de::Error::custom(format!("a list's items are named by index, not `{key}`"))
+                })?;
+            indexed.push((index, value));
+        }
+        indexed.sort_by_key(|(index, _)| *index);
+        if indexed
+            .iter()
+            .enumerate()
+            .any(|(at, (index, _))| at != *index)
+        {
+            return Err(de::Error::custom(
+                "a list's indices count up from 0 without a gap",
+            ));
+        }
+        *self.0 = Value::Array(indexed.into_iter().map(|(_, value)| value).collect());
+        Ok(())
     }
 
     /// The text value `true` or `false`, left in the tree as a boolean.
@@ -256,7 +273,8 @@ impl<'de> Deserializer<'de> for Coerced<'_> {
         visitor.visit_newtype_struct(self)
     }
 
-    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+    fn deserialize_seq<V: Visitor<'de>>(mut self, visitor: V) -> Result<V::Value, Self::Error> {
+        self.list()?;
         match self.0 {
             Value::Array(items) => visitor.visit_seq(Items(items.iter_mut())),
             other => other.clone().deserialize_seq(visitor),
@@ -455,11 +473,32 @@ mod tests {
     }
 
     #[test]
+    fn an_index_is_a_key_unless_a_list_is_asked_for_there() {
+        let json = json_of("amount=1&currency=eur&metadata[0]=zero&metadata[channel]=web");
+        assert_eq!(
+            json["metadata"],
+            serde_json::json!({ "0": "zero", "channel": "web" })
+        );
+        let json = json_of(
+            "amount=1&currency=eur&items[1][sku]=b&items[1][quantity]=2\
+                            &items[0][sku]=a&items[0][quantity]=1",
+        );
+        assert_eq!(json["items"][0]["sku"], "a", "in the order of the indices");
+        for gap in [
+            "items[1][sku]=a&items[1][quantity]=1",
+            "items[x][sku]=a&items[x][quantity]=1",
+        ] {
+            let form = format!("amount=1&currency=eur&{gap}");
+            let error = parse::<Order>(form.as_bytes()).unwrap_err();
+            assert_eq!(error.pointer(), Some("/items"), "{form}: {error}");
+        }
+    }
+
+    #[test]
     fn names_that_contradict_each_other_are_refused() {
         for form in [
             "amount=1&amount=2&currency=eur",
             "amount=1&currency=eur&metadata=x&metadata[a]=b",
-            "amount=1&currency=eur&items[1][sku]=a",
             "amount=1&currency=eur&[x]=1",
             "amount=1&currency=eur&metadata[a=b",
         ] {
