@@ -4,21 +4,21 @@
 //! and `.closed` (`src/webhooks/events/disputes.rs`). `GET /v1/disputes` lists the account's, a
 //! page at a time, and `GET /v1/disputes/{id}` reads one.
 
-use axum::extract::{FromRef, Query, State};
+use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountCache, RateLimit};
-use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
-use crate::http::extract::PathId;
+use crate::http::error::{ApiError, AuthenticatedProblems, Problem};
+use crate::http::extract::{FilteredQuery, PathId};
 use crate::payments::PaymentId;
 use service::ids::PublicId;
-use service::pagination::{List, ListParams, PageRequest};
+use service::pagination::{CreatedParams, List, ListParams};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest dispute id, as the table's CHECK bounds it: the processor chooses them.
@@ -154,58 +154,25 @@ impl DisputeRow {
     }
 }
 
-/// A payment id, as the `payment` filter accepts it.
-#[derive(Debug, Deserialize)]
-#[serde(try_from = "String")]
-struct PaymentParam(PaymentId);
-
-impl TryFrom<String> for PaymentParam {
-    type Error = String;
-
-    fn try_from(id: String) -> Result<Self, String> {
-        PaymentId::parse(&id)
-            .map(Self)
-            .ok_or_else(|| format!("payment must be a payment id, `pay_…`; got `{id}`"))
-    }
-}
-
-/// The page's parameters: the list's and the filter, one query string.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DisputesQuery {
-    limit: Option<i64>,
-    starting_after: Option<String>,
-    ending_before: Option<String>,
-    payment: Option<PaymentParam>,
-}
-
-impl DisputesQuery {
-    fn parse(self) -> Result<(PageRequest, Option<PaymentId>), Problem> {
-        let page = PageRequest::try_from(ListParams::new(
-            self.limit,
-            self.starting_after,
-            self.ending_before,
-        ))?;
-        Ok((page, self.payment.map(|payment| payment.0)))
-    }
-}
-
 /// List disputes
 ///
 /// The account's disputes, newest first, paginated like the payments list; with `payment`, only
-/// that payment's (a payment that is not the account's has none: the page is empty). A cursor
-/// must be one of the disputes the request lists.
+/// that payment's (a payment that is not the account's has none: the page is empty), with
+/// `status` only those in it, with the `created` bounds only those created then; all combined. A
+/// cursor must be one of the disputes the request lists.
 #[utoipa::path(
     get,
     path = "/v1/disputes",
     operation_id = "listDisputes",
     tag = "disputes",
-    params(ListParams, ("payment" = Option<String>, Query, description = "Only the disputes of this payment, `pay_…`.",
-        pattern = "^pay_[0-9A-Za-z]{24}$", example = "pay_U5PgTqA02dYsv3cLANIGkqIs")),
+    params(ListParams, CreatedParams,
+        ("payment" = Option<String>, Query, description = "Only the disputes of this payment, `pay_…`.",
+            pattern = "^pay_[0-9A-Za-z]{24}$", example = "pay_U5PgTqA02dYsv3cLANIGkqIs"),
+        ("status" = Option<DisputeStatus>, Query, description = "Only the disputes in this status.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of disputes.", body = List<Dispute>, content_type = "application/json"),
-        (status = 400, description = "A bad `limit` or `payment`, an unknown parameter, or both cursors at once (`invalid-request`).",
+        (status = 400, description = "A bad `limit`, `created` bound, `payment` or `status`, an unknown parameter, or both cursors at once (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The cursor names none of the disputes listed (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
@@ -215,13 +182,14 @@ impl DisputesQuery {
 async fn list_disputes(
     State(pool): State<PgPool>,
     account: Account,
-    query: Result<Query<DisputesQuery>, axum::extract::rejection::QueryRejection>,
+    FilteredQuery(mut query): FilteredQuery,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query
-        .map_err(|rejection| Problem::new(ProblemKind::InvalidRequest, rejection.body_text()))?;
-    let (page, payment) = query.parse()?;
+    let payment = query.take("payment", |raw| PaymentId::try_from(raw.to_owned()))?;
+    let status = query.take("status", DisputeStatus::parse_listing_all)?;
+    let (page, created) = query.finish()?;
     let account = account.id().as_str();
     let payment = payment.as_ref().map(PaymentId::as_str);
+    let status = status.map(DisputeStatus::as_str);
     let rows = service::keyset_page!(
         &pool,
         &page,
@@ -235,9 +203,17 @@ async fn list_disputes(
                    JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id"#,
         created_at: "d.created_at",
         id: "d.id",
-        filter: "d.account_id = $4 AND ($5::text IS NULL OR d.payment_id = $5)",
+        // Served by `disputes_account_created`, or `disputes_payment_id` for one payment's; the
+        // `created` range bounds the former's scan, and a status is checked on the rows read.
+        filter: "d.account_id = $4 AND ($5::text IS NULL OR d.payment_id = $5)
+                 AND ($6::text IS NULL OR d.lifecycle = $6)
+                 AND d.created_at >= COALESCE($7, '-infinity'::timestamptz)
+                 AND d.created_at < COALESCE($8, 'infinity'::timestamptz)",
         account,
         payment,
+        status,
+        created.from,
+        created.until,
     )
     .await?;
     Ok(axum::Json(List::parse_rows(rows, &page, DisputeRow::parse)?).into_response())

@@ -1,10 +1,9 @@
 //! The feed: `GET /v1/events` lists an account's events in commit order, and
 //! `GET /v1/events/{id}` reads one. Both serve the bytes written with the event.
 
-use axum::extract::{FromRef, Query, State};
+use axum::extract::{FromRef, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
@@ -12,10 +11,10 @@ use utoipa_axum::routes;
 
 use super::{Event, EventId, EventType};
 use crate::accounts::{Account, AccountCache, RateLimit};
-use crate::http::error::{ApiError, AuthenticatedProblems, Problem, ProblemKind};
-use crate::http::extract::PathId;
+use crate::http::error::{ApiError, AuthenticatedProblems, Problem};
+use crate::http::extract::{FilteredQuery, PathId};
 use service::ids::PublicId;
-use service::pagination::{Cursor, List, ListParams, PageRequest, unknown_cursor};
+use service::pagination::{CreatedParams, Cursor, List, ListParams, unknown_cursor};
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
@@ -27,44 +26,6 @@ where
     OpenApiRouter::new()
         .routes(routes!(list_events))
         .routes(routes!(get_event))
-}
-
-/// An event type, as the `type` filter accepts it.
-#[derive(Debug, Deserialize)]
-#[serde(try_from = "String")]
-struct EventTypeParam(EventType);
-
-impl TryFrom<String> for EventTypeParam {
-    type Error = String;
-
-    fn try_from(name: String) -> Result<Self, String> {
-        name.parse().map(Self).map_err(|_| {
-            let known: Vec<&str> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
-            format!("unknown event type `{name}`; one of {}", known.join(", "))
-        })
-    }
-}
-
-/// The page's parameters: the list's and the filter, one query string.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FeedQuery {
-    limit: Option<i64>,
-    starting_after: Option<String>,
-    ending_before: Option<String>,
-    #[serde(rename = "type")]
-    kind: Option<EventTypeParam>,
-}
-
-impl FeedQuery {
-    fn parse(self) -> Result<(PageRequest, Option<EventType>), Problem> {
-        let page = PageRequest::try_from(ListParams::new(
-            self.limit,
-            self.starting_after,
-            self.ending_before,
-        ))?;
-        Ok((page, self.kind.map(|kind| kind.0)))
-    }
 }
 
 /// One row of the feed: the event's stored bytes.
@@ -89,16 +50,20 @@ struct FeedRow {
 /// its own has ended, anywhere on the database server, so one long transaction (a slow migration,
 /// a session left idle in a transaction) holds the feed back until it ends. Read one event at
 /// `GET /v1/events/{id}` as soon as it committed.
+///
+/// With `type`, only the events of that type; with the `created` bounds, only those written then
+/// (an event's `created_at` is when its transaction wrote it, so in a page ordered by commit it may
+/// be a little out of order); all combined.
 #[utoipa::path(
     get,
     path = "/v1/events",
     operation_id = "listEvents",
     tag = "events",
-    params(ListParams, ("type" = Option<EventType>, Query, description = "Only events of this type.")),
+    params(ListParams, CreatedParams, ("type" = Option<EventType>, Query, description = "Only events of this type.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of events.", body = List<Event>, content_type = "application/json"),
-        (status = 400, description = "A bad `limit` or `type`, an unknown parameter, or both cursors at once (`invalid-request`).",
+        (status = 400, description = "A bad `limit`, `created` bound or `type`, an unknown parameter, or both cursors at once (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The cursor names no event of this account that the feed lists yet (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
@@ -108,11 +73,10 @@ struct FeedRow {
 async fn list_events(
     State(pool): State<PgPool>,
     account: Account,
-    query: Result<Query<FeedQuery>, axum::extract::rejection::QueryRejection>,
+    FilteredQuery(mut query): FilteredQuery,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query
-        .map_err(|rejection| Problem::new(ProblemKind::InvalidRequest, rejection.body_text()))?;
-    let (page, kind) = query.parse()?;
+    let kind = query.take("type", EventType::parse_listing_all)?;
+    let (page, created) = query.finish()?;
     let account = account.id().as_str();
     let kind = kind.map(EventType::as_str);
     // The bound: every transaction older than it has ended. Read by a statement of its own, on
@@ -160,6 +124,8 @@ async fn list_events(
                 WHERE account_id = $1
                   AND txid < $5::text::xid8
                   AND ($2::text IS NULL OR type = $2)
+                  AND created_at >= COALESCE($6, '-infinity'::timestamptz)
+                  AND created_at < COALESCE($7, 'infinity'::timestamptz)
                   AND (txid, seq) > (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $3)
                 ORDER BY txid, seq
                 LIMIT $4
@@ -169,6 +135,8 @@ async fn list_events(
                 cursor,
                 page.fetch(),
                 bound,
+                created.from,
+                created.until,
             )
             .fetch_all(&pool)
             .await?
@@ -182,6 +150,8 @@ async fn list_events(
                 WHERE account_id = $1
                   AND txid < $5::text::xid8
                   AND ($2::text IS NULL OR type = $2)
+                  AND created_at >= COALESCE($6, '-infinity'::timestamptz)
+                  AND created_at < COALESCE($7, 'infinity'::timestamptz)
                   AND ($3::text IS NULL OR (txid, seq) < (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $3))
                 ORDER BY txid DESC, seq DESC
                 LIMIT $4
@@ -191,6 +161,8 @@ async fn list_events(
                 cursor,
                 page.fetch(),
                 bound,
+                created.from,
+                created.until,
             )
             .fetch_all(&pool)
             .await?

@@ -7,7 +7,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use service::ids::{NoSuch, PublicId};
-use service::pagination::{ListError, PageError, PageRequest};
+use service::pagination::{ListError, ListQuery, PageError, PageRequest};
 
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
@@ -63,6 +63,20 @@ impl<S: Send + Sync> FromRequestParts<S> for PageQuery {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
         Ok(Self(PageRequest::from_uri(&parts.uri)?))
+    }
+}
+
+/// The query of a list that filters (`FilteredQuery(mut query): FilteredQuery`): its page, its
+/// `created` range and its own filters, which the handler takes by name before
+/// [`ListQuery::finish`] refuses any other. A malformed page or range is a 400 problem at once.
+#[derive(Debug)]
+pub struct FilteredQuery(pub ListQuery);
+
+impl<S: Send + Sync> FromRequestParts<S> for FilteredQuery {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        Ok(Self(ListQuery::from_uri(&parts.uri)?))
     }
 }
 

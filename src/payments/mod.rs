@@ -24,11 +24,11 @@ use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::downstream::ProcessorClient;
 use crate::downstream::call;
 use crate::http::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem};
-use crate::http::extract::{PageQuery, PathId};
+use crate::http::extract::{FilteredQuery, PathId};
 use crate::metadata::Metadata;
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
 use service::ids::PublicId;
-use service::pagination::{List, ListParams};
+use service::pagination::{CreatedParams, List, ListParams};
 
 pub use capturing::{CANCEL_REQUESTED, CAPTURE_REQUESTED, CancelRequested, CaptureRequested};
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
@@ -340,16 +340,20 @@ async fn get_payment(
 /// its transaction commits: a payment whose write waited commits after a newer one but sorts
 /// behind it, so polling with `ending_before` for new payments can miss it; read the list again
 /// to find it.
+///
+/// With `status`, only the payments in it; with the `created` bounds, only those created then;
+/// all combined. A cursor may be any of the account's payments.
 #[utoipa::path(
     get,
     path = "/v1/payments",
     operation_id = "listPayments",
     tag = "payments",
-    params(ListParams),
+    params(ListParams, CreatedParams,
+        ("status" = Option<PaymentStatus>, Query, description = "Only the payments in this status.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of payments.", body = List<Payment>, content_type = "application/json"),
-        (status = 400, description = "A bad `limit`, or both cursors at once (`invalid-request`).",
+        (status = 400, description = "A bad `limit`, `created` bound or `status`, an unknown parameter, or both cursors at once (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The cursor names no payment of this account (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
@@ -359,9 +363,12 @@ async fn get_payment(
 async fn list_payments(
     State(pool): State<PgPool>,
     account: Account,
-    PageQuery(page): PageQuery,
+    FilteredQuery(mut query): FilteredQuery,
 ) -> Result<Response, ApiError> {
+    let status = query.take("status", PaymentStatus::parse_listing_all)?;
+    let (page, created) = query.finish()?;
     let account = account.id().as_str();
+    let status = status.map(PaymentStatus::as_str);
     let rows = service::keyset_page!(
         &pool,
         &page,
@@ -375,8 +382,15 @@ async fn list_payments(
                    FROM payments"#,
         created_at: "created_at",
         id: "id",
-        filter: "account_id = $4",
+        // Served by `payments_account_id_created_at`: the `created` range bounds its scan, and a
+        // status is checked on the rows it reads.
+        filter: "account_id = $4 AND ($5::text IS NULL OR status = $5)
+                 AND created_at >= COALESCE($6, '-infinity'::timestamptz)
+                 AND created_at < COALESCE($7, 'infinity'::timestamptz)",
         account,
+        status,
+        created.from,
+        created.until,
     )
     .await?;
     Ok(axum::Json(List::parse_rows(rows, &page, PaymentRow::parse)?).into_response())

@@ -1,6 +1,7 @@
 //! Refunds: `POST /v1/payments/{id}/refunds` gives money back at most once per idempotency key,
 //! and never more than was paid and is not disputed, however many refunds race for the same
-//! payment.
+//! payment. `GET /v1/refunds` lists the account's refunds, `GET /v1/payments/{id}/refunds` one
+//! payment's, both filtered by status and creation time.
 
 mod model;
 mod refund_state;
@@ -17,10 +18,10 @@ use utoipa_axum::routes;
 
 use crate::accounts::{Account, AccountCache, RateLimit};
 use crate::http::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem};
-use crate::http::extract::{PageQuery, PathId};
+use crate::http::extract::{FilteredQuery, PathId};
 use idempotency::{Idempotency, IdempotencyKey, Idempotent, Owners};
 use service::ids::PublicId;
-use service::pagination::{List, ListParams};
+use service::pagination::{Created, CreatedParams, List, ListParams, PageRequest};
 
 use crate::downstream::ProcessorClient;
 use crate::metadata::Metadata;
@@ -39,6 +40,7 @@ where
 {
     OpenApiRouter::new()
         .routes(routes!(create_refund, list_refunds))
+        .routes(routes!(list_account_refunds))
         .routes(routes!(get_refund))
 }
 
@@ -145,17 +147,19 @@ async fn create_refund(
 
 /// List a payment's refunds
 ///
-/// The payment's refunds, newest first, paginated like the payments list.
+/// The payment's refunds, newest first, paginated like the payments list, and filtered like the
+/// account's refunds (`GET /v1/refunds`).
 #[utoipa::path(
     get,
     path = "/v1/payments/{id}/refunds",
     operation_id = "listRefunds",
     tag = "refunds",
-    params(("id" = String, Path, description = "The payment, `pay_…`."), ListParams),
+    params(("id" = String, Path, description = "The payment, `pay_…`."), ListParams, CreatedParams,
+        ("status" = Option<RefundStatus>, Query, description = "Only the refunds in this status.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of refunds.", body = List<Refund>, content_type = "application/json"),
-        (status = 400, description = "A bad `limit`, or both cursors at once (`invalid-request`).",
+        (status = 400, description = "A bad `limit`, `created` bound or `status`, an unknown parameter, or both cursors at once (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such payment for this account, or the cursor names none of its refunds (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
@@ -166,8 +170,10 @@ async fn list_refunds(
     State(pool): State<PgPool>,
     account: Account,
     PathId(payment): PathId<PaymentId>,
-    PageQuery(page): PageQuery,
+    FilteredQuery(mut query): FilteredQuery,
 ) -> Result<Response, ApiError> {
+    let status = query.take("status", RefundStatus::parse_listing_all)?;
+    let (page, created) = query.finish()?;
     let payment = sqlx::query_scalar!(
         "SELECT id FROM payments WHERE id = $1 AND account_id = $2",
         payment.as_str(),
@@ -176,24 +182,99 @@ async fn list_refunds(
     .fetch_optional(&pool)
     .await?
     .ok_or_else(|| PaymentId::no_such(payment.as_str()))?;
+    let filters = RefundFilters {
+        payment: Some(payment),
+        status,
+        created,
+    };
+    Ok(axum::Json(refunds_page(&pool, &account, &page, &filters).await?).into_response())
+}
+
+/// List refunds
+///
+/// The account's refunds, newest first, paginated like the payments list; filtered by payment,
+/// status and creation time, all combined. A `payment` that is not the account's has no refunds
+/// here: the page is empty, as for one that has none. A cursor must be one of the refunds the
+/// request lists.
+#[utoipa::path(
+    get,
+    path = "/v1/refunds",
+    operation_id = "listAccountRefunds",
+    tag = "refunds",
+    params(ListParams, CreatedParams,
+        ("payment" = Option<String>, Query, description = "Only the refunds of this payment, `pay_…`.",
+            pattern = "^pay_[0-9A-Za-z]{24}$", example = "pay_U5PgTqA02dYsv3cLANIGkqIs"),
+        ("status" = Option<RefundStatus>, Query, description = "Only the refunds in this status.")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of refunds.", body = List<Refund>, content_type = "application/json"),
+        (status = 400, description = "A bad `limit`, `created` bound, `payment` or `status`, an unknown parameter, or both cursors at once (`invalid-request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The cursor names none of the refunds listed (`not-found`).",
+            body = Problem, content_type = "application/problem+json"),
+        AuthenticatedProblems,
+    )
+)]
+async fn list_account_refunds(
+    State(pool): State<PgPool>,
+    account: Account,
+    FilteredQuery(mut query): FilteredQuery,
+) -> Result<Response, ApiError> {
+    let payment = query.take("payment", |raw| PaymentId::try_from(raw.to_owned()))?;
+    let status = query.take("status", RefundStatus::parse_listing_all)?;
+    let (page, created) = query.finish()?;
+    let filters = RefundFilters {
+        payment: payment.map(|payment| payment.as_str().to_owned()),
+        status,
+        created,
+    };
+    Ok(axum::Json(refunds_page(&pool, &account, &page, &filters).await?).into_response())
+}
+
+/// What a list of refunds is narrowed to, beside the account.
+struct RefundFilters {
+    payment: Option<String>,
+    status: Option<RefundStatus>,
+    created: Created,
+}
+
+/// One page of the account's refunds that pass `filters`. Served by `refunds_account_created`
+/// (account, newest first), or by `refunds_payment_id_created_at` for one payment's; the
+/// `created` range bounds the same scan, and a status is checked on the rows it reads.
+async fn refunds_page(
+    pool: &PgPool,
+    account: &Account,
+    page: &PageRequest,
+    filters: &RefundFilters,
+) -> Result<List<Refund>, ApiError> {
+    let account = account.id().as_str();
+    let payment = filters.payment.as_deref();
+    let status = filters.status.map(RefundStatus::as_str);
     let rows = service::keyset_page!(
-        &pool,
-        &page,
+        pool,
+        page,
         RefundRow,
         position(cursor) if RefundId::fits(cursor) => r#"
-            SELECT created_at, id FROM refunds WHERE id = $1 AND payment_id = $2 AND account_id = $3
-        "#, cursor, payment, account.id().as_str();
+            SELECT created_at, id FROM refunds
+            WHERE id = $1 AND account_id = $2 AND ($3::text IS NULL OR payment_id = $3)
+        "#, cursor, account, payment;
         select: r#"SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
                           metadata AS "metadata: Json<Metadata>"
                    FROM refunds"#,
         created_at: "created_at",
         id: "id",
-        filter: "account_id = $5 AND payment_id = $4",
+        filter: "account_id = $4 AND ($5::text IS NULL OR payment_id = $5)
+                 AND ($6::text IS NULL OR status = $6)
+                 AND created_at >= COALESCE($7, '-infinity'::timestamptz)
+                 AND created_at < COALESCE($8, 'infinity'::timestamptz)",
+        account,
         payment,
-        account.id().as_str(),
+        status,
+        filters.created.from,
+        filters.created.until,
     )
     .await?;
-    Ok(axum::Json(List::parse_rows(rows, &page, RefundRow::parse)?).into_response())
+    Ok(List::parse_rows(rows, page, RefundRow::parse)?)
 }
 
 /// Retrieve a refund

@@ -18,6 +18,9 @@
 //! transaction older than its own has ended, so polling it forward with `ending_before` never
 //! misses one.
 //!
+//! A list filtered by more than its page reads its query with [`ListQuery`]: the page, the
+//! `created` range every list takes ([`Created`]) and the list's own filters, by name.
+//!
 //! A refusal is a [`PageError`], which each service answers as a problem document of its own
 //! catalogue (idempay: `PageQuery`, its extractor, and the `From` impls beside it in
 //! `src/http/extract.rs`).
@@ -27,6 +30,9 @@ use axum::http::Uri;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+
+mod query;
+pub use query::{Created, CreatedParams, ListQuery};
 
 const DEFAULT_LIMIT: i64 = 10;
 const MAX_LIMIT: i64 = 100;

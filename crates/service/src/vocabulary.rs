@@ -49,7 +49,7 @@ pub fn stored<T: std::str::FromStr<Err = Unknown>>(value: &str) -> Result<T, sql
 /// ```
 ///
 /// gives the enum with its attributes and its variants' (docs, `#[default]`), `ALL` (in this
-/// order), `as_str`, `Display`, a `FromStr` that refuses any other string with [`Unknown`] (its
+/// order), `as_str`, `parse_listing_all` (a refusal that lists the names), `Display`, a `FromStr` that refuses any other string with [`Unknown`] (its
 /// words name the vocabulary: "payment status"), and serde's `Serialize` and `Deserialize` under
 /// the same names: each name is written once, and what derives from serde (an OpenAPI schema)
 /// reads it too. The caller derives neither serde trait itself.
@@ -82,6 +82,14 @@ macro_rules! __vocabulary {
                 match self {
                     $(Self::$variant => $text,)+
                 }
+            }
+
+            /// `raw` as a value, or why not in words that list every value: what a list's filter
+            /// answers (`unknown payment status `paid`; one of succeeded, failed`).
+            pub fn parse_listing_all(raw: &str) -> Result<Self, String> {
+                raw.parse().map_err(|unknown: $crate::vocabulary::Unknown| {
+                    format!("{unknown}; one of {}", [$($text),+].join(", "))
+                })
             }
         }
 
@@ -127,6 +135,10 @@ mod tests {
         assert_eq!(Colour::DarkBlue.to_string(), "dark_blue");
         let unknown = "Red".parse::<Colour>().unwrap_err();
         assert_eq!(unknown.to_string(), "unknown colour `Red`");
+        assert_eq!(
+            Colour::parse_listing_all("Red"),
+            Err("unknown colour `Red`; one of red, dark_blue".to_owned())
+        );
         let decoded = stored::<Colour>("green").unwrap_err();
         assert!(matches!(decoded, sqlx::Error::Decode(_)), "{decoded}");
         assert!(

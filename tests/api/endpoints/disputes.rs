@@ -149,6 +149,62 @@ async fn the_payment_filter_lists_one_payment_s_disputes() {
         .assert_problem(400, "invalid-request");
 }
 
+#[api_test]
+async fn disputes_are_filtered_by_status_and_created_with_the_payment_filter() {
+    let (app, secret) = TestApp::spawn_with_webhooks().await;
+    let [first, _] = three_disputes(&app, &secret).await;
+    let charge = charge_of(&app, &first).await;
+    let reviewed =
+        json!({ "charge": charge, "dispute": "dp_a", "amount": 500, "status": "under_review" });
+    Processor(&app, &secret)
+        .event(
+            "evt_d4",
+            "charge.dispute.updated",
+            &reviewed,
+            Utc::now() + chrono::Duration::seconds(1),
+        )
+        .await;
+    // dp_a and dp_b in the second 1 700 000 000, dp_c ten seconds later.
+    for (dispute, at) in [("dp_a", 0.2), ("dp_b", 0.7), ("dp_c", 10.0)] {
+        sqlx::query("UPDATE disputes SET created_at = to_timestamp($2) WHERE id = $1")
+            .bind(dispute)
+            .bind(1_700_000_000.0 + at)
+            .execute(&app.db)
+            .await
+            .unwrap();
+    }
+    let app = &app;
+    let listed = |query: String| async move {
+        let page = app.get(&format!("/v1/disputes?{query}")).await;
+        assert_eq!(page.status, 200, "{query}: {}", page.json());
+        ids(&page.json())
+            .iter()
+            .map(|id| id.to_string())
+            .collect::<Vec<_>>()
+    };
+
+    assert_eq!(listed("status=under_review".into()).await, ["dp_a"]);
+    assert_eq!(
+        listed("status=needs_response".into()).await,
+        ["dp_c", "dp_b"]
+    );
+    assert_eq!(listed("created=1700000000".into()).await, ["dp_b", "dp_a"]);
+    assert_eq!(listed("created[gt]=1700000000".into()).await, ["dp_c"]);
+    assert_eq!(
+        listed(format!("payment={first}&created[lte]=1700000000")).await,
+        ["dp_a"]
+    );
+    assert_eq!(
+        listed(format!("payment={first}&status=needs_response")).await,
+        ["dp_c"]
+    );
+    assert_eq!(
+        listed("status=needs_response&limit=1&starting_after=dp_c".into()).await,
+        ["dp_b"]
+    );
+    assert_eq!(listed("status=won".into()).await, Vec::<String>::new());
+}
+
 #[api_test(citus)]
 async fn another_account_s_dispute_is_not_found_like_an_unknown_one() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;

@@ -255,6 +255,61 @@ async fn the_feed_is_the_accounts_own_filtered_by_type_and_refuses_bad_parameter
 }
 
 #[api_test]
+async fn the_feed_is_filtered_by_created_seconds_with_the_type_and_the_pages() {
+    let app = TestApp::spawn().await;
+    let paid = app.paid(2000).await;
+    app.post_refund(&paid, &new_key(), &json!({})).await;
+    let events = feed(&app, 3).await;
+    assert_eq!(
+        types(&events),
+        ["payment.refunded", "refund.created", "payment.succeeded"]
+    );
+    let ids: Vec<&str> = events
+        .iter()
+        .map(|event| event["id"].as_str().unwrap())
+        .collect();
+    // The refund's two in the second 1 700 000 000, the payment's ten seconds before.
+    for (id, at) in [(ids[0], 0.7), (ids[1], 0.2), (ids[2], -10.0)] {
+        sqlx::query("UPDATE events SET created_at = to_timestamp($2) WHERE id = $1")
+            .bind(id)
+            .bind(1_700_000_000.0 + at)
+            .execute(&app.db)
+            .await
+            .unwrap();
+    }
+    let app = &app;
+    let listed = |query: String| async move {
+        let page = app.get(&format!("/v1/events?{query}")).await;
+        assert_eq!(page.status, 200, "{query}: {}", page.json());
+        page.json()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|event| event["id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+
+    assert_eq!(listed("created=1700000000".into()).await, ids[0..2]);
+    assert_eq!(listed("created[lt]=1700000000".into()).await, ids[2..]);
+    assert_eq!(
+        listed("created[gte]=1700000000&type=refund.created".into()).await,
+        ids[1..2]
+    );
+    assert_eq!(
+        listed(format!(
+            "created[gte]=1700000000&limit=1&starting_after={}",
+            ids[0]
+        ))
+        .await,
+        ids[1..2]
+    );
+    assert_eq!(
+        listed("created[gte]=1700000000&type=payment.succeeded".into()).await,
+        Vec::<String>::new()
+    );
+}
+
+#[api_test]
 async fn events_written_are_counted_by_type() {
     let app = TestApp::spawn().await;
     let counted = || async {

@@ -6,6 +6,7 @@ mod disputes;
 mod docs;
 mod errors;
 mod events;
+mod filters;
 mod forms;
 mod idempotency_keys;
 mod listing;
