@@ -159,7 +159,8 @@ impl DisputeRow {
 /// The account's disputes, newest first, paginated like the payments list; with `payment`, only
 /// that payment's (a payment that is not the account's has none: the page is empty), with
 /// `status` only those in it, with the `created` bounds only those created then; all combined. A
-/// cursor must be one of the disputes the request lists.
+/// cursor must be one of the account's disputes, and with `payment` one of that payment's; a
+/// status it has left since does not stop a walk.
 #[utoipa::path(
     get,
     path = "/v1/disputes",

@@ -194,8 +194,9 @@ async fn list_refunds(
 ///
 /// The account's refunds, newest first, paginated like the payments list; filtered by payment,
 /// status and creation time, all combined. A `payment` that is not the account's has no refunds
-/// here: the page is empty, as for one that has none. A cursor must be one of the refunds the
-/// request lists.
+/// here: the page is empty, as for one that has none. A cursor must be one of the account's
+/// refunds, and with `payment` one of that payment's; a status or time it no longer matches does
+/// not stop a walk.
 #[utoipa::path(
     get,
     path = "/v1/refunds",
