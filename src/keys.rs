@@ -14,13 +14,15 @@ use crate::http::extract::Path;
 /// template). The inspection reads exactly these scopes of the account: each an index lookup on
 /// `(account_id, scope, idem_key)`, and never the processor's own keys, which share the table under scopes of
 /// their own. A unit test checks the list against the API description.
-pub const IDEMPOTENT_ROUTES: [&str; 6] = [
+pub const IDEMPOTENT_ROUTES: [&str; 8] = [
     "POST /v1/events/{id}/retry",
     "POST /v1/payments",
     "POST /v1/payments/{id}/cancel",
     "POST /v1/payments/{id}/capture",
     "POST /v1/payments/{id}/refunds",
     "POST /v1/webhook_endpoints",
+    "POST /v1/webhook_endpoints/{id}",
+    "POST /v1/webhook_endpoints/{id}/roll_secret",
 ];
 
 /// The key in the path, described by the same schema as the `Idempotency-Key` header, so that

@@ -53,6 +53,9 @@ vocabulary! {
         /// The cardholder's bank decided a dispute: `won` (its amount is the payment's again) or
         /// `lost`.
         DisputeClosed => "dispute.closed",
+        /// A webhook endpoint was changed, or its secret rolled: the endpoint after the change,
+        /// never its secret, and `data.previous_attributes` with what the change replaced.
+        WebhookEndpointUpdated => "webhook_endpoint.updated",
     }
 }
 
@@ -93,14 +96,20 @@ pub struct Event {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventData {
     /// The object as it was right after the change: a payment for `payment.*` events, a refund
-    /// for `refund.*` ones, a dispute for `dispute.*` ones.
+    /// for `refund.*` ones, a dispute for `dispute.*` ones, a webhook endpoint for
+    /// `webhook_endpoint.updated`.
     pub object: EventObject,
+    /// Of an `*.updated` event, the fields the change replaced, with their values before it, as
+    /// Stripe's events give them; absent from the other events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub previous_attributes: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// The object of an event, as the API represents it: a payment, a refund or a dispute, serialized
-/// by the domain that changed it. Events import none of those domains (they write events), so the
-/// description names their schemas, `Payment`, `Refund` and `Dispute`, which their own routes
-/// register.
+/// The object of an event, as the API represents it: a payment, a refund, a dispute or a webhook
+/// endpoint, serialized by the domain that changed it. Events import none of those domains (they
+/// write events), so the description names their schemas, `Payment`, `Refund`, `Dispute` and
+/// `WebhookEndpoint`, which their own routes register.
 #[derive(Debug, Serialize)]
 #[serde(transparent)]
 pub struct EventObject(Box<RawValue>);
@@ -111,6 +120,7 @@ impl utoipa::PartialSchema for EventObject {
             .item(Ref::from_schema_name("Payment"))
             .item(Ref::from_schema_name("Refund"))
             .item(Ref::from_schema_name("Dispute"))
+            .item(Ref::from_schema_name("WebhookEndpoint"))
             .description(Some("The object of an event, as the API represents it."))
             .into()
     }
@@ -140,13 +150,36 @@ impl NewEvent {
         object: &impl Serialize,
         created_at: DateTime<Utc>,
     ) -> Result<Self, serde_json::Error> {
+        Self::build(kind, object, None, created_at)
+    }
+
+    /// The event `kind` about `object` as a change at `created_at` left it, with the fields it
+    /// replaced (`previous_attributes`, their values before the change).
+    pub fn updated(
+        kind: EventType,
+        object: &impl Serialize,
+        previous_attributes: serde_json::Map<String, serde_json::Value>,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
+        Self::build(kind, object, Some(previous_attributes), created_at)
+    }
+
+    fn build(
+        kind: EventType,
+        object: &impl Serialize,
+        previous_attributes: Option<serde_json::Map<String, serde_json::Value>>,
+        created_at: DateTime<Utc>,
+    ) -> Result<Self, serde_json::Error> {
         let object = EventObject(serde_json::value::to_raw_value(object)?);
         let event = Event {
             id: EventId::generate().into(),
             object: "event",
             kind,
             created_at,
-            data: EventData { object },
+            data: EventData {
+                object,
+                previous_attributes,
+            },
         };
         let body = serde_json::to_vec(&event)?;
         Ok(Self {

@@ -34,8 +34,8 @@ pub use capturing::{CANCEL_REQUESTED, CAPTURE_REQUESTED, CancelRequested, Captur
 pub use charging::{CHARGE_REQUESTED, ChargeRequested};
 pub use currency::Currency;
 pub use model::{
-    Amount, CancellationReason, CaptureMethod, NewPayment, Payment, PaymentId, PaymentMethod,
-    PaymentStatus, reject_nul,
+    Amount, CancellationReason, CaptureMethod, Description, NewPayment, Payment, PaymentId,
+    PaymentMethod, PaymentStatus, reject_nul,
 };
 
 pub(crate) use model::{PaymentRow, payment_not_found, payment_query};

@@ -2,7 +2,7 @@
 //! registers one, once per idempotency key, and answers with the `whsec_…` secret its deliveries
 //! are signed with; the secret is shown in that answer (and its replays) only. Every event of a
 //! subscribed type is then queued for it by the `events` trigger and sent by the delivery loop
-//! (`service::outbox::delivery`).
+//! (`service::outbox::delivery`). Changing one and rolling its secret is `super::changes`.
 
 use axum::extract::{FromRef, State};
 use axum::http::{StatusCode, header};
@@ -21,6 +21,7 @@ use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
 use crate::http::extract::{PageQuery, PathId};
+use crate::payments::Description;
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
@@ -68,6 +69,10 @@ pub struct NewWebhookEndpoint {
     // Described by its own schema: a description here would wrap it in an `allOf`.
     #[schema(inline)]
     pub enabled_events: EnabledEvents,
+    /// What the endpoint is for, in the merchant's words, at most 1000 characters (`""` is none).
+    #[serde(default)]
+    #[schema(value_type = Option<String>, max_length = 1000, example = "Order fulfilment")]
+    pub description: Option<Description>,
 }
 
 /// An endpoint's URL, of the right shape: absolute, `http` or `https`, with a host, without
@@ -75,7 +80,20 @@ pub struct NewWebhookEndpoint {
 /// depends on a setting and a lookup.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "String")]
-pub struct EndpointUrl(String);
+pub struct EndpointUrl(pub(super) String);
+
+impl EndpointUrl {
+    /// Refuses a URL whose host is, or resolves to, a non-public address (unless `allow_private`):
+    /// 400 `invalid-request` naming `url`.
+    pub(super) async fn check(&self, allow_private: bool) -> Result<(), ApiError> {
+        address::check(&self.0, allow_private)
+            .await
+            .map_err(|refused| {
+                Problem::new(ProblemKind::InvalidRequest, format!("{refused}.")).param("/url")
+            })?;
+        Ok(())
+    }
+}
 
 impl TryFrom<String> for EndpointUrl {
     type Error = String;
@@ -94,7 +112,7 @@ impl TryFrom<String> for EndpointUrl {
 /// alone, for all.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "Vec<String>")]
-pub struct EnabledEvents(Vec<String>);
+pub struct EnabledEvents(pub(super) Vec<String>);
 
 impl TryFrom<Vec<String>> for EnabledEvents {
     type Error = String;
@@ -164,8 +182,11 @@ vocabulary! {
     "object": "webhook_endpoint",
     "url": "https://example.com/idempay/events",
     "enabled_events": ["payment.succeeded"],
+    "description": "Order fulfilment",
     "status": "enabled",
     "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwdGVzdA==",
+    "secret_rolled_at": null,
+    "previous_secret_expires_at": null,
     "created_at": "2026-12-01T02:05:12.118230Z"
 }))]
 pub struct WebhookEndpoint {
@@ -178,13 +199,21 @@ pub struct WebhookEndpoint {
     pub url: String,
     /// The event types sent to it, or `["*"]` for all.
     pub enabled_events: Vec<String>,
+    /// What the endpoint is for, in the merchant's words; `null` if it said nothing.
+    pub description: Option<String>,
     #[schema(inline)]
     pub status: EndpointStatus,
     /// The `whsec_…` secret its deliveries are signed with (Standard Webhooks). In the answer to
-    /// its creation only (and that answer's replays): keep it then.
+    /// its creation, or to a roll of its secret, only (and that answer's replays): keep it then.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^whsec_")]
     pub secret: Option<String>,
+    /// When its secret was last rolled (`POST /v1/webhook_endpoints/{id}/roll_secret`); `null` if
+    /// never.
+    pub secret_rolled_at: Option<DateTime<Utc>>,
+    /// Until when its deliveries also carry a signature with the secret the last roll replaced;
+    /// `null` if none does. Past it, only the current secret signs.
+    pub previous_secret_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -200,18 +229,23 @@ pub struct DeletedWebhookEndpoint {
     pub deleted: bool,
 }
 
-struct EndpointRow {
-    id: String,
-    url: String,
-    enabled_events: Vec<String>,
-    status: String,
-    created_at: DateTime<Utc>,
+/// An endpoint's row as the API shows it: every statement that returns an endpoint selects these
+/// columns.
+pub(super) struct EndpointRow {
+    pub(super) id: String,
+    pub(super) url: String,
+    pub(super) enabled_events: Vec<String>,
+    pub(super) description: Option<String>,
+    pub(super) status: String,
+    pub(super) secret_rolled_at: Option<DateTime<Utc>>,
+    pub(super) previous_secret_expires_at: Option<DateTime<Utc>>,
+    pub(super) created_at: DateTime<Utc>,
 }
 
 impl EndpointRow {
     /// The endpoint this row holds; a decoding error if its status, or one of its event types
     /// (other than `*`), is unknown.
-    fn parse(self) -> Result<WebhookEndpoint, sqlx::Error> {
+    pub(super) fn parse(self) -> Result<WebhookEndpoint, sqlx::Error> {
         for kind in self.enabled_events.iter().filter(|kind| *kind != "*") {
             stored::<EventType>(kind)?;
         }
@@ -220,8 +254,11 @@ impl EndpointRow {
             object: "webhook_endpoint",
             url: self.url,
             enabled_events: self.enabled_events,
+            description: self.description,
             status: stored(&self.status)?,
             secret: None,
+            secret_rolled_at: self.secret_rolled_at,
+            previous_secret_expires_at: self.previous_secret_expires_at,
             created_at: self.created_at,
         })
     }
@@ -309,9 +346,7 @@ async fn register(
     endpoint: NewWebhookEndpoint,
     allow_private: bool,
 ) -> Result<Completion, ApiError> {
-    address::check(&endpoint.url.0, allow_private)
-        .await
-        .map_err(|refused| Problem::new(ProblemKind::InvalidRequest, format!("{refused}.")))?;
+    endpoint.url.check(allow_private).await?;
     let secret = WebhookSecret::generate().expose();
     let mut tx = lease.begin().await?;
     // Counted under a lock of the account's own, held to the commit: two registrations at once
@@ -346,15 +381,21 @@ async fn register(
     let row = sqlx::query_as!(
         EndpointRow,
         r#"
-        INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret)
-        VALUES ($1, $2, $3, $4, $5)
-        RETURNING id, url, enabled_events, status, created_at
+        INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret, description)
+        VALUES ($1, $2, $3, $4, $5, $6)
+        RETURNING id, url, enabled_events, description, status, secret_rolled_at,
+                  previous_secret_expires_at, created_at
         "#,
         id.as_str(),
         account.as_str(),
         endpoint.url.0,
         &endpoint.enabled_events.0,
         secret,
+        // `""` says nothing, as it removes a description in an update.
+        endpoint
+            .description
+            .map(String::from)
+            .filter(|description| !description.is_empty()),
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -402,7 +443,9 @@ async fn list_webhook_endpoints(
         position(cursor) if EndpointId::fits(cursor) =>
             "SELECT created_at, id FROM webhook_endpoints WHERE id = $1 AND account_id = $2",
             cursor, account;
-        select: "SELECT id, url, enabled_events, status, created_at FROM webhook_endpoints",
+        select: "SELECT id, url, enabled_events, description, status, secret_rolled_at,
+                        previous_secret_expires_at, created_at
+                 FROM webhook_endpoints",
         created_at: "created_at",
         id: "id",
         filter: "account_id = $4",
@@ -437,7 +480,8 @@ async fn get_webhook_endpoint(
     let row = sqlx::query_as!(
         EndpointRow,
         r#"
-        SELECT id, url, enabled_events, status, created_at
+        SELECT id, url, enabled_events, description, status, secret_rolled_at,
+               previous_secret_expires_at, created_at
         FROM webhook_endpoints
         WHERE id = $1 AND account_id = $2
         "#,
@@ -504,7 +548,10 @@ mod tests {
             id: "we_Jx8bq2LkR5Vn0Ww3Zt7YcA1d".to_owned(),
             url: "https://example.com/".to_owned(),
             enabled_events: events.iter().map(|kind| (*kind).to_owned()).collect(),
+            description: None,
             status: status.to_owned(),
+            secret_rolled_at: None,
+            previous_secret_expires_at: None,
             created_at: Utc::now(),
         };
         for status in EndpointStatus::ALL {

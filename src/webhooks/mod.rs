@@ -15,6 +15,7 @@
 //! The delivery contract a merchant's receiver must keep is in `README.md` beside this file.
 
 mod attempts;
+mod changes;
 pub mod endpoints;
 mod events;
 pub mod metrics;
@@ -56,6 +57,7 @@ where
     OpenApiRouter::new()
         .routes(routes!(receive))
         .merge(endpoints::router())
+        .merge(changes::router())
         .merge(attempts::router())
         .merge(retry::router())
 }

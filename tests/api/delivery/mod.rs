@@ -7,6 +7,7 @@
 //! trigger queues a delivery for every subscribed endpoint.
 
 mod end_to_end;
+mod endpoint_changes;
 mod event_retries;
 mod fairness;
 mod fan_out;

@@ -341,16 +341,22 @@ impl Deliverer {
             error,
             retry_after: None,
         };
-        let signer = match (&self.sender, &due.secret) {
-            (Sender::Processor(secret), _) => secret.clone(),
+        // The secrets to sign with, the current one first: two while a rolled endpoint's old
+        // secret still signs, so a receiver holding either verifies the delivery.
+        let signers = match (&self.sender, &due.secret) {
+            (Sender::Processor(secret), _) => vec![secret.clone()],
             (Sender::Endpoints { allow_private }, Some(secret)) => {
                 // The address of a URL that names one is checked here; a name is checked by the
                 // client's resolver as it connects.
                 if let Err(refused) = address::parse(&due.url, *allow_private) {
                     return failed(format!("not sent: {refused}"));
                 }
-                match WebhookSecret::parse(secret) {
-                    Ok(secret) => secret,
+                let secrets = std::iter::once(secret).chain(&due.previous_secret);
+                match secrets
+                    .map(|secret| WebhookSecret::parse(secret))
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    Ok(secrets) => secrets,
                     Err(error) => return failed(format!("cannot sign: {error}")),
                 }
             }
@@ -359,8 +365,13 @@ impl Deliverer {
             }
         };
         let timestamp = Utc::now().timestamp();
-        let signature = match signer.sign(&due.event_id, timestamp, &due.body) {
-            Ok(signature) => signature,
+        // Standard Webhooks: several `v1,` signatures in one header, separated by spaces.
+        let signature = match signers
+            .iter()
+            .map(|signer| signer.sign(&due.event_id, timestamp, &due.body))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(signatures) => signatures.join(" "),
             Err(error) => return failed(format!("cannot sign: {error}")),
         };
         let sent = self
@@ -584,7 +595,8 @@ async fn acknowledged_by(
 }
 
 /// Disables an endpoint that acknowledged nothing since `since`, when its delivery created then
-/// was given up: it failed for the whole retry schedule. Its other pending deliveries are given
+/// was given up: it failed for the whole retry schedule. A delivery created before the merchant
+/// last enabled the endpoint again (`enabled_at`) does not count: its failure streak starts there. Its other pending deliveries are given
 /// up with it (they would fail the same way), and it receives no new ones. What it acknowledged
 /// is read from its row's `last_acknowledged_at` (kept within a minute, so an acknowledgment up to
 /// a minute before `since` counts too, keeping the endpoint: the safe side) and from its
@@ -599,6 +611,7 @@ async fn disable_if_dead(
         r#"
         UPDATE webhook_endpoints SET status = 'disabled'
         WHERE account_id = $3 AND id = $1 AND status = 'enabled'
+          AND (enabled_at IS NULL OR enabled_at <= $2::timestamptz)
           AND (last_acknowledged_at IS NULL
                OR last_acknowledged_at < $2::timestamptz - $4::float8 * interval '1 second')
           AND NOT EXISTS (

@@ -32,6 +32,9 @@ pub(super) struct Due {
     pub(super) endpoint_id: Option<String>,
     /// The endpoint's `whsec_…`; `None` for the processor's rows.
     pub(super) secret: Option<String>,
+    /// The secret a roll replaced, while it still signs beside `secret` (until the endpoint's
+    /// `previous_secret_expires_at`, on the database's clock).
+    pub(super) previous_secret: Option<String>,
     pub(super) created_at: DateTime<Utc>,
 }
 
@@ -166,6 +169,8 @@ pub(super) async fn claim(
                claimed.body AS "body!", claimed.attempts AS "attempts!",
                claimed.early_attempts AS "early_attempts!", claimed.step_due_at,
                claimed.endpoint_id, endpoint.secret AS "secret?",
+               CASE WHEN endpoint.previous_secret_expires_at > now()
+                    THEN endpoint.previous_secret END AS "previous_secret?",
                claimed.created_at AS "created_at!"
         FROM claimed
         LEFT JOIN webhook_endpoints endpoint
@@ -250,17 +255,23 @@ pub(super) async fn claim_unlocked(
     // The endpoints' secrets, read by account: a join in the update would not be routed.
     let mut due = Vec::with_capacity(claimed.len());
     for row in claimed {
-        let secret = match &row.endpoint_id {
-            Some(endpoint) => {
-                sqlx::query_scalar!(
-                    "SELECT secret FROM webhook_endpoints WHERE account_id = $1 AND id = $2",
-                    row.account_id,
-                    endpoint,
-                )
-                .fetch_optional(pool)
-                .await?
-            }
-            None => None,
+        let (secret, previous_secret) = match &row.endpoint_id {
+            Some(endpoint) => sqlx::query!(
+                r#"
+                SELECT secret,
+                       CASE WHEN previous_secret_expires_at > now()
+                            THEN previous_secret END AS "previous_secret?"
+                FROM webhook_endpoints WHERE account_id = $1 AND id = $2
+                "#,
+                row.account_id,
+                endpoint,
+            )
+            .fetch_optional(pool)
+            .await?
+            .map_or((None, None), |keys| {
+                (Some(keys.secret), keys.previous_secret)
+            }),
+            None => (None, None),
         };
         due.push(Due {
             account_id: row.account_id,
@@ -273,6 +284,7 @@ pub(super) async fn claim_unlocked(
             step_due_at: row.step_due_at,
             endpoint_id: row.endpoint_id,
             secret,
+            previous_secret,
             created_at: row.created_at,
         });
     }
