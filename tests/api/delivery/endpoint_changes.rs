@@ -388,3 +388,25 @@ async fn re_enabling_a_disabled_endpoint_starts_its_failure_streak_afresh() {
         .collect();
     assert_eq!(statuses, [&json!("enabled"), &json!("disabled")]);
 }
+
+/// A new URL takes the deliveries still being retried, not only the events that follow.
+#[api_test]
+async fn a_new_url_receives_the_deliveries_still_being_retried() {
+    let app = TestApp::spawn_with(local("1s")).await;
+    let receiver = Receiver::start(0).await;
+    // Nothing listens on the discard port: the first attempt fails, and the next is a second on.
+    let (id, secret) = endpoint_for(&app, "http://127.0.0.1:9/hooks", PAYMENTS).await;
+    let event = write_event(&app.db, &app.account_id, "payment.succeeded").await;
+    super::attempts_recorded(&app.db, 1, "the first attempt, refused").await;
+
+    let moved = post(
+        &app,
+        &format!("/v1/webhook_endpoints/{id}"),
+        &json!({ "url": receiver.url }),
+    )
+    .await;
+    moved.assert_status(200);
+    let (headers, body) = next_delivery(&receiver, 0).await;
+    assert_eq!(headers["webhook-id"], event.as_str());
+    assert_eq!(verified_by(&secret, &headers, &body), Ok(()));
+}
