@@ -356,7 +356,12 @@ async fn update(
         .await?;
     }
     let endpoint = row.parse()?;
-    complete_change(lease, tx, &account, endpoint, previous, at).await
+    // A request that changes nothing writes no event.
+    let event = (!previous.is_empty())
+        .then(|| NewEvent::updated(EventType::WebhookEndpointUpdated, &endpoint, previous, at))
+        .transpose()
+        .map_err(anyhow::Error::from)?;
+    complete(lease, tx, &account, &endpoint, event).await
 }
 
 /// Replaces the secret; the one it replaces signs beside it until `lifetime` from now (not at all
@@ -410,32 +415,12 @@ async fn roll(
     let event = NewEvent::updated(EventType::WebhookEndpointUpdated, &endpoint, previous, at)
         .map_err(anyhow::Error::from)?;
     endpoint.secret = Some(secret);
-    complete_with_event(lease, tx, &account, &endpoint, Some(event)).await
+    complete(lease, tx, &account, &endpoint, Some(event)).await
 }
 
-/// Writes the `webhook_endpoint.updated` event of a change that replaced something (`previous` not
-/// empty), and completes the key with the endpoint, without its secret.
-async fn complete_change(
-    lease: Lease,
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    account: &AccountId,
-    endpoint: WebhookEndpoint,
-    previous: Map<String, Value>,
-    at: DateTime<Utc>,
-) -> Result<Completion, ApiError> {
-    let event = if previous.is_empty() {
-        None
-    } else {
-        Some(
-            NewEvent::updated(EventType::WebhookEndpointUpdated, &endpoint, previous, at)
-                .map_err(anyhow::Error::from)?,
-        )
-    };
-    complete_with_event(lease, tx, account, &endpoint, event).await
-}
-
-/// Writes `event`, if any, then stores the endpoint as the key's 200 and commits, all in `tx`.
-async fn complete_with_event(
+/// Writes the `webhook_endpoint.updated` event, if the change wrote one, then stores the endpoint
+/// (with a rolled secret, without any other) as the key's 200 and commits, all in `tx`.
+async fn complete(
     lease: Lease,
     mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
     account: &AccountId,
