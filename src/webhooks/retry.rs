@@ -175,8 +175,9 @@ async fn queue(
         return Err(Problem::new(
             ProblemKind::WebhookEndpointDisabled,
             format!(
-                "The webhook endpoint `{}` is disabled: nothing was queued. Register its URL \
-                 again, then ask for the delivery there.",
+                "The webhook endpoint `{0}` is disabled: nothing was queued. Enable it again \
+                 (`POST /v1/webhook_endpoints/{0}` with `{{\"status\": \"enabled\"}}`), then \
+                 ask for the delivery.",
                 endpoint.as_str()
             ),
         )

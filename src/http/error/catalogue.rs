@@ -192,10 +192,11 @@ service::problem_catalogue! {
             slug: "webhook-endpoint-disabled",
             status: CONFLICT,
             title: "The webhook endpoint is disabled",
-            explanation: "The endpoint acknowledged no delivery for the whole retry schedule, so it was \
-                disabled: it is sent nothing more, and no delivery can be queued for it. Nothing was \
-                queued and the Idempotency-Key was released. Register the URL again \
-                (`POST /v1/webhook_endpoints`) once it answers, then ask for the delivery there.",
+            explanation: "The endpoint was disabled, by its merchant or because it acknowledged no \
+                delivery for the whole retry schedule: it is sent nothing more, and no delivery can \
+                be queued for it. Nothing was queued and the Idempotency-Key was released. Enable it \
+                again once it answers (its `status` set to `enabled` by \
+                `POST /v1/webhook_endpoints/we_…`), then ask for the delivery with a new key.",
         }
         WebhookRetryPending {
             slug: "webhook-retry-pending",
