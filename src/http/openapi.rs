@@ -223,27 +223,40 @@ pub fn with_form_bodies(mut description: utoipa::openapi::OpenApi) -> utoipa::op
         .as_ref()
         .map(|components| components.schemas.clone())
         .unwrap_or_default();
-    // The members of a body's schema that are objects or lists: those a form spells with brackets.
-    let nested = |body: &RefOr<Schema>| -> Vec<String> {
-        let schema = match body {
+    // A schema, through its reference if it is one.
+    let resolve = |schema: &RefOr<Schema>| -> Option<RefOr<Schema>> {
+        match schema {
             RefOr::Ref(reference) => reference
                 .ref_location
                 .rsplit('/')
                 .next()
-                .and_then(|name| schemas.get(name)),
-            inline @ RefOr::T(_) => Some(inline),
-        };
-        let Some(RefOr::T(Schema::Object(object))) = schema else {
+                .and_then(|name| schemas.get(name))
+                .cloned(),
+            inline @ RefOr::T(_) => Some(inline.clone()),
+        }
+    };
+    // The members of a body's schema that are objects or lists: those a form spells with brackets.
+    let nested = |body: &RefOr<Schema>| -> Vec<String> {
+        let Some(RefOr::T(Schema::Object(object))) = resolve(body) else {
             return Vec::new();
         };
-        let is_scalar = |member: &RefOr<Schema>| match member {
-            RefOr::T(Schema::Object(member)) => match &member.schema_type {
+        let scalar = |schema: &Schema| match schema {
+            Schema::Object(object) => match &object.schema_type {
                 SchemaType::Type(kind) => !matches!(kind, Type::Object | Type::Array),
                 SchemaType::Array(kinds) => !kinds
                     .iter()
                     .any(|kind| matches!(kind, Type::Object | Type::Array)),
                 SchemaType::AnyValue => false,
             },
+            _ => false,
+        };
+        // A documented enum comes as `allOf` its values and a description: scalar if one part is.
+        let is_scalar = |member: &RefOr<Schema>| match resolve(member) {
+            Some(RefOr::T(Schema::AllOf(all))) => all
+                .items
+                .iter()
+                .any(|part| matches!(resolve(part), Some(RefOr::T(part)) if scalar(&part))),
+            Some(RefOr::T(schema)) => scalar(&schema),
             _ => false,
         };
         object
