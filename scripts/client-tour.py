@@ -266,12 +266,15 @@ def main(base, api_key, client_dir, server_out):
             page = expect(list_events.sync_detailed(client=client, limit=100), 200, ListEvent)
             seen = []
             for event in page.data:
-                # The event's object is the generated Payment or Refund (the spec's oneOf).
+                # The event's object is the generated Payment, Refund or WebhookEndpoint (the
+                # spec's oneOf; an endpoint's, for its `webhook_endpoint.updated`).
                 thing = event.data.object_
                 check(
-                    isinstance(thing, (Payment, Refund)),
-                    f"{event.id}'s object is a {type(thing).__name__}, not a Payment or a Refund",
+                    isinstance(thing, (Payment, Refund, WebhookEndpoint)),
+                    f"{event.id}'s object is a {type(thing).__name__}, not a Payment, a Refund or an endpoint",
                 )
+                if isinstance(thing, WebhookEndpoint):
+                    continue
                 seen.append((thing.id if isinstance(thing, Payment) else thing.payment, event.type_))
             missing = [f"{kind} of {payment}" for payment, kind in wanted if (payment, kind) not in seen]
             if not missing or time.monotonic() > deadline:

@@ -168,6 +168,8 @@ fi
 # - a webhook endpoint's URL is refused with 400 unless it is an absolute http(s) URL without
 #   credentials whose host resolves (even with private addresses allowed, as `idempay dev`
 #   allows them), and `*` must stand alone in `enabled_events`: rules no schema expresses;
+#   The same holds for an endpoint's update (`updateWebhookEndpoint`), whose body, as a roll's
+#   (`rollWebhookEndpointSecret`), is optional like a capture's (below);
 # - a registration replayed under a key the fuzzer used before answers the endpoint it created
 #   then, as every replay does, even when that endpoint was deleted since: the check that a
 #   created resource can be read or deleted right away does not apply to the endpoints;
@@ -214,6 +216,10 @@ include-operation-id = "listRefunds"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
 
 [[operations]]
+include-operation-id = "listAccountRefunds"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
+
+[[operations]]
 include-operation-id = "listEvents"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "429", "5xx"]
 
@@ -228,6 +234,15 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401",
 [[operations]]
 include-operation-id = "createWebhookEndpoint"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "409", "422", "429", "5xx"]
+
+[[operations]]
+include-operation-id = "updateWebhookEndpoint"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "409", "422", "429", "5xx"]
+checks.negative_data_rejection.enabled = false
+
+[[operations]]
+include-operation-id = "rollWebhookEndpointSecret"
+checks.negative_data_rejection.enabled = false
 
 [[operations]]
 include-operation-id = "getWebhookEndpoint"

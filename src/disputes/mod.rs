@@ -169,7 +169,7 @@ impl DisputeRow {
     params(ListParams, CreatedParams,
         ("payment" = Option<String>, Query, description = "Only the disputes of this payment, `pay_…`.",
             pattern = "^pay_[0-9A-Za-z]{24}$", example = "pay_U5PgTqA02dYsv3cLANIGkqIs"),
-        ("status" = Option<DisputeStatus>, Query, description = "Only the disputes in this status.")),
+        ("status" = inline(Option<DisputeStatus>), Query, description = "Only the disputes in this status.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of disputes.", body = List<Dispute>, content_type = "application/json"),

@@ -349,7 +349,7 @@ async fn get_payment(
     operation_id = "listPayments",
     tag = "payments",
     params(ListParams, CreatedParams,
-        ("status" = Option<PaymentStatus>, Query, description = "Only the payments in this status.")),
+        ("status" = inline(Option<PaymentStatus>), Query, description = "Only the payments in this status.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of payments.", body = List<Payment>, content_type = "application/json"),

@@ -155,7 +155,7 @@ async fn create_refund(
     operation_id = "listRefunds",
     tag = "refunds",
     params(("id" = String, Path, description = "The payment, `pay_…`."), ListParams, CreatedParams,
-        ("status" = Option<RefundStatus>, Query, description = "Only the refunds in this status.")),
+        ("status" = inline(Option<RefundStatus>), Query, description = "Only the refunds in this status.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of refunds.", body = List<Refund>, content_type = "application/json"),
@@ -205,7 +205,7 @@ async fn list_refunds(
     params(ListParams, CreatedParams,
         ("payment" = Option<String>, Query, description = "Only the refunds of this payment, `pay_…`.",
             pattern = "^pay_[0-9A-Za-z]{24}$", example = "pay_U5PgTqA02dYsv3cLANIGkqIs"),
-        ("status" = Option<RefundStatus>, Query, description = "Only the refunds in this status.")),
+        ("status" = inline(Option<RefundStatus>), Query, description = "Only the refunds in this status.")),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of refunds.", body = List<Refund>, content_type = "application/json"),

@@ -69,8 +69,8 @@ pub struct WebhookEndpointUpdate {
     #[serde(default)]
     #[schema(value_type = Option<String>, max_length = 2048, example = "https://example.com/idempay/v2/events")]
     pub url: Option<EndpointUrl>,
-    /// The event types to send from now on, each once, or `["*"]` alone for all of them.
-    // Described by its own schema: a description here would wrap it in an `allOf`.
+    // The event types to send from now on, each once, or `["*"]` alone for all of them: described
+    // by its own schema, as a description here would wrap it in an `allOf` generators misread.
     #[serde(default)]
     #[schema(inline, nullable = false)]
     pub enabled_events: Option<EnabledEvents>,
@@ -78,8 +78,9 @@ pub struct WebhookEndpointUpdate {
     #[serde(default)]
     #[schema(value_type = Option<String>, max_length = 1000)]
     pub description: Option<Description>,
-    /// `disabled` stops its deliveries (the pending ones are given up); `enabled` sends it the
-    /// events committed from then on, and starts its failure streak afresh.
+    // `disabled` stops its deliveries (the pending ones are given up); `enabled` sends it the
+    // events committed from then on, and starts its failure streak afresh. Described by its own
+    // schema (the endpoint's status), as `enabled_events` is.
     #[serde(default)]
     #[schema(inline, nullable = false)]
     pub status: Option<EndpointStatus>,
@@ -138,7 +139,8 @@ impl TryFrom<u64> for OldSecretLifetime {
     operation_id = "updateWebhookEndpoint",
     tag = "webhook endpoints",
     params(("id" = String, Path, description = "The endpoint's id, `we_…`."), IdempotencyKey),
-    request_body(content = WebhookEndpointUpdate, content_type = "application/json"),
+    request_body(content = Option<WebhookEndpointUpdate>, content_type = "application/json",
+        description = "What to change; without a body (or with `{}`), nothing: the endpoint as it is."),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "The endpoint as changed, or the replay of the request that changed it.",
@@ -188,7 +190,7 @@ async fn update_webhook_endpoint(
     operation_id = "rollWebhookEndpointSecret",
     tag = "webhook endpoints",
     params(("id" = String, Path, description = "The endpoint's id, `we_…`."), IdempotencyKey),
-    request_body(content = SecretRoll, content_type = "application/json",
+    request_body(content = Option<SecretRoll>, content_type = "application/json",
         description = "How long the replaced secret keeps signing; without a body (or with `{}`), a day."),
     security(("api_key" = [])),
     responses(

@@ -78,7 +78,14 @@ fn steps(name: &str) -> Result<Vec<Step>, String> {
     let mut steps = vec![Step::Key(first.to_owned())];
     while !rest.is_empty() {
         let inner = rest.strip_prefix('[').ok_or_else(malformed)?;
-        let close = inner.find(']').ok_or_else(malformed)?;
+        // A step ends at the `]` followed by the next `[` or by the end of the name, so that a
+        // key may hold brackets of its own (`metadata[a]b]` is the key `a]b`), as a fuzzer's
+        // keys do.
+        let close = inner
+            .match_indices(']')
+            .map(|(at, _)| at)
+            .find(|&at| inner[at + 1..].is_empty() || inner[at + 1..].starts_with('['))
+            .ok_or_else(malformed)?;
         let (segment, after) = (&inner[..close], &inner[close + 1..]);
         steps.push(match segment {
             "" => Step::Push,
@@ -239,6 +246,11 @@ impl<'de> Deserializer<'de> for Coerced<'_> {
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        // A form has no null: an optional field sent empty, or as the text `null` (how form
+        // encoders write a null), is left out, as its JSON twin's `null` is.
+        if matches!(&*self.0, Value::String(text) if text.is_empty() || text == "null") {
+            *self.0 = Value::Null;
+        }
         if self.0.is_null() {
             visitor.visit_none()
         } else {
@@ -449,6 +461,21 @@ mod tests {
     }
 
     #[test]
+    fn an_optional_field_sent_empty_or_as_null_is_left_out() {
+        for form in [
+            "amount=1&currency=eur&capture=",
+            "amount=1&currency=eur&capture=null",
+        ] {
+            let (order, json) = parse::<Order>(form.as_bytes()).unwrap();
+            assert_eq!(order.capture, None, "{form}");
+            assert_eq!(
+                serde_json::from_slice::<Value>(&json).unwrap()["capture"],
+                Value::Null
+            );
+        }
+    }
+
+    #[test]
     fn brackets_without_an_index_append() {
         #[derive(Deserialize)]
         struct Expand {
@@ -474,6 +501,11 @@ mod tests {
 
     #[test]
     fn an_index_is_a_key_unless_a_list_is_asked_for_there() {
+        let json = json_of("amount=1&currency=eur&metadata[a]b]=c&metadata[x[y]=z");
+        assert_eq!(
+            json["metadata"],
+            serde_json::json!({ "a]b": "c", "x[y": "z" })
+        );
         let json = json_of("amount=1&currency=eur&metadata[0]=zero&metadata[channel]=web");
         assert_eq!(
             json["metadata"],

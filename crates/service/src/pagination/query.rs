@@ -81,19 +81,19 @@ impl Created {
 #[into_params(parameter_in = Query)]
 pub struct CreatedParams {
     /// Only objects created in this second, a unix timestamp.
-    #[param(example = 1_765_065_600)]
+    #[param(example = 1_765_065_600, minimum = 0.0, maximum = 253_402_300_799.0)]
     pub created: Option<i64>,
     /// Only objects created after this second, a unix timestamp.
-    #[param(rename = "created[gt]")]
+    #[param(rename = "created[gt]", minimum = 0.0, maximum = 253_402_300_799.0)]
     pub gt: Option<i64>,
     /// Only objects created in this second or after, a unix timestamp.
-    #[param(rename = "created[gte]")]
+    #[param(rename = "created[gte]", minimum = 0.0, maximum = 253_402_300_799.0)]
     pub gte: Option<i64>,
     /// Only objects created before this second, a unix timestamp.
-    #[param(rename = "created[lt]")]
+    #[param(rename = "created[lt]", minimum = 0.0, maximum = 253_402_300_799.0)]
     pub lt: Option<i64>,
     /// Only objects created in this second or before, a unix timestamp.
-    #[param(rename = "created[lte]")]
+    #[param(rename = "created[lte]", minimum = 0.0, maximum = 253_402_300_799.0)]
     pub lte: Option<i64>,
 }
 
