@@ -9,8 +9,6 @@
 //! replay, and a mismatch names the same fields either way. A value the type reads as text (a
 //! metadata value, an id) stays text: `metadata[order_id]=6735` is `"6735"`, as in the JSON.
 
-use std::fmt;
-
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, SeqAccess,
     Visitor,
@@ -389,12 +387,6 @@ impl<'de> SeqAccess<'de> for Items<'_> {
             .next()
             .map(|item| seed.deserialize(Coerced(item)))
             .transpose()
-    }
-}
-
-impl fmt::Debug for Coerced<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Coerced").field(&self.0).finish()
     }
 }
 
