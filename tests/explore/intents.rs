@@ -163,21 +163,53 @@ pub async fn send(
 
 /// [`send`], and when the answer is that the key is held for an operator
 /// (`idempotency-key-held`), the operator's part: `idempay keys settle` from the processor's
-/// ledger, as ops/runbooks.md says, then the client's retry, which gets the settled result.
+/// ledger, as ops/runbooks.md says, then the client's retry, which gets the settled result. A
+/// settle that does not settle (the processor unreachable, or the key being settled by another
+/// operator: two clients of one intent each call one) is run again a second later, as the runbook
+/// says, until `deadline`.
 pub async fn send_settling(
     s: &Arc<Schedule>,
     k: usize,
     instance: usize,
     deadline: Duration,
 ) -> Option<Answer> {
-    let answer = send(s, k, instance, deadline).await?;
-    let held = answer
-        .problem
-        .as_deref()
-        .is_some_and(|problem| problem.ends_with("idempotency-key-held"));
-    if !held {
-        return Some(answer);
+    let until = Instant::now() + deadline;
+    loop {
+        let answer = send(
+            s,
+            k,
+            instance,
+            until.saturating_duration_since(Instant::now()),
+        )
+        .await?;
+        let held = answer
+            .problem
+            .as_deref()
+            .is_some_and(|problem| problem.ends_with("idempotency-key-held"));
+        if !held {
+            return Some(answer);
+        }
+        if settle(s, k).await {
+            s.coverage.saw(Seen::Settled);
+            return send(
+                s,
+                k,
+                instance,
+                until.saturating_duration_since(Instant::now()),
+            )
+            .await;
+        }
+        // Not settled: the key stays held (or another settle holds it), and the client's next
+        // attempt meets it again, or its settled answer.
+        if Instant::now() + Duration::from_secs(1) >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// `idempay keys settle` of intent `k`'s key, as an operator runs it; whether it settled the key.
+async fn settle(s: &Arc<Schedule>, k: usize) -> bool {
     let key = s.key_sent(k);
     let account: Option<String> =
         sqlx::query_scalar("SELECT account_id FROM idempotency_keys WHERE idem_key = $1 LIMIT 1")
@@ -190,7 +222,7 @@ pub async fn send_settling(
             "settle not run",
             format!("held key {key}: its account not found"),
         );
-        return None;
+        return false;
     };
     let env = s.operator_env();
     let env: Vec<(&str, &str)> = env
@@ -205,13 +237,7 @@ pub async fn send_settling(
         settled.status,
         said.lines().last().unwrap_or("")
     ));
-    if !settled.status.success() {
-        // Not settled (the processor unreachable, a call still in progress there): the key stays
-        // held, and the next attempt meets it again.
-        return None;
-    }
-    s.coverage.saw(Seen::Settled);
-    send(s, k, instance, deadline).await
+    settled.status.success()
 }
 
 /// A client's result as a final answer, or why it is none.

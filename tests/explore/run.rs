@@ -95,6 +95,10 @@ impl fmt::Display for Answer {
 /// How long a crash of the database waits for a client's 2xx answer, to strike just after it.
 const ACK_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a pause waits for its target to be started again when it was drawn while the target
+/// was down: longer than the longest kill a plan draws, shorter than a schedule's fault phase.
+const PAUSE_WAIT: Duration = Duration::from_secs(5);
+
 /// What a schedule's tasks share.
 pub struct Schedule {
     pub plan: Plan,
@@ -418,14 +422,33 @@ impl Schedule {
                 None
             }
             Fault::Pause { target, pause } => {
-                if !self.process(target).lock().await.signal("STOP") {
-                    self.timeline.log(format!("  {target} is down: not paused"));
-                    return None;
-                }
-                self.paused.lock().unwrap().push(target);
-                self.coverage.saw(Seen::Paused);
                 let s = Arc::clone(self);
                 Some(tokio::spawn(async move {
+                    // A pause drawn while its target is down (killed just before) waits for it to
+                    // be started again, for up to PAUSE_WAIT: a plan's pause that never happens is
+                    // a schedule that did not run as drawn (and a replay of it fails so).
+                    let waiting = Instant::now();
+                    loop {
+                        if s.process(target).lock().await.signal("STOP") {
+                            break;
+                        }
+                        if waiting.elapsed() >= PAUSE_WAIT || Instant::now() >= s.phase_end {
+                            s.timeline.log(format!(
+                                "  {target} is down for {:.1?}: not paused",
+                                waiting.elapsed()
+                            ));
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    if waiting.elapsed() >= Duration::from_millis(50) {
+                        s.timeline.log(format!(
+                            "  {target} paused {:.1?} late: it was down",
+                            waiting.elapsed()
+                        ));
+                    }
+                    s.paused.lock().unwrap().push(target);
+                    s.coverage.saw(Seen::Paused);
                     tokio::time::sleep(pause).await;
                     // Killed meanwhile, it was restarted running: nothing to continue.
                     s.process(target).lock().await.signal("CONT");
