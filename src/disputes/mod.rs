@@ -189,34 +189,77 @@ async fn list_disputes(
     let status = query.take("status", DisputeStatus::parse_listing_all)?;
     let (page, created) = query.finish()?;
     let account = account.id().as_str();
-    let payment = payment.as_ref().map(PaymentId::as_str);
     let status = status.map(DisputeStatus::as_str);
-    let rows = service::keyset_page!(
-        &pool,
-        &page,
-        DisputeRow,
-        position(cursor) if is_dispute_id(cursor) => r#"
-            SELECT created_at, id FROM disputes
-            WHERE id = $1 AND account_id = $2 AND ($3::text IS NULL OR payment_id = $3)
-        "#, cursor, account, payment;
-        select: r#"SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
-                   FROM disputes d
-                   JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id"#,
-        created_at: "d.created_at",
-        id: "d.id",
-        // Served by `disputes_account_created`, or `disputes_payment_id` for one payment's; the
-        // `created` range bounds the former's scan, and a status is checked on the rows read.
-        filter: "d.account_id = $4 AND ($5::text IS NULL OR d.payment_id = $5)
-                 AND ($6::text IS NULL OR d.lifecycle = $6)
+    let (from, until) = (created.from, created.until);
+    // One page of the disputes that pass `filter`, with its arguments from $4 on; a cursor is
+    // found among the same disputes (`payment` narrows it to one payment's).
+    macro_rules! page {
+        ($payment:expr, $filter:literal $(, $arg:expr)* $(,)?) => {
+            service::keyset_page!(
+                &pool,
+                &page,
+                DisputeRow,
+                position(cursor) if is_dispute_id(cursor) => r#"
+                    SELECT created_at, id FROM disputes
+                    WHERE id = $1 AND account_id = $2 AND ($3::text IS NULL OR payment_id = $3)
+                "#, cursor, account, $payment;
+                select: r#"SELECT d.id, d.payment_id, d.amount, p.currency, d.status, d.lifecycle, d.created_at
+                           FROM disputes d
+                           JOIN payments p ON p.account_id = d.account_id AND p.id = d.payment_id"#,
+                created_at: "d.created_at",
+                id: "d.id",
+                filter: $filter $(, $arg)*
+            )
+        };
+    }
+    // One statement per shape of the filters, each with the index that serves it: one statement
+    // with `($n IS NULL OR d.lifecycle = $n)` may be planned once for every shape after five runs
+    // (a prepared statement's generic plan), on the index of the list without filters. The
+    // `created` range bounds the same scan in each.
+    let rows = match (payment.as_ref().map(PaymentId::as_str), status) {
+        // `disputes_payment_id`: a payment's disputes are few, and a status is checked on each.
+        (Some(payment), status) => {
+            page!(
+                Some(payment),
+                "d.account_id = $4 AND d.payment_id = $5 AND ($6::text IS NULL OR d.lifecycle = $6)
                  AND d.created_at >= COALESCE($7, '-infinity'::timestamptz)
                  AND d.created_at < COALESCE($8, 'infinity'::timestamptz)",
-        account,
-        payment,
-        status,
-        created.from,
-        created.until,
-    )
-    .await?;
+                account,
+                payment,
+                status,
+                from,
+                until,
+            )
+            .await?
+        }
+        // `disputes_account_lifecycle_created`.
+        (None, Some(status)) => {
+            page!(
+                None::<&str>,
+                "d.account_id = $4 AND d.lifecycle = $5
+                 AND d.created_at >= COALESCE($6, '-infinity'::timestamptz)
+                 AND d.created_at < COALESCE($7, 'infinity'::timestamptz)",
+                account,
+                status,
+                from,
+                until,
+            )
+            .await?
+        }
+        // `disputes_account_created`.
+        (None, None) => {
+            page!(
+                None::<&str>,
+                "d.account_id = $4
+                 AND d.created_at >= COALESCE($5, '-infinity'::timestamptz)
+                 AND d.created_at < COALESCE($6, 'infinity'::timestamptz)",
+                account,
+                from,
+                until,
+            )
+            .await?
+        }
+    };
     Ok(axum::Json(List::parse_rows(rows, &page, DisputeRow::parse)?).into_response())
 }
 

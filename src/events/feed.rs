@@ -114,59 +114,59 @@ async fn list_events(
             Some(id.as_str())
         }
     };
-    let rows = match page.cursor {
-        Cursor::Before(_) => {
+    // The events below the bound in the `created` range that also pass `narrow`, in `order`, with
+    // `narrow`'s arguments from $6 on.
+    macro_rules! feed {
+        ($narrow:literal, $order:literal $(, $arg:expr)*) => {
             sqlx::query_as!(
                 FeedRow,
-                r#"
-                SELECT body
-                FROM events
-                WHERE account_id = $1
-                  AND txid < $5::text::xid8
-                  AND ($2::text IS NULL OR type = $2)
-                  AND created_at >= COALESCE($6, '-infinity'::timestamptz)
-                  AND created_at < COALESCE($7, 'infinity'::timestamptz)
-                  AND (txid, seq) > (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $3)
-                ORDER BY txid, seq
-                LIMIT $4
-                "#,
+                "SELECT body FROM events
+                 WHERE account_id = $1
+                   AND txid < $2::text::xid8
+                   AND created_at >= COALESCE($3, '-infinity'::timestamptz)
+                   AND created_at < COALESCE($4, 'infinity'::timestamptz)
+                   AND " + $narrow + " ORDER BY " + $order + " LIMIT $5",
                 account,
-                kind,
-                cursor,
-                page.fetch(),
                 bound,
                 created.from,
                 created.until,
+                page.fetch()
+                $(, $arg)*
             )
             .fetch_all(&pool)
             .await?
-        }
-        Cursor::First | Cursor::After(_) => {
-            sqlx::query_as!(
-                FeedRow,
-                r#"
-                SELECT body
-                FROM events
-                WHERE account_id = $1
-                  AND txid < $5::text::xid8
-                  AND ($2::text IS NULL OR type = $2)
-                  AND created_at >= COALESCE($6, '-infinity'::timestamptz)
-                  AND created_at < COALESCE($7, 'infinity'::timestamptz)
-                  AND ($3::text IS NULL OR (txid, seq) < (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $3))
-                ORDER BY txid DESC, seq DESC
-                LIMIT $4
-                "#,
-                account,
-                kind,
-                cursor,
-                page.fetch(),
-                bound,
-                created.from,
-                created.until,
-            )
-            .fetch_all(&pool)
-            .await?
-        }
+        };
+    }
+    // One statement per shape (a type or not, a cursor or not), each an index range scan: on
+    // `events_type_feed` with a type, on `events_feed` without, from the cursor's place on. One
+    // statement with `($n IS NULL OR …)` may be planned once for every shape after five runs (a
+    // prepared statement's generic plan), which could use neither the type nor the cursor to
+    // bound its scan.
+    let rows = match (&page.cursor, cursor, kind) {
+        (Cursor::Before(_), Some(cursor), None) => feed!(
+            "(txid, seq) > (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $6)",
+            "txid, seq",
+            cursor
+        ),
+        (Cursor::Before(_), Some(cursor), Some(kind)) => feed!(
+            "type = $6 AND (txid, seq) > (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $7)",
+            "txid, seq",
+            kind,
+            cursor
+        ),
+        (_, Some(cursor), None) => feed!(
+            "(txid, seq) < (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $6)",
+            "txid DESC, seq DESC",
+            cursor
+        ),
+        (_, Some(cursor), Some(kind)) => feed!(
+            "type = $6 AND (txid, seq) < (SELECT txid, seq FROM events WHERE account_id = $1 AND id = $7)",
+            "txid DESC, seq DESC",
+            kind,
+            cursor
+        ),
+        (_, None, None) => feed!("TRUE", "txid DESC, seq DESC"),
+        (_, None, Some(kind)) => feed!("type = $6", "txid DESC, seq DESC", kind),
     };
     Ok(axum::Json(List::parse_rows(rows, &page, |row| raw(row.body))?).into_response())
 }

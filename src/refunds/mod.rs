@@ -239,9 +239,10 @@ struct RefundFilters {
     created: Created,
 }
 
-/// One page of the account's refunds that pass `filters`. Served by `refunds_account_created`
-/// (account, newest first), or by `refunds_payment_id_created_at` for one payment's; the
-/// `created` range bounds the same scan, and a status is checked on the rows it reads.
+/// One page of the account's refunds that pass `filters`, with one statement per shape of the
+/// filters and the index that serves it: one statement with `($n IS NULL OR status = $n)` may be
+/// planned once for every shape after five runs (a prepared statement's generic plan), on the
+/// index of the list without filters. The `created` range bounds the same scan in each.
 async fn refunds_page(
     pool: &PgPool,
     account: &Account,
@@ -249,32 +250,74 @@ async fn refunds_page(
     filters: &RefundFilters,
 ) -> Result<List<Refund>, ApiError> {
     let account = account.id().as_str();
-    let payment = filters.payment.as_deref();
     let status = filters.status.map(RefundStatus::as_str);
-    let rows = service::keyset_page!(
-        pool,
-        page,
-        RefundRow,
-        position(cursor) if RefundId::fits(cursor) => r#"
-            SELECT created_at, id FROM refunds
-            WHERE id = $1 AND account_id = $2 AND ($3::text IS NULL OR payment_id = $3)
-        "#, cursor, account, payment;
-        select: r#"SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
-                          metadata AS "metadata: Json<Metadata>"
-                   FROM refunds"#,
-        created_at: "created_at",
-        id: "id",
-        filter: "account_id = $4 AND ($5::text IS NULL OR payment_id = $5)
-                 AND ($6::text IS NULL OR status = $6)
+    let (from, until) = (filters.created.from, filters.created.until);
+    // One page of the refunds that pass `filter`, with its arguments from $4 on; a cursor is
+    // found among the same refunds (`payment` narrows it to one payment's).
+    macro_rules! page {
+        ($payment:expr, $filter:literal $(, $arg:expr)* $(,)?) => {
+            service::keyset_page!(
+                pool,
+                page,
+                RefundRow,
+                position(cursor) if RefundId::fits(cursor) => r#"
+                    SELECT created_at, id FROM refunds
+                    WHERE id = $1 AND account_id = $2 AND ($3::text IS NULL OR payment_id = $3)
+                "#, cursor, account, $payment;
+                select: r#"SELECT id, payment_id, amount, reason, status, processor_refund, created_at,
+                                  metadata AS "metadata: Json<Metadata>"
+                           FROM refunds"#,
+                created_at: "created_at",
+                id: "id",
+                filter: $filter $(, $arg)*
+            )
+        };
+    }
+    let rows = match (filters.payment.as_deref(), status) {
+        // `refunds_payment_id_created_at`: a payment's refunds are few, and a status is checked
+        // on each.
+        (Some(payment), status) => {
+            page!(
+                Some(payment),
+                "account_id = $4 AND payment_id = $5 AND ($6::text IS NULL OR status = $6)
                  AND created_at >= COALESCE($7, '-infinity'::timestamptz)
                  AND created_at < COALESCE($8, 'infinity'::timestamptz)",
-        account,
-        payment,
-        status,
-        filters.created.from,
-        filters.created.until,
-    )
-    .await?;
+                account,
+                payment,
+                status,
+                from,
+                until,
+            )
+            .await?
+        }
+        // `refunds_account_status_created`.
+        (None, Some(status)) => {
+            page!(
+                None::<&str>,
+                "account_id = $4 AND status = $5
+                 AND created_at >= COALESCE($6, '-infinity'::timestamptz)
+                 AND created_at < COALESCE($7, 'infinity'::timestamptz)",
+                account,
+                status,
+                from,
+                until,
+            )
+            .await?
+        }
+        // `refunds_account_created`.
+        (None, None) => {
+            page!(
+                None::<&str>,
+                "account_id = $4
+                 AND created_at >= COALESCE($5, '-infinity'::timestamptz)
+                 AND created_at < COALESCE($6, 'infinity'::timestamptz)",
+                account,
+                from,
+                until,
+            )
+            .await?
+        }
+    };
     Ok(List::parse_rows(rows, page, RefundRow::parse)?)
 }
 
