@@ -52,22 +52,8 @@ impl<S: Send + Sync, T: PublicId> FromRequestParts<S> for PathId<T> {
     }
 }
 
-/// The page a list request asks for (`?limit=&starting_after=&ending_before=`, parsed by
-/// [`PageRequest::from_uri`]): `PageQuery(page): PageQuery`. A query that is malformed, out of bounds or has
-/// any other parameter is a 400 problem.
-#[derive(Debug, Clone)]
-pub struct PageQuery(pub PageRequest);
-
-impl<S: Send + Sync> FromRequestParts<S> for PageQuery {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
-        Ok(Self(PageRequest::from_uri(&parts.uri)?))
-    }
-}
-
-/// The query of a list that filters (`FilteredQuery(mut query): FilteredQuery`): its page, its
-/// `created` range and its own filters, which the handler takes by name before
+/// The query of a list (`FilteredQuery(mut query): FilteredQuery`): its page, its `created` range
+/// and its own filters, if it has any, which the handler takes by name before
 /// [`ListQuery::finish`] refuses any other. A malformed page or range is a 400 problem at once.
 #[derive(Debug)]
 pub struct FilteredQuery(pub ListQuery);

@@ -20,14 +20,14 @@ use crate::events::EventType;
 use crate::http::error::{
     ApiError, AuthenticatedProblems, IdempotencyProblems, Problem, ProblemKind,
 };
-use crate::http::extract::{PageQuery, PathId};
+use crate::http::extract::{FilteredQuery, PathId};
 use crate::payments::Description;
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
 use service::ids::PublicId;
 use service::outbox::{WebhookSecret, address};
-use service::pagination::{List, ListParams};
+use service::pagination::{CreatedParams, List, ListParams};
 use service::vocabulary::{stored, vocabulary};
 
 /// The longest URL an endpoint may have, as the table's CHECK bounds it.
@@ -412,18 +412,18 @@ async fn register(
 
 /// List webhook endpoints
 ///
-/// The account's endpoints, newest first, paginated like the payments list. Secrets are not
-/// shown.
+/// The account's endpoints, newest first, paginated and narrowed by `created` like the payments
+/// list. Secrets are not shown.
 #[utoipa::path(
     get,
     path = "/v1/webhook_endpoints",
     operation_id = "listWebhookEndpoints",
     tag = "webhook endpoints",
-    params(ListParams),
+    params(ListParams, CreatedParams),
     security(("api_key" = [])),
     responses(
         (status = 200, description = "A page of endpoints.", body = List<WebhookEndpoint>, content_type = "application/json"),
-        (status = 400, description = "A bad `limit`, or both cursors at once (`invalid-request`).",
+        (status = 400, description = "A bad `limit` or `created` bound, an unknown parameter, or both cursors at once (`invalid-request`).",
             body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The cursor names none of the account's endpoints (`not-found`).",
             body = Problem, content_type = "application/problem+json"),
@@ -433,8 +433,9 @@ async fn register(
 async fn list_webhook_endpoints(
     State(pool): State<PgPool>,
     account: Account,
-    PageQuery(page): PageQuery,
+    FilteredQuery(query): FilteredQuery,
 ) -> Result<Response, ApiError> {
+    let (page, created) = query.finish()?;
     let account = account.id().as_str();
     let rows = service::keyset_page!(
         &pool,
@@ -448,8 +449,13 @@ async fn list_webhook_endpoints(
                  FROM webhook_endpoints",
         created_at: "created_at",
         id: "id",
-        filter: "account_id = $4",
+        // Served by `webhook_endpoints_account_id`: the `created` range bounds its scan.
+        filter: "account_id = $4
+                 AND created_at >= COALESCE($5, '-infinity'::timestamptz)
+                 AND created_at < COALESCE($6, 'infinity'::timestamptz)",
         account,
+        created.from,
+        created.until,
     )
     .await?;
     Ok(axum::Json(List::parse_rows(rows, &page, EndpointRow::parse)?).into_response())

@@ -206,3 +206,55 @@ fn assert_refused_as_not_public(refused: &TestResponse, url: &str) {
         "{url}: {problem}"
     );
 }
+
+#[api_test]
+async fn endpoints_are_listed_by_created_seconds_and_a_malformed_bound_is_refused() {
+    let app = TestApp::spawn_with(local("1s")).await;
+    const T: i64 = 1_700_000_000;
+    let mut ids = Vec::new();
+    for (n, at) in [0.0, 1.4, 3.0].into_iter().enumerate() {
+        let body = json!({ "url": format!("http://127.0.0.1:9/hooks/{n}"), "enabled_events": ["payment.succeeded"] });
+        let created = post_endpoint(&app, &app.api_key, &new_key(), &body).await;
+        created.assert_status(201);
+        let id = created.json()["id"].as_str().unwrap().to_owned();
+        sqlx::query("UPDATE webhook_endpoints SET created_at = to_timestamp($2) WHERE id = $1")
+            .bind(&id)
+            .bind(T as f64 + at)
+            .execute(&app.db)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let listed = |query: String| {
+        let app = &app;
+        async move {
+            let page = app.get(&format!("/v1/webhook_endpoints?{query}")).await;
+            assert_eq!(page.status, 200, "{query}: {}", page.json());
+            page.json()["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|endpoint| endpoint["id"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+
+    assert_eq!(listed(format!("created={}", T + 1)).await, [ids[1].clone()]);
+    assert_eq!(
+        listed(format!("created[gte]={T}&created[lt]={}", T + 3)).await,
+        [ids[1].clone(), ids[0].clone()]
+    );
+    assert_eq!(
+        listed(format!("created[gt]={T}&limit=1")).await,
+        [ids[2].clone()]
+    );
+    assert_eq!(
+        listed(format!("created[gt]={T}&limit=1&starting_after={}", ids[2])).await,
+        [ids[1].clone()]
+    );
+    let refused = app.get("/v1/webhook_endpoints?created[gte]=soon").await;
+    let problem = refused.assert_problem(400, "invalid-request");
+    // The detail starts with a capital, the parameter's name or not.
+    let detail = problem["detail"].as_str().unwrap().to_lowercase();
+    assert!(detail.contains("created[gte]"), "{detail}");
+}
