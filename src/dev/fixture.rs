@@ -3,7 +3,7 @@
 //! so that suite, or our own (`tests/api/exactly_once/conformance.rs`), can check the mechanism
 //! against the IETF draft "The Idempotency-Key HTTP Header Field" with handlers that know nothing
 //! of it. The mechanism is the service's, unchanged: the same store, lease and expiry job; only
-//! its adoption differs, through [`idempotency::guard`] instead of the `Idempotent` extractor.
+//! its adoption differs, through [`IdempotencyLayer`] instead of the `Idempotent` extractor.
 //!
 //! | route | behaviour |
 //! |---|---|
@@ -24,12 +24,12 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{DefaultBodyLimit, FromRef, Query, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router, middleware};
+use axum::{Json, Router};
 use clap::Args;
 use serde::Deserialize;
 use sqlx::PgPool;
@@ -40,7 +40,7 @@ use crate::config::{DEFAULT_KEY_TTL, DatabaseArgs};
 use crate::db::check_lease;
 use crate::http::error::{ApiError, Problem, ProblemKind};
 use crate::{db, expiry};
-use idempotency::{self, Idempotency, NotStored, Owners, Policy};
+use idempotency::{Idempotency, IdempotencyLayer, NotStored, Owners, Policy};
 use service::server::shutdown_signal;
 use service::settings::{parse_lease, positive};
 use service::shared_settings::{DEFAULT_EXPIRY_INTERVAL, DEFAULT_LEASE};
@@ -113,19 +113,20 @@ pub async fn run(args: FixtureArgs) -> anyhow::Result<()> {
 /// The fixture's routes on `pool`, behind the mechanism with `policy`.
 pub fn router(pool: PgPool, policy: Policy) -> Router {
     let fixture = Fixture {
-        idempotency: Idempotency::new(pool, policy),
         count: Arc::default(),
     };
+    // The mechanism's refusals are idempay's problem documents, as on the service's own routes;
+    // keys expire by the fixture's own job (`run`), the service's, which the layer need not start.
+    let layer = IdempotencyLayer::new(Idempotency::new(pool, policy), Owner)
+        .on_error(|error| ApiError::from(error).into_response())
+        .without_expiry();
     Router::new()
         .route("/echo", post(echo))
         .route("/status/{code}", post(status))
         .route("/slow", post(slow))
         .route("/large", post(large))
         .route("/counter", get(counter))
-        .route_layer(middleware::from_fn_with_state(
-            fixture.clone(),
-            idempotency::guard::<Fixture>,
-        ))
+        .route_layer(layer)
         // The control route, outside the layer: it takes no key.
         .route("/reset", post(reset))
         .layer(DefaultBodyLimit::max(MAX_BYTES))
@@ -134,7 +135,6 @@ pub fn router(pool: PgPool, policy: Policy) -> Router {
 
 #[derive(Clone)]
 struct Fixture {
-    idempotency: Idempotency,
     /// How many times the POST handlers ran, process-wide.
     count: Arc<AtomicU64>,
 }
@@ -145,13 +145,11 @@ impl Fixture {
     }
 }
 
-impl FromRef<Fixture> for Idempotency {
-    fn from_ref(fixture: &Fixture) -> Self {
-        fixture.idempotency.clone()
-    }
-}
+/// Every fixture request's owner: its one account.
+#[derive(Clone)]
+struct Owner;
 
-impl Owners for Fixture {
+impl Owners for Owner {
     type Rejection = ApiError;
 
     async fn owner(&self, _parts: &mut Parts) -> Result<String, ApiError> {

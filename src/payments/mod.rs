@@ -42,7 +42,7 @@ pub(crate) use model::{PaymentRow, payment_not_found, payment_query};
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
-    S: Owners + Clone + Send + Sync + 'static,
+    S: Owners<Rejection = ApiError> + Clone + Send + Sync + 'static,
     PgPool: FromRef<S>,
     Idempotency: FromRef<S>,
     ProcessorClient: FromRef<S>,

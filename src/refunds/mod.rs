@@ -31,7 +31,7 @@ const MAX_REASON_LEN: usize = 500;
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
-    S: Owners + Clone + Send + Sync + 'static,
+    S: Owners<Rejection = ApiError> + Clone + Send + Sync + 'static,
     PgPool: FromRef<S>,
     Idempotency: FromRef<S>,
     ProcessorClient: FromRef<S>,

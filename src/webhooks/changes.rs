@@ -43,7 +43,7 @@ pub const MAX_OLD_SECRET_LIFETIME: Duration = Duration::from_secs(7 * 24 * 60 * 
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
-    S: Owners + Clone + Send + Sync + 'static,
+    S: Owners<Rejection = ApiError> + Clone + Send + Sync + 'static,
     Idempotency: FromRef<S>,
     WebhookSettings: FromRef<S>,
     AccountCache: FromRef<S>,

@@ -42,7 +42,7 @@ pub const MAX_ENDPOINTS: i64 = 16;
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
-    S: Owners + Clone + Send + Sync + 'static,
+    S: Owners<Rejection = ApiError> + Clone + Send + Sync + 'static,
     PgPool: FromRef<S>,
     Idempotency: FromRef<S>,
     WebhookSettings: FromRef<S>,

@@ -47,7 +47,7 @@ pub use settings::WebhookSettings;
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
-    S: Owners + Clone + Send + Sync + 'static,
+    S: Owners<Rejection = ApiError> + Clone + Send + Sync + 'static,
     PgPool: FromRef<S>,
     Idempotency: FromRef<S>,
     WebhookSettings: FromRef<S>,

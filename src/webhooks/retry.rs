@@ -33,7 +33,7 @@ pub const MAX_MANUAL_RETRIES: i64 = 5;
 
 pub fn router<S>() -> OpenApiRouter<S>
 where
-    S: Owners + Clone + Send + Sync + 'static,
+    S: Owners<Rejection = ApiError> + Clone + Send + Sync + 'static,
     Idempotency: FromRef<S>,
     AccountCache: FromRef<S>,
     RateLimit: FromRef<S>,

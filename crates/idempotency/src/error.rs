@@ -1,6 +1,7 @@
 //! What the mechanism answers instead of a response. A service maps [`Error`] to its own problem
-//! documents (`From<Error>` for its error type, see [`Owners::Rejection`](crate::Owners)); one
-//! that has none answers with [`Error`]'s own `IntoResponse`, a plain RFC 9457 document.
+//! documents (the layer's [`on_error`](crate::IdempotencyLayer::on_error) hook; `From<Error>` for
+//! the rejection of the [`Idempotent`](crate::Idempotent) extractor); one that has none answers
+//! with [`Error`]'s own `IntoResponse`, a plain RFC 9457 `application/problem+json` document.
 
 use std::time::Duration;
 

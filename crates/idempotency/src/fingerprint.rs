@@ -100,7 +100,7 @@ pub struct FingerprintVersion(i16);
 impl FingerprintVersion {
     /// The body with the target each entry point chose before versions: the path alone for the
     /// extractors ([`Idempotent`](crate::Idempotent), and services that fingerprint with
-    /// [`Target::of`]), the path and query for [`guard`](crate::guard).
+    /// [`Target::of`]), the path and query for [`IdempotencyLayer`](crate::IdempotencyLayer).
     pub const V1: Self = Self(1);
     /// The body with the request's path and query, whatever the entry point: a query is part of
     /// what the request names (`POST /captures?amount=100` and `?amount=200` are two intents).
@@ -154,7 +154,7 @@ impl<'a> Target<'a> {
     }
 
     /// The same target under every version: a request without a query, or one under
-    /// [`guard`](crate::guard), whose version 1 already read the query.
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer), whose version 1 already read the query.
     pub fn same(target: &'a str) -> Self {
         Self {
             before_versions: target,
@@ -495,7 +495,7 @@ mod tests {
             Comparison::UnknownVersion(later)
         );
         assert_eq!(each.compare(None), Comparison::Differs);
-        // Without a query, both versions are the one hash; `guard` read the query in both.
+        // Without a query, both versions are the one hash; the layer read the query in both.
         let bare: Uri = "/v1/payments".parse().unwrap();
         let body = serde_json::json!({ "a": 1, "b": 2 });
         let plain = Fingerprints::of_request(Target::of(&bare), &body);

@@ -3,10 +3,10 @@
 //! uses.
 //!
 //! The mechanism knows no accounts: a service adopts it by telling it who owns a request
-//! ([`Owners`], implemented by its state), then either puts its routes behind [`guard`], an axum
-//! middleware that needs no code in the handlers, or, for an effect that must commit with the key
-//! in one transaction (a payment), takes the [`Idempotent`] extractor and calls
-//! [`Idempotency::run`] with its unit of work.
+//! ([`Owners`]), then either puts its routes behind [`IdempotencyLayer`], a tower layer that needs
+//! no code in the handlers, or, for an effect that must commit with the key in one transaction (a
+//! payment), takes the [`Idempotent`] extractor and calls [`Idempotency::run`] with its unit of
+//! work.
 //!
 //! This file tells the lifecycle of a key in order, each step with its types:
 //!
@@ -91,7 +91,7 @@ pub use fingerprint::{Comparison, Fingerprint, FingerprintVersion, Fingerprints,
 pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use jobs::RecoveryJob;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use layer::{MAX_STORED_BODY, NotStored, guard};
+pub use layer::{IdempotencyLayer, IdempotencyService, MAX_STORED_BODY, NotStored};
 pub use point::{EarlierCalls, RecoveryPoint, StateVersion};
 pub use policy::{CLOCK_MARGIN, LeaseTooShort, Policy};
 pub use recovery::{HOLD_BATCH, KeyRecovery, LONGEST_RECOVERY_BACKOFF, RECOVERY_BATCH};

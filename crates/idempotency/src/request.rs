@@ -25,8 +25,9 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// How a service that adopts the mechanism tells it who owns a request: the first part of every
 /// key's scope (`acct_42` in `acct_42:POST /v1/payments`). The mechanism knows no accounts; the
-/// service's state implements this trait, usually by authenticating the request, and the
-/// [`Owner`] extractor, [`Idempotent`] and [`guard`](super::guard) ask it.
+/// service implements this trait, usually by authenticating the request, on whatever it hands the
+/// [`IdempotencyLayer`](super::IdempotencyLayer), or on its state for the [`Owner`] and
+/// [`Idempotent`] extractors.
 ///
 /// Keys are never shared between owners, so two owners must never have the same name: a service
 /// may name an account by its id (`acct_…`), and a second service sharing the table names itself
@@ -34,10 +35,11 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// `:` (the scope's separator), and it is what a key row is found by first: on Citus, the value
 /// that decides which node holds the key.
 ///
-/// The service's error type, [`Owners::Rejection`], answers every refusal of the requests it
-/// owns: its own (401, 429…) and the mechanism's, which it takes in through `From<Error>`, so
-/// each is one of the service's problem documents. A service without a catalogue of its own can
-/// take [`Error`], which answers plain RFC 9457 documents.
+/// [`Owners::Rejection`] answers the service's own refusals (401, 429…): any `IntoResponse`. A
+/// service without a catalogue of its own can take [`Error`], which answers plain RFC 9457
+/// documents. Behind the layer, the mechanism's refusals are answered apart (its
+/// [`on_error`](super::IdempotencyLayer::on_error)); the [`Idempotent`] extractor answers them
+/// with the rejection too, so there it must take them in: `From<Error>`.
 ///
 /// ```
 /// use axum::http::request::Parts;
@@ -59,8 +61,8 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// }
 /// ```
 pub trait Owners: Send + Sync {
-    /// How the service answers a refused request, the mechanism's refusals included.
-    type Rejection: IntoResponse + From<Error> + fmt::Display + Send + 'static;
+    /// How the service answers a request it refuses before anything is reserved.
+    type Rejection: IntoResponse + Send + 'static;
 
     /// The owner of the request, or the refusal (401, 429…) that ends it before anything is
     /// reserved.
@@ -261,6 +263,7 @@ const INLINE_BODY_BYTES: usize = 8 * 1024;
 impl<S, T> FromRequest<S> for Idempotent<T>
 where
     S: Owners,
+    S::Rejection: From<Error>,
     T: DeserializeOwned + Send + 'static,
 {
     type Rejection = S::Rejection;

@@ -1,7 +1,8 @@
 //! The mechanism against the IETF draft "The Idempotency-Key HTTP Header Field" (httpapi WG,
 //! draft 07), case by case, through `idempay fixture`: the conformance suite's fixture routes
-//! behind `idempotency::guard`, with handlers that know nothing of keys. The fixture's counter
-//! says how many times its handlers really ran. Each test cites the draft's section it checks.
+//! behind `idempotency::IdempotencyLayer`, with handlers that know nothing of keys. The fixture's
+//! counter says how many times its handlers really ran. Each test cites the draft's section it
+//! checks.
 
 use std::process::Stdio;
 use std::time::Duration;
