@@ -257,7 +257,15 @@ async fn released_outside_a_transaction(
     metrics::counter!(CONNECTIONS_DISCARDED, "reason" => discarded.as_str()).increment(1);
     Ok(false)
 }
+
 /// Applies the migrations under `migrations/` that have not run yet.
+///
+/// Not `idempotency::migrate`: idempay's own migrations built the keys' table and
+/// `idempotency_complete` step by step, releases before the crate had a migration of its own,
+/// and they keep changing them (expand, copy, contract). The crate's one migration creates the
+/// finished schema from nothing, so over idempay's it would find the table there and fail; a
+/// test holds the two schemas equal instead (tests/api/tools/adoption.rs). The crate records
+/// what it applied in a table of its own, so idempay's `_sqlx_migrations` knows only idempay's.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     sqlx::migrate!("./migrations").run(pool).await
 }

@@ -216,3 +216,112 @@ impl Shop {
         self.child.kill().await.unwrap();
     }
 }
+
+/// A service's own sqlx migrations, in a folder of their own (removed when dropped): one table.
+struct OwnMigrations(PathBuf);
+
+impl OwnMigrations {
+    fn new() -> Self {
+        let folder =
+            std::env::temp_dir().join(format!("adopter_{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(
+            folder.join("20250101000000_orders.sql"),
+            "CREATE TABLE orders (id bigint PRIMARY KEY);\n",
+        )
+        .unwrap();
+        Self(folder)
+    }
+
+    /// The service's migrator, as sqlx makes it: refusing versions it does not know.
+    async fn migrator(&self) -> sqlx::migrate::Migrator {
+        sqlx::migrate::Migrator::new(self.0.as_path())
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for OwnMigrations {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The versions recorded in `table`.
+async fn versions(db: &PgPool, table: &str) -> Vec<i64> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT version FROM {table} ORDER BY version"
+    )))
+    .fetch_all(db)
+    .await
+    .unwrap()
+}
+
+/// The crate's migrations, as they are under `crates/idempotency/migrations`.
+fn the_mechanism_s_versions() -> Vec<i64> {
+    let folder = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/idempotency/migrations");
+    let mut versions: Vec<i64> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|entry| {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            name.split('_').next().unwrap().parse().unwrap()
+        })
+        .collect();
+    versions.sort_unstable();
+    versions
+}
+
+/// A service with sqlx migrations of its own runs them as sqlx makes them, without
+/// `set_ignore_missing`, before and after the mechanism's: each records its own in a table of its
+/// own, so neither finds a version it does not know.
+#[api_test]
+async fn an_adopter_s_own_migrations_and_the_mechanism_s_run_in_any_order_and_again() {
+    let adopter = PgPool::connect(&empty_database().await).await.unwrap();
+    let own = OwnMigrations::new();
+
+    own.migrator().await.run(&adopter).await.unwrap();
+    idempotency::migrate(&adopter).await.unwrap();
+    // Every start runs both again.
+    own.migrator().await.run(&adopter).await.unwrap();
+    idempotency::migrate(&adopter).await.unwrap();
+
+    assert_eq!(
+        versions(&adopter, "_sqlx_migrations").await,
+        [20250101000000]
+    );
+    assert_eq!(
+        versions(&adopter, idempotency::MIGRATIONS_TABLE).await,
+        the_mechanism_s_versions()
+    );
+}
+
+/// A database migrated when the crate recorded its migrations in `_sqlx_migrations` (the service's
+/// migrator then ignoring them): the mechanism's rows move to its own table, the service's stay,
+/// and from then on neither migrator needs to ignore anything.
+#[api_test]
+async fn a_database_whose_shared_record_holds_the_mechanism_s_migrations_moves_them_to_its_own() {
+    let adopter = PgPool::connect(&empty_database().await).await.unwrap();
+    let own = OwnMigrations::new();
+    let mut shared = sqlx::migrate!("./crates/idempotency/migrations");
+    shared.set_ignore_missing(true);
+    shared.run(&adopter).await.unwrap();
+    let mut ignoring = own.migrator().await;
+    ignoring.set_ignore_missing(true);
+    ignoring.run(&adopter).await.unwrap();
+    let mut before = the_mechanism_s_versions();
+    before.push(20250101000000);
+    before.sort_unstable();
+    assert_eq!(versions(&adopter, "_sqlx_migrations").await, before);
+
+    idempotency::migrate(&adopter).await.unwrap();
+    own.migrator().await.run(&adopter).await.unwrap();
+
+    assert_eq!(
+        versions(&adopter, "_sqlx_migrations").await,
+        [20250101000000]
+    );
+    assert_eq!(
+        versions(&adopter, idempotency::MIGRATIONS_TABLE).await,
+        the_mechanism_s_versions()
+    );
+}
