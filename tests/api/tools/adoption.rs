@@ -1,15 +1,29 @@
 //! The mechanism adopted as a team outside idempay adopts it: its own migration makes the keys'
-//! table in an empty database, the same schema idempay's migrations built step by step; and the
-//! crate's example service (crates/idempotency/examples/shop.rs, built with the workspace's other
-//! targets) places one order for a key sent twice, and answers the second with the first's answer.
+//! table in an empty database, the same schema idempay's migrations built step by step, beside a
+//! service's own sqlx migrations without either ignoring the other's; its layer on a router of
+//! the service's own refuses and replays; and the crate's example service
+//! (crates/idempotency/examples/shop.rs, built with the workspace's other targets) places one
+//! order for a key sent twice, and answers the second with the first's answer.
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Request, StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::{Json, Router};
 use idempay_test_macros::api_test;
+use idempotency::{Idempotency, IdempotencyLayer, Owners, Policy};
+use serde_json::json;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::process::Command;
+use tower::ServiceExt;
 
 use crate::support::harness::database_url;
 use crate::support::helpers::{TestApp, new_key, wait_until};
@@ -324,4 +338,135 @@ async fn a_database_whose_shared_record_holds_the_mechanism_s_migrations_moves_t
         versions(&adopter, idempotency::MIGRATIONS_TABLE).await,
         the_mechanism_s_versions()
     );
+}
+
+/// Owners whose refusal is the adopter's own answer, not one of the mechanism's: a tenant named by
+/// a header, or 401.
+#[derive(Clone)]
+struct Tenants;
+
+impl Owners for Tenants {
+    type Rejection = (StatusCode, &'static str);
+
+    async fn owner(&self, parts: &mut Parts) -> Result<String, Self::Rejection> {
+        match parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
+            Some(tenant) => Ok(format!("tenant_{tenant}")),
+            None => Err((StatusCode::UNAUTHORIZED, "name your tenant")),
+        }
+    }
+}
+
+/// The adopter's routes behind `layer`: each order placed counts once in `placed`.
+fn orders(layer: IdempotencyLayer<Tenants>, placed: Arc<AtomicU64>) -> Router {
+    async fn place(State(placed): State<Arc<AtomicU64>>) -> (StatusCode, String) {
+        let number = placed.fetch_add(1, Ordering::SeqCst) + 1;
+        (StatusCode::CREATED, format!("order {number}"))
+    }
+    Router::new()
+        .route("/orders", post(place))
+        .route_layer(layer)
+        .with_state(placed)
+}
+
+/// Sends a POST to `/orders` with `headers`; the answer's status, `Content-Type`,
+/// `Idempotent-Replayed` and body.
+async fn post_order(router: &Router, headers: &[(&str, &str)]) -> (u16, String, String, String) {
+    let mut request = Request::post("/orders");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = router
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|value: &HeaderValue| value.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let (status, content_type, replayed) = (
+        parts.status.as_u16(),
+        header(header::CONTENT_TYPE.as_str()),
+        header("idempotent-replayed"),
+    );
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let body = String::from_utf8(body.to_vec()).unwrap();
+    (status, content_type, replayed, body)
+}
+
+/// An adopter's router with the layer, on its own database, no `FromRef` or state of the
+/// mechanism's: a POST without a key is 400 `application/problem+json`, or, with `on_error`, the
+/// adopter's own body; a refusal of its `Owners` is its own rejection (which needs no
+/// `From<idempotency::Error>`); a key sent twice runs the handler once and replays its answer.
+#[api_test]
+async fn the_layer_refuses_as_problem_json_or_through_on_error_and_replays_a_key_sent_twice() {
+    let adopter = PgPool::connect(&empty_database().await).await.unwrap();
+    idempotency::migrate(&adopter).await.unwrap();
+    let idempotency = Idempotency::new(adopter, Policy::default());
+    let placed = Arc::new(AtomicU64::new(0));
+    let plain = orders(
+        IdempotencyLayer::new(idempotency.clone(), Tenants),
+        Arc::clone(&placed),
+    );
+    let reshaped = orders(
+        IdempotencyLayer::new(idempotency, Tenants).on_error(|error| {
+            let status = match &error {
+                idempotency::Error::Refused(refusal) => refusal.status(),
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            (status, Json(json!({ "shop_error": error.to_string() }))).into_response()
+        }),
+        Arc::clone(&placed),
+    );
+    let tenant = ("x-tenant", "a");
+
+    let (status, content_type, _, body) = post_order(&plain, &[tenant]).await;
+    assert_eq!(
+        (status, content_type.as_str()),
+        (400, "application/problem+json")
+    );
+    let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(problem["status"], 400, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key"),
+        "{problem}"
+    );
+    let (status, content_type, _, body) = post_order(&reshaped, &[tenant]).await;
+    assert_eq!((status, content_type.as_str()), (400, "application/json"));
+    let own: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        own["shop_error"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key"),
+        "{own}"
+    );
+    let key = new_key();
+    let untenanted = post_order(&plain, &[("idempotency-key", &key)]).await;
+    assert_eq!(
+        (untenanted.0, untenanted.3.as_str()),
+        (401, "name your tenant")
+    );
+    assert_eq!(placed.load(Ordering::SeqCst), 0, "no refused request ran");
+
+    let keyed = [tenant, ("idempotency-key", key.as_str())];
+    let first = post_order(&plain, &keyed).await;
+    let again = post_order(&reshaped, &keyed).await;
+
+    assert_eq!(
+        (first.0, first.2.as_str(), first.3.as_str()),
+        (201, "", "order 1")
+    );
+    assert_eq!(
+        (again.0, again.2.as_str(), again.3.as_str()),
+        (201, "true", "order 1")
+    );
+    assert_eq!(placed.load(Ordering::SeqCst), 1, "the handler ran once");
 }
