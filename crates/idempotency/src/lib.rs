@@ -45,6 +45,7 @@ mod key;
 mod layer;
 mod lease;
 pub mod metrics;
+mod migrations;
 mod point;
 mod policy;
 mod recovery;
@@ -92,6 +93,7 @@ pub use inspect::{KeyInspection, KeyUse, KeyUseState};
 pub use jobs::RecoveryJob;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{IdempotencyLayer, IdempotencyService, MAX_STORED_BODY, NotStored};
+pub use migrations::{MIGRATIONS_TABLE, migrate};
 pub use point::{EarlierCalls, RecoveryPoint, StateVersion};
 pub use policy::{CLOCK_MARGIN, LeaseTooShort, Policy};
 pub use recovery::{HOLD_BATCH, KeyRecovery, LONGEST_RECOVERY_BACKOFF, RECOVERY_BATCH};
@@ -99,78 +101,6 @@ pub use request::{Idempotent, KeyedRequest, Owner, Owners, Scope, key_schema};
 pub use response::{IDEMPOTENT_REPLAYED, ResponseVersion, StoredResponse};
 pub use settle::{Settled, Settlement};
 pub use store::BATCH as EXPIRY_BATCH;
-
-/// Where [`migrate`] records the crate's migrations it applied.
-pub const MIGRATIONS_TABLE: &str = "_idempotency_migrations";
-
-/// Creates the keys' table and `idempotency_complete` (the crate's `migrations/`) where they are
-/// missing: what a service adopting the crate runs at start, before or after its own migrations.
-///
-/// What it applied is recorded in a table of its own, [`MIGRATIONS_TABLE`], not in sqlx's
-/// `_sqlx_migrations`: sqlx refuses to run a migrator over a table that records versions it does
-/// not know, so a shared record made each side ignore the other's (`set_ignore_missing`), which
-/// would also let either miss a migration of its own that was removed by mistake. Apart, each
-/// migrator checks everything it finds. Both take the same advisory lock, so instances starting
-/// at once migrate one after the other.
-pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    let mut migrator = sqlx::migrate!("./migrations");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    move_shared_record(pool, &migrator).await?;
-    migrator.run(pool).await
-}
-
-/// A database migrated before the crate had [`MIGRATIONS_TABLE`] recorded its migrations in
-/// `_sqlx_migrations`, beside the service's: without their record, this migrator would create
-/// the keys' table again and fail. The rows move, in one transaction, and only those whose
-/// version and checksum are one of the crate's migrations, so no row of the service's is touched.
-async fn move_shared_record(
-    pool: &PgPool,
-    migrator: &sqlx::migrate::Migrator,
-) -> Result<(), sqlx::migrate::MigrateError> {
-    let mut tx = connections::begin(pool).await?;
-    // Instances starting at once move the rows one after the other.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-        .bind(MIGRATIONS_TABLE)
-        .execute(&mut *tx)
-        .await?;
-    let shared: Option<String> = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
-        .fetch_one(&mut *tx)
-        .await?;
-    if shared.is_none() {
-        return Ok(());
-    }
-    // sqlx's own table, as its migrator would create it (`ensure_migrations_table`).
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS _idempotency_migrations (
-             version BIGINT PRIMARY KEY,
-             description TEXT NOT NULL,
-             installed_on TIMESTAMPTZ NOT NULL DEFAULT now(),
-             success BOOLEAN NOT NULL,
-             checksum BYTEA NOT NULL,
-             execution_time BIGINT NOT NULL
-         )",
-    )
-    .execute(&mut *tx)
-    .await?;
-    for migration in migrator.iter() {
-        sqlx::query(
-            "WITH moved AS (
-                 DELETE FROM _sqlx_migrations WHERE version = $1 AND checksum = $2
-                 RETURNING version, description, installed_on, success, checksum, execution_time
-             )
-             INSERT INTO _idempotency_migrations
-                 (version, description, installed_on, success, checksum, execution_time)
-             SELECT * FROM moved
-             ON CONFLICT (version) DO NOTHING",
-        )
-        .bind(migration.version)
-        .bind(migration.checksum.as_ref())
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
 
 /// The idempotency mechanism, shared by every mutating route.
 #[derive(Clone)]
