@@ -102,6 +102,12 @@ pub use response::{IDEMPOTENT_REPLAYED, ResponseVersion, StoredResponse};
 pub use settle::{Settled, Settlement};
 pub use store::BATCH as EXPIRY_BATCH;
 
+/// The README's Rust blocks, the adoption block among them, compiled (and run, unless marked
+/// otherwise) by `cargo test --doc`: what a reader copies from it builds.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// The idempotency mechanism, shared by every mutating route.
 #[derive(Clone)]
 pub struct Idempotency {
