@@ -7,7 +7,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use service::ids::{NoSuch, PublicId};
-use service::pagination::{ListError, ListQuery, PageError, PageRequest};
+use service::pagination::{ListError, ListQuery, PageError};
 
 use crate::http::error::{ApiError, Problem, ProblemKind};
 
