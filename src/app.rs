@@ -127,9 +127,9 @@ impl FromRef<AppState> for Jobs {
 impl FromRef<AppState> for metrics::Readings {
     fn from_ref(_: &AppState) -> Self {
         metrics::Readings(&[
-            service::outbox::delivery::read_oldest_pending,
+            crate::webhooks::metrics::read_oldest_pending,
             crate::recovery::read_keys,
-            service::outbox::lag::read_oldest_due,
+            crate::webhooks::metrics::read_oldest_due,
             crate::webhooks::metrics::read_endpoints,
             crate::db::read_idle_in_transaction,
         ])
@@ -182,7 +182,7 @@ impl AppState {
             body_read_timeout: settings.body_read_timeout,
             request_timeout: settings.request_timeout,
             figures: Figures::of(settings),
-            jobs: Jobs::default(),
+            jobs: Jobs::new(crate::SERVICE),
             pool,
         }))
     }
@@ -304,7 +304,8 @@ impl Application {
             accounts::metrics::describe();
             events::describe_metrics();
             webhooks::metrics::describe();
-            sweeps::describe_metrics();
+            service::jobs::describe_metrics(crate::SERVICE);
+            sweeps::describe_metrics(crate::SERVICE);
             processor::describe_metrics();
             crate::downstream::metrics::describe();
             crate::recovery::describe_metrics();
@@ -340,6 +341,7 @@ impl Application {
             "IDEMPAY_DEMO_UI needs the dev tools, and this binary was built without the `dev` feature"
         );
         let deliverer = Deliverer::new(
+            crate::SERVICE,
             pool.clone(),
             Sender::Endpoints {
                 allow_private: settings.webhook_allow_private,
@@ -440,7 +442,7 @@ impl Application {
         // The embedded processor stops last: requests finishing now may still be calling it.
         if let Some(processor) = self.embedded {
             // Its own jobs are watched as idempay's: one that dies takes `/readyz` down too.
-            let processor = processor.watched_by(self.state.jobs.clone());
+            let processor = processor.watched_by(&self.state.jobs);
             let stopped = stop.clone();
             jobs.push(watch(
                 "embedded-processor",

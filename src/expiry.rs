@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idempotency::Idempotency;
 use service::outbox::retention::{self, Owner};
-use service::sweeps::Sweep;
+use service::sweeps::{Sweep, Sweeps};
 
 use crate::webhooks;
 
@@ -23,7 +23,11 @@ pub struct Retention {
 
 /// Expired keys and processed webhook ids: what `idempay fixture` (the mechanism adopted alone)
 /// deletes too.
-pub fn keys() -> Vec<Sweep> {
+pub fn keys() -> Sweeps {
+    Sweeps::of(crate::SERVICE, key_sweeps())
+}
+
+fn key_sweeps() -> Vec<Sweep> {
     vec![
         Sweep::new("idempotency_keys", |pool, engine| async move {
             Idempotency::expire_batch(&pool, engine).await
@@ -36,8 +40,8 @@ pub fn keys() -> Vec<Sweep> {
 
 /// Everything idempay expires: the keys, then the deliveries, then the events (an event whose
 /// last delivery goes in this run can go in the same run).
-pub fn all(retention: Retention) -> Vec<Sweep> {
-    let mut sweeps = keys();
+pub fn all(retention: Retention) -> Sweeps {
+    let mut sweeps = key_sweeps();
     sweeps.push(Sweep::new(
         "webhook_deliveries",
         move |pool, engine| async move {
@@ -47,5 +51,5 @@ pub fn all(retention: Retention) -> Vec<Sweep> {
     sweeps.push(Sweep::new("events", move |pool, engine| async move {
         webhooks::retention::prune_events(&pool, engine, retention.events).await
     }));
-    sweeps
+    Sweeps::of(crate::SERVICE, sweeps)
 }

@@ -45,3 +45,9 @@ pub mod refunds;
 pub mod settle;
 pub mod telemetry;
 pub mod webhooks;
+
+/// idempay, as what it runs on (`crates/service`) names it: the prefix of the series of its jobs,
+/// expiry and outbox (`idempay_job_up`, `idempay_webhook_…`, as the dashboard and the alert rules
+/// name them) and its webhook deliveries' `User-Agent` (`idempay/<version> (+webhooks)`).
+pub const SERVICE: service::name::ServiceName =
+    service::name::ServiceName::new("idempay", env!("CARGO_PKG_VERSION"));

@@ -23,7 +23,7 @@ pub fn job(idempotency: &Idempotency, interval: Duration) -> RecoveryJob {
     idempotency
         .recovery_job(interval)
         .counted_as(PREFIX)
-        .on_success(|| service::jobs::succeeded("recovery"))
+        .on_success(|| service::jobs::succeeded(crate::SERVICE, "recovery"))
 }
 
 /// Describes the recovery job's series to the recorder.

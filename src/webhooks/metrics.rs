@@ -1,6 +1,7 @@
 //! The webhook intake's series: the events received, by what became of them. The deliveries' series
 //! are the outbox's (`service::outbox::metrics`).
 
+use futures_util::future::BoxFuture;
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use sqlx::PgPool;
 
@@ -31,7 +32,19 @@ pub fn describe() {
         "Webhook endpoints of every account, by status (enabled, disabled: acknowledged nothing \
          for the whole retry schedule), read at the scrape."
     );
-    service::outbox::metrics::describe();
+    service::outbox::metrics::describe(crate::SERVICE);
+}
+
+/// The age of the oldest pending delivery, read at a scrape (a [`crate::http::metrics::Reading`])
+/// into idempay's series.
+pub fn read_oldest_pending(pool: &PgPool) -> BoxFuture<'_, ()> {
+    service::outbox::delivery::read_oldest_pending(crate::SERVICE, pool)
+}
+
+/// Each endpoint's oldest due delivery, read at a scrape (a [`crate::http::metrics::Reading`])
+/// into idempay's series.
+pub fn read_oldest_due(pool: &PgPool) -> BoxFuture<'_, ()> {
+    service::outbox::lag::read_oldest_due(crate::SERVICE, pool)
 }
 
 /// What became of a retry, as `idempay_webhook_manual_retries_total` counts it.

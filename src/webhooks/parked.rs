@@ -319,10 +319,10 @@ pub fn spawn(
             }
             let swept = async { sweep(&pool, engine.get(&pool).await?, ttl).await };
             match swept.await {
-                Ok(0) => service::jobs::succeeded("parked-webhooks"),
+                Ok(0) => service::jobs::succeeded(crate::SERVICE, "parked-webhooks"),
                 Ok(applied) => {
                     tracing::info!(applied, "the sweep applied parked webhooks");
-                    service::jobs::succeeded("parked-webhooks");
+                    service::jobs::succeeded(crate::SERVICE, "parked-webhooks");
                 }
                 Err(error) => {
                     tracing::warn!(%error, "sweeping parked webhooks failed; tried again next interval");

@@ -46,29 +46,34 @@ use service::jobs::Jobs;
 use service::outbox::delivery::Deliverer;
 use service::outbox::retention::{self, Owner};
 use service::server::{self, MAX_BODY_BYTES};
-use service::sweeps::{self, Sweep};
+use service::sweeps::{self, Sweep, Sweeps};
 
 pub use faults::{Faults, Fraction};
 pub use model::{
     Amount, CaptureState, Charge, ChargeStatus, Currency, Dispute, DisputeStatus, PaymentMethod,
     ProcessorEventType, ProcessorRefund, RefundStatus,
 };
+pub use probes::SERVICE;
 pub use settings::{
     KEY_TTL, ProcessorApiKey, ProcessorListen, ProcessorSettings, check_redelivery,
 };
 pub use state::{ProcessorState, Shared};
 
 /// The counter of the processor's key outcomes: its own instance of the mechanism, apart from
-/// idempay's.
-pub const KEY_OUTCOMES: &str = "idempay_processor_idempotency_outcomes_total";
+/// the embedding service's.
+pub const KEY_OUTCOMES: &str = "processor_idempotency_outcomes_total";
 
-/// Describes the processor's metrics to the recorder of the process that runs it.
+/// Describes the processor's series to the recorder of the process that runs it: its key
+/// outcomes, its jobs', its expiry job's and its outbox's.
 pub fn describe_metrics() {
     metrics::describe_counter!(
         KEY_OUTCOMES,
         "Requests to the simulated processor (embedded or not) with an Idempotency-Key, by what \
          became of them."
     );
+    service::jobs::describe_metrics(SERVICE);
+    sweeps::describe_metrics(SERVICE);
+    service::outbox::metrics::describe(SERVICE);
 }
 
 /// How long a client may take to send a request's headers.
@@ -186,6 +191,7 @@ impl Processor {
                  could not be signed"
             ),
             (Some(_), Some(secrets)) => Some(Deliverer::processor(
+                SERVICE,
                 pool.clone(),
                 secrets,
                 settings.shared.webhook_retry_schedule.clone(),
@@ -222,16 +228,17 @@ impl Processor {
             delivery_retention: settings.shared.webhook_delivery_retention,
             authorization_ttl: settings.authorization_ttl,
             expiries_to,
-            jobs: Jobs::default(),
+            jobs: Jobs::new(SERVICE),
         })
     }
 
     /// For a processor embedded in a process with a readiness probe: its background jobs (the
     /// expiry job, the outbox) are watched as that process's own, so one that dies takes the
-    /// process's readiness down with it, as a job of the process's would.
+    /// process's readiness down with it, as a job of the process's would. Their series stay the
+    /// processor's (`processor_job_up`).
     #[must_use]
-    pub fn watched_by(mut self, jobs: Jobs) -> Self {
-        self.jobs = jobs;
+    pub fn watched_by(mut self, jobs: &Jobs) -> Self {
+        self.jobs = jobs.reporting_as(SERVICE);
         self
     }
 
@@ -301,7 +308,7 @@ impl Processor {
                 "processor-expiry",
                 self.state.pool.clone(),
                 self.expiry_interval,
-                sweeps,
+                Sweeps::of(SERVICE, sweeps),
                 stop.clone(),
             );
             jobs.watch("processor-expiry", task, &stop)

@@ -9,8 +9,15 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
+use service::name::ServiceName;
+
 use crate::ProcessorState;
 use crate::problem::{Problem, ProblemKind};
+
+/// The processor, as what it runs on (`crates/service`) names it: the prefix of every series it
+/// records (`processor_…`), embedded or not, which its `/metrics` shows, and its webhook
+/// deliveries' `User-Agent` (`processor/<version> (+webhooks)`).
+pub const SERVICE: ServiceName = ServiceName::new("processor", env!("CARGO_PKG_VERSION"));
 
 /// How long readiness waits for the database before calling it unreachable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -44,7 +51,7 @@ fn unready(cause: &str) -> Response {
 
 pub(crate) async fn metrics(State(state): State<ProcessorState>) -> Response {
     // The outbox's lag is read from the processor's own database, where its deliveries are.
-    service::outbox::lag::read_oldest_due(&state.pool).await;
+    service::outbox::lag::read_oldest_due(SERVICE, &state.pool).await;
     (
         [(header::CONTENT_TYPE, service::metrics::CONTENT_TYPE)],
         service::metrics::render(),

@@ -12,34 +12,41 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-const UP: &str = "idempay_job_up";
-const LAST_SUCCESS: &str = "idempay_job_last_success_timestamp_seconds";
+use crate::name::ServiceName;
 
-/// Marks the end of a successful pass of `job` (its name as [`Jobs::watch`] has it): the time of
-/// the last one is exported, so that a job alive but failing every pass is seen too.
-pub fn succeeded(job: &'static str) {
+/// The series' names after the service's prefix: `idempay_job_up`, `processor_job_up`.
+const UP: &str = "job_up";
+const LAST_SUCCESS: &str = "job_last_success_timestamp_seconds";
+
+/// Marks the end of a successful pass of `service`'s `job` (its name as [`Jobs::watch`] has it):
+/// the time of the last one is exported, so that a job alive but failing every pass is seen too.
+pub fn succeeded(service: ServiceName, job: &'static str) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |since| since.as_secs_f64());
-    metrics::gauge!(LAST_SUCCESS, "job" => job).set(now);
+    metrics::gauge!(service.metric(LAST_SUCCESS), "job" => job).set(now);
 }
 
-/// Describes the jobs' series to the recorder.
-pub fn describe_metrics() {
+/// Describes `service`'s jobs' series to the recorder.
+pub fn describe_metrics(service: ServiceName) {
     metrics::describe_gauge!(
-        UP,
+        service.metric(UP),
         "1 while a background job runs, 0 once it died (the process must be restarted), by job."
     );
     metrics::describe_gauge!(
-        LAST_SUCCESS,
+        service.metric(LAST_SUCCESS),
         metrics::Unit::Seconds,
         "Unix time of the end of a background job's last successful pass, by job."
     );
 }
 
-/// The jobs of one process that died, shared by their watchers and the readiness probe.
-#[derive(Clone, Debug, Default)]
-pub struct Jobs(Arc<Mutex<Vec<Death>>>);
+/// The jobs of one process that died, shared by their watchers and the readiness probe, and the
+/// service whose series a watch writes (`{service}_job_up`).
+#[derive(Clone, Debug)]
+pub struct Jobs {
+    deaths: Arc<Mutex<Vec<Death>>>,
+    service: ServiceName,
+}
 
 /// A job that died, and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +58,25 @@ pub struct Death {
 }
 
 impl Jobs {
+    /// No death yet; the jobs watched report as `service`'s.
+    pub fn new(service: ServiceName) -> Self {
+        Self {
+            deaths: Arc::default(),
+            service,
+        }
+    }
+
+    /// The same deaths, the jobs watched through it reporting as `service`'s: how a service
+    /// embedded in another's process has its jobs' deaths taken by that process's readiness and
+    /// their series named as its own.
+    #[must_use]
+    pub fn reporting_as(&self, service: ServiceName) -> Self {
+        Self {
+            deaths: Arc::clone(&self.deaths),
+            service,
+        }
+    }
+
     /// Watches the task `job` runs in until it ends: an end before `stop` is cancelled, or a
     /// panic at any time, is a death. Returns the watcher, to await at shutdown after `stop`.
     pub fn watch(
@@ -61,7 +87,8 @@ impl Jobs {
     ) -> JoinHandle<()> {
         let jobs = self.clone();
         let stop = stop.clone();
-        metrics::gauge!(UP, "job" => job).set(1.0);
+        let up = self.service.metric(UP);
+        metrics::gauge!(up.clone(), "job" => job).set(1.0);
         tokio::spawn(async move {
             let cause = match task.await {
                 Ok(()) if stop.is_cancelled() => return,
@@ -72,12 +99,13 @@ impl Jobs {
                 Err(error) => format!("it was cancelled: {error}"),
             };
             tracing::error!(
+                service = jobs.service.as_str(),
                 job,
                 cause,
-                "a background job died: the process must be restarted (idempay's /readyz answers 503 until then)"
+                "a background job died: the process must be restarted (its /readyz, where it has one, answers 503 until then)"
             );
-            metrics::gauge!(UP, "job" => job).set(0.0);
-            jobs.0
+            metrics::gauge!(up, "job" => job).set(0.0);
+            jobs.deaths
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(Death { job, cause });
@@ -86,7 +114,7 @@ impl Jobs {
 
     /// The first job that died, if one did.
     pub fn first_death(&self) -> Option<Death> {
-        self.0
+        self.deaths
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .first()
@@ -108,9 +136,11 @@ fn panic_message(payload: &(dyn Any + Send)) -> &str {
 mod tests {
     use super::*;
 
+    const TESTS: ServiceName = ServiceName::new("tests", "0");
+
     #[tokio::test]
     async fn a_panic_or_an_early_end_is_a_death_and_an_end_after_stop_is_not() {
-        let jobs = Jobs::default();
+        let jobs = Jobs::new(TESTS);
         let stop = CancellationToken::new();
         jobs.watch("ends", tokio::spawn(async {}), &stop)
             .await
@@ -123,7 +153,7 @@ mod tests {
             })
         );
 
-        let jobs = Jobs::default();
+        let jobs = Jobs::new(TESTS);
         let stopped = stop.clone();
         let waits = jobs.watch(
             "waits",
@@ -142,7 +172,7 @@ mod tests {
         stop.cancel();
         waits.await.unwrap();
         assert_eq!(
-            jobs.0.lock().unwrap().len(),
+            jobs.deaths.lock().unwrap().len(),
             1,
             "an end after stop is no death"
         );

@@ -16,7 +16,8 @@ const BUCKETS: [f64; 14] = [
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// The process-wide recorder. The first service to install it describes the series with
-/// `describe` (tests start several applications in one process; they share it).
+/// `describe`, every series it records, its jobs' and outbox's with theirs (tests start several
+/// applications in one process; they share it).
 fn handle(describe: impl FnOnce()) -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
@@ -24,7 +25,6 @@ fn handle(describe: impl FnOnce()) -> &'static PrometheusHandle {
             .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), &BUCKETS)
             .and_then(PrometheusBuilder::install_recorder)
             .expect("no other metrics recorder is installed");
-        crate::jobs::describe_metrics();
         describe();
         let upkeep = handle.clone();
         std::thread::spawn(move || {

@@ -14,13 +14,15 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::failpoint;
+use crate::name::ServiceName;
 
 /// Rows per delete: small enough to keep each statement's locks short. Every batch statement
 /// carries it as a literal `LIMIT 1000`, the mechanism's batch of keys.
 pub const BATCH: u64 = idempotency::EXPIRY_BATCH;
 
-const DELETED: &str = "idempay_expiry_deleted_rows_total";
-const DURATION: &str = "idempay_expiry_run_duration_seconds";
+/// The series' names after the service's prefix: `idempay_expiry_deleted_rows_total`, ….
+const DELETED: &str = "expiry_deleted_rows_total";
+const DURATION: &str = "expiry_run_duration_seconds";
 
 /// The table whose deletions make the job panic under the `expiry-job-panic` crash point: the
 /// test of a job that dies wants it to die after a run that did something.
@@ -37,7 +39,7 @@ pub struct Sweep {
 
 impl Sweep {
     /// `batch` deletes up to [`BATCH`] rows and says how many; it is run until it deletes fewer.
-    /// `table` labels the count (`idempay_expiry_deleted_rows_total{table}`).
+    /// `table` labels the count (`{service}_expiry_deleted_rows_total{table}`).
     pub fn new<F, Fut>(table: &'static str, batch: F) -> Self
     where
         F: Fn(PgPool, Engine) -> Fut + Send + Sync + 'static,
@@ -50,15 +52,29 @@ impl Sweep {
     }
 }
 
+/// A service's sweeps, in the order they run, and the service they are counted as.
+pub struct Sweeps {
+    service: ServiceName,
+    sweeps: Vec<Sweep>,
+}
+
+impl Sweeps {
+    pub fn of(service: ServiceName, sweeps: Vec<Sweep>) -> Self {
+        Self { service, sweeps }
+    }
+}
+
 /// Every `interval` until `shutdown` is cancelled, runs the sweeps in their order; a pass in which
 /// every sweep succeeded is the success of `job` ([`crate::jobs::succeeded`]).
 pub fn spawn(
     job: &'static str,
     pool: PgPool,
     interval: Duration,
-    sweeps: Vec<Sweep>,
+    sweeps: Sweeps,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
+    let Sweeps { service, sweeps } = sweeps;
+    let (deleted_rows, run_duration) = (service.metric(DELETED), service.metric(DURATION));
     tokio::spawn(async move {
         let engine = KnownEngine::default();
         let mut ticks = tokio::time::interval(interval);
@@ -81,12 +97,12 @@ pub fn spawn(
             for sweep in &sweeps {
                 let (count, ok) = drain(&shutdown, || (sweep.batch)(pool.clone(), engine)).await;
                 failed |= !ok;
-                metrics::counter!(DELETED, "table" => sweep.table).increment(count);
+                metrics::counter!(deleted_rows.clone(), "table" => sweep.table).increment(count);
                 deleted.push((sweep.table, count));
             }
-            metrics::histogram!(DURATION).record(started.elapsed().as_secs_f64());
+            metrics::histogram!(run_duration.clone()).record(started.elapsed().as_secs_f64());
             if !failed && !shutdown.is_cancelled() {
-                crate::jobs::succeeded(job);
+                crate::jobs::succeeded(service, job);
             }
             if deleted.iter().any(|&(_, count)| count > 0) {
                 tracing::info!(?deleted, "expired rows deleted");
@@ -128,11 +144,14 @@ where
     (deleted, true)
 }
 
-/// Describes the expiry job's series to the recorder.
-pub fn describe_metrics() {
-    metrics::describe_counter!(DELETED, "Expired rows deleted by the expiry job, by table.");
+/// Describes `service`'s expiry job's series to the recorder.
+pub fn describe_metrics(service: ServiceName) {
+    metrics::describe_counter!(
+        service.metric(DELETED),
+        "Expired rows deleted by the expiry job, by table."
+    );
     metrics::describe_histogram!(
-        DURATION,
+        service.metric(DURATION),
         metrics::Unit::Seconds,
         "Time of one run of the expiry job."
     );

@@ -78,6 +78,7 @@ async fn deliveries_per_second(pool: &PgPool, endpoints: usize, rows: i64) -> f6
     let stop = CancellationToken::new();
     let started = Instant::now();
     let deliverer = Deliverer::new(
+        idempay::SERVICE,
         pool.clone(),
         Sender::Endpoints {
             allow_private: true,

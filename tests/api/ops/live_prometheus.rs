@@ -162,8 +162,8 @@ impl Prometheus {
 }
 
 /// The metric names a PromQL expression reads: the words outside quotes that start with
-/// `idempay_` (recording rules' names hold a colon, `idempay:…`, and Prometheus's own series,
-/// such as `up`, do not start so).
+/// `idempay_` or `processor_`, each service's prefix (recording rules' names hold a colon,
+/// `idempay:…`, and Prometheus's own series, such as `up`, do not start so).
 fn metric_names(expr: &str, into: &mut BTreeSet<String>) {
     let mut quoted = None;
     let mut word = String::new();
@@ -178,7 +178,7 @@ fn metric_names(expr: &str, into: &mut BTreeSet<String>) {
             word.push(c);
             continue;
         }
-        if word.starts_with("idempay_") {
+        if word.starts_with("idempay_") || word.starts_with("processor_") {
             into.insert(std::mem::take(&mut word));
         }
         word.clear();
@@ -305,12 +305,13 @@ async fn a_live_prometheus_fires_the_held_key_and_stalled_endpoint_alerts_and_an
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let processor = TestProcessor::beside_on(
-        &app,
-        processor::settings(),
-        rebound.expect("the port again"),
-    )
-    .await;
+    // It sends its events (to a receiver that takes them), so that its outbox's series exist,
+    // under its own names.
+    let events = crate::delivery::Receiver::start(0).await;
+    let mut healthy = processor::settings();
+    healthy.webhook_url = Some(events.url.clone());
+    healthy.shared.webhook_secrets = Some(::service::outbox::WebhookSecrets::generate());
+    let processor = TestProcessor::beside_on(&app, healthy, rebound.expect("the port again")).await;
     // More deliveries than an endpoint may have in flight, so that some stay due.
     for _ in 0..DELIVERIES {
         // Retried with its key, as a client would: on a loaded machine the processor just
@@ -448,14 +449,14 @@ async fn a_live_prometheus_fires_the_held_key_and_stalled_endpoint_alerts_and_an
 }
 
 #[api_test]
-async fn metric_names_read_from_a_query_are_the_idempay_words_outside_quotes() {
+async fn metric_names_read_from_a_query_are_the_idempay_and_processor_words_outside_quotes() {
     let mut names = BTreeSet::new();
     metric_names(
-        r#"sum by (route) (rate(idempay_http_requests_total{route=~"idempay_x", job="idempay"}[5m])) / idempay:availability_errors:ratio_rate5m + up"#,
+        r#"sum by (route) (rate(idempay_http_requests_total{route=~"idempay_x", job="idempay"}[5m])) / idempay:availability_errors:ratio_rate5m + up or processor_job_up{job="processor_y"}"#,
         &mut names,
     );
     assert_eq!(
         names.into_iter().collect::<Vec<_>>(),
-        ["idempay_http_requests_total"]
+        ["idempay_http_requests_total", "processor_job_up"]
     );
 }

@@ -233,6 +233,7 @@ async fn two_delivery_loops_send_each_attempt_once() {
     let loops: Vec<Deliverer> = (0..2)
         .map(|_| {
             Deliverer::processor(
+                ::processor::SERVICE,
                 idempay::db::pool(&processor.database_url()).unwrap(),
                 &secret,
                 schedule.clone(),
@@ -280,6 +281,7 @@ async fn a_delivery_batch_planned_while_the_outbox_was_empty_still_claims_at_mos
     let pool =
         one_connection_planning_for_empty(&processor.database_url(), &["webhook_deliveries"]).await;
     let deliverer = Deliverer::processor(
+        ::processor::SERVICE,
         pool,
         &WebhookSecrets::generate(),
         RetrySchedule::parse("1h").unwrap(),

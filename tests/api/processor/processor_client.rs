@@ -9,7 +9,7 @@ use idempay::downstream::{ChargeRequest, ProcessorClient, ProcessorOutcome, Proc
 use idempay_test_macros::api_test;
 
 use super::{API_KEY, TestProcessor, settings};
-use crate::support::helpers::{fresh_database, new_key};
+use crate::support::helpers::{fresh_database, new_key, wait_until};
 use crate::support::instance::free_port;
 
 fn visa(amount: i64) -> ChargeRequest {
@@ -280,11 +280,12 @@ async fn a_wrong_api_key_is_not_done() {
     assert_not_done(&outcome, Some(401));
 }
 
-#[api_test]
-async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
+/// `idempay processor` as a process of its own on a fresh database, listening on a free port, with
+/// `env` added; and its base URL.
+async fn processor_process(env: &[(&str, &str)]) -> (tokio::process::Child, String) {
     let database = fresh_database().await;
     let port = free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempay"))
         .arg("processor")
         .env(
             "DATABASE_URL",
@@ -293,16 +294,22 @@ async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
         .env("IDEMPAY_PROCESSOR_LISTEN", format!("127.0.0.1:{port}"))
         .env("IDEMPAY_PROCESSOR_API_KEY", API_KEY)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("idempay processor starts");
-    let client = client_of(&format!("http://127.0.0.1:{port}"), API_KEY.to_owned());
-    let key = new_key();
+    (child, format!("http://127.0.0.1:{port}"))
+}
 
-    // Not listening yet is "not done": ask until it is up (30 s for a slow debug start).
-    let mut outcome = client.charge(&key, &visa(4200)).await;
+/// A charge by `client`, asked until the process listens (30 s for a slow debug start): not
+/// listening yet is "not done".
+async fn charge_once_up(
+    client: &ProcessorClient,
+    key: &str,
+) -> ProcessorOutcome<::processor::Charge> {
+    let mut outcome = client.charge(key, &visa(4200)).await;
     for _ in 0..300 {
         if !matches!(
             outcome,
@@ -311,13 +318,109 @@ async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        outcome = client.charge(&key, &visa(4200)).await;
+        outcome = client.charge(key, &visa(4200)).await;
     }
+    outcome
+}
+
+#[api_test]
+async fn idempay_processor_serves_charges_as_a_process_of_its_own() {
+    let (mut child, address) = processor_process(&[]).await;
+    let client = client_of(&address, API_KEY.to_owned());
+
+    let outcome = charge_once_up(&client, &new_key()).await;
 
     let ProcessorOutcome::Done(charge) = outcome else {
         panic!("charged by the process: {outcome:?}");
     };
     assert_eq!(client.charges().await.unwrap(), vec![charge]);
+    child.kill().await.ok();
+}
+
+/// The processor reports as itself, not as idempay, whose crate of shared plumbing it runs on:
+/// alone in its process, its `/metrics` names every series `processor_…` (its keys, jobs, expiry
+/// and outbox) and none `idempay_…`, and its webhooks carry `User-Agent: processor/…`. Before,
+/// the plumbing named its series and its deliveries idempay's whichever service ran it.
+#[api_test]
+async fn idempay_processor_names_its_series_and_its_user_agent_its_own() {
+    let receiver = crate::delivery::Receiver::start(0).await;
+    let (mut child, address) = processor_process(&[
+        ("IDEMPAY_PROCESSOR_WEBHOOK_URL", receiver.url.as_str()),
+        (
+            "IDEMPAY_WEBHOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwdGVzdA==",
+        ),
+        ("IDEMPAY_EXPIRY_INTERVAL", "1s"),
+    ])
+    .await;
+    let client = client_of(&address, API_KEY.to_owned());
+    let outcome = charge_once_up(&client, &new_key()).await;
+    assert!(matches!(outcome, ProcessorOutcome::Done(_)), "{outcome:?}");
+
+    wait_until("the charge's event is delivered", || async {
+        receiver.count() > 0
+    })
+    .await;
+    let agents: Vec<String> = receiver
+        .deliveries()
+        .iter()
+        .map(|(headers, _)| headers["user-agent"].to_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        agents
+            .iter()
+            .all(|agent| agent.starts_with("processor/") && agent.ends_with(" (+webhooks)")),
+        "{agents:?}"
+    );
+
+    // Scraped until the expiry job has run once and the delivery is counted.
+    let http = reqwest::Client::new();
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = http
+            .get(format!("{address}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains("processor_expiry_run_duration_seconds_count")
+            && text.contains(
+                r#"processor_webhook_deliveries_total{sender="processor",outcome="delivered"} 1"#,
+            )
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .collect();
+    for name in [
+        "processor_idempotency_outcomes_total{",
+        r#"processor_job_up{job="processor-expiry"} 1"#,
+        r#"processor_job_up{job="processor-outbox"} 1"#,
+        "processor_job_last_success_timestamp_seconds{",
+        "processor_expiry_deleted_rows_total{",
+        "processor_expiry_run_duration_seconds_count",
+        r#"processor_webhook_deliveries_total{sender="processor",outcome="delivered"} 1"#,
+        "processor_webhook_deliveries_in_flight{",
+    ] {
+        assert!(
+            series.iter().any(|line| line.starts_with(name)),
+            "no {name}:\n{text}"
+        );
+    }
+    let idempay: Vec<&&str> = series
+        .iter()
+        .filter(|line| !line.starts_with("processor_"))
+        .collect();
+    assert!(
+        idempay.is_empty(),
+        "series not the processor's: {idempay:?}"
+    );
     child.kill().await.ok();
 }
 

@@ -229,6 +229,19 @@ async fn a_job_of_the_embedded_processor_that_dies_takes_readiness_down() {
         detail.contains("`processor-expiry`"),
         "names the job: {detail}"
     );
+    // Watched by idempay, its series still the processor's, in idempay's scrape.
+    let metrics = instance.metrics().await;
+    assert_eq!(
+        metrics.value(r#"processor_job_up{job="processor-expiry"}"#),
+        Some(0.0),
+        "{}",
+        metrics.text()
+    );
+    assert_eq!(
+        metrics.value(r#"idempay_job_up{job="processor-expiry"}"#),
+        None
+    );
+    assert_eq!(metrics.value(r#"idempay_job_up{job="expiry"}"#), Some(1.0));
     assert_eq!(instance.get("/healthz").await.status, 200, "still alive");
     let logs = logs.read();
     assert!(

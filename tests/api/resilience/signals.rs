@@ -211,7 +211,7 @@ async fn the_processor_serves_its_probes_and_its_metrics() {
     assert_eq!(metrics.status, 200);
     let text = String::from_utf8(metrics.body).unwrap();
     assert!(
-        text.contains("idempay_processor_idempotency_outcomes_total"),
+        text.contains("processor_idempotency_outcomes_total"),
         "{text}"
     );
 }

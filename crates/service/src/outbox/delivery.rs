@@ -30,6 +30,7 @@ use super::fair::{self, Due, Endpoint, InFlight};
 use super::schedule::{self, Retry, RetrySchedule};
 use super::{WebhookSecret, WebhookSecrets, address};
 use crate::ids;
+use crate::name::ServiceName;
 use idempotency::engine::{Engine, KnownEngine};
 
 /// How many sends a deliverer keeps in flight at most, and claims at once: a backlog drains in
@@ -38,9 +39,6 @@ pub const BATCH: i64 = 50;
 
 /// The longest a loop sleeps between two looks for due rows.
 const MAX_POLL: Duration = Duration::from_secs(1);
-
-/// Who is calling, for the receiver's logs.
-const USER_AGENT: &str = concat!("idempay/", env!("CARGO_PKG_VERSION"), " (+webhooks)");
 
 /// A new event id, `evt_…`: the `webhook-id` of every attempt to deliver it.
 pub fn event_id() -> String {
@@ -114,7 +112,7 @@ impl Sender {
     }
 
     /// The name its loop runs under as a watched job (`crate::jobs`), the same in
-    /// `idempay_job_up` and `idempay_job_last_success_timestamp_seconds`.
+    /// `{service}_job_up` and `{service}_job_last_success_timestamp_seconds`.
     fn job(&self) -> &'static str {
         match self {
             Self::Processor(_) => "processor-outbox",
@@ -134,7 +132,7 @@ enum Attempt {
     },
 }
 
-/// What a delivery became after an attempt, as counted in `idempay_webhook_deliveries_total`.
+/// What a delivery became after an attempt, as counted in `{service}_webhook_deliveries_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeliveryOutcome {
     /// Answered 2xx: done.
@@ -158,6 +156,10 @@ impl DeliveryOutcome {
 /// Sends due deliveries. Cheap to clone; clones share the HTTP client.
 #[derive(Clone)]
 pub struct Deliverer {
+    /// The service whose series it writes, and whose `User-Agent` its attempts carry.
+    service: ServiceName,
+    /// `service`'s `User-Agent`, made once.
+    user_agent: String,
     pool: PgPool,
     /// The kind of database, asked at the first claim.
     engine: KnownEngine,
@@ -171,6 +173,7 @@ pub struct Deliverer {
 impl std::fmt::Debug for Deliverer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Deliverer")
+            .field("service", &self.service.as_str())
             .field("sender", &self.sender.label())
             .field("schedule", &self.schedule)
             .field("timeout", &self.timeout)
@@ -179,14 +182,15 @@ impl std::fmt::Debug for Deliverer {
 }
 
 impl Deliverer {
-    /// A deliverer of `sender`'s rows that gives each attempt `timeout` to be answered 2xx and
-    /// retries on `schedule`. It follows no redirect: a 3xx is a failed attempt, as Stripe and
+    /// A deliverer of `sender`'s rows, for `service` (its series and `User-Agent`), that gives
+    /// each attempt `timeout` to be answered 2xx and retries on `schedule`. It follows no redirect: a 3xx is a failed attempt, as Stripe and
     /// Standard Webhooks treat it, and a redirect could lead to an address the URL check refused.
     /// It ignores proxy variables (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`, which reqwest reads by
     /// default): through a proxy, the proxy resolves the endpoint's name and [`address::PublicOnly`]
     /// is never asked, so a name re-pointed at 127.0.0.1 or 169.254.169.254 after registration
     /// would be fetched, its answer readable at `/attempts`.
     pub fn new(
+        service: ServiceName,
         pool: PgPool,
         sender: Sender,
         schedule: RetrySchedule,
@@ -203,6 +207,8 @@ impl Deliverer {
             client = client.dns_resolver(std::sync::Arc::new(address::PublicOnly));
         }
         Ok(Self {
+            service,
+            user_agent: service.user_agent(),
             pool,
             engine: KnownEngine::default(),
             client: client.build()?,
@@ -220,14 +226,16 @@ impl Deliverer {
         self
     }
 
-    /// The processor's deliverer: its rows, signed with the first of `secrets`.
+    /// The processor's deliverer, for `service`: its rows, signed with the first of `secrets`.
     pub fn processor(
+        service: ServiceName,
         pool: PgPool,
         secrets: &WebhookSecrets,
         schedule: RetrySchedule,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
         Self::new(
+            service,
             pool,
             Sender::Processor(secrets.signing().clone()),
             schedule,
@@ -272,7 +280,7 @@ impl Deliverer {
 
     async fn run(self: Arc<Self>, stop: CancellationToken) {
         let sender = self.sender.label();
-        super::metrics::started(sender);
+        super::metrics::started(self.service, sender);
         let mut sends: JoinSet<()> = JoinSet::new();
         let mut endpoints: HashMap<tokio::task::Id, Endpoint> = HashMap::new();
         let mut in_flight = InFlight::default();
@@ -283,7 +291,7 @@ impl Deliverer {
                     Ok(due) => {
                         // A pass succeeds when the claim does: sends that fail are the
                         // endpoints' trouble, counted per delivery, not the loop's.
-                        crate::jobs::succeeded(self.sender.job());
+                        crate::jobs::succeeded(self.service, self.sender.job());
                         for due in due {
                             let endpoint = due.endpoint();
                             in_flight.start(endpoint.clone());
@@ -301,7 +309,7 @@ impl Deliverer {
                     }
                 }
             }
-            super::metrics::in_flight(sender, sends.len());
+            super::metrics::in_flight(self.service, sender, sends.len());
             tokio::select! {
                 () = stop.cancelled() => break,
                 Some(ended) = sends.join_next_with_id(), if !sends.is_empty() => {
@@ -317,7 +325,7 @@ impl Deliverer {
         while let Some(ended) = sends.join_next_with_id().await {
             ended_send(ended, &mut endpoints, &mut in_flight);
         }
-        super::metrics::in_flight(sender, 0);
+        super::metrics::in_flight(self.service, sender, 0);
     }
 
     /// Takes up to `room` due rows of this sender that nobody else is taking, fairly across
@@ -378,7 +386,7 @@ impl Deliverer {
             .client
             .post(&due.url)
             .header("content-type", "application/json")
-            .header("user-agent", USER_AGENT)
+            .header("user-agent", &self.user_agent)
             .header("webhook-id", &due.event_id)
             .header("webhook-timestamp", timestamp)
             .header("webhook-signature", signature)
@@ -531,7 +539,7 @@ impl Deliverer {
             disable_if_dead(&mut tx, &due.account_id, endpoint, due.created_at).await?;
         }
         tx.commit().await?;
-        super::metrics::webhook_delivery(self.sender.label(), outcome.as_str());
+        super::metrics::webhook_delivery(self.service, self.sender.label(), outcome.as_str());
         match outcome {
             DeliveryOutcome::Delivered => {}
             DeliveryOutcome::Retried => {
@@ -649,12 +657,15 @@ async fn disable_if_dead(
     Ok(())
 }
 
-/// Reads the age of the oldest pending delivery into its gauge; a scrape calls it. A scrape while
-/// the database is down still answers, with the last age it read.
-pub fn read_oldest_pending(pool: &PgPool) -> futures_util::future::BoxFuture<'_, ()> {
+/// Reads the age of the oldest pending delivery into `service`'s gauge; its scrape calls it. A
+/// scrape while the database is down still answers, with the last age it read.
+pub fn read_oldest_pending(
+    service: ServiceName,
+    pool: &PgPool,
+) -> futures_util::future::BoxFuture<'_, ()> {
     Box::pin(async move {
         match oldest_pending_age(pool).await {
-            Ok(age) => super::metrics::oldest_pending(age),
+            Ok(age) => super::metrics::oldest_pending(service, age),
             Err(error) => tracing::warn!(%error, "cannot read the oldest pending webhook delivery"),
         }
     })

@@ -8,34 +8,45 @@ use std::sync::Mutex;
 
 use sqlx::PgPool;
 
+use crate::name::ServiceName;
+
 /// How many endpoints the gauge follows at most, the furthest behind first: the series stay few
 /// whatever the number of endpoints.
 pub const ENDPOINTS: i64 = 50;
 
-/// The endpoints given an age at an earlier scrape: one caught up since is written 0, so that its
-/// line falls rather than stays at its last age.
-static SEEN: Mutex<Option<HashSet<(String, String)>>> = Mutex::new(None);
+/// A line of the gauge: the service whose series it is, the sender and the endpoint.
+type Line = (&'static str, String, String);
 
-/// Reads the age of each endpoint's oldest due delivery into its gauge; a scrape calls it. A
-/// scrape while the database is down still answers, with the last ages it read.
-pub fn read_oldest_due(pool: &PgPool) -> futures_util::future::BoxFuture<'_, ()> {
+/// The lines given an age at an earlier scrape: one caught up since is written 0, so that it falls
+/// rather than stays at its last age.
+static SEEN: Mutex<Option<HashSet<Line>>> = Mutex::new(None);
+
+/// Reads the age of each endpoint's oldest due delivery into `service`'s gauge; its scrape calls
+/// it. A scrape while the database is down still answers, with the last ages it read.
+pub fn read_oldest_due(
+    service: ServiceName,
+    pool: &PgPool,
+) -> futures_util::future::BoxFuture<'_, ()> {
     Box::pin(async move {
         match oldest_due(pool).await {
             Ok(ages) => {
-                let now: HashSet<(String, String)> = ages
+                let now: HashSet<Line> = ages
                     .iter()
-                    .map(|(sender, endpoint, _)| (sender.clone(), endpoint.clone()))
+                    .map(|(sender, endpoint, _)| {
+                        (service.as_str(), sender.clone(), endpoint.clone())
+                    })
                     .collect();
                 let mut seen = SEEN
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                for (sender, endpoint) in seen.get_or_insert_with(HashSet::new).iter() {
-                    if !now.contains(&(sender.clone(), endpoint.clone())) {
-                        super::metrics::oldest_due(sender, endpoint, 0.0);
+                for seen in seen.get_or_insert_with(HashSet::new).iter() {
+                    let (name, sender, endpoint) = seen;
+                    if *name == service.as_str() && !now.contains(seen) {
+                        super::metrics::oldest_due(service, sender, endpoint, 0.0);
                     }
                 }
                 for (sender, endpoint, seconds) in ages {
-                    super::metrics::oldest_due(&sender, &endpoint, seconds);
+                    super::metrics::oldest_due(service, &sender, &endpoint, seconds);
                 }
                 seen.get_or_insert_with(HashSet::new).extend(now);
             }
