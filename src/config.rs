@@ -46,7 +46,7 @@ pub struct Settings {
     #[arg(long, env = "IDEMPAY_RECOVERY_INTERVAL", default_value = "10s", value_parser = positive("IDEMPAY_RECOVERY_INTERVAL"))]
     pub recovery_interval: Duration,
 
-    /// How long after its creation a key whose charge or refund at the processor is unsettled is
+    /// How long after its creation a key whose charge or refund at the processor is unresolved is
     /// still resumed (by a retry or the recovery job), with the same downstream key. Shorter than
     /// the processor remembers keys (24 h): a resume after that would charge again. Past it, the
     /// key is held for an operator (409 `idempotency-key-held`, `idempay reconcile`).

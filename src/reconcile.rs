@@ -16,7 +16,7 @@
 //! the processor's, when every key that asked for one of them exists already. In flight is said,
 //! not counted as a difference; a charge no key accounts for is one.
 //!
-//! A key held for an operator (its call to the processor unsettled past the recovery window) is a
+//! A key held for an operator (its call to the processor unresolved past the recovery window) is a
 //! difference too: the ledgers cannot agree until someone settles it (`idempay keys settle`); and
 //! so is a processor's event parked for an object idempay has not recorded.
 

@@ -1,5 +1,5 @@
 //! One unit of work for a call to the processor, whatever the call (a charge, a refund, a capture,
-//! a void): record the recovery point, call with the key's downstream key, settle the three
+//! a void): record the recovery point, call with the key's downstream key, resolve the three
 //! outcomes, resume. A call says only what is its own ([`ProcessorCall`]); its resumer is registered from the same type
 //! ([`CallResumers::unit`]), and a point no resumer knows is refused when recorded, and at start.
 //!
@@ -140,10 +140,11 @@ pub async fn resume<C: ProcessorCall>(
 ) -> Result<Completion, ApiError> {
     let (call, point) = the_call::<C>(&lease)?;
     let (downstream_key, earlier) = (point.downstream_key.clone(), point.earlier_calls);
-    settle(processor, lease, call, downstream_key, earlier).await
+    resolve(processor, lease, call, downstream_key, earlier).await
 }
 
-/// The call the key's recovery point records, and the point: what a resume and a settle start from.
+/// The call the key's recovery point records, and the point: what a resume and an operator's settle
+/// ([`settle_held`]) start from.
 fn the_call<C: ProcessorCall>(lease: &Lease) -> Result<(C, &RecoveryPoint), ApiError> {
     let point = lease.recovery_point().ok_or_else(|| {
         anyhow::anyhow!(
@@ -166,7 +167,7 @@ pub async fn start<C: ProcessorCall>(
         Some(point) => (point.downstream_key.clone(), point.earlier_calls),
         None => return Ok(lease.lost()),
     };
-    settle(processor, lease, call, downstream_key, earlier).await
+    resolve(processor, lease, call, downstream_key, earlier).await
 }
 
 /// Settles a key held at `C`'s point: asks the processor what it made under the key's downstream
@@ -215,10 +216,10 @@ pub async fn refuse(lease: Lease, refusal: &Problem) -> Result<Completion, ApiEr
     Ok(lease.complete(tx, refusal.stored()).await?)
 }
 
-/// Calls until the outcome is known or this request's attempts run out, and settles it: done is
-/// recorded; definitely not done releases the key (or is stored, when the call says the refusal is
+/// Calls until the outcome is known or this request's attempts run out, and resolves the key by
+/// it: done is recorded; definitely not done releases the key (or is stored, when the call says the refusal is
 /// its result); unknown keeps the key, and its downstream key, for the next attempt.
-async fn settle<C: ProcessorCall>(
+async fn resolve<C: ProcessorCall>(
     processor: ProcessorClient,
     mut lease: Lease,
     call: C,

@@ -118,8 +118,8 @@ impl<T> ProcessorOutcome<T> {
 const ATTEMPTS: u32 = 3;
 /// The pause before the first repeat; it doubles for each further one.
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// What a 503 about the processor suggests: by then it has usually settled the call, and the
-/// retry is answered from it.
+/// What a 503 about the processor suggests: by then its outcome is usually known, and the retry is
+/// answered from it.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The longest one request (or one resume of the recovery job) asks the processor about one call

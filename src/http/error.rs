@@ -124,7 +124,7 @@ pub enum AuthenticatedProblems {
 pub enum IdempotencyProblems {
     /// A request with this key is still being processed (`idempotency-key-in-use`). Retry after
     /// `Retry-After` seconds with the same key and body to receive its result. Or, without
-    /// `Retry-After`, its call to the processor stayed unsettled past the recovery window and
+    /// `Retry-After`, its call to the processor stayed unresolved past the recovery window and
     /// waits for an operator (`idempotency-key-held`): do not retry under a new key. Once the
     /// operator settled it, the key answers with the result, or, if the processor made nothing,
     /// with `processor-made-nothing`, final and replayed.

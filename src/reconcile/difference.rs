@@ -32,7 +32,7 @@ pub enum Difference {
     },
     /// A dispute of a charged payment is not the processor's, or differs from it.
     DisputeMismatch { dispute: String, detail: String },
-    /// A key whose call to the processor stayed unsettled past the recovery window: nothing
+    /// A key whose call to the processor stayed unresolved past the recovery window: nothing
     /// resumes it by itself, and an operator settles it with the processor's ledger (which may
     /// hold a charge or refund under its downstream key, also named above if so).
     KeyHeld {

@@ -29,7 +29,7 @@ impl fmt::Display for SuspendedKey {
             f,
             "warning: key {:?} ({}) suspended at {} since {} ({} recovery attempts): its call to \
              the processor with downstream key {} has no known outcome yet; a retry or the \
-             recovery job settles it, or it is held at the end of the recovery window",
+             recovery job resolves it, or it is held at the end of the recovery window",
             self.idem_key,
             self.scope,
             self.recovery_point,

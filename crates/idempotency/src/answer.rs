@@ -21,7 +21,7 @@ pub(crate) enum Answer {
     Replay(StoredResponse),
     /// Another request holds a live lease on the key.
     InFlight { retry_after: Duration },
-    /// The key's call to another system stayed unsettled past the recovery window: it waits for
+    /// The key's call to another system stayed unresolved past the recovery window: it waits for
     /// an operator, and no request resumes it.
     Held,
     /// The key is in a format this release does not read (`formats.rs`): left alone for one

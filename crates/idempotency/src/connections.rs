@@ -56,7 +56,7 @@ pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx
 /// answer 200 before the old connections are known for what they are.
 ///
 /// A session ended alone (`pg_terminate_backend`) leaves the server's start time as it was: the
-/// lot closes its connections at rest when one of its statements meets that ([`Lent::settle`]).
+/// lot closes its connections at rest when one of its statements meets that ([`Lent::give_back`]).
 pub struct Server {
     /// The start time of the server last met, in microseconds since the Unix epoch.
     started: Mutex<Option<i64>>,
@@ -165,9 +165,9 @@ const LOT_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// lot, and 7–8 % less PostgreSQL CPU for each (bench/README.md). Whoever holds a [`Lent`]
 /// connection does know: a statement that returned, with rows or
 /// with the database's refusal, left the connection idle and ready (as between the statements of
-/// a transaction, which sqlx does not ping either), and [`Lent::settle`] keeps it for the next
-/// one. A connection dropped unsettled (the request's future was cut short) or settled after an
-/// I/O or protocol error is closed.
+/// a transaction, which sqlx does not ping either), and [`Lent::give_back`] keeps it for the next
+/// one. A connection dropped before it is given back (the request's future was cut short) or given
+/// back after an I/O or protocol error is closed.
 ///
 /// The lot has as many connections as the pool, opened as they are first needed and apart from
 /// it, so the pool's other users (transactions, lists, the background jobs, lease renewals) never
@@ -262,7 +262,7 @@ impl Lot {
     }
 }
 
-/// A connection of the [`Lot`], for one statement; hand it back with [`Lent::settle`].
+/// A connection of the [`Lot`], for one statement; give it back with [`Lent::give_back`].
 pub struct Lent {
     parked: Option<Parked>,
     lot: Arc<LotShared>,
@@ -271,7 +271,7 @@ pub struct Lent {
 }
 
 impl Lent {
-    /// Hands the connection back with the result of its statement, which it returns: at rest in
+    /// Gives the connection back with the result of its statement, which it returns: at rest in
     /// the lot when the statement returned, rows or the database's refusal (a constraint, a
     /// raised exception: the server ended the statement and is ready); closed after any other
     /// error, which may have left it mid-protocol or ended the session (an I/O error, the server
@@ -280,7 +280,7 @@ impl Lent {
     /// Such an error closes the connections at rest too: it mostly means the server went away (a
     /// restart, a failover), and each of them would fail a request of its own before the lot
     /// opened a live one. The next statements open new connections.
-    pub fn settle<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+    pub fn give_back<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
         let reusable = match &result {
             Ok(_) => true,
             Err(sqlx::Error::Database(error)) => !ends_the_session(error.code().as_deref()),
@@ -329,7 +329,7 @@ impl Deref for Lent {
         &self
             .parked
             .as_ref()
-            .expect("a lent connection until settled")
+            .expect("a lent connection until given back")
             .connection
     }
 }
@@ -339,7 +339,7 @@ impl DerefMut for Lent {
         &mut self
             .parked
             .as_mut()
-            .expect("a lent connection until settled")
+            .expect("a lent connection until given back")
             .connection
     }
 }

@@ -53,7 +53,7 @@ pub enum Refusal {
     /// differ, when the key's row has their digests.
     #[error("the key was used with another request")]
     Mismatch { fields: Option<Vec<String>> },
-    /// The key's call to another system stayed unsettled past the recovery window: held for an
+    /// The key's call to another system stayed unresolved past the recovery window: held for an
     /// operator (409).
     #[error("the key is held for an operator")]
     Held,

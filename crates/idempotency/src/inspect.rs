@@ -51,7 +51,7 @@ pub enum KeyUseState {
     Suspended,
     /// The response is stored: every repeat with the same body receives it.
     Completed,
-    /// The work's call downstream stayed unsettled past the recovery window: nothing
+    /// The work's call downstream stayed unresolved past the recovery window: nothing
     /// resumes it by itself, and an operator settles it (`idempotency-key-held`).
     Held,
 }

@@ -128,7 +128,7 @@ impl RecoveryJob {
         );
         describe_gauge!(
             names.unresolved.clone(),
-            "Keys the recovery job's last successful run left unsettled (still suspended, or in a \
+            "Keys the recovery job's last successful run left unresolved (still suspended, or in a \
              format this build does not read)."
         );
         describe_counter!(

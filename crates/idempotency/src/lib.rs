@@ -253,7 +253,7 @@ enum Decision {
     Answer(Answer),
 }
 
-/// How often an unsettled reservation (see [`Reservation::Unsettled`]) is tried again before the
+/// How often an undecided reservation (see [`Reservation::Undecided`]) is tried again before the
 /// client is asked to come back.
 const DECIDE_ATTEMPTS: usize = 5;
 
@@ -289,7 +289,7 @@ impl Idempotency {
                     return Ok(Decision::Execute(lease));
                 }
                 Reservation::Existing(existing) => existing,
-                Reservation::Unsettled => continue,
+                Reservation::Undecided => continue,
             };
             if let Some(decision) = self.decide_existing(request, existing, asked).await? {
                 return Ok(decision);
@@ -684,7 +684,7 @@ impl Lease {
         self.instrumentation.crash_point("before-commit");
         let mut connection = self.lot.lend().await?;
         let written = effect(&mut connection, fence).await;
-        match connection.settle(written) {
+        match connection.give_back(written) {
             Ok(()) => {}
             Err(error) if store::is_lease_lost(&error) => return Ok(self.lost()),
             Err(error) => return Err(error),

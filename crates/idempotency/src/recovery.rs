@@ -2,7 +2,7 @@
 //! records a **recovery point** with a downstream key before the call, and whoever picks the key
 //! up later (a retry, a takeover, the recovery job) resumes from it with that same key, which is
 //! never forgotten once a call with it may have gone out; within bounds: the recovery job waits
-//! longer after each of its tries, and a key whose call stays unsettled past the recovery window
+//! longer after each of its tries, and a key whose call stays unresolved past the recovery window
 //! is held for an operator, never resumed by itself.
 
 use std::collections::BTreeSet;
@@ -92,7 +92,7 @@ impl Idempotency {
     }
 
     /// [`Idempotency::recover_batch`], saying what became of each key it claimed: `Recovered`
-    /// (completed), `Suspended` (still unsettled, tried again later), `Released` or `LeaseLost`.
+    /// (completed), `Suspended` (still unresolved, tried again later), `Released` or `LeaseLost`.
     pub async fn recover(&self, interval: Duration) -> Result<Vec<KeyRecovery>, sqlx::Error> {
         let resumers = &self.resumers;
         let bounds = RecoveryBounds {

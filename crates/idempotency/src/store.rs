@@ -26,8 +26,8 @@ pub(super) use recovery::{
     unresumable,
 };
 
-/// A key's `status` column: a request is working on it, or its response is stored, or its work
-/// stayed unsettled past the recovery window and waits for an operator.
+/// A key's `status` column: a request is working on it, or its response is stored, or its work's
+/// outcome stayed unresolved past the recovery window and it waits for an operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
 pub(super) enum KeyStatus {
@@ -45,7 +45,7 @@ pub(super) struct ExistingKey {
     /// they were recorded.
     pub(super) fields: Option<FieldDigests>,
     /// Whether the key expired and may be recycled: completed, or abandoned before any recovery
-    /// point. A key whose call downstream is unsettled does not expire with its `expires_at`: its
+    /// point. A key whose call downstream is unresolved does not expire with its `expires_at`: its
     /// retry still resumes it, and its result then lives a whole key TTL from completion.
     pub(super) expired: bool,
     /// How long until the key expires, as the database saw it; `None` when it has.
@@ -63,7 +63,7 @@ pub(super) enum KeyState {
     },
     /// Its response is stored: every repeat gets it.
     Completed(StoredResponse),
-    /// Its work stayed unsettled past the recovery window; an operator settles it.
+    /// Its work's outcome stayed unresolved past the recovery window; an operator settles it.
     Held,
     /// Its response is stored in a format this release does not read.
     Unreadable(UnknownFormat),
@@ -77,7 +77,7 @@ pub(super) enum Reservation {
     Existing(ExistingKey),
     /// Neither: the insert met a row this statement's snapshot cannot see (committed after the
     /// statement began), or one released meanwhile. A new statement sees the current state.
-    Unsettled,
+    Undecided,
 }
 
 // -------------------------------------------------------------------------------------------
@@ -197,8 +197,8 @@ pub(super) async fn reserve(
     )
     .fetch_optional(&mut *connection)
     .await;
-    let Some(row) = connection.settle(row)? else {
-        return Ok(Reservation::Unsettled);
+    let Some(row) = connection.give_back(row)? else {
+        return Ok(Reservation::Undecided);
     };
     if row.reserved {
         return Ok(Reservation::Reserved {
@@ -329,13 +329,13 @@ async fn reserve_routed(
     )
     .fetch_optional(&mut *connection)
     .await;
-    // An error settles the connection (and may close it); a met row keeps it for the read.
+    // An error gives the connection back (and may close it); a met row keeps it for the read.
     let reserved = match reserved {
         Ok(reserved) => reserved,
-        Err(error) => return Err(connection.settle::<()>(Err(error)).unwrap_err().into()),
+        Err(error) => return Err(connection.give_back::<()>(Err(error)).unwrap_err().into()),
     };
     if let Some(row) = reserved {
-        connection.settle(Ok(()))?;
+        connection.give_back(Ok(()))?;
         return Ok(Reservation::Reserved {
             key_id: row.id,
             now: row.now,
@@ -361,8 +361,8 @@ async fn reserve_routed(
     )
     .fetch_optional(&mut *connection)
     .await;
-    let Some(row) = connection.settle(row)? else {
-        return Ok(Reservation::Unsettled);
+    let Some(row) = connection.give_back(row)? else {
+        return Ok(Reservation::Undecided);
     };
     existing(KeyRow {
         id: row.id,

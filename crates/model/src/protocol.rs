@@ -1,7 +1,7 @@
 //! The protocol as a stateright state machine: every step any part of the world can take, and
 //! what it changes. A step is atomic when the real code does it in one statement or one
 //! transaction (a reservation, a takeover, a fenced completion); what the real code does in
-//! several (send a call, wait, settle its outcome) is several steps, so the checker interleaves
+//! several (send a call, wait, resolve its outcome) is several steps, so the checker interleaves
 //! everything else between them.
 
 use stateright::{Model, Property};
@@ -45,7 +45,7 @@ impl Protocol {
             .is_some_and(|row| row.status == Status::InProgress(Lease::By(instance)))
     }
 
-    fn settle(&self, state: &mut State, instance: InstanceId, work: Work) -> Option<()> {
+    fn resolve(&self, state: &mut State, instance: InstanceId, work: Work) -> Option<()> {
         let verdict = self.verdict(&work)?;
         let holds = Self::fenced(state, instance, &work);
         match verdict {
@@ -290,7 +290,7 @@ impl Protocol {
         }
         match work.step {
             Step::Awaiting => actions.push(Action::TimeOut { instance }),
-            Step::Answered(_) if !self.may_call(work) => actions.push(Action::Settle { instance }),
+            Step::Answered(_) if !self.may_call(work) => actions.push(Action::Resolve { instance }),
             Step::Ready | Step::Checked | Step::Answered(_) => {}
         }
         if state.instance_crashes < self.config.size.instance_crashes {
@@ -461,9 +461,9 @@ impl Model for Protocol {
                 }
                 Self::orphan_calls_of(&mut state, instance);
             }
-            Action::Settle { instance } => {
+            Action::Resolve { instance } => {
                 let work = *state.work(instance)?;
-                self.settle(&mut state, instance, work)?;
+                self.resolve(&mut state, instance, work)?;
             }
             Action::CrashInstance { instance } => {
                 state.instances[usize::from(instance)] = Instance::Idle;

@@ -218,7 +218,7 @@ impl Protocol {
     /// window may not wait for an operator instead.
     pub fn at_rest(&self, state: &State) -> bool {
         // Most states go on for plain reasons, found without listing their steps: a working
-        // instance always has one (send, wait for its answer or time out, settle; the processor
+        // instance always has one (send, wait for its answer or time out, resolve; the processor
         // restarts first if down), and the processor answers a call on the network.
         let working = state
             .instances
@@ -241,7 +241,7 @@ impl Protocol {
         match action {
             Action::CheckLease { .. }
             | Action::Call { .. }
-            | Action::Settle { .. }
+            | Action::Resolve { .. }
             | Action::RestartProcessor
             | Action::DeliverEvent
             | Action::ApplyParked

@@ -41,9 +41,9 @@ pub enum Action {
     TimeOut {
         instance: InstanceId,
     },
-    /// The instance settles its call's outcome: completes the key with the charge (fenced by its
+    /// The instance resolves its call's outcome: completes the key with the charge (fenced by its
     /// lease), releases it (nothing was done), or suspends it (unknown).
-    Settle {
+    Resolve {
         instance: InstanceId,
     },
     /// The instance dies and restarts, its request lost; its lease runs out later.

@@ -122,7 +122,7 @@ fn a_parked_event_never_found_is_never_applied_at_rest() {
     // Parked before its charge was recorded.
     assert!(
         position(&trace, |action| matches!(action, Action::DeliverEvent))
-            < position(&trace, |action| matches!(action, Action::Settle { .. })),
+            < position(&trace, |action| matches!(action, Action::Resolve { .. })),
         "{trace:?}"
     );
 }
@@ -143,7 +143,7 @@ fn a_fingerprint_without_the_payload_answers_the_reuse_with_the_first_result() {
 fn a_replay_rendered_again_shows_the_dispute_recorded_since_the_first_answer() {
     let trace = counterexample_of_only(Defect::ReplayRerendered, REPLAY_EQUALS_FIRST_ANSWER);
     assert!(
-        position(&trace, |action| matches!(action, Action::Settle { .. }))
+        position(&trace, |action| matches!(action, Action::Resolve { .. }))
             < position(&trace, |action| matches!(action, Action::DeliverEvent)),
         "{trace:?}"
     );
@@ -260,7 +260,7 @@ fn a_processor_that_releases_twice_captures_and_voids_one_authorization() {
     assert!(
         matches!(
             trace.last(),
-            Some(Action::Deliver { .. } | Action::Settle { .. })
+            Some(Action::Deliver { .. } | Action::Resolve { .. })
         ),
         "{trace:?}"
     );

@@ -30,7 +30,7 @@ pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Refuses a retry schedule that gives an event up sooner than its receiver may need to apply it:
 /// idempay refuses (409) an event about a charge or refund it has not recorded yet, so that it
-/// comes again, and records it only once the call that made it is settled, which can take up to
+/// comes again, and records it only once the call that made it is resolved, which can take up to
 /// `unresolved` (`why` says what makes it that long, naming the settings). A sender that gives up
 /// sooner loses the event.
 pub fn check_redelivery(
