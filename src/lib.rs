@@ -15,6 +15,10 @@
 //!   merged, and [`app::Application`], which serves them beside the background jobs.
 //! - [`http`]: the plumbing below the domains, naming none: middleware, errors, extractors, docs,
 //!   metrics.
+//! - [`config`], [`db`], [`metadata`]: the settings (each in `src/config.md`), the pool with its
+//!   release check and the lot of a new key's statements, and a merchant's key–value pairs.
+//! - [`cli`], [`telemetry`], [`exit`]: the command line `main.rs` parses and hands here, the logs,
+//!   and the exit codes of the operator's commands.
 //! - `dev` (the `dev` feature): `idempay dev`, the demo, `idempay fixture` (the conformance suite's
 //!   fixture behind the mechanism) and the dev commands, apart from the service.
 //!

@@ -2,8 +2,9 @@
 //! `webhooks`…; a file directly in `src/`, like `config.rs`, is one too) must not import each other
 //! in a cycle, nor may the files of a crate, within one module or across; and no `.rs` file under
 //! `src/`, `tests/` or `crates/*/src/` may run over [`MAX_LINES`] lines; and idempay's domains read
-//! the processor's types through `downstream` only ([`NAME_THE_PROCESSOR`]). `cargo test --test
-//! layers` runs it: no database, a second or so.
+//! the processor's types through `downstream` only ([`NAME_THE_PROCESSOR`]); and `src/lib.rs`'s
+//! doc comment names each of its modules, each crate's README.md each of its (`maps`). `cargo test
+//! --test layers` runs it: no database, a second or so.
 //!
 //! The sources are read as text: each file is mapped to its module path (`src/payments/mod.rs` is
 //! `payments`, `crates/idempotency/src/store/recovery.rs` is `store::recovery`), with the items it
@@ -29,6 +30,7 @@ use std::path::Path;
 mod checker;
 mod graph;
 mod lengths;
+mod maps;
 mod modules;
 mod read;
 
