@@ -29,8 +29,9 @@ pub struct ProcessorListen {
 pub const KEY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Refuses a retry schedule that gives an event up sooner than its receiver may need to apply it:
-/// idempay refuses (409) an event about a charge or refund it has not recorded yet, so that it
-/// comes again, and records it only once the call that made it is resolved, which can take up to
+/// idempay parks an event about a charge or refund it has not recorded yet, and refuses one (409)
+/// while its parked events are at their bound, so that it comes again; it records the object only
+/// once the call that made it is resolved, which can take up to
 /// `unresolved` (`why` says what makes it that long, naming the settings). A sender that gives up
 /// sooner loses the event.
 pub fn check_redelivery(
