@@ -3,7 +3,7 @@
 //! because the processor may have forgotten the downstream key and would charge again. An
 //! operator settles it: the processor's ledger is read under the key's downstream key (a read,
 //! never the call again), and the key completes with the answer its first request would have had.
-//! The work is each call's own (`downstream::call::settle`, registered with its resumer in
+//! The work is each call's own (`downstream::call::settle_held`, registered with its resumer in
 //! app.rs), run by the mechanism under a lease (`Idempotency::settle`); ops/runbooks.md walks an
 //! operator through it.
 
