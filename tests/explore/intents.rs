@@ -435,15 +435,36 @@ pub async fn dispute(
 /// Unanswered (instance 0 down or paused), or answered 503 (its database restarting), the outbox
 /// delivers it later.
 async fn deliver_now(s: &Schedule, dispute: &str) {
-    let event: Option<(String, Vec<u8>)> = sqlx::query_as(
-        "SELECT event_id, body FROM webhook_deliveries
-         WHERE url LIKE '%/v1/webhooks/processor'
-           AND convert_from(body, 'UTF8')::jsonb -> 'data' ->> 'dispute' = $1",
-    )
-    .bind(dispute)
-    .fetch_optional(&s.db)
-    .await
-    .unwrap_or(None);
+    // The processor committed the dispute and its event in one transaction before it answered, so
+    // a read that finds no event is a lost event. A read that fails is no answer at all: the
+    // database crashed just before (the explorer's connections with it) and is coming back. It is
+    // read again, for up to READ_WAIT, rather than taken for an empty outbox.
+    const READ_WAIT: Duration = Duration::from_secs(10);
+    let reading = Instant::now();
+    let event: Option<(String, Vec<u8>)> = loop {
+        let read = sqlx::query_as(
+            "SELECT event_id, body FROM webhook_deliveries
+             WHERE url LIKE '%/v1/webhooks/processor'
+               AND convert_from(body, 'UTF8')::jsonb -> 'data' ->> 'dispute' = $1",
+        )
+        .bind(dispute)
+        .fetch_optional(&s.db)
+        .await;
+        match read {
+            Ok(event) => break event,
+            Err(error) if reading.elapsed() < READ_WAIT => {
+                s.timeline
+                    .log(format!("  the event of {dispute} not read yet: {error}"));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // Not an early event after all: the outbox delivers it when its time comes.
+            Err(error) => {
+                return s.timeline.log(format!(
+                    "  the event of {dispute} not read within {READ_WAIT:?}: {error}; not sent early"
+                ));
+            }
+        }
+    };
     let Some((id, body)) = event else {
         return s.trouble(
             "early event not sent",
