@@ -377,14 +377,24 @@ pub async fn dispute(
             continue;
         }
         // Not keyed at the processor: a call whose answer was lost may have opened it.
-        let opened: Option<String> = sqlx::query_scalar(
+        // A failed read (the database just crashed) is asked again, never taken for "not
+        // opened": that would open the dispute a second time.
+        let opened: Option<String> = match sqlx::query_scalar(
             "SELECT id FROM processor_disputes WHERE charge_id = $1 AND amount = $2",
         )
         .bind(&charge)
         .bind(amount)
         .fetch_optional(&s.db)
         .await
-        .unwrap_or(None);
+        {
+            Ok(opened) => opened,
+            Err(error) => {
+                s.timeline
+                    .log(format!("  intent {k}: the disputes not read: {error}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         if let Some(dispute) = opened {
             return s.set_answer(k, Answer::made(dispute));
         }
