@@ -399,6 +399,10 @@ impl Expiry {
     }
 
     fn start(&self) {
+        // Asked on every request: once started, nothing more to look at.
+        if self.started.is_completed() {
+            return;
+        }
         // Outside a runtime (a router built before one starts) there is nowhere to run it yet:
         // the first request, which runs in one, starts it.
         if tokio::runtime::Handle::try_current().is_err() {

@@ -2,6 +2,7 @@
 //! database of a service adopting the crate, recorded apart from the service's own.
 
 use sqlx::PgPool;
+use sqlx::migrate::Migrate;
 
 use crate::connections;
 
@@ -44,19 +45,8 @@ async fn move_shared_record(
     if shared.is_none() {
         return Ok(());
     }
-    // sqlx's own table, as its migrator would create it (`ensure_migrations_table`).
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS _idempotency_migrations (
-             version BIGINT PRIMARY KEY,
-             description TEXT NOT NULL,
-             installed_on TIMESTAMPTZ NOT NULL DEFAULT now(),
-             success BOOLEAN NOT NULL,
-             checksum BYTEA NOT NULL,
-             execution_time BIGINT NOT NULL
-         )",
-    )
-    .execute(&mut *tx)
-    .await?;
+    // The table as sqlx's migrator creates it, by sqlx's own statement.
+    tx.ensure_migrations_table(MIGRATIONS_TABLE).await?;
     for migration in migrator.iter() {
         sqlx::query(
             "WITH moved AS (

@@ -299,12 +299,18 @@ async fn an_adopter_s_own_migrations_and_the_mechanism_s_run_in_any_order_and_ag
     own.migrator().await.run(&adopter).await.unwrap();
     idempotency::migrate(&adopter).await.unwrap();
 
+    assert_records_apart(&adopter).await;
+}
+
+/// Each migrator's versions in its own table: the adopter's one in `_sqlx_migrations`, the
+/// mechanism's in its own.
+async fn assert_records_apart(adopter: &PgPool) {
     assert_eq!(
-        versions(&adopter, "_sqlx_migrations").await,
+        versions(adopter, "_sqlx_migrations").await,
         [20250101000000]
     );
     assert_eq!(
-        versions(&adopter, idempotency::MIGRATIONS_TABLE).await,
+        versions(adopter, idempotency::MIGRATIONS_TABLE).await,
         the_mechanism_s_versions()
     );
 }
@@ -330,14 +336,7 @@ async fn a_database_whose_shared_record_holds_the_mechanism_s_migrations_moves_t
     idempotency::migrate(&adopter).await.unwrap();
     own.migrator().await.run(&adopter).await.unwrap();
 
-    assert_eq!(
-        versions(&adopter, "_sqlx_migrations").await,
-        [20250101000000]
-    );
-    assert_eq!(
-        versions(&adopter, idempotency::MIGRATIONS_TABLE).await,
-        the_mechanism_s_versions()
-    );
+    assert_records_apart(&adopter).await;
 }
 
 /// Owners whose refusal is the adopter's own answer, not one of the mechanism's: a tenant named by
