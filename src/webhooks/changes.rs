@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use sqlx::PgConnection;
 use utoipa::ToSchema;
@@ -26,6 +27,7 @@ use crate::events::{self, EventType, NewEvent};
 use crate::http::error::{ApiError, AuthenticatedProblems, IdempotencyProblems, Problem};
 use crate::http::extract::PathId;
 use crate::payments::Description;
+use idempotency::decimal::Decimal;
 use idempotency::{
     Completion, Idempotency, IdempotencyKey, Idempotent, Lease, Owners, StoredResponse,
 };
@@ -100,21 +102,28 @@ pub struct SecretRoll {
 
 /// How long a replaced secret keeps signing: at most [`MAX_OLD_SECRET_LIFETIME`], in seconds.
 #[derive(Clone, Copy, Debug, Deserialize)]
-#[serde(try_from = "u64")]
+#[serde(try_from = "Box<RawValue>")]
 pub struct OldSecretLifetime(Duration);
 
-impl TryFrom<u64> for OldSecretLifetime {
+/// Read from the number's text, as an amount is (`payments::Amount`): `3600.0` and `36e2` are the
+/// integer 3600 to JSON Schema, which the description promises, and a fraction is refused.
+impl TryFrom<Box<RawValue>> for OldSecretLifetime {
     type Error = String;
 
-    fn try_from(seconds: u64) -> Result<Self, Self::Error> {
-        let lifetime = Duration::from_secs(seconds);
-        if lifetime > MAX_OLD_SECRET_LIFETIME {
-            return Err(format!(
-                "expires_in is at most {} seconds (7 days)",
-                MAX_OLD_SECRET_LIFETIME.as_secs()
-            ));
-        }
-        Ok(Self(lifetime))
+    fn try_from(raw: Box<RawValue>) -> Result<Self, Self::Error> {
+        let text = raw.get().trim();
+        let max = MAX_OLD_SECRET_LIFETIME.as_secs();
+        let seconds = Decimal::parse(text)
+            .filter(Decimal::is_integer)
+            .and_then(|number| number.to_i64())
+            .and_then(|seconds| u64::try_from(seconds).ok())
+            .filter(|&seconds| seconds <= max)
+            .ok_or_else(|| {
+                format!(
+                    "expires_in is a whole number of seconds from 0 to {max} (7 days), got {text}"
+                )
+            })?;
+        Ok(Self(Duration::from_secs(seconds)))
     }
 }
 
@@ -452,11 +461,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_old_secret_signs_for_at_most_a_week() {
-        assert!(OldSecretLifetime::try_from(0).is_ok());
-        assert!(OldSecretLifetime::try_from(604_800).is_ok());
-        let refused = OldSecretLifetime::try_from(604_801).unwrap_err();
-        assert!(refused.contains("at most 604800 seconds"), "{refused}");
+    fn the_old_secret_signs_for_at_most_a_week_in_whole_seconds_however_written() {
+        let lifetime = |text: &str| serde_json::from_str::<OldSecretLifetime>(text);
+        for (text, seconds) in [("0", 0), ("0.0", 0), ("604800", 604_800), ("36e2", 3600)] {
+            assert_eq!(lifetime(text).unwrap().0.as_secs(), seconds, "{text}");
+        }
+        for text in ["604801", "-1", "1.5", "1e400", "\"60\"", "true"] {
+            let refused = lifetime(text).unwrap_err().to_string();
+            assert!(
+                refused.contains("whole number of seconds from 0 to 604800"),
+                "{text}: {refused}"
+            );
+        }
         assert!(DEFAULT_OLD_SECRET_LIFETIME <= MAX_OLD_SECRET_LIFETIME);
     }
 }

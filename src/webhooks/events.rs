@@ -46,7 +46,9 @@ pub struct Envelope {
     /// cancels its manual payment. The processor's `charge.declined`, `charge.refunded`,
     /// `charge.captured` and `charge.voided` change nothing (idempay records their effect from the
     /// processor's answer to its call) but, like the others, are parked while their charge or
-    /// refund is not recorded. Other types are acknowledged and recorded without effect.
+    /// refund is not recorded. Another type is refused with 503 `webhook-event-type-unknown` and
+    /// recorded nowhere, so that the processor delivers it again until a release that knows it
+    /// applies it.
     #[serde(rename = "type")]
     pub kind: String,
     /// When the processor created the event. A payment's status follows only events newer than
@@ -61,7 +63,7 @@ pub struct Envelope {
 
 vocabulary! {
     /// The event types the intake understands (the processor's, and the same naming idempay's own
-    /// objects); any other is acknowledged and recorded without effect.
+    /// objects); any other is refused with 503 and left unrecorded, for a release that knows it.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum IntakeType: "event type" {
         PaymentSucceeded => "payment.succeeded",
@@ -218,8 +220,8 @@ vocabulary! {
         /// Its effect was applied now; for an event without one (`charge.declined`,
         /// `charge.refunded`), what it names is recorded.
         Applied => "applied",
-        /// Acknowledged without effect: an unknown type, an object of idempay's own (`pay_…`,
-        /// `re_…`) that does not exist, or data that cannot apply.
+        /// Acknowledged without effect: an object of idempay's own (`pay_…`, `re_…`) that does
+        /// not exist, or data that cannot apply. (An unknown type is not acknowledged at all.)
         Ignored => "ignored",
         /// A redelivery of an event already processed, or an effect already recorded under another
         /// event id (a dispute already known by its dispute id): nothing was applied again.
@@ -276,11 +278,18 @@ fn unmatched(kind: &str, object: &str, of_the_processor: bool) -> Applying {
     }
 }
 
-/// Why an event of type `kind` carrying `data` would be acknowledged `ignored` whatever the
-/// database holds (a type idempay does not know, data without the fields its type needs, an id
-/// that is none of ours, a dispute of nothing), or `None` if it can apply. `idempay webhook send`
-/// asks before it sends, so that a typo is refused on the spot, with the reason, instead of being
-/// `ignored` by the service under an event id then spent.
+/// Whether this build knows the event type `kind`. The intake refuses one it does not (503, the
+/// event left unrecorded) rather than acknowledge it: a later release may know it.
+pub fn is_known_type(kind: &str) -> bool {
+    kind.parse::<IntakeType>().is_ok()
+}
+
+/// Why an event of type `kind` carrying `data` cannot apply whatever the database holds (a type
+/// this build does not know, which the intake refuses, or data without the fields its type needs,
+/// an id that is none of ours, a dispute of nothing, which it acknowledges `ignored`), or `None`
+/// if it can apply. `idempay webhook send` asks before it sends, so that a typo is refused on the
+/// spot, with the reason, instead of being refused by the intake or `ignored` under an event id
+/// then spent.
 pub fn unreadable(kind: &str, data: &Value) -> Option<String> {
     parse(kind, data).err()
 }

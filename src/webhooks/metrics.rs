@@ -19,7 +19,7 @@ pub fn describe() {
         "Webhook events received, by outcome (applied, ignored, duplicate, stale, needs_review; \
          parked: kept until the charge or refund it names is recorded; unparked: a parked event \
          applied once that was recorded; not_recorded: refused with 409, the parked events at \
-         their bound)."
+         their bound; unknown_type: refused with 503, a type this release does not know)."
     );
     describe_counter!(
         MANUAL_RETRIES,
@@ -112,6 +112,12 @@ pub(super) fn webhook_event(outcome: EventOutcome) {
 /// no more events can be parked: each redelivery counts again.
 pub(super) fn webhook_event_not_recorded() {
     counter!(WEBHOOK_EVENTS, "outcome" => "not_recorded").increment(1);
+}
+
+/// Counts one delivery of an event refused because this build does not know its type: each
+/// redelivery counts again, until a release that knows it takes it.
+pub(super) fn webhook_event_unknown_type() {
+    counter!(WEBHOOK_EVENTS, "outcome" => "unknown_type").increment(1);
 }
 
 /// Counts one parked event applied once its object was recorded (its own outcome is in

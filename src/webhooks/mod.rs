@@ -23,6 +23,7 @@ pub mod parked;
 pub mod retention;
 mod retry;
 mod settings;
+mod unknown;
 
 use std::time::Duration;
 
@@ -89,9 +90,11 @@ pub struct Acknowledgement {
 /// id expired, is a `duplicate` too. A payment's status follows only events newer than the last
 /// one applied to it (by the envelope's `timestamp`): an older one is recorded as `stale`. A
 /// dispute over more than remains of the payment is recorded and flagged: `needs_review`. Events
-/// of an unknown type, with data that cannot apply, or naming an id of idempay's own that does not
-/// exist, are acknowledged with outcome `ignored` and recorded, so the processor stops
-/// redelivering them.
+/// with data that cannot apply, or naming an id of idempay's own that does not exist, are
+/// acknowledged with outcome `ignored` and recorded, so the processor stops redelivering them.
+/// An event of a type this release does not know is refused with 503
+/// `webhook-event-type-unknown` and recorded nowhere: during a deploy, a newer release may know
+/// it, and the processor's redeliveries reach it.
 ///
 /// An event naming an object of the processor's that idempay has not recorded yet (a charge no
 /// payment names, a processor refund no refund names) is kept and acknowledged with outcome
@@ -128,7 +131,7 @@ pub struct Acknowledgement {
             body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A fault of ours (`internal`); nothing was applied, deliver again.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unreachable, or no webhook secret is configured (`service-unavailable`).",
+        (status = 503, description = "The database is unreachable, or no webhook secret is configured (`service-unavailable`); or the event's type is one this release does not know (`webhook-event-type-unknown`): nothing was applied or recorded, deliver it again for a release that knows it.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = i64, description = "Seconds to wait before delivering again."))),
     )
@@ -181,6 +184,11 @@ async fn receive(
             "The event type must have 1 to 100 characters and no NUL.",
         )
         .into());
+    }
+    // Before anything is recorded: an event of a type this build does not know is left for a
+    // release that knows it (unknown.rs).
+    if !events::is_known_type(&envelope.kind) {
+        return Err(unknown::refuse(&id, &envelope.kind).into());
     }
     let engine = idempotency.engine().await?;
     let processed = process(&pool, engine, &id, &envelope, &body, settings.event_ttl).await?;

@@ -74,6 +74,10 @@ impl Decimal {
         if !self.is_integer() {
             return None;
         }
+        if self.digits.is_empty() {
+            // Zero has no digits, which would be no number to `parse`.
+            return Some(0);
+        }
         let zeros = usize::try_from(self.exponent).ok()?;
         // 19 digits hold every i64; more cannot fit, and need not be written out to know it.
         if self.digits.len().checked_add(zeros)? > 19 {
@@ -190,6 +194,13 @@ mod tests {
             None
         );
         assert_eq!(Decimal::parse("1e400").and_then(|d| d.to_i64()), None);
+        for zero in ["0", "0.0", "-0", "0e5"] {
+            assert_eq!(
+                Decimal::parse(zero).and_then(|d| d.to_i64()),
+                Some(0),
+                "{zero}"
+            );
+        }
     }
 
     #[test]

@@ -177,6 +177,16 @@ service::problem_catalogue! {
                 the same event again, with its `webhook-id`, after `Retry-After` seconds; it is kept \
                 or applied then, once.",
         }
+        WebhookEventTypeUnknown {
+            slug: "webhook-event-type-unknown",
+            status: SERVICE_UNAVAILABLE,
+            title: "The event's type is unknown to this release",
+            explanation: "The processor's event has a type this release of idempay does not know: \
+                a newer release may (during a deploy the processor can send a type only the new \
+                release applies). Nothing was applied and the event id was not recorded as \
+                processed, so it is not lost: deliver the same event again, with its `webhook-id`, \
+                after `Retry-After` seconds, until a release that knows the type applies it.",
+        }
         WebhookEndpointLimit {
             slug: "webhook-endpoint-limit",
             status: CONFLICT,

@@ -156,7 +156,8 @@ async fn a_roll_with_no_overlap_signs_with_the_new_secret_alone_and_a_second_rol
         second.json()["previous_secret_expires_at"].is_string(),
         "a day by default"
     );
-    let third = post(&app, &path, &json!({ "expires_in": 0 })).await;
+    // `0.0` is the integer 0 to JSON Schema, as the description has it.
+    let third = post(&app, &path, &json!({ "expires_in": 0.0 })).await;
     third.assert_status(200);
     let third_secret = third.json()["secret"].as_str().unwrap().to_owned();
     assert_eq!(third.json()["previous_secret_expires_at"], Value::Null);
@@ -176,6 +177,8 @@ async fn a_roll_with_no_overlap_signs_with_the_new_secret_alone_and_a_second_rol
     for bad in [
         json!({ "expires_in": 604_801 }),
         json!({ "expires_in": -1 }),
+        json!({ "expires_in": 1.5 }),
+        json!({ "expires_in": "60" }),
         json!({ "expiry": 1 }),
     ] {
         post(&app, &path, &bad)

@@ -104,7 +104,7 @@ async fn a_signed_body_that_is_no_envelope_is_refused_with_400() {
 #[api_test]
 async fn a_signature_header_over_the_cap_is_refused_with_400_even_with_the_right_signature_in_it() {
     let (app, secret) = TestApp::spawn_with_webhooks().await;
-    let body = envelope("unknown.type", &json!({}));
+    let body = envelope("payment.failed", &json!({}));
     let now = chrono::Utc::now().timestamp();
     let good = secret.sign("evt_many", now, &body).unwrap();
     let with_decoys = |decoys: usize| format!("{} {good}", vec!["v1,AAAA"; decoys].join(" "));
@@ -149,10 +149,10 @@ async fn a_delivery_signed_with_any_listed_secret_is_accepted_and_with_neither_r
     })
     .await;
 
-    let by_old = deliver(&app, &old, "evt_old", "unknown.type", &json!({})).await;
-    let by_new = deliver(&app, &new, "evt_new", "unknown.type", &json!({})).await;
+    let by_old = deliver(&app, &old, "evt_old", "payment.failed", &json!({})).await;
+    let by_new = deliver(&app, &new, "evt_new", "payment.failed", &json!({})).await;
     let stranger = WebhookSecrets::generate();
-    let by_neither = deliver(&app, &stranger, "evt_x", "unknown.type", &json!({})).await;
+    let by_neither = deliver(&app, &stranger, "evt_x", "payment.failed", &json!({})).await;
 
     assert_eq!(by_old.json()["outcome"], "ignored");
     assert_eq!(by_new.json()["outcome"], "ignored");
@@ -170,10 +170,10 @@ async fn a_webhook_id_over_255_bytes_is_refused_with_400() {
         .map(|_| uuid::Uuid::new_v4().simple().to_string())
         .collect();
 
-    let refused = deliver(&app, &secret, &too_long, "unknown.type", &data).await;
+    let refused = deliver(&app, &secret, &too_long, "payment.failed", &data).await;
     refused.assert_problem(400, "invalid-request");
     assert_eq!(event_count(&app).await, 0);
     let longest = "e".repeat(255);
-    let accepted = deliver(&app, &secret, &longest, "unknown.type", &data).await;
+    let accepted = deliver(&app, &secret, &longest, "payment.failed", &data).await;
     assert_eq!(accepted.status, 200);
 }

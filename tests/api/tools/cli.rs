@@ -422,3 +422,30 @@ async fn keys_show_prints_each_route_s_block_and_refuses_an_unknown_key() {
         "{unknown:?}"
     );
 }
+
+/// A rollback, or an instance of the previous release restarted during a deploy, meets a schema
+/// the next release migrated: `migrate` (and `serve`, which migrates first) starts beside the
+/// migration it does not have, and leaves its record alone.
+#[api_test]
+async fn migrate_starts_on_a_database_a_later_release_migrated_further() {
+    let app = TestApp::spawn().await;
+    let database_url = app.database_url();
+    let later: i64 = 99_991_231_000_001;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ($1, 'a later release', true, '\\x00', 1)",
+    )
+    .bind(later)
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    let output = idempay(&["migrate"], &[("DATABASE_URL", database_url.as_str())]).await;
+
+    assert!(output.status.success(), "{output:?}");
+    let newest: i64 = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(newest, later, "the later release's record is kept");
+}

@@ -220,8 +220,9 @@ async fn suspended_and_lease_lost_outcomes_are_counted() {
 
 /// WARN is for what an operator must look at. A known event that changes nothing where its object
 /// stands (the processor's `charge.succeeded` of a payment since refunded, not a WARN "matched no
-/// payment") is logged at DEBUG with its reason; an event idempay cannot read (a type
-/// it does not know) is still a WARN.
+/// payment") is logged at DEBUG with its reason; an event idempay cannot read (data its type
+/// cannot apply) is still a WARN; and a type this release does not know, refused for a release
+/// that knows it, is a WARN once per type, however often it is delivered again.
 #[api_test]
 async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknown_type_a_warning() {
     let app = TestApp::spawn().await;
@@ -251,25 +252,38 @@ async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknow
     let data = serde_json::json!({ "charge": charge });
 
     let mut answers = Vec::new();
-    for (id, kind) in [
-        ("evt_late", "charge.succeeded"),
-        ("evt_new", "charge.updated"),
+    for (id, kind, data) in [
+        ("evt_late", "charge.succeeded", data.clone()),
+        (
+            "evt_bad",
+            "charge.failed",
+            serde_json::json!({ "charge": 7 }),
+        ),
+        ("evt_new", "charge.updated", data.clone()),
+        ("evt_new", "charge.updated", data.clone()),
     ] {
-        let (status, body) = idempay::webhooks::send(&url, &secret, id, kind, data.clone())
+        let (status, body) = idempay::webhooks::send(&url, &secret, id, kind, data)
             .await
             .unwrap();
         answers.push((status, body));
     }
     drop(instance);
 
-    for (status, body) in &answers {
+    for (status, body) in &answers[..2] {
         assert_eq!(*status, 200, "{body}");
         assert!(body.contains("\"ignored\""), "{body}");
     }
+    for (status, body) in &answers[2..] {
+        assert_eq!(*status, 503, "{body}");
+        assert!(body.contains("webhook-event-type-unknown"), "{body}");
+    }
     let logs = log.read();
-    let without_effect: Vec<(String, String)> = logs
+    let lines: Vec<Value> = logs
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .collect();
+    let without_effect: Vec<(String, String)> = lines
+        .iter()
         .filter(|line| line["fields"]["message"] == "webhook event acknowledged without effect")
         .map(|line| {
             (
@@ -291,9 +305,21 @@ async fn an_event_with_no_effect_where_its_payment_stands_is_debug_and_an_unknow
     );
     assert_eq!(without_effect[1].0, "WARN", "{without_effect:?}");
     assert!(
-        without_effect[1]
-            .1
-            .contains("unknown event type `charge.updated`"),
+        without_effect[1].1.contains("malformed charge.failed data"),
         "{without_effect:?}"
+    );
+    let unknown: Vec<&str> = lines
+        .iter()
+        .filter(|line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("an event type this release does not know"))
+        })
+        .map(|line| line["level"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        unknown,
+        ["WARN", "DEBUG"],
+        "once a WARN, then DEBUG: {logs}"
     );
 }

@@ -43,7 +43,8 @@ pub struct Hostile {
     /// For a webhook, its `webhook-id`.
     pub webhook_id: Option<String>,
     /// For a forged webhook (unsigned, badly signed, signed too long ago, with a timestamp no
-    /// clock reads): the status and problem it must be refused with, and so recorded nowhere.
+    /// clock reads), or one of a type this release does not know: the status and problem it must
+    /// be refused with, and so recorded nowhere.
     pub refused_as: Option<(u16, &'static str)>,
 }
 
@@ -540,7 +541,11 @@ impl Target {
         let envelope = |kind: &str, data: &str| {
             format!(r#"{{"type":"{kind}","timestamp":"2026-01-01T00:00:00Z","data":{data}}}"#)
         };
-        let body: Vec<u8> = match rng.random_range(0..10) {
+        let drawn = rng.random_range(0..11);
+        // A type this release does not know is refused, signed or not, and recorded nowhere: 503
+        // with `Retry-After` when signed, for a release that knows it (the one 5xx allowed).
+        let unknown_type = drawn == 10;
+        let body: Vec<u8> = match drawn {
             0 => envelope(
                 "dispute.created",
                 &format!(r#"{{"payment":"{paid}","dispute":"dp_hostile","amount":1}}"#),
@@ -562,6 +567,7 @@ impl Target {
                 "payment.succeeded",
                 &format!(r#"{{"payment":"{paid}","payment":"pay_x"}}"#),
             ),
+            9 => envelope("payment.succeeded", "null"),
             _ => envelope("unknown.type", "null"),
         }
         .into_bytes();
@@ -604,10 +610,16 @@ impl Target {
                 400,
                 "invalid-request",
             ),
-            _ => request.header("webhook-timestamp", now.to_string()).header(
-                "webhook-signature",
-                self.secret.sign(&id, now, &body).unwrap(),
-            ),
+            _ => {
+                let signed = request.header("webhook-timestamp", now.to_string()).header(
+                    "webhook-signature",
+                    self.secret.sign(&id, now, &body).unwrap(),
+                );
+                Hostile {
+                    refused_as: unknown_type.then_some((503, "webhook-event-type-unknown")),
+                    ..signed
+                }
+            }
         }
     }
 
