@@ -9,7 +9,7 @@ CARGO ?= cargo
 # alone and in a quiet run: 4 leaves them their margin.
 TEST_THREADS ?= 4
 
-.PHONY: run test explore model mutants test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-compare bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
+.PHONY: run test explore deploy-test model mutants test-citus contract openapi fmt lint check pg-image sqlx-prepare clean-containers bench bench-compare bench-pools bench-expiry bench-citus bench-stalls bench-delivery profile
 
 ## Start the service with a throwaway PostgreSQL, a demo account and curl examples (Ctrl-C stops).
 run:
@@ -37,6 +37,13 @@ SCHEDULES ?= 5
 SEED ?=
 explore:
 	EXPLORE_SCHEDULES=$(SCHEDULES) EXPLORE_SEED=$(SEED) $(CARGO) test --features failpoints --test explore
+
+## A rolling deploy under faults (tests/explore/deploy.rs): the previous release (the commit in
+## scripts/previous-release, built under target/previous/) migrates and serves, then the processor
+## and each instance are replaced by this build one by one while the explorer's intents and faults
+## go on; once rolled out, and once rolled back. DEPLOY_SEED=S picks the schedule.
+deploy-test:
+	bash scripts/deploy-test.sh
 
 ## The key lifecycle as a model (crates/model/), checked exhaustively by stateright: every
 ## interleaving of two clients, two instances, the processor, the recovery job, network faults and

@@ -14,8 +14,8 @@ use clap::Args;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 pub use idempotency::connections::{Lent, Lot, Server};
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool};
 
 use service::settings::{at_least_one, declared_defaults, positive};
 
@@ -271,8 +271,55 @@ async fn released_outside_a_transaction(
 /// a rolling deploy, or after a rollback, this release runs on the schema the next one expanded
 /// (migrations/README.md), so it starts beside it instead of refusing (sqlx refuses by default).
 /// A migration of its own whose checksum changed is still refused.
+///
+/// One process migrates at a time, under the advisory lock sqlx takes, but asked for without
+/// waiting inside a statement ([`lock_migrations`]): sqlx's `pg_advisory_lock` waits in a
+/// statement, whose snapshot a `CREATE INDEX CONCURRENTLY` run by the lock's holder waits for in
+/// turn. PostgreSQL then reports a deadlock and cancels one of the two: a second instance starting
+/// beside the first (any rolling deploy of more than one), or the index's build, which leaves an
+/// invalid index behind. The explorer's rolling deploy met it (tests/README.md).
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     let mut migrator = sqlx::migrate!("./migrations");
-    migrator.set_ignore_missing(true);
-    migrator.run(pool).await
+    migrator.set_ignore_missing(true).set_locking(false);
+    let mut conn = pool.acquire().await?;
+    let lock = lock_migrations(&mut conn).await?;
+    // `run_direct`, not `run`: `run` takes the connection as an `Acquire`, whose future is not
+    // `Send` for every lifetime, and a test's spawned task cannot hold it (sqlx says as much
+    // beside `run_direct`).
+    let migrated = migrator.run_direct(None, &mut *conn, false).await;
+    // Unlocked on the connection that holds the lock; were it lost, the lock went with it.
+    sqlx::query_scalar!(r#"SELECT pg_advisory_unlock($1) AS "unlocked!""#, lock)
+        .fetch_one(&mut *conn)
+        .await
+        .ok();
+    migrated
+}
+
+/// The id of the advisory lock the migrations of `database` are applied under: sqlx's (its
+/// `generate_lock_id`, a CRC-32 of the name times a constant of its own).
+pub fn migrations_lock_id(database: &str) -> i64 {
+    const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+    0x3d32_ad9e * i64::from(CRC.checksum(database.as_bytes()))
+}
+
+/// How often a process waiting to migrate asks for the lock again.
+const MIGRATIONS_LOCK_POLL: Duration = Duration::from_millis(100);
+
+/// Takes the advisory lock that sqlx's migrator takes (its id, computed as sqlx computes it, from
+/// the database's name; so a release that still lets sqlx lock waits for this one and the other
+/// way round), asking with `pg_try_advisory_lock` until it is granted: each ask is a statement of
+/// its own that ends at once, so no snapshot of this session stays open for a concurrent index
+/// build to wait for. Returns the lock's id.
+async fn lock_migrations(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    let database = sqlx::query_scalar!(r#"SELECT current_database() AS "name!""#)
+        .fetch_one(&mut *conn)
+        .await?;
+    let lock = migrations_lock_id(&database);
+    while !sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock($1) AS "locked!""#, lock)
+        .fetch_one(&mut *conn)
+        .await?
+    {
+        tokio::time::sleep(MIGRATIONS_LOCK_POLL).await;
+    }
+    Ok(lock)
 }

@@ -46,7 +46,20 @@ pub async fn send(
                     format!("hung up after {:?}", hang_up_after.unwrap_or_default())
                 }
                 AttemptResult::NoAnswer => "no answer".to_owned(),
-                AttemptResult::Status { status, .. } => status.to_string(),
+                AttemptResult::Status { status, .. } => {
+                    // During a deploy, a 5xx but the retryable 503 is one release failing on
+                    // what the other wrote (deploy.rs).
+                    if s.deploy.is_some() && status >= 500 && status != 503 {
+                        s.trouble(
+                            "5xx during a deploy",
+                            format!(
+                                "intent {k} @i{instance} attempt {}: {status}",
+                                attempt.number
+                            ),
+                        );
+                    }
+                    status.to_string()
+                }
             };
             let next = attempt
                 .retry_in

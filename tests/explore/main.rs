@@ -29,6 +29,9 @@
 //!   125 s more, and with the last schedule the run stays within 13 minutes). A run whose budget
 //!   is spent before every seed ran fails: seeds it did not run are seeds it did not check.
 //! - `IDEMPAY_BIN`: the `idempay` binary to explore (default: this build's).
+//! - `EXPLORE_PREVIOUS_BIN`: every schedule makes a rolling deploy from this binary (a previous
+//!   release's) to this build; `EXPLORE_ROLLBACK=1` rolls it back once done ([`deploy`];
+//!   `make deploy-test` builds the previous release and runs both).
 //! - `EXPLORE_VERBOSE`: print the timeline of a schedule that passed too.
 //! - `EXPLORE_DRAW_ONLY`: `1` prints each seed's plan and faults and runs nothing.
 //! - `EXPLORE_CITUS`: `1` runs the schedules on a Citus cluster (a coordinator and two workers,
@@ -49,6 +52,7 @@
 mod captures;
 mod check;
 mod coverage;
+mod deploy;
 mod intents;
 mod merchants;
 mod plan;
@@ -163,6 +167,10 @@ async fn main() {
             "PostgreSQL"
         }
     );
+    let deploy = deploy::Deploy::from_env();
+    if let Some(deploy) = &deploy {
+        eprintln!("explore: every schedule with {deploy}");
+    }
     let started = Instant::now();
     let database = Arc::new(world::Database::start(citus).await);
     let mut failed = Vec::new();
@@ -180,7 +188,7 @@ async fn main() {
             break;
         }
         ran += 1;
-        let outcome = run::run(Arc::clone(&database), seed, draws).await;
+        let outcome = run::run(Arc::clone(&database), seed, draws, deploy.as_ref()).await;
         covered.push((seed, outcome.coverage));
         for kind in outcome.plan.drawn() {
             if !drawn.contains(&kind) {

@@ -14,10 +14,11 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use crate::check::{self, Violation};
 use crate::coverage::{Counts, Coverage, Seen};
+use crate::deploy::{self, Deploy};
 use crate::intents;
 use crate::merchants::{self, Merchants};
 use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
-use crate::world::{Database, Link, Process, Ready, Stop, create_account, free_ports, idempay};
+use crate::world::{Database, Link, Process, Ready, Stop, create_account, free_ports, idempay_of};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
 pub const PROCESSOR_KEY: &str = "pk_explore";
@@ -127,6 +128,8 @@ pub struct Schedule {
     link: Link,
     /// Until when the clients hang up mid-request ([`Fault::HangUps`]), and how long each waits.
     hang_ups: Mutex<(Option<Instant>, Rng)>,
+    /// The rolling deploy made during the schedule, if any (deploy.rs).
+    pub deploy: Option<Deploy>,
 }
 
 impl Schedule {
@@ -243,18 +246,18 @@ impl Schedule {
             .push(Violation { kind, detail });
     }
 
-    fn process(&self, target: Target) -> &AsyncMutex<Process> {
+    pub(crate) fn process(&self, target: Target) -> &AsyncMutex<Process> {
         match target {
             Target::Processor => &self.processor,
             Target::Instance(index) => &self.instances[index],
         }
     }
 
-    fn is_paused(&self, target: Target) -> bool {
+    pub(crate) fn is_paused(&self, target: Target) -> bool {
         self.paused.lock().unwrap().contains(&target)
     }
 
-    fn processor_fault_env(&self) -> Vec<(String, String)> {
+    pub(crate) fn processor_fault_env(&self) -> Vec<(String, String)> {
         let (latency, lose, fail) = *self.faults.lock().unwrap();
         vec![
             ("IDEMPAY_PROCESSOR_LATENCY".into(), format!("{latency}ms")),
@@ -301,7 +304,7 @@ impl Schedule {
         }
         match processor.start(&env).await {
             Ok(()) => self.timeline.log("  processor up"),
-            Err(error) => self.timeline.log(format!("  processor NOT up: {error}")),
+            Err(error) => self.not_started(Target::Processor, processor.binary(), &error),
         }
     }
 
@@ -312,9 +315,20 @@ impl Schedule {
         }
         match instance.start(&[]).await {
             Ok(()) => self.timeline.log(format!("  instance {index} up")),
-            Err(error) => self
-                .timeline
-                .log(format!("  instance {index} NOT up: {error}")),
+            Err(error) => self.not_started(Target::Instance(index), instance.binary(), &error),
+        }
+    }
+
+    /// A process that did not start: logged; during a deploy, a violation, as each release must
+    /// start on the schema the other left (a restart after a kill included).
+    fn not_started(&self, target: Target, binary: &str, error: &str) {
+        if self.deploy.is_some() {
+            self.trouble(
+                "process not started",
+                format!("{target} on {binary}: {error}"),
+            );
+        } else {
+            self.timeline.log(format!("  {target} NOT up: {error}"));
         }
     }
 
@@ -495,13 +509,20 @@ pub struct Outcome {
     pub took: Duration,
 }
 
-pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
+pub async fn run(
+    database: Arc<Database>,
+    seed: u64,
+    draws: Draws,
+    deploy: Option<&Deploy>,
+) -> Outcome {
     let begun = Instant::now();
     let plan = Plan::draw(seed, draws);
     let name = format!("explore_{seed}");
     database.create_database(&name).await;
     let url = database.url(&name);
-    let migrated = idempay(database.migrate_args(), &[("DATABASE_URL", &url)]).await;
+    // Before a deploy, the schema is the previous release's.
+    let first = deploy.map_or_else(crate::world::binary, |deploy| deploy.previous.clone());
+    let migrated = idempay_of(&first, database.migrate_args(), &[("DATABASE_URL", &url)]).await;
     assert!(migrated.status.success(), "migrate: {migrated:?}");
     let (api_key, _) = create_account(&url, "explorer").await;
     // Merchant endpoints in today's draws only: waiting for their last deliveries adds about
@@ -535,7 +556,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
             common("IDEMPAY_EXPIRY_INTERVAL", "1s"),
         ]
     });
-    let processor = Process::new(
+    let mut processor = Process::new(
         "processor",
         &["processor"],
         [
@@ -574,6 +595,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
             api_key: PROCESSOR_KEY.to_owned(),
         },
     );
+    processor.set_binary(&first);
     let processor_address = processor.address();
     let instances = plan
         .instances
@@ -581,7 +603,7 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
         .zip(&instance_ports)
         .enumerate()
         .map(|(index, (settings, port))| {
-            AsyncMutex::new(Process::new(
+            let mut instance = Process::new(
                 &format!("instance-{index}"),
                 &["serve"],
                 vec![
@@ -618,7 +640,9 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
                 *port,
                 &logs,
                 Ready::Readyz,
-            ))
+            );
+            instance.set_binary(&first);
+            AsyncMutex::new(instance)
         })
         .collect();
     let db = PgPoolOptions::new()
@@ -651,8 +675,12 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
         link,
         hang_ups: Mutex::new((None, Rng::new(seed.rotate_left(11) ^ 0x4A96_0995))),
         plan,
+        deploy: deploy.cloned(),
     });
     s.timeline.log(format!("seed {seed}: {}", s.plan));
+    if let Some(deploy) = &s.deploy {
+        s.timeline.log(format!("with {deploy}"));
+    }
     s.start_processor().await;
     futures::future::join_all((0..s.instances.len()).map(|index| s.start_instance(index))).await;
     if let Some(merchants) = &merchants {
@@ -688,7 +716,14 @@ pub async fn run(database: Arc<Database>, seed: u64, draws: Draws) -> Outcome {
             }
         })
     };
+    let rolled = s.deploy.clone().map(|deploy| {
+        let s = Arc::clone(&s);
+        tokio::spawn(async move { deploy::roll(&s, &deploy).await })
+    });
     faults.await.expect("the faults task");
+    if let Some(rolled) = rolled {
+        rolled.await.expect("the deploy's task");
+    }
     tokio::time::sleep_until(s.phase_end.into()).await;
 
     // Every fault ends: the processor healthy, every process up.

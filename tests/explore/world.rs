@@ -417,6 +417,8 @@ pub struct Process {
     pub log: PathBuf,
     ready: Ready,
     child: Option<Child>,
+    /// The `idempay` binary it runs: [`binary`], or, during a deploy, the previous release's.
+    binary: String,
 }
 
 impl Process {
@@ -436,7 +438,18 @@ impl Process {
             log: logs.join(format!("{name}.log")),
             ready,
             child: None,
+            binary: binary(),
         }
+    }
+
+    /// The binary its next start runs.
+    pub fn binary(&self) -> &str {
+        &self.binary
+    }
+
+    /// Runs `binary` from its next start on: a release rolled out, or back.
+    pub fn set_binary(&mut self, binary: &str) {
+        binary.clone_into(&mut self.binary);
     }
 
     pub fn address(&self) -> String {
@@ -462,7 +475,7 @@ impl Process {
                 .append(true)
                 .open(&self.log)
                 .map_err(|error| format!("{}: {error}", self.log.display()))?;
-            let mut command = Command::new(binary());
+            let mut command = Command::new(&self.binary);
             command
                 .args(&self.args)
                 // The recovery job's resumes at info: the explorer counts them from the logs.
@@ -479,7 +492,7 @@ impl Process {
             }
             let mut child = command
                 .spawn()
-                .map_err(|error| format!("{} does not start: {error}", binary()))?;
+                .map_err(|error| format!("{} does not start: {error}", self.binary))?;
             loop {
                 if let Ok(Some(_)) = child.try_wait() {
                     break;
@@ -533,6 +546,26 @@ impl Process {
             .is_ok_and(|status| status.success())
     }
 
+    /// SIGTERM, as a deploy stops an instance, then SIGKILL if it has not exited within `grace`
+    /// (the orchestrator's termination grace period). False when it had to be killed.
+    pub async fn stop(&mut self, grace: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        if let Some(pid) = child.id() {
+            std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .ok();
+        }
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return true;
+        }
+        child.kill().await.ok();
+        false
+    }
+
     /// SIGKILL, as a crash or an OOM kill: no graceful shutdown, no answer to what is in flight.
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -543,7 +576,12 @@ impl Process {
 
 /// Runs `idempay ARGS` with `env` and waits for it.
 pub async fn idempay(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    let mut command = Command::new(binary());
+    idempay_of(&binary(), args, env).await
+}
+
+/// Runs `BINARY ARGS` (an `idempay` of some release) with `env` and waits for it.
+pub async fn idempay_of(binary: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(binary);
     command.args(args).env("RUST_LOG", "off");
     for (name, value) in env {
         command.env(name, value);

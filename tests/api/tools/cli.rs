@@ -2,8 +2,10 @@
 
 use idempay_test_macros::api_test;
 use sha2::{Digest, Sha256};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
+use crate::support::harness::database_url;
 use crate::support::helpers::{TestApp, new_key, payment, reserve_as_a_dead_process};
 use crate::support::instance::idempay;
 
@@ -448,4 +450,71 @@ async fn migrate_starts_on_a_database_a_later_release_migrated_further() {
         .await
         .unwrap();
     assert_eq!(newest, later, "the later release's record is kept");
+}
+
+/// Two instances of a release start together (a rolling deploy of more than one) on a database
+/// whose next migration builds an index `CONCURRENTLY`: one migrates while the other waits for
+/// the migrations' lock. A wait inside a statement (`pg_advisory_lock`, as sqlx waits) keeps a
+/// snapshot the index's build waits for, and PostgreSQL cancels one of the two as a deadlock: a
+/// failed start, or an index left invalid. Both start, and every index is valid.
+#[api_test]
+async fn two_instances_migrating_at_once_through_a_concurrent_index_build_both_start() {
+    let name = format!("migrate_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&database_url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let url = database_url(&name);
+    let db = PgPool::connect(&url).await.unwrap();
+    // The schema as it was before the last migrations, the first of which builds an index
+    // concurrently.
+    let migrator = sqlx::migrate!("./migrations");
+    let concurrent = migrator
+        .iter()
+        .filter(|migration| migration.no_tx)
+        .map(|migration| migration.version)
+        .max()
+        .unwrap();
+    migrator.run_to(concurrent - 1, &db).await.unwrap();
+    // Holding the lock, so that both find it taken and wait for it; let go once they do.
+    let mut holder = db.acquire().await.unwrap();
+    let lock = idempay::db::migrations_lock_id(&name);
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(lock)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let both = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let env = [("DATABASE_URL", url.as_str())];
+            tokio::join!(idempay(&["migrate"], &env), idempay(&["migrate"], &env))
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(lock)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let (first, second) = both.await.unwrap();
+    for output in [&first, &second] {
+        assert!(output.status.success(), "{output:?}");
+    }
+    let invalid: Vec<String> = sqlx::query_scalar(
+        "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid OR NOT indisready",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert!(invalid.is_empty(), "{invalid:?}");
+    let newest: i64 = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(newest, migrator.iter().map(|m| m.version).max().unwrap());
 }
