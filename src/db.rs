@@ -273,7 +273,7 @@ async fn released_outside_a_transaction(
 /// A migration of its own whose checksum changed is still refused.
 ///
 /// One process migrates at a time, under the advisory lock sqlx takes, but asked for without
-/// waiting inside a statement ([`lock_migrations`]): sqlx's `pg_advisory_lock` waits in a
+/// waiting inside a statement (`lock_migrations`): sqlx's `pg_advisory_lock` waits in a
 /// statement, whose snapshot a `CREATE INDEX CONCURRENTLY` run by the lock's holder waits for in
 /// turn. PostgreSQL then reports a deadlock and cancels one of the two: a second instance starting
 /// beside the first (any rolling deploy of more than one), or the index's build, which leaves an

@@ -57,6 +57,7 @@ mod intents;
 mod merchants;
 mod plan;
 mod run;
+mod timeline;
 mod world;
 
 use std::collections::BTreeMap;
@@ -249,7 +250,14 @@ async fn main() {
     }
     let missing = coverage::missing(&covered, &drawn, default_run);
     if !missing.is_empty() {
-        failed.push(format!("the run never met: {}", missing.join(", ")));
+        let never_met = format!("the run never met: {}", missing.join(", "));
+        // A deploy's run is judged by the deploy (deploy.rs) and the invariants: a fault whose
+        // effect depends on timing (a crash with intents on their way) is no deploy's failure.
+        if deploy.is_some() {
+            eprintln!("explore: {never_met} (not required of a deploy)");
+        } else {
+            failed.push(never_met);
+        }
     }
     eprintln!(
         "explore: {ran} schedule(s) in {:.1?}, {} failed",

@@ -18,41 +18,11 @@ use crate::deploy::{self, Deploy};
 use crate::intents;
 use crate::merchants::{self, Merchants};
 use crate::plan::{Draws, Fault, Plan, Rng, Target, Want};
+use crate::timeline::Timeline;
 use crate::world::{Database, Link, Process, Ready, Stop, create_account, free_ports, idempay_of};
 
 /// The processor's API key, shared by it, the instances and `reconcile`.
 pub const PROCESSOR_KEY: &str = "pk_explore";
-
-/// What happened, when, as one list of timestamped lines.
-pub struct Timeline {
-    lines: Mutex<Vec<(Instant, String)>>,
-}
-
-impl Timeline {
-    pub fn log(&self, line: impl Into<String>) {
-        self.lines
-            .lock()
-            .unwrap()
-            .push((Instant::now(), line.into()));
-    }
-
-    /// The lines, timed from `zero` (the start of the faults: the setup's lines come before it).
-    pub fn render(&self, zero: Instant) -> String {
-        let mut lines = self.lines.lock().unwrap().clone();
-        lines.sort_by_key(|(at, _)| *at);
-        lines
-            .iter()
-            .map(|(at, line)| {
-                let seconds = if *at >= zero {
-                    (*at - zero).as_secs_f64()
-                } else {
-                    -(zero - *at).as_secs_f64()
-                };
-                format!("  {seconds:>+8.3}s {line}\n")
-            })
-            .collect()
-    }
-}
 
 /// The final answer of an intent.
 #[derive(Clone, Debug)]
@@ -654,9 +624,7 @@ pub async fn run(
     let intents = plan.intents.len();
     let now = Instant::now();
     let s = Arc::new(Schedule {
-        timeline: Timeline {
-            lines: Mutex::new(Vec::new()),
-        },
+        timeline: Timeline::default(),
         started: now,
         phase_end: now,
         api_key,
