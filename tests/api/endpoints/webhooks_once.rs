@@ -134,7 +134,7 @@ async fn processed_event_ids_are_kept_for_the_event_ttl_then_expire() {
     })
     .await;
     // Acknowledged means recorded: the record commits with the answer.
-    let answer = deliver(&app, &secret, "evt_x", "customer.created", &json!({})).await;
+    let answer = deliver(&app, &secret, "evt_x", "payment.failed", &json!({})).await;
     assert_eq!(answer.json()["outcome"], "ignored");
 
     let kept_for_days: bool = sqlx::query_scalar(
