@@ -297,13 +297,20 @@ async fn a_malformed_filter_is_refused_naming_its_parameter() {
         ),
     ] {
         let problem = app.get(path).await.assert_problem(400, "invalid-request");
-        // The problem's detail starts with a capital, the parameter's name or not.
+        // Lowercased: a detail is a sentence, whose first letter is a capital.
         let detail = problem["detail"].as_str().unwrap().to_lowercase();
         assert!(
             detail.contains(parameter) && detail.contains(allowed),
             "{path}: {detail}"
         );
     }
+    // A bound's name as it was sent, in backticks, never capitalized into `Created[gte]`.
+    let problem = app
+        .get("/v1/payments?created[gte]=yesterday")
+        .await
+        .assert_problem(400, "invalid-request");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.starts_with("`created[gte]` must be"), "{detail}");
     // A well-formed payment of no one's matches nothing, as one of another account does.
     let page = app
         .get("/v1/refunds?payment=pay_000000000000000000000000")

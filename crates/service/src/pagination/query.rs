@@ -42,7 +42,7 @@ impl Created {
                 .and_then(bound)
                 .ok_or_else(|| {
                     PageError::Invalid(format!(
-                        "{name} must be a unix timestamp in seconds, from 0 to {MAX_TIMESTAMP}; \
+                        "`{name}` must be a unix timestamp in seconds, from 0 to {MAX_TIMESTAMP}; \
                          got `{value}`."
                     ))
                 })
@@ -236,7 +236,7 @@ mod tests {
             Err(PageError::Invalid(why)) => why,
             other => panic!("{text}: {other:?}"),
         };
-        assert!(refusal("created[gte]=yesterday").starts_with("created[gte] must be"));
+        assert!(refusal("created[gte]=yesterday").starts_with("`created[gte]` must be"));
         assert!(refusal("created[lt]=-1").starts_with("created[lt] must be"));
         assert!(refusal("created=1.5").starts_with("created must be"));
         assert!(refusal("created[after]=1").contains("`created[after]`"));
