@@ -119,7 +119,7 @@ impl TryFrom<ListParams> for PageRequest {
         let limit = params.limit.unwrap_or(DEFAULT_LIMIT);
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(PageError::Invalid(format!(
-                "limit must be from 1 to {MAX_LIMIT}, got {limit}."
+                "`limit` must be from 1 to {MAX_LIMIT}, got {limit}."
             )));
         }
         // An empty cursor is no cursor, as a form that leaves the field blank sends it.

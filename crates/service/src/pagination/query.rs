@@ -128,7 +128,7 @@ impl ListQuery {
             match name.as_str() {
                 "limit" => {
                     limit = Some(value.parse::<i64>().map_err(|_| {
-                        PageError::Invalid(format!("limit must be an integer, got `{value}`."))
+                        PageError::Invalid(format!("`limit` must be an integer, got `{value}`."))
                     })?);
                 }
                 "starting_after" => starting_after = Some(value),
@@ -237,13 +237,13 @@ mod tests {
             other => panic!("{text}: {other:?}"),
         };
         assert!(refusal("created[gte]=yesterday").starts_with("`created[gte]` must be"));
-        assert!(refusal("created[lt]=-1").starts_with("created[lt] must be"));
-        assert!(refusal("created=1.5").starts_with("created must be"));
+        assert!(refusal("created[lt]=-1").starts_with("`created[lt]` must be"));
+        assert!(refusal("created=1.5").starts_with("`created` must be"));
         assert!(refusal("created[after]=1").contains("`created[after]`"));
         assert!(refusal("colour=red").contains("`colour`"));
         assert_eq!(refusal("status=lost"), "status: one of paid");
-        assert!(refusal("limit=many").starts_with("limit must be"));
-        assert!(refusal("limit=0").starts_with("limit must be"));
+        assert!(refusal("limit=many").starts_with("`limit` must be"));
+        assert!(refusal("limit=0").starts_with("`limit` must be"));
         assert!(refusal("created[gt]=1&created[gt]=2").contains("more than once"));
         assert!(refusal("starting_after=a&ending_before=b").contains("not both"));
     }
