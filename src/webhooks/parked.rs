@@ -310,7 +310,11 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let engine = KnownEngine::default();
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        // The first sweep at once, at start: a process killed between recording an object and
+        // its look for the events parked for it (the look runs after the commit) left them
+        // waiting; the instance that comes back applies them now, not an interval later (in CI
+        // the explorer's seed 534060137 ended with one such event, its sweeps hourly).
+        let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
