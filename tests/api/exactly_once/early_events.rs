@@ -404,29 +404,23 @@ async fn the_sweep_applies_a_parked_event_whose_object_was_recorded_without_appl
 }
 
 /// A process killed between recording an object and its look for the events parked for it leaves
-/// them waiting. The instance that starts next sweeps at once, not an interval later: here the
-/// interval is an hour, and the event is applied within the wait.
+/// them waiting: the next instance sweeps at once, though this one and the test's sweep hourly.
 #[api_test]
 async fn an_instance_sweeps_at_start_what_a_killed_recorder_left_parked() {
-    // The test's own service sweeps hourly too (and swept at its start, before the event).
     let app = TestApp::spawn_with(Settings {
         recovery_interval: Duration::from_secs(3600),
         ..Settings::default()
     })
     .await;
     let paid = app.paid(5000).await;
-    let charge = charge_of(&app, &paid).await;
-    let event = "evt_left";
-    park_by_hand(&app, event, &charge).await;
-
+    park_by_hand(&app, "evt_left", &charge_of(&app, &paid).await).await;
     let _instance =
         Instance::start(&app.database_url(), &[("IDEMPAY_RECOVERY_INTERVAL", "1h")]).await;
-
-    wait_until("the instance's first sweep applies it", || async {
-        parked(&app).await.is_empty()
-    })
-    .await;
-    assert_eq!(processed(&app, event).await.as_deref(), Some("applied"));
+    wait_until("swept at start", || async { parked(&app).await.is_empty() }).await;
+    assert_eq!(
+        processed(&app, "evt_left").await.as_deref(),
+        Some("applied")
+    );
     assert_eq!(app.get_payment(&paid).await.json()["amount_disputed"], 700);
 }
 
